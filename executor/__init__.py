@@ -1,0 +1,1 @@
+"""trainplan's executor: runs a Plan on torch.distributed (not built yet)."""

@@ -1,0 +1,1 @@
+"""One module per `plan` verb; each takes parsed arguments and returns an exit code."""

@@ -1,0 +1,136 @@
+"""`plan simulate`: predict one iteration of one homogeneous configuration."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+from dataclasses import replace
+
+from planner.estimate import estimate
+from planner.kernels import default_kernels
+from planner.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
+from planner.results import SimResult
+from planner.specs.cluster import ClusterSpec, load_cluster, parse_gpus_arg
+from planner.specs.model import ModelSpec, load_model, preset
+from planner.specs.plan import Plan, Predicted, Provenance, Sharding, save_plan
+from profiler.analytic import math_dtype
+from profiler.schema import SpecError, fail
+
+__all__ = ["config_from_args", "load_inputs", "run_simulate"]
+
+GIB = 1024**3
+
+
+def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec]:
+    model = load_model(args.model_file) if args.model_file else preset(args.model)
+    cluster = load_cluster(args.cluster) if args.cluster else parse_gpus_arg(args.gpus)
+    return model, cluster
+
+
+def _sharding(args: argparse.Namespace) -> Sharding:
+    if args.sharding and (args.shard_grads or args.shard_optim):
+        fail("--sharding", args.sharding, "not together with --shard-grads / --shard-optim")
+    if args.sharding:
+        return sharding_preset(args.sharding, args.dp)
+    params = args.shard_params or 1
+    grads = args.shard_grads or params
+    optim = args.shard_optim or grads
+    sharding = Sharding(params=params, grads=grads, optim=optim)
+    sharding.check("--shard")
+    return sharding
+
+
+def config_from_args(args: argparse.Namespace, model: ModelSpec) -> ParallelConfig:
+    return ParallelConfig(
+        tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, vp=args.vp, mbs=args.mbs, gbs=args.gbs,
+        seq_len=args.seq or model.seq_len, recompute=args.recompute,
+        sequence_parallel=args.sequence_parallel, sharding=_sharding(args), dtype=args.dtype,
+        schedule=args.schedule,
+    )
+
+
+def _check_dtype(cluster: ClusterSpec, dtype: str) -> None:
+    for g in cluster.node_groups:
+        if math_dtype(g.device, dtype) != dtype and dtype != "bf16":
+            fail("--dtype", dtype, f"{g.gpu} offers {', '.join(g.device.peak_tflops)}")
+        if dtype == "bf16" and "bf16" not in g.device.peak_tflops:
+            fail("--dtype", dtype, f"{g.gpu} has no bf16; use fp16")
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    if args.profile:
+        raise SpecError(f"--profile: {args.profile!r} is not allowed yet (measured profiles "
+                        "arrive with `plan profile`; the analytic device model answers now)")
+    model, cluster = load_inputs(args)
+    cfg = config_from_args(args, model)
+    if args.cluster:  # a configuration may use the first part of a larger cluster
+        cluster = cluster.take(cfg.num_gpus)
+    check_parallel(cfg, model, cluster)
+    _check_dtype(cluster, cfg.dtype)
+    kernels = default_kernels([g.device for g in cluster.node_groups], attention=args.attention)
+    if kernels.attention == "math" and cfg.cp > 1:
+        fail("--attention", "math", "context parallelism needs a fused attention kernel")
+    plan = homogeneous_plan(model, cluster, cfg, kernels=kernels)
+    result = estimate(plan)
+    if args.output:
+        save_plan(with_prediction(plan, result, command=["plan", *args.argv]), args.output)
+    if args.json:
+        from planner.cli import print_json
+
+        print_json({**result.to_dict(), "model": model.name, "cluster": cluster.name,
+                    "kernels": {"attention": kernels.attention, "optimizer": kernels.optimizer}})
+    else:
+        print(summary(plan, cfg, result))
+    return 0
+
+
+def with_prediction(plan: Plan, result: SimResult, *, command: list[str]) -> Plan:
+    """The plan with its predicted metrics and where they came from."""
+    predicted = Predicted(
+        iteration_time_s=result.iteration_time_s, tokens_per_s=result.tokens_per_s,
+        tflops_per_gpu_model=result.tflops_per_gpu_model, mfu=result.mfu,
+        peak_memory_bytes=tuple(int(s.memory.total_bytes) for s in result.stages
+                                if s.pipeline == 0),
+        fits=result.fits, sources=dict(result.sources))
+    from planner import __version__
+
+    provenance = Provenance(tool=f"trainplan {__version__}",
+                            created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                            command=shlex.join(command))
+    return replace(plan, predicted=predicted, provenance=provenance)
+
+
+def summary(plan: Plan, cfg: ParallelConfig, r: SimResult) -> str:
+    """The readable report of one simulation."""
+    b = r.breakdown
+    total = r.iteration_time_s
+    parts = [("compute", b.compute_s), ("tp comm", b.tp_comm_s), ("cp comm", b.cp_comm_s),
+             ("pp comm", b.pp_comm_s), ("dp comm", b.dp_comm_s), ("bubble", b.bubble_s),
+             ("optimizer", b.optimizer_s)]
+    worst = max(r.stages, key=lambda s: s.memory.total_bytes / s.memory.capacity_bytes)
+    m = worst.memory
+    layout = (f"tp {cfg.tp}, pp {cfg.pp}, dp {cfg.dp}, cp {cfg.cp}, vp {cfg.vp}, "
+              f"mbs {cfg.mbs}, gbs {cfg.gbs}, seq {cfg.seq_len}, recompute {cfg.recompute}"
+              f"{', sequence parallel' if cfg.sequence_parallel else ''}, {cfg.dtype}, "
+              f"sharding P/G/OS {cfg.sharding.params}/{cfg.sharding.grads}/{cfg.sharding.optim}, "
+              f"{plan.kernels.attention} attention")
+    fit = ("fits" if r.fits else
+           f"DOES NOT FIT: short by {m.shortfall_bytes / GIB:.1f} GiB per rank on stage {worst.stage}")
+    lines = [
+        f"{plan.model.name} on {plan.cluster.name} ({r.num_gpus} GPUs)",
+        f"  {layout}",
+        f"iteration   {total:.4g} s   ({r.method})",
+        f"throughput  {r.tokens_per_s:,.0f} tokens/s, {r.tokens_per_s / r.num_gpus:,.1f} per GPU",
+        f"FLOP/s      {r.tflops_per_gpu_model:.1f} TFLOP/s per GPU (model), "
+        f"{r.tflops_per_gpu_hw:.1f} (hardware), MFU {r.mfu * 100:.1f}%",
+        "breakdown   " + " | ".join(f"{name} {sec:.3g} s ({sec / total * 100:.0f}%)"
+                                    for name, sec in parts if sec > 0),
+        f"memory      stage {worst.stage} peak {m.total_bytes / GIB:.1f} of "
+        f"{m.capacity_bytes / GIB:.1f} GiB: params {m.params_bytes / GIB:.1f}, grads "
+        f"{m.grads_bytes / GIB:.1f}, optimizer {m.optimizer_bytes / GIB:.1f}, activations "
+        f"{m.activations_bytes / GIB:.1f}, buffers {m.buffers_bytes / GIB:.1f}, reserve "
+        f"{m.reserve_bytes / GIB:.1f}; {fit}",
+        "sources     " + "; ".join(f"{k}: {v}" for k, v in r.sources.items()),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Cost models: op times (profile or analytic device model) and collective times."""

@@ -1,0 +1,139 @@
+"""Per-rank memory: model states under AMSP sharding, activations per recompute mode.
+
+Model states (Rajbhandari et al. 2020, ZeRO; Chen et al. 2023, AMSP): mixed-precision
+training keeps 16-bit weights, fp32 gradients (Megatron accumulates main grads in fp32)
+and an fp32 master copy plus Adam's two moments: 2 + 4 + 12 = 18 bytes per parameter,
+which reproduces Korthikanti et al. 2022 Figure 1. Parameters, gradients and optimizer
+states are each divided by their own sharding group size.
+
+Activations (Korthikanti et al. 2022 §4): per layer and micro-batch from the workload's
+saved tensors; times the layers a rank holds and the micro-batches in flight under the
+pipeline schedule (1F1B: p - stage on stage `stage`; interleaved: Megatron's warm-up count;
+GPipe: all of them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Recompute, Sharding
+from planner.workload import WorkloadShape, head_work, layer_work
+from profiler.devices import DeviceSpec, dtype_bytes
+
+__all__ = ["MEMORY_SOURCE", "StageMemory", "in_flight_chunks", "rank_param_count",
+           "runtime_reserve_bytes", "stage_memory"]
+
+MEMORY_SOURCE = "analytic memory model (ZeRO/AMSP states; Korthikanti et al. 2022 activations)"
+GIB = 1024**3
+# CUDA context, NCCL buffers, cuBLAS workspaces and allocator fragmentation: what a real
+# run loses before the first tensor (PyTorch on A100/H100 typically 1.5-3 GiB).
+_GPU_RESERVE_BYTES = 2 * GIB
+_CPU_RESERVE_BYTES = GIB // 4
+
+
+def runtime_reserve_bytes(device: DeviceSpec) -> int:
+    return _CPU_RESERVE_BYTES if device.vendor == "cpu" else _GPU_RESERVE_BYTES
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Peak bytes on one rank of a stage, by kind."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float  # gathered params (sharded P), logits, transient recompute
+    reserve_bytes: float
+    capacity_bytes: float
+
+    @property
+    def model_states_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.model_states_bytes + self.activations_bytes + self.buffers_bytes
+                + self.reserve_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    @property
+    def shortfall_bytes(self) -> float:
+        return max(0.0, self.total_bytes - self.capacity_bytes)
+
+
+def rank_param_count(model: ModelSpec, *, num_layers: int, first: bool, last: bool,
+                     tp: int, pp: int) -> float:
+    """Parameters held by one tp rank of a stage."""
+    h, d = model.hidden_size, model.head_dim
+    kv_local = max(model.kv_heads // tp, 1) * d
+    q_local = model.num_heads // tp * d
+    linear = h * (q_local + 2 * kv_local) + q_local * h
+    linear += h * model.mlp_in_width // tp + model.ffn_hidden_size // tp * h
+    norms = 2 * h * (2 if model.norm == "layernorm" else 1)
+    count = num_layers * (linear + norms)
+    vocab_local = math.ceil(model.vocab_size / tp) * h
+    if first:
+        count += vocab_local + (model.seq_len * h if model.position_embedding == "learned" else 0)
+    if last:
+        count += h * (2 if model.norm == "layernorm" else 1)
+        # An untied head has its own weights; a tied one needs a copy when the embedding
+        # lives on another stage (Megatron keeps it and all-reduces its gradient).
+        if not model.tied_embeddings or (pp > 1):
+            count += vocab_local
+    return float(count)
+
+
+def in_flight_chunks(*, schedule: str, stage: int, pp: int, num_microbatches: int,
+                     virtual_stages: int) -> int:
+    """Model chunks x micro-batches whose activations a stage holds at its peak.
+
+    A chunk is 1/virtual_stages of the stage's layers. Interleaved 1F1B: Megatron runs
+    (p - stage - 1)*2 + (v - 1)*p warm-up forwards before the first backward, which
+    gives Korthikanti et al.'s (1 + (p-1)/(p·v)) factor on the first stage.
+    """
+    total = num_microbatches * virtual_stages
+    if schedule == "gpipe":
+        return total
+    if schedule == "interleaved-1f1b":
+        warmup = (pp - stage - 1) * 2 + (virtual_stages - 1) * pp
+        return min(total, warmup + 1)
+    return min(num_microbatches, pp - stage)
+
+
+def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
+                 num_layers: int, first: bool, last: bool, pp: int, recompute: Recompute,
+                 sharding: Sharding, in_flight: int, virtual_stages: int = 1) -> StageMemory:
+    """Peak memory of one rank of a stage."""
+    params = rank_param_count(model, num_layers=num_layers, first=first, last=last,
+                              tp=shape.tp, pp=pp)
+    low = dtype_bytes(shape.dtype)
+    master = 0 if shape.dtype == "fp32" else 4
+    work = layer_work(model, shape)
+    per_layer = {"none": work.activation_bytes, "selective": work.selective_activation_bytes,
+                 "full": work.input_bytes}[recompute]
+    layers_in_flight = in_flight * num_layers / virtual_stages
+    activations = per_layer * layers_in_flight
+    buffers = 0.0
+    if recompute == "full":  # one layer's activations exist while it is recomputed
+        buffers += work.activation_bytes
+    if last:
+        buffers += head_work(model, shape)[2]
+    if sharding.params > 1:  # the layer in use and the one prefetched, gathered
+        layer_params = rank_param_count(model, num_layers=1, first=False, last=False,
+                                        tp=shape.tp, pp=pp)
+        buffers += 2 * layer_params * low
+    return StageMemory(
+        params_bytes=params * low / sharding.params,
+        grads_bytes=params * 4 / sharding.grads,
+        optimizer_bytes=params * (master + 8) / sharding.optim,
+        activations_bytes=activations,
+        buffers_bytes=buffers,
+        reserve_bytes=runtime_reserve_bytes(device),
+        capacity_bytes=float(device.memory_bytes),
+    )

@@ -1,0 +1,1 @@
+"""The four artifacts' types: ModelSpec, ClusterSpec, Plan (Profile lives in profiler)."""

@@ -1,0 +1,240 @@
+"""Plan: the configuration the planner writes and the executor runs.
+
+A plan is explicit: every data-parallel replica is a `Pipeline` of `Stage`s, each stage
+names its layer range, its physical GPUs (global indices into the cluster) and its
+tensor / context parallel degrees. Replicas may differ (unlike GPU types, layer splits,
+micro-batch counts), which is how heterogeneous plans are written; a homogeneous plan is
+the special case where they do not. Model-state sharding (AMSP) gives parameters,
+gradients and optimizer states each their own group size among the replicas.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from planner.specs.cluster import ClusterSpec
+from planner.specs.model import ModelSpec
+from profiler.schema import SpecError, at, dump, fail, load_yaml, parse, spec_field
+
+__all__ = ["SCHEMA_VERSION", "Kernels", "Pipeline", "Plan", "Predicted", "Provenance",
+           "Recompute", "Schedule", "Sharding", "Stage", "Training", "load_plan",
+           "plan_from_dict", "plan_to_dict", "save_plan"]
+
+SCHEMA_VERSION = 1
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+TrainDType = Literal["bf16", "fp16", "fp32"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    """Layers [first, last) of the model on `tp * cp` GPUs (index = cp_rank * tp + tp_rank)."""
+
+    layers: tuple[int, ...] = spec_field(min=0, help="[first, last) layer range")
+    devices: tuple[int, ...] = spec_field(min=0, help="global GPU indices")
+    tp: int = spec_field(default=1, min=1)
+    cp: int = spec_field(default=1, min=1)
+    recompute: Recompute = "none"
+
+    def check(self, where: str) -> None:
+        if len(self.layers) != 2 or self.layers[0] >= self.layers[1]:
+            fail(at(where, "layers"), list(self.layers), "[first, last) with first < last")
+        if len(self.devices) != self.tp * self.cp:
+            fail(at(where, "devices"), list(self.devices),
+                 f"tp*cp = {self.tp * self.cp} GPU indices")
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    """One data-parallel replica: its stages in order and its share of the global batch."""
+
+    stages: tuple[Stage, ...]
+    micro_batch_size: int = spec_field(min=1)
+    num_microbatches: int = spec_field(min=1)
+
+    def check(self, where: str) -> None:
+        if not self.stages:
+            fail(at(where, "stages"), [], "at least one stage")
+
+    @property
+    def samples(self) -> int:
+        return self.micro_batch_size * self.num_microbatches
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sharding:
+    """AMSP: how many data-parallel replicas share one copy of each model state.
+
+    1 = replicated. ZeRO-1 is optim=dp; ZeRO-2 grads=optim=dp; ZeRO-3 all three = dp;
+    MiCS is all three = a node's worth of replicas. Each size divides the next (P | G | OS)
+    so that the groups nest.
+    """
+
+    params: int = spec_field(default=1, min=1)
+    grads: int = spec_field(default=1, min=1)
+    optim: int = spec_field(default=1, min=1)
+
+    def check(self, where: str) -> None:
+        if self.grads % self.params:
+            fail(at(where, "grads"), self.grads, f"must be a multiple of params ({self.params})")
+        if self.optim % self.grads:
+            fail(at(where, "optim"), self.optim, f"must be a multiple of grads ({self.grads})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Training:
+    global_batch_size: int = spec_field(min=1)
+    seq_len: int = spec_field(min=1)
+    dtype: TrainDType = "bf16"
+    sequence_parallel: bool = False
+    schedule: Schedule = "1f1b"
+    virtual_stages: int = spec_field(default=1, min=1, help="interleaved chunks per stage (vp)")
+    optimizer: Literal["adamw"] = "adamw"
+
+    def check(self, where: str) -> None:
+        interleaved = self.schedule == "interleaved-1f1b"
+        if interleaved != (self.virtual_stages > 1):
+            fail(at(where, "virtual_stages"), self.virtual_stages,
+                 "> 1 exactly when schedule is interleaved-1f1b")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kernels:
+    """Kernel choices the executor must use (the planner records the fastest valid one)."""
+
+    attention: Literal["flash", "memory_efficient", "math"] = "flash"
+    optimizer: Literal["fused", "foreach", "for_loop"] = "fused"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Predicted:
+    iteration_time_s: float = spec_field(gt=0)
+    tokens_per_s: float = spec_field(gt=0)
+    tflops_per_gpu_model: float = spec_field(min=0)
+    mfu: float = spec_field(min=0)
+    peak_memory_bytes: tuple[int, ...] = spec_field(min=0, help="per pipeline stage")
+    fits: bool = True
+    sources: dict[str, str] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provenance:
+    tool: str
+    created: str
+    command: str | None = None
+    profile: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    schema_version: int = spec_field(default=SCHEMA_VERSION, min=1)
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: Training
+    pipelines: tuple[Pipeline, ...]
+    sharding: Sharding = Sharding()
+    kernels: Kernels = Kernels()
+    predicted: Predicted | None = None
+    provenance: Provenance | None = None
+
+    def check(self, where: str) -> None:
+        if self.schema_version != SCHEMA_VERSION:
+            fail(at(where, "schema_version"), self.schema_version,
+                 f"this trainplan reads version {SCHEMA_VERSION}")
+        if not self.pipelines:
+            fail(at(where, "pipelines"), [], "at least one pipeline")
+        self._check_batch(where)
+        self._check_stages(where)
+        dp = len(self.pipelines)
+        for name in ("params", "grads", "optim"):
+            size = getattr(self.sharding, name)
+            if dp % size:
+                fail(at(where, f"sharding.{name}"), size,
+                     f"must divide the number of data-parallel replicas ({dp})")
+
+    def _check_batch(self, where: str) -> None:
+        total = sum(p.samples for p in self.pipelines)
+        if total != self.training.global_batch_size:
+            fail(at(where, "pipelines"), f"{total} samples",
+                 f"micro_batch_size x num_microbatches over all pipelines must equal "
+                 f"training.global_batch_size {self.training.global_batch_size}")
+
+    def _check_stages(self, where: str) -> None:
+        num_layers, num_gpus = self.model.num_layers, self.cluster.num_gpus
+        used: dict[int, str] = {}
+        for pi, pipe in enumerate(self.pipelines):
+            expect = 0
+            for si, stage in enumerate(pipe.stages):
+                path = at(where, f"pipelines[{pi}].stages[{si}]")
+                if stage.layers[0] != expect:
+                    fail(at(path, "layers"), list(stage.layers),
+                         f"stages must cover layers in order; this one must start at {expect}")
+                expect = stage.layers[1]
+                if stage.num_layers < self.training.virtual_stages:
+                    fail(at(path, "layers"), list(stage.layers),
+                         f"at least virtual_stages = {self.training.virtual_stages} layers")
+                self._check_stage_parallel(stage, path)
+                for d in stage.devices:
+                    if d >= num_gpus:
+                        fail(at(path, "devices"), d, f"GPU indices are 0..{num_gpus - 1}")
+                    if d in used:
+                        fail(at(path, "devices"), d, f"GPU {d} is already used by {used[d]}")
+                    used[d] = path
+            if expect != num_layers:
+                fail(at(where, f"pipelines[{pi}].stages"), f"layers 0..{expect}",
+                     f"stages must cover all {num_layers} layers")
+
+    def _check_stage_parallel(self, stage: Stage, path: str) -> None:
+        m = self.model
+        if m.num_heads % stage.tp:
+            fail(at(path, "tp"), stage.tp, f"must divide num_heads {m.num_heads}")
+        if m.kv_heads % stage.tp and stage.tp % m.kv_heads:
+            fail(at(path, "tp"), stage.tp,
+                 f"must divide num_kv_heads {m.kv_heads} or be a multiple of it")
+        if self.training.seq_len % (stage.cp * (2 if stage.cp > 1 else 1)):
+            fail(at(path, "cp"), stage.cp,
+                 f"2*cp must divide seq_len {self.training.seq_len} (load-balanced chunks)")
+
+    @property
+    def dp(self) -> int:
+        return len(self.pipelines)
+
+    @property
+    def num_gpus_used(self) -> int:
+        return sum(len(s.devices) for p in self.pipelines for s in p.stages)
+
+
+def plan_to_dict(plan: Plan) -> dict:
+    return dump(plan)
+
+
+def plan_from_dict(data: object, *, where: str = "plan") -> Plan:
+    return parse(Plan, data, where=where)
+
+
+def save_plan(plan: Plan, path: str) -> None:
+    """Write YAML (.yaml/.yml) or JSON (.json); reading it back gives an equal Plan."""
+    data = plan_to_dict(plan)
+    ext = os.path.splitext(path)[1].lower()
+    with open(path, "w", encoding="utf-8") as fh:
+        if ext == ".json":
+            json.dump(data, fh, indent=1)
+            fh.write("\n")
+        elif ext in (".yaml", ".yml"):
+            import yaml
+
+            yaml.safe_dump(data, fh, sort_keys=False, default_flow_style=None, width=100)
+        else:
+            raise SpecError(f"-o: {path!r} is not allowed (use a .yaml, .yml or .json file)")
+
+
+def load_plan(path: str) -> Plan:
+    """Read a plan (YAML or JSON: JSON is YAML) and validate it."""
+    return parse(Plan, load_yaml(path), where=f"{path}:")

@@ -1,0 +1,323 @@
+"""Workload: one transformer layer (and the embedding, head and optimizer) as ops.
+
+For a micro-batch on one rank of a stage with tensor parallel `tp`, context parallel `cp`
+and optional sequence parallel, each op carries its shape, FLOPs and DRAM traffic, and
+each collective its payload. FLOP counts and saved activations come only from here, so
+the cost model, the memory model and the MFU numbers agree.
+
+Conventions (Megatron-LM, Shoeybi et al. 2019; Korthikanti et al. 2022):
+* b micro-batch, s sequence (per cp rank), h hidden, a heads, t tp. Tokens n = b*s.
+* A GEMM [m, k] x [k, n] costs 2mnk FLOPs; backward is two GEMMs (dgrad, wgrad) of the same size.
+* Collective payloads are the full per-rank buffer (NCCL's "size").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal
+
+from planner.specs.model import ModelSpec
+from profiler.devices import dtype_bytes
+
+__all__ = ["Comm", "LayerWork", "Op", "Work", "WorkloadShape", "embedding_work",
+           "hardware_flops_per_token", "head_work", "layer_work", "model_flops_per_token",
+           "optimizer_work"]
+
+OpKind = Literal["gemm", "attention", "elementwise", "embedding", "optimizer"]
+CommKind = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
+Axis = Literal["tp", "cp", "dp", "pp"]
+
+
+@dataclass(frozen=True)
+class Op:
+    """A kernel on one rank. GEMM shape is (batch, m, n, k); attention (b, heads, s_q, s_kv, d)."""
+
+    name: str
+    kind: OpKind
+    flops: float
+    bytes: float
+    shape: tuple[int, ...] = ()
+    kernels: int = 1  # kernel launches it takes
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A collective over one parallel axis; `bytes` is the full per-rank buffer."""
+
+    name: str
+    kind: CommKind
+    bytes: float
+    axis: Axis
+
+
+Work = Op | Comm
+
+
+@dataclass(frozen=True)
+class WorkloadShape:
+    """What the per-rank work of a layer depends on (a cache key)."""
+
+    micro_batch_size: int
+    seq_len: int
+    tp: int = 1
+    cp: int = 1
+    sequence_parallel: bool = False
+    dtype: str = "bf16"
+    attention: str = "flash"  # flash | memory_efficient | math
+
+
+@dataclass(frozen=True)
+class LayerWork:
+    forward: tuple[Work, ...]
+    backward: tuple[Work, ...]
+    selective_recompute: tuple[Work, ...]  # re-run before backward under selective recompute
+    activation_bytes: float  # saved for backward, no recompute
+    selective_activation_bytes: float  # saved under selective recompute
+    input_bytes: float  # the layer input, all that full recompute keeps
+
+
+def _gemm(name: str, m: int, n: int, k: int, elem: int, batch: int = 1) -> Op:
+    return Op(name, "gemm", 2.0 * batch * m * n * k, float(elem * batch * (m * k + k * n + m * n)),
+              (batch, m, n, k))
+
+
+def _elementwise(name: str, elements: float, elem: int, *, reads: float, writes: float,
+                 flops_per_elem: float = 1.0, kernels: int = 1) -> Op:
+    return Op(name, "elementwise", flops_per_elem * elements, elem * elements * (reads + writes),
+              (int(elements),), kernels)
+
+
+def _backward_of(op: Op) -> tuple[Op, ...]:
+    if op.kind == "gemm":
+        batch, m, n, k = op.shape
+        return (Op(op.name + ".dgrad", "gemm", op.flops, op.bytes, (batch, m, k, n)),
+                Op(op.name + ".wgrad", "gemm", op.flops, op.bytes, (batch, k, n, m)))
+    if op.kind == "attention":
+        # FlashAttention-2 backward recomputes the scores: 2.5x the forward FLOPs (Dao 2023).
+        return (Op(op.name + ".bwd", "attention", 2.5 * op.flops, 2.0 * op.bytes, op.shape),)
+    # Elementwise backward reads the saved input and the output gradient, writes one grad.
+    return (Op(op.name + ".bwd", op.kind, op.flops, op.bytes * 1.5, op.shape, op.kernels),)
+
+
+def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op, ...]:
+    """Scores, softmax and weighted sum for `heads` local query heads."""
+    b, s, d = w.micro_batch_size, w.seq_len // w.cp, model.head_dim
+    s_kv = w.seq_len  # with cp, K/V of the whole sequence pass by (ring attention)
+    elem = dtype_bytes(w.dtype)
+    if w.attention == "math":
+        # Megatron's unfused path computes the full s x s matrix (Korthikanti et al. 2022 §4.1).
+        probs = b * heads * s * s_kv
+        ops = [_gemm("attn.scores", s, s_kv, d, elem, batch=b * heads),
+               _elementwise("attn.softmax", probs, elem, reads=1, writes=1, flops_per_elem=4)]
+        if model.dropout:
+            ops.append(_elementwise("attn.dropout", probs, elem, reads=1, writes=1.5))
+        ops.append(_gemm("attn.context", s, d, s_kv, elem, batch=b * heads))
+        return tuple(ops)
+    # Fused kernels skip the masked half of causal attention (FlashAttention, Dao 2022).
+    flops = 4.0 * b * heads * s * s_kv * d * 0.5
+    io = elem * b * s * d * (2 * heads + 2 * heads)  # read q, k, v (upper bound), write out
+    return (Op("attn.core", "attention", flops, float(io), (b, heads, s, s_kv, d)),)
+
+
+@cache
+def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
+    """Ops of one transformer layer for one micro-batch on one tp/cp rank."""
+    b, s, h, t = w.micro_batch_size, w.seq_len // w.cp, model.hidden_size, w.tp
+    elem = dtype_bytes(w.dtype)
+    n = b * s  # tokens on this rank
+    n_sp = n // t if w.sequence_parallel else n  # tokens the norms and dropouts see
+    q_heads = model.num_heads // t
+    kv_heads = max(model.kv_heads // t, 1)  # replicated when tp > kv heads
+    d = model.head_dim
+    act = n * h * elem  # one [b, s, h] activation
+
+    def norm(name: str) -> Op:
+        # One read, one write, plus the statistics pass of a fused norm kernel.
+        return _elementwise(name, n_sp * h, elem, reads=1.5, writes=1, flops_per_elem=5)
+
+    def residual(name: str) -> Op:
+        # dropout (if any) + residual add, fused: read two, write one (+ a byte mask).
+        return _elementwise(name, n_sp * h, elem, reads=2, writes=1 + (0.5 if model.dropout else 0))
+
+    def block_in(name: str) -> tuple[tuple[Comm, ...], tuple[Comm, ...]]:
+        """Collectives entering a tp block, forward and backward (Megatron's f / g-bar)."""
+        if t == 1:
+            return (), ()
+        if w.sequence_parallel:
+            return ((Comm(name, "all_gather", act, "tp"),),
+                    (Comm(name + ".bwd", "reduce_scatter", act, "tp"),))
+        return (), (Comm(name + ".bwd", "all_reduce", act, "tp"),)
+
+    def block_out(name: str) -> tuple[tuple[Comm, ...], tuple[Comm, ...]]:
+        """Collectives leaving a tp block, forward and backward (Megatron's g / g)."""
+        if t == 1:
+            return (), ()
+        if w.sequence_parallel:
+            return ((Comm(name, "reduce_scatter", act, "tp"),),
+                    (Comm(name + ".bwd", "all_gather", act, "tp"),))
+        return (Comm(name, "all_reduce", act, "tp"),), ()
+
+    cp_comm: tuple[Comm, ...] = ()
+    if w.cp > 1:  # ring attention passes K and V around the cp group (Liu et al. 2023)
+        cp_comm = (Comm("attn.kv_ring", "send_recv", 2.0 * n * kv_heads * d * elem * (w.cp - 1),
+                        "cp"),)
+    core = _attention_core(model, w, q_heads)
+    ffn_local = model.ffn_hidden_size // t
+    if model.activation == "swiglu":
+        mlp_act = _elementwise("mlp.swiglu", n * ffn_local, elem, reads=2, writes=1,
+                               flops_per_elem=5)
+    else:
+        mlp_act = _elementwise("mlp.gelu", n * ffn_local, elem, reads=1, writes=1,
+                               flops_per_elem=8)
+    attn_in, attn_in_bwd = block_in("attn.allgather")
+    attn_out, attn_out_bwd = block_out("attn.reduce")
+    mlp_in, mlp_in_bwd = block_in("mlp.allgather")
+    mlp_out, mlp_out_bwd = block_out("mlp.reduce")
+    attn_norm, mlp_norm = norm("attn.norm"), norm("mlp.norm")
+    qkv = _gemm("attn.qkv", n, (q_heads + 2 * kv_heads) * d, h, elem)
+    proj = _gemm("attn.proj", n, h, q_heads * d, elem)
+    fc1 = _gemm("mlp.fc1", n, model.mlp_in_width // t, h, elem)
+    fc2 = _gemm("mlp.fc2", n, h, ffn_local, elem)
+    attn_res, mlp_res = residual("attn.residual"), residual("mlp.residual")
+    forward: tuple[Work, ...] = (
+        attn_norm, *attn_in, qkv, *cp_comm, *core, proj, *attn_out, attn_res,
+        mlp_norm, *mlp_in, fc1, mlp_act, fc2, *mlp_out, mlp_res,
+    )
+    core_bwd = [b for op in reversed(core) for b in _backward_of(op)]
+    backward: tuple[Work, ...] = (
+        *_backward_of(mlp_res), *mlp_out_bwd, *_backward_of(fc2), *_backward_of(mlp_act),
+        *_backward_of(fc1), *mlp_in_bwd, *_backward_of(mlp_norm),
+        *_backward_of(attn_res), *attn_out_bwd, *_backward_of(proj), *core_bwd, *cp_comm,
+        *_backward_of(qkv), *attn_in_bwd, *_backward_of(attn_norm),
+    )
+    saved, saved_selective = _saved_activation_bytes(model, w, q_heads, kv_heads)
+    return LayerWork(
+        forward=forward,
+        backward=backward,
+        selective_recompute=(*cp_comm, *core),
+        activation_bytes=saved,
+        selective_activation_bytes=saved_selective,
+        input_bytes=float(n_sp * h * elem),
+    )
+
+
+def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
+                            kv_heads: int) -> tuple[float, float]:
+    """Bytes a layer keeps for backward: (no recompute, selective recompute).
+
+    Korthikanti et al. 2022 §4.1, generalised per tensor (GQA, SwiGLU, fused attention):
+    for GPT with 16-bit activations and dropout this is sbh(34/t) + 5as²b/t with sequence
+    parallel, and sbh(10 + 24/t + 5as/(ht)) without it.
+    """
+    b, s, h, t = w.micro_batch_size, w.seq_len // w.cp, model.hidden_size, w.tp
+    e = dtype_bytes(w.dtype)
+    n = b * s
+    n_rep = n // t if w.sequence_parallel else n  # tensors not split by tp unless sp
+    d = model.head_dim
+    mask = 1 if model.dropout else 0  # one byte per element
+    # Replicated across tp (split by sp): two norm inputs, QKV input, MLP input, two masks.
+    replicated = n_rep * h * (2 * e + e + e + 2 * mask)
+    # Split by tp: Q, K, V; the output-projection input; the MLP activations.
+    qkv = n * d * (q_heads + 2 * kv_heads) * e
+    proj_in = n * q_heads * d * e
+    ffn = model.ffn_hidden_size // t
+    mlp = n * ffn * e * (3 if model.activation == "swiglu" else 2)  # gate, up, product | in, out
+    selective = replicated + qkv + proj_in + mlp
+    if w.attention == "math":
+        scores = b * q_heads * s * w.seq_len
+        core = scores * (e + mask + (e if model.dropout else 0))  # softmax out, mask, dropout out
+    else:
+        core = b * q_heads * s * 4  # fp32 log-sum-exp per row; the output is proj_in
+    return float(selective + core), float(selective)
+
+
+@cache
+def embedding_work(model: ModelSpec, w: WorkloadShape) -> tuple[tuple[Work, ...], tuple[Work, ...]]:
+    """Forward and backward of the vocab-parallel embedding on the first stage."""
+    n = w.micro_batch_size * w.seq_len // w.cp
+    elem = dtype_bytes(w.dtype)
+    h = model.hidden_size
+    lookup = _elementwise("embed.lookup", n * h, elem, reads=1, writes=1, flops_per_elem=0)
+    comm: tuple[Comm, ...] = ()
+    if w.tp > 1:  # partial sums from each vocab shard
+        kind: CommKind = "reduce_scatter" if w.sequence_parallel else "all_reduce"
+        comm = (Comm("embed.reduce", kind, n * h * elem, "tp"),)
+    grad = _elementwise("embed.grad", n * h, 4, reads=2, writes=1, flops_per_elem=1)
+    bwd_comm = tuple(Comm(c.name + ".bwd", "all_gather", c.bytes, c.axis)
+                     for c in comm if c.kind == "reduce_scatter")
+    return (lookup, *comm), (*bwd_comm, grad)
+
+
+@cache
+def head_work(model: ModelSpec, w: WorkloadShape) -> tuple[tuple[Work, ...], tuple[Work, ...], float]:
+    """Forward and backward of final norm, logits and loss on the last stage, and the
+    bytes they keep for backward (the fp32 logits dominate)."""
+    n = w.micro_batch_size * w.seq_len // w.cp
+    elem = dtype_bytes(w.dtype)
+    h, v_local = model.hidden_size, -(-model.vocab_size // w.tp)
+    n_sp = n // w.tp if w.sequence_parallel else n
+    norm = _elementwise("head.norm", n_sp * h, elem, reads=1.5, writes=1, flops_per_elem=5)
+    gather: tuple[Comm, ...] = ()
+    if w.sequence_parallel and w.tp > 1:
+        gather = (Comm("head.allgather", "all_gather", n * h * elem, "tp"),)
+    logits = _gemm("head.logits", n, v_local, h, elem)
+    # Vocab-parallel cross entropy in fp32 (Megatron): max, sum-exp, target logit passes.
+    loss = _elementwise("head.loss", n * v_local, 4, reads=3, writes=1, flops_per_elem=5,
+                        kernels=4)
+    loss_comm: tuple[Comm, ...] = ()
+    if w.tp > 1:
+        loss_comm = (Comm("head.loss_reduce", "all_reduce", 3.0 * n * 4, "tp"),)
+    forward: tuple[Work, ...] = (norm, *gather, logits, loss, *loss_comm)
+    backward: list[Work] = [
+        _elementwise("head.loss.bwd", n * v_local, 4, reads=1, writes=1, flops_per_elem=2),
+        *_backward_of(logits)]
+    if w.tp > 1:
+        kind: CommKind = "reduce_scatter" if w.sequence_parallel else "all_reduce"
+        backward.append(Comm("head.input_grad", kind, n * h * elem, "tp"))
+    backward.extend(_backward_of(norm))
+    saved = float(n * v_local * 4 + n * h * elem)
+    return forward, tuple(backward), saved
+
+
+def optimizer_work(num_params: float, *, dtype: str, implementation: str = "fused",
+                   num_tensors: int = 1) -> Op:
+    """AdamW over `num_params` local parameters.
+
+    Per parameter: read fp32 grad, master weight, m, v; write master, m, v and the
+    low-precision weight (Megatron's mixed-precision optimizer).
+    """
+    low = dtype_bytes(dtype)
+    master = 0 if dtype == "fp32" else 4
+    per_param = 4 + (master + 4 + 4) * 2 + (low if master else 4)
+    kernels = {"fused": 1, "foreach": max(1, num_tensors // 64), "for_loop": 8 * num_tensors}
+    return Op("optimizer.adamw", "optimizer", 12.0 * num_params, float(per_param * num_params),
+              (int(num_params),), kernels[implementation])
+
+
+def _forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, float, float]:
+    """(layer matmuls, attention scores+context, logits) forward FLOPs per token, with full
+    (non-causal-skipping) attention as the Megatron-LM formula counts it."""
+    h, d = model.hidden_size, model.head_dim
+    per_layer = 2 * (h * (model.num_heads + 2 * model.kv_heads) * d + model.num_heads * d * h
+                     + h * model.mlp_in_width + model.ffn_hidden_size * h)
+    attention = 2 * 2 * seq_len * model.num_heads * d
+    return per_layer, attention, 2.0 * h * model.vocab_size
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Training FLOPs per token, forward and backward, without recompute.
+
+    Megatron-LM's 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) per batch (Narayanan et al. 2021,
+    App.), which equals 6·N·tokens + 12·l·h·s per token for GQA/SwiGLU models.
+    """
+    per_layer, attention, logits = _forward_flops_per_token(model, seq_len)
+    return 3.0 * (model.num_layers * (per_layer + attention) + logits)
+
+
+def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> float:
+    """Model FLOPs plus what recomputation runs again (Megatron's hardware-FLOPs count:
+    96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) for full recompute)."""
+    per_layer, attention, _ = _forward_flops_per_token(model, seq_len)
+    again = {"none": 0.0, "selective": attention, "full": per_layer + attention}[recompute]
+    return model_flops_per_token(model, seq_len) + model.num_layers * again

@@ -1,0 +1,204 @@
+"""Device catalog: datasheet numbers per GPU type, link kinds, and the local CPU host.
+
+The numbers live in `profiler/data/*.yaml` with their sources; this module types and
+validates them. Specs keep the units of their data files in field names; properties
+give SI values (bytes, bytes/s, FLOP/s, seconds).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+from profiler.schema import SpecError, fail, load_yaml_text, parse, spec_field
+
+__all__ = [
+    "DTYPES",
+    "LINK_KINDS",
+    "NIC_KINDS",
+    "ArchEfficiency",
+    "DeviceSpec",
+    "LinkKind",
+    "NodeTemplate",
+    "arch_efficiency",
+    "catalog",
+    "device",
+    "dtype_bytes",
+    "link_kind",
+]
+
+DTypeName = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+DTYPES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
+LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "infiniband", "roce", "ethernet",
+                   "loopback"]
+NicName = Literal["infiniband", "roce", "ethernet"]
+LINK_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "xgmi", "pcie", "infiniband", "roce",
+                               "ethernet", "loopback")
+NIC_KINDS: tuple[str, ...] = ("infiniband", "roce", "ethernet")
+
+_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+GIB = 1024**3
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Storage size of one element; tf32 is stored as fp32."""
+    return _BYTES[dtype]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeTemplate:
+    """The standard node a GPU type comes in (e.g. DGX A100: 8 GPUs, 8x 200 Gb/s IB)."""
+
+    name: str
+    gpus_per_node: int = spec_field(min=1)
+    nic: NicName = "infiniband"
+    nics_per_node: int = spec_field(default=1, min=0)
+    nic_bandwidth_gbit_per_s: float = spec_field(default=100.0, gt=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpec:
+    """One GPU type (or the local CPU) with datasheet numbers."""
+
+    name: str
+    vendor: Literal["nvidia", "amd", "cpu"]
+    arch: str
+    memory_gib: float = spec_field(gt=0)
+    memory_bandwidth_gb_per_s: float = spec_field(gt=0)
+    num_compute_units: int = spec_field(min=1, help="SMs or CUs; CPU cores in use")
+    peak_tflops: dict[DTypeName, float] = spec_field()
+    intra_node_link: LinkName = "nvswitch"
+    intra_node_bandwidth_gb_per_s: float = spec_field(default=100.0, gt=0,
+                                                      help="per GPU, per direction")
+    node: NodeTemplate = spec_field()
+    source: str = spec_field()
+
+    def check(self, where: str) -> None:
+        if not self.peak_tflops:
+            fail(f"{where}.peak_tflops", self.peak_tflops, "at least one dtype")
+        for dtype, value in self.peak_tflops.items():
+            if value <= 0:
+                fail(f"{where}.peak_tflops.{dtype}", value, "must be > 0")
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+    @property
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        return self.memory_bandwidth_gb_per_s * 1e9
+
+    @property
+    def intra_node_bandwidth_bytes_per_s(self) -> float:
+        return self.intra_node_bandwidth_gb_per_s * 1e9
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak dense FLOP/s for `dtype`; a dtype the device lacks is a SpecError."""
+        if dtype not in self.peak_tflops:
+            fail("dtype", dtype, f"{self.name} offers {', '.join(self.peak_tflops)}")
+        return self.peak_tflops[dtype] * 1e12  # type: ignore[index]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkKind:
+    """Latency per message step and achievable bandwidth fraction of one kind of link."""
+
+    latency_us: float = spec_field(min=0)
+    bandwidth_efficiency: float = spec_field(gt=0, max=1)
+    rdma: bool = spec_field()
+    source: str = spec_field()
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchEfficiency:
+    """Parameters of the analytic device model for one architecture (profiler/analytic.py)."""
+
+    gemm_efficiency: float = spec_field(gt=0, max=1)
+    gemm_tile_m: int = spec_field(min=1)
+    gemm_tile_n: int = spec_field(min=1)
+    gemm_k_half: float = spec_field(min=0)
+    attention_efficiency: float = spec_field(gt=0, max=1)
+    memory_efficiency: float = spec_field(gt=0, max=1)
+    kernel_overhead_us: float = spec_field(min=0)
+
+    @property
+    def kernel_overhead_s(self) -> float:
+        return self.kernel_overhead_us * 1e-6
+
+
+def _data(name: str) -> object:
+    text = resources.files("profiler").joinpath("data", name).read_text(encoding="utf-8")
+    return load_yaml_text(text, where=f"profiler/data/{name}")
+
+
+@cache
+def catalog() -> dict[str, DeviceSpec]:
+    """All device types by name, in catalog order (CPU is one core of this host)."""
+    raw = _data("devices.yaml")
+    assert isinstance(raw, dict)
+    out = {name: parse(DeviceSpec, {"name": name, **entry}, where=f"devices.{name}")
+           for name, entry in raw.items()}
+    out["CPU"] = _local_cpu(out["CPU"])
+    return out
+
+
+def _local_cpu(template: DeviceSpec) -> DeviceSpec:
+    """One rank of this host: one core, one thread, an equal share of host memory."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory_gib = template.memory_gib
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    memory_gib = int(line.split()[1]) * 1024 / GIB
+                    break
+    except OSError:
+        pass
+    return replace(template, memory_gib=round(memory_gib / (cores or 1), 2))
+
+
+def device(name: str) -> DeviceSpec:
+    """Look a device type up by name (case-insensitive); unknown names are a SpecError."""
+    table = catalog()
+    by_lower = {k.lower(): v for k, v in table.items()}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    near = difflib.get_close_matches(name, list(table), n=3, cutoff=0.4)
+    hint = f"did you mean {', '.join(near)}?" if near else "see `plan gpus`"
+    raise SpecError(f"gpu: {name!r} is not a known GPU type ({hint})")
+
+
+@cache
+def _links() -> dict[str, LinkKind]:
+    raw = _data("links.yaml")
+    assert isinstance(raw, dict)
+    return {k: parse(LinkKind, v, where=f"links.{k}") for k, v in raw.items()}
+
+
+def link_kind(name: str) -> LinkKind:
+    links = _links()
+    if name not in links:
+        fail("link", name, "known: " + ", ".join(links))
+    return links[name]
+
+
+@cache
+def _efficiencies() -> dict[str, ArchEfficiency]:
+    raw = _data("efficiency.yaml")
+    assert isinstance(raw, dict)
+    return {k: parse(ArchEfficiency, v, where=f"efficiency.{k}") for k, v in raw.items()}
+
+
+def arch_efficiency(arch: str) -> ArchEfficiency:
+    table = _efficiencies()
+    if arch not in table:
+        fail("arch", arch, "known: " + ", ".join(table))
+    return table[arch]

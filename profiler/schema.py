@@ -1,0 +1,218 @@
+"""Typed specs from plain data: one loader and one writer for every artifact.
+
+A spec is a frozen dataclass whose fields carry their constraints as metadata
+(`spec_field(min=1, ...)`). `parse(cls, data, where=...)` builds it from a YAML/JSON
+mapping and rejects unknown keys, missing keys, wrong types and out-of-range values
+with a `SpecError` that names the field path, the value and what is allowed.
+`dump(obj)` writes it back as plain data; `parse(cls, dump(x)) == x`.
+
+Cross-field rules live in a spec's `check(self, where)` method, which `parse` calls
+after the fields are valid. Validation is pure: it never touches a device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from functools import cache
+from typing import Any, Literal, TypeVar
+
+__all__ = ["SpecError", "at", "dump", "fail", "load_yaml", "load_yaml_text", "parse", "spec_field"]
+
+T = TypeVar("T")
+
+
+class SpecError(ValueError):
+    """Bad input a user can fix: the message names the field, the value and what is allowed."""
+
+
+def fail(where: str, value: object, allowed: str) -> typing.NoReturn:
+    """Raise a SpecError in the one format every message uses."""
+    raise SpecError(f"{where}: {value!r} is not allowed ({allowed})")
+
+
+def at(where: str, name: str) -> str:
+    """The path of field `name` under `where`: "" for top level, "file.yaml:" for a file,
+    "--" for command-line flags (`at("--", "tp")` is "--tp")."""
+    if not where:
+        return name
+    if where == "--":
+        return "--" + name.replace("_", "-")
+    return f"{where}{name}" if where.endswith(":") else f"{where}.{name}"
+
+
+def spec_field(
+    *,
+    default: Any = dataclasses.MISSING,
+    min: float | None = None,
+    max: float | None = None,
+    gt: float | None = None,
+    help: str = "",
+) -> Any:
+    """A dataclass field with bounds; `default=None` makes an optional field."""
+    meta = {"min": min, "max": max, "gt": gt, "help": help}
+    if isinstance(default, list | dict):
+        raise TypeError("use tuples / frozen values for defaults")
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(str(a) for a in typing.get_args(tp))
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return f"a mapping of {_type_name(typing.get_args(tp)[1])}"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping ({tp.__name__})"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+            type(None): "null"}.get(tp, str(tp))
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    """Check `value` against annotation `tp`, returning the typed value."""
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, where)
+            except SpecError as err:
+                errors.append(err)
+        if len(errors) == 1:
+            raise errors[0]
+        fail(where, value, f"expected {_type_name(tp)}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
+            fail(where, value, "allowed: " + ", ".join(str(c) for c in choices))
+        return value
+    if origin is tuple:
+        (item_tp, *_rest) = typing.get_args(tp)
+        if not isinstance(value, list | tuple):
+            fail(where, value, f"expected {_type_name(tp)}")
+        return tuple(_convert(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp)
+        if not isinstance(value, Mapping):
+            fail(where, value, f"expected {_type_name(tp)}")
+        return {_convert(key_tp, k, where): _convert(val_tp, v, at(where, str(k)))
+                for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        return parse(tp, value, where=where)
+    if tp is bool:
+        if not isinstance(value, bool):
+            fail(where, value, "expected true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            fail(where, value, "expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            fail(where, value, "expected a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str) or not value:
+            fail(where, value, "expected a non-empty string")
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} at {where}")
+
+
+def _check_bounds(meta: Mapping[str, Any], value: Any, where: str) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return
+    if meta.get("min") is not None and value < meta["min"]:
+        fail(where, value, f"must be ≥ {meta['min']:g}")
+    if meta.get("gt") is not None and value <= meta["gt"]:
+        fail(where, value, f"must be > {meta['gt']:g}")
+    if meta.get("max") is not None and value > meta["max"]:
+        fail(where, value, f"must be ≤ {meta['max']:g}")
+
+
+def parse(cls: type[T], data: Any, *, where: str = "") -> T:
+    """Build spec `cls` from a mapping, validating every field and then `cls.check`."""
+    label = where.rstrip(":-") or cls.__name__
+    if not isinstance(data, Mapping):
+        fail(label, data, f"expected a mapping with fields of {cls.__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields), key=str)
+    if unknown:
+        fail(at(where, str(unknown[0])), data[unknown[0]],
+             "unknown field; known: " + ", ".join(fields))
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        path = at(where, name)
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise SpecError(f"{path}: missing (required field of {cls.__name__})")
+            continue
+        value = _convert(hints[name], data[name], path)
+        _check_bounds(f.metadata, value, path)
+        if isinstance(value, tuple):
+            for i, item in enumerate(value):
+                _check_bounds(f.metadata, item, f"{path}[{i}]")
+        kwargs[name] = value
+    obj = cls(**kwargs)
+    check = getattr(obj, "check", None)
+    if check is not None:
+        check(where)
+    return obj
+
+
+def dump(obj: Any) -> Any:
+    """Plain data (dicts, lists, scalars) from a spec; fields left at None are omitted."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if value is None:
+                continue
+            out[f.name] = dump(value)
+        return out
+    if isinstance(obj, tuple | list):
+        return [dump(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: dump(v) for k, v in obj.items()}
+    return obj
+
+
+def load_yaml_text(text: str, *, where: str) -> Any:
+    """YAML text to plain data; malformed YAML is a SpecError naming the line."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError(f"{where}:{line}: malformed YAML ({problem})") from None
+
+
+def load_yaml(path: str) -> Any:
+    """Read a YAML file; a missing file or malformed YAML is a SpecError."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+    return load_yaml_text(text, where=path)

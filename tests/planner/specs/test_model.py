@@ -1,0 +1,46 @@
+import pytest
+
+from planner.specs.model import load_model, model_presets, preset
+from profiler.schema import SpecError
+
+# Published parameter counts (Brown et al. 2020; Touvron et al. 2023; Llama 3 2024;
+# BigScience 2022; Narayanan et al. 2021 Table 1).
+PUBLISHED = {
+    "gpt3-175b": 175e9, "gpt3-6.7b": 6.7e9, "gpt3-125m": 125e6, "llama2-7b": 6.74e9,
+    "llama2-70b": 68.98e9, "llama3-8b": 8.03e9, "llama3-70b": 70.55e9, "llama3-405b": 405.8e9,
+    "bloom-176b": 176.2e9, "megatron-1t": 1008e9, "megatron-530b": 529.6e9, "mpt-7b": 6.7e9,
+}
+
+
+@pytest.mark.parametrize("name, count", PUBLISHED.items())
+def test_parameter_counts_match_published(name, count):
+    assert preset(name).num_params() == pytest.approx(count, rel=0.02)
+
+
+def test_families_present():
+    names = set(model_presets())
+    for prefix, least in (("gpt3-", 8), ("megatron-", 10), ("llama2-", 3), ("llama3-", 3),
+                          ("bloom-", 1), ("mpt-", 6), ("debug-", 2)):
+        assert sum(n.startswith(prefix) for n in names) >= least, prefix
+
+
+def test_debug_models_are_tiny():
+    for name in ("debug-tiny", "debug-tiny-llama"):
+        assert preset(name).num_params() < 200_000
+
+
+def test_unknown_preset_suggests():
+    with pytest.raises(SpecError, match=r"model: 'gpt3-175' is not a known preset \(did you mean gpt3-175b"):
+        preset("gpt3-175")
+
+
+def test_model_file_errors(tmp_path):
+    f = tmp_path / "m.yaml"
+    f.write_text("name: m\nnum_layers: 2\nhidden_size: 64\nffn_hidden_size: 256\n"
+                 "num_heads: 6\nvocab_size: 100\nseq_len: 32\n")
+    with pytest.raises(SpecError, match=r"m.yaml:num_heads: 6 is not allowed \(must divide hidden_size 64\)"):
+        load_model(str(f))
+    f.write_text("name: m\nnum_layers: 2\nhidden_size: 64\nffn_hidden_size: 256\n"
+                 "num_heads: 4\nnum_kv_heads: 3\nvocab_size: 100\nseq_len: 32\n")
+    with pytest.raises(SpecError, match="num_kv_heads: 3 is not allowed"):
+        load_model(str(f))

@@ -1,0 +1,89 @@
+import dataclasses
+
+import pytest
+
+from planner.layout import ParallelConfig, homogeneous_plan
+from planner.specs.cluster import load_cluster, parse_gpus_arg
+from planner.specs.model import preset
+from planner.specs.plan import (
+    Pipeline,
+    Plan,
+    Predicted,
+    Sharding,
+    Stage,
+    Training,
+    load_plan,
+    plan_from_dict,
+    plan_to_dict,
+    save_plan,
+)
+from profiler.schema import SpecError
+
+
+def _homogeneous() -> Plan:
+    cfg = ParallelConfig(tp=2, pp=2, dp=2, mbs=1, gbs=8, seq_len=64, recompute="selective",
+                         sequence_parallel=True, sharding=Sharding(params=1, grads=2, optim=2))
+    return homogeneous_plan(preset("debug-small"), parse_gpus_arg("A100-80GB-SXM:8"), cfg)
+
+
+def _heterogeneous() -> Plan:
+    """Two unlike replicas on the mixed A100+V100 cluster: a 2-stage A100 pipeline with an
+    uneven split and a 3-stage V100 pipeline, with different micro-batch counts."""
+    cluster = load_cluster("cluster_specs/mixed-a100-v100.yaml")
+    v100 = 16 * 8  # first V100 index
+    fast = Pipeline(micro_batch_size=2, num_microbatches=20, stages=(
+        Stage(layers=(0, 20), devices=tuple(range(0, 8)), tp=8, recompute="selective"),
+        Stage(layers=(20, 42), devices=tuple(range(8, 16)), tp=8)))
+    slow = Pipeline(micro_batch_size=1, num_microbatches=24, stages=(
+        Stage(layers=(0, 13), devices=tuple(range(v100, v100 + 8)), tp=8, recompute="full"),
+        Stage(layers=(13, 28), devices=tuple(range(v100 + 8, v100 + 16)), tp=8, recompute="full"),
+        Stage(layers=(28, 42), devices=tuple(range(v100 + 16, v100 + 24)), tp=8,
+              recompute="full")))
+    model = dataclasses.replace(preset("megatron-7.5b"), num_layers=42)
+    plan = Plan(model=model, cluster=cluster,
+                training=Training(global_batch_size=64, seq_len=2048, dtype="fp16"),
+                pipelines=(fast, slow),
+                predicted=Predicted(iteration_time_s=1.25, tokens_per_s=1e5,
+                                    tflops_per_gpu_model=100.5, mfu=0.31,
+                                    peak_memory_bytes=(1, 2), sources={"compute": "x"}))
+    plan.check("plan")
+    return plan
+
+
+@pytest.mark.parametrize("make", [_homogeneous, _heterogeneous])
+@pytest.mark.parametrize("ext", [".yaml", ".json"])
+def test_round_trip_is_exact(tmp_path, make, ext):
+    plan = make()
+    path = str(tmp_path / f"plan{ext}")
+    save_plan(plan, path)
+    again = load_plan(path)
+    assert again == plan
+    save_plan(again, str(tmp_path / f"again{ext}"))
+    assert (tmp_path / f"again{ext}").read_text() == (tmp_path / f"plan{ext}").read_text()
+
+
+def test_homogeneous_layout_is_megatron_order():
+    plan = _homogeneous()
+    # tp fastest, then dp, then pp: pipeline 1 stage 0 on GPUs 2-3, stage 1 on 4-5.
+    assert plan.pipelines[1].stages[0].devices == (2, 3)
+    assert plan.pipelines[1].stages[1].devices == (6, 7)
+    assert [s.layers for s in plan.pipelines[0].stages] == [(0, 2), (2, 4)]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["pipelines"][0]["stages"][1].update(layers=[3, 4]), "must start at 2"),
+    (lambda d: d["pipelines"][0]["stages"][1].update(layers=[2, 3]), "must cover all 4 layers"),
+    (lambda d: d["pipelines"][1]["stages"][0].update(devices=[0, 1]), "GPU 0 is already used"),
+    (lambda d: d["pipelines"][0].update(num_microbatches=3), "must equal training.global_batch_size 8"),
+    (lambda d: d["pipelines"][0]["stages"][0].update(devices=[0]), r"tp\*cp = 2 GPU indices"),
+    (lambda d: d["pipelines"][0]["stages"][0].update(tp=3, devices=[0, 1, 2]), "must divide num_heads 8"),
+    (lambda d: d["sharding"].update(params=2, grads=3), "must be a multiple of params"),
+    (lambda d: d["pipelines"][0]["stages"][0].update(devices=[0, 99]), "GPU indices are 0..7"),
+    (lambda d: d.update(schema_version=7), "this trainplan reads version 1"),
+    (lambda d: d["training"].update(virtual_stages=2), "exactly when schedule is interleaved-1f1b"),
+])
+def test_invalid_plans_are_refused(mutate, message):
+    data = plan_to_dict(_homogeneous())
+    mutate(data)
+    with pytest.raises(SpecError, match=message):
+        plan_from_dict(data)

@@ -1,0 +1,170 @@
+"""`plan` as users meet it: errors are one line, exit 2, no traceback."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from planner.cli import main
+
+GOOD = ["simulate", "--model", "gpt3-175b", "--gpus", "A100-80GB-SXM:64", "--tp", "8", "--pp",
+        "8", "--dp", "1", "--vp", "3", "--mbs", "1", "--gbs", "64", "--recompute", "full"]
+
+
+def _run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _swap(flag, value):
+    argv = list(GOOD)
+    argv[argv.index(flag) + 1] = value
+    return argv
+
+
+def _model_file(tmp_path, text):
+    f = tmp_path / "model.yaml"
+    f.write_text(text)
+    return ["simulate", "--model-file", str(f), "--gpus", "A100-80GB-SXM:8", "--tp", "8",
+            "--pp", "1", "--dp", "1", "--mbs", "1", "--gbs", "8"]
+
+
+MODEL = ("name: m\nnum_layers: 4\nhidden_size: 256\nffn_hidden_size: 1024\nnum_heads: 8\n"
+         "vocab_size: 1000\nseq_len: 128\n")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (_swap("--gpus", "Z100-80GB:64"), "'Z100-80GB' is not a known GPU type"),
+    (_swap("--tp", "5"), "--tp: 5 is not allowed (must divide num_heads 96)"),
+    (_swap("--dp", "2"), "tp*pp*dp*cp = 8*8*2*1 = 128 must equal the cluster's 64 GPUs"),
+    (_swap("--mbs", "0"), "argument --mbs: 0 is not allowed (must be ≥ 1)"),
+    (_swap("--gbs", "-4"), "argument --gbs: -4 is not allowed (must be ≥ 1)"),
+    (_swap("--tp", "eight"), "argument --tp: 'eight' is not an integer"),
+    (_swap("--model", "gpt3-17b"), "model: 'gpt3-17b' is not a known preset"),
+    (GOOD[:-4], "the following arguments are required: --gbs"),
+    (_swap("--recompute", "some"), "argument --recompute: invalid choice: 'some'"),
+    (GOOD + ["--shard-params", "3"], "--shard-params: 3 is not allowed (must divide dp = 1)"),
+    (_swap("--gpus", "V100-32GB-SXM3:64") + ["--dtype", "bf16"], "V100-32GB-SXM3 has no bf16"),
+])
+def test_bad_flags(argv, needle, capsys):
+    code, out, err = _run(argv, capsys)
+    assert code == 2 and out == ""
+    assert needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_gbs_not_divisible(capsys):
+    argv = _swap("--gbs", "63")
+    argv[argv.index("--dp") + 1] = "2"
+    argv[argv.index("--pp") + 1] = "4"
+    code, _, err = _run(argv, capsys)
+    assert code == 2 and "--gbs: 63 is not allowed (must be a multiple of mbs*dp = 2)" in err
+
+
+@pytest.mark.parametrize("text, needle", [
+    (MODEL.replace("num_layers: 4\n", ""), "model.yaml:num_layers: missing (required field of ModelSpec)"),
+    (MODEL + "colour: red\n", "model.yaml:colour: 'red' is not allowed (unknown field; known: name,"),
+    (MODEL.replace("num_layers: 4", "num_layers: -1"), "model.yaml:num_layers: -1 is not allowed (must be ≥ 1)"),
+    (MODEL.replace("hidden_size: 256", "hidden_size: 0"), "hidden_size: 0 is not allowed (must be ≥ 1)"),
+    (MODEL + "activation: relu\n", "activation: 'relu' is not allowed (allowed: gelu, swiglu)"),
+    ("name: m\nnum_layers: [4\n", "model.yaml: line 3: malformed YAML"),
+])
+def test_bad_model_files(tmp_path, text, needle, capsys):
+    code, out, err = _run(_model_file(tmp_path, text), capsys)
+    assert code == 2 and needle in err, err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("name: c\nnode_groups:\n  - {name: a, gpu: Q100, num_nodes: 1}\n",
+     "cluster.yaml:node_groups[0].gpu: 'Q100' is not a known GPU type"),
+    ("name: c\nnode_groups:\n  - {name: a, gpu: A100-80GB-SXM, num_nodes: 0}\n",
+     "node_groups[0].num_nodes: 0 is not allowed (must be ≥ 1)"),
+    ("name: c\nnode_groups:\n  - {name: a, gpu: A100-80GB-SXM, num_nodes: 1, nic: carrier-pigeon}\n",
+     "nic: 'carrier-pigeon' is not allowed (allowed: infiniband, roce, ethernet)"),
+    ("name: c\nnode_groups: {name: a\n", "malformed YAML"),
+])
+def test_bad_cluster_files(tmp_path, text, needle, capsys):
+    f = tmp_path / "cluster.yaml"
+    f.write_text(text)
+    argv = ["simulate", "--model", "gpt3-125m", "--cluster", str(f), "--tp", "1", "--pp", "1",
+            "--dp", "8", "--mbs", "1", "--gbs", "8"]
+    code, _, err = _run(argv, capsys)
+    assert code == 2 and needle in err, err
+    assert err.count("\n") == 1
+
+
+def test_missing_file(capsys):
+    code, _, err = _run(["simulate", "--model-file", "/nonexistent.yaml", *GOOD[3:]], capsys)
+    assert code == 2 and "/nonexistent.yaml: cannot read (No such file or directory)" in err
+
+
+def test_json_contract(capsys):
+    code, out, _ = _run(GOOD + ["--json"], capsys)
+    assert code == 0
+    result = json.loads(out)
+    for key in ("iteration_time_s", "tokens_per_s", "tflops_per_gpu_model", "mfu",
+                "peak_memory_bytes", "fits", "breakdown", "sources"):
+        assert key in result
+    assert set(result["sources"]) >= {"compute", "communication", "memory"}
+    assert result["fits"] is True and result["iteration_time_s"] > 0
+
+
+def test_not_fitting_reports_the_shortfall(capsys):
+    argv = ["simulate", "--model", "gpt3-175b", "--gpus", "A100-80GB-SXM:8", "--tp", "8",
+            "--pp", "1", "--dp", "1", "--mbs", "1", "--gbs", "8"]
+    code, out, _ = _run(argv + ["--json"], capsys)
+    result = json.loads(out)
+    assert code == 0 and result["fits"] is False and result["iteration_time_s"] > 0
+    assert all(s["memory"]["shortfall_bytes"] > 0 for s in result["stages"])
+    code, out, _ = _run(argv, capsys)
+    assert "DOES NOT FIT: short by" in out
+
+
+def test_readable_summary_and_plan_output(tmp_path, capsys):
+    code, out, _ = _run(GOOD + ["-o", str(tmp_path / "p.yaml")], capsys)
+    assert code == 0
+    for word in ("iteration", "throughput", "MFU", "breakdown", "memory", "sources"):
+        assert word in out
+    from planner.specs.plan import load_plan
+
+    plan = load_plan(str(tmp_path / "p.yaml"))
+    assert plan.predicted is not None and plan.predicted.fits
+    assert plan.provenance is not None and plan.provenance.command.startswith("plan simulate")
+
+
+@pytest.mark.parametrize("verb", ["models", "gpus"])
+def test_listings_one_per_line(verb, capsys):
+    code, out, _ = _run([verb], capsys)
+    lines = out.strip().splitlines()
+    assert code == 0 and len(lines) > 20
+    code, out, _ = _run([verb, "--json"], capsys)
+    assert code == 0 and len(json.loads(out)) == len(lines) - 1
+
+
+def test_planner_never_imports_torch():
+    code = ("import sys, planner.cli, planner.commands.simulate, planner.estimate;"
+            "bad = [m for m in ('torch', 'pandas', 'matplotlib', 'scipy') if m in sys.modules];"
+            "print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_starts_fast():
+    """`plan --help` and `plan simulate` in under a second (best of three)."""
+    plan = [sys.executable, "-m", "planner.cli"]
+    for argv in (["--help"], GOOD + ["--json"]):
+        best = min(_timed(plan + argv) for _ in range(3))
+        assert best < 1.0, (argv, best)
+
+
+def _timed(argv):
+    start = time.perf_counter()
+    subprocess.run(argv, capture_output=True, check=True)
+    return time.perf_counter() - start
