@@ -87,6 +87,12 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--attention", choices=("flash", "memory_efficient", "math"),
                      help="attention kernel (default: the fastest the device supports)")
     sim.add_argument("--profile", metavar="FILE", help="measured op profile (plan profile)")
+    sim.add_argument("--method", choices=("simulate", "estimate"), default="simulate",
+                     help="event simulation of the task graph (default) or the closed-form "
+                     "estimate")
+    sim.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON of the "
+                     "simulated timeline (open in Perfetto)")
+    sim.add_argument("--gantt", metavar="PNG", help="write a picture of the pipeline schedule")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.add_argument("-o", "--output", metavar="PLAN", help="also write the Plan (.yaml/.json)")
 

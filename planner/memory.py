@@ -108,8 +108,9 @@ def in_flight_chunks(*, schedule: str, stage: int, pp: int, num_microbatches: in
 
 def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
                  num_layers: int, first: bool, last: bool, pp: int, recompute: Recompute,
-                 sharding: Sharding, in_flight: int, virtual_stages: int = 1) -> StageMemory:
-    """Peak memory of one rank of a stage."""
+                 sharding: Sharding, layers_in_flight: float) -> StageMemory:
+    """Peak memory of one rank of a stage holding activations of `layers_in_flight`
+    layer-micro-batches at its peak."""
     params = rank_param_count(model, num_layers=num_layers, first=first, last=last,
                               tp=shape.tp, pp=pp)
     low = dtype_bytes(shape.dtype)
@@ -117,7 +118,6 @@ def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
     work = layer_work(model, shape)
     per_layer = {"none": work.activation_bytes, "selective": work.selective_activation_bytes,
                  "full": work.input_bytes}[recompute]
-    layers_in_flight = in_flight * num_layers / virtual_stages
     activations = per_layer * layers_in_flight
     buffers = 0.0
     if recompute == "full":  # one layer's activations exist while it is recomputed

@@ -6,8 +6,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from planner.memory import StageMemory
+from planner.specs.plan import Plan
+from planner.workload import hardware_flops_per_token, model_flops_per_token
+from profiler.analytic import math_dtype
+from profiler.devices import device
 
-__all__ = ["Breakdown", "SimResult", "StageSummary"]
+__all__ = ["Breakdown", "SimResult", "StageSummary", "make_result"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +101,30 @@ def _stage_dict(s: StageSummary) -> dict:
             "shortfall_bytes": int(m.shortfall_bytes),
         },
     }
+
+
+def make_result(plan: Plan, *, method: str, iteration_s: float, breakdown: Breakdown,
+                stages: tuple[StageSummary, ...], sources: dict[str, str]) -> SimResult:
+    """Throughput, FLOP/s and MFU of an iteration time (one definition for every method).
+
+    MFU is model FLOPs (no recompute, Megatron's count) over the summed peak of the GPUs
+    the plan uses, at the training dtype."""
+    tr = plan.training
+    tokens = tr.global_batch_size * tr.seq_len
+    num_gpus = plan.num_gpus_used
+    model_flops = model_flops_per_token(plan.model, tr.seq_len) * tokens
+    recompute = plan.pipelines[0].stages[0].recompute
+    hw_flops = hardware_flops_per_token(plan.model, tr.seq_len, recompute) * tokens
+    slots = plan.cluster.slots
+    peak = 0.0
+    for pipe in plan.pipelines:
+        for s in pipe.stages:
+            dev = device(plan.cluster.node_groups[slots[s.devices[0]].group].gpu)
+            peak += dev.peak_flops(math_dtype(dev, tr.dtype)) * len(s.devices)
+    return SimResult(
+        method=method, iteration_time_s=iteration_s, tokens_per_s=tokens / iteration_s,
+        samples_per_s=tr.global_batch_size / iteration_s,
+        tflops_per_gpu_model=model_flops / iteration_s / num_gpus / 1e12,
+        tflops_per_gpu_hw=hw_flops / iteration_s / num_gpus / 1e12,
+        mfu=model_flops / iteration_s / peak, num_gpus=num_gpus, breakdown=breakdown,
+        stages=stages, sources=sources)

@@ -7,6 +7,7 @@ price the same work the same way.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import cache
 
@@ -26,21 +27,32 @@ from planner.workload import (
 )
 from profiler.devices import DeviceSpec, dtype_bytes
 
-__all__ = ["CommCost", "StageCost", "plan_stage_costs", "stage_device"]
+__all__ = ["BUCKET_PARAMS", "DPSync", "Part", "StageCost", "aligned_stages", "dp_sync", "exposed_s",
+           "pipeline_key", "plan_stage_costs", "stage_device", "stage_shape"]
 
 GRAD_BYTES = 4  # gradients are reduced in fp32 (Megatron main_grad)
+BUCKET_PARAMS = 40e6  # gradient bucket size in parameters (Megatron DDP default)
 
 
 @dataclass(frozen=True)
-class CommCost:
-    """Seconds of one kind of communication (per micro-batch or per iteration)."""
+class Part:
+    """Seconds on a rank's compute stream, by what they are spent on. Tensor- and
+    context-parallel collectives block the compute stream (Megatron runs them in line)."""
 
+    compute_s: float = 0.0
     tp_s: float = 0.0
     cp_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.tp_s + self.cp_s
+        return self.compute_s + self.tp_s + self.cp_s
+
+    def __add__(self, other: Part) -> Part:
+        return Part(self.compute_s + other.compute_s, self.tp_s + other.tp_s,
+                    self.cp_s + other.cp_s)
+
+    def __mul__(self, k: float) -> Part:
+        return Part(self.compute_s * k, self.tp_s * k, self.cp_s * k)
 
 
 @dataclass(frozen=True)
@@ -52,32 +64,49 @@ class StageCost:
     device: str
     num_layers: int
     num_params: float  # on one rank, before sharding
-    forward_compute_s: float
-    backward_compute_s: float  # includes recomputation
-    forward_comm: CommCost
-    backward_comm: CommCost  # includes recomputation's collectives
-    p2p_s: float  # one activation (or its gradient) to the neighbouring stage
-    dp_grad_sync_s: float  # per iteration: gradient reduction at the end of backward
-    dp_param_sync_s: float  # per iteration: gathering updated parameters (sharded OS/P)
-    zero3_gather_s: float  # per micro-batch: gathering sharded params in fwd and bwd
+    layer_forward: Part  # one layer
+    layer_backward: Part  # one layer, with its recomputation
+    embed_forward: Part  # first stage only, else zero
+    embed_backward: Part
+    head_forward: Part  # last stage only, else zero
+    head_backward: Part
+    p2p_s: float  # one activation (or its gradient) to the next stage
+    dp: DPSync
     optimizer_s: float  # per iteration
     memory: StageMemory
 
     @property
+    def forward(self) -> Part:
+        return self.layer_forward * self.num_layers + self.embed_forward + self.head_forward
+
+    @property
+    def backward(self) -> Part:
+        return self.layer_backward * self.num_layers + self.embed_backward + self.head_backward
+
+    @property
     def forward_s(self) -> float:
-        return self.forward_compute_s + self.forward_comm.total_s
+        return self.forward.total_s
 
     @property
     def backward_s(self) -> float:
-        return self.backward_compute_s + self.backward_comm.total_s
+        return self.backward.total_s
 
 
 def stage_device(plan: Plan, stage: Stage) -> DeviceSpec:
-    slots = plan.cluster.slots()
+    slots = plan.cluster.slots
     return plan.cluster.node_groups[slots[stage.devices[0]].group].device
 
 
-def _comm_s(items: tuple[Work, ...], tiers: dict[str, tuple[Tier, ...]]) -> CommCost:
+def stage_shape(plan: Plan, pipeline: int, stage: Stage) -> WorkloadShape:
+    tr = plan.training
+    return WorkloadShape(micro_batch_size=plan.pipelines[pipeline].micro_batch_size,
+                         seq_len=tr.seq_len, tp=stage.tp, cp=stage.cp,
+                         sequence_parallel=tr.sequence_parallel, dtype=tr.dtype,
+                         attention=plan.kernels.attention)
+
+
+def _part(items: tuple[Work, ...], costs: ComputeCosts,
+          tiers: dict[str, tuple[Tier, ...]]) -> Part:
     tp = cp = 0.0
     for item in items:
         if isinstance(item, Comm):
@@ -86,73 +115,90 @@ def _comm_s(items: tuple[Work, ...], tiers: dict[str, tuple[Tier, ...]]) -> Comm
                 cp += t
             else:
                 tp += t
-    return CommCost(tp_s=tp, cp_s=cp)
+    return Part(costs.total_s(items), tp, cp)
 
 
 @cache
-def _layer_costs(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
-                 recompute: str) -> tuple[float, float, CommCost, CommCost]:
-    """(forward compute, backward compute incl. recompute, forward comm, backward comm)
-    of one layer for one micro-batch."""
+def _layer_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
+                 recompute: str) -> tuple[Part, Part]:
+    """Forward and backward (with recomputation) of one layer for one micro-batch."""
     tiers = dict(tiers_key)
     costs = ComputeCosts(device_name, shape.dtype)
     work = layer_work(model, shape)
-    fwd_c = costs.total_s(work.forward)
-    bwd_c = costs.total_s(work.backward)
-    fwd_comm, bwd_comm = _comm_s(work.forward, tiers), _comm_s(work.backward, tiers)
+    fwd, bwd = _part(work.forward, costs, tiers), _part(work.backward, costs, tiers)
     if recompute == "full":
-        bwd_c += fwd_c
-        bwd_comm = CommCost(bwd_comm.tp_s + fwd_comm.tp_s, bwd_comm.cp_s + fwd_comm.cp_s)
+        bwd = bwd + fwd
     elif recompute == "selective":
-        bwd_c += costs.total_s(work.selective_recompute)
-        extra = _comm_s(work.selective_recompute, tiers)
-        bwd_comm = CommCost(bwd_comm.tp_s + extra.tp_s, bwd_comm.cp_s + extra.cp_s)
-    return fwd_c, bwd_c, fwd_comm, bwd_comm
+        bwd = bwd + _part(work.selective_recompute, costs, tiers)
+    return fwd, bwd
 
 
-def _dp_groups(plan: Plan, stage_index: int, pipelines: list[int]) -> list[tuple[int, ...]]:
-    """Data-parallel groups of a stage: the same rank position across `pipelines`."""
-    stages = [plan.pipelines[p].stages[stage_index] for p in pipelines]
-    width = len(stages[0].devices)
-    return [tuple(s.devices[r] for s in stages) for r in range(width)]
+@dataclass(frozen=True)
+class DPSync:
+    """Data-parallel traffic of one rank position of a stage under AMSP sharding."""
+
+    grad_iteration_s: float = 0.0  # once per iteration, after the last backward
+    grad_microbatch_s: float = 0.0  # after every backward (sharded gradients)
+    param_iteration_s: float = 0.0  # after the optimizer step
+    param_microbatch_s: float = 0.0  # before every forward and backward (sharded params)
 
 
-def _dp_sync_s(plan: Plan, stage_index: int, params: float, concurrency: int
-               ) -> tuple[float, float, float]:
-    """(gradient sync per iteration, parameter gather per iteration, ZeRO-3 gather per
-    micro-batch) for rank position 0 of a stage, under the plan's AMSP sharding.
+def dp_sync(plan: Plan, group: tuple[int, ...], params: float, concurrency: int) -> DPSync:
+    """Traffic of the data-parallel group `group` (one GPU per replica, in replica order)
+    holding `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP).
 
-    Gradients: reduce-scatter inside each grads-sharding group of `g` replicas, then
-    all-reduce of the shard across the dp/g groups (hierarchical, AMSP §3). Parameters:
-    after each optimizer updates its 1/os shard, the params-sharding level (p) is rebuilt
-    by an all-gather over os/p replicas. Sharded params (p > 1) are gathered before use in
-    forward and again in backward (ZeRO-3), every micro-batch.
+    Sharded gradients (g > 1) are reduce-scattered inside their group of g replicas after
+    every micro-batch's backward (only the shard is kept), and the shards are all-reduced
+    across the dp/g groups once per iteration; unsharded ones are all-reduced once. After
+    the optimizer updates its 1/os shard, parameters are all-gathered back to the params
+    sharding level (os/p replicas). Sharded parameters (p > 1) are gathered before use in
+    every forward and backward (ZeRO-3).
     """
-    dp = plan.dp
+    dp = len(group)
     if dp == 1:
-        return 0.0, 0.0, 0.0
+        return DPSync()
     sh = plan.sharding
     low = dtype_bytes(plan.training.dtype)
-    all_pipes = list(range(dp))
     grad_bytes = params * GRAD_BYTES
 
-    def tiers(group_size: int, stride: int) -> tuple[Tier, ...]:
-        pipes = all_pipes[0:group_size * stride:stride]
-        return group_tiers(plan.cluster, _dp_groups(plan, stage_index, pipes)[0], concurrency)
+    def tiers(size: int, stride: int) -> tuple[Tier, ...]:
+        return group_tiers(plan.cluster, group[0:size * stride:stride], concurrency)
 
     g, os_, p = sh.grads, sh.optim, sh.params
     if g == 1:
-        grad_s = collective_time_s("all_reduce", grad_bytes, tiers(dp, 1))
+        grad_it = collective_time_s("all_reduce", grad_bytes, tiers(dp, 1))
+        grad_mb = 0.0
     else:
-        grad_s = collective_time_s("reduce_scatter", grad_bytes, tiers(g, 1))
-        grad_s += collective_time_s("all_reduce", grad_bytes / g, tiers(dp // g, g))
-    param_s = 0.0
+        grad_mb = collective_time_s("reduce_scatter", grad_bytes, tiers(g, 1))
+        grad_it = collective_time_s("all_reduce", grad_bytes / g, tiers(dp // g, g))
+    param_it = 0.0
     if os_ > p:  # rebuild the params level from the optimizer's shards
-        param_s = collective_time_s("all_gather", params * low / p, tiers(os_ // p, p))
-    zero3_s = 0.0
+        param_it = collective_time_s("all_gather", params * low / p, tiers(os_ // p, p))
+    param_mb = 0.0
     if p > 1:
-        zero3_s = 2 * collective_time_s("all_gather", params * low, tiers(p, 1))
-    return grad_s, param_s, zero3_s
+        param_mb = 2 * collective_time_s("all_gather", params * low, tiers(p, 1))
+    return DPSync(grad_it, grad_mb, param_it, param_mb)
+
+
+def exposed_s(comm_s: float, window_s: float, num_params: float) -> float:
+    """Communication overlapped with `window_s` of compute bucket by bucket (PyTorch DDP,
+    Megatron): only what outlasts the window is exposed, and never less than the last
+    bucket."""
+    buckets = max(1, math.ceil(num_params / BUCKET_PARAMS))
+    return max(comm_s / buckets, comm_s - window_s)
+
+
+def _p2p_s(plan: Plan, pi: int, si: int) -> float:
+    """Send one activation from stage `si` to the next (the last stage sends to the first,
+    which interleaving uses). Megatron scatters it over the tp ranks; each sends a slice."""
+    pipe = plan.pipelines[pi]
+    stage, nxt = pipe.stages[si], pipe.stages[(si + 1) % len(pipe.stages)]
+    if stage is nxt:
+        return 0.0
+    size = (pipe.micro_batch_size * plan.training.seq_len // stage.cp * plan.model.hidden_size
+            * dtype_bytes(plan.training.dtype) / stage.tp)
+    return collective_time_s("send_recv", size,
+                             group_tiers(plan.cluster, (stage.devices[0], nxt.devices[0])))
 
 
 def _stage_cost(plan: Plan, pi: int, si: int) -> StageCost:
@@ -161,44 +207,28 @@ def _stage_cost(plan: Plan, pi: int, si: int) -> StageCost:
     stage = pipe.stages[si]
     pp = len(pipe.stages)
     dev = stage_device(plan, stage)
-    shape = WorkloadShape(micro_batch_size=pipe.micro_batch_size, seq_len=tr.seq_len, tp=stage.tp,
-                          cp=stage.cp, sequence_parallel=tr.sequence_parallel, dtype=tr.dtype,
-                          attention=plan.kernels.attention)
-    tp_group = stage.devices[:stage.tp]
-    cp_group = stage.devices[::stage.tp]
-    tiers_key = (("tp", group_tiers(plan.cluster, tp_group)),
-                 ("cp", group_tiers(plan.cluster, cp_group)))
-    fwd_c, bwd_c, fwd_comm, bwd_comm = _layer_costs(model, shape, dev.name, tiers_key,
-                                                    stage.recompute)
-    n = stage.num_layers
-    fwd_c, bwd_c = fwd_c * n, bwd_c * n
-    fwd_comm = CommCost(fwd_comm.tp_s * n, fwd_comm.cp_s * n)
-    bwd_comm = CommCost(bwd_comm.tp_s * n, bwd_comm.cp_s * n)
-    costs = ComputeCosts(dev.name, tr.dtype)
+    shape = stage_shape(plan, pi, stage)
+    tiers_key = (("tp", group_tiers(plan.cluster, stage.devices[:stage.tp])),
+                 ("cp", group_tiers(plan.cluster, stage.devices[::stage.tp])))
     tiers = dict(tiers_key)
+    layer_fwd, layer_bwd = _layer_parts(model, shape, dev.name, tiers_key, stage.recompute)
+    costs = ComputeCosts(dev.name, tr.dtype)
     first, last = si == 0, si == pp - 1
-    extras: list[tuple[tuple[Work, ...], tuple[Work, ...]]] = []
+    zero = Part()
+    embed_fwd = embed_bwd = head_fwd = head_bwd = zero
     if first:
-        extras.append(embedding_work(model, shape))
+        fwd, bwd = embedding_work(model, shape)
+        embed_fwd, embed_bwd = _part(fwd, costs, tiers), _part(bwd, costs, tiers)
     if last:
-        extras.append(head_work(model, shape)[:2])
-    for fwd, bwd in extras:
-        fwd_c += costs.total_s(fwd)
-        bwd_c += costs.total_s(bwd)
-        fe, be = _comm_s(fwd, tiers), _comm_s(bwd, tiers)
-        fwd_comm = CommCost(fwd_comm.tp_s + fe.tp_s, fwd_comm.cp_s + fe.cp_s)
-        bwd_comm = CommCost(bwd_comm.tp_s + be.tp_s, bwd_comm.cp_s + be.cp_s)
-    p2p = 0.0
-    if not last:
-        # Megatron scatters the activation over the tp ranks and each sends its slice.
-        nxt = pipe.stages[si + 1]
-        size = pipe.micro_batch_size * tr.seq_len // stage.cp * model.hidden_size
-        size *= dtype_bytes(tr.dtype) / stage.tp
-        p2p = collective_time_s("send_recv", size,
-                                group_tiers(plan.cluster, (stage.devices[0], nxt.devices[0])))
+        fwd, bwd, _ = head_work(model, shape)
+        head_fwd, head_bwd = _part(fwd, costs, tiers), _part(bwd, costs, tiers)
+    n = stage.num_layers
     params = rank_param_count(model, num_layers=n, first=first, last=last, tp=stage.tp, pp=pp)
     concurrency = sum(len(s.devices) for s in pipe.stages)
-    grad_s, param_s, zero3_s = _dp_sync_s(plan, si, params, concurrency)
+    sync = DPSync()
+    if plan.dp > 1 and aligned_stages(plan):
+        group = tuple(p.stages[si].devices[0] for p in plan.pipelines)
+        sync = dp_sync(plan, group, params, concurrency)
     opt = optimizer_work(params / plan.sharding.optim, dtype=tr.dtype,
                          implementation=plan.kernels.optimizer, num_tensors=max(1, 6 * n))
     in_flight = in_flight_chunks(schedule=tr.schedule, stage=si, pp=pp,
@@ -206,13 +236,34 @@ def _stage_cost(plan: Plan, pi: int, si: int) -> StageCost:
                                  virtual_stages=tr.virtual_stages)
     memory = stage_memory(model, device=dev, shape=shape, num_layers=n, first=first, last=last,
                           pp=pp, recompute=stage.recompute, sharding=plan.sharding,
-                          in_flight=in_flight, virtual_stages=tr.virtual_stages)
+                          layers_in_flight=in_flight * n / tr.virtual_stages)
     return StageCost(pipeline=pi, stage=si, device=dev.name, num_layers=n, num_params=params,
-                     forward_compute_s=fwd_c, backward_compute_s=bwd_c,
-                     forward_comm=fwd_comm, backward_comm=bwd_comm, p2p_s=p2p,
-                     dp_grad_sync_s=grad_s, dp_param_sync_s=param_s, zero3_gather_s=zero3_s,
-                     optimizer_s=costs.time_s(opt),
+                     layer_forward=layer_fwd, layer_backward=layer_bwd, embed_forward=embed_fwd,
+                     embed_backward=embed_bwd, head_forward=head_fwd, head_backward=head_bwd,
+                     p2p_s=_p2p_s(plan, pi, si), dp=sync, optimizer_s=costs.time_s(opt),
                      memory=memory)
+
+
+def aligned_stages(plan: Plan) -> bool:
+    """Whether every replica splits the layers into the same stages (then stage s of every
+    pipeline holds the same parameters and syncs with its peers)."""
+    first = [s.layers for s in plan.pipelines[0].stages]
+    return all([s.layers for s in p.stages] == first for p in plan.pipelines[1:])
+
+
+def pipeline_key(plan: Plan, pi: int) -> tuple:
+    """Pipelines with equal keys are provably identical: same shape on the same kind of
+    hardware, with the same node boundaries between stages."""
+    pipe = plan.pipelines[pi]
+    slots = plan.cluster.slots
+    layout = []
+    for si, s in enumerate(pipe.stages):
+        nodes = [slots[d].node for d in s.devices]
+        nxt = pipe.stages[(si + 1) % len(pipe.stages)].devices[0]
+        layout.append((s.layers, s.tp, s.cp, s.recompute,
+                       plan.cluster.node_groups[slots[s.devices[0]].group].name,
+                       len(set(nodes)), slots[nxt].node == nodes[0]))
+    return (pipe.micro_batch_size, pipe.num_microbatches, tuple(layout))
 
 
 def plan_stage_costs(plan: Plan) -> list[list[StageCost]]:
@@ -220,31 +271,11 @@ def plan_stage_costs(plan: Plan) -> list[list[StageCost]]:
     out: list[list[StageCost]] = []
     seen: dict[tuple, list[StageCost]] = {}
     for pi, pipe in enumerate(plan.pipelines):
-        key = _pipeline_key(plan, pi)
+        key = pipeline_key(plan, pi)
         if key in seen:
-            out.append([_replace_pipeline(c, pi) for c in seen[key]])
+            out.append([replace(c, pipeline=pi) for c in seen[key]])
             continue
         costs = [_stage_cost(plan, pi, si) for si in range(len(pipe.stages))]
         seen[key] = costs
         out.append(costs)
     return out
-
-
-def _pipeline_key(plan: Plan, pi: int) -> tuple:
-    """Pipelines with the same shape on the same kind of hardware cost the same."""
-    pipe = plan.pipelines[pi]
-    slots = plan.cluster.slots()
-    layout = []
-    for si, s in enumerate(pipe.stages):
-        nodes = [slots[d].node for d in s.devices]
-        nxt = pipe.stages[si + 1].devices[0] if si + 1 < len(pipe.stages) else s.devices[0]
-        layout.append((s.layers, s.tp, s.cp, s.recompute,
-                       plan.cluster.node_groups[slots[s.devices[0]].group].name,
-                       len(set(nodes)), slots[nxt].node == nodes[0]))
-    return (pipe.micro_batch_size, pipe.num_microbatches, tuple(layout))
-
-
-def _replace_pipeline(cost: StageCost, pi: int) -> StageCost:
-    return replace(cost, pipeline=pi)
-
-

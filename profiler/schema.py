@@ -199,8 +199,9 @@ def load_yaml_text(text: str, *, where: str) -> Any:
     """YAML text to plain data; malformed YAML is a SpecError naming the line."""
     import yaml
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is 5x faster
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=loader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""

@@ -11,6 +11,7 @@ from planner.estimate import estimate
 from planner.kernels import default_kernels
 from planner.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
 from planner.results import SimResult
+from planner.simulator import simulate_detailed, write_gantt, write_trace
 from planner.specs.cluster import ClusterSpec, load_cluster, parse_gpus_arg
 from planner.specs.model import ModelSpec, load_model, preset
 from planner.specs.plan import Plan, Predicted, Provenance, Sharding, save_plan
@@ -72,7 +73,16 @@ def run_simulate(args: argparse.Namespace) -> int:
     if kernels.attention == "math" and cfg.cp > 1:
         fail("--attention", "math", "context parallelism needs a fused attention kernel")
     plan = homogeneous_plan(model, cluster, cfg, kernels=kernels)
-    result = estimate(plan)
+    if (args.trace or args.gantt) and args.method != "simulate":
+        fail("--method", args.method, "--trace and --gantt need the event simulation")
+    if args.method == "estimate":
+        result = estimate(plan)
+    else:
+        result, sim = simulate_detailed(plan)
+        if args.trace:
+            write_trace(sim, args.trace)
+        if args.gantt:
+            write_gantt(sim, args.gantt)
     if args.output:
         save_plan(with_prediction(plan, result, command=["plan", *args.argv]), args.output)
     if args.json:

@@ -39,11 +39,6 @@ class Tier:
     latency_s: float
 
 
-@cache
-def _slots(cluster: ClusterSpec) -> tuple[GpuSlot, ...]:
-    return tuple(cluster.slots())
-
-
 def _nic_share_bytes_per_s(cluster: ClusterSpec, group_index: int) -> float:
     g = cluster.node_groups[group_index]
     assert g.nic is not None and g.gpus_per_node is not None
@@ -54,7 +49,7 @@ def _nic_share_bytes_per_s(cluster: ClusterSpec, group_index: int) -> float:
 def group_tiers(cluster: ClusterSpec, devices: tuple[int, ...], concurrency: int = 1
                 ) -> tuple[Tier, ...]:
     """Tiers of the group of GPUs `devices` (global indices), innermost first."""
-    slots = _slots(cluster)
+    slots = cluster.slots
     members = [slots[d] for d in devices]
     by_node: dict[int, list[GpuSlot]] = {}
     for s in members:

@@ -8,6 +8,7 @@ datacenters is one of these). GPUs are numbered group by group, node by node.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -189,15 +190,17 @@ class ClusterSpec:
         return replace(self, name=f"{self.name} (first {num_gpus} GPUs)",
                        node_groups=tuple(groups), island_links=links)
 
-    def slots(self) -> list[GpuSlot]:
-        """Every GPU in global order."""
-        out, node = [], 0
+    @functools.cached_property
+    def slots(self) -> tuple[GpuSlot, ...]:
+        """Every GPU in global order (computed once per cluster)."""
+        out: list[GpuSlot] = []
+        node = 0
         for gi, g in enumerate(self.node_groups):
             assert g.gpus_per_node is not None, "resolve the cluster first"
             for _n in range(g.num_nodes):
                 out.extend(GpuSlot(len(out), gi, node, k) for k in range(g.gpus_per_node))
                 node += 1
-        return out
+        return tuple(out)
 
 
 def load_cluster(path: str) -> ClusterSpec:

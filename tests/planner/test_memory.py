@@ -29,7 +29,7 @@ def _first_stage(name, tp, pp, vp, recompute, sp):
     states_stage = stage_memory(m, device=device("A100-80GB-SXM"), shape=shape,
                                 num_layers=m.num_layers // pp, first=pp == 1, last=pp == 1,
                                 pp=pp, recompute=recompute, sharding=Sharding(),
-                                in_flight=flight, virtual_stages=vp)
+                                layers_in_flight=flight * (m.num_layers // pp) / vp)
     return states_stage
 
 
@@ -46,7 +46,7 @@ def test_sharding_divides_each_state():
     m = preset("llama2-7b")
     shape = WorkloadShape(micro_batch_size=1, seq_len=4096)
     kw = dict(device=device("A100-80GB-SXM"), shape=shape, num_layers=32, first=True, last=True,
-              pp=1, recompute="full", in_flight=1)
+              pp=1, recompute="full", layers_in_flight=32)
     base = stage_memory(m, sharding=Sharding(), **kw)
     amsp = stage_memory(m, sharding=Sharding(params=2, grads=4, optim=8), **kw)
     assert amsp.params_bytes == pytest.approx(base.params_bytes / 2)

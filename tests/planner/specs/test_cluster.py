@@ -9,7 +9,7 @@ from profiler.schema import SpecError, parse
 @pytest.mark.parametrize("path", sorted(glob.glob("cluster_specs/*.yaml")))
 def test_shipped_specs_load(path):
     c = load_cluster(path)
-    assert c.num_gpus == len(c.slots()) > 0
+    assert c.num_gpus == len(c.slots) > 0
 
 
 def test_shipped_set_covers_the_required_kinds():

@@ -1,0 +1,278 @@
+"""The task graph of one training iteration of a Plan, and its simulation.
+
+Per distinct pipeline (identical replicas are simulated once) and stage, one
+representative rank with a compute stream and communication streams per link tier
+(intra-node, inter-node) and per communicator (pipeline sends, data-parallel traffic).
+Tasks, for every micro-batch j and model chunk c:
+
+* F(s,c,j), B(s,c,j) on the compute stream, in the schedule's order. Their durations
+  come from `stage_costs` (tensor/context-parallel collectives and recomputation run in
+  line, as Megatron-LM does).
+* sends of activations (and of their gradients) on the sender's stream for the link that
+  joins the two stages; the receiver's pass depends on the send.
+* data parallelism: the last backward of each chunk is cut into gradient buckets, each
+  reduced on the data-parallel group's stream as soon as it is ready (overlap, as PyTorch
+  DDP and Megatron do); sharded gradients are reduce-scattered after every backward;
+  sharded parameters are gathered one pass ahead of use; the optimizer step follows the
+  last reduction, then updated parameters are gathered back (its exposed part: the next
+  iteration's first forward hides the rest).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.costs.comm import group_tiers
+from planner.simulator.graph import Schedule, TaskGraph, schedule
+from planner.simulator.schedules import Pass, stage_order
+from planner.specs.plan import Plan
+from planner.stage_costs import (
+    BUCKET_PARAMS,
+    Part,
+    StageCost,
+    aligned_stages,
+    dp_sync,
+    exposed_s,
+    pipeline_key,
+    plan_stage_costs,
+)
+
+__all__ = ["Simulation", "TaskMeta", "simulate_graph"]
+
+
+@dataclass(frozen=True)
+class TaskMeta:
+    pipeline: int
+    stage: int
+    chunk: int = 0
+    microbatch: int = -1
+    part: Part | None = None  # compute-stream tasks: what their time is spent on
+
+
+@dataclass
+class Simulation:
+    plan: Plan
+    costs: list[list[StageCost]]
+    graph: TaskGraph
+    schedule: Schedule
+    representatives: list[int]  # the pipelines simulated
+    in_flight_layers: dict[tuple[int, int], float]  # (pipeline, stage) -> peak layers held
+
+
+def chunk_layers(num_layers: int, vp: int) -> list[int]:
+    base, extra = divmod(num_layers, vp)
+    return [base + (1 if c < extra else 0) for c in range(vp)]
+
+
+def _chunk_parts(c: StageCost, chunk: int, vp: int, last_stage: bool) -> tuple[Part, Part]:
+    layers = chunk_layers(c.num_layers, vp)[chunk]
+    fwd, bwd = c.layer_forward * layers, c.layer_backward * layers
+    if chunk == 0:
+        fwd, bwd = fwd + c.embed_forward, bwd + c.embed_backward
+    if last_stage and chunk == vp - 1:
+        fwd, bwd = fwd + c.head_forward, bwd + c.head_backward
+    return fwd, bwd
+
+
+def _comm_stream(g: TaskGraph, plan: Plan, pi: int, si: int, devices: tuple[int, ...],
+                 kind: str) -> int:
+    """The stream a rank's `kind` (pp | dp) traffic to `devices` uses: intra-node
+    (NVLink / PCIe) or inter-node (NIC). Each kind is its own NCCL communicator, so pipeline
+    sends and data-parallel reductions do not queue behind each other; transfers of one
+    kind do."""
+    inter = any(t.name != "node" for t in group_tiers(plan.cluster, devices))
+    return g.stream(f"p{pi}.s{si}.{kind}-{'inter' if inter else 'intra'}")
+
+
+class _Builder:
+    def __init__(self, plan: Plan, costs: list[list[StageCost]], overlap: bool):
+        self.plan, self.costs, self.overlap = plan, costs, overlap
+        self.g = TaskGraph()
+        self.passes: dict[tuple[int, int, str, int, int], int] = {}  # (p,s,F/B,c,j) -> task
+        self.buckets: dict[tuple[int, int, int], list[int]] = {}  # (p,s,c) -> last-bwd pieces
+        self.last_compute: dict[tuple[int, int], int] = {}
+        self.in_flight: dict[tuple[int, int], float] = {}
+        self.links: dict[tuple[int, int, int], tuple[int, float]] = {}  # send stream, time
+
+    def pipeline(self, pi: int) -> None:
+        plan, tr = self.plan, self.plan.training
+        pipe = plan.pipelines[pi]
+        pp, vp, m = len(pipe.stages), tr.virtual_stages, pipe.num_microbatches
+        for si in range(pp):
+            self._stage_passes(pi, si, stage_order(tr.schedule, stage=si, pp=pp,
+                                                   num_microbatches=m, virtual_stages=vp))
+        for si in range(pp):
+            self._cross_stage_edges(pi, si, pp, vp, m)
+
+    def _stage_passes(self, pi: int, si: int, order: list[Pass]) -> None:
+        g, cost = self.g, self.costs[pi][si]
+        pipe = self.plan.pipelines[pi]
+        vp = self.plan.training.virtual_stages
+        last = si == len(pipe.stages) - 1
+        compute = g.stream(f"p{pi}.s{si}.compute")
+        parts = [_chunk_parts(cost, c, vp, last) for c in range(vp)]
+        pieces = self._bucket_count(cost, vp)
+        prev, prev2, held, peak = -1, -1, 0.0, 0.0
+        layers = chunk_layers(cost.num_layers, vp)
+        last_bwd = {c: max(j for ph, cc, j in order if ph == "B" and cc == c) for c in range(vp)}
+        for phase, c, j in order:
+            part = parts[c][0 if phase == "F" else 1]
+            after = (prev,) if prev >= 0 else ()
+            if cost.dp.param_microbatch_s:  # ZeRO-3: gather this pass's params, one ahead
+                gather = g.add(f"gather p{pi}s{si}{phase}{c}.{j}", "dp", self._dp_stream(pi, si),
+                               cost.dp.param_microbatch_s / 2 / vp, TaskMeta(pi, si, c, j),
+                               after=(prev2,) if prev2 >= 0 else ())
+                after = (*after, gather)
+            name = f"{phase}{c}.{j}" if vp > 1 else f"{phase}{j}"
+            if phase == "B" and j == last_bwd[c] and pieces[c] > 1:
+                tids = []
+                for k in range(pieces[c]):
+                    tid = g.add(f"{name}[{k}] p{pi}s{si}", "B", compute, part.total_s / pieces[c],
+                                TaskMeta(pi, si, c, j, part * (1 / pieces[c])), after=after)
+                    tids.append(tid)
+                    after = (tid,)
+                self.buckets[(pi, si, c)] = tids
+                tid = tids[-1]
+                self.passes[(pi, si, "B", c, j)] = tids[0]
+                self.passes[(pi, si, "Bend", c, j)] = tid
+            else:
+                tid = g.add(f"{name} p{pi}s{si}", phase, compute, part.total_s,
+                            TaskMeta(pi, si, c, j, part), after=after)
+                self.passes[(pi, si, phase, c, j)] = tid
+                self.passes[(pi, si, phase + "end", c, j)] = tid
+                if phase == "B" and j == last_bwd[c]:
+                    self.buckets[(pi, si, c)] = [tid]
+            if phase == "B" and cost.dp.grad_microbatch_s and j != last_bwd[c]:
+                g.add(f"reduce-scatter p{pi}s{si}B{c}.{j}", "dp", self._dp_stream(pi, si),
+                      cost.dp.grad_microbatch_s / vp, TaskMeta(pi, si, c, j), after=(tid,))
+            held += layers[c] if phase == "F" else -layers[c]
+            peak = max(peak, held)
+            prev2, prev = prev, tid
+        self.last_compute[(pi, si)] = prev
+        self.in_flight[(pi, si)] = peak
+
+    def _bucket_count(self, cost: StageCost, vp: int) -> list[int]:
+        if self.plan.dp == 1 or not self.overlap:
+            return [1] * vp
+        per_chunk = cost.num_params / vp
+        return [max(1, math.ceil(per_chunk / BUCKET_PARAMS))] * vp
+
+    def _dp_stream(self, pi: int, si: int) -> int:
+        """The stream of stage `si`'s data-parallel group (aligned replicas)."""
+        group = tuple(p.stages[min(si, len(p.stages) - 1)].devices[0]
+                      for p in self.plan.pipelines)
+        return _comm_stream(self.g, self.plan, pi, si, group, "dp")
+
+    def _send(self, pi: int, src: int, dst: int, src_task: int, label: str) -> int:
+        key = (pi, src, dst)
+        if key not in self.links:
+            pipe = self.plan.pipelines[pi]
+            devices = (pipe.stages[src].devices[0], pipe.stages[dst].devices[0])
+            stream = _comm_stream(self.g, self.plan, pi, src, devices, "pp")
+            forward = dst == (src + 1) % len(pipe.stages)
+            self.links[key] = (stream, self.costs[pi][src if forward else dst].p2p_s)
+        stream, dur = self.links[key]
+        return self.g.add(f"send {label} p{pi} s{src}->s{dst}", "send", stream, dur,
+                          TaskMeta(pi, src), after=(src_task,))
+
+    def _cross_stage_edges(self, pi: int, si: int, pp: int, vp: int, m: int) -> None:
+        """F(s,c,j) after F(s-1,c,j) (chunk c-1 of the last stage for s = 0) and
+        B(s,c,j) after B(s+1,c,j) (chunk c+1 of the first stage for the last stage)."""
+        g, passes = self.g, self.passes
+        for c in range(vp):
+            for j in range(m):
+                if si > 0 or c > 0:
+                    ss, sc = (si - 1, c) if si > 0 else (pp - 1, c - 1)
+                    send = self._send(pi, ss, si, passes[(pi, ss, "Fend", sc, j)], f"F{sc}.{j}")
+                    g.edge(send, passes[(pi, si, "F", c, j)])
+                if si < pp - 1 or c < vp - 1:
+                    ss, sc = (si + 1, c) if si < pp - 1 else (0, c + 1)
+                    send = self._send(pi, ss, si, passes[(pi, ss, "Bend", sc, j)], f"B{sc}.{j}")
+                    g.edge(send, passes[(pi, si, "B", c, j)])
+                else:  # the last chunk's backward follows its own forward
+                    g.edge(passes[(pi, si, "Fend", c, j)], passes[(pi, si, "B", c, j)])
+
+    def data_parallel(self, reps: list[int]) -> None:
+        """Gradient reduction, optimizer step and parameter gather per stage."""
+        plan = self.plan
+        if not aligned_stages(plan):
+            self._segment_sync(reps)
+            return
+        vp = plan.training.virtual_stages
+        first = reps[0]
+        for si, cost in enumerate(self.costs[first]):
+            stream = self._dp_stream(first, si)
+            reductions = []
+            grad = cost.dp.grad_iteration_s + cost.dp.grad_microbatch_s
+            if grad:  # one reduction per bucket, once every replica has computed it
+                for c in range(vp):
+                    pieces = [self.buckets[(q, si, c)] for q in reps]
+                    for k in range(len(pieces[0])):
+                        reductions.append(self.g.add(
+                            f"grad-sync s{si}c{c}[{k}]", "dp", stream,
+                            grad / vp / len(pieces[0]), TaskMeta(first, si, c),
+                            after=tuple(p[k] for p in pieces)))
+            for pi in reps:
+                self._optimizer(pi, si, self.costs[pi][si], reductions)
+
+    def _segment_sync(self, reps: list[int]) -> None:
+        """Replicas that split the layers differently reduce gradients per layer segment
+        (the pieces between all replicas' stage boundaries), after every replica holding
+        the segment has finished its backward."""
+        plan = self.plan
+        cuts = sorted({b for p in plan.pipelines for s in p.stages for b in s.layers})
+        per_stage_reductions: dict[tuple[int, int], list[int]] = {}
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
+            holders = [(pi, next(si for si, s in enumerate(plan.pipelines[pi].stages)
+                                 if s.layers[0] <= lo < s.layers[1])) for pi in range(plan.dp)]
+            group = tuple(plan.pipelines[pi].stages[si].devices[0] for pi, si in holders)
+            pi0, si0 = holders[0]
+            stage = plan.pipelines[pi0].stages[si0]
+            params = self.costs[pi0][si0].num_params * (hi - lo) / stage.num_layers
+            sync = dp_sync(plan, group, params, concurrency=len(stage.devices))
+            rep_of = {pi: self._rep(pi, reps) for pi, _ in holders}
+            after = tuple({self.last_compute[(rep_of[pi], si)] for pi, si in holders})
+            tid = self.g.add(f"grad-sync layers {lo}-{hi}", "dp",
+                             _comm_stream(self.g, plan, pi0, si0, group, "dp"),
+                             sync.grad_iteration_s + sync.grad_microbatch_s,
+                             TaskMeta(pi0, si0), after=after)
+            for pi, si in holders:
+                per_stage_reductions.setdefault((rep_of[pi], si), []).append(tid)
+        for pi in reps:
+            for si, cost in enumerate(self.costs[pi]):
+                self._optimizer(pi, si, cost, per_stage_reductions.get((pi, si), []))
+
+    def _rep(self, pi: int, reps: list[int]) -> int:
+        key = pipeline_key(self.plan, pi)
+        return next(r for r in reps if pipeline_key(self.plan, r) == key)
+
+    def _optimizer(self, pi: int, si: int, cost: StageCost, reductions: list[int]) -> None:
+        compute = self.g.stream(f"p{pi}.s{si}.compute")
+        opt = self.g.add(f"optimizer p{pi}s{si}", "optimizer", compute, cost.optimizer_s,
+                         TaskMeta(pi, si), after=(self.last_compute[(pi, si)], *reductions))
+        if cost.dp.param_iteration_s:
+            first_forward = cost.layer_forward.total_s
+            self.g.add(f"param-gather p{pi}s{si}", "dp", self._dp_stream(pi, si),
+                       exposed_s(cost.dp.param_iteration_s, first_forward, cost.num_params),
+                       TaskMeta(pi, si), after=(opt,))
+
+
+def simulate_graph(plan: Plan, *, costs: list[list[StageCost]] | None = None,
+                   overlap_grad_reduce: bool = True) -> Simulation:
+    """Build and list-schedule the task graph of one iteration of `plan` (with `costs`
+    in place of the cost model's, for tests and what-ifs). Without overlap, gradients are
+    reduced in one piece after each stage's last backward."""
+    costs = costs if costs is not None else plan_stage_costs(plan)
+    reps, seen = [], set()
+    for pi in range(plan.dp):
+        key = pipeline_key(plan, pi)
+        if key not in seen:
+            seen.add(key)
+            reps.append(pi)
+    b = _Builder(plan, costs, overlap_grad_reduce)
+    for pi in reps:
+        b.pipeline(pi)
+    b.data_parallel(reps)
+    return Simulation(plan=plan, costs=costs, graph=b.g, schedule=schedule(b.g),
+                      representatives=reps, in_flight_layers=b.in_flight)

@@ -1,0 +1,183 @@
+"""From a scheduled task graph to what users see: SimResult, Chrome trace, Gantt chart."""
+
+from __future__ import annotations
+
+import json
+
+from planner.costs.comm import COMM_SOURCE
+from planner.costs.compute import ANALYTIC_SOURCE
+from planner.memory import MEMORY_SOURCE, stage_memory
+from planner.results import Breakdown, SimResult, StageSummary, make_result
+from planner.simulator.build import Simulation, TaskMeta, simulate_graph
+from planner.specs.plan import Plan
+from planner.stage_costs import pipeline_key, stage_device, stage_shape
+
+__all__ = ["SIMULATION_SOURCE", "simulate", "simulate_detailed", "write_gantt", "write_trace"]
+
+SIMULATION_SOURCE = ("event simulation (task graph list-scheduled over compute and "
+                     "communication streams, planner/simulator)")
+_COMPUTE_KINDS = ("F", "B")
+
+
+def simulate(plan: Plan) -> SimResult:
+    """Simulate one iteration of `plan` (see planner/simulator/build.py)."""
+    return _result(simulate_graph(plan))
+
+
+def simulate_detailed(plan: Plan) -> tuple[SimResult, Simulation]:
+    sim = simulate_graph(plan)
+    return _result(sim), sim
+
+
+def _critical_stage(sim: Simulation) -> tuple[int, int]:
+    last = max(range(len(sim.graph)), key=sim.schedule.end.__getitem__)
+    meta: TaskMeta = sim.graph.meta[last]
+    return meta.pipeline, meta.stage
+
+
+def _breakdown(sim: Simulation) -> Breakdown:
+    """Where the critical stage's time went: its passes' compute and in-line collectives,
+    the waits before them (for a transfer: pipeline comm; for a parameter gather:
+    data-parallel comm; otherwise pipeline bubble), and what follows its last backward
+    (optimizer, exposed data-parallel reduction). The parts add up to the iteration."""
+    g, sched = sim.graph, sim.schedule
+    pi, si = _critical_stage(sim)
+    stream = g.stream(f"p{pi}.s{si}.compute")
+    passes = sorted((t for t in range(len(g)) if g.streams[t] == stream
+                     and g.kinds[t] in _COMPUTE_KINDS), key=sched.start.__getitem__)
+    totals = dict.fromkeys(("compute", "tp", "cp", "pp", "dp", "bubble", "opt"), 0.0)
+    cursor = 0.0
+    for t in passes:
+        gap = sched.start[t] - cursor
+        b = sched.binding[t]
+        if gap > 0 and b >= 0 and g.kinds[b] in ("send", "dp"):
+            waited = min(gap, g.durations[b])
+            totals["pp" if g.kinds[b] == "send" else "dp"] += waited
+            gap -= waited
+        totals["bubble"] += max(gap, 0.0)
+        part = g.meta[t].part
+        totals["compute"] += part.compute_s
+        totals["tp"] += part.tp_s
+        totals["cp"] += part.cp_s
+        cursor = sched.end[t]
+    tail = sched.makespan_s - cursor
+    optimizer = next(g.durations[t] for t in range(len(g))
+                     if g.kinds[t] == "optimizer" and g.streams[t] == stream)
+    totals["opt"] = min(tail, optimizer)
+    totals["dp"] += tail - totals["opt"]
+    return Breakdown(compute_s=totals["compute"], tp_comm_s=totals["tp"],
+                     cp_comm_s=totals["cp"], pp_comm_s=totals["pp"], dp_comm_s=totals["dp"],
+                     bubble_s=totals["bubble"], optimizer_s=totals["opt"])
+
+
+def _stage_summaries(sim: Simulation) -> tuple[StageSummary, ...]:
+    """Per stage: pass times and peak memory with the activations the simulated schedule
+    actually keeps in flight."""
+    plan = sim.plan
+    out = []
+    rep_of = {}
+    for pi in range(plan.dp):
+        key = pipeline_key(plan, pi)
+        rep_of[pi] = next(r for r in sim.representatives if pipeline_key(plan, r) == key)
+    for pi, pipe in enumerate(plan.pipelines):
+        for si, stage in enumerate(pipe.stages):
+            cost = sim.costs[pi][si]
+            layers = sim.in_flight_layers[(rep_of[pi], si)]
+            memory = stage_memory(plan.model, device=stage_device(plan, stage),
+                                  shape=stage_shape(plan, pi, stage), num_layers=stage.num_layers,
+                                  first=si == 0, last=si == len(pipe.stages) - 1,
+                                  pp=len(pipe.stages), recompute=stage.recompute,
+                                  sharding=plan.sharding, layers_in_flight=layers)
+            out.append(StageSummary(pipeline=pi, stage=si, device=cost.device,
+                                    layers=stage.layers,  # type: ignore[arg-type]
+                                    forward_s=cost.forward_s, backward_s=cost.backward_s,
+                                    memory=memory))
+    return tuple(out)
+
+
+def _result(sim: Simulation) -> SimResult:
+    return make_result(sim.plan, method="event simulation", iteration_s=sim.schedule.makespan_s,
+                       breakdown=_breakdown(sim), stages=_stage_summaries(sim),
+                       sources={"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE,
+                                "memory": MEMORY_SOURCE, "schedule": SIMULATION_SOURCE})
+
+
+def write_trace(sim: Simulation, path: str) -> None:
+    """Chrome-trace JSON (opens in Perfetto / chrome://tracing): one process per
+    simulated pipeline, one thread per stream, one slice per task."""
+    g, sched = sim.graph, sim.schedule
+    events: list[dict] = []
+    pids = {pi: pi for pi in sim.representatives}
+    for sid, name in enumerate(g.stream_names):
+        pipe = int(name.split(".")[0][1:])
+        events.append({"ph": "M", "name": "thread_name", "pid": pids.get(pipe, pipe), "tid": sid,
+                       "args": {"name": name.split(".", 1)[1]}})
+    for pi in sim.representatives:
+        events.append({"ph": "M", "name": "process_name", "pid": pi,
+                       "args": {"name": f"pipeline {pi}"}})
+    for t in range(len(g)):
+        meta: TaskMeta = g.meta[t]
+        args = {"stage": meta.stage, "chunk": meta.chunk, "microbatch": meta.microbatch}
+        if meta.part is not None:
+            args.update(compute_ms=meta.part.compute_s * 1e3, tp_comm_ms=meta.part.tp_s * 1e3,
+                        cp_comm_ms=meta.part.cp_s * 1e3)
+        events.append({"ph": "X", "name": g.names[t], "cat": g.kinds[t], "pid": meta.pipeline,
+                       "tid": g.streams[t], "ts": sched.start[t] * 1e6,
+                       "dur": g.durations[t] * 1e6, "args": args})
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms",
+                   "otherData": {"model": sim.plan.model.name, "cluster": sim.plan.cluster.name,
+                                 "source": SIMULATION_SOURCE}}, fh)
+
+
+def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
+    """A picture of the pipeline schedule: one row per stage of the first simulated
+    pipeline, forward passes in blue, backward in green (darker for later chunks),
+    data-parallel traffic in orange and the optimizer in red."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    g, sched, plan = sim.graph, sim.schedule, sim.plan
+    pi = sim.representatives[0]
+    pp = len(plan.pipelines[pi].stages)
+    rows, vp = min(pp, max_stages), plan.training.virtual_stages
+    bars: dict[tuple[int, str, int], list[tuple[float, float]]] = {}
+    labels = []
+    for t in range(len(g)):
+        meta: TaskMeta = g.meta[t]
+        if meta.pipeline != pi or meta.stage >= rows or g.kinds[t] == "send":
+            continue
+        kind = g.kinds[t]
+        bars.setdefault((meta.stage, kind, meta.chunk), []).append((sched.start[t], g.durations[t]))
+        if kind in _COMPUTE_KINDS and g.durations[t] > sched.makespan_s / 100:
+            labels.append((sched.start[t] + g.durations[t] / 2, meta.stage, meta.microbatch))
+    fig, ax = plt.subplots(figsize=(14, 0.45 * rows + 1.8))
+    shades = {"F": plt.cm.Blues, "B": plt.cm.Greens}
+    for (stage, kind, chunk), spans in bars.items():
+        if kind in shades:
+            colour, y, h = shades[kind](0.45 + 0.4 * chunk / max(vp - 1, 1)), stage - 0.4, 0.8
+        elif kind == "optimizer":
+            colour, y, h = "tab:red", stage - 0.4, 0.8
+        else:
+            colour, y, h = "tab:orange", stage + 0.15, 0.25
+        ax.broken_barh(spans, (y, h), facecolors=colour, edgecolors="white", linewidth=0.2)
+    for x, y, j in labels[:2000]:
+        ax.text(x, y, str(j), ha="center", va="center", fontsize=6, color="white")
+    ax.set_yticks(range(rows), [f"stage {s}" for s in range(rows)])
+    ax.set_ylim(rows - 0.5, -0.5)
+    ax.set_xlim(0, sched.makespan_s * 1.01)
+    ax.set_xlabel("time (s)")
+    ax.set_title(f"{plan.model.name}: {plan.training.schedule}, {pp} stages, "
+                 f"{plan.pipelines[pi].num_microbatches} micro-batches, vp {vp}: "
+                 f"iteration {sched.makespan_s:.3g} s (simulated)")
+    ax.legend(handles=[Patch(color=plt.cm.Blues(0.6), label="forward"),
+                       Patch(color=plt.cm.Greens(0.6), label="backward (+recompute)"),
+                       Patch(color="tab:orange", label="data-parallel comm"),
+                       Patch(color="tab:red", label="optimizer")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / rows), ncol=4, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,56 @@
+"""Pipeline schedules: the order of forward and backward passes on each stage.
+
+GPipe (Huang et al. 2019): all forwards, then all backwards. 1F1B (PipeDream-Flush,
+Narayanan et al. 2021): p - s - 1 warm-up forwards on stage s, then one forward and one
+backward alternately. Interleaved 1F1B (Narayanan et al. 2021 §2.2.2, as Megatron-LM
+orders it): each stage holds v model chunks; micro-batches advance in groups of p.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Pass", "stage_order"]
+
+Pass = tuple[str, int, int]  # ("F" | "B", chunk, micro-batch)
+
+
+def _gpipe(m: int) -> list[Pass]:
+    return [("F", 0, j) for j in range(m)] + [("B", 0, j) for j in range(m)]
+
+
+def _one_f_one_b(stage: int, pp: int, m: int) -> list[Pass]:
+    warmup = min(pp - stage - 1, m)
+    order: list[Pass] = [("F", 0, j) for j in range(warmup)]
+    for k in range(m - warmup):
+        order += [("F", 0, warmup + k), ("B", 0, k)]
+    order += [("B", 0, k) for k in range(m - warmup, m)]
+    return order
+
+
+def _interleaved(stage: int, pp: int, m: int, vp: int) -> list[Pass]:
+    total = m * vp
+
+    def fwd(k: int) -> Pass:
+        return ("F", (k // pp) % vp, (k // (pp * vp)) * pp + k % pp)
+
+    def bwd(k: int) -> Pass:
+        return ("B", vp - 1 - (k // pp) % vp, (k // (pp * vp)) * pp + k % pp)
+
+    warmup = min((pp - stage - 1) * 2 + (vp - 1) * pp, total)
+    order = [fwd(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [fwd(warmup + k), bwd(k)]
+    order += [bwd(k) for k in range(total - warmup, total)]
+    return order
+
+
+def stage_order(schedule: str, *, stage: int, pp: int, num_microbatches: int,
+                virtual_stages: int = 1) -> list[Pass]:
+    """The passes stage `stage` runs, in order."""
+    if schedule == "gpipe":
+        return _gpipe(num_microbatches)
+    if schedule == "1f1b":
+        return _one_f_one_b(stage, pp, num_microbatches)
+    if schedule == "interleaved-1f1b":
+        assert num_microbatches % pp == 0, "validated: m must be a multiple of pp"
+        return _interleaved(stage, pp, num_microbatches, virtual_stages)
+    raise ValueError(f"unknown schedule {schedule!r}")

@@ -1,0 +1,36 @@
+"""Plans and stage costs with chosen durations, for exact simulator checks."""
+
+import dataclasses
+
+from planner.layout import ParallelConfig, homogeneous_plan
+from planner.specs.cluster import parse_gpus_arg
+from planner.specs.model import preset
+from planner.stage_costs import DPSync, Part, plan_stage_costs
+
+
+def make_plan(*, pp=4, dp=1, m=8, vp=1, schedule="1f1b", layers=None, tp=1, gpus=None,
+              **extra):
+    model = preset("gpt3-1.3b")
+    if layers:
+        model = dataclasses.replace(model, num_layers=layers)
+    cfg = ParallelConfig(tp=tp, pp=pp, dp=dp, vp=vp, mbs=1, gbs=m * dp, seq_len=2048,
+                         schedule=schedule, **extra)
+    cluster = parse_gpus_arg(gpus or f"A100-80GB-SXM:{tp * pp * dp}")
+    return homogeneous_plan(model, cluster, cfg)
+
+
+def flat_costs(plan, *, fwd=1.0, bwd=2.0, p2p=0.0, grad_sync=0.0, optimizer=0.0):
+    """Every stage: forward `fwd` s and backward `bwd` s per micro-batch in total (spread
+    over its layers, nothing on embedding or head), the given transfer, sync, optimizer."""
+    out = []
+    for pipe_costs in plan_stage_costs(plan):
+        row = []
+        for c in pipe_costs:
+            n = c.num_layers
+            row.append(dataclasses.replace(
+                c, layer_forward=Part(compute_s=fwd / n), layer_backward=Part(compute_s=bwd / n),
+                embed_forward=Part(), embed_backward=Part(), head_forward=Part(),
+                head_backward=Part(), p2p_s=p2p, dp=DPSync(grad_iteration_s=grad_sync),
+                optimizer_s=optimizer))
+        out.append(row)
+    return out
