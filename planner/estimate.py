@@ -66,6 +66,7 @@ def _pipeline_s(plan: Plan, costs: list[StageCost]) -> tuple[float, dict[str, fl
     sends = _sends(c, pp, vp)
     parts = {
         "compute": m * work.compute_s,
+        "host": m * work.host_s,
         "tp": m * work.tp_s,
         "cp": m * work.cp_s,
         "pp": m * sends,
@@ -76,9 +77,10 @@ def _pipeline_s(plan: Plan, costs: list[StageCost]) -> tuple[float, dict[str, fl
     return end, parts
 
 
-def estimate(plan: Plan) -> SimResult:
-    """Iteration time, throughput, MFU, breakdown and memory of `plan` (closed form)."""
-    costs = plan_stage_costs(plan)
+def estimate(plan: Plan, *, costs: list[list[StageCost]] | None = None) -> SimResult:
+    """Iteration time, throughput, MFU, breakdown and memory of `plan` (closed form),
+    with `costs` in place of the cost model's if given (tests, what-ifs)."""
+    costs = costs if costs is not None else plan_stage_costs(plan)
     ends = [_pipeline_s(plan, pc) for pc in costs]
     critical = max(range(len(ends)), key=lambda i: ends[i][0])
     iteration_s, parts = ends[critical]
@@ -87,7 +89,8 @@ def estimate(plan: Plan) -> SimResult:
                      layers=plan.pipelines[c.pipeline].stages[c.stage].layers,  # type: ignore[arg-type]
                      forward_s=c.forward_s, backward_s=c.backward_s, memory=c.memory)
         for pc in costs for c in pc)
-    breakdown = Breakdown(compute_s=parts["compute"], tp_comm_s=parts["tp"],
+    breakdown = Breakdown(compute_s=parts["compute"], host_overhead_s=parts["host"],
+                          tp_comm_s=parts["tp"],
                           cp_comm_s=parts["cp"], pp_comm_s=parts["pp"], dp_comm_s=parts["dp"],
                           bubble_s=max(parts["bubble"], 0.0), optimizer_s=parts["opt"])
     return make_result(plan, method="analytic estimate", iteration_s=iteration_s,

@@ -23,6 +23,7 @@ class Breakdown:
     """
 
     compute_s: float
+    host_overhead_s: float  # the GPU waiting for the host to issue kernels
     tp_comm_s: float
     cp_comm_s: float
     pp_comm_s: float

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 
 from planner.costs.comm import Tier, collective_time_s, group_tiers
-from planner.costs.compute import ComputeCosts
+from planner.costs.compute import ComputeCosts, clear_op_cache
 from planner.memory import StageMemory, in_flight_chunks, rank_param_count, stage_memory
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan, Stage
@@ -25,9 +25,11 @@ from planner.workload import (
     layer_work,
     optimizer_work,
 )
-from profiler.devices import DeviceSpec, dtype_bytes
+from profiler.analytic import launch_overhead_s
+from profiler.devices import DeviceSpec, arch_efficiency, device, dtype_bytes
 
-__all__ = ["BUCKET_PARAMS", "DPSync", "Part", "StageCost", "aligned_stages", "dp_sync", "exposed_s",
+__all__ = ["BUCKET_PARAMS", "DPSync", "Part", "StageCost", "aligned_stages", "clear_cost_caches",
+           "dp_sync", "exposed_s", "layer_parts",
            "pipeline_key", "plan_stage_costs", "stage_device", "stage_shape"]
 
 GRAD_BYTES = 4  # gradients are reduced in fp32 (Megatron main_grad)
@@ -37,22 +39,24 @@ BUCKET_PARAMS = 40e6  # gradient bucket size in parameters (Megatron DDP default
 @dataclass(frozen=True)
 class Part:
     """Seconds on a rank's compute stream, by what they are spent on. Tensor- and
-    context-parallel collectives block the compute stream (Megatron runs them in line)."""
+    context-parallel collectives block the compute stream (Megatron runs them in line);
+    `host_s` is the GPU waiting for the host to issue kernels."""
 
     compute_s: float = 0.0
     tp_s: float = 0.0
     cp_s: float = 0.0
+    host_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.tp_s + self.cp_s
+        return self.compute_s + self.tp_s + self.cp_s + self.host_s
 
     def __add__(self, other: Part) -> Part:
         return Part(self.compute_s + other.compute_s, self.tp_s + other.tp_s,
-                    self.cp_s + other.cp_s)
+                    self.cp_s + other.cp_s, self.host_s + other.host_s)
 
     def __mul__(self, k: float) -> Part:
-        return Part(self.compute_s * k, self.tp_s * k, self.cp_s * k)
+        return Part(self.compute_s * k, self.tp_s * k, self.cp_s * k, self.host_s * k)
 
 
 @dataclass(frozen=True)
@@ -105,31 +109,60 @@ def stage_shape(plan: Plan, pipeline: int, stage: Stage) -> WorkloadShape:
                          attention=plan.kernels.attention)
 
 
-def _part(items: tuple[Work, ...], costs: ComputeCosts,
-          tiers: dict[str, tuple[Tier, ...]]) -> Part:
-    tp = cp = 0.0
+def _issue_queue_s(items: list[tuple[float, int]], launch_s: float, repeats: int) -> float:
+    """Wall time of `repeats` passes over `items` = (GPU seconds, kernel launches) when a
+    host issues the kernels one by one (`launch_s` each) and the GPU runs them in order:
+    an item starts once the GPU is free and the host has issued its first kernel, and
+    lasts at least as long as the host takes to issue the rest."""
+    host = gpu = 0.0
+    for _ in range(repeats):
+        for busy, launches in items:
+            gpu = max(gpu, host + launch_s) + max(busy, (launches - 1) * launch_s)
+            host += launches * launch_s
+    return gpu
+
+
+def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[Tier, ...]],
+          launch_s: float, *, steady: bool = False, tp_hidden: float = 0.0) -> Part:
+    """Time of a sequence of ops and in-line collectives on one rank. With `steady`, the
+    per-repetition time once the host-GPU queue has settled (a layer among many).
+    `tp_hidden` of each sequence-parallel tp collective runs under the GEMMs beside it."""
+    compute = tp = cp = 0.0
+    timeline: list[tuple[float, int]] = []
     for item in items:
         if isinstance(item, Comm):
             t = collective_time_s(item.kind, item.bytes, tiers[item.axis])
+            if item.axis == "tp" and item.kind in ("all_gather", "reduce_scatter"):
+                t *= 1.0 - tp_hidden
             if item.axis == "cp":
                 cp += t
             else:
                 tp += t
-    return Part(costs.total_s(items), tp, cp)
+            timeline.append((t, 1))
+        else:
+            t = costs.time_s(item)
+            compute += t
+            timeline.append((t, item.kernels))
+    wall = _issue_queue_s(timeline, launch_s, 1)
+    if steady:
+        wall = _issue_queue_s(timeline, launch_s, 2) - wall
+    return Part(compute, tp, cp, max(0.0, wall - compute - tp - cp))
 
 
 @cache
-def _layer_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
+def layer_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
                  recompute: str) -> tuple[Part, Part]:
-    """Forward and backward (with recomputation) of one layer for one micro-batch."""
+    """Forward and backward (with recomputation first) of one layer for one micro-batch,
+    in the steady state of a pass over many layers."""
     tiers = dict(tiers_key)
     costs = ComputeCosts(device_name, shape.dtype)
+    dev = device(device_name)
+    launch_s = launch_overhead_s(dev)
+    hidden = arch_efficiency(dev.arch).tp_comm_overlap
     work = layer_work(model, shape)
-    fwd, bwd = _part(work.forward, costs, tiers), _part(work.backward, costs, tiers)
-    if recompute == "full":
-        bwd = bwd + fwd
-    elif recompute == "selective":
-        bwd = bwd + _part(work.selective_recompute, costs, tiers)
+    again = {"none": (), "selective": work.selective_recompute, "full": work.forward}[recompute]
+    fwd = _part(work.forward, costs, tiers, launch_s, steady=True, tp_hidden=hidden)
+    bwd = _part((*again, *work.backward), costs, tiers, launch_s, steady=True, tp_hidden=hidden)
     return fwd, bwd
 
 
@@ -145,14 +178,20 @@ class DPSync:
 
 def dp_sync(plan: Plan, group: tuple[int, ...], params: float, concurrency: int) -> DPSync:
     """Traffic of the data-parallel group `group` (one GPU per replica, in replica order)
-    holding `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP).
+    holding `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP),
+    with gradients sharded over g replicas, optimizer states over os and parameters over p
+    (p | g | os | dp):
 
-    Sharded gradients (g > 1) are reduce-scattered inside their group of g replicas after
-    every micro-batch's backward (only the shard is kept), and the shards are all-reduced
-    across the dp/g groups once per iteration; unsharded ones are all-reduced once. After
-    the optimizer updates its 1/os shard, parameters are all-gathered back to the params
-    sharding level (os/p replicas). Sharded parameters (p > 1) are gathered before use in
-    every forward and backward (ZeRO-3).
+    * sharded gradients (g > 1) are reduce-scattered inside their g-group after every
+      micro-batch's backward, so only the 1/g shard is kept;
+    * once per iteration each optimizer shard needs its gradients reduced over all
+      replicas: a reduce-scatter over the os/g groups sharing an optimizer group (of the
+      1/g shard), then an all-reduce over the dp/os optimizer groups (of the 1/os shard).
+      Plain data parallelism is the all-reduce alone; ZeRO-1 (Megatron's distributed
+      optimizer) the reduce-scatter alone;
+    * after the step, parameters are all-gathered from the 1/os shard back to the 1/p
+      the model keeps;
+    * sharded parameters (p > 1) are all-gathered before every forward and backward.
     """
     dp = len(group)
     if dp == 1:
@@ -165,14 +204,14 @@ def dp_sync(plan: Plan, group: tuple[int, ...], params: float, concurrency: int)
         return group_tiers(plan.cluster, group[0:size * stride:stride], concurrency)
 
     g, os_, p = sh.grads, sh.optim, sh.params
-    if g == 1:
-        grad_it = collective_time_s("all_reduce", grad_bytes, tiers(dp, 1))
-        grad_mb = 0.0
-    else:
-        grad_mb = collective_time_s("reduce_scatter", grad_bytes, tiers(g, 1))
-        grad_it = collective_time_s("all_reduce", grad_bytes / g, tiers(dp // g, g))
+    grad_mb = collective_time_s("reduce_scatter", grad_bytes, tiers(g, 1)) if g > 1 else 0.0
+    grad_it = 0.0
+    if os_ > g:
+        grad_it += collective_time_s("reduce_scatter", grad_bytes / g, tiers(os_ // g, g))
+    if dp > os_:
+        grad_it += collective_time_s("all_reduce", grad_bytes / os_, tiers(dp // os_, os_))
     param_it = 0.0
-    if os_ > p:  # rebuild the params level from the optimizer's shards
+    if os_ > p:
         param_it = collective_time_s("all_gather", params * low / p, tiers(os_ // p, p))
     param_mb = 0.0
     if p > 1:
@@ -211,17 +250,18 @@ def _stage_cost(plan: Plan, pi: int, si: int) -> StageCost:
     tiers_key = (("tp", group_tiers(plan.cluster, stage.devices[:stage.tp])),
                  ("cp", group_tiers(plan.cluster, stage.devices[::stage.tp])))
     tiers = dict(tiers_key)
-    layer_fwd, layer_bwd = _layer_parts(model, shape, dev.name, tiers_key, stage.recompute)
+    layer_fwd, layer_bwd = layer_parts(model, shape, dev.name, tiers_key, stage.recompute)
     costs = ComputeCosts(dev.name, tr.dtype)
+    launch_s = launch_overhead_s(dev)
     first, last = si == 0, si == pp - 1
     zero = Part()
     embed_fwd = embed_bwd = head_fwd = head_bwd = zero
     if first:
         fwd, bwd = embedding_work(model, shape)
-        embed_fwd, embed_bwd = _part(fwd, costs, tiers), _part(bwd, costs, tiers)
+        embed_fwd, embed_bwd = _part(fwd, costs, tiers, launch_s), _part(bwd, costs, tiers, launch_s)
     if last:
         fwd, bwd, _ = head_work(model, shape)
-        head_fwd, head_bwd = _part(fwd, costs, tiers), _part(bwd, costs, tiers)
+        head_fwd, head_bwd = _part(fwd, costs, tiers, launch_s), _part(bwd, costs, tiers, launch_s)
     n = stage.num_layers
     params = rank_param_count(model, num_layers=n, first=first, last=last, tp=stage.tp, pp=pp)
     concurrency = sum(len(s.devices) for s in pipe.stages)
@@ -242,6 +282,13 @@ def _stage_cost(plan: Plan, pi: int, si: int) -> StageCost:
                      embed_backward=embed_bwd, head_forward=head_fwd, head_backward=head_bwd,
                      p2p_s=_p2p_s(plan, pi, si), dp=sync, optimizer_s=costs.time_s(opt),
                      memory=memory)
+
+
+def clear_cost_caches() -> None:
+    """Forget cached op, layer and link costs (after the model's parameters changed)."""
+    clear_op_cache()
+    group_tiers.cache_clear()
+    layer_parts.cache_clear()
 
 
 def aligned_stages(plan: Plan) -> bool:

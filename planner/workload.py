@@ -31,14 +31,19 @@ Axis = Literal["tp", "cp", "dp", "pp"]
 
 @dataclass(frozen=True)
 class Op:
-    """A kernel on one rank. GEMM shape is (batch, m, n, k); attention (b, heads, s_q, s_kv, d)."""
+    """Work on one rank. GEMM shape is (batch, m, n, k); attention (b, heads, s_q, s_kv, d).
+
+    `kernels` counts the launches it takes in a Megatron-style implementation (a GEMM plus
+    its bias add or layout copies, say): each costs the host a dispatch and the GPU a gap.
+    """
 
     name: str
     kind: OpKind
     flops: float
     bytes: float
     shape: tuple[int, ...] = ()
-    kernels: int = 1  # kernel launches it takes
+    kernels: int = 1
+    backward_kernels: int | None = None  # launches of its backward (default: `kernels`)
 
 
 @dataclass(frozen=True)
@@ -77,27 +82,30 @@ class LayerWork:
     input_bytes: float  # the layer input, all that full recompute keeps
 
 
-def _gemm(name: str, m: int, n: int, k: int, elem: int, batch: int = 1) -> Op:
+def _gemm(name: str, m: int, n: int, k: int, elem: int, batch: int = 1, kernels: int = 1) -> Op:
     return Op(name, "gemm", 2.0 * batch * m * n * k, float(elem * batch * (m * k + k * n + m * n)),
-              (batch, m, n, k))
+              (batch, m, n, k), kernels)
 
 
 def _elementwise(name: str, elements: float, elem: int, *, reads: float, writes: float,
-                 flops_per_elem: float = 1.0, kernels: int = 1) -> Op:
+                 flops_per_elem: float = 1.0, kernels: int = 1,
+                 backward_kernels: int | None = None) -> Op:
     return Op(name, "elementwise", flops_per_elem * elements, elem * elements * (reads + writes),
-              (int(elements),), kernels)
+              (int(elements),), kernels, backward_kernels)
 
 
 def _backward_of(op: Op) -> tuple[Op, ...]:
-    if op.kind == "gemm":
+    bwd_kernels = op.backward_kernels or op.kernels
+    if op.kind == "gemm":  # dgrad, and wgrad with whatever the forward added (bias grad)
         batch, m, n, k = op.shape
         return (Op(op.name + ".dgrad", "gemm", op.flops, op.bytes, (batch, m, k, n)),
-                Op(op.name + ".wgrad", "gemm", op.flops, op.bytes, (batch, k, n, m)))
+                Op(op.name + ".wgrad", "gemm", op.flops, op.bytes, (batch, k, n, m), bwd_kernels))
     if op.kind == "attention":
         # FlashAttention-2 backward recomputes the scores: 2.5x the forward FLOPs (Dao 2023).
-        return (Op(op.name + ".bwd", "attention", 2.5 * op.flops, 2.0 * op.bytes, op.shape),)
+        return (Op(op.name + ".bwd", "attention", 2.5 * op.flops, 2.0 * op.bytes, op.shape,
+                   bwd_kernels),)
     # Elementwise backward reads the saved input and the output gradient, writes one grad.
-    return (Op(op.name + ".bwd", op.kind, op.flops, op.bytes * 1.5, op.shape, op.kernels),)
+    return (Op(op.name + ".bwd", op.kind, op.flops, op.bytes * 1.5, op.shape, bwd_kernels),)
 
 
 def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op, ...]:
@@ -107,17 +115,21 @@ def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op,
     elem = dtype_bytes(w.dtype)
     if w.attention == "math":
         # Megatron's unfused path computes the full s x s matrix (Korthikanti et al. 2022 §4.1).
+        # Kernels: baddbmm, fused scale-mask-softmax, dropout (mask + apply), bmm + the
+        # permute copy back to [s, b, h].
         probs = b * heads * s * s_kv
         ops = [_gemm("attn.scores", s, s_kv, d, elem, batch=b * heads),
                _elementwise("attn.softmax", probs, elem, reads=1, writes=1, flops_per_elem=4)]
         if model.dropout:
-            ops.append(_elementwise("attn.dropout", probs, elem, reads=1, writes=1.5))
-        ops.append(_gemm("attn.context", s, d, s_kv, elem, batch=b * heads))
+            ops.append(_elementwise("attn.dropout", probs, elem, reads=1, writes=1.5, kernels=2,
+                                    backward_kernels=1))
+        ops.append(_gemm("attn.context", s, d, s_kv, elem, batch=b * heads, kernels=2))
         return tuple(ops)
     # Fused kernels skip the masked half of causal attention (FlashAttention, Dao 2022).
     flops = 4.0 * b * heads * s * s_kv * d * 0.5
     io = elem * b * s * d * (2 * heads + 2 * heads)  # read q, k, v (upper bound), write out
-    return (Op("attn.core", "attention", flops, float(io), (b, heads, s, s_kv, d)),)
+    # Kernels: the fused kernel and the layout copies around it.
+    return (Op("attn.core", "attention", flops, float(io), (b, heads, s, s_kv, d), 3),)
 
 
 @cache
@@ -133,12 +145,15 @@ def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
     act = n * h * elem  # one [b, s, h] activation
 
     def norm(name: str) -> Op:
-        # One read, one write, plus the statistics pass of a fused norm kernel.
-        return _elementwise(name, n_sp * h, elem, reads=1.5, writes=1, flops_per_elem=5)
+        # One read, one write, plus the statistics pass of a fused norm kernel; its
+        # backward is two kernels (input grad, weight grads).
+        return _elementwise(name, n_sp * h, elem, reads=1.5, writes=1, flops_per_elem=5,
+                            backward_kernels=2)
 
     def residual(name: str) -> Op:
-        # dropout (if any) + residual add, fused: read two, write one (+ a byte mask).
-        return _elementwise(name, n_sp * h, elem, reads=2, writes=1 + (0.5 if model.dropout else 0))
+        # bias + dropout (if any) + residual add, fused: read two, write one (+ a byte mask).
+        return _elementwise(name, n_sp * h, elem, reads=2, writes=1 + (0.5 if model.dropout else 0),
+                            kernels=2)
 
     def block_in(name: str) -> tuple[tuple[Comm, ...], tuple[Comm, ...]]:
         """Collectives entering a tp block, forward and backward (Megatron's f / g-bar)."""
@@ -175,7 +190,8 @@ def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
     mlp_in, mlp_in_bwd = block_in("mlp.allgather")
     mlp_out, mlp_out_bwd = block_out("mlp.reduce")
     attn_norm, mlp_norm = norm("attn.norm"), norm("mlp.norm")
-    qkv = _gemm("attn.qkv", n, (q_heads + 2 * kv_heads) * d, h, elem)
+    # The QKV GEMM brings its bias add and the copies that split heads (4 launches).
+    qkv = _gemm("attn.qkv", n, (q_heads + 2 * kv_heads) * d, h, elem, kernels=4)
     proj = _gemm("attn.proj", n, h, q_heads * d, elem)
     fc1 = _gemm("mlp.fc1", n, model.mlp_in_width // t, h, elem)
     fc2 = _gemm("mlp.fc2", n, h, ffn_local, elem)
@@ -262,15 +278,19 @@ def head_work(model: ModelSpec, w: WorkloadShape) -> tuple[tuple[Work, ...], tup
     if w.sequence_parallel and w.tp > 1:
         gather = (Comm("head.allgather", "all_gather", n * h * elem, "tp"),)
     logits = _gemm("head.logits", n, v_local, h, elem)
-    # Vocab-parallel cross entropy in fp32 (Megatron): max, sum-exp, target logit passes.
-    loss = _elementwise("head.loss", n * v_local, 4, reads=3, writes=1, flops_per_elem=5,
-                        kernels=4)
+    # Megatron's vocab-parallel cross entropy on fp32 logits, per logit element: convert
+    # (read 2, write 4), max (read 4), subtract (8), exp (8), sum (4), normalise (8) =
+    # 38 bytes in 7 kernels; backward: subtract the one-hot and scale (8), convert back
+    # (read 4, write 2) = 14 bytes in 3 kernels.
+    loss = Op("head.loss", "elementwise", 5.0 * n * v_local, 38.0 * n * v_local, (n * v_local,),
+              7)
     loss_comm: tuple[Comm, ...] = ()
     if w.tp > 1:
         loss_comm = (Comm("head.loss_reduce", "all_reduce", 3.0 * n * 4, "tp"),)
     forward: tuple[Work, ...] = (norm, *gather, logits, loss, *loss_comm)
     backward: list[Work] = [
-        _elementwise("head.loss.bwd", n * v_local, 4, reads=1, writes=1, flops_per_elem=2),
+        Op("head.loss.bwd", "elementwise", 2.0 * n * v_local, 14.0 * n * v_local,
+           (n * v_local,), 3),
         *_backward_of(logits)]
     if w.tp > 1:
         kind: CommKind = "reduce_scatter" if w.sequence_parallel else "all_reduce"
@@ -282,16 +302,17 @@ def head_work(model: ModelSpec, w: WorkloadShape) -> tuple[tuple[Work, ...], tup
 
 def optimizer_work(num_params: float, *, dtype: str, implementation: str = "fused",
                    num_tensors: int = 1) -> Op:
-    """AdamW over `num_params` local parameters.
-
-    Per parameter: read fp32 grad, master weight, m, v; write master, m, v and the
-    low-precision weight (Megatron's mixed-precision optimizer).
-    """
+    """One optimizer step over `num_params` local parameters, as Megatron-LM's
+    mixed-precision optimizer runs it: unscale the fp32 gradients and check them for
+    inf/NaN (read 4 B), take their norm for clipping (read 4 B), AdamW (read grad, master
+    weight, m, v; write master, m, v: 28 B), copy the master weight into the 16-bit model
+    weight (write 2 B) and zero the gradient buffer (write 4 B)."""
     low = dtype_bytes(dtype)
     master = 0 if dtype == "fp32" else 4
-    per_param = 4 + (master + 4 + 4) * 2 + (low if master else 4)
-    kernels = {"fused": 1, "foreach": max(1, num_tensors // 64), "for_loop": 8 * num_tensors}
-    return Op("optimizer.adamw", "optimizer", 12.0 * num_params, float(per_param * num_params),
+    adam = 4 + (master + 4 + 4) * 2
+    per_param = 4 + 4 + adam + (low if master else 0) + 4
+    kernels = {"fused": 4, "foreach": max(4, num_tensors // 16), "for_loop": 8 * num_tensors}
+    return Op("optimizer.adamw", "optimizer", 14.0 * num_params, float(per_param * num_params),
               (int(num_params),), kernels[implementation])
 
 

@@ -1,10 +1,12 @@
 """Analytic device model: op time from datasheet peaks and size-dependent efficiency.
 
 Used wherever no measured profile answers. A GEMM runs in output tiles spread over the
-device's compute units, so small GEMMs waste part of a wave (wave quantisation), and a
-short inner dimension keeps the tensor cores from their steady state; both shape the
-efficiency curve. Everything else streams through DRAM (roofline). Every op pays a fixed
-kernel overhead. Parameters per architecture: profiler/data/efficiency.yaml.
+device's compute units: a GEMM too small to fill the last wave wastes part of it (wave
+quantisation), partial tiles waste their padding, and a short inner dimension keeps the
+tensor cores from their steady state. Like cuBLAS's heuristics, the model picks the tile
+size that is fastest for the shape, smaller tiles running at a lower fraction of peak.
+Everything else streams through DRAM (roofline). Every kernel leaves a small gap on the
+GPU. Parameters per architecture: profiler/data/efficiency.yaml.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import math
 
 from profiler.devices import ArchEfficiency, DeviceSpec, arch_efficiency
 
-__all__ = ["attention_time_s", "gemm_efficiency", "gemm_time_s", "math_dtype",
-           "memory_time_s"]
+__all__ = ["attention_time_s", "gemm_efficiency", "gemm_time_s", "kernel_gap_s",
+           "launch_overhead_s", "math_dtype", "memory_time_s"]
 
 
 def math_dtype(device: DeviceSpec, dtype: str) -> str:
@@ -26,17 +28,31 @@ def math_dtype(device: DeviceSpec, dtype: str) -> str:
     return "fp32"
 
 
+def _tiles(eff: ArchEfficiency) -> list[tuple[int, int, float]]:
+    """Candidate output tiles (m, n) and the fraction of the largest tile's throughput
+    each reaches: (area / largest area) ** small_tile_penalty."""
+    out = []
+    for fm in (1, 2, 4):
+        for fn in (1, 2, 4):
+            tm, tn = max(eff.gemm_tile_m // fm, 1), max(eff.gemm_tile_n // fn, 1)
+            out.append((tm, tn, (1.0 / (fm * fn)) ** eff.small_tile_penalty))
+    return out
+
+
 def gemm_efficiency(batch: int, m: int, n: int, k: int, *, device: DeviceSpec,
                     eff: ArchEfficiency | None = None) -> float:
-    """Fraction of peak FLOP/s a [m,k]x[k,n] GEMM (batched `batch` times) reaches."""
+    """Fraction of peak FLOP/s a [m,k]x[k,n] GEMM (batched `batch` times) reaches, with the
+    best tile for its shape."""
     eff = eff or arch_efficiency(device.arch)
-    tm, tn = eff.gemm_tile_m, eff.gemm_tile_n
-    tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
-    waves = math.ceil(tiles / device.num_compute_units)
-    wave_util = tiles / (waves * device.num_compute_units)
-    tile_util = (m * n * batch) / (tiles * tm * tn)
-    k_util = k / (k + eff.gemm_k_half)
-    return eff.gemm_efficiency * wave_util * tile_util * k_util
+    units = device.num_compute_units
+    best = 0.0
+    for tm, tn, tile_eff in _tiles(eff):
+        tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
+        waves = math.ceil(tiles / units)
+        wave_util = tiles / (waves * units)
+        tile_util = (m * n * batch) / (tiles * tm * tn)
+        best = max(best, tile_eff * wave_util * tile_util)
+    return eff.gemm_efficiency * best * k / (k + eff.gemm_k_half)
 
 
 def gemm_time_s(batch: int, m: int, n: int, k: int, *, device: DeviceSpec, dtype: str,
@@ -64,3 +80,13 @@ def memory_time_s(io_bytes: float, *, device: DeviceSpec, kernels: int = 1) -> f
     eff = arch_efficiency(device.arch)
     return (io_bytes / (device.memory_bandwidth_bytes_per_s * eff.memory_efficiency)
             + kernels * eff.kernel_overhead_s)
+
+
+def kernel_gap_s(device: DeviceSpec) -> float:
+    """GPU idle time a kernel costs besides its work (launch latency, tail)."""
+    return arch_efficiency(device.arch).kernel_overhead_s
+
+
+def launch_overhead_s(device: DeviceSpec) -> float:
+    """Host time to dispatch one kernel (framework, autograd and driver together)."""
+    return arch_efficiency(device.arch).launch_overhead_us * 1e-6

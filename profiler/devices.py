@@ -7,8 +7,10 @@ give SI values (bytes, bytes/s, FLOP/s, seconds).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
@@ -29,6 +31,7 @@ __all__ = [
     "device",
     "dtype_bytes",
     "link_kind",
+    "parameter_overrides",
 ]
 
 DTypeName = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
@@ -125,9 +128,12 @@ class ArchEfficiency:
     gemm_tile_m: int = spec_field(min=1)
     gemm_tile_n: int = spec_field(min=1)
     gemm_k_half: float = spec_field(min=0)
+    small_tile_penalty: float = spec_field(min=0)
     attention_efficiency: float = spec_field(gt=0, max=1)
     memory_efficiency: float = spec_field(gt=0, max=1)
     kernel_overhead_us: float = spec_field(min=0)
+    launch_overhead_us: float = spec_field(min=0)
+    tp_comm_overlap: float = spec_field(default=0.0, min=0, max=1)
 
     @property
     def kernel_overhead_s(self) -> float:
@@ -183,7 +189,27 @@ def _links() -> dict[str, LinkKind]:
     return {k: parse(LinkKind, v, where=f"links.{k}") for k, v in raw.items()}
 
 
+_OVERRIDES: dict[str, dict] = {"links": {}, "arch": {}}
+
+
+@contextlib.contextmanager
+def parameter_overrides(*, arch: Mapping[str, ArchEfficiency] | None = None,
+                        links: Mapping[str, LinkKind] | None = None) -> Iterator[None]:
+    """Use other analytic-model parameters inside the block (calibration only; callers
+    must drop any costs they cached meanwhile)."""
+    saved = {k: dict(v) for k, v in _OVERRIDES.items()}
+    _OVERRIDES["arch"].update(arch or {})
+    _OVERRIDES["links"].update(links or {})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            _OVERRIDES[k] = v
+
+
 def link_kind(name: str) -> LinkKind:
+    if name in _OVERRIDES["links"]:
+        return _OVERRIDES["links"][name]
     links = _links()
     if name not in links:
         fail("link", name, "known: " + ", ".join(links))
@@ -198,6 +224,8 @@ def _efficiencies() -> dict[str, ArchEfficiency]:
 
 
 def arch_efficiency(arch: str) -> ArchEfficiency:
+    if arch in _OVERRIDES["arch"]:
+        return _OVERRIDES["arch"][arch]
     table = _efficiencies()
     if arch not in table:
         fail("arch", arch, "known: " + ", ".join(table))

@@ -115,7 +115,7 @@ def summary(plan: Plan, cfg: ParallelConfig, r: SimResult) -> str:
     """The readable report of one simulation."""
     b = r.breakdown
     total = r.iteration_time_s
-    parts = [("compute", b.compute_s), ("tp comm", b.tp_comm_s), ("cp comm", b.cp_comm_s),
+    parts = [("compute", b.compute_s), ("kernel launch", b.host_overhead_s), ("tp comm", b.tp_comm_s), ("cp comm", b.cp_comm_s),
              ("pp comm", b.pp_comm_s), ("dp comm", b.dp_comm_s), ("bubble", b.bubble_s),
              ("optimizer", b.optimizer_s)]
     worst = max(r.stages, key=lambda s: s.memory.total_bytes / s.memory.capacity_bytes)

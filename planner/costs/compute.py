@@ -9,7 +9,7 @@ from planner.workload import Op
 from profiler import analytic
 from profiler.devices import device, dtype_bytes
 
-__all__ = ["ANALYTIC_SOURCE", "ComputeCosts"]
+__all__ = ["ANALYTIC_SOURCE", "ComputeCosts", "clear_op_cache"]
 
 ANALYTIC_SOURCE = "analytic device model (datasheet peak x efficiency, profiler/data/efficiency.yaml)"
 
@@ -18,11 +18,13 @@ ANALYTIC_SOURCE = "analytic device model (datasheet peak x efficiency, profiler/
 def _analytic_op_time_s(device_name: str, dtype: str, op: Op) -> float:
     dev = device(device_name)
     elem = dtype_bytes(dtype)
+    extra = analytic.kernel_gap_s(dev) * (op.kernels - 1)  # small launches beside the main one
     if op.kind == "gemm":
         batch, m, n, k = op.shape
-        return analytic.gemm_time_s(batch, m, n, k, device=dev, dtype=dtype, elem_bytes=elem)
+        return analytic.gemm_time_s(batch, m, n, k, device=dev, dtype=dtype,
+                                    elem_bytes=elem) + extra
     if op.kind == "attention":
-        return analytic.attention_time_s(op.flops, op.bytes, device=dev, dtype=dtype)
+        return analytic.attention_time_s(op.flops, op.bytes, device=dev, dtype=dtype) + extra
     return analytic.memory_time_s(op.bytes, device=dev, kernels=op.kernels)
 
 
@@ -39,3 +41,7 @@ class ComputeCosts:
     def total_s(self, ops: tuple) -> float:
         """Sum over the compute ops of a sequence (collectives are skipped)."""
         return sum(self.time_s(op) for op in ops if isinstance(op, Op))
+
+
+def clear_op_cache() -> None:
+    _analytic_op_time_s.cache_clear()

@@ -251,10 +251,9 @@ class _Builder:
         compute = self.g.stream(f"p{pi}.s{si}.compute")
         opt = self.g.add(f"optimizer p{pi}s{si}", "optimizer", compute, cost.optimizer_s,
                          TaskMeta(pi, si), after=(self.last_compute[(pi, si)], *reductions))
-        if cost.dp.param_iteration_s:
-            first_forward = cost.layer_forward.total_s
+        if cost.dp.param_iteration_s:  # overlapped with the next iteration's forward
             self.g.add(f"param-gather p{pi}s{si}", "dp", self._dp_stream(pi, si),
-                       exposed_s(cost.dp.param_iteration_s, first_forward, cost.num_params),
+                       exposed_s(cost.dp.param_iteration_s, cost.forward_s, cost.num_params),
                        TaskMeta(pi, si), after=(opt,))
 
 

@@ -45,7 +45,7 @@ def _breakdown(sim: Simulation) -> Breakdown:
     stream = g.stream(f"p{pi}.s{si}.compute")
     passes = sorted((t for t in range(len(g)) if g.streams[t] == stream
                      and g.kinds[t] in _COMPUTE_KINDS), key=sched.start.__getitem__)
-    totals = dict.fromkeys(("compute", "tp", "cp", "pp", "dp", "bubble", "opt"), 0.0)
+    totals = dict.fromkeys(("compute", "host", "tp", "cp", "pp", "dp", "bubble", "opt"), 0.0)
     cursor = 0.0
     for t in passes:
         gap = sched.start[t] - cursor
@@ -57,6 +57,7 @@ def _breakdown(sim: Simulation) -> Breakdown:
         totals["bubble"] += max(gap, 0.0)
         part = g.meta[t].part
         totals["compute"] += part.compute_s
+        totals["host"] += part.host_s
         totals["tp"] += part.tp_s
         totals["cp"] += part.cp_s
         cursor = sched.end[t]
@@ -65,7 +66,8 @@ def _breakdown(sim: Simulation) -> Breakdown:
                      if g.kinds[t] == "optimizer" and g.streams[t] == stream)
     totals["opt"] = min(tail, optimizer)
     totals["dp"] += tail - totals["opt"]
-    return Breakdown(compute_s=totals["compute"], tp_comm_s=totals["tp"],
+    return Breakdown(compute_s=totals["compute"], host_overhead_s=totals["host"],
+                     tp_comm_s=totals["tp"],
                      cp_comm_s=totals["cp"], pp_comm_s=totals["pp"], dp_comm_s=totals["dp"],
                      bubble_s=totals["bubble"], optimizer_s=totals["opt"])
 

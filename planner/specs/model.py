@@ -29,7 +29,8 @@ class ModelSpec:
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     tied_embeddings: bool = False
     position_embedding: Literal["learned", "rope", "alibi"] = "rope"
-    dropout: bool = spec_field(default=False, help="dropout after attention and MLP (GPT-3)")
+    # Megatron-LM's default (attention and hidden dropout 0.1); Llama-style presets set false.
+    dropout: bool = spec_field(default=True, help="dropout on attention probs and outputs")
 
     def check(self, where: str) -> None:
         if self.hidden_size % self.num_heads:
