@@ -14,8 +14,9 @@ from functools import cache
 from planner.costs.comm import Tier, collective_time_s, group_tiers
 from planner.costs.compute import ComputeCosts, clear_op_cache
 from planner.memory import StageMemory, in_flight_chunks, rank_param_count, stage_memory
+from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Plan, Stage
+from planner.specs.plan import Plan, Sharding, Stage
 from planner.workload import (
     Comm,
     Work,
@@ -28,8 +29,9 @@ from planner.workload import (
 from profiler.analytic import launch_overhead_s
 from profiler.devices import DeviceSpec, arch_efficiency, device, dtype_bytes
 
-__all__ = ["BUCKET_PARAMS", "DPSync", "Part", "StageCost", "aligned_stages", "clear_cost_caches",
-           "dp_sync", "exposed_s", "layer_parts",
+__all__ = ["BUCKET_PARAMS", "DPSync", "Part", "StageCost", "StageSetup", "aligned_stages",
+           "clear_cost_caches", "dp_sync", "exposed_s", "layer_parts", "plan_stage_setup",
+           "stage_cost",
            "pipeline_key", "plan_stage_costs", "stage_device", "stage_shape"]
 
 GRAD_BYTES = 4  # gradients are reduced in fp32 (Megatron main_grad)
@@ -176,7 +178,9 @@ class DPSync:
     param_microbatch_s: float = 0.0  # before every forward and backward (sharded params)
 
 
-def dp_sync(plan: Plan, group: tuple[int, ...], params: float, concurrency: int) -> DPSync:
+@cache
+def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurrency: int,
+            sharding: Sharding, dtype: str) -> DPSync:
     """Traffic of the data-parallel group `group` (one GPU per replica, in replica order)
     holding `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP),
     with gradients sharded over g replicas, optimizer states over os and parameters over p
@@ -196,14 +200,13 @@ def dp_sync(plan: Plan, group: tuple[int, ...], params: float, concurrency: int)
     dp = len(group)
     if dp == 1:
         return DPSync()
-    sh = plan.sharding
-    low = dtype_bytes(plan.training.dtype)
+    low = dtype_bytes(dtype)
     grad_bytes = params * GRAD_BYTES
 
     def tiers(size: int, stride: int) -> tuple[Tier, ...]:
-        return group_tiers(plan.cluster, group[0:size * stride:stride], concurrency)
+        return group_tiers(cluster, group[0:size * stride:stride], concurrency)
 
-    g, os_, p = sh.grads, sh.optim, sh.params
+    g, os_, p = sharding.grads, sharding.optim, sharding.params
     grad_mb = collective_time_s("reduce_scatter", grad_bytes, tiers(g, 1)) if g > 1 else 0.0
     grad_it = 0.0
     if os_ > g:
@@ -227,61 +230,100 @@ def exposed_s(comm_s: float, window_s: float, num_params: float) -> float:
     return max(comm_s / buckets, comm_s - window_s)
 
 
-def _p2p_s(plan: Plan, pi: int, si: int) -> float:
-    """Send one activation from stage `si` to the next (the last stage sends to the first,
-    which interleaving uses). Megatron scatters it over the tp ranks; each sends a slice."""
-    pipe = plan.pipelines[pi]
-    stage, nxt = pipe.stages[si], pipe.stages[(si + 1) % len(pipe.stages)]
-    if stage is nxt:
+@dataclass(frozen=True)
+class StageSetup:
+    """Everything a stage's cost depends on, without the rest of the plan: which GPUs it
+    talks to for each kind of traffic, and what it runs."""
+
+    device_name: str
+    shape: WorkloadShape
+    num_layers: int
+    first: bool
+    last: bool
+    pp: int
+    recompute: str
+    tp_group: tuple[int, ...]
+    cp_group: tuple[int, ...]
+    next_stage: int | None  # a GPU of the stage it sends activations to (None: none)
+    dp_group: tuple[int, ...]  # rank position 0 of this stage in every replica
+    concurrency: int  # ranks whose data-parallel traffic crosses links at the same time
+    sharding: Sharding
+    optimizer: str
+    layers_in_flight: float
+
+
+@cache
+def _extra_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
+                 which: str) -> tuple[Part, Part]:
+    """Forward and backward of the embedding ("embed") or the head ("head")."""
+    tiers = dict(tiers_key)
+    costs = ComputeCosts(device_name, shape.dtype)
+    launch_s = launch_overhead_s(device(device_name))
+    fwd, bwd = embedding_work(model, shape) if which == "embed" else head_work(model, shape)[:2]
+    return _part(fwd, costs, tiers, launch_s), _part(bwd, costs, tiers, launch_s)
+
+
+def _p2p_s(cluster: ClusterSpec, model: ModelSpec, setup: StageSetup) -> float:
+    """Send one activation to the next stage (the last stage sends to the first, which
+    interleaving uses). Megatron scatters it over the tp ranks; each sends a slice."""
+    if setup.next_stage is None:
         return 0.0
-    size = (pipe.micro_batch_size * plan.training.seq_len // stage.cp * plan.model.hidden_size
-            * dtype_bytes(plan.training.dtype) / stage.tp)
+    w = setup.shape
+    size = (w.micro_batch_size * w.seq_len // w.cp * model.hidden_size * dtype_bytes(w.dtype)
+            / w.tp)
     return collective_time_s("send_recv", size,
-                             group_tiers(plan.cluster, (stage.devices[0], nxt.devices[0])))
+                             group_tiers(cluster, (setup.tp_group[0], setup.next_stage)))
 
 
-def _stage_cost(plan: Plan, pi: int, si: int) -> StageCost:
-    model, tr = plan.model, plan.training
+def stage_cost(model: ModelSpec, cluster: ClusterSpec, setup: StageSetup, *, pipeline: int = 0,
+               stage: int = 0) -> StageCost:
+    """The cost of one stage (see StageCost)."""
+    w = setup.shape
+    tiers_key = (("tp", group_tiers(cluster, setup.tp_group)),
+                 ("cp", group_tiers(cluster, setup.cp_group)))
+    layer_fwd, layer_bwd = layer_parts(model, w, setup.device_name, tiers_key, setup.recompute)
+    zero = Part()
+    embed = _extra_parts(model, w, setup.device_name, tiers_key, "embed") if setup.first \
+        else (zero, zero)
+    head = _extra_parts(model, w, setup.device_name, tiers_key, "head") if setup.last \
+        else (zero, zero)
+    n = setup.num_layers
+    params = rank_param_count(model, num_layers=n, first=setup.first, last=setup.last,
+                              tp=w.tp, pp=setup.pp)
+    sync = dp_sync(cluster, setup.dp_group, params, setup.concurrency, setup.sharding, w.dtype)
+    opt = optimizer_work(params / setup.sharding.optim, dtype=w.dtype,
+                         implementation=setup.optimizer, num_tensors=max(1, 6 * n))
+    dev = device(setup.device_name)
+    memory = stage_memory(model, device=dev, shape=w, num_layers=n, first=setup.first,
+                          last=setup.last, pp=setup.pp, recompute=setup.recompute,  # type: ignore[arg-type]
+                          sharding=setup.sharding, layers_in_flight=setup.layers_in_flight)
+    return StageCost(pipeline=pipeline, stage=stage, device=dev.name, num_layers=n,
+                     num_params=params, layer_forward=layer_fwd, layer_backward=layer_bwd,
+                     embed_forward=embed[0], embed_backward=embed[1], head_forward=head[0],
+                     head_backward=head[1], p2p_s=_p2p_s(cluster, model, setup), dp=sync,
+                     optimizer_s=ComputeCosts(dev.name, w.dtype).time_s(opt), memory=memory)
+
+
+def plan_stage_setup(plan: Plan, pi: int, si: int) -> StageSetup:
+    """The StageSetup of stage `si` of pipeline `pi` of a plan."""
+    tr = plan.training
     pipe = plan.pipelines[pi]
     stage = pipe.stages[si]
     pp = len(pipe.stages)
-    dev = stage_device(plan, stage)
-    shape = stage_shape(plan, pi, stage)
-    tiers_key = (("tp", group_tiers(plan.cluster, stage.devices[:stage.tp])),
-                 ("cp", group_tiers(plan.cluster, stage.devices[::stage.tp])))
-    tiers = dict(tiers_key)
-    layer_fwd, layer_bwd = layer_parts(model, shape, dev.name, tiers_key, stage.recompute)
-    costs = ComputeCosts(dev.name, tr.dtype)
-    launch_s = launch_overhead_s(dev)
-    first, last = si == 0, si == pp - 1
-    zero = Part()
-    embed_fwd = embed_bwd = head_fwd = head_bwd = zero
-    if first:
-        fwd, bwd = embedding_work(model, shape)
-        embed_fwd, embed_bwd = _part(fwd, costs, tiers, launch_s), _part(bwd, costs, tiers, launch_s)
-    if last:
-        fwd, bwd, _ = head_work(model, shape)
-        head_fwd, head_bwd = _part(fwd, costs, tiers, launch_s), _part(bwd, costs, tiers, launch_s)
-    n = stage.num_layers
-    params = rank_param_count(model, num_layers=n, first=first, last=last, tp=stage.tp, pp=pp)
-    concurrency = sum(len(s.devices) for s in pipe.stages)
-    sync = DPSync()
-    if plan.dp > 1 and aligned_stages(plan):
-        group = tuple(p.stages[si].devices[0] for p in plan.pipelines)
-        sync = dp_sync(plan, group, params, concurrency)
-    opt = optimizer_work(params / plan.sharding.optim, dtype=tr.dtype,
-                         implementation=plan.kernels.optimizer, num_tensors=max(1, 6 * n))
+    nxt = pipe.stages[(si + 1) % pp]
     in_flight = in_flight_chunks(schedule=tr.schedule, stage=si, pp=pp,
                                  num_microbatches=pipe.num_microbatches,
                                  virtual_stages=tr.virtual_stages)
-    memory = stage_memory(model, device=dev, shape=shape, num_layers=n, first=first, last=last,
-                          pp=pp, recompute=stage.recompute, sharding=plan.sharding,
-                          layers_in_flight=in_flight * n / tr.virtual_stages)
-    return StageCost(pipeline=pi, stage=si, device=dev.name, num_layers=n, num_params=params,
-                     layer_forward=layer_fwd, layer_backward=layer_bwd, embed_forward=embed_fwd,
-                     embed_backward=embed_bwd, head_forward=head_fwd, head_backward=head_bwd,
-                     p2p_s=_p2p_s(plan, pi, si), dp=sync, optimizer_s=costs.time_s(opt),
-                     memory=memory)
+    group = (tuple(p.stages[si].devices[0] for p in plan.pipelines)
+             if plan.dp > 1 and aligned_stages(plan) else (stage.devices[0],))
+    return StageSetup(
+        device_name=stage_device(plan, stage).name, shape=stage_shape(plan, pi, stage),
+        num_layers=stage.num_layers, first=si == 0, last=si == pp - 1, pp=pp,
+        recompute=stage.recompute, tp_group=stage.devices[:stage.tp],
+        cp_group=stage.devices[::stage.tp], next_stage=None if nxt is stage else nxt.devices[0],
+        dp_group=group, concurrency=sum(len(s.devices) for s in pipe.stages),
+        sharding=plan.sharding, optimizer=plan.kernels.optimizer,
+        layers_in_flight=in_flight * stage.num_layers / tr.virtual_stages)
 
 
 def clear_cost_caches() -> None:
@@ -289,6 +331,8 @@ def clear_cost_caches() -> None:
     clear_op_cache()
     group_tiers.cache_clear()
     layer_parts.cache_clear()
+    _extra_parts.cache_clear()
+    dp_sync.cache_clear()
 
 
 def aligned_stages(plan: Plan) -> bool:
@@ -322,7 +366,8 @@ def plan_stage_costs(plan: Plan) -> list[list[StageCost]]:
         if key in seen:
             out.append([replace(c, pipeline=pi) for c in seen[key]])
             continue
-        costs = [_stage_cost(plan, pi, si) for si in range(len(pipe.stages))]
+        costs = [stage_cost(plan.model, plan.cluster, plan_stage_setup(plan, pi, si),
+                            pipeline=pi, stage=si) for si in range(len(pipe.stages))]
         seen[key] = costs
         out.append(costs)
     return out

@@ -230,7 +230,8 @@ class _Builder:
             pi0, si0 = holders[0]
             stage = plan.pipelines[pi0].stages[si0]
             params = self.costs[pi0][si0].num_params * (hi - lo) / stage.num_layers
-            sync = dp_sync(plan, group, params, concurrency=len(stage.devices))
+            sync = dp_sync(plan.cluster, group, params, len(stage.devices), plan.sharding,
+                           plan.training.dtype)
             rep_of = {pi: self._rep(pi, reps) for pi, _ in holders}
             after = tuple({self.last_compute[(rep_of[pi], si)] for pi, si in holders})
             tid = self.g.add(f"grad-sync layers {lo}-{hi}", "dp",

@@ -1,13 +1,18 @@
 """The event simulator: exact schedule arithmetic, overlap, trace and picture outputs."""
 
 import json
+import time
 
 import pytest
 
 from planner.estimate import estimate
+from planner.layout import ParallelConfig, homogeneous_plan
 from planner.simulator import simulate, simulate_detailed, write_gantt, write_trace
 from planner.simulator.build import simulate_graph
 from planner.simulator.schedules import stage_order
+from planner.specs.cluster import parse_gpus_arg
+from planner.specs.model import preset
+from planner.stage_costs import clear_cost_caches
 from tests.planner.simulator_helpers import flat_costs, make_plan
 
 
@@ -123,14 +128,6 @@ def test_trace_and_gantt(tmp_path):
 def test_speed_of_a_large_simulation():
     """GPT-3 175B on 1,024 A100s (tp 8, pp 16, dp 8, 192 micro-batches), from empty cost
     caches: at most 0.2 s (best of three; benchmarks/simulator_speed.py prints the rate)."""
-    import time
-
-    from planner.layout import ParallelConfig, homogeneous_plan
-    from planner.specs.cluster import parse_gpus_arg
-    from planner.specs.model import preset
-    from planner.stage_costs import clear_cost_caches
-    from tests.planner.simulator_helpers import make_plan as _
-
     cfg = ParallelConfig(tp=8, pp=16, dp=8, mbs=1, gbs=1536, seq_len=2048, recompute="full")
     plan = homogeneous_plan(preset("gpt3-175b"), parse_gpus_arg("A100-80GB-SXM:1024"), cfg)
     simulate(plan)
