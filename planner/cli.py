@@ -51,7 +51,7 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="plan", description="Plan LLM training on the GPUs you have: "
-                     "simulate a configuration, list models and GPUs.")
+                     "search for the best configuration, simulate one, list models and GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     sim = sub.add_parser("simulate", help="predict one training iteration of a configuration",
@@ -96,6 +96,13 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.add_argument("-o", "--output", metavar="PLAN", help="also write the Plan (.yaml/.json)")
 
+    from planner.commands.search import add_search_parser
+
+    add_search_parser(sub, _add_model_args, _add_cluster_args, _positive_int)
+    from planner.commands.export import add_export_parser
+
+    add_export_parser(sub)
+
     models = sub.add_parser("models", help="list the model presets")
     models.add_argument("--json", action="store_true")
     gpus = sub.add_parser("gpus", help="list the device catalog")
@@ -112,6 +119,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from planner.commands.simulate import run_simulate
 
             return run_simulate(args)
+        if args.command == "search":
+            from planner.commands.search import run_search
+
+            return run_search(args)
+        if args.command == "export":
+            from planner.commands.export import run_export
+
+            return run_export(args)
         if args.command == "models":
             from planner.commands.listing import list_models
 

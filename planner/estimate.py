@@ -17,7 +17,7 @@ from planner.results import Breakdown, SimResult, StageSummary, make_result
 from planner.specs.plan import Plan
 from planner.stage_costs import StageCost, exposed_s, plan_stage_costs
 
-__all__ = ["ESTIMATE_SOURCE", "estimate"]
+__all__ = ["ESTIMATE_SOURCE", "estimate", "pipeline_time"]
 
 ESTIMATE_SOURCE = "analytic pipeline estimate (closed form, planner/estimate.py)"
 
@@ -41,24 +41,30 @@ def _microbatch_s(c: StageCost, pp: int, vp: int) -> float:
     return c.forward_s + c.backward_s + _sends(c, pp, vp) + extra
 
 
-def _pipeline_s(plan: Plan, costs: list[StageCost]) -> tuple[float, dict[str, float]]:
-    """End time of one pipeline's iteration and the critical stage's breakdown."""
-    m = plan.pipelines[costs[0].pipeline].num_microbatches
-    vp = plan.training.virtual_stages
-    pp = len(costs)
-    times = [_microbatch_s(c, pp, vp) for c in costs]
-    slow = max(range(len(costs)), key=lambda i: times[i])
+def pipeline_time(costs: list[StageCost], *, num_microbatches: int, virtual_stages: int
+                  ) -> tuple[float, dict[str, float]]:
+    """End time of one pipeline's iteration (its stages' costs in order) and the critical
+    stage's breakdown. Stages that are the same object are priced once."""
+    m, vp, pp = num_microbatches, virtual_stages, len(costs)
+    memo: dict[int, tuple[float, float, float]] = {}  # id -> (micro-batch, tail, drain step)
+    for c in costs:
+        if id(c) not in memo:
+            last_grads = c.dp.grad_microbatch_s + c.dp.grad_iteration_s
+            grad = exposed_s(last_grads, c.backward_s, c.num_params) if last_grads else 0.0
+            gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.num_params)
+                      if c.dp.param_iteration_s else 0.0)
+            memo[id(c)] = (_microbatch_s(c, pp, vp), grad + c.optimizer_s + gather,
+                           c.backward_s + _sends(c, pp, vp) / 2)
+    times = [memo[id(c)][0] for c in costs]
+    slow = max(range(len(costs)), key=times.__getitem__)
     pipe_s = m * times[slow] + (sum(times) - times[slow]) / vp
     end, opt_s, drain = pipe_s, 0.0, 0.0
     for c in costs:  # stage s finishes its last backward `drain` before stage 0 does
-        last_grads = c.dp.grad_microbatch_s + c.dp.grad_iteration_s
-        grad = exposed_s(last_grads, c.backward_s, c.num_params) if last_grads else 0.0
-        gather = exposed_s(c.dp.param_iteration_s, c.forward_s, c.num_params)
-        gather = gather if c.dp.param_iteration_s else 0.0
-        stage_end = pipe_s - drain + grad + c.optimizer_s + gather
+        _, tail, step = memo[id(c)]
+        stage_end = pipe_s - drain + tail
         if stage_end > end:
             end, opt_s = stage_end, c.optimizer_s
-        drain += c.backward_s + _sends(c, pp, vp) / 2
+        drain += step
     after = end - pipe_s  # what sticks out after the pipeline drains
     opt_s = min(opt_s, after)
     c = costs[slow]
@@ -81,7 +87,8 @@ def estimate(plan: Plan, *, costs: list[list[StageCost]] | None = None) -> SimRe
     """Iteration time, throughput, MFU, breakdown and memory of `plan` (closed form),
     with `costs` in place of the cost model's if given (tests, what-ifs)."""
     costs = costs if costs is not None else plan_stage_costs(plan)
-    ends = [_pipeline_s(plan, pc) for pc in costs]
+    ends = [pipeline_time(pc, num_microbatches=plan.pipelines[pc[0].pipeline].num_microbatches,
+                          virtual_stages=plan.training.virtual_stages) for pc in costs]
     critical = max(range(len(ends)), key=lambda i: ends[i][0])
     iteration_s, parts = ends[critical]
     stages = tuple(

@@ -22,7 +22,8 @@ from planner.specs.plan import Recompute, Sharding
 from planner.workload import WorkloadShape, head_work, layer_work
 from profiler.devices import DeviceSpec, dtype_bytes
 
-__all__ = ["MEMORY_SOURCE", "StageMemory", "in_flight_chunks", "rank_param_count",
+__all__ = ["MEMORY_SOURCE", "StageMemory", "in_flight_chunks", "model_state_bytes",
+           "rank_param_count",
            "runtime_reserve_bytes", "stage_memory"]
 
 MEMORY_SOURCE = "analytic memory model (ZeRO/AMSP states; Korthikanti et al. 2022 activations)"
@@ -106,6 +107,23 @@ def in_flight_chunks(*, schedule: str, stage: int, pp: int, num_microbatches: in
     return min(num_microbatches, pp - stage)
 
 
+def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: Sharding,
+                      tp: int, pp: int) -> tuple[float, float, float, float]:
+    """(parameters, gradients, optimizer states, gathered-parameter buffers) in bytes on one
+    rank holding `params` parameters: 16-bit weights (fp32 when training in fp32), fp32
+    gradients, fp32 master weights (mixed precision) and Adam's two moments, each divided
+    by its sharding group; sharded parameters need the layer in use and the next one
+    gathered."""
+    low = dtype_bytes(dtype)
+    master = 0 if dtype == "fp32" else 4
+    gathered = 0.0
+    if sharding.params > 1:
+        layer = rank_param_count(model, num_layers=1, first=False, last=False, tp=tp, pp=pp)
+        gathered = 2 * layer * low
+    return (params * low / sharding.params, params * 4 / sharding.grads,
+            params * (master + 8) / sharding.optim, gathered)
+
+
 def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
                  num_layers: int, first: bool, last: bool, pp: int, recompute: Recompute,
                  sharding: Sharding, layers_in_flight: float) -> StageMemory:
@@ -113,8 +131,8 @@ def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
     layer-micro-batches at its peak."""
     params = rank_param_count(model, num_layers=num_layers, first=first, last=last,
                               tp=shape.tp, pp=pp)
-    low = dtype_bytes(shape.dtype)
-    master = 0 if shape.dtype == "fp32" else 4
+    p_bytes, g_bytes, os_bytes, gathered = model_state_bytes(
+        model, params=params, dtype=shape.dtype, sharding=sharding, tp=shape.tp, pp=pp)
     work = layer_work(model, shape)
     per_layer = {"none": work.activation_bytes, "selective": work.selective_activation_bytes,
                  "full": work.input_bytes}[recompute]
@@ -124,16 +142,12 @@ def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
         buffers += work.activation_bytes
     if last:
         buffers += head_work(model, shape)[2]
-    if sharding.params > 1:  # the layer in use and the one prefetched, gathered
-        layer_params = rank_param_count(model, num_layers=1, first=False, last=False,
-                                        tp=shape.tp, pp=pp)
-        buffers += 2 * layer_params * low
     return StageMemory(
-        params_bytes=params * low / sharding.params,
-        grads_bytes=params * 4 / sharding.grads,
-        optimizer_bytes=params * (master + 8) / sharding.optim,
+        params_bytes=p_bytes,
+        grads_bytes=g_bytes,
+        optimizer_bytes=os_bytes,
         activations_bytes=activations,
-        buffers_bytes=buffers,
+        buffers_bytes=buffers + gathered,
         reserve_bytes=runtime_reserve_bytes(device),
         capacity_bytes=float(device.memory_bytes),
     )

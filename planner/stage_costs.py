@@ -7,6 +7,8 @@ price the same work the same way.
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from dataclasses import dataclass, replace
 from functools import cache
@@ -81,19 +83,27 @@ class StageCost:
     optimizer_s: float  # per iteration
     memory: StageMemory
 
-    @property
+    def with_sync(self, dp: DPSync, optimizer_s: float) -> StageCost:
+        """This stage under another sharding: only its data-parallel traffic and optimizer
+        step change. (A shallow copy keeps the cached pass times; `replace` would not.)"""
+        out = copy.copy(self)
+        object.__setattr__(out, "dp", dp)
+        object.__setattr__(out, "optimizer_s", optimizer_s)
+        return out
+
+    @functools.cached_property
     def forward(self) -> Part:
         return self.layer_forward * self.num_layers + self.embed_forward + self.head_forward
 
-    @property
+    @functools.cached_property
     def backward(self) -> Part:
         return self.layer_backward * self.num_layers + self.embed_backward + self.head_backward
 
-    @property
+    @functools.cached_property
     def forward_s(self) -> float:
         return self.forward.total_s
 
-    @property
+    @functools.cached_property
     def backward_s(self) -> float:
         return self.backward.total_s
 

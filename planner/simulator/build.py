@@ -13,7 +13,7 @@ Tasks, for every micro-batch j and model chunk c:
 * data parallelism: the last backward of each chunk is cut into gradient buckets, each
   reduced on the data-parallel group's stream as soon as it is ready (overlap, as PyTorch
   DDP and Megatron do); sharded gradients are reduce-scattered after every backward;
-  sharded parameters are gathered one pass ahead of use; the optimizer step follows the
+  sharded parameters are gathered one pass ahead of use, on a stream of their own; the optimizer step follows the
   last reduction, then updated parameters are gathered back (its exposed part: the next
   iteration's first forward hides the rest).
 """
@@ -120,7 +120,8 @@ class _Builder:
             part = parts[c][0 if phase == "F" else 1]
             after = (prev,) if prev >= 0 else ()
             if cost.dp.param_microbatch_s:  # ZeRO-3: gather this pass's params, one ahead
-                gather = g.add(f"gather p{pi}s{si}{phase}{c}.{j}", "dp", self._dp_stream(pi, si),
+                gather = g.add(f"gather p{pi}s{si}{phase}{c}.{j}", "dp",
+                               self._dp_stream(pi, si, "gather"),
                                cost.dp.param_microbatch_s / 2 / vp, TaskMeta(pi, si, c, j),
                                after=(prev2,) if prev2 >= 0 else ())
                 after = (*after, gather)
@@ -158,11 +159,13 @@ class _Builder:
         per_chunk = cost.num_params / vp
         return [max(1, math.ceil(per_chunk / BUCKET_PARAMS))] * vp
 
-    def _dp_stream(self, pi: int, si: int) -> int:
-        """The stream of stage `si`'s data-parallel group (aligned replicas)."""
+    def _dp_stream(self, pi: int, si: int, kind: str = "dp") -> int:
+        """The stream of stage `si`'s data-parallel group (aligned replicas): reductions on
+        one, parameter gathers on another (FSDP and DeepSpeed issue them on separate
+        streams, so a gather does not queue behind pending reductions)."""
         group = tuple(p.stages[min(si, len(p.stages) - 1)].devices[0]
                       for p in self.plan.pipelines)
-        return _comm_stream(self.g, self.plan, pi, si, group, "dp")
+        return _comm_stream(self.g, self.plan, pi, si, group, kind)
 
     def _send(self, pi: int, src: int, dst: int, src_task: int, label: str) -> int:
         key = (pi, src, dst)

@@ -169,9 +169,16 @@ class ClusterSpec:
         return len({(g.gpu, g.island) for g in self.node_groups}) == 1
 
     def take(self, num_gpus: int, *, where: str = "--cluster") -> ClusterSpec:
-        """The first `num_gpus` GPUs, in whole nodes, as a cluster of their own."""
+        """The first `num_gpus` GPUs, in whole nodes (or part of the first node), as a
+        cluster of their own."""
         if num_gpus > self.num_gpus:
             fail(where, self.name, f"has {self.num_gpus} GPUs; the configuration needs {num_gpus}")
+        first = self.node_groups[0]
+        assert first.gpus_per_node is not None, "resolve the cluster first"
+        if num_gpus < first.gpus_per_node:
+            part = replace(first, num_nodes=1, gpus_per_node=num_gpus)
+            return replace(self, name=f"{self.name} (first {num_gpus} GPUs)",
+                           node_groups=(part,), island_links=())
         groups, left = [], num_gpus
         for g in self.node_groups:
             if left == 0:

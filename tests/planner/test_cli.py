@@ -168,3 +168,36 @@ def _timed(argv):
     start = time.perf_counter()
     subprocess.run(argv, capture_output=True, check=True)
     return time.perf_counter() - start
+
+
+def test_search_table_json_and_plan(tmp_path, capsys):
+    argv = ["search", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8", "--gbs", "16"]
+    code, out, _ = _run(argv + ["--top", "3"], capsys)
+    assert code == 0 and "MFU" in out and "searched" in out and "sources:" in out
+    code, out, _ = _run(argv + ["--json", "-o", str(tmp_path / "best.yaml")], capsys)
+    result = json.loads(out)
+    assert code == 0 and result["plans"][0]["iteration_time_s"] > 0
+    from planner.specs.plan import load_plan
+
+    plan = load_plan(str(tmp_path / "best.yaml"))
+    assert plan.predicted.iteration_time_s == result["plans"][0]["iteration_time_s"]
+    code, out, err = _run(["export", str(tmp_path / "best.yaml"), "--format", "megatron"], capsys)
+    assert code == 0 and "--tensor-model-parallel-size" in out
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--objective", "cost"], "--objective: 'cost' is not allowed (needs prices"),
+    (["--max-budget", "100"], "--max-budget: 100.0 is not allowed (needs --tokens"),
+    (["--objective", "time-to-train"], "needs --tokens"),
+    (["--tokens", "-5"], "--tokens: -5.0 is not allowed (must be > 0)"),
+])
+def test_search_bad_input(extra, needle, capsys):
+    argv = ["search", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8", "--gbs", "16", *extra]
+    code, _, err = _run(argv, capsys)
+    assert code == 2 and needle in err and err.count("\n") == 1
+
+
+def test_search_infeasible_exits_1_with_reason(capsys):
+    argv = ["search", "--model", "gpt3-175b", "--gpus", "A100-80GB-SXM:8", "--gbs", "8"]
+    code, out, err = _run(argv, capsys)
+    assert code == 1 and "nothing fits in memory" in err and "Traceback" not in err

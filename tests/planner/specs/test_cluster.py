@@ -54,5 +54,7 @@ def test_take_uses_whole_nodes():
     assert c.take(64).num_gpus == 64
     with pytest.raises(SpecError, match="do not fill whole nodes"):
         c.take(12)
+    part = c.take(4)  # part of the first node
+    assert part.num_gpus == 4 and part.node_groups[0].gpus_per_node == 4
     with pytest.raises(SpecError, match="has 4480 GPUs; the configuration needs 8192"):
         c.take(8192)

@@ -1,0 +1,33 @@
+"""`plan export`: a Plan as Megatron-LM arguments, a DeepSpeed config or a torchtitan TOML."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from planner.export import FORMATS, export_plan
+from planner.specs.plan import load_plan
+
+__all__ = ["add_export_parser", "run_export"]
+
+
+def add_export_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a plan in a training framework's terms",
+                       description="Write a Plan as Megatron-LM command-line arguments, a "
+                       "DeepSpeed config JSON or a torchtitan TOML, and list what the "
+                       "framework cannot express.")
+    p.add_argument("plan", metavar="PLAN", help="a Plan file (.yaml/.json)")
+    p.add_argument("--format", choices=sorted(FORMATS), required=True)
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    out = export_plan(load_plan(args.plan), args.format)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(out.text)
+    else:
+        sys.stdout.write(out.text)
+    for item in out.unsupported:
+        print(f"plan export: not expressible in {args.format}: {item}", file=sys.stderr)
+    return 0

@@ -1,0 +1,139 @@
+"""`plan search`: the best plans for a model on a cluster, as a table and a Plan file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from planner.commands.simulate import load_inputs, with_prediction
+from planner.errors import InfeasiblePlan
+from planner.search import Ranked, SearchRequest, SearchResult, search
+from planner.specs.plan import save_plan
+from profiler.schema import fail
+
+__all__ = ["add_search_parser", "run_search"]
+
+GIB = 1024**3
+
+
+def add_search_parser(sub: argparse._SubParsersAction, add_model: object, add_cluster: object,
+                      positive_int: object) -> None:
+    p = sub.add_parser(
+        "search", help="find the best parallel configuration",
+        description="Search tp, pp, dp, cp, interleaving, micro-batch size, recompute, "
+        "sequence parallelism and AMSP sharding (parameters, gradients, optimizer states "
+        "each at their own group size) for the best plan; rank with the closed-form "
+        "estimate, confirm the leaders with the event simulator.")
+    add_model(p)  # type: ignore[operator]
+    add_cluster(p)  # type: ignore[operator]
+    p.add_argument("--gbs", type=positive_int, required=True, metavar="N",
+                   help="global batch size (sequences)")
+    p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length (default: "
+                   "the model's)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--objective", choices=("throughput", "cost", "time-to-train"),
+                   default="throughput", help="what to optimise (cost and time-to-train may "
+                   "use fewer GPUs)")
+    p.add_argument("--tokens", type=float, metavar="N", help="tokens to train on (for "
+                   "time-to-train and the budget)")
+    p.add_argument("--max-budget", type=float, metavar="USD", help="cap on the run's cost")
+    p.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list")
+    p.add_argument("--attention", choices=("flash", "memory_efficient", "math"))
+    p.add_argument("--profile", metavar="FILE", help="measured op profile (plan profile)")
+    p.add_argument("-o", "--output", metavar="PLAN", help="write the best plan (.yaml/.json)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_search(args: argparse.Namespace) -> int:
+    if args.profile:
+        fail("--profile", args.profile, "measured profiles are not wired into the search yet")
+    if args.tokens is not None and args.tokens <= 0:
+        fail("--tokens", args.tokens, "must be > 0")
+    if args.max_budget is not None and args.max_budget <= 0:
+        fail("--max-budget", args.max_budget, "must be > 0")
+    model, cluster = load_inputs(args)
+    req = SearchRequest(model=model, cluster=cluster, gbs=args.gbs,
+                        seq_len=args.seq or model.seq_len, dtype=args.dtype,
+                        objective=args.objective, tokens=args.tokens,
+                        max_budget_usd=args.max_budget, top=args.top, attention=args.attention)
+    try:
+        result = search(req)
+    except InfeasiblePlan as err:
+        print(f"plan search: no plan: {err}", file=sys.stderr)
+        return 1
+    best = result.ranked[0]
+    if args.output:
+        save_plan(with_prediction(best.plan, best.result, command=["plan", *args.argv]),
+                  args.output)
+    if args.json:
+        from planner.cli import print_json
+
+        print_json(_as_json(result, req))
+    else:
+        print(_table(result, req))
+    return 0
+
+
+def _row(r: Ranked, req: SearchRequest) -> dict:
+    plan, res = r.plan, r.result
+    stage = plan.pipelines[0].stages[0]
+    sh = plan.sharding
+    return {
+        "gpus": res.num_gpus, "tp": stage.tp, "pp": len(plan.pipelines[0].stages),
+        "dp": plan.dp, "cp": stage.cp, "vp": plan.training.virtual_stages,
+        "mbs": plan.pipelines[0].micro_batch_size, "recompute": stage.recompute,
+        "sequence_parallel": plan.training.sequence_parallel,
+        "sharding": {"params": sh.params, "grads": sh.grads, "optim": sh.optim},
+        "attention": plan.kernels.attention,
+        "iteration_time_s": res.iteration_time_s, "estimate_s": r.estimate_s,
+        "tokens_per_s": res.tokens_per_s, "mfu": res.mfu,
+        "peak_memory_bytes": int(res.peak_memory_bytes),
+        "usd_per_million_tokens": r.usd_per_million_tokens,
+        "time_to_train_s": r.time_to_train_s(req.tokens),
+        "run_cost_usd": r.run_cost_usd(req.tokens),
+        "sources": res.sources,
+    }
+
+
+def _as_json(result: SearchResult, req: SearchRequest) -> dict:
+    return {"objective": req.objective, "candidates": result.num_candidates,
+            "fitting": result.num_fitting, "layouts": result.num_layouts,
+            "search_s": result.elapsed_s, "notes": result.notes,
+            "plans": [_row(r, req) for r in result.ranked]}
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / 86400:.1f} d" if seconds >= 86400 else f"{seconds / 3600:.1f} h"
+
+
+def _table(result: SearchResult, req: SearchRequest) -> str:
+    header = (f"{'#':>2} {'GPUs':>6} {'tp':>3} {'pp':>3} {'dp':>5} {'cp':>3} {'vp':>3} "
+              f"{'mbs':>4} {'recomp':>9} {'sp':>3} {'P/G/OS':>13} {'iter s':>8} "
+              f"{'tok/s':>10} {'MFU':>6} {'mem GiB':>8} {'$/1M tok':>9}")
+    if req.tokens:
+        header += f" {'time to train':>14} {'run $':>11}"
+    lines = [f"{req.model.name} on {req.cluster.name}: gbs {req.gbs}, seq {req.seq_len}, "
+             f"{req.dtype}, objective {req.objective}", header]
+    for i, r in enumerate(result.ranked, 1):
+        d = _row(r, req)
+        sh = d["sharding"]
+        shard = f"{sh['params']}/{sh['grads']}/{sh['optim']}"
+        usd = d["usd_per_million_tokens"]
+        line = (f"{i:>2} {d['gpus']:>6} {d['tp']:>3} {d['pp']:>3} {d['dp']:>5} {d['cp']:>3} "
+                f"{d['vp']:>3} {d['mbs']:>4} {d['recompute']:>9} "
+                f"{'yes' if d['sequence_parallel'] else 'no':>3} "
+                f"{shard:>13} "
+                f"{d['iteration_time_s']:>8.3f} {d['tokens_per_s']:>10,.0f} "
+                f"{d['mfu'] * 100:>5.1f}% {d['peak_memory_bytes'] / GIB:>8.1f} "
+                f"{'-' if usd is None else f'{usd:.2f}':>9}")
+        if req.tokens:
+            ttt, cost = d["time_to_train_s"], d["run_cost_usd"]
+            line += f" {_days(ttt):>14} {'-' if cost is None else f'{cost:,.0f}':>11}"
+        lines.append(line)
+    best = result.ranked[0].result
+    lines.append(f"searched {result.num_candidates:,} candidates on {result.num_layouts} "
+                 f"layouts ({result.num_fitting:,} fit) in {result.elapsed_s:.1f} s; "
+                 f"times: event simulation of the leaders, ranked by closed-form estimate")
+    lines.extend(f"note: {n}" for n in result.notes)
+    lines.append("sources: " + "; ".join(f"{k}: {v}" for k, v in best.sources.items()))
+    return "\n".join(lines)

@@ -1,0 +1,5 @@
+"""Search over partitionings: declared space, AMSP sharding choice, ranking, confirmation."""
+
+from planner.search.search import Ranked, SearchRequest, SearchResult, search
+
+__all__ = ["Ranked", "SearchRequest", "SearchResult", "search"]

@@ -1,0 +1,127 @@
+"""The homogeneous configuration space, declared as data and pruned by named predicates.
+
+A *layout* fixes how GPUs are split (tp, cp, pp, dp); a *candidate* adds what runs on
+it (interleaving, micro-batch size, recompute, sequence parallel). The sharding of model
+states is chosen per candidate (planner/search/sharding.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from planner.specs.model import ModelSpec
+
+__all__ = ["Layout", "Micro", "SearchSpace", "candidates", "default_space", "layouts"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    num_gpus: int
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+
+
+@dataclass(frozen=True)
+class Micro:
+    vp: int
+    mbs: int
+    recompute: str
+    sequence_parallel: bool
+
+    def num_microbatches(self, gbs: int, dp: int) -> int:
+        return gbs // (self.mbs * dp)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Values each knob may take; `layouts` and `candidates` combine them."""
+
+    num_gpus: tuple[int, ...]
+    tp: tuple[int, ...]
+    cp: tuple[int, ...]
+    pp: tuple[int, ...]
+    vp: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+    mbs: tuple[int, ...] = (1, 2, 4, 8, 16)
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    sequence_parallel: tuple[bool, ...] = (False, True)
+
+    @property
+    def size(self) -> int:
+        return (len(self.num_gpus) * len(self.tp) * len(self.cp) * len(self.pp) * len(self.vp)
+                * len(self.mbs) * len(self.recompute) * len(self.sequence_parallel))
+
+
+def _powers_of_two(limit: int) -> tuple[int, ...]:
+    return tuple(1 << i for i in range(limit.bit_length()) if 1 << i <= limit)
+
+
+def default_space(model: ModelSpec, *, num_gpus: tuple[int, ...], gpus_per_node: int,
+                  seq_len: int) -> SearchSpace:
+    """Tensor parallel inside a node, context parallel for long sequences (chunks of at
+    least 1,024 tokens), any pipeline depth up to the layer count."""
+    most = max(num_gpus)
+    return SearchSpace(
+        num_gpus=num_gpus,
+        tp=_powers_of_two(gpus_per_node),
+        cp=tuple(c for c in _powers_of_two(16) if c == 1 or seq_len // c >= 2048),
+        pp=tuple(p for p in range(1, min(model.num_layers, most) + 1) if most % p == 0),
+    )
+
+
+# Named predicates: a layout or candidate is kept when every one holds.
+
+def tp_fits_heads(model: ModelSpec, tp: int) -> bool:
+    return model.num_heads % tp == 0 and (model.kv_heads % tp == 0 or tp % model.kv_heads == 0)
+
+
+def cp_fits_sequence(seq_len: int, cp: int) -> bool:
+    return cp == 1 or seq_len % (2 * cp) == 0
+
+
+def split_fits_gpus(n: int, tp: int, cp: int, pp: int) -> bool:
+    return n % (tp * cp * pp) == 0
+
+
+def pp_fits_layers(model: ModelSpec, pp: int, vp: int = 1) -> bool:
+    return pp * vp <= model.num_layers
+
+
+def batch_divides(gbs: int, dp: int, mbs: int) -> bool:
+    return gbs % (mbs * dp) == 0
+
+
+def interleaving_valid(layout: Layout, micro: Micro, gbs: int) -> bool:
+    """Megatron's interleaved schedule needs pp > 1 and micro-batches in groups of pp."""
+    if micro.vp == 1:
+        return True
+    return layout.pp > 1 and micro.num_microbatches(gbs, layout.dp) % layout.pp == 0
+
+
+def sequence_parallel_meaningful(layout: Layout, micro: Micro) -> bool:
+    return layout.tp > 1 or not micro.sequence_parallel
+
+
+def layouts(space: SearchSpace, model: ModelSpec, *, gbs: int, seq_len: int) -> Iterator[Layout]:
+    for n, tp, cp, pp in itertools.product(space.num_gpus, space.tp, space.cp, space.pp):
+        if not (split_fits_gpus(n, tp, cp, pp) and tp_fits_heads(model, tp)
+                and cp_fits_sequence(seq_len, cp) and pp_fits_layers(model, pp)):
+            continue
+        dp = n // (tp * cp * pp)
+        if gbs % dp:
+            continue
+        yield Layout(n, tp, cp, pp, dp)
+
+
+def candidates(space: SearchSpace, model: ModelSpec, layout: Layout, *, gbs: int
+               ) -> Iterator[Micro]:
+    for vp, mbs, rc, sp in itertools.product(space.vp, space.mbs, space.recompute,
+                                              space.sequence_parallel):
+        micro = Micro(vp, mbs, rc, sp)
+        if (batch_divides(gbs, layout.dp, mbs) and pp_fits_layers(model, layout.pp, vp)
+                and interleaving_valid(layout, micro, gbs)
+                and sequence_parallel_meaningful(layout, micro)):
+            yield micro

@@ -1,0 +1,107 @@
+"""`plan search` on homogeneous clusters."""
+
+import time
+
+import pytest
+
+from planner.errors import InfeasiblePlan
+from planner.estimate import estimate
+from planner.kernels import default_kernels
+from planner.layout import ParallelConfig, homogeneous_plan
+from planner.search import SearchRequest, search
+from planner.search.evaluate import LayoutModel
+from planner.search.space import Layout, Micro
+from planner.simulator import simulate
+from planner.specs.cluster import load_cluster, parse_gpus_arg
+from planner.specs.model import preset
+from planner.specs.plan import Sharding
+from planner.validation import published_cases
+from tests.planner.search_oracle import exhaustive_best
+
+
+@pytest.mark.parametrize("lo, mi, sh", [
+    (Layout(64, 8, 1, 4, 2), Micro(2, 1, "selective", True), Sharding(optim=2)),
+    (Layout(64, 2, 1, 2, 16), Micro(1, 2, "full", False), Sharding(params=4, grads=8, optim=16)),
+    (Layout(64, 4, 2, 2, 4), Micro(1, 1, "none", True), Sharding(grads=4, optim=4)),
+])
+def test_layout_model_is_the_estimate(lo, mi, sh):
+    """The search's fast path prices a candidate exactly as estimate() prices its Plan."""
+    model, cluster = preset("gpt3-13b"), parse_gpus_arg("A100-80GB-SXM:64")
+    lm = LayoutModel(model, cluster, lo, dtype="bf16", seq_len=4096, gbs=128,
+                     attention="flash", optimizer="fused")
+    fast = lm.time_with(lm.stage_costs(mi), lm.option(sh), mi.num_microbatches(128, lo.dp), mi.vp)
+    cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp, mbs=mi.mbs, gbs=128,
+                         seq_len=4096, recompute=mi.recompute,
+                         sequence_parallel=mi.sequence_parallel, sharding=sh)
+    plan = homogeneous_plan(model, cluster, cfg, kernels=default_kernels([cluster.node_groups[0].device], attention="flash"))
+    assert fast == pytest.approx(estimate(plan).iteration_time_s, rel=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, gpus, gbs", [
+    ("gpt3-1.3b", "A100-80GB-SXM:8", 16),
+    ("llama2-7b", "A100-80GB-SXM:16", 32),
+    ("gpt3-6.7b", "H100-80GB-SXM:32", 64),
+    ("llama3-8b", "H100-80GB-SXM:64", 64),
+])
+def test_search_is_optimal_on_enumerable_spaces(name, gpus, gbs):
+    """Within 1% of the best of all candidates (every sharding option) simulated one by one."""
+    model, cluster = preset(name), parse_gpus_arg(gpus)
+    seq = min(model.seq_len, 4096)
+    best, _, count = exhaustive_best(model, cluster, gbs=gbs, seq_len=seq)
+    found = search(SearchRequest(model=model, cluster=cluster, gbs=gbs, seq_len=seq))
+    assert count > 500
+    assert found.ranked[0].result.iteration_time_s <= best * 1.01
+
+
+@pytest.mark.slow
+def test_search_beats_or_matches_published_configurations():
+    for case in published_cases():
+        published = min((r for r in map(simulate, case.plans) if r.fits),
+                        key=lambda r: r.iteration_time_s)
+        p = case.plans[0]
+        found = search(SearchRequest(model=p.model, cluster=p.cluster,
+                                     gbs=p.training.global_batch_size, seq_len=p.training.seq_len,
+                                     dtype=p.training.dtype, top=1))
+        assert found.ranked[0].result.iteration_time_s <= published.iteration_time_s * (1 + 1e-9), case.id
+
+
+def test_speed_gpt3_175b_on_1024_a100():
+    start = time.perf_counter()
+    found = search(SearchRequest(model=preset("gpt3-175b"),
+                                 cluster=parse_gpus_arg("A100-80GB-SXM:1024"), gbs=1536,
+                                 seq_len=2048))
+    assert time.perf_counter() - start <= 10.0
+    assert found.num_candidates > 1000 and found.ranked[0].result.fits
+
+
+def test_nothing_fits_explains_itself():
+    with pytest.raises(InfeasiblePlan) as err:
+        search(SearchRequest(model=preset("gpt3-175b"), cluster=parse_gpus_arg("A100-80GB-SXM:8"),
+                             gbs=8, seq_len=2048))
+    text = str(err.value)
+    assert "nothing fits in memory" in text and "GiB over the 80.0 GiB" in text
+    assert "more GPUs" in text and "Closest: tp" in text
+
+
+def test_cost_objective_may_use_fewer_gpus_and_respects_budget():
+    cluster = load_cluster("cluster_specs/dgx-h100.yaml").take(64)  # priced H100 nodes
+    model = preset("llama3-8b")
+    by_cost = search(SearchRequest(model=model, cluster=cluster, gbs=128, seq_len=8192,
+                                   objective="cost", top=3))
+    best = by_cost.ranked[0]
+    assert best.usd_per_million_tokens is not None
+    assert all(best.usd_per_million_tokens <= r.usd_per_million_tokens for r in by_cost.ranked)
+    tokens = 1e11
+    budget = best.run_cost_usd(tokens) * 1.5
+    timed = search(SearchRequest(model=model, cluster=cluster, gbs=128, seq_len=8192,
+                                 objective="time-to-train", tokens=tokens, max_budget_usd=budget))
+    assert all(r.run_cost_usd(tokens) <= budget for r in timed.ranked)
+    assert timed.ranked[0].time_to_train_s(tokens) <= best.time_to_train_s(tokens)
+
+
+def test_heterogeneous_cluster_searched_per_gpu_type_with_a_note():
+    found = search(SearchRequest(model=preset("llama2-7b"),
+                                 cluster=load_cluster("cluster_specs/mixed-a100-v100.yaml"),
+                                 gbs=128, seq_len=4096))
+    assert found.notes and "idle" in found.notes[0]

@@ -1,0 +1,26 @@
+from planner.search.space import candidates, default_space, layouts
+from planner.specs.model import preset
+
+
+def test_layouts_use_every_gpu_and_respect_heads_and_batch():
+    model = preset("llama2-70b")  # 64 heads, 8 kv heads, 80 layers
+    space = default_space(model, num_gpus=(256,), gpus_per_node=8, seq_len=4096)
+    found = list(layouts(space, model, gbs=512, seq_len=4096))
+    assert found
+    for lo in found:
+        assert lo.tp * lo.cp * lo.pp * lo.dp == 256
+        assert lo.tp <= 8 and model.num_heads % lo.tp == 0
+        assert lo.pp <= model.num_layers and 512 % lo.dp == 0
+    assert {lo.cp for lo in found} == {1, 2}  # chunks of at least 2,048 tokens
+
+
+def test_candidates_respect_interleaving_and_batch():
+    model = preset("gpt3-13b")
+    space = default_space(model, num_gpus=(64,), gpus_per_node=8, seq_len=2048)
+    for lo in layouts(space, model, gbs=128, seq_len=2048):
+        for mi in candidates(space, model, lo, gbs=128):
+            m = mi.num_microbatches(128, lo.dp)
+            assert m * mi.mbs * lo.dp == 128
+            if mi.vp > 1:
+                assert lo.pp > 1 and m % lo.pp == 0 and lo.pp * mi.vp <= model.num_layers
+            assert lo.tp > 1 or not mi.sequence_parallel

@@ -1,0 +1,32 @@
+"""Exhaustive oracle for the search: every candidate with every sharding option, each
+simulated one by one (only feasible for small spaces)."""
+
+from planner.kernels import default_kernels
+from planner.layout import ParallelConfig, homogeneous_plan
+from planner.search.sharding import sharding_levels, sharding_options
+from planner.search.space import candidates, default_space, layouts
+from planner.simulator import simulate
+
+
+def exhaustive_best(model, cluster, *, gbs, seq_len, dtype="bf16"):
+    """(best simulated iteration time, its plan, number simulated)."""
+    group = cluster.node_groups[0]
+    space = default_space(model, num_gpus=(cluster.num_gpus,),
+                          gpus_per_node=group.gpus_per_node, seq_len=seq_len)
+    kernels = default_kernels([group.device])
+    best, best_plan, count = float("inf"), None, 0
+    for lo in layouts(space, model, gbs=gbs, seq_len=seq_len):
+        levels = sharding_levels(lo.dp, max(1, group.gpus_per_node // (lo.tp * lo.cp)))
+        for mi in candidates(space, model, lo, gbs=gbs):
+            for sh in sharding_options(levels):
+                cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp,
+                                     mbs=mi.mbs, gbs=gbs, seq_len=seq_len,
+                                     recompute=mi.recompute,
+                                     sequence_parallel=mi.sequence_parallel, sharding=sh,
+                                     dtype=dtype)
+                plan = homogeneous_plan(model, cluster, cfg, kernels=kernels)
+                r = simulate(plan)
+                count += 1
+                if r.fits and r.iteration_time_s < best:
+                    best, best_plan = r.iteration_time_s, plan
+    return best, best_plan, count
