@@ -10,8 +10,8 @@ $(BIN)/plan: pyproject.toml
 
 .PHONY: demo test lint
 demo: $(BIN)/plan
-	$(BIN)/plan simulate --model gpt3-175b --cluster cluster_specs/selene-a100.yaml \
-		--tp 8 --pp 8 --dp 1 --vp 3 --mbs 1 --gbs 64 --recompute full
+	$(BIN)/plan search --model gpt3-175b --cluster cluster_specs/selene-a100.yaml \
+		--gbs 1536 --tokens 300e9 -o plan.yaml
 
 test: $(BIN)/plan
 	$(BIN)/ruff check .
