@@ -16,6 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.errors import InfeasiblePlan
+from planner.hetero.candidates import Priced, price
+from planner.hetero.placement import pools_by_type
+from planner.hetero.search import Baseline, baselines_for, hetero_candidates, kernels_for
 from planner.kernels import default_kernels
 from planner.layout import ParallelConfig, homogeneous_plan
 from planner.progress import Progress
@@ -26,13 +29,16 @@ from planner.search.space import Layout, Micro, SearchSpace, candidates, default
 from planner.simulator import simulate
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Plan, Sharding
+from planner.specs.plan import Kernels, Plan, Sharding
+from profiler.devices import device
 from profiler.schema import fail
 
 __all__ = ["Ranked", "SearchRequest", "SearchResult", "search"]
 
 GIB = 1024**3
 SOLVER_SOURCE = "sharding chosen by integer program (pulp/CBC) over all AMSP options"
+MIXED_SOURCE = ("mixed GPU types: layers split by exact min-bottleneck search, micro-batches "
+                "split so replicas finish together, stages placed by island (planner/hetero)")
 
 
 @dataclass(frozen=True)
@@ -56,23 +62,22 @@ class Ranked:
     plan: Plan
     result: SimResult
     estimate_s: float
-    price_per_gpu_hour_usd: float | None
+    usd_per_hour: float | None  # the GPUs the plan uses, at the cluster's prices
 
     @property
     def usd_per_million_tokens(self) -> float | None:
-        if self.price_per_gpu_hour_usd is None:
+        if self.usd_per_hour is None:
             return None
-        per_s = self.price_per_gpu_hour_usd * self.result.num_gpus / 3600
-        return per_s / self.result.tokens_per_s * 1e6
+        return self.usd_per_hour / 3600 / self.result.tokens_per_s * 1e6
 
     def time_to_train_s(self, tokens: float | None) -> float | None:
         return None if tokens is None else tokens / self.result.tokens_per_s
 
     def run_cost_usd(self, tokens: float | None) -> float | None:
         ttt = self.time_to_train_s(tokens)
-        if ttt is None or self.price_per_gpu_hour_usd is None:
+        if ttt is None or self.usd_per_hour is None:
             return None
-        return ttt * self.price_per_gpu_hour_usd * self.result.num_gpus / 3600
+        return ttt * self.usd_per_hour / 3600
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ class SearchResult:
     num_layouts: int
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
+    baselines: list[Baseline] = field(default_factory=list)  # mixed clusters only
 
 
 def _subclusters(cluster: ClusterSpec) -> list[ClusterSpec]:
@@ -119,22 +125,33 @@ def _price(cluster: ClusterSpec) -> float | None:
     return None if None in prices else max(prices)  # type: ignore[type-var]
 
 
-def _score(req: SearchRequest, iteration_s: float, num_gpus: int, price: float | None) -> float:
+def usd_per_hour(cluster: ClusterSpec, devices: list[int]) -> float | None:
+    """What the GPUs `devices` cost per hour (None if any has no price)."""
+    slots = cluster.slots
+    total = 0.0
+    for d in devices:
+        price = cluster.node_groups[slots[d].group].price_per_gpu_hour_usd
+        if price is None:
+            return None
+        total += price
+    return total
+
+
+def _score(req: SearchRequest, iteration_s: float, usd_hour: float | None) -> float:
     """Lower is better: seconds per token (throughput, time to train) or $ per token."""
     per_token = iteration_s / (req.gbs * req.seq_len)
     if req.objective == "cost":
-        assert price is not None
-        return per_token * num_gpus * price / 3600
+        assert usd_hour is not None
+        return per_token * usd_hour / 3600
     return per_token
 
 
-def _within_budget(req: SearchRequest, iteration_s: float, num_gpus: int,
-                   price: float | None) -> bool:
+def _within_budget(req: SearchRequest, iteration_s: float, usd_hour: float | None) -> bool:
     if req.max_budget_usd is None:
         return True
-    assert req.tokens is not None and price is not None
+    assert req.tokens is not None and usd_hour is not None
     run_s = req.tokens / (req.gbs * req.seq_len) * iteration_s
-    return run_s * num_gpus * price / 3600 <= req.max_budget_usd
+    return run_s * usd_hour / 3600 <= req.max_budget_usd
 
 
 def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
@@ -193,46 +210,199 @@ def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sh
     return homogeneous_plan(req.model, sub, cfg, kernels=kernels)
 
 
+def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable,
+                 ) -> tuple[list[tuple[float, Ranked]], int, int, int, list[Evaluation]]:
+    """Ranked confirmed plans of one GPU type's cluster; counts; the closest misfit."""
+    _check(req, cluster)
+    kernels = default_kernels([g.device for g in cluster.node_groups], attention=req.attention)
+    space = req.space or default_space(
+        req.model, num_gpus=_gpu_counts(cluster, req.objective),
+        gpus_per_node=cluster.node_groups[0].gpus_per_node or 1, seq_len=req.seq_len)
+    evals, models, count = _evaluate_all(req, cluster, space, kernels.attention)
+    price = _price(cluster)
+    ok = [e for e in evals if e.fits and _within_budget(
+        req, e.iteration_s, None if price is None else price * e.layout.num_gpus)]
+    closest = sorted((e for e in evals if not e.fits),
+                     key=lambda e: e.peak_memory_bytes / e.capacity_bytes)[:1]
+    ok.sort(key=lambda e: _score(req, e.iteration_s,
+                                 None if price is None else price * e.layout.num_gpus))
+    ranked = []
+    for ev in ok[:max(req.confirm, req.top)]:
+        sharding = _ilp_sharding(models[ev.layout], ev.micro)
+        plan = _plan(req, cluster, ev, sharding, kernels.attention)
+        ranked.append(_confirm(req, plan, ev.iteration_s, simulate_fn, SOLVER_SOURCE))
+    return [r for r in ranked if r is not None], count, len(ok), len(models), closest
+
+
+def _confirm(req: SearchRequest, plan: Plan, estimate_s: float, simulate_fn: Callable,
+             how: str) -> tuple[float, Ranked] | None:
+    """Simulate a leader; None if its simulated run breaks the budget or memory."""
+    result = simulate_fn(plan)
+    result = replace(result, sources={**result.sources, "choice": how})
+    devices = [d for p in plan.pipelines for s in p.stages for d in s.devices]
+    cost = usd_per_hour(plan.cluster, devices)
+    if not result.fits or not _within_budget(req, result.iteration_time_s, cost):
+        return None
+    return _score(req, result.iteration_time_s, cost), Ranked(plan, result, estimate_s, cost)
+
+
 def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] = simulate
            ) -> SearchResult:
-    """Search every GPU type of `req.cluster`; raise InfeasiblePlan if nothing fits."""
+    """The best plans on `req.cluster`; raise InfeasiblePlan if nothing fits.
+
+    A cluster of one GPU type is searched as a homogeneous space. A mixed one is searched
+    per GPU type and with heterogeneous templates (planner/hetero), and the answer is
+    compared with the baselines."""
     start = time.perf_counter()
     ranked: list[tuple[float, Ranked]] = []
-    notes: list[str] = []
     total = fitting = n_layouts = 0
     closest: list[Evaluation] = []
+    per_type: dict[str, list[tuple[float, Ranked]]] = {}
     for cluster in _subclusters(req.cluster):
-        _check(req, cluster)
-        kernels = default_kernels([g.device for g in cluster.node_groups],
-                                  attention=req.attention)
-        space = req.space or default_space(
-            req.model, num_gpus=_gpu_counts(cluster, req.objective),
-            gpus_per_node=cluster.node_groups[0].gpus_per_node or 1, seq_len=req.seq_len)
-        evals, models, count = _evaluate_all(req, cluster, space, kernels.attention)
-        total, n_layouts = total + count, n_layouts + len(models)
-        price = _price(cluster)
-        ok = [e for e in evals if e.fits and
-              _within_budget(req, e.iteration_s, e.layout.num_gpus, price)]
-        fitting += len(ok)
-        closest.extend(sorted((e for e in evals if not e.fits),
-                              key=lambda e: e.peak_memory_bytes / e.capacity_bytes)[:1])
-        ok.sort(key=lambda e: _score(req, e.iteration_s, e.layout.num_gpus, price))
-        for ev in ok[:max(req.confirm, req.top)]:
-            sharding = _ilp_sharding(models[ev.layout], ev.micro)
-            plan = _plan(req, cluster, ev, sharding, kernels.attention)
-            result = simulate_fn(plan)
-            result = replace(result, sources={**result.sources, "sharding": SOLVER_SOURCE})
-            score = _score(req, result.iteration_time_s, ev.layout.num_gpus, price)
-            if _within_budget(req, result.iteration_time_s, ev.layout.num_gpus, price):
-                ranked.append((score, Ranked(plan, result, ev.iteration_s, price)))
-        if cluster is not req.cluster:
-            notes.append(f"{cluster.name}: searched on its own; the other GPU types stay "
-                         "idle in these plans (mixing them is planned separately)")
+        found, count, ok, layouts_n, near = _homogeneous(req, cluster, simulate_fn)
+        per_type[cluster.node_groups[0].gpu] = sorted(found, key=lambda sr: sr[0])
+        ranked += found
+        total, fitting, n_layouts = total + count, fitting + ok, n_layouts + layouts_n
+        closest += near
+    baselines: list[Baseline] = []
+    with_type: dict[str, Priced] = {}
+    if len(per_type) > 1:
+        mixed, count, baselines, with_type = _mixed(req, per_type, simulate_fn)
+        ranked += mixed
+        total, fitting = total + count, fitting + len(mixed)
     if not ranked:
         raise InfeasiblePlan(_explain(req, closest, total))
     ranked.sort(key=lambda sr: sr[0])
+    notes = _idle_notes(req, ranked[0][1], per_type, with_type) if len(per_type) > 1 else []
     return SearchResult([r for _, r in ranked[:req.top]], total, fitting, n_layouts,
-                        time.perf_counter() - start, notes)
+                        time.perf_counter() - start, notes, baselines)
+
+
+def _mixed(req: SearchRequest, per_type: dict[str, list[tuple[float, Ranked]]],
+           simulate_fn: Callable) -> tuple[list[tuple[float, Ranked]], int, list[Baseline],
+                                           dict[str, Priced]]:
+    """Heterogeneous templates, confirmed; the three baselines; why types stay idle."""
+    cluster = req.cluster
+    attention = kernels_for(cluster, req.attention)
+
+    def score(p: Priced) -> float:
+        devices = [d for rep in p.devices for stage in rep for d in stage]
+        return _score(req, p.iteration_s, usd_per_hour(cluster, devices))
+
+    leaders, count, with_type = hetero_candidates(
+        req.model, cluster, gbs=req.gbs, seq_len=req.seq_len, dtype=req.dtype,
+        attention=attention, score=score, keep=max(req.confirm, req.top))
+    kernels = default_kernels([g.device for g in cluster.node_groups], attention=req.attention)
+    confirmed = []
+    for i, p in enumerate(leaders):
+        if i < REFINED and p.template.family == "mixed-stages":
+            p = _refine(req, p, kernels, attention, simulate_fn)
+        plan = p.plan(req.model, cluster, seq_len=req.seq_len, dtype=req.dtype, kernels=kernels)
+        item = _confirm(req, plan, p.iteration_s, simulate_fn, MIXED_SOURCE)
+        if item is not None:
+            confirmed.append(item)
+    baselines = [_fastest_type_baseline(per_type)]
+    if leaders:
+        for name, naive in baselines_for(leaders[0], req.model, cluster, gbs=req.gbs,
+                                         seq_len=req.seq_len, dtype=req.dtype,
+                                         attention=attention):
+            baselines.append(_rate_baseline(req, name, naive, kernels, simulate_fn))
+    return confirmed, count, baselines, with_type
+
+
+REFINED = 2  # leaders whose layer split is refined on the event simulator
+
+
+def _refine(req: SearchRequest, p: Priced, kernels: Kernels, attention: str,
+            simulate_fn: Callable) -> Priced:
+    """Refine a mixed-stage template's layer split on the event simulator: start from the
+    best of the closed form's optimum and the naive splits, then move one layer at a time
+    across the boundaries between GPU types while the simulated iteration gets shorter.
+    (The closed form prices unequal stages approximately; the simulator decides.)"""
+    pools = pools_by_type(req.cluster)
+
+    def rated(layers: tuple[int, ...]) -> tuple[float, Priced | None]:
+        q = price(req.model, req.cluster, p.template, pools=pools, mbs=p.mbs,
+                  recompute=p.recompute, sharding=p.sharding, seq_len=req.seq_len,
+                  dtype=req.dtype, gbs=req.gbs, attention=attention, layers=layers,
+                  microbatches=p.microbatches)
+        if q is None or not q.fits:
+            return float("inf"), None
+        plan = q.plan(req.model, req.cluster, seq_len=req.seq_len, dtype=req.dtype,
+                      kernels=kernels)
+        return simulate_fn(plan).iteration_time_s, q
+
+    seen: dict[tuple[int, ...], tuple[float, Priced | None]] = {}
+    starts = [p.layers] + [naive.layers for _, naive in baselines_for(
+        p, req.model, req.cluster, gbs=req.gbs, seq_len=req.seq_len, dtype=req.dtype,
+        attention=attention) if naive is not None]
+    for layers in starts:
+        seen.setdefault(tuple(layers), rated(tuple(layers)))
+    best = min(seen, key=lambda k: seen[k][0])
+    slots = p.template.replicas[0]
+    edges = [k for k in range(len(slots) - 1) if slots[k] != slots[k + 1]] or \
+        list(range(len(slots) - 1))
+    for _ in range(8):  # hill-climb: one layer across a boundary between unlike stages
+        moves = []
+        for k in edges:
+            for src, dst in ((k, k + 1), (k + 1, k)):
+                if best[src] > 1:
+                    layers = list(best)
+                    layers[src] -= 1
+                    layers[dst] += 1
+                    moves.append(tuple(layers))
+        for layers in moves:
+            if layers not in seen:
+                seen[layers] = rated(layers)
+        step = min(moves, key=lambda k: seen[k][0], default=best)
+        if seen[step][0] >= seen[best][0]:
+            break
+        best = step
+    return seen[best][1] or p
+
+
+def _fastest_type_baseline(per_type: dict[str, list[tuple[float, Ranked]]]) -> Baseline:
+    fastest = max(per_type, key=lambda g: device(g).peak_tflops.get(
+        "bf16", device(g).peak_tflops.get("fp16", 0.0)))
+    found = per_type[fastest]
+    if not found:
+        return Baseline(f"only {fastest}", None, None, "does not fit in memory")
+    r = found[0][1]
+    return Baseline(f"only {fastest}", r.plan, r.result)
+
+
+def _rate_baseline(req: SearchRequest, name: str, naive: Priced | None, kernels: Kernels,
+                   simulate_fn: Callable) -> Baseline:
+    if naive is None:
+        return Baseline(name, None, None, "cannot be split that way")
+    plan = naive.plan(req.model, req.cluster, seq_len=req.seq_len, dtype=req.dtype,
+                      kernels=kernels)
+    result = simulate_fn(plan)
+    return Baseline(name, plan, result, "" if result.fits else "does not fit in memory")
+
+
+def _idle_notes(req: SearchRequest, best: Ranked, per_type: dict[str, list],
+                with_type: dict[str, Priced]) -> list[str]:
+    """Which GPUs the best plan leaves idle, and why."""
+    slots, groups = req.cluster.slots, req.cluster.node_groups
+    used = {d for p in best.plan.pipelines for s in p.stages for d in s.devices}
+    notes = []
+    for gpu in dict.fromkeys(g.gpu for g in groups):
+        mine = [s.index for s in slots if groups[s.group].gpu == gpu]
+        idle = sum(1 for d in mine if d not in used)
+        if not idle:
+            continue
+        if idle < len(mine):
+            why = "they do not divide evenly into the plan's replicas and stages"
+        elif gpu in with_type:
+            why = (f"the best plan that uses them is slower ({with_type[gpu].iteration_s:.3g} "
+                   f"s/iteration estimated, vs {best.estimate_s:.3g})")
+        elif per_type.get(gpu):
+            why = "plans on them alone are slower, and no mixed plan with them fits"
+        else:
+            why = "no plan using them fits in memory (or divides the batch)"
+        notes.append(f"{idle} of {len(mine)} {gpu} GPUs idle: {why}")
+    return notes
 
 
 def _explain(req: SearchRequest, closest: list[Evaluation], total: int) -> str:
