@@ -129,7 +129,6 @@ def test_speed_of_a_large_simulation():
     from planner.specs.cluster import parse_gpus_arg
     from planner.specs.model import preset
     from planner.stage_costs import clear_cost_caches
-    from tests.planner.simulator_helpers import make_plan as _
 
     cfg = ParallelConfig(tp=8, pp=16, dp=8, mbs=1, gbs=1536, seq_len=2048, recompute="full")
     plan = homogeneous_plan(preset("gpt3-175b"), parse_gpus_arg("A100-80GB-SXM:1024"), cfg)
