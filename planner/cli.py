@@ -86,7 +86,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     sim.add_argument("--attention", choices=("flash", "memory_efficient", "math"),
                      help="attention kernel (default: the fastest the device supports)")
-    sim.add_argument("--profile", metavar="FILE", help="measured op profile (plan profile)")
+    sim.add_argument("--profile", metavar="FILE|DIR", action="append",
+                     help="measured profile (`plan profile`), or a folder of them matched by "
+                     "device name; repeatable. It answers the ops and collectives it has, the "
+                     "analytic models the rest")
     sim.add_argument("--method", choices=("simulate", "estimate"), default="simulate",
                      help="event simulation of the task graph (default) or the closed-form "
                      "estimate")

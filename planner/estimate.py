@@ -10,12 +10,11 @@ refines this with the actual dependencies; both price work through `stage_costs`
 
 from __future__ import annotations
 
-from planner.costs.comm import COMM_SOURCE
-from planner.costs.compute import ANALYTIC_SOURCE
 from planner.memory import MEMORY_SOURCE
 from planner.results import Breakdown, SimResult, StageSummary, make_result
 from planner.specs.plan import Plan
-from planner.stage_costs import StageCost, exposed_s, plan_stage_costs
+from planner.stage_costs import StageCost, cost_sources, exposed_s, plan_stage_costs
+from profiler.store import Profiles
 
 __all__ = ["ESTIMATE_SOURCE", "estimate"]
 
@@ -77,10 +76,12 @@ def _pipeline_s(plan: Plan, costs: list[StageCost]) -> tuple[float, dict[str, fl
     return end, parts
 
 
-def estimate(plan: Plan, *, costs: list[list[StageCost]] | None = None) -> SimResult:
+def estimate(plan: Plan, *, costs: list[list[StageCost]] | None = None,
+             profiles: Profiles | None = None) -> SimResult:
     """Iteration time, throughput, MFU, breakdown and memory of `plan` (closed form),
-    with `costs` in place of the cost model's if given (tests, what-ifs)."""
-    costs = costs if costs is not None else plan_stage_costs(plan)
+    with `costs` in place of the cost model's if given (tests, what-ifs), and op and
+    collective times from `profiles` where they have them."""
+    costs = costs if costs is not None else plan_stage_costs(plan, profiles)
     ends = [_pipeline_s(plan, pc) for pc in costs]
     critical = max(range(len(ends)), key=lambda i: ends[i][0])
     iteration_s, parts = ends[critical]
@@ -95,5 +96,5 @@ def estimate(plan: Plan, *, costs: list[list[StageCost]] | None = None) -> SimRe
                           bubble_s=max(parts["bubble"], 0.0), optimizer_s=parts["opt"])
     return make_result(plan, method="analytic estimate", iteration_s=iteration_s,
                        breakdown=breakdown, stages=stages,
-                       sources={"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE,
-                                "memory": MEMORY_SOURCE, "schedule": ESTIMATE_SOURCE})
+                       sources={**cost_sources(plan, profiles), "memory": MEMORY_SOURCE,
+                                "schedule": ESTIMATE_SOURCE})

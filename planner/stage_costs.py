@@ -11,13 +11,15 @@ import math
 from dataclasses import dataclass, replace
 from functools import cache
 
-from planner.costs.comm import Tier, collective_time_s, group_tiers
-from planner.costs.compute import ComputeCosts, clear_op_cache
+from planner.costs.comm import COMM_SOURCE, Tier, collective_time_s, group_tiers
+from planner.costs.compute import ComputeCosts, clear_op_cache, compute_source
 from planner.memory import StageMemory, in_flight_chunks, rank_param_count, stage_memory
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan, Stage
 from planner.workload import (
     Comm,
+    LayerWork,
+    Op,
     Work,
     WorkloadShape,
     embedding_work,
@@ -27,9 +29,10 @@ from planner.workload import (
 )
 from profiler.analytic import launch_overhead_s
 from profiler.devices import DeviceSpec, arch_efficiency, device, dtype_bytes
+from profiler.store import Profiles
 
 __all__ = ["BUCKET_PARAMS", "DPSync", "Part", "StageCost", "aligned_stages", "clear_cost_caches",
-           "dp_sync", "exposed_s", "layer_parts",
+           "cost_sources", "dp_sync", "exposed_s", "layer_parts",
            "pipeline_key", "plan_stage_costs", "stage_device", "stage_shape"]
 
 GRAD_BYTES = 4  # gradients are reduced in fp32 (Megatron main_grad)
@@ -123,7 +126,8 @@ def _issue_queue_s(items: list[tuple[float, int]], launch_s: float, repeats: int
 
 
 def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[Tier, ...]],
-          launch_s: float, *, steady: bool = False, tp_hidden: float = 0.0) -> Part:
+          launch_s: float, *, steady: bool = False, tp_hidden: float = 0.0,
+          profiles: Profiles | None = None) -> Part:
     """Time of a sequence of ops and in-line collectives on one rank. With `steady`, the
     per-repetition time once the host-GPU queue has settled (a layer among many).
     `tp_hidden` of each sequence-parallel tp collective runs under the GEMMs beside it."""
@@ -131,7 +135,7 @@ def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[T
     timeline: list[tuple[float, int]] = []
     for item in items:
         if isinstance(item, Comm):
-            t = collective_time_s(item.kind, item.bytes, tiers[item.axis])
+            t = collective_time_s(item.kind, item.bytes, tiers[item.axis], profiles=profiles)
             if item.axis == "tp" and item.kind in ("all_gather", "reduce_scatter"):
                 t *= 1.0 - tp_hidden
             if item.axis == "cp":
@@ -149,20 +153,27 @@ def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[T
     return Part(compute, tp, cp, max(0.0, wall - compute - tp - cp))
 
 
+def _compute_costs(device_name: str, dtype: str, profiles: Profiles | None) -> ComputeCosts:
+    return ComputeCosts(device_name, dtype, profiles.get(device_name) if profiles else None)
+
+
 @cache
 def layer_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
-                 recompute: str) -> tuple[Part, Part]:
+                recompute: str, profiles: Profiles | None = None) -> tuple[Part, Part]:
     """Forward and backward (with recomputation first) of one layer for one micro-batch,
-    in the steady state of a pass over many layers."""
+    in the steady state of a pass over many layers. `profiles` is part of the cache key,
+    so costs with and without a profile never mix."""
     tiers = dict(tiers_key)
-    costs = ComputeCosts(device_name, shape.dtype)
+    costs = _compute_costs(device_name, shape.dtype, profiles)
     dev = device(device_name)
     launch_s = launch_overhead_s(dev)
     hidden = arch_efficiency(dev.arch).tp_comm_overlap
     work = layer_work(model, shape)
-    again = {"none": (), "selective": work.selective_recompute, "full": work.forward}[recompute]
-    fwd = _part(work.forward, costs, tiers, launch_s, steady=True, tp_hidden=hidden)
-    bwd = _part((*again, *work.backward), costs, tiers, launch_s, steady=True, tp_hidden=hidden)
+    again = _recomputed(work, recompute)
+    fwd = _part(work.forward, costs, tiers, launch_s, steady=True, tp_hidden=hidden,
+                profiles=profiles)
+    bwd = _part((*again, *work.backward), costs, tiers, launch_s, steady=True, tp_hidden=hidden,
+                profiles=profiles)
     return fwd, bwd
 
 
@@ -176,7 +187,8 @@ class DPSync:
     param_microbatch_s: float = 0.0  # before every forward and backward (sharded params)
 
 
-def dp_sync(plan: Plan, group: tuple[int, ...], params: float, concurrency: int) -> DPSync:
+def dp_sync(plan: Plan, group: tuple[int, ...], params: float, concurrency: int,
+            profiles: Profiles | None = None) -> DPSync:
     """Traffic of the data-parallel group `group` (one GPU per replica, in replica order)
     holding `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP),
     with gradients sharded over g replicas, optimizer states over os and parameters over p
@@ -203,19 +215,22 @@ def dp_sync(plan: Plan, group: tuple[int, ...], params: float, concurrency: int)
     def tiers(size: int, stride: int) -> tuple[Tier, ...]:
         return group_tiers(plan.cluster, group[0:size * stride:stride], concurrency)
 
+    def time_s(kind: str, size: float, group_tiers_: tuple[Tier, ...]) -> float:
+        return collective_time_s(kind, size, group_tiers_, profiles=profiles)
+
     g, os_, p = sh.grads, sh.optim, sh.params
-    grad_mb = collective_time_s("reduce_scatter", grad_bytes, tiers(g, 1)) if g > 1 else 0.0
+    grad_mb = time_s("reduce_scatter", grad_bytes, tiers(g, 1)) if g > 1 else 0.0
     grad_it = 0.0
     if os_ > g:
-        grad_it += collective_time_s("reduce_scatter", grad_bytes / g, tiers(os_ // g, g))
+        grad_it += time_s("reduce_scatter", grad_bytes / g, tiers(os_ // g, g))
     if dp > os_:
-        grad_it += collective_time_s("all_reduce", grad_bytes / os_, tiers(dp // os_, os_))
+        grad_it += time_s("all_reduce", grad_bytes / os_, tiers(dp // os_, os_))
     param_it = 0.0
     if os_ > p:
-        param_it = collective_time_s("all_gather", params * low / p, tiers(os_ // p, p))
+        param_it = time_s("all_gather", params * low / p, tiers(os_ // p, p))
     param_mb = 0.0
     if p > 1:
-        param_mb = 2 * collective_time_s("all_gather", params * low, tiers(p, 1))
+        param_mb = 2 * time_s("all_gather", params * low, tiers(p, 1))
     return DPSync(grad_it, grad_mb, param_it, param_mb)
 
 
@@ -227,7 +242,7 @@ def exposed_s(comm_s: float, window_s: float, num_params: float) -> float:
     return max(comm_s / buckets, comm_s - window_s)
 
 
-def _p2p_s(plan: Plan, pi: int, si: int) -> float:
+def _p2p_s(plan: Plan, pi: int, si: int, profiles: Profiles | None = None) -> float:
     """Send one activation from stage `si` to the next (the last stage sends to the first,
     which interleaving uses). Megatron scatters it over the tp ranks; each sends a slice."""
     pipe = plan.pipelines[pi]
@@ -237,10 +252,11 @@ def _p2p_s(plan: Plan, pi: int, si: int) -> float:
     size = (pipe.micro_batch_size * plan.training.seq_len // stage.cp * plan.model.hidden_size
             * dtype_bytes(plan.training.dtype) / stage.tp)
     return collective_time_s("send_recv", size,
-                             group_tiers(plan.cluster, (stage.devices[0], nxt.devices[0])))
+                             group_tiers(plan.cluster, (stage.devices[0], nxt.devices[0])),
+                             profiles=profiles)
 
 
-def _stage_cost(plan: Plan, pi: int, si: int) -> StageCost:
+def _stage_cost(plan: Plan, pi: int, si: int, profiles: Profiles | None) -> StageCost:
     model, tr = plan.model, plan.training
     pipe = plan.pipelines[pi]
     stage = pipe.stages[si]
@@ -250,27 +266,31 @@ def _stage_cost(plan: Plan, pi: int, si: int) -> StageCost:
     tiers_key = (("tp", group_tiers(plan.cluster, stage.devices[:stage.tp])),
                  ("cp", group_tiers(plan.cluster, stage.devices[::stage.tp])))
     tiers = dict(tiers_key)
-    layer_fwd, layer_bwd = layer_parts(model, shape, dev.name, tiers_key, stage.recompute)
-    costs = ComputeCosts(dev.name, tr.dtype)
+    layer_fwd, layer_bwd = layer_parts(model, shape, dev.name, tiers_key, stage.recompute,
+                                       profiles)
+    costs = _compute_costs(dev.name, tr.dtype, profiles)
     launch_s = launch_overhead_s(dev)
     first, last = si == 0, si == pp - 1
+
+    def part(items: tuple[Work, ...]) -> Part:
+        return _part(items, costs, tiers, launch_s, profiles=profiles)
+
     zero = Part()
     embed_fwd = embed_bwd = head_fwd = head_bwd = zero
     if first:
         fwd, bwd = embedding_work(model, shape)
-        embed_fwd, embed_bwd = _part(fwd, costs, tiers, launch_s), _part(bwd, costs, tiers, launch_s)
+        embed_fwd, embed_bwd = part(fwd), part(bwd)
     if last:
         fwd, bwd, _ = head_work(model, shape)
-        head_fwd, head_bwd = _part(fwd, costs, tiers, launch_s), _part(bwd, costs, tiers, launch_s)
+        head_fwd, head_bwd = part(fwd), part(bwd)
     n = stage.num_layers
     params = rank_param_count(model, num_layers=n, first=first, last=last, tp=stage.tp, pp=pp)
     concurrency = sum(len(s.devices) for s in pipe.stages)
     sync = DPSync()
     if plan.dp > 1 and aligned_stages(plan):
         group = tuple(p.stages[si].devices[0] for p in plan.pipelines)
-        sync = dp_sync(plan, group, params, concurrency)
-    opt = optimizer_work(params / plan.sharding.optim, dtype=tr.dtype,
-                         implementation=plan.kernels.optimizer, num_tensors=max(1, 6 * n))
+        sync = dp_sync(plan, group, params, concurrency, profiles)
+    opt = _optimizer_op(plan, params, n)
     in_flight = in_flight_chunks(schedule=tr.schedule, stage=si, pp=pp,
                                  num_microbatches=pipe.num_microbatches,
                                  virtual_stages=tr.virtual_stages)
@@ -280,7 +300,7 @@ def _stage_cost(plan: Plan, pi: int, si: int) -> StageCost:
     return StageCost(pipeline=pi, stage=si, device=dev.name, num_layers=n, num_params=params,
                      layer_forward=layer_fwd, layer_backward=layer_bwd, embed_forward=embed_fwd,
                      embed_backward=embed_bwd, head_forward=head_fwd, head_backward=head_bwd,
-                     p2p_s=_p2p_s(plan, pi, si), dp=sync, optimizer_s=costs.time_s(opt),
+                     p2p_s=_p2p_s(plan, pi, si, profiles), dp=sync, optimizer_s=costs.time_s(opt),
                      memory=memory)
 
 
@@ -313,8 +333,9 @@ def pipeline_key(plan: Plan, pi: int) -> tuple:
     return (pipe.micro_batch_size, pipe.num_microbatches, tuple(layout))
 
 
-def plan_stage_costs(plan: Plan) -> list[list[StageCost]]:
-    """Costs of every stage of every pipeline; identical pipelines are priced once."""
+def plan_stage_costs(plan: Plan, profiles: Profiles | None = None) -> list[list[StageCost]]:
+    """Costs of every stage of every pipeline; identical pipelines are priced once. Op and
+    collective times come from `profiles` where they have them."""
     out: list[list[StageCost]] = []
     seen: dict[tuple, list[StageCost]] = {}
     for pi, pipe in enumerate(plan.pipelines):
@@ -322,7 +343,87 @@ def plan_stage_costs(plan: Plan) -> list[list[StageCost]]:
         if key in seen:
             out.append([replace(c, pipeline=pi) for c in seen[key]])
             continue
-        costs = [_stage_cost(plan, pi, si) for si in range(len(pipe.stages))]
+        costs = [_stage_cost(plan, pi, si, profiles) for si in range(len(pipe.stages))]
         seen[key] = costs
         out.append(costs)
     return out
+
+
+def _optimizer_op(plan: Plan, params: float, num_layers: int) -> Op:
+    """The optimizer step over a stage's optimizer-state shard."""
+    return optimizer_work(params / plan.sharding.optim, dtype=plan.training.dtype,
+                          implementation=plan.kernels.optimizer,
+                          num_tensors=max(1, 6 * num_layers))
+
+
+def _recomputed(work: LayerWork, recompute: str) -> tuple[Work, ...]:
+    """What a layer runs again before its backward."""
+    return {"none": (), "selective": work.selective_recompute, "full": work.forward}[recompute]
+
+
+def _stage_ops(plan: Plan, pi: int, si: int) -> tuple[DeviceSpec, list[Op]]:
+    """Every op a stage runs for one micro-batch, and its optimizer step."""
+    pipe = plan.pipelines[pi]
+    stage = pipe.stages[si]
+    shape = stage_shape(plan, pi, stage)
+    work = layer_work(plan.model, shape)
+    items: list[Work] = [*work.forward, *_recomputed(work, stage.recompute), *work.backward]
+    first, last = si == 0, si == len(pipe.stages) - 1
+    if first:
+        items.extend(w for ws in embedding_work(plan.model, shape) for w in ws)
+    if last:
+        fwd, bwd, _ = head_work(plan.model, shape)
+        items.extend((*fwd, *bwd))
+    params = rank_param_count(plan.model, num_layers=stage.num_layers, first=first, last=last,
+                              tp=stage.tp, pp=len(pipe.stages))
+    items.append(_optimizer_op(plan, params, stage.num_layers))
+    return stage_device(plan, stage), [op for op in items if isinstance(op, Op)]
+
+
+def _plan_groups(plan: Plan) -> set[tuple[int, ...]]:
+    """The GPU groups that communicate: tp and cp groups, pipeline neighbours, and the
+    data-parallel group of each stage position."""
+    groups: set[tuple[int, ...]] = set()
+    for pipe in plan.pipelines:
+        for si, stage in enumerate(pipe.stages):
+            groups.update((stage.devices[:stage.tp], stage.devices[::stage.tp]))
+            nxt = pipe.stages[(si + 1) % len(pipe.stages)]
+            groups.add((stage.devices[0], nxt.devices[0]))
+    if plan.dp > 1 and aligned_stages(plan):
+        for si in range(len(plan.pipelines[0].stages)):
+            groups.add(tuple(p.stages[si].devices[0] for p in plan.pipelines))
+    return {g for g in groups if len(set(g)) > 1}
+
+
+def _comm_source(plan: Plan, profiles: Profiles) -> str:
+    """The collective profiles that answer some of the plan's groups (those inside one
+    node of the profiled type, of a size the profile measured)."""
+    used: dict[str, set[int]] = {}
+    for group in _plan_groups(plan):
+        tiers = group_tiers(plan.cluster, group)
+        if len(tiers) != 1 or tiers[0].name != "node" or tiers[0].device is None:
+            continue
+        profile = profiles.get(tiers[0].device)
+        if profile is not None and any(r.ranks == tiers[0].fanout
+                                       for r in profile.collective_rows):
+            used.setdefault(profile.path, set()).add(tiers[0].fanout)
+    if not used:
+        return COMM_SOURCE
+    parts = [f"measured collective profile {path} (groups of {', '.join(map(str, sorted(n)))} "
+             "ranks in a node)" for path, n in sorted(used.items())]
+    return "; ".join(parts) + f"; {COMM_SOURCE} for the rest"
+
+
+def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
+    """What answered the plan's op and collective times (the `sources` users see)."""
+    from planner.costs.compute import ANALYTIC_SOURCE
+
+    if profiles is None or not profiles.by_device:
+        return {"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE}
+    uses = []
+    for pi, pipe in enumerate(plan.pipelines):
+        for si in range(len(pipe.stages)):
+            dev, ops = _stage_ops(plan, pi, si)
+            profile = profiles.get(dev.name)
+            uses.extend((profile, op) for op in ops)
+    return {"compute": compute_source(uses), "communication": _comm_source(plan, profiles)}
