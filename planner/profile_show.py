@@ -77,9 +77,10 @@ def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
     dram = dev.memory_bandwidth_bytes_per_s
     lines = [f"{profile.path}: {m.device} ({m.device_detail}), {m.dtype}, torch {m.torch_version}"
              f"{', CUDA ' + m.cuda_version if m.cuda_version else ''}, {m.num_threads} "
-             f"thread(s), {m.created} on {m.host}",
-             f"{'op':22} {'variant':9} {'rows':>4} {'time':>19}  {'best FLOP/s':>18}  "
-             f"{'best DRAM B/s':>18}"]
+             f"thread(s), {m.created} on {m.host}"]
+    if profile.op_rows:
+        lines.append(f"{'op':22} {'variant':9} {'rows':>4} {'time':>19}  {'best FLOP/s':>18}  "
+                     f"{'best DRAM B/s':>18}")
     for s in summaries:
         if s.kind == "collective":
             continue
@@ -90,7 +91,7 @@ def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
         lines.append(f"{s.name:22} {s.variant:9} {s.rows:4d} {times:>19}  {flops:>18}  {bw:>18}")
     colls = [s for s in summaries if s.kind == "collective"]
     if colls:
-        lines.append(f"{'collective':16} {'ranks':>5} {'sizes':>16}  {'smallest':>10}  "
+        lines.append(f"{'collective':16} {'ranks':>5} {'sizes':>16}  {'at smallest':>10}  "
                      f"{'bus bandwidth at largest':>24}")
         for s in colls:
             lines.append(f"{s.name:16} {s.ranks:5d} {_size(s.smallest_bytes):>7}.."
@@ -105,10 +106,13 @@ def _plot(profile: Profile, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     series: dict[tuple, list[ProfileRow]] = {}
     for r in profile.rows:
         series.setdefault((r.kind, r.name, r.variant, r.ranks), []).append(r)
+    panels = [bool(profile.op_rows), bool(profile.op_rows), bool(profile.collective_rows)]
+    fig, used = plt.subplots(1, sum(panels), figsize=(5.5 * sum(panels), 4.5), squeeze=False)
+    slots = iter(used[0])
+    axes = [next(slots) if shown else None for shown in panels]
     for (kind, name, variant, ranks), rows in series.items():
         rows = sorted(rows, key=lambda r: r.size)
         label = f"{name} {variant or ''}".strip()
@@ -125,6 +129,8 @@ def _plot(profile: Profile, path: str) -> None:
     titles = (("achieved GFLOP/s", "FLOPs"), ("achieved DRAM GB/s", "bytes moved"),
               ("collective bus GB/s", "bytes per rank"))
     for ax, (ylabel, xlabel) in zip(axes, titles, strict=True):
+        if ax is None:
+            continue
         ax.set_xscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)

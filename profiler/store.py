@@ -321,7 +321,8 @@ class Profiles:
 def _merge(profiles: Sequence[Profile]) -> Profile:
     if len(profiles) == 1:
         return profiles[0]
-    first = next((p for p in profiles if p.op_rows), profiles[0])
+    profiles = sorted(profiles, key=lambda p: not p.op_rows)  # op profiles first
+    first = profiles[0]
     rows = tuple(r for p in profiles for r in p.rows)
     return Profile(path=" + ".join(p.path for p in profiles), meta=first.meta, rows=rows,
                    digest=hashlib.sha256("".join(p.digest for p in profiles).encode()).hexdigest())

@@ -151,3 +151,16 @@ def test_a_folder_picks_the_profiles_of_the_plans_devices(tmp_path):
     assert merged is not None and len(merged.rows) == len(ROWS)
     assert merged.collective_time_s("all_reduce", 1024, 2) == 2e-5
     assert load_profiles([str(folder)], devices=["V100-32GB-SXM2"], dtype="fp32").by_device == ()
+
+
+def test_the_example_profiles_load():
+    """profiles/ ships examples measured on the project's CPU machine (docs/profiles.md)."""
+    import glob
+
+    paths = sorted(glob.glob("profiles/*.csv"))
+    assert paths
+    for path in paths:
+        profile = load_profile(path)
+        assert profile.meta.device == "CPU" and profile.rows
+    merged = load_profiles(["profiles"], devices=["CPU"], dtype="fp32").get("CPU")
+    assert merged is not None and merged.op_rows and merged.collective_rows
