@@ -74,3 +74,27 @@ def test_measure_show_fit_and_use(tmp_path, capsys):
     assert code == 0, err
     sources = json.loads(out)["sources"]["compute"]
     assert sources == f"measured profile {path} (attention, elementwise, gemm, optimizer)"
+
+
+def test_ctrl_c_keeps_what_was_measured(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("torch")
+    import profiler.measure
+
+    real = profiler.measure._measure_case
+    calls = []
+
+    def interrupted_on_the_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(profiler.measure, "_measure_case", interrupted_on_the_third)
+    path = tmp_path / "cpu.csv"
+    code, out, err = _run(["profile", "--model", "debug-tiny", "--mbs", "2", "--seq", "16",
+                           "--warmup", "1", "--repeats", "2", "-o", str(path)], capsys)
+    assert code == 130 and out == ""
+    assert "interrupted; kept the 2 rows measured" in err and str(path) in err
+    from profiler.store import load_profile
+
+    assert len(load_profile(str(path)).rows) == 2
