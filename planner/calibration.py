@@ -44,7 +44,7 @@ from profiler.devices import (
     parameter_overrides,
 )
 
-__all__ = ["Parameter", "fit", "main"]
+__all__ = ["Parameter", "fit", "main", "minimize_bounded", "with_values"]
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,8 @@ def _set_error(cases: Dataset, method: Callable) -> float:
     return statistics.mean(errs)
 
 
-def _with_values(params: list[Parameter], values: list[float]) -> tuple[dict, dict]:
+def with_values(params: list[Parameter], values: list[float]) -> tuple[dict, dict]:
+    """Arch and link parameter overrides with `values` put in (for parameter_overrides)."""
     arch: dict[str, ArchEfficiency] = {}
     links: dict[str, LinkKind] = {}
     for p, v in zip(params, values, strict=True):
@@ -127,7 +128,7 @@ def _with_values(params: list[Parameter], values: list[float]) -> tuple[dict, di
 def objective(params: list[Parameter], values: list[float], sets: list[Dataset],
               method: Callable = estimate) -> float:
     """Mean over datasets of each one's mean |predicted / measured - 1|."""
-    arch, links = _with_values(params, values)
+    arch, links = with_values(params, values)
     with parameter_overrides(arch=arch, links=links):
         clear_cost_caches()
         per_set = [_set_error(cases, method) for cases in sets]
@@ -145,28 +146,35 @@ def _from_unit(p: Parameter, u: float) -> float:
     return p.low + (p.high - p.low) / (1 + math.exp(-u))
 
 
-def fit(arch: str, *, rows: int = 480, iterations: int = 400) -> tuple[list[Parameter], list[float], float, float]:
-    """Fit the parameters of `arch` (Nelder-Mead in a bounded space); returns them with
-    the objective before and after."""
+def minimize_bounded(params: list[Parameter], f: Callable[[list[float]], float], *,
+                     iterations: int) -> tuple[list[float], float]:
+    """Nelder-Mead over `params` from their current values, each kept inside its bounds
+    by a logit transform; the best values and f there."""
     from scipy.optimize import minimize
 
-    params = SPACES[arch]
-    sets = _dataset(arch, rows)
     start = [p.current() for p in params]
-    before = objective(params, start, sets)
 
-    def f(units: list[float]) -> float:
-        return objective(params, [_from_unit(p, u) for p, u in zip(params, units, strict=True)],
-                         sets)
+    def g(units: list[float]) -> float:
+        return f([_from_unit(p, u) for p, u in zip(params, units, strict=True)])
 
     x0 = [_to_unit(p, v) for p, v in zip(params, start, strict=True)]
     simplex = [x0] + [[x + (0.5 if i == j else 0.0) for j, x in enumerate(x0)]
                       for i in range(len(x0))]
-    result = minimize(f, x0, method="Nelder-Mead",
+    result = minimize(g, x0, method="Nelder-Mead",
                       options={"maxfev": iterations, "xatol": 1e-3, "fatol": 1e-5,
                                "initial_simplex": simplex})
-    values = [_from_unit(p, u) for p, u in zip(params, result.x, strict=True)]
-    return params, values, before, float(result.fun)
+    return [_from_unit(p, u) for p, u in zip(params, result.x, strict=True)], float(result.fun)
+
+
+def fit(arch: str, *, rows: int = 480, iterations: int = 400) -> tuple[list[Parameter], list[float], float, float]:
+    """Fit the parameters of `arch` (Nelder-Mead in a bounded space); returns them with
+    the objective before and after."""
+    params = SPACES[arch]
+    sets = _dataset(arch, rows)
+    before = objective(params, [p.current() for p in params], sets)
+    values, after = minimize_bounded(params, lambda v: objective(params, v, sets),
+                                     iterations=iterations)
+    return params, values, before, after
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"objective (closed-form estimate): {before:.4f} -> {after:.4f}")
     for p, v in zip(params, values, strict=True):
         print(f"  {p.target:16s} {p.field:22s} {p.current():8.4g} -> {v:8.4g}")
-    arch, links = _with_values(params, values)
+    arch, links = with_values(params, values)
     sets = _dataset(args.arch, 0)
     with parameter_overrides(arch=arch, links=links):
         clear_cost_caches()

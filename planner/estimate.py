@@ -10,12 +10,11 @@ refines this with the actual dependencies; both price work through `stage_costs`
 
 from __future__ import annotations
 
-from planner.costs.comm import COMM_SOURCE
-from planner.costs.compute import ANALYTIC_SOURCE
 from planner.memory import MEMORY_SOURCE
 from planner.results import Breakdown, SimResult, StageSummary, make_result
 from planner.specs.plan import Plan
-from planner.stage_costs import StageCost, exposed_s, plan_stage_costs
+from planner.stage_costs import StageCost, cost_sources, exposed_s, plan_stage_costs
+from profiler.store import Profiles
 
 __all__ = ["ESTIMATE_SOURCE", "estimate", "pipeline_time"]
 
@@ -83,10 +82,12 @@ def pipeline_time(costs: list[StageCost], *, num_microbatches: int, virtual_stag
     return end, parts
 
 
-def estimate(plan: Plan, *, costs: list[list[StageCost]] | None = None) -> SimResult:
+def estimate(plan: Plan, *, costs: list[list[StageCost]] | None = None,
+             profiles: Profiles | None = None) -> SimResult:
     """Iteration time, throughput, MFU, breakdown and memory of `plan` (closed form),
-    with `costs` in place of the cost model's if given (tests, what-ifs)."""
-    costs = costs if costs is not None else plan_stage_costs(plan)
+    with `costs` in place of the cost model's if given (tests, what-ifs), and op and
+    collective times from `profiles` where they have them."""
+    costs = costs if costs is not None else plan_stage_costs(plan, profiles)
     ends = [pipeline_time(pc, num_microbatches=plan.pipelines[pc[0].pipeline].num_microbatches,
                           virtual_stages=plan.training.virtual_stages) for pc in costs]
     critical = max(range(len(ends)), key=lambda i: ends[i][0])
@@ -102,5 +103,5 @@ def estimate(plan: Plan, *, costs: list[list[StageCost]] | None = None) -> SimRe
                           bubble_s=max(parts["bubble"], 0.0), optimizer_s=parts["opt"])
     return make_result(plan, method="analytic estimate", iteration_s=iteration_s,
                        breakdown=breakdown, stages=stages,
-                       sources={"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE,
-                                "memory": MEMORY_SOURCE, "schedule": ESTIMATE_SOURCE})
+                       sources={**cost_sources(plan, profiles), "memory": MEMORY_SOURCE,
+                                "schedule": ESTIMATE_SOURCE})

@@ -23,8 +23,8 @@ from planner.specs.plan import (
 )
 from profiler.schema import at, fail, spec_field
 
-__all__ = ["ParallelConfig", "check_parallel", "homogeneous_plan", "sharding_preset",
-           "split_layers"]
+__all__ = ["ParallelConfig", "check_parallel", "check_tp", "homogeneous_plan",
+           "sharding_preset", "split_layers"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,14 +62,19 @@ def sharding_preset(name: str, dp: int) -> Sharding:
     }[name]
 
 
+def check_tp(model: ModelSpec, tp: int, *, where: str = "--tp") -> None:
+    """Tensor parallelism splits the heads: tp must divide them (and the K/V heads, or be
+    a multiple of them, which are then replicated)."""
+    if model.num_heads % tp:
+        fail(where, tp, f"must divide num_heads {model.num_heads}")
+    if model.kv_heads % tp and tp % model.kv_heads:
+        fail(where, tp, f"must divide num_kv_heads {model.kv_heads} or be a multiple of it")
+
+
 def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, *,
                    where: str = "--") -> None:
     """Reject configurations that cannot run, naming the knob (a SpecError)."""
-    if model.num_heads % cfg.tp:
-        fail(at(where, "tp"), cfg.tp, f"must divide num_heads {model.num_heads}")
-    if model.kv_heads % cfg.tp and cfg.tp % model.kv_heads:
-        fail(at(where, "tp"), cfg.tp,
-             f"must divide num_kv_heads {model.kv_heads} or be a multiple of it")
+    check_tp(model, cfg.tp, where=at(where, "tp"))
     if cfg.pp * cfg.vp > model.num_layers:
         fail(at(where, "pp"), cfg.pp,
              f"pp*vp = {cfg.pp * cfg.vp} model chunks need at least that many layers "

@@ -23,8 +23,7 @@ from planner.workload import WorkloadShape, head_work, layer_work
 from profiler.devices import DeviceSpec, dtype_bytes
 
 __all__ = ["MEMORY_SOURCE", "StageMemory", "in_flight_chunks", "model_state_bytes",
-           "rank_param_count",
-           "runtime_reserve_bytes", "stage_memory"]
+           "rank_param_count", "rank_param_tensors", "runtime_reserve_bytes", "stage_memory"]
 
 MEMORY_SOURCE = "analytic memory model (ZeRO/AMSP states; Korthikanti et al. 2022 activations)"
 GIB = 1024**3
@@ -68,26 +67,37 @@ class StageMemory:
         return max(0.0, self.total_bytes - self.capacity_bytes)
 
 
-def rank_param_count(model: ModelSpec, *, num_layers: int, first: bool, last: bool,
-                     tp: int, pp: int) -> float:
-    """Parameters held by one tp rank of a stage."""
+def rank_param_tensors(model: ModelSpec, *, num_layers: int, first: bool, last: bool,
+                       tp: int, pp: int) -> tuple[int, ...]:
+    """Sizes of the parameter tensors one tp rank of a stage holds, in model order (the
+    optimizer's per-tensor work depends on them, not only on their sum)."""
     h, d = model.hidden_size, model.head_dim
     kv_local = max(model.kv_heads // tp, 1) * d
     q_local = model.num_heads // tp * d
-    linear = h * (q_local + 2 * kv_local) + q_local * h
-    linear += h * model.mlp_in_width // tp + model.ffn_hidden_size // tp * h
-    norms = 2 * h * (2 if model.norm == "layernorm" else 1)
-    count = num_layers * (linear + norms)
+    norm = (h, h) if model.norm == "layernorm" else (h,)  # weight (and bias)
+    layer = (*norm, h * (q_local + 2 * kv_local), q_local * h,
+             *norm, h * model.mlp_in_width // tp, model.ffn_hidden_size // tp * h)
     vocab_local = math.ceil(model.vocab_size / tp) * h
+    tensors: list[int] = []
     if first:
-        count += vocab_local + (model.seq_len * h if model.position_embedding == "learned" else 0)
+        tensors.append(vocab_local)
+        if model.position_embedding == "learned":
+            tensors.append(model.seq_len * h)
+    tensors.extend(layer * num_layers)
     if last:
-        count += h * (2 if model.norm == "layernorm" else 1)
+        tensors.extend(norm)
         # An untied head has its own weights; a tied one needs a copy when the embedding
         # lives on another stage (Megatron keeps it and all-reduces its gradient).
         if not model.tied_embeddings or (pp > 1):
-            count += vocab_local
-    return float(count)
+            tensors.append(vocab_local)
+    return tuple(tensors)
+
+
+def rank_param_count(model: ModelSpec, *, num_layers: int, first: bool, last: bool,
+                     tp: int, pp: int) -> float:
+    """Parameters held by one tp rank of a stage."""
+    return float(sum(rank_param_tensors(model, num_layers=num_layers, first=first, last=last,
+                                        tp=tp, pp=pp)))
 
 
 def in_flight_chunks(*, schedule: str, stage: int, pp: int, num_microbatches: int,

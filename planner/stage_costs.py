@@ -13,14 +13,16 @@ import math
 from dataclasses import dataclass, replace
 from functools import cache
 
-from planner.costs.comm import Tier, collective_time_s, group_tiers
-from planner.costs.compute import ComputeCosts, clear_op_cache
+from planner.costs.comm import COMM_SOURCE, Tier, collective_time_s, group_tiers
+from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, clear_op_cache, compute_source
 from planner.memory import StageMemory, in_flight_chunks, rank_param_count, stage_memory
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan, Sharding, Stage
 from planner.workload import (
     Comm,
+    LayerWork,
+    Op,
     Work,
     WorkloadShape,
     embedding_work,
@@ -30,10 +32,11 @@ from planner.workload import (
 )
 from profiler.analytic import launch_overhead_s
 from profiler.devices import DeviceSpec, arch_efficiency, device, dtype_bytes
+from profiler.store import Profiles
 
 __all__ = ["BUCKET_PARAMS", "DPSync", "Part", "StageCost", "StageSetup", "aligned_stages",
-           "clear_cost_caches", "dp_sync", "exposed_s", "layer_parts", "plan_stage_setup",
-           "stage_cost",
+           "clear_cost_caches", "cost_sources", "dp_sync", "exposed_s", "layer_parts",
+           "plan_stage_setup", "stage_cost",
            "pipeline_key", "plan_stage_costs", "stage_device", "stage_shape"]
 
 GRAD_BYTES = 4  # gradients are reduced in fp32 (Megatron main_grad)
@@ -135,7 +138,8 @@ def _issue_queue_s(items: list[tuple[float, int]], launch_s: float, repeats: int
 
 
 def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[Tier, ...]],
-          launch_s: float, *, steady: bool = False, tp_hidden: float = 0.0) -> Part:
+          launch_s: float, *, steady: bool = False, tp_hidden: float = 0.0,
+          profiles: Profiles | None = None) -> Part:
     """Time of a sequence of ops and in-line collectives on one rank. With `steady`, the
     per-repetition time once the host-GPU queue has settled (a layer among many).
     `tp_hidden` of each sequence-parallel tp collective runs under the GEMMs beside it."""
@@ -143,7 +147,7 @@ def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[T
     timeline: list[tuple[float, int]] = []
     for item in items:
         if isinstance(item, Comm):
-            t = collective_time_s(item.kind, item.bytes, tiers[item.axis])
+            t = collective_time_s(item.kind, item.bytes, tiers[item.axis], profiles=profiles)
             if item.axis == "tp" and item.kind in ("all_gather", "reduce_scatter"):
                 t *= 1.0 - tp_hidden
             if item.axis == "cp":
@@ -161,20 +165,32 @@ def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[T
     return Part(compute, tp, cp, max(0.0, wall - compute - tp - cp))
 
 
+def _compute_costs(device_name: str, dtype: str, profiles: Profiles | None) -> ComputeCosts:
+    return ComputeCosts(device_name, dtype, profiles.get(device_name) if profiles else None)
+
+
+def _recomputed(work: LayerWork, recompute: str) -> tuple[Work, ...]:
+    """What a layer runs again before its backward."""
+    return {"none": (), "selective": work.selective_recompute, "full": work.forward}[recompute]
+
+
 @cache
 def layer_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
-                 recompute: str) -> tuple[Part, Part]:
+                recompute: str, profiles: Profiles | None = None) -> tuple[Part, Part]:
     """Forward and backward (with recomputation first) of one layer for one micro-batch,
-    in the steady state of a pass over many layers."""
+    in the steady state of a pass over many layers. `profiles` is part of the cache key,
+    so costs with and without a profile never mix."""
     tiers = dict(tiers_key)
-    costs = ComputeCosts(device_name, shape.dtype)
+    costs = _compute_costs(device_name, shape.dtype, profiles)
     dev = device(device_name)
     launch_s = launch_overhead_s(dev)
     hidden = arch_efficiency(dev.arch).tp_comm_overlap
     work = layer_work(model, shape)
-    again = {"none": (), "selective": work.selective_recompute, "full": work.forward}[recompute]
-    fwd = _part(work.forward, costs, tiers, launch_s, steady=True, tp_hidden=hidden)
-    bwd = _part((*again, *work.backward), costs, tiers, launch_s, steady=True, tp_hidden=hidden)
+    again = _recomputed(work, recompute)
+    fwd = _part(work.forward, costs, tiers, launch_s, steady=True, tp_hidden=hidden,
+                profiles=profiles)
+    bwd = _part((*again, *work.backward), costs, tiers, launch_s, steady=True, tp_hidden=hidden,
+                profiles=profiles)
     return fwd, bwd
 
 
@@ -190,7 +206,7 @@ class DPSync:
 
 @cache
 def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurrency: int,
-            sharding: Sharding, dtype: str) -> DPSync:
+            sharding: Sharding, dtype: str, profiles: Profiles | None = None) -> DPSync:
     """Traffic of the data-parallel group `group` (one GPU per replica, in replica order)
     holding `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP),
     with gradients sharded over g replicas, optimizer states over os and parameters over p
@@ -213,22 +229,23 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
     low = dtype_bytes(dtype)
     grad_bytes = params * GRAD_BYTES
 
-    def tiers(size: int, stride: int) -> tuple[Tier, ...]:
-        return group_tiers(cluster, group[0:size * stride:stride], concurrency)
+    def time_s(kind: str, size: float, members: int, stride: int) -> float:
+        tiers = group_tiers(cluster, group[0:members * stride:stride], concurrency)
+        return collective_time_s(kind, size, tiers, profiles=profiles)
 
     g, os_, p = sharding.grads, sharding.optim, sharding.params
-    grad_mb = collective_time_s("reduce_scatter", grad_bytes, tiers(g, 1)) if g > 1 else 0.0
+    grad_mb = time_s("reduce_scatter", grad_bytes, g, 1) if g > 1 else 0.0
     grad_it = 0.0
     if os_ > g:
-        grad_it += collective_time_s("reduce_scatter", grad_bytes / g, tiers(os_ // g, g))
+        grad_it += time_s("reduce_scatter", grad_bytes / g, os_ // g, g)
     if dp > os_:
-        grad_it += collective_time_s("all_reduce", grad_bytes / os_, tiers(dp // os_, os_))
+        grad_it += time_s("all_reduce", grad_bytes / os_, dp // os_, os_)
     param_it = 0.0
     if os_ > p:
-        param_it = collective_time_s("all_gather", params * low / p, tiers(os_ // p, p))
+        param_it = time_s("all_gather", params * low / p, os_ // p, p)
     param_mb = 0.0
     if p > 1:
-        param_mb = 2 * collective_time_s("all_gather", params * low, tiers(p, 1))
+        param_mb = 2 * time_s("all_gather", params * low, p, 1)
     return DPSync(grad_it, grad_mb, param_it, param_mb)
 
 
@@ -264,16 +281,18 @@ class StageSetup:
 
 @cache
 def _extra_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
-                 which: str) -> tuple[Part, Part]:
+                 which: str, profiles: Profiles | None) -> tuple[Part, Part]:
     """Forward and backward of the embedding ("embed") or the head ("head")."""
     tiers = dict(tiers_key)
-    costs = ComputeCosts(device_name, shape.dtype)
+    costs = _compute_costs(device_name, shape.dtype, profiles)
     launch_s = launch_overhead_s(device(device_name))
     fwd, bwd = embedding_work(model, shape) if which == "embed" else head_work(model, shape)[:2]
-    return _part(fwd, costs, tiers, launch_s), _part(bwd, costs, tiers, launch_s)
+    return (_part(fwd, costs, tiers, launch_s, profiles=profiles),
+            _part(bwd, costs, tiers, launch_s, profiles=profiles))
 
 
-def _p2p_s(cluster: ClusterSpec, model: ModelSpec, setup: StageSetup) -> float:
+def _p2p_s(cluster: ClusterSpec, model: ModelSpec, setup: StageSetup,
+           profiles: Profiles | None) -> float:
     """Send one activation to the next stage (the last stage sends to the first, which
     interleaving uses). Megatron scatters it over the tp ranks; each sends a slice."""
     if setup.next_stage is None:
@@ -282,25 +301,29 @@ def _p2p_s(cluster: ClusterSpec, model: ModelSpec, setup: StageSetup) -> float:
     size = (w.micro_batch_size * w.seq_len // w.cp * model.hidden_size * dtype_bytes(w.dtype)
             / w.tp)
     return collective_time_s("send_recv", size,
-                             group_tiers(cluster, (setup.tp_group[0], setup.next_stage)))
+                             group_tiers(cluster, (setup.tp_group[0], setup.next_stage)),
+                             profiles=profiles)
 
 
 def stage_cost(model: ModelSpec, cluster: ClusterSpec, setup: StageSetup, *, pipeline: int = 0,
-               stage: int = 0) -> StageCost:
-    """The cost of one stage (see StageCost)."""
+               stage: int = 0, profiles: Profiles | None = None) -> StageCost:
+    """The cost of one stage (see StageCost); op and collective times from `profiles`
+    where they have them."""
     w = setup.shape
     tiers_key = (("tp", group_tiers(cluster, setup.tp_group)),
                  ("cp", group_tiers(cluster, setup.cp_group)))
-    layer_fwd, layer_bwd = layer_parts(model, w, setup.device_name, tiers_key, setup.recompute)
+    layer_fwd, layer_bwd = layer_parts(model, w, setup.device_name, tiers_key, setup.recompute,
+                                       profiles)
     zero = Part()
-    embed = _extra_parts(model, w, setup.device_name, tiers_key, "embed") if setup.first \
-        else (zero, zero)
-    head = _extra_parts(model, w, setup.device_name, tiers_key, "head") if setup.last \
-        else (zero, zero)
+    embed = _extra_parts(model, w, setup.device_name, tiers_key, "embed", profiles) \
+        if setup.first else (zero, zero)
+    head = _extra_parts(model, w, setup.device_name, tiers_key, "head", profiles) \
+        if setup.last else (zero, zero)
     n = setup.num_layers
     params = rank_param_count(model, num_layers=n, first=setup.first, last=setup.last,
                               tp=w.tp, pp=setup.pp)
-    sync = dp_sync(cluster, setup.dp_group, params, setup.concurrency, setup.sharding, w.dtype)
+    sync = dp_sync(cluster, setup.dp_group, params, setup.concurrency, setup.sharding, w.dtype,
+                   profiles)
     opt = optimizer_work(params / setup.sharding.optim, dtype=w.dtype,
                          implementation=setup.optimizer, num_tensors=max(1, 6 * n))
     dev = device(setup.device_name)
@@ -310,8 +333,9 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, setup: StageSetup, *, pip
     return StageCost(pipeline=pipeline, stage=stage, device=dev.name, num_layers=n,
                      num_params=params, layer_forward=layer_fwd, layer_backward=layer_bwd,
                      embed_forward=embed[0], embed_backward=embed[1], head_forward=head[0],
-                     head_backward=head[1], p2p_s=_p2p_s(cluster, model, setup), dp=sync,
-                     optimizer_s=ComputeCosts(dev.name, w.dtype).time_s(opt), memory=memory)
+                     head_backward=head[1], p2p_s=_p2p_s(cluster, model, setup, profiles),
+                     dp=sync, optimizer_s=_compute_costs(dev.name, w.dtype, profiles).time_s(opt),
+                     memory=memory)
 
 
 def plan_stage_setup(plan: Plan, pi: int, si: int) -> StageSetup:
@@ -367,8 +391,9 @@ def pipeline_key(plan: Plan, pi: int) -> tuple:
     return (pipe.micro_batch_size, pipe.num_microbatches, tuple(layout))
 
 
-def plan_stage_costs(plan: Plan) -> list[list[StageCost]]:
-    """Costs of every stage of every pipeline; identical pipelines are priced once."""
+def plan_stage_costs(plan: Plan, profiles: Profiles | None = None) -> list[list[StageCost]]:
+    """Costs of every stage of every pipeline; identical pipelines are priced once. Op and
+    collective times come from `profiles` where they have them."""
     out: list[list[StageCost]] = []
     seen: dict[tuple, list[StageCost]] = {}
     for pi, pipe in enumerate(plan.pipelines):
@@ -377,7 +402,81 @@ def plan_stage_costs(plan: Plan) -> list[list[StageCost]]:
             out.append([replace(c, pipeline=pi) for c in seen[key]])
             continue
         costs = [stage_cost(plan.model, plan.cluster, plan_stage_setup(plan, pi, si),
-                            pipeline=pi, stage=si) for si in range(len(pipe.stages))]
+                            pipeline=pi, stage=si, profiles=profiles)
+                 for si in range(len(pipe.stages))]
         seen[key] = costs
         out.append(costs)
     return out
+
+
+def _optimizer_op(plan: Plan, params: float, num_layers: int) -> Op:
+    """The optimizer step over a stage's optimizer-state shard."""
+    return optimizer_work(params / plan.sharding.optim, dtype=plan.training.dtype,
+                          implementation=plan.kernels.optimizer,
+                          num_tensors=max(1, 6 * num_layers))
+
+
+def _stage_ops(plan: Plan, pi: int, si: int) -> tuple[DeviceSpec, list[Op]]:
+    """Every op a stage runs for one micro-batch, and its optimizer step."""
+    pipe = plan.pipelines[pi]
+    stage = pipe.stages[si]
+    shape = stage_shape(plan, pi, stage)
+    work = layer_work(plan.model, shape)
+    items: list[Work] = [*work.forward, *_recomputed(work, stage.recompute), *work.backward]
+    first, last = si == 0, si == len(pipe.stages) - 1
+    if first:
+        items.extend(w for ws in embedding_work(plan.model, shape) for w in ws)
+    if last:
+        fwd, bwd, _ = head_work(plan.model, shape)
+        items.extend((*fwd, *bwd))
+    params = rank_param_count(plan.model, num_layers=stage.num_layers, first=first, last=last,
+                              tp=stage.tp, pp=len(pipe.stages))
+    items.append(_optimizer_op(plan, params, stage.num_layers))
+    return stage_device(plan, stage), [op for op in items if isinstance(op, Op)]
+
+
+def _plan_groups(plan: Plan) -> set[tuple[int, ...]]:
+    """The GPU groups that communicate: tp and cp groups, pipeline neighbours, and the
+    data-parallel group of each stage position."""
+    groups: set[tuple[int, ...]] = set()
+    for pipe in plan.pipelines:
+        for si, stage in enumerate(pipe.stages):
+            groups.update((stage.devices[:stage.tp], stage.devices[::stage.tp]))
+            nxt = pipe.stages[(si + 1) % len(pipe.stages)]
+            groups.add((stage.devices[0], nxt.devices[0]))
+    if plan.dp > 1 and aligned_stages(plan):
+        for si in range(len(plan.pipelines[0].stages)):
+            groups.add(tuple(p.stages[si].devices[0] for p in plan.pipelines))
+    return {g for g in groups if len(set(g)) > 1}
+
+
+def _comm_source(plan: Plan, profiles: Profiles) -> str:
+    """The collective profiles that answer some of the plan's groups (those inside one
+    node of the profiled type, of a size the profile measured)."""
+    used: dict[str, set[int]] = {}
+    for group in _plan_groups(plan):
+        tiers = group_tiers(plan.cluster, group)
+        if len(tiers) != 1 or tiers[0].name != "node" or tiers[0].device is None:
+            continue
+        profile = profiles.get(tiers[0].device)
+        if profile is not None and any(r.ranks == tiers[0].fanout
+                                       for r in profile.collective_rows):
+            used.setdefault(profile.path, set()).add(tiers[0].fanout)
+    if not used:
+        return COMM_SOURCE
+    parts = [f"measured collective profile {path} (groups of {', '.join(map(str, sorted(n)))} "
+             "ranks in a node)" for path, n in sorted(used.items())]
+    return "; ".join(parts) + f"; {COMM_SOURCE} for the rest"
+
+
+def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
+    """What answered the plan's op and collective times (the `sources` users see)."""
+    if profiles is None or not profiles.by_device:
+        return {"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE}
+    uses = []
+    for pi, pipe in enumerate(plan.pipelines):
+        for si in range(len(pipe.stages)):
+            dev, ops = _stage_ops(plan, pi, si)
+            profile = profiles.get(dev.name)
+            uses.extend((profile, op) for op in ops)
+    return {"compute": compute_source(uses), "communication": _comm_source(plan, profiles)}

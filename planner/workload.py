@@ -44,6 +44,7 @@ class Op:
     shape: tuple[int, ...] = ()
     kernels: int = 1
     backward_kernels: int | None = None  # launches of its backward (default: `kernels`)
+    variant: str | None = None  # the implementation, where there are alternatives
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def _backward_of(op: Op) -> tuple[Op, ...]:
     if op.kind == "attention":
         # FlashAttention-2 backward recomputes the scores: 2.5x the forward FLOPs (Dao 2023).
         return (Op(op.name + ".bwd", "attention", 2.5 * op.flops, 2.0 * op.bytes, op.shape,
-                   bwd_kernels),)
+                   bwd_kernels, variant=op.variant),)
     # Elementwise backward reads the saved input and the output gradient, writes one grad.
     return (Op(op.name + ".bwd", op.kind, op.flops, op.bytes * 1.5, op.shape, bwd_kernels),)
 
@@ -129,7 +130,8 @@ def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op,
     flops = 4.0 * b * heads * s * s_kv * d * 0.5
     io = elem * b * s * d * (2 * heads + 2 * heads)  # read q, k, v (upper bound), write out
     # Kernels: the fused kernel and the layout copies around it.
-    return (Op("attn.core", "attention", flops, float(io), (b, heads, s, s_kv, d), 3),)
+    return (Op("attn.core", "attention", flops, float(io), (b, heads, s, s_kv, d), 3,
+               variant=w.attention),)
 
 
 @cache
@@ -313,7 +315,7 @@ def optimizer_work(num_params: float, *, dtype: str, implementation: str = "fuse
     per_param = 4 + 4 + adam + (low if master else 0) + 4
     kernels = {"fused": 4, "foreach": max(4, num_tensors // 16), "for_loop": 8 * num_tensors}
     return Op("optimizer.adamw", "optimizer", 14.0 * num_params, float(per_param * num_params),
-              (int(num_params),), kernels[implementation])
+              (int(num_params),), kernels[implementation], variant=implementation)
 
 
 def _forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, float, float]:

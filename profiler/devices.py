@@ -31,6 +31,7 @@ __all__ = [
     "device",
     "dtype_bytes",
     "link_kind",
+    "match_device",
     "parameter_overrides",
 ]
 
@@ -180,6 +181,25 @@ def device(name: str) -> DeviceSpec:
     near = difflib.get_close_matches(name, list(table), n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(near)}?" if near else "see `plan gpus`"
     raise SpecError(f"gpu: {name!r} is not a known GPU type ({hint})")
+
+
+def match_device(description: str, memory_gib: float) -> DeviceSpec | None:
+    """The catalog entry for a GPU as the driver names it ("NVIDIA H100 80GB HBM3"):
+    the model token of the catalog name as a whole word, PCIe if the name says so, and
+    the memory size closest to what the device reports; None if nothing matches."""
+    import re
+
+    words = re.split(r"[^A-Z0-9]+", description.upper())
+    words += [a + b for a, b in zip(words, words[1:], strict=False)]  # "RTX 4090" -> RTX4090
+    pcie = "PCIE" in words
+    candidates = []
+    for spec in catalog().values():
+        if spec.vendor != "cpu" and spec.name.split("-")[0].upper() in words:
+            candidates.append((("PCIE" in spec.name.upper()) != pcie,
+                               abs(spec.memory_gib - memory_gib), spec))
+    if not candidates:
+        return None
+    return min(candidates, key=lambda c: (c[0], c[1]))[2]
 
 
 @cache

@@ -8,7 +8,7 @@ import shlex
 from dataclasses import replace
 
 from planner.estimate import estimate
-from planner.kernels import default_kernels
+from planner.kernels import default_kernels, fastest_kernels
 from planner.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
 from planner.results import SimResult
 from planner.simulator import simulate_detailed, write_gantt, write_trace
@@ -16,7 +16,8 @@ from planner.specs.cluster import ClusterSpec, load_cluster, parse_gpus_arg
 from planner.specs.model import ModelSpec, load_model, preset
 from planner.specs.plan import Plan, Predicted, Provenance, Sharding, save_plan
 from profiler.analytic import math_dtype
-from profiler.schema import SpecError, fail
+from profiler.schema import fail
+from profiler.store import Profiles, load_profiles
 
 __all__ = ["config_from_args", "load_inputs", "run_simulate"]
 
@@ -59,10 +60,15 @@ def _check_dtype(cluster: ClusterSpec, dtype: str) -> None:
             fail("--dtype", dtype, f"{g.gpu} has no bf16; use fp16")
 
 
+def _profiles(args: argparse.Namespace, cluster: ClusterSpec, dtype: str) -> Profiles | None:
+    """The measured profiles (`--profile FILE|DIR`, repeatable) for the cluster's GPUs."""
+    if not args.profile:
+        return None
+    devices = sorted({g.device.name for g in cluster.node_groups})
+    return load_profiles(args.profile, devices=devices, dtype=dtype)
+
+
 def run_simulate(args: argparse.Namespace) -> int:
-    if args.profile:
-        raise SpecError(f"--profile: {args.profile!r} is not allowed yet (measured profiles "
-                        "arrive with `plan profile`; the analytic device model answers now)")
     model, cluster = load_inputs(args)
     cfg = config_from_args(args, model)
     if args.cluster:  # a configuration may use the first part of a larger cluster
@@ -73,18 +79,24 @@ def run_simulate(args: argparse.Namespace) -> int:
     if kernels.attention == "math" and cfg.cp > 1:
         fail("--attention", "math", "context parallelism needs a fused attention kernel")
     plan = homogeneous_plan(model, cluster, cfg, kernels=kernels)
+    profiles = _profiles(args, cluster, cfg.dtype)
+    if profiles is not None:
+        plan = replace(plan, kernels=fastest_kernels(plan, profiles,
+                                                     keep_attention=args.attention is not None))
+        kernels = plan.kernels
     if (args.trace or args.gantt) and args.method != "simulate":
         fail("--method", args.method, "--trace and --gantt need the event simulation")
     if args.method == "estimate":
-        result = estimate(plan)
+        result = estimate(plan, profiles=profiles)
     else:
-        result, sim = simulate_detailed(plan)
+        result, sim = simulate_detailed(plan, profiles=profiles)
         if args.trace:
             write_trace(sim, args.trace)
         if args.gantt:
             write_gantt(sim, args.gantt)
     if args.output:
-        save_plan(with_prediction(plan, result, command=["plan", *args.argv]), args.output)
+        save_plan(with_prediction(plan, result, command=["plan", *args.argv],
+                                  profiles=profiles), args.output)
     if args.json:
         from planner.cli import print_json
 
@@ -95,7 +107,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def with_prediction(plan: Plan, result: SimResult, *, command: list[str]) -> Plan:
+def with_prediction(plan: Plan, result: SimResult, *, command: list[str],
+                    profiles: Profiles | None = None) -> Plan:
     """The plan with its predicted metrics and where they came from."""
     predicted = Predicted(
         iteration_time_s=result.iteration_time_s, tokens_per_s=result.tokens_per_s,
@@ -107,7 +120,9 @@ def with_prediction(plan: Plan, result: SimResult, *, command: list[str]) -> Pla
 
     provenance = Provenance(tool=f"trainplan {__version__}",
                             created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                            command=shlex.join(command))
+                            command=shlex.join(command),
+                            profile=" + ".join(profiles.paths) if profiles and profiles.paths
+                            else None)
     return replace(plan, predicted=predicted, provenance=provenance)
 
 
@@ -124,7 +139,7 @@ def summary(plan: Plan, cfg: ParallelConfig, r: SimResult) -> str:
               f"mbs {cfg.mbs}, gbs {cfg.gbs}, seq {cfg.seq_len}, recompute {cfg.recompute}"
               f"{', sequence parallel' if cfg.sequence_parallel else ''}, {cfg.dtype}, "
               f"sharding P/G/OS {cfg.sharding.params}/{cfg.sharding.grads}/{cfg.sharding.optim}, "
-              f"{plan.kernels.attention} attention")
+              f"{plan.kernels.attention} attention, {plan.kernels.optimizer} AdamW")
     fit = ("fits" if r.fits else
            f"DOES NOT FIT: short by {m.shortfall_bytes / GIB:.1f} GiB per rank on stage {worst.stage}")
     lines = [
@@ -135,7 +150,7 @@ def summary(plan: Plan, cfg: ParallelConfig, r: SimResult) -> str:
         f"FLOP/s      {r.tflops_per_gpu_model:.1f} TFLOP/s per GPU (model), "
         f"{r.tflops_per_gpu_hw:.1f} (hardware), MFU {r.mfu * 100:.1f}%",
         "breakdown   " + " | ".join(f"{name} {sec:.3g} s ({sec / total * 100:.0f}%)"
-                                    for name, sec in parts if sec > 0),
+                                    for name, sec in parts if sec > total * 1e-9),
         f"memory      stage {worst.stage} peak {m.total_bytes / GIB:.1f} of "
         f"{m.capacity_bytes / GIB:.1f} GiB: params {m.params_bytes / GIB:.1f}, grads "
         f"{m.grads_bytes / GIB:.1f}, optimizer {m.optimizer_bytes / GIB:.1f}, activations "

@@ -8,6 +8,10 @@ tier, then the next tier works on the shard, so slow tiers carry the least data
 Each phase over f participants costs (f-1)/f * bytes / bandwidth plus its latency
 steps (a ring's f-1 or a tree's 2*log2 f, whichever is fewer).
 
+A measured collective profile of a device type (`plan profile --collectives`, N processes
+on one host) answers the collectives of groups of N ranks inside one node of that type;
+the model answers the rest.
+
 Bandwidth per rank is the achievable fraction of the nominal one (profiler/data/links.yaml).
 Across nodes every GPU of a node is assumed to communicate at once, so a rank gets the
 node's NIC bandwidth divided by its GPUs; an island link is shared by every rank of every
@@ -23,8 +27,9 @@ from functools import cache
 
 from planner.specs.cluster import ClusterSpec, GpuSlot
 from profiler.devices import link_kind
+from profiler.store import Profiles
 
-__all__ = ["COMM_SOURCE", "Tier", "collective_time_s", "group_tiers"]
+__all__ = ["COMM_SOURCE", "Tier", "collective_time_s", "group_tiers", "measured_collective_s"]
 
 COMM_SOURCE = "alpha-beta collective model over the cluster's links (profiler/data/links.yaml)"
 
@@ -37,6 +42,7 @@ class Tier:
     fanout: int
     bandwidth_bytes_per_s: float
     latency_s: float
+    device: str | None = None  # the GPU type of a node tier whose nodes are all alike
 
 
 def _nic_share_bytes_per_s(cluster: ClusterSpec, group_index: int) -> float:
@@ -58,13 +64,15 @@ def group_tiers(cluster: ClusterSpec, devices: tuple[int, ...], concurrency: int
     per_node = max(len(v) for v in by_node.values())
     if per_node > 1:
         bw, lat = math.inf, 0.0
+        gpus = set()
         for node_members in by_node.values():
             g = cluster.node_groups[node_members[0].group]
             assert g.intra_node_link is not None
             kind = link_kind(g.intra_node_link)
             bw = min(bw, g.intra_node_bandwidth_bytes_per_s * kind.bandwidth_efficiency)
             lat = max(lat, kind.latency_s)
-        tiers.append(Tier("node", per_node, bw, lat))
+            gpus.add(g.device.name)
+        tiers.append(Tier("node", per_node, bw, lat, gpus.pop() if len(gpus) == 1 else None))
     island_of = {s.node: cluster.node_groups[s.group].island for s in members}
     nodes_by_island: dict[str, set[int]] = {}
     for node, island in island_of.items():
@@ -105,10 +113,26 @@ def _phase_s(size: float, tiers: Sequence[Tier]) -> float:
     return total
 
 
-def collective_time_s(kind: str, size_bytes: float, tiers: Sequence[Tier]) -> float:
-    """Time of one collective whose per-rank buffer is `size_bytes`."""
+def measured_collective_s(kind: str, size_bytes: float, tiers: Sequence[Tier],
+                          profiles: Profiles | None) -> float | None:
+    """The profile's time of a collective of a group inside one node, if it has it."""
+    if profiles is None or len(tiers) != 1 or tiers[0].name != "node" or not tiers[0].device:
+        return None
+    profile = profiles.get(tiers[0].device)
+    if profile is None:
+        return None
+    return profile.collective_time_s(kind, size_bytes, tiers[0].fanout)
+
+
+def collective_time_s(kind: str, size_bytes: float, tiers: Sequence[Tier], *,
+                      profiles: Profiles | None = None) -> float:
+    """Time of one collective whose per-rank buffer is `size_bytes`: measured where a
+    profile of the group's device type has it, else the hierarchical alpha-beta model."""
     if not tiers or size_bytes <= 0:
         return 0.0
+    measured = measured_collective_s(kind, size_bytes, tiers, profiles)
+    if measured is not None:
+        return measured
     if kind == "all_reduce":
         return 2.0 * _phase_s(size_bytes, tiers)
     if kind in ("all_gather", "reduce_scatter"):

@@ -1,15 +1,25 @@
-"""Op time on one device type: the analytic device model (profiles join in later)."""
+"""Op time on one device type: a measured profile where it has the op, else the analytic
+device model.
+
+A profile answers an op by its name, implementation (variant) and shape, interpolating
+over sizes it did not measure (profiler/store.py); ops it lacks (a SwiGLU when the
+profiled model had GELU, a size far outside the measured range) fall back to the
+analytic model. `compute_source` says which answered what.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 
 from planner.workload import Op
 from profiler import analytic
 from profiler.devices import device, dtype_bytes
+from profiler.store import Profile
 
-__all__ = ["ANALYTIC_SOURCE", "ComputeCosts", "clear_op_cache"]
+__all__ = ["ANALYTIC_SOURCE", "ComputeCosts", "clear_op_cache", "compute_source",
+           "measured_op_time_s"]
 
 ANALYTIC_SOURCE = "analytic device model (datasheet peak x efficiency, profiler/data/efficiency.yaml)"
 
@@ -28,14 +38,28 @@ def _analytic_op_time_s(device_name: str, dtype: str, op: Op) -> float:
     return analytic.memory_time_s(op.bytes, device=dev, kernels=op.kernels)
 
 
-@dataclass
+@cache
+def measured_op_time_s(profile: Profile, op: Op) -> float | None:
+    """The profile's time for `op`, or None where it does not have it."""
+    size = op.flops if op.kind in ("gemm", "attention") else op.bytes
+    return profile.time_s(kind=op.kind, name=op.name, variant=op.variant, shape=op.shape,
+                          size=size)
+
+
+@dataclass(frozen=True)
 class ComputeCosts:
-    """Op times for one device type and training dtype."""
+    """Op times for one device type and training dtype, from `profile` first (one of
+    this device type, measured in this dtype) and the analytic model for the rest."""
 
     device_name: str
     dtype: str
+    profile: Profile | None = None
 
     def time_s(self, op: Op) -> float:
+        if self.profile is not None:
+            measured = measured_op_time_s(self.profile, op)
+            if measured is not None:
+                return measured
         return _analytic_op_time_s(self.device_name, self.dtype, op)
 
     def total_s(self, ops: tuple) -> float:
@@ -43,5 +67,26 @@ class ComputeCosts:
         return sum(self.time_s(op) for op in ops if isinstance(op, Op))
 
 
+def compute_source(uses: Iterable[tuple[Profile | None, Op]]) -> str:
+    """Which model answered the ops of a plan, given (profile, op) pairs: the profile's
+    path and the op kinds it answered, and what was left to the analytic model."""
+    measured: dict[str, set[str]] = {}
+    analytic_names: set[str] = set()
+    for profile, op in uses:
+        if profile is not None and measured_op_time_s(profile, op) is not None:
+            measured.setdefault(profile.path, set()).add(op.kind)
+        else:
+            analytic_names.add(op.name)
+    if not measured:
+        return ANALYTIC_SOURCE
+    parts = [f"measured profile {path} ({', '.join(sorted(kinds))})"
+             for path, kinds in sorted(measured.items())]
+    text = "; ".join(parts)
+    if analytic_names:
+        text += f"; {ANALYTIC_SOURCE} for the rest ({', '.join(sorted(analytic_names))})"
+    return text
+
+
 def clear_op_cache() -> None:
     _analytic_op_time_s.cache_clear()
+    measured_op_time_s.cache_clear()

@@ -21,11 +21,11 @@ from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import Pool, pools_by_type
 from planner.hetero.split import layer_split_proportional, layer_split_uniform
 from planner.kernels import default_kernels
-from planner.progress import Progress
 from planner.results import SimResult
 from planner.specs.cluster import ClusterSpec
 from planner.specs.plan import Plan, Sharding
 from profiler.devices import device
+from profiler.progress import ProgressBar
 
 __all__ = ["Baseline", "baselines_for", "hetero_candidates", "kernels_for", "templates"]
 
@@ -109,11 +109,11 @@ def hetero_candidates(model: object, cluster: ClusterSpec, *, gbs: int, seq_len:
     and the best candidate using each type (for explaining idle GPUs)."""
     pools = pools_by_type(cluster)
     all_templates = list(templates(model, pools, gbs))
-    bar = Progress("planning mixed GPU types", len(all_templates))
+    bar = ProgressBar(len(all_templates), title="planning mixed GPU types")
     best: list[Priced] = []
     with_type: dict[str, Priced] = {}
     count = 0
-    for t in all_templates:
+    for done, t in enumerate(all_templates, 1):
         for (mbs, rc), sh in itertools.product(MICRO, _shardings(t.dp)):
             p = price(model, cluster, t, pools=pools, mbs=mbs, recompute=rc, sharding=sh,  # type: ignore[arg-type]
                       seq_len=seq_len, dtype=dtype, gbs=gbs, attention=attention)
@@ -125,7 +125,7 @@ def hetero_candidates(model: object, cluster: ClusterSpec, *, gbs: int, seq_len:
                 if g not in with_type or score(p) < score(with_type[g]):
                     with_type[g] = p
         best = sorted(best, key=score)[:keep]
-        bar.advance()
+        bar(done, f"{t.family}, {t.dp} replicas of {t.pp} stages")
     bar.close()
     return best, count, with_type
 

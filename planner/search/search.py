@@ -21,7 +21,6 @@ from planner.hetero.placement import pools_by_type
 from planner.hetero.search import Baseline, baselines_for, hetero_candidates, kernels_for
 from planner.kernels import default_kernels
 from planner.layout import ParallelConfig, homogeneous_plan
-from planner.progress import Progress
 from planner.results import SimResult
 from planner.search.evaluate import Evaluation, LayoutModel
 from planner.search.sharding import sharding_options, solve_ilp
@@ -31,6 +30,7 @@ from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan, Sharding
 from profiler.devices import device
+from profiler.progress import ProgressBar
 from profiler.schema import fail
 
 __all__ = ["Ranked", "SearchRequest", "SearchResult", "search"]
@@ -172,14 +172,14 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace,
     evaluations: list[Evaluation] = []
     work = [(lo, mi) for lo in layouts(space, req.model, gbs=req.gbs, seq_len=req.seq_len)
             for mi in candidates(space, req.model, lo, gbs=req.gbs)]
-    bar = Progress(f"searching {cluster.name}", len(work))
-    for lo, mi in work:
+    bar = ProgressBar(len(work), title=f"searching {cluster.name}")
+    for done, (lo, mi) in enumerate(work, 1):
         if lo not in models:
             models[lo] = LayoutModel(req.model, cluster, lo, dtype=req.dtype,
                                      seq_len=req.seq_len, gbs=req.gbs, attention=attention,
                                      optimizer="fused")
         evaluations.append(models[lo].evaluate(mi))
-        bar.advance()
+        bar(done, f"tp {lo.tp} pp {lo.pp} dp {lo.dp}")
     bar.close()
     return evaluations, models, len(work)
 

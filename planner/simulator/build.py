@@ -37,6 +37,7 @@ from planner.stage_costs import (
     pipeline_key,
     plan_stage_costs,
 )
+from profiler.store import Profiles
 
 __all__ = ["Simulation", "TaskMeta", "simulate_graph"]
 
@@ -58,6 +59,7 @@ class Simulation:
     schedule: Schedule
     representatives: list[int]  # the pipelines simulated
     in_flight_layers: dict[tuple[int, int], float]  # (pipeline, stage) -> peak layers held
+    profiles: Profiles | None = None  # the measured profiles the costs came from
 
 
 def chunk_layers(num_layers: int, vp: int) -> list[int]:
@@ -86,8 +88,10 @@ def _comm_stream(g: TaskGraph, plan: Plan, pi: int, si: int, devices: tuple[int,
 
 
 class _Builder:
-    def __init__(self, plan: Plan, costs: list[list[StageCost]], overlap: bool):
+    def __init__(self, plan: Plan, costs: list[list[StageCost]], overlap: bool,
+                 profiles: Profiles | None):
         self.plan, self.costs, self.overlap = plan, costs, overlap
+        self.profiles = profiles
         self.g = TaskGraph()
         self.passes: dict[tuple[int, int, str, int, int], int] = {}  # (p,s,F/B,c,j) -> task
         self.buckets: dict[tuple[int, int, int], list[int]] = {}  # (p,s,c) -> last-bwd pieces
@@ -234,7 +238,7 @@ class _Builder:
             stage = plan.pipelines[pi0].stages[si0]
             params = self.costs[pi0][si0].num_params * (hi - lo) / stage.num_layers
             sync = dp_sync(plan.cluster, group, params, len(stage.devices), plan.sharding,
-                           plan.training.dtype)
+                           plan.training.dtype, self.profiles)
             rep_of = {pi: self._rep(pi, reps) for pi, _ in holders}
             after = tuple({self.last_compute[(rep_of[pi], si)] for pi, si in holders})
             tid = self.g.add(f"grad-sync layers {lo}-{hi}", "dp",
@@ -262,20 +266,22 @@ class _Builder:
 
 
 def simulate_graph(plan: Plan, *, costs: list[list[StageCost]] | None = None,
-                   overlap_grad_reduce: bool = True) -> Simulation:
+                   overlap_grad_reduce: bool = True,
+                   profiles: Profiles | None = None) -> Simulation:
     """Build and list-schedule the task graph of one iteration of `plan` (with `costs`
-    in place of the cost model's, for tests and what-ifs). Without overlap, gradients are
-    reduced in one piece after each stage's last backward."""
-    costs = costs if costs is not None else plan_stage_costs(plan)
+    in place of the cost model's, for tests and what-ifs; else priced with `profiles`
+    where they answer). Without overlap, gradients are reduced in one piece after each
+    stage's last backward."""
+    costs = costs if costs is not None else plan_stage_costs(plan, profiles)
     reps, seen = [], set()
     for pi in range(plan.dp):
         key = pipeline_key(plan, pi)
         if key not in seen:
             seen.add(key)
             reps.append(pi)
-    b = _Builder(plan, costs, overlap_grad_reduce)
+    b = _Builder(plan, costs, overlap_grad_reduce, profiles)
     for pi in reps:
         b.pipeline(pi)
     b.data_parallel(reps)
     return Simulation(plan=plan, costs=costs, graph=b.g, schedule=schedule(b.g),
-                      representatives=reps, in_flight_layers=b.in_flight)
+                      representatives=reps, in_flight_layers=b.in_flight, profiles=profiles)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 
-from planner.costs.comm import COMM_SOURCE
-from planner.costs.compute import ANALYTIC_SOURCE
 from planner.memory import MEMORY_SOURCE, stage_memory
 from planner.results import Breakdown, SimResult, StageSummary, make_result
 from planner.simulator.build import Simulation, TaskMeta, simulate_graph
 from planner.specs.plan import Plan
-from planner.stage_costs import pipeline_key, stage_device, stage_shape
+from planner.stage_costs import cost_sources, pipeline_key, stage_device, stage_shape
+from profiler.store import Profiles
 
 __all__ = ["SIMULATION_SOURCE", "simulate", "simulate_detailed", "write_gantt", "write_trace"]
 
@@ -19,13 +18,15 @@ SIMULATION_SOURCE = ("event simulation (task graph list-scheduled over compute a
 _COMPUTE_KINDS = ("F", "B")
 
 
-def simulate(plan: Plan) -> SimResult:
-    """Simulate one iteration of `plan` (see planner/simulator/build.py)."""
-    return _result(simulate_graph(plan))
+def simulate(plan: Plan, *, profiles: Profiles | None = None) -> SimResult:
+    """Simulate one iteration of `plan` (see planner/simulator/build.py), with op and
+    collective times from `profiles` where they have them."""
+    return _result(simulate_graph(plan, profiles=profiles))
 
 
-def simulate_detailed(plan: Plan) -> tuple[SimResult, Simulation]:
-    sim = simulate_graph(plan)
+def simulate_detailed(plan: Plan, *, profiles: Profiles | None = None
+                      ) -> tuple[SimResult, Simulation]:
+    sim = simulate_graph(plan, profiles=profiles)
     return _result(sim), sim
 
 
@@ -100,8 +101,8 @@ def _stage_summaries(sim: Simulation) -> tuple[StageSummary, ...]:
 def _result(sim: Simulation) -> SimResult:
     return make_result(sim.plan, method="event simulation", iteration_s=sim.schedule.makespan_s,
                        breakdown=_breakdown(sim), stages=_stage_summaries(sim),
-                       sources={"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE,
-                                "memory": MEMORY_SOURCE, "schedule": SIMULATION_SOURCE})
+                       sources={**cost_sources(sim.plan, sim.profiles), "memory": MEMORY_SOURCE,
+                                "schedule": SIMULATION_SOURCE})
 
 
 def write_trace(sim: Simulation, path: str) -> None:

@@ -201,3 +201,51 @@ def test_search_infeasible_exits_1_with_reason(capsys):
     argv = ["search", "--model", "gpt3-175b", "--gpus", "A100-80GB-SXM:8", "--gbs", "8"]
     code, out, err = _run(argv, capsys)
     assert code == 1 and "nothing fits in memory" in err and "Traceback" not in err
+
+
+CPU_SIM = ["simulate", "--model", "debug-small", "--gpus", "CPU:1", "--tp", "1", "--pp", "1",
+           "--dp", "1", "--mbs", "8", "--gbs", "8", "--dtype", "fp32"]
+
+
+def _cpu_profile(tmp_path):
+    from planner.memory import rank_param_count
+    from planner.specs.model import preset
+    from planner.workload import optimizer_work
+    from tests.planner.profile_helpers import op_row, write_profile
+
+    params = rank_param_count(preset("debug-small"), num_layers=4, first=True, last=True,
+                              tp=1, pp=1)
+    rows = [op_row(optimizer_work(params, dtype="fp32", implementation=k), t)
+            for k, t in (("fused", 3e-3), ("foreach", 1e-3))]
+    return write_profile(tmp_path / "cpu.csv", rows)
+
+
+def test_simulate_with_a_profile(tmp_path, capsys):
+    path = _cpu_profile(tmp_path)
+    code, out, err = _run(CPU_SIM + ["--profile", path, "--json", "-o",
+                                     str(tmp_path / "p.yaml")], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["sources"]["compute"].startswith(f"measured profile {path} (optimizer)")
+    assert result["kernels"]["optimizer"] == "foreach"
+    from planner.specs.plan import load_plan
+
+    plan = load_plan(str(tmp_path / "p.yaml"))
+    assert plan.kernels.optimizer == "foreach" and plan.provenance.profile == path
+    # a folder of profiles is matched by device name
+    code, out, _ = _run(CPU_SIM + ["--profile", str(tmp_path), "--json"], capsys)
+    assert code == 0 and json.loads(out)["kernels"]["optimizer"] == "foreach"
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--gpus", "A100-80GB-SXM:1"], "device: 'CPU' is not allowed (the plan's GPUs are "
+                                    "A100-80GB-SXM)"),
+    (["--dtype", "bf16"], "dtype: 'fp32' is not allowed (the plan trains in bf16"),
+])
+def test_a_profile_that_does_not_fit_the_plan(tmp_path, extra, needle, capsys):
+    argv = CPU_SIM + ["--profile", _cpu_profile(tmp_path)]
+    for flag, value in zip(extra[::2], extra[1::2], strict=True):
+        argv[argv.index(flag) + 1] = value
+    code, out, err = _run(argv, capsys)
+    assert code == 2 and out == "" and needle in err, err
+    assert err.count("\n") == 1

@@ -37,3 +37,20 @@ def test_unknown_device_suggests_names():
 def test_missing_dtype_is_an_error():
     with pytest.raises(SpecError, match="V100-32GB-SXM2 offers fp32, fp16"):
         device("V100-32GB-SXM2").peak_flops("bf16")
+
+
+@pytest.mark.parametrize("name, memory_gib, expected", [
+    ("NVIDIA H200", 139.8, "H200-141GB-SXM"),
+    ("NVIDIA H100 80GB HBM3", 79.6, "H100-80GB-SXM"),
+    ("NVIDIA H100 PCIe", 79.6, "H100-80GB-PCIe"),
+    ("NVIDIA A100-SXM4-40GB", 39.4, "A100-40GB-SXM"),
+    ("NVIDIA GH200 480GB", 95.0, "GH200-96GB"),
+    ("NVIDIA GeForce RTX 4090", 23.6, "RTX4090-24GB"),
+    ("AMD Instinct MI300X", 191.5, "MI300X-192GB"),
+    ("Some Accelerator 9000", 16.0, None),
+])
+def test_gpus_are_recognised_by_their_driver_name(name, memory_gib, expected):
+    from profiler.devices import match_device
+
+    found = match_device(name, memory_gib)
+    assert (found.name if found else None) == expected

@@ -67,3 +67,26 @@ def test_mixed_nodes_take_the_slower_nic():
     (tier,) = group_tiers(c, (0, 8))
     v100_share = 4 * 100e9 / 8 * link_kind("infiniband").bandwidth_efficiency / 8
     assert tier.bandwidth_bytes_per_s == pytest.approx(v100_share)
+
+
+def test_a_collective_profile_answers_groups_inside_one_node_of_its_size(tmp_path):
+    from profiler.store import load_profiles
+    from tests.planner.profile_helpers import collective_row, write_profile
+
+    path = write_profile(tmp_path / "coll.csv", [collective_row("all_reduce", 1 << 20, 1e-3),
+                                                 collective_row("all_reduce", 1 << 22, 3e-3)],
+                         world_size=2)
+    profiles = load_profiles([path], devices=["CPU"], dtype="fp32")
+    local = load_cluster("cluster_specs/local-cpu.yaml")
+    pair = group_tiers(local, (0, 1))
+    assert pair[0].device == "CPU"
+    assert collective_time_s("all_reduce", 1 << 20, pair, profiles=profiles) == 1e-3
+    middle = collective_time_s("all_reduce", 1 << 21, pair, profiles=profiles)
+    assert 1e-3 < middle < 3e-3
+    # not measured: another kind, or a group across nodes
+    assert collective_time_s("all_gather", 1 << 20, pair, profiles=profiles) == \
+        collective_time_s("all_gather", 1 << 20, pair)
+    across = group_tiers(parse_gpus_arg("CPU:2"), (0, 1))
+    assert across[0].name == "network"
+    assert collective_time_s("all_reduce", 1 << 20, across, profiles=profiles) == \
+        collective_time_s("all_reduce", 1 << 20, across)

@@ -1,0 +1,211 @@
+"""Measure collectives across N local processes over torch.distributed.
+
+gloo on the CPU (one thread per rank: other load makes more threads slower, see
+shared/notes/torch-distributed-on-cpu.md), NCCL on GPUs (rank r on cuda:r). Sizes are
+NCCL's "size": the full per-rank buffer (the all-gather output, the reduce-scatter
+input); send/recv is one way between rank pairs (0,1), (2,3), ..., timed as half a round
+trip. A sample is the slowest rank's time of back-to-back calls after a barrier.
+
+Sizes are measured in interleaved rounds (one sample of every size, then the next
+round), so a burst of load on the machine hits all sizes alike instead of skewing one.
+Each rank imports torch only inside the spawned worker.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import statistics
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from profiler.store import ProfileRow
+
+__all__ = ["COLLECTIVES", "CollectiveSettings", "measure_collectives", "size_grid"]
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
+_ELEM_BYTES = 4  # fp32 buffers
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveSettings:
+    nprocs: int = 2
+    device: str = "cpu"  # cpu | cuda
+    kinds: tuple[str, ...] = COLLECTIVES
+    sizes_bytes: tuple[int, ...] = ()
+    warmup: int = 3
+    repeats: int = 15
+    min_sample_s: float = 2e-3
+    budget_s_per_size: float = 2.0  # fewer samples for the largest sizes
+
+
+def size_grid(min_bytes: int, max_bytes: int) -> tuple[int, ...]:
+    """Powers of two from `min_bytes` to `max_bytes` (both included when powers of two)."""
+    lo = math.ceil(math.log2(max(min_bytes, _ELEM_BYTES)))
+    hi = math.floor(math.log2(max_bytes))
+    return tuple(2**e for e in range(lo, hi + 1))
+
+
+def _ops(kind: str, size: int, rank: int, world: int, device: str) -> Callable[[], None]:
+    """One call of collective `kind` with a per-rank buffer of `size` bytes."""
+    import torch
+    import torch.distributed as dist
+
+    numel = max(size // _ELEM_BYTES, world)
+    numel -= numel % world  # shards must be equal
+    full = torch.ones(numel, device=device)
+    shard = torch.ones(numel // world, device=device)
+    if kind == "all_reduce":
+        return lambda: dist.all_reduce(full)
+    if kind == "all_gather":
+        return lambda: dist.all_gather_single(full, shard)
+    if kind == "reduce_scatter":
+        return lambda: dist.reduce_scatter_single(shard, full)
+    if kind == "all_to_all":
+        out = torch.empty_like(full)
+        return lambda: dist.all_to_all_single(out, full)
+    if kind == "send_recv":
+        peer = rank ^ 1
+        if peer >= world:
+            return lambda: None  # an odd rank out sits the exchange out
+
+        def ping_pong() -> None:
+            if rank % 2 == 0:
+                dist.send(full, peer)
+                dist.recv(full, peer)
+            else:
+                dist.recv(full, peer)
+                dist.send(full, peer)
+
+        return ping_pong
+    raise ValueError(f"unknown collective {kind!r}")
+
+
+def _sample_s(fn: Callable[[], None], calls: int, device: str) -> float:
+    """The slowest rank's seconds per call over `calls` back-to-back calls."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    elapsed = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64)
+    if device.startswith("cuda"):
+        elapsed = elapsed.to(device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item())
+
+
+def _kind_rows(kind: str, rank: int, world: int, device: str,
+               s: CollectiveSettings) -> list[ProfileRow]:
+    """All sizes of one collective, sampled in interleaved rounds."""
+    fns = [_ops(kind, size, rank, world, device) for size in s.sizes_bytes]
+    calls, rounds = [], []
+    for fn in fns:  # warm up; agree on calls per sample and on the number of rounds
+        first = min(_sample_s(fn, 1, device) for _ in range(max(s.warmup, 1)))
+        calls.append(max(1, math.ceil(s.min_sample_s / max(first, 1e-9))))
+        rounds.append(max(5, min(s.repeats, math.floor(s.budget_s_per_size / max(first, 1e-9)))))
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(max(rounds)):
+        for i, fn in enumerate(fns):
+            if r < rounds[i]:
+                times[i].append(_sample_s(fn, calls[i], device))
+    factor = 0.5 if kind == "send_recv" else 1.0  # a ping-pong is two one-way sends
+    rows = []
+    for size, ts, n in zip(s.sizes_bytes, times, calls, strict=True):
+        ts = sorted(t * factor for t in ts)
+        rows.append(ProfileRow(kind="collective", name=kind, shape=(size,), flops=0.0,
+                               bytes=float(size), ranks=world, time_s=statistics.median(ts),
+                               p10_s=ts[len(ts) // 10], p90_s=ts[-1 - len(ts) // 10],
+                               samples=len(ts), calls=n))
+    return rows
+
+
+def _worker(rank: int, s: CollectiveSettings, init_file: str, results: object) -> None:
+    """One rank: join the group, measure every collective, send rows (rank 0) home."""
+    import gc
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    torch.set_num_threads(1)
+    cuda = s.device.startswith("cuda")
+    device = f"cuda:{rank}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{init_file}",
+                            rank=rank, world_size=s.nprocs)
+    try:
+        for kind in s.kinds:
+            rows = _kind_rows(kind, rank, s.nprocs, device, s)
+            if rank == 0:
+                results.put(rows)  # type: ignore[attr-defined]
+    finally:
+        gc.collect()  # before destroy: avoids gloo's exit-time abort (see shared/notes)
+        dist.destroy_process_group()
+
+
+def measure_collectives(s: CollectiveSettings,
+                        progress: Callable[[int, str], None] | None = None
+                        ) -> tuple[tuple[ProfileRow, ...], bool]:
+    """Rows for every (collective, size) over `s.nprocs` spawned processes, and whether
+    Ctrl-C cut it short (the collectives finished by then are kept)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    rows: list[ProfileRow] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = [ctx.Process(target=_worker, args=(r, s, init_file, results), daemon=True)
+                 for r in range(s.nprocs)]
+        for p in procs:
+            p.start()
+        try:
+            for i, kind in enumerate(s.kinds):
+                if progress is not None:
+                    progress(i, kind)
+                rows.extend(_next_rows(results, procs))
+        except KeyboardInterrupt:
+            _stop(procs)
+            return tuple(rows), True
+        for p in procs:
+            p.join()
+        if any(p.exitcode for p in procs):
+            raise RuntimeError(f"a measuring process failed (exit codes "
+                               f"{[p.exitcode for p in procs]})")
+    if progress is not None:
+        progress(len(s.kinds), "done")
+    return tuple(rows), False
+
+
+def _next_rows(results: object, procs: Sequence[object]) -> list[ProfileRow]:
+    """Wait for rank 0's next batch of rows; fail if a rank died meanwhile."""
+    while True:
+        try:
+            return results.get(timeout=1.0)  # type: ignore[attr-defined]
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if not p.is_alive()]  # type: ignore[attr-defined]
+            if dead:
+                _stop(procs)
+                raise RuntimeError(f"a measuring process exited early (exit codes {dead})"
+                                   ) from None
+
+
+def _stop(procs: Sequence[object]) -> None:
+    for p in procs:
+        if p.is_alive():  # type: ignore[attr-defined]
+            p.terminate()  # type: ignore[attr-defined]
+    for p in procs:
+        p.join()  # type: ignore[attr-defined]

@@ -1,0 +1,256 @@
+"""Measure ops on the local device and turn them into profile rows.
+
+`OpCase` says what to measure: the planner's op (name, kind, variant, shape, FLOPs,
+bytes: the row's key) and how to run it in torch (`impl` and `dims`, see
+profiler/torch_ops.py; `grad_of` for a backward). This module imports torch only inside
+the functions that measure, so the planner can build cases without it.
+
+Forward ops run with autograd recording, as in training. A backward is timed as
+`torch.autograd.grad` over the op's fragment; on the CPU the fixed cost of one
+`autograd.grad` call (measured on a one-element graph) is subtracted, because a training
+step pays it once per backward, not once per op. On CUDA the events time the device, which
+runs ahead of that host cost.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from profiler.store import ProfileRow
+from profiler.timing import Timing, time_calls
+
+__all__ = ["MeasureSettings", "Measured", "OpCase", "cache_bytes", "device_description",
+           "measure_ops", "torch_dtype"]
+
+GradOf = Literal["input", "weight", "all"]
+MAX_COPIES = 64  # rotating copies of one op's tensors
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One op to measure: its profile key and how torch runs it."""
+
+    name: str
+    kind: str
+    variant: str | None
+    shape: tuple[int, ...]
+    flops: float
+    bytes: float
+    kernels: int
+    impl: str  # "adamw" or a key of profiler.torch_ops.IMPLS
+    dims: tuple[int, ...]  # the impl's dimensions (parameter sizes for "adamw")
+    grad_of: GradOf | None = None  # time the backward with respect to these leaves
+    reuse_bytes: float = 0.0  # bytes a training step touches between two uses of its
+    # operands (0: assume more than the device's last-level cache)
+
+    @property
+    def key(self) -> tuple[str, str | None, tuple[int, ...]]:
+        return (self.name, self.variant, self.shape)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureSettings:
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    dtype: str = "fp32"
+    warmup: int = 3
+    repeats: int = 15
+    min_sample_s: float = 2e-3  # back-to-back calls per sample, to at least this long
+
+
+def torch_dtype(name: str) -> object:
+    import torch
+
+    table = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+             "fp16": torch.float16}
+    return table[name]
+
+
+def device_description(device: str) -> str:
+    """What the hardware calls itself: the GPU name, or the CPU model."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cache_bytes(device: str) -> int:
+    """The last-level cache of the device (CPU: the largest cache sysfs lists; CUDA: L2)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.get_device_properties(torch.device(device)).L2_cache_size)
+    largest = 0
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for index in os.listdir(root):
+            with open(os.path.join(root, index, "size"), encoding="ascii") as fh:
+                text = fh.read().strip()
+            scale = {"K": 1024, "M": 1024**2}.get(text[-1], 1)
+            largest = max(largest, int(text.rstrip("KM")) * scale)
+    except (OSError, ValueError):
+        pass
+    return largest or 32 * 1024**2
+
+
+Call = Callable[[], object]
+
+
+def _adamw_step(case: OpCase, s: MeasureSettings) -> tuple[Call, int]:
+    import torch
+
+    dtype = torch.float32  # parameters the optimizer updates are fp32 master weights
+    params = [torch.nn.Parameter(torch.randn(n, device=s.device, dtype=dtype)) for n in case.dims]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    flags = {"fused": {"fused": True}, "foreach": {"foreach": True},
+             "for_loop": {"foreach": False, "fused": False}}[case.variant or "fused"]
+    opt = torch.optim.AdamW(params, lr=1e-4, **flags)  # type: ignore[arg-type]
+    return opt.step, 16 * sum(case.dims)  # weight, grad and two moments in fp32
+
+
+def _runners(case: OpCase, s: MeasureSettings) -> tuple[Call, Call | None, int]:
+    """The callable whose time is the op's (a forward, a backward, an optimizer step);
+    for a weight gradient, a baseline whose time is subtracted: the backward with respect
+    to the input alone (the difference is what the weight gradient adds to a backward
+    that runs anyway; layout copies before the GEMM belong to `.dgrad`); and the bytes
+    the op touches."""
+    import torch
+
+    from profiler import torch_ops
+
+    if case.impl == "adamw":
+        step, footprint = _adamw_step(case, s)
+        return step, None, footprint
+    frag = torch_ops.build(case.impl, case.dims, variant=case.variant,
+                           dtype=torch_dtype(s.dtype), device=s.device)  # type: ignore[arg-type]
+    outputs = frag.forward()
+    footprint = sum(t.numel() * t.element_size()
+                    for t in (*frag.inputs, *frag.weights, *outputs))
+    if case.grad_of is None:
+        return frag.forward, None, footprint
+    grads = tuple(torch.randn_like(o) for o in outputs)
+
+    def backward(leaves: tuple[torch.Tensor, ...]) -> Call:
+        return lambda: torch.autograd.grad(outputs, leaves, grads, retain_graph=True)
+
+    if case.grad_of == "input":
+        return backward(frag.inputs), None, footprint
+    if case.grad_of == "weight" and frag.inputs:
+        return backward(frag.inputs + frag.weights), backward(frag.inputs), footprint
+    return backward(frag.inputs + frag.weights), None, footprint
+
+
+def _rotating(calls: Sequence[Call]) -> Call:
+    """Call each in turn, keeping each result until its turn comes again (as a training
+    step keeps activations), so that every call finds its operands out of cache."""
+    results: list[object] = [None] * len(calls)
+    turn = 0
+
+    def call() -> None:
+        nonlocal turn
+        k = turn % len(calls)
+        results[k] = None
+        results[k] = calls[k]()
+        turn += 1
+
+    return call
+
+
+def _autograd_call_s(s: MeasureSettings) -> float:
+    """Fixed cost of one `autograd.grad` call (a one-element graph); zero on CUDA."""
+    if s.device.startswith("cuda"):
+        return 0.0
+    import torch
+
+    leaf = torch.ones(1, requires_grad=True)
+    out = leaf * 2.0
+    grad = torch.ones(1)
+    return time_calls(lambda: torch.autograd.grad(out, (leaf,), grad, retain_graph=True),
+                      device=s.device, warmup=s.warmup, repeats=s.repeats,
+                      min_sample_s=s.min_sample_s).median_s
+
+
+def _row(case: OpCase, t: Timing, subtract_s: float) -> ProfileRow:
+    """The profile row of a timing, less `subtract_s` (never below a tenth of it: an op
+    is never free)."""
+    shift = min(subtract_s, t.median_s * 0.9)
+    return ProfileRow(kind=case.kind, name=case.name, variant=case.variant,  # type: ignore[arg-type]
+                      shape=case.shape, flops=float(case.flops), bytes=float(case.bytes),
+                      kernels=case.kernels, time_s=t.median_s - shift,
+                      p10_s=max(t.p10_s - shift, 0.0), p90_s=max(t.p90_s - shift, 0.0),
+                      samples=t.samples, calls=t.calls)
+
+
+def _measure_case(case: OpCase, s: MeasureSettings, autograd_call_s: float,
+                  cache_size: int) -> ProfileRow:
+    """Time one case (raises RuntimeError / ValueError if torch cannot run it here) with
+    its operands as cold as a training step leaves them: a step touches `reuse_bytes`
+    between two uses of an op's weights and saved activations, so the case rotates over
+    copies of its tensors totalling that much, up to the last-level cache size (beyond
+    it they come from DRAM either way). Rotating buffers are what rocBLAS and hipBLASLt
+    benchmarks use; Triton's `do_bench` flushes the L2 for the same reason."""
+    with warnings.catch_warnings():  # torch warns why a backend cannot run; we report it
+        warnings.simplefilter("ignore")
+        fn, baseline, footprint = _runners(case, s)
+        fn()  # fails here if the backend cannot run this case
+    rotate = min(cache_size, case.reuse_bytes or cache_size)
+    copies = min(MAX_COPIES, max(1, math.ceil(rotate / max(footprint, 1))))
+    built = [(fn, baseline)] + [_runners(case, s)[:2] for _ in range(copies - 1)]
+
+    def timed(calls: Sequence[Call]) -> Timing:
+        return time_calls(_rotating(calls), device=s.device, warmup=max(s.warmup, copies),
+                          repeats=s.repeats, min_sample_s=s.min_sample_s)
+
+    t = timed([f for f, _ in built])
+    if baseline is not None:
+        return _row(case, t, timed([b for _, b in built if b is not None]).median_s)
+    return _row(case, t, autograd_call_s if case.grad_of else 0.0)
+
+
+@dataclass(frozen=True)
+class Measured:
+    rows: tuple[ProfileRow, ...]
+    skipped: tuple[tuple[OpCase, str], ...]  # cases torch cannot run here, and why
+    interrupted: bool
+
+
+def measure_ops(cases: Sequence[OpCase], settings: MeasureSettings,
+                progress: Callable[[int, str], None] | None = None) -> Measured:
+    """Time every case; a case torch cannot run (an attention backend that does not
+    support the shape or dropout, say) is skipped with its reason. Ctrl-C stops early
+    and keeps what was measured."""
+    import torch
+
+    rows: list[ProfileRow] = []
+    skipped: list[tuple[OpCase, str]] = []
+    try:
+        overhead_s = _autograd_call_s(settings)
+        rotate_bytes = cache_bytes(settings.device)
+        for i, case in enumerate(cases):
+            if progress is not None:
+                progress(i, case.name)
+            try:
+                rows.append(_measure_case(case, settings, overhead_s, rotate_bytes))
+            except (RuntimeError, ValueError) as err:
+                skipped.append((case, str(err).strip().splitlines()[0]))
+        if settings.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    except KeyboardInterrupt:
+        return Measured(tuple(rows), tuple(skipped), interrupted=True)
+    if progress is not None:
+        progress(len(cases), "done")
+    return Measured(tuple(rows), tuple(skipped), interrupted=False)

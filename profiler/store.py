@@ -1,0 +1,355 @@
+"""The profile store: measured op and collective times of one device type, on disk and
+in memory, with lookup by interpolation.
+
+A profile file is CSV: a `## ` title line, `# ` lines holding the metadata as YAML
+(`ProfileMeta`), then one row per measured op or collective (`ProfileRow`); times are
+written with full precision so that a file reads back exactly. The schema is documented in
+docs/profiles.md and versioned by `PROFILE_SCHEMA_VERSION`; both are validated by the
+one spec loader (`profiler/schema.py`), so a bad file gets a one-line `SpecError`.
+
+Lookup: an exact shape answers with its own median. Other sizes interpolate along the
+op's series (same name, variant and group size) piecewise-linearly in log-log space of
+time against FLOPs (GEMMs, attention) or bytes (everything else). The series is first
+made non-decreasing (pool-adjacent-violators on log time, Barlow et al. 1972), so a
+bigger op is never predicted faster than a smaller one. Below the smallest point the time
+stays flat (small ops cost their fixed overhead); above the largest it grows at the
+largest point's rate. Sizes more than `EXTRAPOLATION_LIMIT` outside the measured range
+are not answered: the analytic model is the better guess there.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import dataclasses
+import hashlib
+import io
+import math
+import os
+import typing
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+from profiler.devices import device
+from profiler.schema import SpecError, at, dump, fail, load_yaml_text, parse, spec_field
+
+__all__ = ["EXTRAPOLATION_LIMIT", "PROFILE_SCHEMA_VERSION", "MonotoneCurve", "Profile",
+           "ProfileMeta", "ProfileRow", "Profiles", "load_profile", "load_profiles",
+           "parse_profile_text", "profile_text", "save_profile"]
+
+PROFILE_SCHEMA_VERSION = 1
+EXTRAPOLATION_LIMIT = 2.0  # answer sizes up to 2x beyond the measured range
+RowKind = Literal["gemm", "attention", "elementwise", "embedding", "optimizer", "collective"]
+_BY_FLOPS = ("gemm", "attention")  # time grows with FLOPs; other kinds with bytes moved
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileMeta:
+    """Where and how a profile was measured."""
+
+    schema_version: int = spec_field(min=1, help="PROFILE_SCHEMA_VERSION of the writer")
+    device: str = spec_field(help="device catalog name (`plan gpus`) the profile stands for")
+    device_detail: str = spec_field(help="what the hardware calls itself")
+    dtype: Literal["fp32", "tf32", "fp16", "bf16"] = spec_field(help="op dtype")
+    torch_version: str = spec_field()
+    cuda_version: str | None = spec_field(default=None, help="CUDA runtime; null on CPU")
+    driver: str | None = spec_field(default=None, help="GPU driver; null on CPU")
+    host: str = spec_field()
+    created: str = spec_field(help="ISO 8601 UTC date of the measurement")
+    num_threads: int = spec_field(min=1, help="torch intra-op threads per process")
+    world_size: int = spec_field(default=1, min=1, help="processes (collective profiles)")
+    warmup: int = spec_field(min=0, help="untimed calls before sampling")
+    repeats: int = spec_field(min=1, help="timed samples per row")
+    command: str | None = spec_field(default=None, help="the command that measured it")
+
+    def check(self, where: str) -> None:
+        device(self.device)  # an unknown device is a SpecError naming it
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileRow:
+    """One measured op or collective: its key, size and seconds per call."""
+
+    kind: RowKind
+    name: str = spec_field(help="the planner's op name (planner/workload.py) or collective")
+    variant: str | None = spec_field(default=None, help="attention backend / optimizer "
+                                     "implementation; empty for ops without alternatives")
+    shape: tuple[int, ...] = spec_field(min=0, help="the planner's op shape; (bytes,) for "
+                                        "collectives")
+    flops: float = spec_field(min=0)
+    bytes: float = spec_field(min=0, help="DRAM traffic; the per-rank buffer for collectives")
+    kernels: int = spec_field(default=1, min=1, help="launches the planner counts for it")
+    ranks: int = spec_field(default=1, min=1, help="group size of a collective; 1 for ops")
+    time_s: float = spec_field(gt=0, help="median seconds per call")
+    p10_s: float = spec_field(min=0)
+    p90_s: float = spec_field(min=0)
+    samples: int = spec_field(min=1)
+    calls: int = spec_field(min=1, help="back-to-back calls per timed sample")
+
+    @property
+    def size(self) -> float:
+        """What its time is interpolated against: FLOPs or bytes."""
+        return self.flops if self.kind in _BY_FLOPS else self.bytes
+
+
+class MonotoneCurve:
+    """Non-decreasing piecewise-linear interpolation in log-log space."""
+
+    def __init__(self, points: Iterable[tuple[float, float]]) -> None:
+        by_size: dict[float, list[float]] = {}
+        for size, t in points:
+            by_size.setdefault(math.log(max(size, 1.0)), []).append(math.log(t))
+        xs = sorted(by_size)
+        ys = [sum(by_size[x]) / len(by_size[x]) for x in xs]
+        self.xs, self.ys = xs, _isotonic(ys, [len(by_size[x]) for x in xs])
+
+    def __call__(self, size: float) -> float | None:
+        x = math.log(max(size, 1.0))
+        xs, ys = self.xs, self.ys
+        if x < xs[0] - math.log(EXTRAPOLATION_LIMIT) or x > xs[-1] + math.log(EXTRAPOLATION_LIMIT):
+            return None
+        if x <= xs[0]:
+            return math.exp(ys[0])
+        if x >= xs[-1]:
+            return math.exp(ys[-1] + (x - xs[-1]))  # the largest point's rate
+        i = bisect.bisect_right(xs, x)
+        w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return math.exp(ys[i - 1] + w * (ys[i] - ys[i - 1]))
+
+
+def _isotonic(ys: Sequence[float], weights: Sequence[int]) -> list[float]:
+    """Weighted least-squares non-decreasing fit (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for y, w in zip(ys, weights, strict=True):
+        blocks.append([y, float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            y2, w2, n2 = blocks.pop()
+            y1, w1, n1 = blocks[-1]
+            blocks[-1] = [(y1 * w1 + y2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
+    return [b[0] for b in blocks for _ in range(int(b[2]))]
+
+
+SeriesKey = tuple[str, str, str, int]  # kind, name, variant, ranks
+
+
+@dataclass(frozen=True, eq=False)
+class Profile:
+    """A loaded profile. Equal (and hashed) by content, so caches keyed on it never mix
+    two different profiles and never miss for a reloaded one."""
+
+    path: str
+    meta: ProfileMeta
+    rows: tuple[ProfileRow, ...]
+    digest: str = ""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Profile) and other.digest == self.digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    @cached_property
+    def _exact(self) -> dict[tuple[SeriesKey, tuple[int, ...]], float]:
+        return {(_key(r), r.shape): r.time_s for r in self.rows}
+
+    @cached_property
+    def _series(self) -> dict[SeriesKey, MonotoneCurve]:
+        points: dict[SeriesKey, list[tuple[float, float]]] = {}
+        for r in self.rows:
+            points.setdefault(_key(r), []).append((r.size, r.time_s))
+        return {k: MonotoneCurve(v) for k, v in points.items()}
+
+    def time_s(self, *, kind: str, name: str, variant: str | None, shape: tuple[int, ...],
+               size: float, ranks: int = 1) -> float | None:
+        """Seconds per call of an op (or collective) from this profile, or None where it
+        has no series for it or the size is too far outside the measured range."""
+        key = (kind, name, variant or "", ranks)
+        exact = self._exact.get((key, tuple(shape)))
+        if exact is not None:
+            return exact
+        curve = self._series.get(key)
+        return curve(size) if curve is not None else None
+
+    def collective_time_s(self, kind: str, size_bytes: float, ranks: int) -> float | None:
+        return self.time_s(kind="collective", name=kind, variant=None, shape=(int(size_bytes),),
+                           size=size_bytes, ranks=ranks)
+
+    def variants(self, name: str) -> frozenset[str]:
+        """The alternatives measured for an op name (attention backends, optimizers)."""
+        return frozenset(r.variant for r in self.rows if r.name == name and r.variant)
+
+    @property
+    def op_rows(self) -> tuple[ProfileRow, ...]:
+        return tuple(r for r in self.rows if r.kind != "collective")
+
+    @property
+    def collective_rows(self) -> tuple[ProfileRow, ...]:
+        return tuple(r for r in self.rows if r.kind == "collective")
+
+
+def _key(r: ProfileRow) -> SeriesKey:
+    return (r.kind, r.name, r.variant or "", r.ranks)
+
+
+_COLUMNS = tuple(f.name for f in dataclasses.fields(ProfileRow))
+
+
+def _row_text(row: ProfileRow) -> list[str]:
+    out = []
+    for name in _COLUMNS:
+        value = getattr(row, name)
+        if value is None:
+            out.append("")
+        elif isinstance(value, tuple):
+            out.append("x".join(str(v) for v in value))
+        elif isinstance(value, float):
+            out.append(repr(value))
+        else:
+            out.append(str(value))
+    return out
+
+
+def profile_text(meta: ProfileMeta, rows: Iterable[ProfileRow]) -> str:
+    """The file content: metadata as `# ` YAML lines, then the CSV table."""
+    import yaml
+
+    head = yaml.safe_dump(dump(meta), sort_keys=False, width=1000).splitlines()
+    buf = io.StringIO()
+    buf.write("## trainplan profile (schema: docs/profiles.md)\n")
+    buf.writelines(f"# {line}\n" for line in head)
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(_COLUMNS)
+    writer.writerows(_row_text(r) for r in rows)
+    return buf.getvalue()
+
+
+def save_profile(path: str, meta: ProfileMeta, rows: Iterable[ProfileRow]) -> None:
+    """Write a profile atomically (a reader never sees half a file)."""
+    text = profile_text(meta, rows)
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+_HINTS = typing.get_type_hints(ProfileRow)
+
+
+def _cell(name: str, text: str, where: str) -> object:
+    """A CSV cell as the type its field wants (the spec loader checks it after)."""
+    hint = _HINTS[name]
+    if text == "":
+        return None
+    try:
+        if hint is int:
+            return int(text)
+        if hint is float:
+            return float(text)
+        if name == "shape":
+            return [int(v) for v in text.split("x")]
+    except ValueError:
+        fail(where, text, f"expected {'integers joined by x' if name == 'shape' else hint.__name__}")
+    return text
+
+
+def parse_profile_text(text: str, *, path: str) -> Profile:
+    """A Profile from file content; every problem is a SpecError naming file, row, field."""
+    lines = text.splitlines()
+    head = [ln[2:] if ln.startswith("# ") else ln[1:] for ln in lines
+            if ln.startswith("#") and not ln.startswith("##")]  # "##": a title, not YAML
+    body = [ln for ln in lines if not ln.startswith("#")]
+    raw = load_yaml_text("\n".join(head), where=path) or {}
+    if not isinstance(raw, dict):
+        fail(path, raw, "expected `# key: value` metadata lines before the table")
+    version = raw.get("schema_version")
+    if version != PROFILE_SCHEMA_VERSION:
+        fail(at(f"{path}:", "schema_version"), version,
+             f"this trainplan reads profile schema version {PROFILE_SCHEMA_VERSION}; "
+             "re-measure with `plan profile`")
+    meta = parse(ProfileMeta, raw, where=f"{path}:")
+    reader = csv.reader(body)
+    header = next(reader, None)
+    if header is None or tuple(header) != _COLUMNS:
+        fail(f"{path}: header", header, "expected columns " + ",".join(_COLUMNS))
+    rows = []
+    for i, record in enumerate(reader, start=1):
+        where = f"{path}:row {i}"
+        if len(record) != len(_COLUMNS):
+            fail(where, record, f"expected {len(_COLUMNS)} columns")
+        data = {name: _cell(name, cell, at(where + ":", name))
+                for name, cell in zip(_COLUMNS, record, strict=True)}
+        rows.append(parse(ProfileRow, {k: v for k, v in data.items() if v is not None},
+                          where=where + ":"))
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return Profile(path=path, meta=meta, rows=tuple(rows), digest=digest)
+
+
+def load_profile(path: str) -> Profile:
+    """Read and validate one profile file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+    return parse_profile_text(text, path=path)
+
+
+@dataclass(frozen=True)
+class Profiles:
+    """The profiles a plan is priced with, at most one per device type (a file's op rows
+    and another file's collective rows of the same device are merged). Hashable by
+    content, so cost caches keyed on it stay apart from those without it."""
+
+    by_device: tuple[tuple[str, Profile], ...] = ()
+
+    def get(self, device_name: str) -> Profile | None:
+        for name, profile in self.by_device:
+            if name == device_name:
+                return profile
+        return None
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(p.path for _, p in self.by_device)
+
+
+def _merge(profiles: Sequence[Profile]) -> Profile:
+    if len(profiles) == 1:
+        return profiles[0]
+    profiles = sorted(profiles, key=lambda p: not p.op_rows)  # op profiles first
+    first = profiles[0]
+    rows = tuple(r for p in profiles for r in p.rows)
+    return Profile(path=" + ".join(p.path for p in profiles), meta=first.meta, rows=rows,
+                   digest=hashlib.sha256("".join(p.digest for p in profiles).encode()).hexdigest())
+
+
+def load_profiles(paths: Sequence[str], *, devices: Sequence[str], dtype: str,
+                  where: str = "--profile") -> Profiles:
+    """The profiles in `paths` (files, or folders of *.csv) for the plan's device types
+    trained in `dtype`. A file named explicitly must fit (its device is one of `devices`,
+    its op rows are of `dtype`); files in a folder that do not fit are skipped."""
+    chosen: dict[str, list[Profile]] = {}
+    for path in paths:
+        explicit = not os.path.isdir(path)
+        files = [path] if explicit else sorted(
+            os.path.join(path, f) for f in os.listdir(path) if f.endswith(".csv"))
+        for file in files:
+            profile = load_profile(file)
+            meta = profile.meta
+            if meta.device not in devices:
+                if explicit:
+                    fail(f"{where} {file}: device", meta.device,
+                         f"the plan's GPUs are {', '.join(devices)}")
+                continue
+            if profile.op_rows and meta.dtype != dtype:
+                if explicit:
+                    fail(f"{where} {file}: dtype", meta.dtype,
+                         f"the plan trains in {dtype} (--dtype); profile that dtype")
+                continue
+            chosen.setdefault(meta.device, []).append(profile)
+    return Profiles(tuple((name, _merge(ps)) for name, ps in sorted(chosen.items())))

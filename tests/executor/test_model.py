@@ -1,0 +1,75 @@
+"""The executor's GPT/Llama model: parameter count, shapes, determinism, backends, training."""
+
+import dataclasses
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from executor.model import GPT  # noqa: E402
+from executor.train import make_optimizer, synthetic_batch, train_step  # noqa: E402
+from planner.specs.model import preset  # noqa: E402
+
+SPECS = [preset("debug-tiny"), preset("debug-tiny-llama"),
+         dataclasses.replace(preset("debug-tiny-llama"), tied_embeddings=True, num_kv_heads=1),
+         dataclasses.replace(preset("debug-tiny"), tied_embeddings=False, activation="swiglu",
+                             ffn_hidden_size=96, dropout=True)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.name}-{s.activation}-{s.norm}")
+def test_parameters_match_the_spec_and_logits_have_the_right_shape(spec):
+    model = GPT(spec)
+    assert sum(p.numel() for p in model.parameters()) == spec.num_params()
+    tokens, targets = synthetic_batch(spec, batch_size=2, seq_len=16)
+    assert model(tokens).shape == (2, 16, spec.vocab_size)
+    loss = model(tokens, targets)
+    # at initialisation the prediction is close to uniform over the vocabulary
+    assert abs(loss.item() - math.log(spec.vocab_size)) < 0.1
+
+
+def test_same_seed_same_model_and_loss():
+    spec = SPECS[1]
+    a, b, c = GPT(spec, seed=3), GPT(spec, seed=3), GPT(spec, seed=4)
+    tokens, targets = synthetic_batch(spec, batch_size=2, seq_len=16, seed=1)
+    assert a(tokens, targets).item() == b(tokens, targets).item()
+    assert a(tokens, targets).item() != c(tokens, targets).item()
+
+
+@pytest.mark.parametrize("spec", SPECS[:2], ids=lambda s: s.name)
+def test_attention_backends_agree(spec):
+    tokens, targets = synthetic_batch(spec, batch_size=2, seq_len=32)
+    losses = [GPT(spec, attention=k)(tokens, targets).item() for k in ("flash", "math")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_attention_is_causal():
+    spec = SPECS[1]
+    model = GPT(spec).eval()
+    tokens, _ = synthetic_batch(spec, batch_size=1, seq_len=16)
+    changed = tokens.clone()
+    changed[0, -1] = (changed[0, -1] + 1) % spec.vocab_size
+    torch.testing.assert_close(model(tokens)[:, :-1], model(changed)[:, :-1])
+
+
+@pytest.mark.parametrize("optimizer", ["fused", "foreach", "for_loop"])
+def test_training_steps_lower_the_loss_on_a_fixed_batch(optimizer):
+    spec = SPECS[0]
+    torch.manual_seed(0)
+    model = GPT(spec)
+    opt = make_optimizer(model, implementation=optimizer)
+    tokens, targets = synthetic_batch(spec, batch_size=4, seq_len=32)
+    losses = [train_step(model, opt, tokens, targets).item() for _ in range(15)]
+    assert losses[-1] < losses[0] - 0.5
+
+
+def test_what_the_model_cannot_do_is_a_clear_error():
+    with pytest.raises(ValueError, match="alibi"):
+        GPT(dataclasses.replace(SPECS[0], position_embedding="alibi"))
+    spec = SPECS[0]
+    tokens, _ = synthetic_batch(spec, batch_size=1, seq_len=spec.seq_len + 1)
+    with pytest.raises(ValueError, match="longer than the 64 learned positions"):
+        GPT(spec)(tokens)
+    with pytest.raises(ValueError, match="optimizer 'adam' is not one of"):
+        make_optimizer(GPT(spec), implementation="adam")
+

@@ -1,0 +1,77 @@
+"""Op times from a profile first, the analytic model for the rest, and which answered."""
+
+import pytest
+
+from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, compute_source
+from planner.layout import ParallelConfig, homogeneous_plan
+from planner.specs.cluster import parse_gpus_arg
+from planner.specs.model import preset
+from planner.stage_costs import clear_cost_caches, cost_sources, layer_parts, plan_stage_costs
+from planner.workload import Op, WorkloadShape, layer_work
+from profiler.store import load_profile, load_profiles
+from tests.planner.profile_helpers import op_row, write_profile
+
+MODEL = preset("debug-small")
+SHAPE = WorkloadShape(micro_batch_size=8, seq_len=64, dtype="fp32", attention="flash")
+
+
+def _ops():
+    work = layer_work(MODEL, SHAPE)
+    return [op for op in (*work.forward, *work.backward) if isinstance(op, Op)]
+
+
+def _gemm_profile(tmp_path, factor=3.0):
+    """Every GEMM of the layer measured at `factor` x its analytic time."""
+    analytic = ComputeCosts("CPU", "fp32")
+    rows = [op_row(op, factor * analytic.time_s(op)) for op in _ops() if op.kind == "gemm"]
+    return write_profile(tmp_path / "cpu.csv", rows)
+
+
+def test_profile_answers_what_it_has_and_analytic_the_rest(tmp_path):
+    profile = load_profile(_gemm_profile(tmp_path))
+    analytic = ComputeCosts("CPU", "fp32")
+    measured = ComputeCosts("CPU", "fp32", profile)
+    for op in _ops():
+        factor = 3.0 if op.kind == "gemm" else 1.0
+        assert measured.time_s(op) == analytic.time_s(op) * factor
+    source = compute_source((profile, op) for op in _ops())
+    assert source.startswith(f"measured profile {profile.path} (gemm)")
+    assert f"{ANALYTIC_SOURCE} for the rest (" in source and "attn.norm" in source
+    assert compute_source((None, op) for op in _ops()) == ANALYTIC_SOURCE
+
+
+def test_other_sizes_interpolate_along_the_ops_series(tmp_path):
+    profile = load_profile(_gemm_profile(tmp_path))
+    bigger = layer_work(MODEL, WorkloadShape(micro_batch_size=12, seq_len=64, dtype="fp32"))
+    fc1 = next(op for op in bigger.forward if getattr(op, "name", "") == "mlp.fc1")
+    measured = ComputeCosts("CPU", "fp32", profile).time_s(fc1)
+    measured_8 = next(r.time_s for r in profile.rows if r.name == "mlp.fc1")
+    assert measured == pytest.approx(measured_8 * 12 / 8)  # above: the largest point's rate
+    far = layer_work(MODEL, WorkloadShape(micro_batch_size=64, seq_len=64, dtype="fp32"))
+    fc1_far = next(op for op in far.forward if getattr(op, "name", "") == "mlp.fc1")
+    assert ComputeCosts("CPU", "fp32", profile).time_s(fc1_far) == \
+        ComputeCosts("CPU", "fp32").time_s(fc1_far)  # too far outside: analytic
+
+
+def test_cost_caches_keep_profiled_and_analytic_apart(tmp_path):
+    profiles = load_profiles([_gemm_profile(tmp_path)], devices=["CPU"], dtype="fp32")
+    tiers = (("tp", ()), ("cp", ()))
+    clear_cost_caches()
+    plain = layer_parts(MODEL, SHAPE, "CPU", tiers, "none")
+    profiled = layer_parts(MODEL, SHAPE, "CPU", tiers, "none", profiles)
+    assert profiled[0].compute_s > plain[0].compute_s * 1.5
+    assert layer_parts(MODEL, SHAPE, "CPU", tiers, "none") == plain  # no mixing
+    other = load_profiles([_gemm_profile(tmp_path / "..", factor=2.0)], devices=["CPU"],
+                          dtype="fp32")
+    assert layer_parts(MODEL, SHAPE, "CPU", tiers, "none", other) != profiled
+
+
+def test_plan_costs_and_sources_use_the_profile(tmp_path):
+    cfg = ParallelConfig(mbs=8, gbs=8, seq_len=64, dtype="fp32")
+    plan = homogeneous_plan(MODEL, parse_gpus_arg("CPU:1"), cfg)
+    profiles = load_profiles([_gemm_profile(tmp_path)], devices=["CPU"], dtype="fp32")
+    plain, profiled = plan_stage_costs(plan)[0][0], plan_stage_costs(plan, profiles)[0][0]
+    assert profiled.forward.compute_s > plain.forward.compute_s
+    sources = cost_sources(plan, profiles)
+    assert "measured profile" in sources["compute"] and "gemm" in sources["compute"]
+    assert cost_sources(plan, None)["compute"] == ANALYTIC_SOURCE

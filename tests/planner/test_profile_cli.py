@@ -1,0 +1,100 @@
+"""`plan profile` as users meet it: one-line errors; measure, show, fit, use."""
+
+import json
+
+import pytest
+
+from planner.cli import main
+
+
+def _run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["-o", "p.csv"], "--model: None is not allowed (give a model to measure its ops, or "
+                      "--collectives)"),
+    (["--model", "debug-tiny", "--device", "tpu", "-o", "p.csv"],
+     "--device: 'tpu' is not allowed (cpu, cuda or cuda:N)"),
+    (["--model", "debug-tiny", "--tp", "3", "-o", "p.csv"],
+     "--tp: 3 is not allowed (must divide num_heads 4)"),
+    (["--model", "debug-tiny", "-o", "p.txt"], "-o: 'p.txt' is not allowed (a .csv file)"),
+    (["--model", "debug-tiny", "--optimizer", "adam", "-o", "p.csv"],
+     "--optimizer: 'adam' is not allowed (allowed: fused, foreach, for_loop)"),
+    (["--collectives", "--max-bytes", "12XB", "-o", "p.csv"],
+     "argument --max-bytes: '12XB' is not a size (e.g. 1KB, 16MB, 1GB)"),
+    (["--collectives", "--min-bytes", "2MB", "--max-bytes", "1MB", "-o", "p.csv"],
+     "--min-bytes: 2097152 is not allowed (must be ≤ --max-bytes 1048576)"),
+    (["--model", "debug-tiny", "--repeats", "0", "-o", "p.csv"],
+     "argument --repeats: 0 is not allowed (must be ≥ 1)"),
+    (["--model", "debug-tiny", "--attention", "memory_efficient", "-o", "p.csv"],
+     "--attention: 'memory_efficient' is not allowed (CPU supports flash, math)"),
+    (["--model", "debug-tiny", "--device", "cuda", "-o", "p.csv"],
+     "--device: 'cuda' is not allowed (torch sees no CUDA device here)"),
+])
+def test_bad_flags(argv, needle, capsys, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(["profile", *argv], capsys)
+    assert code == 2 and out == "" and needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "p.csv").exists()
+
+
+def test_show_and_fit_errors(tmp_path, capsys):
+    code, _, err = _run(["profile", "show", str(tmp_path / "none.csv")], capsys)
+    assert code == 2 and "none.csv: cannot read (No such file or directory)" in err
+
+
+def test_measure_show_fit_and_use(tmp_path, capsys):
+    pytest.importorskip("torch")
+    path = str(tmp_path / "cpu.csv")
+    code, out, err = _run(["profile", "--model", "debug-tiny", "--mbs", "2", "--seq", "32",
+                           "--attention", "flash", "--optimizer", "fused", "--warmup", "1",
+                           "--repeats", "3", "-o", path], capsys)
+    assert code == 0, err
+    assert out.startswith("wrote ") and f"to {path}" in out and "ops: " in err
+    code, out, _ = _run(["profile", "show", path, "--plot", str(tmp_path / "p.png")], capsys)
+    assert code == 0 and "mlp.fc1" in out and "best FLOP/s" in out
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+    code, out, _ = _run(["profile", "show", path, "--json"], capsys)
+    shown = json.loads(out)
+    assert shown["meta"]["device"] == "CPU" and shown["meta"]["num_threads"] == 1
+    assert {s["name"] for s in shown["series"]} >= {"attn.qkv", "optimizer.adamw"}
+    code, out, _ = _run(["profile", "fit", path, "--iterations", "40"], capsys)
+    assert code == 0 and "cpu.gemm_efficiency" in out
+    code, out, err = _run(["simulate", "--model", "debug-tiny", "--gpus", "CPU:1", "--tp", "1",
+                           "--pp", "1", "--dp", "1", "--mbs", "2", "--gbs", "2", "--seq", "32",
+                           "--dtype", "fp32", "--profile", path, "--json"], capsys)
+    assert code == 0, err
+    sources = json.loads(out)["sources"]["compute"]
+    assert sources == f"measured profile {path} (attention, elementwise, gemm, optimizer)"
+
+
+def test_ctrl_c_keeps_what_was_measured(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("torch")
+    import profiler.measure
+
+    real = profiler.measure._measure_case
+    calls = []
+
+    def interrupted_on_the_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(profiler.measure, "_measure_case", interrupted_on_the_third)
+    path = tmp_path / "cpu.csv"
+    code, out, err = _run(["profile", "--model", "debug-tiny", "--mbs", "2", "--seq", "16",
+                           "--warmup", "1", "--repeats", "2", "-o", str(path)], capsys)
+    assert code == 130 and out == ""
+    assert "interrupted; kept the 2 rows measured" in err and str(path) in err
+    from profiler.store import load_profile
+
+    assert len(load_profile(str(path)).rows) == 2

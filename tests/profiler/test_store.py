@@ -1,0 +1,166 @@
+"""The profile store: round trip, monotone interpolation, schema and device errors."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from profiler.schema import SpecError
+from profiler.store import (
+    PROFILE_SCHEMA_VERSION,
+    MonotoneCurve,
+    ProfileMeta,
+    ProfileRow,
+    load_profile,
+    load_profiles,
+    profile_text,
+    save_profile,
+)
+
+META = ProfileMeta(schema_version=PROFILE_SCHEMA_VERSION, device="CPU", device_detail="test cpu",
+                   dtype="fp32", torch_version="2.13.0", host="h", created="2026-01-01T00:00:00Z",
+                   num_threads=1, warmup=3, repeats=15)
+
+
+def _gemm(m, t, name="mlp.fc1"):
+    return ProfileRow(kind="gemm", name=name, shape=(1, m, 256, 64), flops=2.0 * m * 256 * 64,
+                      bytes=4.0 * (m * 64 + 64 * 256 + m * 256), time_s=t, p10_s=t * 0.9,
+                      p90_s=t * 1.1, samples=15, calls=3)
+
+
+def _collective(size, t, ranks=2):
+    return ProfileRow(kind="collective", name="all_reduce", shape=(size,), flops=0.0,
+                      bytes=float(size), ranks=ranks, time_s=t, p10_s=t, p90_s=t, samples=9,
+                      calls=1)
+
+
+ROWS = (_gemm(64, 1e-4), _gemm(256, 3e-4), _gemm(1024, 1.1e-3),
+        ProfileRow(kind="attention", name="attn.core", variant="flash", shape=(2, 4, 64, 64, 16),
+                   flops=1e6, bytes=1e5, kernels=3, time_s=5e-5, p10_s=4e-5, p90_s=6e-5,
+                   samples=15, calls=20),
+        _collective(1024, 2e-5), _collective(1 << 20, 1e-3))
+
+
+def test_round_trip(tmp_path):
+    path = str(tmp_path / "p.csv")
+    save_profile(path, META, ROWS)
+    profile = load_profile(path)
+    assert profile.meta == META and profile.rows == ROWS
+    assert load_profile(path) == profile and hash(load_profile(path)) == hash(profile)
+    text = (tmp_path / "p.csv").read_text()
+    assert text.startswith("## trainplan profile") and "kind,name,variant,shape" in text
+    assert profile_text(profile.meta, profile.rows) == text
+
+
+def test_exact_shapes_answer_with_their_median(tmp_path):
+    path = str(tmp_path / "p.csv")
+    save_profile(path, META, ROWS)
+    p = load_profile(path)
+    row = ROWS[1]
+    assert p.time_s(kind="gemm", name="mlp.fc1", variant=None, shape=row.shape,
+                    size=row.flops) == row.time_s
+    # the variant is part of the key
+    assert p.time_s(kind="attention", name="attn.core", variant="math", shape=ROWS[3].shape,
+                    size=1e6) is None
+    assert p.variants("attn.core") == {"flash"}
+
+
+def test_interpolation_is_log_log_between_points():
+    curve = MonotoneCurve([(1e3, 1e-5), (1e5, 1e-3)])
+    assert curve(1e4) == pytest.approx(1e-4)  # a straight line in log-log
+    assert curve(1e3) == pytest.approx(1e-5)
+    assert curve(5e2) == pytest.approx(1e-5)  # flat below: fixed overhead
+    assert curve(2e5) == pytest.approx(2e-3)  # the largest point's rate above
+    assert curve(1e2) is None and curve(1e6) is None  # too far outside
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(1e2, 1e9), st.floats(1e-6, 1.0)), min_size=1, max_size=12),
+       st.lists(st.floats(1e2, 1e9), min_size=2, max_size=8))
+def test_interpolation_is_monotone_in_size(points, queries):
+    """Even from noisy points that are not, a bigger op is never predicted faster."""
+    curve = MonotoneCurve(points)
+    answered = [(q, curve(q)) for q in sorted(queries)]
+    times = [t for _, t in answered if t is not None]
+    assert all(a <= b * (1 + 1e-9) for a, b in zip(times, times[1:], strict=False))
+    assert all(t > 0 and math.isfinite(t) for t in times)
+
+
+def test_collectives_by_group_size(tmp_path):
+    path = str(tmp_path / "p.csv")
+    save_profile(path, META, ROWS)
+    p = load_profile(path)
+    assert p.collective_time_s("all_reduce", 1024, 2) == 2e-5
+    mid = p.collective_time_s("all_reduce", 32 * 1024, 2)
+    assert 2e-5 < mid < 1e-3
+    assert p.collective_time_s("all_reduce", 1024, 4) is None
+    assert p.collective_time_s("all_gather", 1024, 2) is None
+
+
+def _write(tmp_path, text, name="p.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda t: t.replace("schema_version: 1", "schema_version: 2"),
+     "p.csv:schema_version: 2 is not allowed (this trainplan reads profile schema version 1"),
+    (lambda t: t.replace("# schema_version: 1\n", ""),
+     "p.csv:schema_version: None is not allowed"),
+    (lambda t: t.replace("device: CPU", "device: Z100"), "'Z100' is not a known GPU type"),
+    (lambda t: t.replace("num_threads: 1", "num_threads: 0"),
+     "p.csv:num_threads: 0 is not allowed (must be ≥ 1)"),
+    (lambda t: t.replace("# repeats: 15\n", "# repeats: 15\n# colour: red\n"),
+     "p.csv:colour: 'red' is not allowed (unknown field"),
+    (lambda t: t.replace("kind,name", "kind,label"), "p.csv: header:"),
+    (lambda t: t.replace("gemm,mlp.fc1,,1x64x256x64", "gemm,mlp.fc1,,1xAx256x64", 1),
+     "p.csv:row 1:shape: '1xAx256x64' is not allowed (expected integers joined by x)"),
+    (lambda t: t.replace("gemm,mlp.fc1", "matmul,mlp.fc1", 1),
+     "p.csv:row 1:kind: 'matmul' is not allowed (allowed: gemm, attention"),
+])
+def test_bad_files_get_one_line_errors(tmp_path, edit, needle):
+    text = profile_text(META, ROWS)
+    with pytest.raises(SpecError) as err:
+        load_profile(_write(tmp_path, edit(text)))
+    assert needle in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_profile_of_another_device_or_dtype_is_refused(tmp_path):
+    path = _write(tmp_path, profile_text(META, ROWS))
+    with pytest.raises(SpecError, match=r"--profile .*p.csv: device: 'CPU' is not allowed "
+                       r"\(the plan's GPUs are A100-80GB-SXM\)"):
+        load_profiles([path], devices=["A100-80GB-SXM"], dtype="fp32")
+    with pytest.raises(SpecError, match="dtype: 'fp32' is not allowed"):
+        load_profiles([path], devices=["CPU"], dtype="bf16")
+    assert load_profiles([path], devices=["CPU"], dtype="fp32").get("CPU") is not None
+
+
+def test_a_folder_picks_the_profiles_of_the_plans_devices(tmp_path):
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    save_profile(str(folder / "cpu.csv"), META, ROWS[:4])
+    save_profile(str(folder / "cpu-collectives.csv"), META, ROWS[4:])
+    other = ProfileMeta(**{**META.__dict__, "device": "H100-80GB-SXM", "dtype": "bf16"})
+    save_profile(str(folder / "h100.csv"), other, ROWS[:4])
+    profiles = load_profiles([str(folder)], devices=["CPU"], dtype="fp32")
+    assert [name for name, _ in profiles.by_device] == ["CPU"]
+    merged = profiles.get("CPU")
+    assert merged is not None and len(merged.rows) == len(ROWS)
+    assert merged.collective_time_s("all_reduce", 1024, 2) == 2e-5
+    assert load_profiles([str(folder)], devices=["V100-32GB-SXM2"], dtype="fp32").by_device == ()
+
+
+def test_the_example_profiles_load():
+    """profiles/ ships examples measured on the project's CPU machine (docs/profiles.md)."""
+    import glob
+
+    paths = sorted(glob.glob("profiles/*.csv"))
+    assert paths
+    for path in paths:
+        profile = load_profile(path)
+        assert profile.meta.device == "CPU" and profile.rows
+    merged = load_profiles(["profiles"], devices=["CPU"], dtype="fp32").get("CPU")
+    assert merged is not None and merged.op_rows and merged.collective_rows
