@@ -1,7 +1,7 @@
 """A progress bar on stderr for long measurements (no dependencies).
 
 On a terminal it redraws one line; elsewhere (CI logs, pipes) it prints a line at every
-tenth of the work so logs stay short.
+tenth of the work, once the work has run for a few seconds, so logs stay short.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import time
 from typing import TextIO
 
 __all__ = ["ProgressBar"]
+
+QUIET_S = 2.0  # off a terminal, say nothing about work shorter than this
 
 
 class ProgressBar:
@@ -33,7 +35,7 @@ class ProgressBar:
             self.stream.write(f"\r{self.title} [{bar}] {done}/{self.total} {elapsed:5.1f}s "
                               f"{label[:28]:28}")
             self.stream.flush()
-        elif int(frac * 10) > self.last_tenth:
+        elif int(frac * 10) > self.last_tenth and elapsed >= QUIET_S:
             self.last_tenth = int(frac * 10)
             self.stream.write(f"{self.title}: {done}/{self.total} ({elapsed:.1f}s) {label}\n")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.commands.simulate import load_inputs, with_prediction
+from planner.commands.simulate import load_inputs, profiles_for, with_prediction
 from planner.errors import InfeasiblePlan
 from planner.search import Ranked, SearchRequest, SearchResult, search
 from planner.specs.plan import save_plan
@@ -39,23 +39,25 @@ def add_search_parser(sub: argparse._SubParsersAction, add_model: object, add_cl
     p.add_argument("--max-budget", type=float, metavar="USD", help="cap on the run's cost")
     p.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list")
     p.add_argument("--attention", choices=("flash", "memory_efficient", "math"))
-    p.add_argument("--profile", metavar="FILE", help="measured op profile (plan profile)")
+    p.add_argument("--profile", metavar="FILE|DIR", action="append",
+                   help="measured profile (`plan profile`), or a folder of them matched by "
+                   "device name; repeatable")
     p.add_argument("-o", "--output", metavar="PLAN", help="write the best plan (.yaml/.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run_search(args: argparse.Namespace) -> int:
-    if args.profile:
-        fail("--profile", args.profile, "measured profiles are not wired into the search yet")
     if args.tokens is not None and args.tokens <= 0:
         fail("--tokens", args.tokens, "must be > 0")
     if args.max_budget is not None and args.max_budget <= 0:
         fail("--max-budget", args.max_budget, "must be > 0")
     model, cluster = load_inputs(args)
+    profiles = profiles_for(args, cluster, args.dtype)
     req = SearchRequest(model=model, cluster=cluster, gbs=args.gbs,
                         seq_len=args.seq or model.seq_len, dtype=args.dtype,
                         objective=args.objective, tokens=args.tokens,
-                        max_budget_usd=args.max_budget, top=args.top, attention=args.attention)
+                        max_budget_usd=args.max_budget, top=args.top, attention=args.attention,
+                        profiles=profiles)
     try:
         result = search(req)
     except InfeasiblePlan as err:
@@ -63,8 +65,8 @@ def run_search(args: argparse.Namespace) -> int:
         return 1
     best = result.ranked[0]
     if args.output:
-        save_plan(with_prediction(best.plan, best.result, command=["plan", *args.argv]),
-                  args.output)
+        save_plan(with_prediction(best.plan, best.result, command=["plan", *args.argv],
+                                  profiles=profiles), args.output)
     if args.json:
         from planner.cli import print_json
 

@@ -19,7 +19,7 @@ from profiler.analytic import math_dtype
 from profiler.schema import fail
 from profiler.store import Profiles, load_profiles
 
-__all__ = ["config_from_args", "load_inputs", "run_simulate"]
+__all__ = ["config_from_args", "load_inputs", "profiles_for", "run_simulate"]
 
 GIB = 1024**3
 
@@ -60,7 +60,7 @@ def _check_dtype(cluster: ClusterSpec, dtype: str) -> None:
             fail("--dtype", dtype, f"{g.gpu} has no bf16; use fp16")
 
 
-def _profiles(args: argparse.Namespace, cluster: ClusterSpec, dtype: str) -> Profiles | None:
+def profiles_for(args: argparse.Namespace, cluster: ClusterSpec, dtype: str) -> Profiles | None:
     """The measured profiles (`--profile FILE|DIR`, repeatable) for the cluster's GPUs."""
     if not args.profile:
         return None
@@ -79,7 +79,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if kernels.attention == "math" and cfg.cp > 1:
         fail("--attention", "math", "context parallelism needs a fused attention kernel")
     plan = homogeneous_plan(model, cluster, cfg, kernels=kernels)
-    profiles = _profiles(args, cluster, cfg.dtype)
+    profiles = profiles_for(args, cluster, cfg.dtype)
     if profiles is not None:
         plan = replace(plan, kernels=fastest_kernels(plan, profiles,
                                                      keep_attention=args.attention is not None))

@@ -25,6 +25,7 @@ from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Stage, Training
 from planner.stage_costs import StageCost, StageSetup, stage_cost
 from planner.workload import WorkloadShape
+from profiler.store import Profiles
 
 __all__ = ["Priced", "Template", "batch_split_fast", "kinds_of", "price"]
 
@@ -130,6 +131,7 @@ class _Context:
     dtype: str
     gbs: int
     attention: str
+    profiles: Profiles | None
 
 
 def _setup(ctx: _Context, slot: Slot, *, mbs: int, recompute: str, layers: int, k: int,
@@ -154,7 +156,7 @@ def _stage_costs(ctx: _Context, t: Template, r: int, layers: Sequence[int], *, m
     return [stage_cost(ctx.model, ctx.cluster,
                        _setup(ctx, slot, mbs=mbs, recompute=recompute, layers=layers[k], k=k,
                               pp=t.pp, devices=devices, r=r, in_flight=min(m, t.pp - k),
-                              sharding=sharding), stage=k)
+                              sharding=sharding), stage=k, profiles=ctx.profiles)
             for k, slot in enumerate(t.replicas[r])]
 
 
@@ -182,10 +184,11 @@ def _linear(ctx: _Context, t: Template, r: int, *, mbs: int, recompute: str, m: 
 def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *, pools: dict[str, list[Pool]],
           mbs: int, recompute: str, sharding: Sharding, seq_len: int, dtype: str, gbs: int,
           attention: str, layers: Sequence[int] | None = None,
-          microbatches: Sequence[int] | None = None) -> Priced | None:
+          microbatches: Sequence[int] | None = None,
+          profiles: Profiles | None = None) -> Priced | None:
     """Split layers (unless given) and micro-batches (unless given), place the stages, and
     estimate the iteration; None if the template cannot be placed or split."""
-    ctx = _Context(model, cluster, seq_len, dtype, gbs, attention)
+    ctx = _Context(model, cluster, seq_len, dtype, gbs, attention, profiles)
     weight = [1.0] * template.pp  # every position's data-parallel traffic alike
     slots = template.replicas[0]
     if template.family == "mixed-stages":

@@ -26,6 +26,7 @@ from planner.specs.cluster import ClusterSpec
 from planner.specs.plan import Plan, Sharding
 from profiler.devices import device
 from profiler.progress import ProgressBar
+from profiler.store import Profiles
 
 __all__ = ["Baseline", "baselines_for", "hetero_candidates", "kernels_for", "templates"]
 
@@ -104,7 +105,8 @@ def _shardings(dp: int) -> list[Sharding]:
 
 def hetero_candidates(model: object, cluster: ClusterSpec, *, gbs: int, seq_len: int,
                       dtype: str, attention: str, score: Callable[[Priced], float],
-                      keep: int) -> tuple[list[Priced], int, dict[str, Priced]]:
+                      keep: int, profiles: Profiles | None = None
+                      ) -> tuple[list[Priced], int, dict[str, Priced]]:
     """The `keep` best fitting heterogeneous candidates by `score`, how many were priced,
     and the best candidate using each type (for explaining idle GPUs)."""
     pools = pools_by_type(cluster)
@@ -116,7 +118,8 @@ def hetero_candidates(model: object, cluster: ClusterSpec, *, gbs: int, seq_len:
     for done, t in enumerate(all_templates, 1):
         for (mbs, rc), sh in itertools.product(MICRO, _shardings(t.dp)):
             p = price(model, cluster, t, pools=pools, mbs=mbs, recompute=rc, sharding=sh,  # type: ignore[arg-type]
-                      seq_len=seq_len, dtype=dtype, gbs=gbs, attention=attention)
+                      seq_len=seq_len, dtype=dtype, gbs=gbs, attention=attention,
+                      profiles=profiles)
             count += 1
             if p is None or not p.fits:
                 continue
@@ -131,12 +134,13 @@ def hetero_candidates(model: object, cluster: ClusterSpec, *, gbs: int, seq_len:
 
 
 def baselines_for(best: Priced, model: object, cluster: ClusterSpec, *, gbs: int,
-                  seq_len: int, dtype: str, attention: str) -> list[tuple[str, Priced | None]]:
+                  seq_len: int, dtype: str, attention: str,
+                  profiles: Profiles | None = None) -> list[tuple[str, Priced | None]]:
     """The best template split the naive ways (uniform, proportional to throughput)."""
     pools = pools_by_type(cluster)
     t = best.template
     kw = dict(pools=pools, mbs=best.mbs, recompute=best.recompute, sharding=best.sharding,
-              seq_len=seq_len, dtype=dtype, gbs=gbs, attention=attention)
+              seq_len=seq_len, dtype=dtype, gbs=gbs, attention=attention, profiles=profiles)
     if t.family == "mixed-stages":
         speeds = [1.0 / _speed(g) / tp for g, tp in t.replicas[0]]  # time per layer ~
         uniform = price(model, cluster, t, layers=layer_split_uniform(model.num_layers, t.pp), **kw)  # type: ignore[arg-type, attr-defined]

@@ -29,6 +29,7 @@ from planner.specs.model import ModelSpec
 from planner.specs.plan import Sharding
 from planner.stage_costs import DPSync, StageCost, StageSetup, dp_sync, stage_cost
 from planner.workload import WorkloadShape, optimizer_work
+from profiler.store import Profiles
 
 __all__ = ["Evaluation", "LayoutModel"]
 
@@ -53,8 +54,10 @@ class LayoutModel:
     """Everything about one layout that does not depend on the candidate run on it."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, dtype: str,
-                 seq_len: int, gbs: int, attention: str, optimizer: str):
+                 seq_len: int, gbs: int, attention: str, optimizer: str,
+                 profiles: Profiles | None = None):
         self.model, self.cluster, self.layout = model, cluster, layout
+        self.profiles = profiles
         self.dtype, self.seq_len, self.gbs = dtype, seq_len, gbs
         self.attention, self.optimizer = attention, optimizer
         group = cluster.node_groups[0]
@@ -110,15 +113,16 @@ class LayoutModel:
     @functools.cache  # noqa: B019
     def sync(self, stage: int, sharding: Sharding) -> DPSync:
         group = self.devices(stage)[3]
-        return dp_sync(self.cluster, group, self.params(stage), self.layout.num_gpus // self.layout.dp,
-                       sharding, self.dtype)
+        return dp_sync(self.cluster, group, self.params(stage),
+                       self.layout.num_gpus // self.layout.dp, sharding, self.dtype, self.profiles)
 
     @functools.cache  # noqa: B019
     def optimizer_s(self, stage: int, sharding: Sharding) -> float:
         op = optimizer_work(self.params(stage) / sharding.optim, dtype=self.dtype,
                             implementation=self.optimizer,
                             num_tensors=max(1, 6 * self.counts[stage]))
-        return ComputeCosts(self.device_name, self.dtype).time_s(op)
+        profile = self.profiles.get(self.device_name) if self.profiles else None
+        return ComputeCosts(self.device_name, self.dtype, profile).time_s(op)
 
     def shape(self, micro: Micro) -> WorkloadShape:
         return WorkloadShape(micro_batch_size=micro.mbs, seq_len=self.seq_len, tp=self.layout.tp,
@@ -142,7 +146,7 @@ class LayoutModel:
                 tp_group=tp_group, cp_group=cp_group, next_stage=nxt, dp_group=dp_group,
                 concurrency=lo.num_gpus // lo.dp, sharding=Sharding(), optimizer=self.optimizer,
                 layers_in_flight=flight * self.counts[s] / micro.vp)
-            out[s] = stage_cost(self.model, self.cluster, setup, stage=s)
+            out[s] = stage_cost(self.model, self.cluster, setup, stage=s, profiles=self.profiles)
         return out
 
     def evaluate(self, micro: Micro) -> Evaluation:

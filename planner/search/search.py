@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -19,7 +20,7 @@ from planner.errors import InfeasiblePlan
 from planner.hetero.candidates import Priced, price
 from planner.hetero.placement import pools_by_type
 from planner.hetero.search import Baseline, baselines_for, hetero_candidates, kernels_for
-from planner.kernels import default_kernels
+from planner.kernels import default_kernels, fastest_kernels
 from planner.layout import ParallelConfig, homogeneous_plan
 from planner.results import SimResult
 from planner.search.evaluate import Evaluation, LayoutModel
@@ -32,6 +33,7 @@ from planner.specs.plan import Kernels, Plan, Sharding
 from profiler.devices import device
 from profiler.progress import ProgressBar
 from profiler.schema import fail
+from profiler.store import Profiles
 
 __all__ = ["Ranked", "SearchRequest", "SearchResult", "search"]
 
@@ -55,6 +57,7 @@ class SearchRequest:
     attention: str | None = None
     confirm: int = 8  # leaders confirmed by the event simulator
     space: SearchSpace | None = None
+    profiles: Profiles | None = None  # measured op/collective times (plan profile)
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,7 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace,
         if lo not in models:
             models[lo] = LayoutModel(req.model, cluster, lo, dtype=req.dtype,
                                      seq_len=req.seq_len, gbs=req.gbs, attention=attention,
+                                     profiles=req.profiles,
                                      optimizer="fused")
         evaluations.append(models[lo].evaluate(mi))
         bar(done, f"tp {lo.tp} pp {lo.pp} dp {lo.dp}")
@@ -236,7 +240,10 @@ def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable
 
 def _confirm(req: SearchRequest, plan: Plan, estimate_s: float, simulate_fn: Callable,
              how: str) -> tuple[float, Ranked] | None:
-    """Simulate a leader; None if its simulated run breaks the budget or memory."""
+    """Simulate a leader (with the fastest kernels a profile measured); None if its
+    simulated run breaks the budget or memory."""
+    if req.profiles is not None:
+        plan = replace(plan, kernels=fastest_kernels(plan, req.profiles))
     result = simulate_fn(plan)
     result = replace(result, sources={**result.sources, "choice": how})
     devices = [d for p in plan.pipelines for s in p.stages for d in s.devices]
@@ -246,7 +253,7 @@ def _confirm(req: SearchRequest, plan: Plan, estimate_s: float, simulate_fn: Cal
     return _score(req, result.iteration_time_s, cost), Ranked(plan, result, estimate_s, cost)
 
 
-def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] = simulate
+def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | None = None
            ) -> SearchResult:
     """The best plans on `req.cluster`; raise InfeasiblePlan if nothing fits.
 
@@ -254,6 +261,8 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] = sim
     per GPU type and with heterogeneous templates (planner/hetero), and the answer is
     compared with the baselines."""
     start = time.perf_counter()
+    if simulate_fn is None:
+        simulate_fn = functools.partial(simulate, profiles=req.profiles)
     ranked: list[tuple[float, Ranked]] = []
     total = fitting = n_layouts = 0
     closest: list[Evaluation] = []
@@ -291,7 +300,8 @@ def _mixed(req: SearchRequest, per_type: dict[str, list[tuple[float, Ranked]]],
 
     leaders, count, with_type = hetero_candidates(
         req.model, cluster, gbs=req.gbs, seq_len=req.seq_len, dtype=req.dtype,
-        attention=attention, score=score, keep=max(req.confirm, req.top))
+        attention=attention, score=score, keep=max(req.confirm, req.top),
+        profiles=req.profiles)
     kernels = default_kernels([g.device for g in cluster.node_groups], attention=req.attention)
     confirmed = []
     for i, p in enumerate(leaders):
@@ -305,7 +315,7 @@ def _mixed(req: SearchRequest, per_type: dict[str, list[tuple[float, Ranked]]],
     if leaders:
         for name, naive in baselines_for(leaders[0], req.model, cluster, gbs=req.gbs,
                                          seq_len=req.seq_len, dtype=req.dtype,
-                                         attention=attention):
+                                         attention=attention, profiles=req.profiles):
             baselines.append(_rate_baseline(req, name, naive, kernels, simulate_fn))
     return confirmed, count, baselines, with_type
 
@@ -325,7 +335,7 @@ def _refine(req: SearchRequest, p: Priced, kernels: Kernels, attention: str,
         q = price(req.model, req.cluster, p.template, pools=pools, mbs=p.mbs,
                   recompute=p.recompute, sharding=p.sharding, seq_len=req.seq_len,
                   dtype=req.dtype, gbs=req.gbs, attention=attention, layers=layers,
-                  microbatches=p.microbatches)
+                  microbatches=p.microbatches, profiles=req.profiles)
         if q is None or not q.fits:
             return float("inf"), None
         plan = q.plan(req.model, req.cluster, seq_len=req.seq_len, dtype=req.dtype,
@@ -335,7 +345,7 @@ def _refine(req: SearchRequest, p: Priced, kernels: Kernels, attention: str,
     seen: dict[tuple[int, ...], tuple[float, Priced | None]] = {}
     starts = [p.layers] + [naive.layers for _, naive in baselines_for(
         p, req.model, req.cluster, gbs=req.gbs, seq_len=req.seq_len, dtype=req.dtype,
-        attention=attention) if naive is not None]
+        attention=attention, profiles=req.profiles) if naive is not None]
     for layers in starts:
         seen.setdefault(tuple(layers), rated(tuple(layers)))
     best = min(seen, key=lambda k: seen[k][0])

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from profiler import torch_ops  # noqa: E402
 from profiler.measure import MeasureSettings, OpCase, measure_ops  # noqa: E402
-from profiler.progress import ProgressBar  # noqa: E402
+from profiler.progress import QUIET_S, ProgressBar  # noqa: E402
 from profiler.timing import time_calls  # noqa: E402
 
 SMALL = {  # impl -> small dimensions
@@ -81,9 +81,16 @@ def test_ctrl_c_keeps_what_was_measured():
     assert measured.interrupted and [r.name for r in measured.rows] == ["op0", "op1"]
 
 
-def test_progress_bar_off_a_terminal_prints_tenths():
+def test_progress_bar_off_a_terminal_prints_tenths_of_long_work_only():
+    quick = io.StringIO()
+    bar = ProgressBar(20, title="ops", stream=quick)
+    for i in range(21):
+        bar(i, f"op{i}")
+    bar.close()
+    assert quick.getvalue() == ""  # short work stays silent in logs
     out = io.StringIO()
     bar = ProgressBar(20, title="ops", stream=out)
+    bar.start -= QUIET_S  # as if it had been running a while
     for i in range(21):
         bar(i, f"op{i}")
     bar.close()
