@@ -2,8 +2,8 @@
 
 Per pipeline, with t_s the time of one micro-batch (forward + backward + its
 activation transfers) on stage s and m micro-batches, a 1F1B or GPipe schedule takes
-m·max(t) + (Σt − max t)/v (Narayanan et al. 2021: the bubble is (p−1)/v micro-batch
-times for p equal stages, v interleaved chunks). Gradient reduction overlaps the last
+max_k (Σ_{j<k} t_j / v + m·t_k): the critical path through each stage's fill, work and
+drain (for p equal stages (m + (p−1)/v)·t, Narayanan et al. 2021, v interleaved chunks). Gradient reduction overlaps the last
 micro-batch's backward bucket by bucket; the optimizer step follows. The event simulator
 refines this with the actual dependencies; both price work through `stage_costs`.
 """
@@ -55,8 +55,16 @@ def pipeline_time(costs: list[StageCost], *, num_microbatches: int, virtual_stag
             memo[id(c)] = (_microbatch_s(c, pp, vp), grad + c.optimizer_s + gather,
                            c.backward_s + _sends(c, pp, vp) / 2)
     times = [memo[id(c)][0] for c in costs]
-    slow = max(range(len(costs)), key=times.__getitem__)
-    pipe_s = m * times[slow] + (sum(times) - times[slow]) / vp
+    # The critical path through stage k: the fill up to it, its m micro-batches, the drain
+    # back from it (the fill and drain shrink by v with interleaving). For equal stages
+    # the slowest path is the last stage's, (m + (p - 1)/v) t; a slow stage followed by
+    # faster ones is not delayed by them.
+    prefix, paths = 0.0, []
+    for t in times:
+        paths.append(prefix / vp + m * t)
+        prefix += t
+    slow = max(range(len(costs)), key=paths.__getitem__)
+    pipe_s = paths[slow]
     end, opt_s, drain = pipe_s, 0.0, 0.0
     for c in costs:  # stage s finishes its last backward `drain` before stage 0 does
         _, tail, step = memo[id(c)]

@@ -172,12 +172,17 @@ def _local_cpu(template: DeviceSpec) -> DeviceSpec:
     return replace(template, memory_gib=round(memory_gib / (cores or 1), 2))
 
 
+@cache
+def _by_lower() -> dict[str, DeviceSpec]:
+    return {k.lower(): v for k, v in catalog().items()}
+
+
 def device(name: str) -> DeviceSpec:
     """Look a device type up by name (case-insensitive); unknown names are a SpecError."""
+    found = _by_lower().get(name.lower())
+    if found is not None:
+        return found
     table = catalog()
-    by_lower = {k.lower(): v for k, v in table.items()}
-    if name.lower() in by_lower:
-        return by_lower[name.lower()]
     near = difflib.get_close_matches(name, list(table), n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(near)}?" if near else "see `plan gpus`"
     raise SpecError(f"gpu: {name!r} is not a known GPU type ({hint})")

@@ -80,7 +80,14 @@ def _row(r: Ranked, req: SearchRequest) -> dict:
     plan, res = r.plan, r.result
     stage = plan.pipelines[0].stages[0]
     sh = plan.sharding
+    slots = plan.cluster.slots
+    gpus = []
+    for pipe in plan.pipelines:
+        for st in pipe.stages:
+            g = plan.cluster.node_groups[slots[st.devices[0]].group].gpu
+            gpus += [g] * len(st.devices)
     return {
+        "gpu_types": {g: gpus.count(g) for g in dict.fromkeys(gpus)},
         "gpus": res.num_gpus, "tp": stage.tp, "pp": len(plan.pipelines[0].stages),
         "dp": plan.dp, "cp": stage.cp, "vp": plan.training.virtual_stages,
         "mbs": plan.pipelines[0].micro_batch_size, "recompute": stage.recompute,
@@ -97,10 +104,23 @@ def _row(r: Ranked, req: SearchRequest) -> dict:
     }
 
 
+def _baselines(result: SearchResult) -> list[dict]:
+    """Each baseline's simulated iteration and how much faster the best plan is."""
+    best = result.ranked[0].result.iteration_time_s
+    out = []
+    for b in result.baselines:
+        t = b.result.iteration_time_s if b.result is not None and b.result.fits else None
+        out.append({"name": b.name, "iteration_time_s": t,
+                    "best_is_faster_by": None if t is None else t / best - 1,
+                    "note": b.note})
+    return out
+
+
 def _as_json(result: SearchResult, req: SearchRequest) -> dict:
     return {"objective": req.objective, "candidates": result.num_candidates,
             "fitting": result.num_fitting, "layouts": result.num_layouts,
             "search_s": result.elapsed_s, "notes": result.notes,
+            "baselines": _baselines(result),
             "plans": [_row(r, req) for r in result.ranked]}
 
 
@@ -116,6 +136,7 @@ def _table(result: SearchResult, req: SearchRequest) -> str:
         header += f" {'time to train':>14} {'run $':>11}"
     lines = [f"{req.model.name} on {req.cluster.name}: gbs {req.gbs}, seq {req.seq_len}, "
              f"{req.dtype}, objective {req.objective}", header]
+    mixed = len({g.gpu for g in req.cluster.node_groups}) > 1
     for i, r in enumerate(result.ranked, 1):
         d = _row(r, req)
         sh = d["sharding"]
@@ -131,11 +152,20 @@ def _table(result: SearchResult, req: SearchRequest) -> str:
         if req.tokens:
             ttt, cost = d["time_to_train_s"], d["run_cost_usd"]
             line += f" {_days(ttt):>14} {'-' if cost is None else f'{cost:,.0f}':>11}"
+        if mixed:
+            stages = r.plan.pipelines[0].stages
+            line += "  " + ", ".join(f"{n} {g}" for g, n in d["gpu_types"].items())
+            line += f"; layers/stage {[s.num_layers for s in stages]}" if len(stages) > 1 else ""
         lines.append(line)
     best = result.ranked[0].result
     lines.append(f"searched {result.num_candidates:,} candidates on {result.num_layouts} "
                  f"layouts ({result.num_fitting:,} fit) in {result.elapsed_s:.1f} s; "
                  f"times: event simulation of the leaders, ranked by closed-form estimate")
+    for b in _baselines(result):
+        rated = ("-" if b["iteration_time_s"] is None else
+                 f"{b['iteration_time_s']:.3f} s/iteration; the best plan is "
+                 f"{b['best_is_faster_by'] * 100:.1f}% faster")
+        lines.append(f"baseline {b['name']}: {rated}" + (f" ({b['note']})" if b["note"] else ""))
     lines.extend(f"note: {n}" for n in result.notes)
     lines.append("sources: " + "; ".join(f"{k}: {v}" for k, v in best.sources.items()))
     return "\n".join(lines)

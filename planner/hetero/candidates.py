@@ -17,14 +17,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from planner.costs.comm import group_tiers
 from planner.estimate import pipeline_time
 from planner.hetero.placement import Pool, place
 from planner.hetero.split import layer_split_fast
+from planner.memory import stage_memory
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Stage, Training
 from planner.stage_costs import StageCost, StageSetup, stage_cost
 from planner.workload import WorkloadShape
+from profiler.devices import device
 from profiler.store import Profiles
 
 __all__ = ["Priced", "Template", "batch_split_fast", "kinds_of", "price"]
@@ -134,97 +137,188 @@ class _Context:
     profiles: Profiles | None
 
 
-def _setup(ctx: _Context, slot: Slot, *, mbs: int, recompute: str, layers: int, k: int,
-           pp: int, devices: Sequence[Sequence[tuple[int, ...]]], r: int, in_flight: int,
-           sharding: Sharding) -> StageSetup:
-    gpu, tp = slot
+@dataclass(frozen=True)
+class _Layout:
+    """A placed template, reduced to what prices its stages: for each replica kind, the
+    kind of each of its stage positions. A position kind is everything a stage's cost
+    depends on except its layer count and the micro-batches in flight: the slot, its
+    role (first, last), and the links of its tp, pipeline and data-parallel groups."""
+
+    devices: tuple[tuple[tuple[int, ...], ...], ...]
+    replica_kinds: tuple[int, ...]  # representative replica of each kind
+    positions: dict[int, tuple[int, ...]]  # replica kind -> position kind per stage
+    examples: tuple[tuple[int, int], ...]  # position kind -> (replica, stage) example
+    signatures: tuple[tuple, ...]  # position kind -> what its cost depends on
+    dp_groups: tuple[tuple[int, ...], ...]  # position kind -> its data-parallel group
+
+
+def _layout(ctx: _Context, t: Template, devices: Sequence[Sequence[tuple[int, ...]]]) -> _Layout:
+    kinds = _replica_kinds(t)
+    signature: dict[tuple, int] = {}
+    examples: list[tuple[int, int]] = []
+    groups: list[tuple[int, ...]] = []
+    positions = {}
+    for r in kinds:
+        row = []
+        for k, slot in enumerate(t.replicas[r]):
+            own = devices[r][k]
+            nxt = devices[r][k + 1][0] if k + 1 < t.pp else None
+            dp_group = tuple(devices[q][k][0] for q in range(t.dp))
+            width = sum(len(d) for d in devices[r])
+            key = (slot, k == 0, k == t.pp - 1, t.pp, width, group_tiers(ctx.cluster, own),
+                   None if nxt is None else group_tiers(ctx.cluster, (own[0], nxt)),
+                   group_tiers(ctx.cluster, dp_group, width))
+            if key not in signature:
+                signature[key] = len(examples)
+                examples.append((r, k))
+                groups.append(dp_group)
+            row.append(signature[key])
+        positions[r] = tuple(row)
+    return _Layout(tuple(tuple(d) for d in devices), tuple(kinds), positions, tuple(examples),
+                   tuple(signature), tuple(groups))
+
+
+def _setup(ctx: _Context, t: Template, lay: _Layout, kind: int, *, mbs: int, recompute: str,
+           layers: int, in_flight: int, sharding: Sharding) -> StageSetup:
+    r, k = lay.examples[kind]
+    gpu, tp = t.replicas[r][k]
+    devices = lay.devices
     own = devices[r][k]
     return StageSetup(
         device_name=gpu,
         shape=WorkloadShape(micro_batch_size=mbs, seq_len=ctx.seq_len, tp=tp,
                             sequence_parallel=tp > 1, dtype=ctx.dtype, attention=ctx.attention),
-        num_layers=layers, first=k == 0, last=k == pp - 1, pp=pp, recompute=recompute,
-        tp_group=own, cp_group=(own[0],), next_stage=devices[r][k + 1][0] if k + 1 < pp else None,
-        dp_group=tuple(devices[q][k][0] for q in range(len(devices))),
+        num_layers=layers, first=k == 0, last=k == t.pp - 1, pp=t.pp, recompute=recompute,
+        tp_group=own, cp_group=(own[0],),
+        next_stage=devices[r][k + 1][0] if k + 1 < t.pp else None,
+        dp_group=lay.dp_groups[kind],
         concurrency=sum(len(d) for d in devices[r]), sharding=sharding, optimizer="fused",
         layers_in_flight=in_flight * layers)
 
 
-def _stage_costs(ctx: _Context, t: Template, r: int, layers: Sequence[int], *, mbs: int,
-                 recompute: str, m: int, devices: Sequence[Sequence[tuple[int, ...]]],
-                 sharding: Sharding) -> list[StageCost]:
-    return [stage_cost(ctx.model, ctx.cluster,
-                       _setup(ctx, slot, mbs=mbs, recompute=recompute, layers=layers[k], k=k,
-                              pp=t.pp, devices=devices, r=r, in_flight=min(m, t.pp - k),
-                              sharding=sharding), stage=k, profiles=ctx.profiles)
-            for k, slot in enumerate(t.replicas[r])]
+@dataclass(frozen=True)
+class _Linear:
+    """A position kind's per-micro-batch time and memory as functions of its layer count
+    n and micro-batches in flight f: time = fixed + per_layer * n;
+    memory = base + states * n + activations * n * f (stage_memory is exactly this)."""
+
+    fixed_s: float
+    per_layer_s: float
+    base_bytes: float
+    states_bytes: float  # per layer
+    activations_bytes: float  # per layer and micro-batch in flight
+    capacity_bytes: float
+
+    def most_layers(self, in_flight: int) -> int:
+        per = self.states_bytes + self.activations_bytes * in_flight
+        room = self.capacity_bytes - self.base_bytes
+        return math.floor(room / per) if per > 0 and room > 0 else 0
+
+    def fits(self, layers: int, in_flight: int) -> bool:
+        return (self.base_bytes + layers * (self.states_bytes + self.activations_bytes * in_flight)
+                <= self.capacity_bytes)
 
 
-def _linear(ctx: _Context, t: Template, r: int, *, mbs: int, recompute: str, m: int,
-            devices: Sequence[Sequence[tuple[int, ...]]], sharding: Sharding
-            ) -> tuple[list[float], list[float], list[int]]:
-    """Per stage of replica r: fixed and per-layer time of a micro-batch, and the most
-    layers memory allows (time and memory are linear in the layer count)."""
-    one = _stage_costs(ctx, t, r, [1] * t.pp, mbs=mbs, recompute=recompute, m=m,
-                       devices=devices, sharding=sharding)
-    two = _stage_costs(ctx, t, r, [2] * t.pp, mbs=mbs, recompute=recompute, m=m,
-                       devices=devices, sharding=sharding)
-    fixed, per_layer, most = [], [], []
-    for c1, c2 in zip(one, two, strict=True):
+def _linear(ctx: _Context, t: Template, lay: _Layout, kind: int, *, mbs: int, recompute: str,
+            sharding: Sharding, memo: dict) -> _Linear:
+    key = ("linear", lay.signatures[kind], mbs, recompute, sharding)
+    if key not in memo:
+        c1, c2 = (_cost(ctx, t, lay, kind, mbs=mbs, recompute=recompute, layers=n,
+                        sharding=sharding, memo=memo) for n in (1, 2))
         t1 = c1.forward_s + c1.backward_s + 2 * c1.p2p_s
         t2 = c2.forward_s + c2.backward_s + 2 * c2.p2p_s
-        per_layer.append(max(t2 - t1, 1e-12))
-        fixed.append(t1 - (t2 - t1))
-        a, b = c1.memory.total_bytes, c2.memory.total_bytes - c1.memory.total_bytes
-        cap = c1.memory.capacity_bytes
-        most.append(math.floor((cap - a) / b) + 1 if b > 0 and cap >= a else 0)
-    return fixed, per_layer, most
+        f1 = _memory(ctx, t, lay, kind, mbs=mbs, recompute=recompute, layers=1, in_flight=2,
+                     sharding=sharding)
+        m11, m21 = c1.memory.total_bytes, c2.memory.total_bytes  # (n, f) = (1, 1), (2, 1)
+        act = f1 - m11
+        states = m21 - m11 - act
+        memo[key] = _Linear(t1 - (t2 - t1), max(t2 - t1, 1e-12), m11 - states - act, states,
+                            act, c1.memory.capacity_bytes)
+    return memo[key]
+
+
+def _cost(ctx: _Context, t: Template, lay: _Layout, kind: int, *, mbs: int, recompute: str,
+          layers: int, sharding: Sharding, memo: dict) -> StageCost:
+    """The cost of a position kind holding `layers` (one micro-batch in flight)."""
+    key = ("cost", lay.signatures[kind], mbs, recompute, sharding, layers)
+    if key not in memo:
+        setup = _setup(ctx, t, lay, kind, mbs=mbs, recompute=recompute, layers=layers,
+                       in_flight=1, sharding=sharding)
+        memo[key] = stage_cost(ctx.model, ctx.cluster, setup, stage=lay.examples[kind][1],
+                               profiles=ctx.profiles)
+    return memo[key]
+
+
+def _memory(ctx: _Context, t: Template, lay: _Layout, kind: int, *, mbs: int, recompute: str,
+            layers: int, in_flight: int, sharding: Sharding) -> float:
+    setup = _setup(ctx, t, lay, kind, mbs=mbs, recompute=recompute, layers=layers,
+                   in_flight=in_flight, sharding=sharding)
+    return stage_memory(ctx.model, device=device(setup.device_name), shape=setup.shape,
+                        num_layers=layers, first=setup.first, last=setup.last, pp=t.pp,
+                        recompute=recompute, sharding=sharding,  # type: ignore[arg-type]
+                        layers_in_flight=setup.layers_in_flight).total_bytes
 
 
 def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *, pools: dict[str, list[Pool]],
           mbs: int, recompute: str, sharding: Sharding, seq_len: int, dtype: str, gbs: int,
           attention: str, layers: Sequence[int] | None = None,
           microbatches: Sequence[int] | None = None,
-          profiles: Profiles | None = None) -> Priced | None:
+          profiles: Profiles | None = None, memo: dict | None = None) -> Priced | None:
     """Split layers (unless given) and micro-batches (unless given), place the stages, and
-    estimate the iteration; None if the template cannot be placed or split."""
+    estimate the iteration; None if the template cannot be placed or split. `memo` keeps
+    placements and stage costs across calls on the same model, cluster, dtype, profiles."""
     ctx = _Context(model, cluster, seq_len, dtype, gbs, attention, profiles)
-    weight = [1.0] * template.pp  # every position's data-parallel traffic alike
-    slots = template.replicas[0]
-    if template.family == "mixed-stages":
-        devices = place(slots, template.dp, pools, weight)
-    else:
-        devices = _place_replicas(template, pools)
-    if devices is None or gbs % mbs:
+    memo = {} if memo is None else memo
+    lay = _placed(ctx, template, pools, memo)
+    if lay is None or gbs % mbs:
         return None
     total = gbs // mbs
     m_even = total // template.dp
     if m_even < 1:
         return None
-    kinds = _replica_kinds(template)
+    in_flight = [min(m_even, template.pp - k) for k in range(template.pp)]  # 1F1B
+    lin = {kind: _linear(ctx, template, lay, kind, mbs=mbs, recompute=recompute,
+                         sharding=sharding, memo=memo) for kind in range(len(lay.examples))}
     if layers is None:
         # The common split must suit every kind of replica: balance the slowest kind,
         # within every kind's memory.
-        lin = {r: _linear(ctx, template, r, mbs=mbs, recompute=recompute, m=m_even,
-                          devices=devices, sharding=sharding) for r in kinds}
-        slow = max(kinds, key=lambda r: sum(lin[r][1]))
-        most = [min(lin[r][2][k] for r in kinds) for k in range(template.pp)]
-        split = layer_split_fast(model.num_layers, lin[slow][0], lin[slow][1], most,
-                                 microbatches=m_even)
-        if split is None:
+        slow = max(lay.replica_kinds, key=lambda r: sum(lin[q].per_layer_s
+                                                         for q in lay.positions[r]))
+        most = [min(lin[lay.positions[r][k]].most_layers(in_flight[k])
+                    for r in lay.replica_kinds) for k in range(template.pp)]
+        row = lay.positions[slow]
+        layers = layer_split_fast(model.num_layers, [lin[q].fixed_s for q in row],
+                                  [lin[q].per_layer_s for q in row], most,
+                                  microbatches=m_even)
+        if layers is None:
             return None
-        layers = split
-    costs = {r: _stage_costs(ctx, template, r, layers, mbs=mbs, recompute=recompute, m=m_even,
-                             devices=devices, sharding=sharding) for r in kinds}
+    costs = {r: [_cost(ctx, template, lay, q, mbs=mbs, recompute=recompute, layers=layers[k],
+                       sharding=sharding, memo=memo) for k, q in enumerate(lay.positions[r])]
+             for r in lay.replica_kinds}
+    fits = all(lin[q].fits(layers[k], in_flight[k]) for r in lay.replica_kinds
+               for k, q in enumerate(lay.positions[r]))
     if microbatches is None:
-        microbatches = _split_batch(template, kinds, costs, total, gbs)
+        microbatches = _split_batch(template, lay.replica_kinds, costs, total)
         if microbatches is None:
             return None
-    times = [pipeline_time(costs[kinds_of(template, r, kinds)], num_microbatches=microbatches[r],
-                           virtual_stages=1)[0] for r in range(template.dp)]
-    fits = all(c.memory.fits for cs in costs.values() for c in cs)
+    kind_of = [kinds_of(template, r, list(lay.replica_kinds)) for r in range(template.dp)]
+    finish = {(q, mb): pipeline_time(costs[q], num_microbatches=mb, virtual_stages=1)[0]
+              for q, mb in set(zip(kind_of, microbatches, strict=True))}
+    times = [finish[(q, mb)] for q, mb in zip(kind_of, microbatches, strict=True)]
     return Priced(template, mbs, recompute, sharding, tuple(layers), tuple(microbatches),
-                  tuple(tuple(d) for d in devices), max(times), fits)
+                  lay.devices, max(times), fits)
+
+
+def _placed(ctx: _Context, t: Template, pools: dict[str, list[Pool]], memo: dict
+            ) -> _Layout | None:
+    key = ("layout", t)
+    if key not in memo:
+        if t.family == "mixed-stages":
+            devices = place(t.replicas[0], t.dp, pools, [1.0] * t.pp)
+        else:
+            devices = _place_replicas(t, pools)
+        memo[key] = None if devices is None else _layout(ctx, t, devices)
+    return memo[key]
 
 
 def _replica_kinds(t: Template) -> list[int]:
@@ -239,20 +333,19 @@ def kinds_of(t: Template, r: int, kinds: list[int]) -> int:
     return next(q for q in kinds if t.replicas[q] == t.replicas[r])
 
 
-def _split_batch(t: Template, kinds: list[int], costs: dict[int, list[StageCost]], total: int,
-                 gbs: int) -> list[int] | None:
+def _split_batch(t: Template, kinds: Sequence[int], costs: dict[int, list[StageCost]],
+                 total: int) -> list[int] | None:
     if len(kinds) == 1:
         if total % t.dp:
             return None
         return [total // t.dp] * t.dp
-    fill, step = [], []
-    for r in range(t.dp):
-        cs = costs[kinds_of(t, r, kinds)]
-        one = pipeline_time(cs, num_microbatches=1, virtual_stages=1)[0]
-        two = pipeline_time(cs, num_microbatches=2, virtual_stages=1)[0]
-        step.append(two - one)
-        fill.append(one - (two - one))
-    return batch_split_fast(total, fill, step)
+    line = {}  # per replica kind: (fill, step) of finishing m micro-batches
+    for q in kinds:
+        one = pipeline_time(costs[q], num_microbatches=1, virtual_stages=1)[0]
+        two = pipeline_time(costs[q], num_microbatches=2, virtual_stages=1)[0]
+        line[q] = (one - (two - one), two - one)
+    per_replica = [line[kinds_of(t, r, list(kinds))] for r in range(t.dp)]
+    return batch_split_fast(total, [f for f, _ in per_replica], [s for _, s in per_replica])
 
 
 def _place_replicas(t: Template, pools: dict[str, list[Pool]]

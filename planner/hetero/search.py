@@ -13,10 +13,13 @@ split uniformly, and with them split in proportion to throughput (Metis/Zorse he
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from planner.costs.comm import group_tiers
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import Pool, pools_by_type
 from planner.hetero.split import layer_split_proportional, layer_split_uniform
@@ -24,13 +27,15 @@ from planner.kernels import default_kernels
 from planner.results import SimResult
 from planner.specs.cluster import ClusterSpec
 from planner.specs.plan import Plan, Sharding
+from planner.stage_costs import layer_parts
+from planner.workload import WorkloadShape
 from profiler.devices import device
-from profiler.progress import ProgressBar
 from profiler.store import Profiles
 
-__all__ = ["Baseline", "baselines_for", "hetero_candidates", "kernels_for", "templates"]
+__all__ = ["Baseline", "baselines_for", "hetero_candidates", "kernels_for", "merge_candidates",
+           "mixed_templates", "templates"]
 
-MICRO = [(mbs, rc) for mbs in (1, 2, 4) for rc in ("none", "selective", "full")]
+MICROBATCH_SIZES = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -103,34 +108,125 @@ def _shardings(dp: int) -> list[Sharding]:
             Sharding(params=dp, grads=dp, optim=dp)]
 
 
-def hetero_candidates(model: object, cluster: ClusterSpec, *, gbs: int, seq_len: int,
-                      dtype: str, attention: str, score: Callable[[Priced], float],
-                      keep: int, profiles: Profiles | None = None
-                      ) -> tuple[list[Priced], int, dict[str, Priced]]:
-    """The `keep` best fitting heterogeneous candidates by `score`, how many were priced,
-    and the best candidate using each type (for explaining idle GPUs)."""
+def mixed_templates(model: object, cluster: ClusterSpec, gbs: int) -> list[Template]:
+    return list(templates(model, pools_by_type(cluster), gbs))
+
+
+def lower_bound_s(model: object, cluster: ClusterSpec, t: Template, *, gbs: int, seq_len: int,
+                  dtype: str, attention: str, profiles: Profiles | None = None) -> float:
+    """A lower bound on any candidate of template `t` (any micro-batch size, recompute,
+    sharding, split). With t_k stage k's time per layer (nothing recomputed, only in-line
+    collectives) and layers balanced perfectly (fractionally), replica r's slowest stage
+    takes at least b_r = L / sum_k 1/t_k per micro-batch, and its stages together at least
+    c_r = L * min_k t_k; a 1F1B pipeline of m_r micro-batches then takes at least
+    (m_r - 1) b_r + c_r. Over the M micro-batches of the batch, the replicas finish no
+    earlier than the T with sum_r ((T - c_r) / b_r + 1) = M (the continuous relaxation of
+    the batch split). The closed form adds only non-negative terms (embedding, head,
+    transfers, recompute, synchronisation, imbalance)."""
+    layers = model.num_layers  # type: ignore[attr-defined]
+    best = math.inf
+    for mbs in MICROBATCH_SIZES:
+        if gbs % mbs:
+            continue
+        inv_b = extra = 0.0  # sum_r 1/b_r and sum_r c_r/b_r
+        for rep in t.replicas:
+            times = [_layer_time_s(model, cluster, slot, mbs=mbs, seq_len=seq_len, dtype=dtype,
+                                   attention=attention, profiles=profiles) for slot in rep]
+            b = layers / sum(1.0 / x for x in times)
+            inv_b += 1.0 / b
+            extra += layers * min(times) / b
+        best = min(best, (gbs // mbs - t.dp + extra) / inv_b)
+    return best
+
+
+@functools.cache
+def _layer_time_s(model: object, cluster: ClusterSpec, slot: tuple[str, int], *, mbs: int,
+                  seq_len: int, dtype: str, attention: str, profiles: Profiles | None) -> float:
+    """One layer's forward and backward on `slot` (tp ranks inside one node of its type)."""
+    gpu, tp = slot
+    first = next(s.index for s in cluster.slots if cluster.node_groups[s.group].gpu == gpu)
+    tiers = (("tp", group_tiers(cluster, tuple(range(first, first + tp)))), ("cp", ()))
+    shape = WorkloadShape(micro_batch_size=mbs, seq_len=seq_len, tp=tp,
+                          sequence_parallel=tp > 1, dtype=dtype, attention=attention)
+    fwd, bwd = layer_parts(model, shape, gpu, tiers, "none", profiles)  # type: ignore[arg-type]
+    return fwd.total_s + bwd.total_s
+
+
+def hetero_candidates(model: object, cluster: ClusterSpec, chosen: Sequence[Template], *,
+                      gbs: int, seq_len: int, dtype: str, attention: str,
+                      score: Callable[[Priced], float], keep: int,
+                      bound_score: Callable[[Template, float], float],
+                      profiles: Profiles | None = None
+                      ) -> tuple[list[Priced], int, dict[str, float]]:
+    """Of the `chosen` templates' candidates: the `keep` best that fit by `score`, how many
+    were priced, and for each GPU type the best score of a plan using it (or a lower bound
+    on it, where branch and bound showed none could make the top `keep`).
+
+    Branch and bound: templates are priced in order of `bound_score` (the score of their
+    lower bound, `lower_bound_s`); once a template's bound is worse than the `keep`-th best
+    score found, so are all the rest, and they are skipped."""
     pools = pools_by_type(cluster)
-    all_templates = list(templates(model, pools, gbs))
-    bar = ProgressBar(len(all_templates), title="planning mixed GPU types")
+    bounded = sorted(((bound_score(t, lower_bound_s(model, cluster, t, gbs=gbs, seq_len=seq_len,
+                                                    dtype=dtype, attention=attention,
+                                                    profiles=profiles)), i, t)
+                      for i, t in enumerate(chosen)), key=lambda x: (x[0], x[1]))
     best: list[Priced] = []
-    with_type: dict[str, Priced] = {}
+    with_type: dict[str, float] = {}
     count = 0
-    for done, t in enumerate(all_templates, 1):
-        for (mbs, rc), sh in itertools.product(MICRO, _shardings(t.dp)):
-            p = price(model, cluster, t, pools=pools, mbs=mbs, recompute=rc, sharding=sh,  # type: ignore[arg-type]
-                      seq_len=seq_len, dtype=dtype, gbs=gbs, attention=attention,
-                      profiles=profiles)
-            count += 1
-            if p is None or not p.fits:
-                continue
-            best.append(p)
-            for g in {g for rep in t.replicas for g, _ in rep}:
-                if g not in with_type or score(p) < score(with_type[g]):
-                    with_type[g] = p
+    memo: dict = {}  # placements and stage costs shared by candidates
+    for bound, _, t in bounded:
+        types = {g for g, _ in t.replicas[0]} | {rep[0][0] for rep in t.replicas}
+        if len(best) >= keep and bound > score(best[keep - 1]):
+            for g in types:  # pruned: no plan with them beats this bound
+                with_type[g] = min(with_type.get(g, math.inf), bound)
+            continue
+        for mbs in MICROBATCH_SIZES:
+            for p in _cheapest_fitting(t, mbs, functools.partial(
+                    _price_one, model, cluster, t, pools=pools, seq_len=seq_len, dtype=dtype,
+                    gbs=gbs, attention=attention, profiles=profiles, memo=memo)):
+                count += 1
+                if p is None or not p.fits:
+                    continue
+                best.append(p)
+                for g in types:
+                    with_type[g] = min(with_type.get(g, math.inf), score(p))
         best = sorted(best, key=score)[:keep]
-        bar(done, f"{t.family}, {t.dp} replicas of {t.pp} stages")
-    bar.close()
     return best, count, with_type
+
+
+def merge_candidates(parts: Sequence[tuple[list[Priced], int, dict[str, float]]],
+                     score: Callable[[Priced], float], keep: int
+                     ) -> tuple[list[Priced], int, dict[str, float]]:
+    """Combine `hetero_candidates` over chunks of templates."""
+    best = sorted((p for part in parts for p in part[0]), key=score)[:keep]
+    with_type: dict[str, float] = {}
+    for _, _, found in parts:
+        for g, value in found.items():
+            with_type[g] = min(with_type.get(g, math.inf), value)
+    return best, sum(part[1] for part in parts), with_type
+
+
+def _price_one(model: object, cluster: ClusterSpec, t: Template, mbs: int, rc: str,
+               sh: Sharding, **kw: object) -> Priced | None:
+    return price(model, cluster, t, mbs=mbs, recompute=rc, sharding=sh, **kw)  # type: ignore[arg-type]
+
+
+def _cheapest_fitting(t: Template, mbs: int, price_fn: Callable) -> Iterator[Priced | None]:
+    """Candidates of one template and micro-batch size, in order of what they cost: no
+    recompute before selective before full, replicated states before ZeRO-1 before
+    ZeRO-2/3. Once one fits, the costlier ones can only be slower (they add recomputation
+    or communication to save memory that is not needed), so they are skipped."""
+    for rc in ("none", "selective", "full"):
+        fitted = False
+        for shardings in (_shardings(t.dp)[:2], _shardings(t.dp)[2:]):
+            for sh in shardings:
+                p = price_fn(mbs, rc, sh)
+                fitted = fitted or (p is not None and p.fits)
+                yield p
+            if fitted:
+                break
+        if fitted:
+            return
 
 
 def baselines_for(best: Priced, model: object, cluster: ClusterSpec, *, gbs: int,

@@ -17,11 +17,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.errors import InfeasiblePlan
-from planner.hetero.candidates import Priced, price
+from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import pools_by_type
-from planner.hetero.search import Baseline, baselines_for, hetero_candidates, kernels_for
+from planner.hetero.search import (
+    Baseline,
+    baselines_for,
+    hetero_candidates,
+    kernels_for,
+    merge_candidates,
+    mixed_templates,
+)
 from planner.kernels import default_kernels, fastest_kernels
 from planner.layout import ParallelConfig, homogeneous_plan
+from planner.parallel import parallel_map
 from planner.results import SimResult
 from planner.search.evaluate import Evaluation, LayoutModel
 from planner.search.sharding import sharding_options, solve_ilp
@@ -31,7 +39,6 @@ from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan, Sharding
 from profiler.devices import device
-from profiler.progress import ProgressBar
 from profiler.schema import fail
 from profiler.store import Profiles
 
@@ -175,16 +182,12 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace,
     evaluations: list[Evaluation] = []
     work = [(lo, mi) for lo in layouts(space, req.model, gbs=req.gbs, seq_len=req.seq_len)
             for mi in candidates(space, req.model, lo, gbs=req.gbs)]
-    bar = ProgressBar(len(work), title=f"searching {cluster.name}")
-    for done, (lo, mi) in enumerate(work, 1):
+    for lo, mi in work:
         if lo not in models:
             models[lo] = LayoutModel(req.model, cluster, lo, dtype=req.dtype,
                                      seq_len=req.seq_len, gbs=req.gbs, attention=attention,
-                                     profiles=req.profiles,
-                                     optimizer="fused")
+                                     profiles=req.profiles, optimizer="fused")
         evaluations.append(models[lo].evaluate(mi))
-        bar(done, f"tp {lo.tp} pp {lo.pp} dp {lo.dp}")
-    bar.close()
     return evaluations, models, len(work)
 
 
@@ -214,15 +217,19 @@ def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sh
     return homogeneous_plan(req.model, sub, cfg, kernels=kernels)
 
 
-def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable,
-                 ) -> tuple[list[tuple[float, Ranked]], int, int, int, list[Evaluation]]:
-    """Ranked confirmed plans of one GPU type's cluster; counts; the closest misfit."""
-    _check(req, cluster)
-    kernels = default_kernels([g.device for g in cluster.node_groups], attention=req.attention)
-    space = req.space or default_space(
+def _space(req: SearchRequest, cluster: ClusterSpec) -> SearchSpace:
+    return req.space or default_space(
         req.model, num_gpus=_gpu_counts(cluster, req.objective),
         gpus_per_node=cluster.node_groups[0].gpus_per_node or 1, seq_len=req.seq_len)
-    evals, models, count = _evaluate_all(req, cluster, space, kernels.attention)
+
+
+def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable,
+                 evaluated: tuple[list[Evaluation], dict[Layout, LayoutModel], int],
+                 ) -> tuple[list[tuple[float, Ranked]], int, int, int, list[Evaluation]]:
+    """Ranked confirmed plans of one GPU type's cluster from its evaluated candidates;
+    counts; the closest misfit."""
+    evals, models, count = evaluated
+    kernels = default_kernels([g.device for g in cluster.node_groups], attention=req.attention)
     price = _price(cluster)
     ok = [e for e in evals if e.fits and _within_budget(
         req, e.iteration_s, None if price is None else price * e.layout.num_gpus)]
@@ -236,6 +243,34 @@ def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable
         plan = _plan(req, cluster, ev, sharding, kernels.attention)
         ranked.append(_confirm(req, plan, ev.iteration_s, simulate_fn, SOLVER_SOURCE))
     return [r for r in ranked if r is not None], count, len(ok), len(models), closest
+
+
+def _evaluate_task(req: SearchRequest, task: tuple) -> object:
+    """One unit of the search's pure work (run in a worker process): the homogeneous
+    candidates of one GPU type, or a chunk of mixed-type templates."""
+    kind, payload = task
+    if kind == "homogeneous":
+        attention = kernels_for(payload, req.attention)
+        return _evaluate_all(req, payload, _space(req, payload), attention)
+    attention = kernels_for(req.cluster, req.attention)
+    return hetero_candidates(req.model, req.cluster, payload, gbs=req.gbs,
+                             seq_len=req.seq_len, dtype=req.dtype, attention=attention,
+                             score=functools.partial(_priced_score, req),
+                             bound_score=functools.partial(_bound_score, req),
+                             keep=max(req.confirm, req.top), profiles=req.profiles)
+
+
+def _bound_score(req: SearchRequest, t: Template, bound_s: float) -> float:
+    """The score a template's lower-bound time would have."""
+    prices = {g.gpu: g.price_per_gpu_hour_usd for g in req.cluster.node_groups}
+    usd = None if req.objective != "cost" else sum(
+        (prices[gpu] or 0.0) * tp for rep in t.replicas for gpu, tp in rep)
+    return _score(req, bound_s, usd)
+
+
+def _priced_score(req: SearchRequest, p: Priced) -> float:
+    devices = [d for rep in p.devices for stage in rep for d in stage]
+    return _score(req, p.iteration_s, usd_per_hour(req.cluster, devices))
 
 
 def _confirm(req: SearchRequest, plan: Plan, estimate_s: float, simulate_fn: Callable,
@@ -263,22 +298,39 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     start = time.perf_counter()
     if simulate_fn is None:
         simulate_fn = functools.partial(simulate, profiles=req.profiles)
+    subclusters = _subclusters(req.cluster)
+    for cluster in subclusters:
+        _check(req, cluster)
+    # Mixed templates go in one task (branch and bound prunes against the best so far);
+    # first, so the longest task starts first; the GPU types' own spaces beside it.
+    tasks: list[tuple] = [("homogeneous", c) for c in subclusters]
+    if len(subclusters) > 1:
+        tasks.insert(0, ("mixed", mixed_templates(req.model, req.cluster, req.gbs)))
+    outputs = parallel_map(functools.partial(_evaluate_task, req), tasks,
+                           title=f"searching {req.cluster.name}")
+    if len(subclusters) > 1:
+        outputs = outputs[1:] + outputs[:1]
     ranked: list[tuple[float, Ranked]] = []
     total = fitting = n_layouts = 0
     closest: list[Evaluation] = []
     per_type: dict[str, list[tuple[float, Ranked]]] = {}
-    for cluster in _subclusters(req.cluster):
-        found, count, ok, layouts_n, near = _homogeneous(req, cluster, simulate_fn)
+    for cluster, evaluated in zip(subclusters, outputs, strict=False):
+        found, count, ok, layouts_n, near = _homogeneous(req, cluster, simulate_fn,
+                                                         evaluated)  # type: ignore[arg-type]
         per_type[cluster.node_groups[0].gpu] = sorted(found, key=lambda sr: sr[0])
         ranked += found
         total, fitting, n_layouts = total + count, fitting + ok, n_layouts + layouts_n
         closest += near
     baselines: list[Baseline] = []
-    with_type: dict[str, Priced] = {}
-    if len(per_type) > 1:
-        mixed, count, baselines, with_type = _mixed(req, per_type, simulate_fn)
+    with_type: dict[str, float] = {}
+    if len(subclusters) > 1:
+        merged = merge_candidates(outputs[len(subclusters):],  # type: ignore[arg-type]
+                                  functools.partial(_priced_score, req),
+                                  max(req.confirm, req.top))
+        mixed, baselines = _mixed(req, per_type, merged, simulate_fn)
         ranked += mixed
-        total, fitting = total + count, fitting + len(mixed)
+        total, fitting = total + merged[1], fitting + len(mixed)
+        with_type = merged[2]
     if not ranked:
         raise InfeasiblePlan(_explain(req, closest, total))
     ranked.sort(key=lambda sr: sr[0])
@@ -288,20 +340,13 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
 
 
 def _mixed(req: SearchRequest, per_type: dict[str, list[tuple[float, Ranked]]],
-           simulate_fn: Callable) -> tuple[list[tuple[float, Ranked]], int, list[Baseline],
-                                           dict[str, Priced]]:
-    """Heterogeneous templates, confirmed; the three baselines; why types stay idle."""
+           merged: tuple[list[Priced], int, dict[str, float]], simulate_fn: Callable
+           ) -> tuple[list[tuple[float, Ranked]], list[Baseline]]:
+    """The best mixed-type candidates confirmed (the leaders' splits refined on the
+    simulator), and the three baselines."""
     cluster = req.cluster
     attention = kernels_for(cluster, req.attention)
-
-    def score(p: Priced) -> float:
-        devices = [d for rep in p.devices for stage in rep for d in stage]
-        return _score(req, p.iteration_s, usd_per_hour(cluster, devices))
-
-    leaders, count, with_type = hetero_candidates(
-        req.model, cluster, gbs=req.gbs, seq_len=req.seq_len, dtype=req.dtype,
-        attention=attention, score=score, keep=max(req.confirm, req.top),
-        profiles=req.profiles)
+    leaders = merged[0]
     kernels = default_kernels([g.device for g in cluster.node_groups], attention=req.attention)
     confirmed = []
     for i, p in enumerate(leaders):
@@ -317,7 +362,7 @@ def _mixed(req: SearchRequest, per_type: dict[str, list[tuple[float, Ranked]]],
                                          seq_len=req.seq_len, dtype=req.dtype,
                                          attention=attention, profiles=req.profiles):
             baselines.append(_rate_baseline(req, name, naive, kernels, simulate_fn))
-    return confirmed, count, baselines, with_type
+    return confirmed, baselines
 
 
 REFINED = 2  # leaders whose layer split is refined on the event simulator
@@ -392,7 +437,7 @@ def _rate_baseline(req: SearchRequest, name: str, naive: Priced | None, kernels:
 
 
 def _idle_notes(req: SearchRequest, best: Ranked, per_type: dict[str, list],
-                with_type: dict[str, Priced]) -> list[str]:
+                with_type: dict[str, float]) -> list[str]:
     """Which GPUs the best plan leaves idle, and why."""
     slots, groups = req.cluster.slots, req.cluster.node_groups
     used = {d for p in best.plan.pipelines for s in p.stages for d in s.devices}
@@ -405,8 +450,10 @@ def _idle_notes(req: SearchRequest, best: Ranked, per_type: dict[str, list],
         if idle < len(mine):
             why = "they do not divide evenly into the plan's replicas and stages"
         elif gpu in with_type:
-            why = (f"the best plan that uses them is slower ({with_type[gpu].iteration_s:.3g} "
-                   f"s/iteration estimated, vs {best.estimate_s:.3g})")
+            why = ("every plan that uses them scores worse: at best "
+                   f"{with_type[gpu] * req.gbs * req.seq_len:.3g} s/iteration estimated "
+                   f"(or its lower bound), vs {best.estimate_s:.3g}"
+                   if req.objective != "cost" else "every plan that uses them costs more")
         elif per_type.get(gpu):
             why = "plans on them alone are slower, and no mixed plan with them fits"
         else:

@@ -215,11 +215,14 @@ class _Builder:
             if grad:  # one reduction per bucket, once every replica has computed it
                 for c in range(vp):
                     pieces = [self.buckets[(q, si, c)] for q in reps]
-                    for k in range(len(pieces[0])):
+                    count = max(len(p) for p in pieces)
+                    for k in range(count):
+                        # replicas of other GPU types cut their backward into other numbers
+                        # of buckets: wait for the piece holding the same share of grads
+                        after = tuple(p[k * len(p) // count] for p in pieces)
                         reductions.append(self.g.add(
-                            f"grad-sync s{si}c{c}[{k}]", "dp", stream,
-                            grad / vp / len(pieces[0]), TaskMeta(first, si, c),
-                            after=tuple(p[k] for p in pieces)))
+                            f"grad-sync s{si}c{c}[{k}]", "dp", stream, grad / vp / count,
+                            TaskMeta(first, si, c), after=after))
             for pi in reps:
                 self._optimizer(pi, si, self.costs[pi][si], reductions)
 

@@ -1,0 +1,121 @@
+"""Heterogeneous planning end to end (Zorse-style templates, Holmes placement)."""
+
+import itertools
+import random
+import sys
+import time
+
+import pytest
+
+from planner.hetero.candidates import Template, price
+from planner.hetero.placement import assign_islands, place, pools_by_type
+from planner.hetero.search import lower_bound_s, mixed_templates
+from planner.search import SearchRequest, search
+from planner.specs.cluster import load_cluster
+from planner.specs.model import preset
+from planner.specs.plan import Sharding, load_plan, save_plan
+
+SHIPPED = [  # (cluster, model, gbs): one 7B-70B model per shipped mixed cluster
+    ("cluster_specs/mixed-a100-v100.yaml", "llama2-13b", 256),
+    ("cluster_specs/three-types.yaml", "llama2-7b", 320),
+    ("cluster_specs/mixed-nic.yaml", "llama2-13b", 384),
+    ("cluster_specs/two-datacenter.yaml", "llama3-70b", 512),
+]
+
+
+def test_lower_bound_never_exceeds_a_priced_candidate():
+    """Branch and bound prunes by lower_bound_s: it must not exceed any candidate."""
+    rng = random.Random(7)
+    for path, name, gbs in SHIPPED[:3]:
+        model, cluster = preset(name), load_cluster(path)
+        pools = pools_by_type(cluster)
+        chosen = mixed_templates(model, cluster, gbs)
+        for t in rng.sample(chosen, min(12, len(chosen))):
+            bound = lower_bound_s(model, cluster, t, gbs=gbs, seq_len=4096, dtype="bf16",
+                                  attention="math")
+            for mbs, rc, sh in itertools.product((1, 2), ("none", "full"),
+                                                 (Sharding(), Sharding(optim=t.dp))):
+                p = price(model, cluster, t, pools=pools, mbs=mbs, recompute=rc, sharding=sh,
+                          seq_len=4096, dtype="bf16", gbs=gbs, attention="math")
+                if p is not None:
+                    assert bound <= p.iteration_s * (1 + 1e-9), (t, mbs, rc)
+
+
+def test_island_assignment_ilp_solvers_agree():
+    rng = random.Random(3)
+    for _ in range(15):
+        positions, islands = rng.randint(1, 4), rng.randint(2, 3)
+        demand = [rng.choice((1, 2, 4, 8)) for _ in range(positions)]
+        weight = [rng.uniform(0.5, 3) for _ in range(positions)]
+        replicas = rng.randint(1, 6)
+        capacity = [rng.choice((8, 16, 32, 64)) for _ in range(islands)]
+        a = assign_islands(demand, weight, replicas, capacity, solver="scipy")
+        b = assign_islands(demand, weight, replicas, capacity, solver="pulp")
+        assert (a is None) == (b is None)
+        if a is not None:
+            def cost(x):
+                return sum(w * sum(1 for v in row if v) for w, row in zip(weight, x, strict=True))
+            assert cost(a) == pytest.approx(cost(b))
+            for x in (a, b):
+                assert all(sum(row) == replicas for row in x)
+                for i in range(islands):
+                    assert sum(d * row[i] for d, row in zip(demand, x, strict=True)) <= capacity[i]
+
+
+def test_holmes_keeps_each_positions_data_parallel_group_in_one_island():
+    """Mixed-NIC cluster: two SXM positions per pipeline, one per InfiniBand island, so
+    data-parallel traffic stays on RDMA and the pipeline crosses the Ethernet links."""
+    cluster = load_cluster("cluster_specs/mixed-nic.yaml")
+    pools = pools_by_type(cluster)
+    slots = (("A100-80GB-SXM", 8), ("A100-80GB-SXM", 8), ("A100-80GB-PCIe", 8))
+    devices = place(slots, 8, pools, [1.0, 1.0, 1.0])
+    island = {d: cluster.node_groups[s.group].island for s in cluster.slots for d in [s.index]}
+    for k in range(3):
+        assert len({island[devices[r][k][0]] for r in range(8)}) == 1
+    assert island[devices[0][0][0]] != island[devices[0][1][0]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path, name, gbs", SHIPPED)
+def test_shipped_clusters_never_worse_than_a_baseline(path, name, gbs):
+    found = search(SearchRequest(model=preset(name), cluster=load_cluster(path), gbs=gbs,
+                                 seq_len=4096, top=1))
+    best = found.ranked[0].result.iteration_time_s
+    assert len(found.baselines) == 3
+    for b in found.baselines:
+        if b.result is not None and b.result.fits:
+            assert best <= b.result.iteration_time_s * (1 + 1e-9), b.name
+
+
+@pytest.mark.slow
+def test_speed_on_1024_gpus_of_three_types_and_two_nic_kinds():
+    sys.path.insert(0, "benchmarks")
+    from hetero_speed import mixed_cluster
+
+    start = time.perf_counter()
+    found = search(SearchRequest(model=preset("llama2-70b"), cluster=mixed_cluster(1),
+                                 gbs=512, seq_len=4096, top=1))
+    assert time.perf_counter() - start <= 30.0
+    assert found.ranked[0].result.fits
+
+
+def test_searched_mixed_plan_round_trips(tmp_path):
+    found = search(SearchRequest(model=preset("llama2-13b"),
+                                 cluster=load_cluster("cluster_specs/mixed-a100-v100.yaml"),
+                                 gbs=256, seq_len=4096, top=1))
+    plan = found.ranked[0].plan
+    gpus = {plan.cluster.node_groups[plan.cluster.slots[s.devices[0]].group].gpu
+            for p in plan.pipelines for s in p.stages}
+    assert len(gpus) == 2  # a plan that mixes the two types
+    for ext in (".yaml", ".json"):
+        save_plan(plan, str(tmp_path / f"p{ext}"))
+        assert load_plan(str(tmp_path / f"p{ext}")) == plan
+
+
+def test_templates_of_unlike_types_only():
+    model, cluster = preset("llama2-7b"), load_cluster("cluster_specs/three-types.yaml")
+    for t in mixed_templates(model, cluster, 320):
+        kinds = {g for rep in t.replicas for g, _ in rep}
+        assert len(kinds) >= 2
+        assert t.num_gpus <= cluster.num_gpus
+        assert isinstance(t, Template)
