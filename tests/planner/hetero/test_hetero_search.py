@@ -41,6 +41,10 @@ def test_lower_bound_never_exceeds_a_priced_candidate():
                     assert bound <= p.iteration_s * (1 + 1e-9), (t, mbs, rc)
 
 
+def _islands_cost(x, weight):
+    return sum(w * sum(1 for v in row if v) for w, row in zip(weight, x, strict=True))
+
+
 def test_island_assignment_ilp_solvers_agree():
     rng = random.Random(3)
     for _ in range(15):
@@ -53,9 +57,7 @@ def test_island_assignment_ilp_solvers_agree():
         b = assign_islands(demand, weight, replicas, capacity, solver="pulp")
         assert (a is None) == (b is None)
         if a is not None:
-            def cost(x):
-                return sum(w * sum(1 for v in row if v) for w, row in zip(weight, x, strict=True))
-            assert cost(a) == pytest.approx(cost(b))
+            assert _islands_cost(a, weight) == pytest.approx(_islands_cost(b, weight))
             for x in (a, b):
                 assert all(sum(row) == replicas for row in x)
                 for i in range(islands):
