@@ -51,8 +51,9 @@ def test_show_and_fit_errors(tmp_path, capsys):
     assert code == 2 and "none.csv: cannot read (No such file or directory)" in err
 
 
-def test_measure_show_fit_and_use(tmp_path, capsys):
+def test_measure_show_fit_and_use(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
+    monkeypatch.setenv("TRAINPLAN_PROGRESS", "always")  # short work: show the bar anyway
     path = str(tmp_path / "cpu.csv")
     code, out, err = _run(["profile", "--model", "debug-tiny", "--mbs", "2", "--seq", "32",
                            "--attention", "flash", "--optimizer", "fused", "--warmup", "1",

@@ -81,7 +81,8 @@ def test_ctrl_c_keeps_what_was_measured():
     assert measured.interrupted and [r.name for r in measured.rows] == ["op0", "op1"]
 
 
-def test_progress_bar_off_a_terminal_prints_tenths_of_long_work_only():
+def test_progress_bar_off_a_terminal_prints_tenths_of_long_work_only(monkeypatch):
+    monkeypatch.delenv("TRAINPLAN_PROGRESS", raising=False)
     quick = io.StringIO()
     bar = ProgressBar(20, title="ops", stream=quick)
     for i in range(21):
