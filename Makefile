@@ -8,7 +8,7 @@ $(BIN)/plan: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(BIN)/plan
 
-.PHONY: demo test lint
+.PHONY: demo test lint report
 demo: $(BIN)/plan
 	$(BIN)/plan search --model gpt3-175b --cluster cluster_specs/selene-a100.yaml \
 		--gbs 1536 --tokens 300e9 -o plan.yaml
@@ -19,3 +19,16 @@ test: $(BIN)/plan
 
 lint: $(BIN)/plan
 	$(BIN)/ruff check .
+
+# The example what-if report committed under reports/ (about a minute).
+report: $(BIN)/plan
+	$(BIN)/plan what-if --model llama2-13b --cluster cluster_specs/mixed-a100-v100.yaml \
+		--tokens 1e12 --gbs 256 --seq 4096 \
+		--scenario "add 8 H100 nodes: add H100-80GB-SXM 64; price H100-80GB-SXM 3.0" \
+		--scenario "retire the V100s: remove V100-32GB-SXM2 128" \
+		--scenario "V100s swapped for A100s: swap V100-32GB-SXM2 A100-80GB-SXM" \
+		--scenario "V100 nodes at 2x NIC bandwidth: scale-nic V100-32GB-SXM2 2" \
+		--scenario "V100 price halved: price V100-32GB-SXM2 0.4" \
+		--scenario "Llama 2 70B instead: model llama2-70b" \
+		--scenario "Llama 3 405B on the V100s alone: model llama3-405b; remove A100-80GB-SXM 128" \
+		-o reports/mixed-a100-v100/

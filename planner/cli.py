@@ -193,6 +193,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from planner.commands.export import add_export_parser
 
     add_export_parser(sub)
+    from planner.commands.whatif import add_whatif_parser
+
+    add_whatif_parser(sub, _add_model_args, _add_cluster_args, _positive_int)
     _add_profile_parser(sub)
 
     models = sub.add_parser("models", help="list the model presets")
@@ -220,6 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from planner.commands.search import run_search
 
             return run_search(args)
+        if args.command == "what-if":
+            from planner.commands.whatif import run_whatif
+
+            return run_whatif(args)
         if args.command == "export":
             from planner.commands.export import run_export
 

@@ -334,7 +334,7 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     if not ranked:
         raise InfeasiblePlan(_explain(req, closest, total))
     ranked.sort(key=lambda sr: sr[0])
-    notes = _idle_notes(req, ranked[0][1], per_type, with_type) if len(per_type) > 1 else []
+    notes = _idle_notes(req, ranked, per_type, with_type) if len(per_type) > 1 else []
     return SearchResult([r for _, r in ranked[:req.top]], total, fitting, n_layouts,
                         time.perf_counter() - start, notes, baselines)
 
@@ -436,11 +436,19 @@ def _rate_baseline(req: SearchRequest, name: str, naive: Priced | None, kernels:
     return Baseline(name, plan, result, "" if result.fits else "does not fit in memory")
 
 
-def _idle_notes(req: SearchRequest, best: Ranked, per_type: dict[str, list],
-                with_type: dict[str, float]) -> list[str]:
-    """Which GPUs the best plan leaves idle, and why."""
+def _gpus_of(plan: Plan) -> set[str]:
+    groups, slots = plan.cluster.node_groups, plan.cluster.slots
+    return {groups[slots[d].group].gpu for p in plan.pipelines for s in p.stages
+            for d in s.devices}
+
+
+def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
+                per_type: dict[str, list], with_type: dict[str, float]) -> list[str]:
+    """Which GPUs the best plan (`ranked[0]`) leaves idle, and why."""
     slots, groups = req.cluster.slots, req.cluster.node_groups
+    best = ranked[0][1]
     used = {d for p in best.plan.pipelines for s in p.stages for d in s.devices}
+    best_s = best.result.iteration_time_s
     notes = []
     for gpu in dict.fromkeys(g.gpu for g in groups):
         mine = [s.index for s in slots if groups[s.group].gpu == gpu]
@@ -449,11 +457,16 @@ def _idle_notes(req: SearchRequest, best: Ranked, per_type: dict[str, list],
             continue
         if idle < len(mine):
             why = "they do not divide evenly into the plan's replicas and stages"
+        elif req.objective == "cost" and gpu in with_type:
+            why = "every plan that uses them costs more"
+        elif (simulated := [r for _, r in ranked if gpu in _gpus_of(r.plan)]):
+            why = ("every plan that uses them is slower: the best simulates at "
+                   f"{simulated[0].result.iteration_time_s:.3g} s/iteration, vs {best_s:.3g}")
         elif gpu in with_type:
-            why = ("every plan that uses them scores worse: at best "
-                   f"{with_type[gpu] * req.gbs * req.seq_len:.3g} s/iteration estimated "
-                   f"(or its lower bound), vs {best.estimate_s:.3g}"
-                   if req.objective != "cost" else "every plan that uses them costs more")
+            why = ("every plan that uses them is slower: at best "
+                   f"{with_type[gpu] * req.gbs * req.seq_len:.3g} s/iteration by the closed "
+                   f"form (a lower bound where pruned), not among the leaders simulated; "
+                   f"the best simulates at {best_s:.3g}")
         elif per_type.get(gpu):
             why = "plans on them alone are slower, and no mixed plan with them fits"
         else:

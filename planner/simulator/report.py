@@ -147,14 +147,15 @@ def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
     pi = sim.representatives[0]
     pp = len(plan.pipelines[pi].stages)
     rows, vp = min(pp, max_stages), plan.training.virtual_stages
-    bars: dict[tuple[int, str, int], list[tuple[float, float]]] = {}
+    bars: dict[tuple[int, str, int], list[tuple[float, float, int]]] = {}
     labels = []
     for t in range(len(g)):
         meta: TaskMeta = g.meta[t]
         if meta.pipeline != pi or meta.stage >= rows or g.kinds[t] == "send":
             continue
         kind = g.kinds[t]
-        bars.setdefault((meta.stage, kind, meta.chunk), []).append((sched.start[t], g.durations[t]))
+        bars.setdefault((meta.stage, kind, meta.chunk), []).append(
+            (sched.start[t], g.durations[t], meta.microbatch))
         if kind in _COMPUTE_KINDS and g.durations[t] > sched.makespan_s / 100:
             labels.append((sched.start[t] + g.durations[t] / 2, meta.stage, meta.microbatch))
     fig, ax = plt.subplots(figsize=(14, 0.45 * rows + 1.8))
@@ -166,7 +167,8 @@ def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
             colour, y, h = "tab:red", stage - 0.4, 0.8
         else:
             colour, y, h = "tab:orange", stage + 0.15, 0.25
-        ax.broken_barh(spans, (y, h), facecolors=colour, edgecolors="white", linewidth=0.2)
+        ax.broken_barh(_merged(spans), (y, h), facecolors=colour, edgecolors="white",
+                       linewidth=0.2)
     for x, y, j in labels[:2000]:
         ax.text(x, y, str(j), ha="center", va="center", fontsize=6, color="white")
     ax.set_yticks(range(rows), [f"stage {s}" for s in range(rows)])
@@ -180,7 +182,20 @@ def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
                        Patch(color=plt.cm.Greens(0.6), label="backward (+recompute)"),
                        Patch(color="tab:orange", label="data-parallel comm"),
                        Patch(color="tab:red", label="optimizer")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / rows), ncol=4, fontsize=8)
+              loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _merged(spans: list[tuple[float, float, int]]) -> list[tuple[float, float]]:
+    """(start, width) bars with back-to-back pieces of one micro-batch joined (a backward
+    pass split into per-layer tasks draws as one bar)."""
+    out: list[list] = []
+    for start, width, mb in sorted(spans, key=lambda s: s[0]):
+        if out and out[-1][2] == mb and abs(out[-1][0] + out[-1][1] - start) <= 1e-9 * (1 + start):
+            out[-1][1] = start + width - out[-1][0]
+        else:
+            out.append([start, width, mb])
+    return [(a, b) for a, b, _ in out]
+

@@ -1,0 +1,77 @@
+"""`plan what-if`: plan a baseline cluster and scenarios of it, and report cost and time."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+
+from planner.commands.simulate import load_inputs, profiles_for
+from planner.whatif.report import plan_scenarios, write_report
+from planner.whatif.scenarios import Setting, parse_scenario
+from profiler.schema import fail
+
+__all__ = ["add_whatif_parser", "run_whatif"]
+
+
+def add_whatif_parser(sub: argparse._SubParsersAction, add_model: object, add_cluster: object,
+                      positive_int: object) -> None:
+    p = sub.add_parser(
+        "what-if", help="compare scenarios of a cluster: time to train and dollars",
+        description="Plan the baseline cluster and each scenario (add/remove/swap GPUs, "
+        "scale a NIC or link, change prices, the model or the token budget) with the same "
+        "search as `plan search`, and write report.html, report.md, table.csv and figures.",
+        epilog="Scenario changes (join several with ';', prefix a label with 'label:'): "
+        "add TYPE COUNT [ISLAND]; remove TYPE COUNT; swap OLD NEW; scale-nic TYPE|GROUP "
+        "FACTOR; scale-link ISLAND ISLAND FACTOR; price TYPE USD_PER_GPU_HOUR; "
+        "egress-price USD_PER_GB; model NAME; tokens N.  Example: --scenario "
+        "\"more H100: add H100-80GB-SXM 64; price H100-80GB-SXM 3\"")
+    add_model(p)  # type: ignore[operator]
+    p.add_argument("--cluster", required=True, metavar="FILE", help="the baseline ClusterSpec")
+    p.add_argument("--tokens", type=float, required=True, metavar="N",
+                   help="tokens to train on (e.g. 2e12)")
+    p.add_argument("--gbs", type=positive_int, required=True, metavar="N",
+                   help="global batch size (sequences)")
+    p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length (default: "
+                   "the model's)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--scenario", action="append", default=[], metavar="CHANGES",
+                   help="a scenario (repeatable); the baseline is always the first row")
+    p.add_argument("--objective", choices=("throughput", "cost", "time-to-train"),
+                   default="time-to-train")
+    p.add_argument("--max-budget", type=float, metavar="USD", help="cap on each run's cost")
+    p.add_argument("--profile", metavar="FILE|DIR", action="append",
+                   help="measured profile(s) for the cluster's GPU types")
+    p.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="report folder (e.g. reports/my-cluster/)")
+
+
+def run_whatif(args: argparse.Namespace) -> int:
+    if args.tokens <= 0:
+        fail("--tokens", args.tokens, "must be > 0")
+    args.gpus = None  # load_inputs reads --model/--model-file and --cluster
+    model, cluster = load_inputs(args)
+    scenarios = [parse_scenario(text) for text in args.scenario]
+    base = Setting(label="baseline", model=model, cluster=cluster, tokens=args.tokens)
+    rows = plan_scenarios(base, scenarios, gbs=args.gbs, seq_len=args.seq,
+                          objective=args.objective, dtype=args.dtype,
+                          max_budget_usd=args.max_budget,
+                          profiles=profiles_for(args, cluster, args.dtype))
+    title = f"What if: {model.name} on {cluster.name}, {args.tokens:.3g} tokens"
+    paths = write_report(rows, args.output, title=title,
+                         command=shlex.join(["plan", *args.argv]))
+    for r in rows:
+        if r.ranked is None:
+            print(f"{r.label}: {r.note}")
+        else:
+            ttt = r.time_to_train_s / 86400  # type: ignore[operator]
+            cost = "-" if r.total_usd is None else f"${r.total_usd:,.0f}"
+            print(f"{r.label}: {ttt:.2f} days, {cost}, {r.gpus_used} GPUs used, "
+                  f"bottleneck {r.bottleneck}")
+    print("wrote " + ", ".join(_shown(p) for p in paths.values()))
+    return 0
+
+
+def _shown(path: str) -> str:
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel

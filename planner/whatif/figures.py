@@ -1,0 +1,153 @@
+"""The what-if report's pictures (matplotlib, written as PNG files)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from planner.whatif.report import Row, best_row, replica_kinds
+
+__all__ = ["draw_all"]
+
+GIB = 1024**3
+
+
+def draw_all(rows: Sequence[Row], out_dir: str) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    paths = {}
+    for name, draw in (("cost_vs_time", _cost_vs_time), ("breakdown", _breakdown),
+                       ("memory", _memory), ("gantt", _gantt)):
+        path = os.path.join(out_dir, f"{name}.png")
+        if draw(rows, path):
+            paths[name] = path
+    return paths
+
+
+def _pareto(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats in both coordinates (lower is better)."""
+    return [i for i, (x, y) in enumerate(points)
+            if not any(a <= x and b <= y and (a, b) != (x, y) for a, b in points)]
+
+
+def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
+    """Each planned scenario as a numbered point (the key lists the numbers), the Pareto
+    front dashed; log axes when the scenarios span a wide range."""
+    import matplotlib.pyplot as plt
+
+    planned = [(i, r) for i, r in enumerate(rows, 1) if r.time_to_train_s is not None]
+    if not planned:
+        return False
+    fig, (ax, key) = plt.subplots(1, 2, figsize=(12, 5.5), gridspec_kw={"width_ratios": [3, 1]})
+    days = [r.time_to_train_s / 86400 for _, r in planned]  # type: ignore[operator]
+    costs = [None if r.total_usd is None else r.total_usd / 1e3 for _, r in planned]
+    if all(c is not None for c in costs):
+        pts = list(zip(days, costs, strict=True))
+        front = sorted(_pareto(pts), key=lambda j: pts[j][0])  # type: ignore[arg-type]
+        ax.plot([pts[j][0] for j in front], [pts[j][1] for j in front], "--", color="tab:red",
+                label="Pareto front (no scenario both cheaper and faster)")
+        ax.scatter(days, costs, s=160, color=["tab:red" if j in front else "tab:blue"
+                                              for j in range(len(pts))], zorder=3)
+        for (i, _), x, y in zip(planned, days, costs, strict=True):
+            ax.annotate(str(i), (x, y), ha="center", va="center", color="white", fontsize=8,
+                        fontweight="bold", zorder=4)
+        ax.set_ylabel("total cost (thousand $)")
+        if max(costs) / min(costs) > 5:  # type: ignore[type-var, operator]
+            ax.set_yscale("log")
+        ax.legend(fontsize=8, loc="upper left")
+    else:  # some scenario has no prices: time only
+        ax.barh([str(i) for i, _ in planned], days)
+        ax.invert_yaxis()
+    if max(days) / min(days) > 5:
+        ax.set_xscale("log")
+    ax.set_xlabel("time to train (days)")
+    ax.set_title(f"Cost against time to train ({planned[0][1].setting.tokens:.3g} tokens)")
+    ax.grid(alpha=0.3, which="both")
+    key.axis("off")
+    key.text(0, 1, "\n".join(f"{i}  {r.label}" for i, r in enumerate(rows, 1)), va="top",
+             fontsize=8, family="monospace", wrap=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+_PARTS = [("compute", "compute_s", "tab:blue"), ("kernel launch", "host_overhead_s", "tab:gray"),
+          ("tp comm", "tp_comm_s", "tab:orange"), ("cp comm", "cp_comm_s", "tab:brown"),
+          ("pp comm", "pp_comm_s", "tab:pink"), ("dp comm", "dp_comm_s", "tab:red"),
+          ("bubble", "bubble_s", "tab:olive"), ("optimizer", "optimizer_s", "tab:purple")]
+
+
+def _breakdown(rows: Sequence[Row], path: str) -> bool:
+    import matplotlib.pyplot as plt
+
+    planned = [r for r in rows if r.result is not None]
+    if not planned:
+        return False
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(planned) + 2.2))
+    labels = [r.label for r in planned]
+    left = [0.0] * len(planned)
+    for name, field, colour in _PARTS:
+        widths = [getattr(r.result.breakdown, field) for r in planned]  # type: ignore[union-attr]
+        if any(widths):
+            ax.barh(labels, widths, left=left, color=colour, label=name)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per iteration (event simulation)")
+    ax.set_title("Iteration time by what it is spent on")
+    ax.legend(fontsize=8, ncol=8, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _memory(rows: Sequence[Row], path: str) -> bool:
+    import matplotlib.pyplot as plt
+
+    best = best_row(rows)
+    if best is None:
+        return False
+    firsts = {first: n for first, n, _ in replica_kinds(best.ranked.plan)}  # type: ignore[union-attr]
+    stages = [s for s in best.result.stages if s.pipeline in firsts]  # type: ignore[union-attr]
+    kinds = [("params", "params_bytes"), ("grads", "grads_bytes"),
+             ("optimizer", "optimizer_bytes"), ("activations", "activations_bytes"),
+             ("buffers", "buffers_bytes"), ("reserve", "reserve_bytes")]
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(stages) + 3), 4.5))
+    ax.set_xlim(-0.6, len(stages) - 0.4)
+    x = list(range(len(stages)))
+    bottom = [0.0] * len(stages)
+    for name, field in kinds:
+        h = [getattr(s.memory, field) / GIB for s in stages]
+        ax.bar(x, h, bottom=bottom, width=0.8, label=name)
+        bottom = [a + b for a, b in zip(bottom, h, strict=True)]
+    ax.hlines([s.memory.capacity_bytes / GIB for s in stages], [i - 0.4 for i in x],
+              [i + 0.4 for i in x], color="black", linewidth=2, label="capacity", zorder=3)
+    ax.set_xticks(x, [f"stage {s.stage}\n{s.device.split('-')[0]}" for s in stages], fontsize=7)
+    if len(firsts) > 1:
+        starts = [i for i, s in enumerate(stages) if s.stage == 0]
+        for i in starts[1:]:
+            ax.axvline(i - 0.5, color="gray", linestyle=":")
+        ax.set_xlabel(f"pipeline stage (GPU type), one group per kind of replica "
+                      f"({len(firsts)} kinds)")
+    else:
+        ax.set_xlabel("pipeline stage (GPU type)")
+    ax.set_ylabel("GiB per GPU")
+    ax.set_title(f"Memory per stage, best plan ({best.label})")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _gantt(rows: Sequence[Row], path: str) -> bool:
+    from planner.simulator import simulate_detailed, write_gantt
+
+    best = best_row(rows)
+    if best is None:
+        return False
+    _, sim = simulate_detailed(best.ranked.plan)  # type: ignore[union-attr]
+    write_gantt(sim, path)
+    return True

@@ -1,0 +1,229 @@
+"""What-if scenarios: small edits to the baseline cluster, model, prices or token budget.
+
+A scenario is `[LABEL:] CHANGE [; CHANGE ...]`, each change one of:
+
+    add TYPE COUNT [ISLAND]        add COUNT GPUs of a catalog TYPE in its standard nodes
+                                   (to the island of that type, or the one named; at the
+                                   cluster's price for TYPE)
+    remove TYPE COUNT              remove COUNT GPUs of TYPE (whole nodes, last ones first)
+    swap OLD NEW                   replace every OLD GPU by a NEW one (same count, NEW's
+                                   standard node and NICs, the cluster's price for NEW)
+    scale-nic TYPE|GROUP FACTOR    multiply the NIC bandwidth of those nodes
+    scale-link A B FACTOR          multiply the bandwidth of the link between islands A, B
+    price TYPE USD                 price per GPU-hour of TYPE
+    egress-price USD               price per GB crossing every island link
+    model NAME                     another model preset
+    tokens N                       another token budget
+
+Errors name the scenario and the word that is wrong, in one line.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, replace
+
+from planner.specs.cluster import ClusterSpec, NodeGroup
+from planner.specs.model import ModelSpec, preset
+from profiler.devices import device
+from profiler.schema import SpecError, fail
+
+__all__ = ["Scenario", "Setting", "apply", "parse_scenario"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What one scenario plans for."""
+
+    label: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    tokens: float
+
+
+@dataclass(frozen=True)
+class Scenario:
+    label: str
+    changes: tuple[tuple[str, ...], ...]  # each: (verb, args...)
+
+
+_ARITY = {"add": (2, 3), "remove": (2, 2), "swap": (2, 2), "scale-nic": (2, 2),
+          "scale-link": (3, 3), "price": (2, 2), "egress-price": (1, 1), "model": (1, 1),
+          "tokens": (1, 1)}
+
+
+def parse_scenario(text: str, *, where: str = "--scenario") -> Scenario:
+    label, sep, body = text.partition(":")  # no change contains a colon
+    if not sep:
+        label, body = "", text  # no label: the changes name the scenario
+    changes = []
+    for part in body.split(";"):
+        words = shlex.split(part)
+        if not words:
+            continue
+        verb, args = words[0], words[1:]
+        if verb not in _ARITY:
+            fail(where, text, f"{verb!r} is not a change; use one of {', '.join(_ARITY)}")
+        lo, hi = _ARITY[verb]
+        if not lo <= len(args) <= hi:
+            fail(where, text, f"{verb} takes {lo if lo == hi else f'{lo}-{hi}'} arguments")
+        changes.append((verb, *args))
+    if not changes:
+        fail(where, text, "no change given (e.g. 'add H100-80GB-SXM 64')")
+    return Scenario(label.strip() or body.strip(), tuple(changes))
+
+
+def apply(scenario: Scenario, base: Setting, *, where: str = "--scenario") -> Setting:
+    """The setting after the scenario's changes, in order."""
+    s = replace(base, label=scenario.label)
+    for change in scenario.changes:
+        try:
+            s = _APPLY[change[0]](s, *change[1:])
+        except SpecError as err:
+            raise SpecError(f"{where}: {scenario.label!r}: {err}") from None
+    return s
+
+
+def _count(text: str, what: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        fail(what, text, "a positive whole number")
+    return int(text)
+
+
+def _factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        fail("factor", text, "a positive number")
+    if not math.isfinite(value) or value <= 0:
+        fail("factor", text, "a positive number")
+    return value
+
+
+def _add(s: Setting, gpu: str, count: str, island: str | None = None) -> Setting:
+    dev = device(gpu)
+    n = _count(count, "count")
+    per_node = dev.node.gpus_per_node
+    if n % per_node:
+        fail("count", n, f"whole {dev.node.name} nodes: a multiple of {per_node}")
+    same = [g for g in s.cluster.node_groups if g.gpu == dev.name]
+    island = island or (same[0].island if same else s.cluster.node_groups[0].island)
+    if island not in {g.island for g in s.cluster.node_groups}:
+        fail("island", island, "an island of the cluster: " +
+             ", ".join(sorted({g.island for g in s.cluster.node_groups})))
+    datacenter = next(g.datacenter for g in s.cluster.node_groups if g.island == island)
+    price = same[0].price_per_gpu_hour_usd if same else None
+    group = NodeGroup(name=f"added-{dev.name.lower()}-{len(s.cluster.node_groups)}",
+                      gpu=dev.name, num_nodes=n // per_node, island=island,
+                      datacenter=datacenter, price_per_gpu_hour_usd=price).resolved()
+    return _with_groups(s, (*s.cluster.node_groups, group))
+
+
+def _remove(s: Setting, gpu: str, count: str) -> Setting:
+    name = device(gpu).name
+    left = _count(count, "count")
+    kept: list[NodeGroup] = []
+    for g in reversed(s.cluster.node_groups):  # the last nodes of that type first
+        if g.gpu != name or left == 0:
+            kept.append(g)
+            continue
+        per = g.gpus_per_node or 1
+        nodes = min(g.num_nodes, math.ceil(left / per))
+        if left % per and nodes * per > left:
+            fail("count", count, f"whole nodes of {per} GPUs")
+        left -= nodes * per
+        if nodes < g.num_nodes:
+            kept.append(replace(g, num_nodes=g.num_nodes - nodes))
+    if left > 0:
+        fail("count", count, f"the cluster has fewer {name} GPUs")
+    kept.reverse()
+    if not kept:
+        fail("remove", gpu, "would leave no GPUs")
+    return _with_groups(s, tuple(kept))
+
+
+def _swap(s: Setting, old: str, new: str) -> Setting:
+    o, n = device(old).name, device(new)
+    if not any(g.gpu == o for g in s.cluster.node_groups):
+        fail("swap", old, "a GPU type of the cluster")
+    groups = []
+    for g in s.cluster.node_groups:
+        if g.gpu != o:
+            groups.append(g)
+            continue
+        per = n.node.gpus_per_node
+        gpus = g.num_gpus
+        if gpus % per:
+            fail("swap", new, f"{gpus} GPUs do not fill {n.node.name} nodes of {per}")
+        # NEW's standard node and NICs, at the price the cluster already pays for NEW
+        # (unknown unless the cluster has some or the scenario sets one)
+        price = next((h.price_per_gpu_hour_usd for h in s.cluster.node_groups
+                      if h.gpu == n.name), None)
+        groups.append(NodeGroup(name=g.name, gpu=n.name, num_nodes=gpus // per,
+                                island=g.island, datacenter=g.datacenter,
+                                price_per_gpu_hour_usd=price).resolved())
+    return _with_groups(s, tuple(groups))
+
+
+def _scale_nic(s: Setting, what: str, factor: str) -> Setting:
+    f = _factor(factor)
+    hit = [g for g in s.cluster.node_groups if what in (g.name, g.gpu)]
+    if not hit:
+        fail("scale-nic", what, "a node group name or GPU type of the cluster")
+    groups = tuple(replace(g, nic_bandwidth_gbit_per_s=g.nic_bandwidth_gbit_per_s * f)  # type: ignore[operator]
+                   if g in hit else g for g in s.cluster.node_groups)
+    return _with_groups(s, groups)
+
+
+def _scale_link(s: Setting, a: str, b: str, factor: str) -> Setting:
+    f = _factor(factor)
+    link = s.cluster.island_link(a, b)
+    if link is None:
+        fail("scale-link", f"{a} {b}", "two islands the cluster links")
+    links = tuple(replace(k, bandwidth_gbit_per_s=k.bandwidth_gbit_per_s * f) if k is link else k
+                  for k in s.cluster.island_links)
+    return replace(s, cluster=replace(s.cluster, island_links=links))
+
+
+def _price(s: Setting, gpu: str, usd: str) -> Setting:
+    name = device(gpu).name
+    value = _factor(usd)
+    if not any(g.gpu == name for g in s.cluster.node_groups):
+        fail("price", gpu, "a GPU type of the cluster")
+    groups = tuple(replace(g, price_per_gpu_hour_usd=value) if g.gpu == name else g
+                   for g in s.cluster.node_groups)
+    return _with_groups(s, groups)
+
+
+def _egress(s: Setting, usd: str) -> Setting:
+    value = _factor(usd)
+    if not s.cluster.island_links:
+        fail("egress-price", usd, "the cluster has no links between islands")
+    links = tuple(replace(k, price_per_gb_usd=value) for k in s.cluster.island_links)
+    return replace(s, cluster=replace(s.cluster, island_links=links))
+
+
+def _model(s: Setting, name: str) -> Setting:
+    return replace(s, model=preset(name))
+
+
+def _tokens(s: Setting, text: str) -> Setting:
+    try:
+        value = float(text)
+    except ValueError:
+        fail("tokens", text, "a number of tokens, e.g. 3e11")
+    if value <= 0:
+        fail("tokens", text, "must be > 0")
+    return replace(s, tokens=value)
+
+
+def _with_groups(s: Setting, groups: tuple[NodeGroup, ...]) -> Setting:
+    cluster = replace(s.cluster, node_groups=groups)
+    cluster.check("cluster")
+    return replace(s, cluster=cluster)
+
+
+_APPLY = {"add": _add, "remove": _remove, "swap": _swap, "scale-nic": _scale_nic,
+          "scale-link": _scale_link, "price": _price, "egress-price": _egress,
+          "model": _model, "tokens": _tokens}

@@ -1,0 +1,112 @@
+"""What-if reports: each row is `plan search`'s answer for that scenario's cluster, a
+scenario that does not fit is reported (not fatal), and every promised file is written."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from planner.search import SearchRequest, search
+from planner.specs.cluster import load_cluster
+from planner.specs.model import preset
+from planner.whatif.report import table_rows
+
+CLUSTER = """\
+name: small-mixed
+node_groups:
+  - {name: a100, gpu: A100-80GB-SXM, num_nodes: 2, island: ib, price_per_gpu_hour_usd: 1.8}
+  - {name: v100, gpu: V100-32GB-SXM2, num_nodes: 2, island: ib, price_per_gpu_hour_usd: 0.8}
+"""
+MODEL, GBS, TOKENS = "gpt3-1.3b", 64, 1e10
+SCENARIOS = ["retire: remove V100-32GB-SXM2 16", "too big: model gpt3-175b",
+             "fast nic: scale-nic v100 4; price A100-80GB-SXM 2.2"]
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]]:
+    root = tmp_path_factory.mktemp("whatif")
+    cluster = root / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    out = root / "report"
+    args = ["what-if", "--model", MODEL, "--cluster", str(cluster), "--tokens", str(TOKENS),
+            "--gbs", str(GBS), "-o", str(out)]
+    for s in SCENARIOS:
+        args += ["--scenario", s]
+    proc = _plan(*args)
+    assert proc.returncode == 0, proc.stderr
+    with open(out / "table.csv", encoding="utf-8") as fh:
+        return str(out), list(csv.DictReader(fh))
+
+
+def test_every_file_is_written_and_the_html_is_self_contained(report: tuple) -> None:
+    out, rows = report
+    for name in ("report.html", "report.md", "table.csv", "best-plan.yaml", "cost_vs_time.png",
+                 "breakdown.png", "memory.png", "gantt.png"):
+        assert os.path.getsize(os.path.join(out, name)) > 0, name
+    page = open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    assert page.count("data:image/png;base64,") == 4
+    assert 'src="http' not in page and "src='http" not in page
+    assert [r["scenario"] for r in rows] == ["baseline", "retire", "too big", "fast nic"]
+    assert len(os.listdir(os.path.join(out, "clusters"))) == len(rows)
+
+
+def test_a_scenario_that_does_not_fit_is_a_row_not_a_failure(report: tuple) -> None:
+    _, rows = report
+    big = rows[2]
+    assert big["model"] == "gpt3-175b" and big["plan"] == "-" and big["used"] == "0"
+    assert "nothing fits in memory" in big["note"]
+    assert all(r["plan"] != "-" for r in rows if r is not big)
+
+
+@pytest.mark.parametrize("index", [0, 1, 3])
+def test_rows_equal_plan_search_on_the_scenarios_cluster(report: tuple, index: int) -> None:
+    """The scenario's cluster, written by the report, searched directly: the same best
+    plan and the same numbers, to the digits the table shows."""
+    out, rows = report
+    path = os.path.join(out, "clusters", sorted(os.listdir(os.path.join(out, "clusters")))[index])
+    found = search(SearchRequest(model=preset(MODEL), cluster=load_cluster(path), gbs=GBS,
+                                 seq_len=preset(MODEL).seq_len, tokens=TOKENS,
+                                 objective="time-to-train", top=1))
+    best = found.ranked[0]
+    row = rows[index]
+    assert float(row["iteration s"]) == pytest.approx(best.result.iteration_time_s, abs=5e-4)
+    assert float(row["MFU %"]) == pytest.approx(best.result.mfu * 100, abs=0.05)
+    assert float(row["tokens/s"].replace(",", "")) == pytest.approx(best.result.tokens_per_s,
+                                                                     abs=0.5)
+    assert float(row["time to train (days)"]) == pytest.approx(
+        best.time_to_train_s(TOKENS) / 86400, abs=0.005)
+    assert float(row["GPU $"].replace(",", "")) == pytest.approx(best.run_cost_usd(TOKENS),
+                                                                  abs=0.5)
+    assert int(row["used"]) == best.result.num_gpus
+
+
+def test_the_cli_search_agrees_with_the_baseline_row(report: tuple) -> None:
+    out, rows = report
+    cluster = os.path.join(out, "clusters", "01-baseline.yaml")
+    proc = _plan("search", "--model", MODEL, "--cluster", cluster, "--gbs", str(GBS),
+                 "--tokens", str(TOKENS), "--objective", "time-to-train", "--json")
+    assert proc.returncode == 0, proc.stderr
+    best = json.loads(proc.stdout)["plans"][0]
+    assert float(rows[0]["iteration s"]) == pytest.approx(best["iteration_time_s"], abs=5e-4)
+    assert float(rows[0]["GPU $"].replace(",", "")) == pytest.approx(best["run_cost_usd"],
+                                                                      abs=0.5)
+
+
+def test_table_rows_have_a_cell_per_column() -> None:
+    from planner.whatif.report import COLUMNS, plan_scenarios
+    from planner.whatif.scenarios import Setting
+
+    base = Setting("baseline", preset("gpt3-125m"), load_cluster("cluster_specs/local-cpu.yaml"),
+                   1e9)
+    rows = plan_scenarios(base, [], gbs=8, seq_len=512, objective="throughput")
+    assert all(len(r) == len(COLUMNS) for r in table_rows(rows))

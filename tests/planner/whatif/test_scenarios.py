@@ -1,0 +1,110 @@
+"""What-if scenarios: parsing, what each change does to the cluster, and one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from planner.specs.cluster import load_cluster
+from planner.specs.model import preset
+from planner.whatif.scenarios import Setting, apply, parse_scenario
+from profiler.schema import SpecError
+
+MIXED = "cluster_specs/mixed-a100-v100.yaml"
+TWO_DC = "cluster_specs/two-datacenter.yaml"
+
+
+def _base(path: str = MIXED) -> Setting:
+    return Setting("baseline", preset("llama2-7b"), load_cluster(path), 1e12)
+
+
+def _count(setting: Setting, gpu: str) -> int:
+    return sum(g.num_gpus for g in setting.cluster.node_groups if g.gpu == gpu)
+
+
+def test_label_and_several_changes() -> None:
+    s = parse_scenario("more: add H100-80GB-SXM 16; price H100-80GB-SXM 2.5")
+    assert s.label == "more"
+    assert s.changes == (("add", "H100-80GB-SXM", "16"), ("price", "H100-80GB-SXM", "2.5"))
+    assert parse_scenario("tokens 2e12").label == "tokens 2e12"  # unlabelled: its text
+
+
+def test_add_takes_the_island_and_price_of_that_type() -> None:
+    base = _base()
+    s = apply(parse_scenario("add A100-80GB-SXM 16"), base)
+    assert _count(s, "A100-80GB-SXM") == _count(base, "A100-80GB-SXM") + 16
+    added = s.cluster.node_groups[-1]
+    assert (added.island, added.price_per_gpu_hour_usd) == ("ib", 1.8)
+    assert s.cluster.num_gpus == base.cluster.num_gpus + 16
+
+
+def test_remove_whole_nodes_last_first() -> None:
+    base = _base()
+    s = apply(parse_scenario("remove V100-32GB-SXM2 64"), base)
+    assert _count(s, "V100-32GB-SXM2") == _count(base, "V100-32GB-SXM2") - 64
+    assert _count(s, "A100-80GB-SXM") == _count(base, "A100-80GB-SXM")
+
+
+def test_swap_keeps_the_count_and_uses_the_clusters_price() -> None:
+    base = _base()
+    s = apply(parse_scenario("swap V100-32GB-SXM2 A100-80GB-SXM"), base)
+    assert _count(s, "V100-32GB-SXM2") == 0
+    assert _count(s, "A100-80GB-SXM") == base.cluster.num_gpus
+    assert {g.price_per_gpu_hour_usd for g in s.cluster.node_groups} == {1.8}
+    # a type the cluster has no price for stays unpriced
+    h = apply(parse_scenario("swap V100-32GB-SXM2 H100-80GB-SXM"), base)
+    assert any(g.price_per_gpu_hour_usd is None for g in h.cluster.node_groups)
+
+
+def test_scale_nic_and_link_and_prices() -> None:
+    base = _base()
+    s = apply(parse_scenario("scale-nic V100-32GB-SXM2 2; price V100-32GB-SXM2 0.4"), base)
+    for old, new in zip(base.cluster.node_groups, s.cluster.node_groups, strict=True):
+        factor = 2 if old.gpu == "V100-32GB-SXM2" else 1
+        assert new.nic_bandwidth_gbit_per_s == old.nic_bandwidth_gbit_per_s * factor
+    assert {g.gpu: g.price_per_gpu_hour_usd for g in s.cluster.node_groups}["V100-32GB-SXM2"] == 0.4
+    dc = _base(TWO_DC)
+    t = apply(parse_scenario("scale-link east west 0.5; egress-price 0.05"), dc)
+    link, old = t.cluster.island_links[0], dc.cluster.island_links[0]
+    assert link.bandwidth_gbit_per_s == old.bandwidth_gbit_per_s / 2
+    assert link.price_per_gb_usd == 0.05
+
+
+def test_model_and_tokens() -> None:
+    s = apply(parse_scenario("model llama2-13b; tokens 3e11"), _base())
+    assert (s.model.name, s.tokens) == ("llama2-13b", 3e11)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("buy H100-80GB-SXM 8", ["'buy' is not a change"]),
+    ("add H100-80GB-SXM", ["add takes 2-3 arguments"]),
+    ("add H100-80GB-SXM 12", ["count", "12", "multiple of 8"]),
+    ("remove V100-32GB-SXM2 4096", ["fewer"]),
+    ("swap P100 A100-80GB-SXM", ["P100"]),
+    ("scale-nic a100 -1", ["factor", "-1", "positive"]),
+    ("scale-link ib wan 2", ["scale-link", "two islands"]),
+    ("egress-price 0.1", ["egress-price", "no links"]),
+    ("model gpt-5", ["gpt-5"]),
+    ("tokens lots", ["tokens", "lots"]),
+    ("label only:", ["no change given"]),
+])
+def test_bad_scenarios_are_one_line_errors(text: str, words: list[str]) -> None:
+    with pytest.raises(SpecError) as err:
+        apply(parse_scenario(text), _base())
+    message = str(err.value)
+    assert "\n" not in message
+    for w in words:
+        assert w in message, message
+
+
+def test_cli_bad_scenario_exits_2_with_one_line(tmp_path: object) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner.cli", "what-if", "--model", "llama2-7b", "--cluster",
+         MIXED, "--tokens", "1e12", "--gbs", "256", "--scenario", "add H100-80GB-SXM 12",
+         "-o", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "count" in lines[0] and "12" in lines[0]
