@@ -100,6 +100,7 @@ def _row(r: Ranked, req: SearchRequest) -> dict:
         "usd_per_million_tokens": r.usd_per_million_tokens,
         "time_to_train_s": r.time_to_train_s(req.tokens),
         "run_cost_usd": r.run_cost_usd(req.tokens),
+        "egress_usd": r.egress_usd(req.tokens),
         "sources": res.sources,
     }
 

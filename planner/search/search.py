@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from planner.costs.egress import egress_usd_per_iteration
 from planner.errors import InfeasiblePlan
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import pools_by_type
@@ -73,21 +74,32 @@ class Ranked:
     result: SimResult
     estimate_s: float
     usd_per_hour: float | None  # the GPUs the plan uses, at the cluster's prices
+    egress_usd_per_iteration: float = 0.0  # traffic over priced island links
 
     @property
     def usd_per_million_tokens(self) -> float | None:
-        if self.usd_per_hour is None:
-            return None
-        return self.usd_per_hour / 3600 / self.result.tokens_per_s * 1e6
+        """GPU time and egress per million tokens."""
+        return self.run_cost_usd(1e6)
 
     def time_to_train_s(self, tokens: float | None) -> float | None:
         return None if tokens is None else tokens / self.result.tokens_per_s
 
-    def run_cost_usd(self, tokens: float | None) -> float | None:
+    def gpu_cost_usd(self, tokens: float | None) -> float | None:
         ttt = self.time_to_train_s(tokens)
         if ttt is None or self.usd_per_hour is None:
             return None
         return ttt * self.usd_per_hour / 3600
+
+    def egress_usd(self, tokens: float | None) -> float | None:
+        if tokens is None:
+            return None
+        tr = self.plan.training
+        return self.egress_usd_per_iteration * tokens / (tr.global_batch_size * tr.seq_len)
+
+    def run_cost_usd(self, tokens: float | None) -> float | None:
+        """GPU-hours at the cluster's prices plus egress, for `tokens`."""
+        gpu = self.gpu_cost_usd(tokens)
+        return None if gpu is None else gpu + self.egress_usd(tokens)  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -147,21 +159,24 @@ def usd_per_hour(cluster: ClusterSpec, devices: list[int]) -> float | None:
     return total
 
 
-def _score(req: SearchRequest, iteration_s: float, usd_hour: float | None) -> float:
-    """Lower is better: seconds per token (throughput, time to train) or $ per token."""
-    per_token = iteration_s / (req.gbs * req.seq_len)
+def _score(req: SearchRequest, iteration_s: float, usd_hour: float | None,
+           egress_usd: float = 0.0) -> float:
+    """Lower is better: seconds per token (throughput, time to train) or $ per token
+    (GPU time, plus `egress_usd` per iteration once a leader's plan is known)."""
+    tokens = req.gbs * req.seq_len
     if req.objective == "cost":
         assert usd_hour is not None
-        return per_token * usd_hour / 3600
-    return per_token
+        return (iteration_s * usd_hour / 3600 + egress_usd) / tokens
+    return iteration_s / tokens
 
 
-def _within_budget(req: SearchRequest, iteration_s: float, usd_hour: float | None) -> bool:
+def _within_budget(req: SearchRequest, iteration_s: float, usd_hour: float | None,
+                   egress_usd: float = 0.0) -> bool:
     if req.max_budget_usd is None:
         return True
     assert req.tokens is not None and usd_hour is not None
-    run_s = req.tokens / (req.gbs * req.seq_len) * iteration_s
-    return run_s * usd_hour / 3600 <= req.max_budget_usd
+    iterations = req.tokens / (req.gbs * req.seq_len)
+    return iterations * (iteration_s * usd_hour / 3600 + egress_usd) <= req.max_budget_usd
 
 
 def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
@@ -206,7 +221,7 @@ def _ilp_sharding(lm: LayoutModel, micro: Micro) -> Sharding:
 
 
 def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sharding,
-          attention: str) -> Plan:
+          attention: str | None) -> Plan:
     lo, mi = ev.layout, ev.micro
     cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp, mbs=mi.mbs,
                          gbs=req.gbs, seq_len=req.seq_len, recompute=mi.recompute,  # type: ignore[arg-type]
@@ -215,6 +230,22 @@ def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sh
     sub = cluster.take(lo.num_gpus, where="search")
     kernels = default_kernels([g.device for g in sub.node_groups], attention=attention)
     return homogeneous_plan(req.model, sub, cfg, kernels=kernels)
+
+
+def _egress_of(req: SearchRequest, cluster: ClusterSpec) -> Callable[[Evaluation], float]:
+    """Egress $ per iteration of a candidate, where it can change the answer (a priced
+    island link, and the cost objective or a budget); cached by what it depends on."""
+    if (not any(k.price_per_gb_usd > 0 for k in cluster.island_links)
+            or (req.objective != "cost" and req.max_budget_usd is None)):
+        return lambda e: 0.0
+    cache: dict[tuple, float] = {}
+
+    def egress(e: Evaluation) -> float:
+        key = (e.layout, e.micro.mbs, e.sharding.params)
+        if key not in cache:
+            cache[key] = egress_usd_per_iteration(_plan(req, cluster, e, e.sharding, None))
+        return cache[key]
+    return egress
 
 
 def _space(req: SearchRequest, cluster: ClusterSpec) -> SearchSpace:
@@ -231,12 +262,17 @@ def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable
     evals, models, count = evaluated
     kernels = default_kernels([g.device for g in cluster.node_groups], attention=req.attention)
     price = _price(cluster)
-    ok = [e for e in evals if e.fits and _within_budget(
-        req, e.iteration_s, None if price is None else price * e.layout.num_gpus)]
-    closest = sorted((e for e in evals if not e.fits),
-                     key=lambda e: e.peak_memory_bytes / e.capacity_bytes)[:1]
-    ok.sort(key=lambda e: _score(req, e.iteration_s,
-                                 None if price is None else price * e.layout.num_gpus))
+
+    def usd_hour(e: Evaluation) -> float | None:
+        return None if price is None else price * e.layout.num_gpus
+
+    egress = _egress_of(req, cluster)
+    fitting = [e for e in evals if e.fits]
+    ok = [e for e in fitting if _within_budget(req, e.iteration_s, usd_hour(e), egress(e))]
+    # the closest misfit explains an empty answer, unless it is the budget that excluded all
+    closest = [] if fitting else sorted(
+        evals, key=lambda e: e.peak_memory_bytes / e.capacity_bytes)[:1]
+    ok.sort(key=lambda e: _score(req, e.iteration_s, usd_hour(e), egress(e)))
     ranked = []
     for ev in ok[:max(req.confirm, req.top)]:
         sharding = _ilp_sharding(models[ev.layout], ev.micro)
@@ -283,9 +319,11 @@ def _confirm(req: SearchRequest, plan: Plan, estimate_s: float, simulate_fn: Cal
     result = replace(result, sources={**result.sources, "choice": how})
     devices = [d for p in plan.pipelines for s in p.stages for d in s.devices]
     cost = usd_per_hour(plan.cluster, devices)
-    if not result.fits or not _within_budget(req, result.iteration_time_s, cost):
+    egress = egress_usd_per_iteration(plan)
+    if not result.fits or not _within_budget(req, result.iteration_time_s, cost, egress):
         return None
-    return _score(req, result.iteration_time_s, cost), Ranked(plan, result, estimate_s, cost)
+    return (_score(req, result.iteration_time_s, cost, egress),
+            Ranked(plan, result, estimate_s, cost, egress))
 
 
 def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | None = None

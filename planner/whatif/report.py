@@ -19,16 +19,13 @@ from planner.results import SimResult
 from planner.search import Ranked, SearchRequest, search
 from planner.specs.plan import Plan, save_plan
 from planner.whatif.scenarios import Scenario, Setting, apply
-from profiler.devices import dtype_bytes
 from profiler.progress import ProgressBar
 from profiler.schema import dump
 from profiler.store import Profiles
 
-__all__ = ["COLUMNS", "Row", "best_row", "bottleneck", "egress_bytes_per_iteration",
+__all__ = ["COLUMNS", "Row", "best_row", "bottleneck",
            "cluster_file", "plan_scenarios", "replica_kinds", "request_for", "table_rows", "write_report"]
 
-GIB = 1024**3
-GRAD_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -36,7 +33,6 @@ class Row:
     setting: Setting
     ranked: Ranked | None
     note: str  # why there is no plan, or what to know about this one
-    egress_usd: float
 
     @property
     def label(self) -> str:
@@ -52,16 +48,19 @@ class Row:
 
     @property
     def gpu_cost_usd(self) -> float | None:
-        return None if self.ranked is None else self.ranked.run_cost_usd(self.setting.tokens)
+        return None if self.ranked is None else self.ranked.gpu_cost_usd(self.setting.tokens)
+
+    @property
+    def egress_usd(self) -> float | None:
+        return None if self.ranked is None else self.ranked.egress_usd(self.setting.tokens)
 
     @property
     def total_usd(self) -> float | None:
-        return None if self.gpu_cost_usd is None else self.gpu_cost_usd + self.egress_usd
+        return None if self.ranked is None else self.ranked.run_cost_usd(self.setting.tokens)
 
     @property
     def usd_per_million_tokens(self) -> float | None:
-        total = self.total_usd
-        return None if total is None else total / self.setting.tokens * 1e6
+        return None if self.ranked is None else self.ranked.usd_per_million_tokens
 
     @property
     def gpus_used(self) -> int:
@@ -90,47 +89,6 @@ def bottleneck(plan: Plan, result: SimResult) -> str:
     if "full" in recompute or plan.sharding.params > 1:
         label += "; memory (full recompute or sharded parameters needed)"
     return label
-
-
-def egress_bytes_per_iteration(plan: Plan) -> float:
-    """Bytes a plan sends across priced island links per iteration (an estimate): every
-    activation and its gradient crossing a stage boundary between islands, and twice the
-    gradients of a stage whose data-parallel group spans islands (a hierarchical
-    reduction moves about that much across the link)."""
-    c, tr, m = plan.cluster, plan.training, plan.model
-    slots = c.slots
-
-    def island(d: int) -> str:
-        return c.node_groups[slots[d].group].island
-
-    def priced(a: str, b: str) -> bool:
-        link = c.island_link(a, b)
-        return link is not None and link.price_per_gb_usd > 0
-
-    total = 0.0
-    for pipe in plan.pipelines:
-        act = pipe.micro_batch_size * tr.seq_len * m.hidden_size * dtype_bytes(tr.dtype)
-        for a, b in zip(pipe.stages, pipe.stages[1:], strict=False):
-            ia, ib = island(a.devices[0]), island(b.devices[0])
-            if ia != ib and priced(ia, ib):
-                total += 2 * act * pipe.num_microbatches
-    first = plan.pipelines[0].stages
-    for k, stage in enumerate(first):
-        islands = sorted({island(p.stages[min(k, len(p.stages) - 1)].devices[0])
-                          for p in plan.pipelines})
-        if len(islands) > 1 and any(priced(a, b) for a in islands for b in islands if a < b):
-            params = m.params_per_layer() * stage.num_layers
-            total += 2 * params * GRAD_BYTES * (len(islands) - 1) / len(islands)
-    return total
-
-
-def _egress_usd(ranked: Ranked, tokens: float) -> float:
-    plan = ranked.plan
-    prices = [k.price_per_gb_usd for k in plan.cluster.island_links if k.price_per_gb_usd > 0]
-    if not prices:
-        return 0.0
-    iterations = tokens / (plan.training.global_batch_size * plan.training.seq_len)
-    return egress_bytes_per_iteration(plan) / 1e9 * max(prices) * iterations
 
 
 def plan_scenarios(base: Setting, scenarios: Sequence[Scenario], *, gbs: int, seq_len: int | None,
@@ -162,7 +120,7 @@ def _plan_one(setting: Setting, **kw: object) -> Row:
     try:
         found = search(req)
     except InfeasiblePlan as err:
-        return Row(setting, None, f"no plan: {err}", 0.0)
+        return Row(setting, None, f"no plan: {err}")
     best = found.ranked[0]
     notes = list(found.notes)
     unpriced = sorted({g.gpu for g in setting.cluster.node_groups
@@ -170,7 +128,7 @@ def _plan_one(setting: Setting, **kw: object) -> Row:
     if unpriced:
         notes.append(f"no price per GPU-hour for {', '.join(unpriced)} (add 'price TYPE USD' "
                      "to the scenario)")
-    return Row(setting, best, "; ".join(notes), _egress_usd(best, setting.tokens))
+    return Row(setting, best, "; ".join(notes))
 
 
 # --- output -------------------------------------------------------------------------
@@ -226,7 +184,7 @@ def table_rows(rows: Sequence[Row]) -> list[list[str]]:
             _fmt(None if res is None else res.tokens_per_s, ",.0f"),
             _fmt(None if res is None else res.mfu * 100, ".1f"),
             _fmt(None if ttt is None else ttt / 86400, ".2f"),
-            _fmt(r.gpu_cost_usd, ",.0f"), _fmt(r.egress_usd if r.ranked else None, ",.0f"),
+            _fmt(r.gpu_cost_usd, ",.0f"), _fmt(r.egress_usd, ",.0f"),
             _fmt(r.total_usd, ",.0f"), _fmt(r.usd_per_million_tokens, ".3f"),
             r.bottleneck, r.note,
         ])
@@ -335,7 +293,7 @@ def _sources_md(rows: Sequence[Row]) -> str:
     items = "".join(f"- {k}: {v}\n" for k, v in r.result.sources.items())  # type: ignore[union-attr]
     return ("## Where the numbers come from\n\n" + items + "- cost: GPU-hours at the node "
             "groups' prices for the token budget; egress: bytes crossing priced island "
-            "links (an estimate, planner/whatif/report.py)\n")
+            "links at their price (an estimate, planner/costs/egress.py)\n")
 
 
 def _html(rows: Sequence[Row], paths: dict[str, str], *, title: str, command: str) -> str:

@@ -1,0 +1,72 @@
+"""What a plan pays per iteration for traffic across priced island links (egress).
+
+Island links (e.g. between two datacenters) may carry a price per GB. The bytes a plan
+sends across them per iteration, an estimate of the hierarchical collectives the
+communication model times (planner/costs/comm.py):
+
+* every activation and its gradient that crosses a pipeline-stage boundary between two
+  islands: 2 * micro-batch * seq * hidden * dtype bytes per micro-batch;
+* a stage whose data-parallel group spans k islands reduces its gradients across them:
+  a hierarchical all-reduce moves 2 * (k-1)/k of the gradient bytes over the cut; with
+  parameters sharded (p > 1) over the group, the all-gathers before every forward and
+  backward add 2 * (k-1)/k of the parameter bytes per micro-batch.
+
+Each crossing is billed at its link's price (the highest among the islands spanned).
+"""
+
+from __future__ import annotations
+
+from planner.memory import rank_param_count
+from planner.specs.plan import Plan
+from planner.stage_costs import GRAD_BYTES
+from profiler.devices import dtype_bytes
+
+__all__ = ["egress_usd_per_iteration"]
+
+
+def egress_usd_per_iteration(plan: Plan) -> float:
+    """Dollars of priced island-link traffic in one iteration of `plan` (0 when no link
+    is priced)."""
+    c, tr, m = plan.cluster, plan.training, plan.model
+    if not any(k.price_per_gb_usd > 0 for k in c.island_links):
+        return 0.0
+    slots = c.slots
+
+    def island(d: int) -> str:
+        return c.node_groups[slots[d].group].island
+
+    def price(islands: set[str]) -> float:
+        names = sorted(islands)
+        links = [c.island_link(a, b) for a in names for b in names if a < b]
+        return max((k.price_per_gb_usd for k in links if k is not None), default=0.0)
+
+    usd = 0.0
+    for pipe in plan.pipelines:
+        act = pipe.micro_batch_size * tr.seq_len * m.hidden_size * dtype_bytes(tr.dtype)
+        for a, b in zip(pipe.stages, pipe.stages[1:], strict=False):
+            pair = {island(a.devices[0]), island(b.devices[0])}
+            if len(pair) > 1:
+                usd += 2 * act * pipe.num_microbatches / 1e9 * price(pair)
+    sh = plan.sharding
+    microbatches = max(p.num_microbatches for p in plan.pipelines)
+    for k, stage in enumerate(plan.pipelines[0].stages):
+        per_replica = [island(p.stages[min(k, len(p.stages) - 1)].devices[0])
+                       for p in plan.pipelines]
+        spanned = set(per_replica)
+        if len(spanned) < 2:
+            continue
+        pp = len(plan.pipelines[0].stages)
+        params = rank_param_count(m, num_layers=stage.num_layers, first=k == 0,
+                                  last=k == pp - 1, tp=1, pp=pp)
+        usd += 2 * params * GRAD_BYTES * _cut(spanned) / 1e9 * price(spanned)
+        if sh.params > 1:  # each parameter-sharding group gathers its own copy
+            for i in range(0, len(per_replica), sh.params):
+                group = set(per_replica[i:i + sh.params])
+                usd += (2 * microbatches * params * dtype_bytes(tr.dtype) * _cut(group)
+                        / 1e9 * price(group))
+    return usd
+
+
+def _cut(islands: set[str]) -> float:
+    """The share of a hierarchical collective's bytes that crosses between islands."""
+    return (len(islands) - 1) / len(islands)

@@ -1,0 +1,94 @@
+"""Egress: dollars per iteration for traffic over priced island links."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.costs.egress import egress_usd_per_iteration
+from planner.layout import ParallelConfig, homogeneous_plan
+from planner.memory import rank_param_count
+from planner.search import SearchRequest, search
+from planner.specs.cluster import ClusterSpec
+from planner.specs.model import preset
+from planner.specs.plan import Sharding
+from profiler.schema import load_yaml_text, parse
+
+PRICE = 0.05  # $ per GB across the link
+
+TWO_DC = f"""\
+name: small-two-dc
+node_groups:
+  - {{name: east, gpu: H100-80GB-SXM, num_nodes: 1, island: east, datacenter: east,
+      price_per_gpu_hour_usd: 3.0}}
+  - {{name: west, gpu: H100-80GB-SXM, num_nodes: 1, island: west, datacenter: west,
+      price_per_gpu_hour_usd: 3.0}}
+island_links:
+  - {{islands: [east, west], bandwidth_gbit_per_s: 100, latency_ms: 10, kind: ethernet,
+      price_per_gb_usd: {PRICE}}}
+"""
+
+
+def _cluster(price: float = PRICE) -> ClusterSpec:
+    c = parse(ClusterSpec, load_yaml_text(TWO_DC, where="test"), where="test").resolved()
+    return replace(c, island_links=tuple(replace(k, price_per_gb_usd=price)
+                                         for k in c.island_links))
+
+
+MODEL = preset("llama2-7b")
+
+
+def _plan(price: float = PRICE, **cfg: object):  # type: ignore[no-untyped-def]
+    base = dict(mbs=1, gbs=16, seq_len=4096, sequence_parallel=True)
+    return homogeneous_plan(MODEL, _cluster(price), ParallelConfig(**{**base, **cfg}))
+
+
+def test_a_pipeline_split_across_the_link_pays_for_its_activations() -> None:
+    plan = _plan(tp=8, pp=2, dp=1)  # stage 0 on the east node, stage 1 on the west
+    act = 1 * 4096 * MODEL.hidden_size * 2  # bf16
+    expected = 2 * act * 16 / 1e9 * PRICE  # forward activation and its gradient, 16 micro-batches
+    assert egress_usd_per_iteration(plan) == pytest.approx(expected)
+
+
+def test_a_data_parallel_group_across_the_link_pays_for_its_gradients() -> None:
+    plan = _plan(tp=8, pp=1, dp=2)  # one replica per datacenter
+    params = rank_param_count(MODEL, num_layers=MODEL.num_layers, first=True, last=True, tp=1,
+                              pp=1)
+    # a hierarchical all-reduce of fp32 gradients moves 2 (k-1)/k of them over the cut
+    assert egress_usd_per_iteration(plan) == pytest.approx(2 * params * 4 * 0.5 / 1e9 * PRICE)
+    sharded = replace(plan, sharding=Sharding(params=2, grads=2, optim=2))
+    extra = 2 * plan.pipelines[0].num_microbatches * params * 2 * 0.5 / 1e9 * PRICE
+    assert egress_usd_per_iteration(sharded) == pytest.approx(
+        egress_usd_per_iteration(plan) + extra)
+
+
+def test_no_price_or_no_crossing_costs_nothing() -> None:
+    assert egress_usd_per_iteration(_plan(price=0.0, tp=8, pp=2, dp=1)) == 0.0
+    assert egress_usd_per_iteration(_plan(tp=4, pp=1, dp=1)) == 0.0  # inside the east node
+
+
+def _islands(plan) -> set[str]:  # type: ignore[no-untyped-def]
+    c = plan.cluster
+    return {c.node_groups[c.slots[d].group].island
+            for p in plan.pipelines for s in p.stages for d in s.devices}
+
+
+def test_the_budget_and_run_cost_count_egress() -> None:
+    """The fastest plan spans both datacenters; when crossing costs far more than the
+    GPUs, a budget that affords the GPU-hours alone keeps the run in one datacenter."""
+    def best(price: float, budget: float | None = None):  # type: ignore[no-untyped-def]
+        return search(SearchRequest(model=MODEL, cluster=_cluster(price), gbs=64,
+                                    seq_len=4096, objective="time-to-train", tokens=1e9,
+                                    max_budget_usd=budget, top=1)).ranked[0]
+
+    free = best(0.0)
+    assert len(_islands(free.plan)) == 2
+    budget = 2 * free.run_cost_usd(1e9)  # type: ignore[operator]
+    assert best(0.0, budget).plan == free.plan
+    dear = best(1000.0, budget)
+    assert len(_islands(dear.plan)) == 1 and dear.egress_usd_per_iteration == 0.0
+    spanning = best(1000.0)  # no budget: the same plan as free, now paying for the link
+    assert spanning.egress_usd(1e9) > 1000 * free.gpu_cost_usd(1e9)  # type: ignore[operator]
+    assert spanning.run_cost_usd(1e9) == pytest.approx(
+        spanning.gpu_cost_usd(1e9) + spanning.egress_usd(1e9))  # type: ignore[operator]
