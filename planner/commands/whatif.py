@@ -53,13 +53,13 @@ def run_whatif(args: argparse.Namespace) -> int:
     model, cluster = load_inputs(args)
     scenarios = [parse_scenario(text) for text in args.scenario]
     base = Setting(label="baseline", model=model, cluster=cluster, tokens=args.tokens)
+    profiles = profiles_for(args, cluster, args.dtype)
     rows = plan_scenarios(base, scenarios, gbs=args.gbs, seq_len=args.seq,
                           objective=args.objective, dtype=args.dtype,
-                          max_budget_usd=args.max_budget,
-                          profiles=profiles_for(args, cluster, args.dtype))
+                          max_budget_usd=args.max_budget, profiles=profiles)
     title = f"What if: {model.name} on {cluster.name}, {args.tokens:.3g} tokens"
     paths = write_report(rows, args.output, title=title,
-                         command=shlex.join(["plan", *args.argv]))
+                         command=shlex.join(["plan", *args.argv]), profiles=profiles)
     for r in rows:
         if r.ranked is None:
             print(f"{r.label}: {r.note}")

@@ -2,27 +2,42 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 
 from planner.whatif.report import Row, best_row, replica_kinds
+from profiler.store import Profiles
 
 __all__ = ["draw_all"]
 
 GIB = 1024**3
 
 
-def draw_all(rows: Sequence[Row], out_dir: str) -> dict[str, str]:
+def draw_all(rows: Sequence[Row], out_dir: str, *, profiles: Profiles | None = None
+             ) -> dict[str, str]:
+    """The figures that have something to show, as {name: path}; `profiles` price the
+    best plan's timeline as they priced the search."""
     import matplotlib
 
     matplotlib.use("Agg")
     paths = {}
     for name, draw in (("cost_vs_time", _cost_vs_time), ("breakdown", _breakdown),
-                       ("memory", _memory), ("gantt", _gantt)):
+                       ("memory", _memory),
+                       ("gantt", functools.partial(_gantt, profiles=profiles))):
         path = os.path.join(out_dir, f"{name}.png")
         if draw(rows, path):
             paths[name] = path
     return paths
+
+
+def _save(fig: object, path: str) -> bool:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()  # type: ignore[attr-defined]
+    fig.savefig(path, dpi=110)  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
+    return True
 
 
 def _pareto(points: list[tuple[float, float]]) -> list[int]:
@@ -45,8 +60,8 @@ def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
     if all(c is not None for c in costs):
         pts = list(zip(days, costs, strict=True))
         front = sorted(_pareto(pts), key=lambda j: pts[j][0])  # type: ignore[arg-type]
-        ax.plot([pts[j][0] for j in front], [pts[j][1] for j in front], "--", color="tab:red",
-                label="Pareto front (no scenario both cheaper and faster)")
+        ax.plot([pts[j][0] for j in front], [pts[j][1] for j in front], "--o", color="tab:red",
+                markersize=4, label="Pareto front (no scenario both cheaper and faster)")
         ax.scatter(days, costs, s=160, color=["tab:red" if j in front else "tab:blue"
                                               for j in range(len(pts))], zorder=3)
         for (i, _), x, y in zip(planned, days, costs, strict=True):
@@ -67,10 +82,7 @@ def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
     key.axis("off")
     key.text(0, 1, "\n".join(f"{i}  {r.label}" for i, r in enumerate(rows, 1)), va="top",
              fontsize=8, family="monospace", wrap=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 _PARTS = [("compute", "compute_s", "tab:blue"), ("kernel launch", "host_overhead_s", "tab:gray"),
@@ -97,10 +109,7 @@ def _breakdown(rows: Sequence[Row], path: str) -> bool:
     ax.set_xlabel("seconds per iteration (event simulation)")
     ax.set_title("Iteration time by what it is spent on")
     ax.legend(fontsize=8, ncol=8, loc="upper center", bbox_to_anchor=(0.5, -0.18))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def _memory(rows: Sequence[Row], path: str) -> bool:
@@ -136,18 +145,15 @@ def _memory(rows: Sequence[Row], path: str) -> bool:
     ax.set_ylabel("GiB per GPU")
     ax.set_title(f"Memory per stage, best plan ({best.label})")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
-def _gantt(rows: Sequence[Row], path: str) -> bool:
+def _gantt(rows: Sequence[Row], path: str, *, profiles: Profiles | None = None) -> bool:
     from planner.simulator import simulate_detailed, write_gantt
 
     best = best_row(rows)
     if best is None:
         return False
-    _, sim = simulate_detailed(best.ranked.plan)  # type: ignore[union-attr]
+    _, sim = simulate_detailed(best.ranked.plan, profiles=profiles)  # type: ignore[union-attr]
     write_gantt(sim, path)
     return True

@@ -191,7 +191,8 @@ def table_rows(rows: Sequence[Row]) -> list[list[str]]:
     return out
 
 
-def write_report(rows: Sequence[Row], out_dir: str, *, title: str, command: str) -> dict[str, str]:
+def write_report(rows: Sequence[Row], out_dir: str, *, title: str, command: str,
+                 profiles: Profiles | None = None) -> dict[str, str]:
     """report.html (self-contained), report.md, table.csv, the figures and the best
     plan; returns their paths."""
     from planner.whatif import figures
@@ -202,7 +203,7 @@ def write_report(rows: Sequence[Row], out_dir: str, *, title: str, command: str)
         writer = csv.writer(fh)
         writer.writerow(COLUMNS)
         writer.writerows(table_rows(rows))
-    paths.update(figures.draw_all(rows, out_dir))
+    paths.update(figures.draw_all(rows, out_dir, profiles=profiles))
     paths["clusters"] = _write_clusters(rows, os.path.join(out_dir, "clusters"))
     best = best_row(rows)
     if best is not None:
