@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from planner.estimate import estimate
 from planner.memory import in_flight_chunks
 from planner.simulator import simulate, simulate_detailed, write_gantt
 from planner.simulator.build import simulate_graph
@@ -128,6 +129,42 @@ def test_gradients_are_reduced_after_the_w_passes():
         assert reductions
         for t in reductions:
             assert {g.kinds[p] for p in preds[t]} == {"W"}, g.names[t]
+
+
+def test_closed_form_is_exact_on_equal_stages():
+    """The closed form (planner/estimate.py) on equal stages without communication:
+    the simulator's makespan, including m < p and T_W > T_F (while T_W <= T_B)."""
+    for pp, m in ((4, 8), (4, 3), (8, 32), (8, 5)):
+        plan = make_plan(pp=pp, m=m, schedule="zb-h1", layers=24)
+        for fwd, bwd, wgrad in (PAPER, (1.0, 1.5, 0.5), (0.5, 1.5, 1.0)):
+            costs = flat_costs(plan, fwd=fwd, bwd=bwd + wgrad, wgrad=wgrad)
+            assert estimate(plan, costs=costs).iteration_time_s == pytest.approx(
+                simulate_graph(plan, costs=costs).schedule.makespan_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("factors", [(1, 1.5, 1, 1), (1.5, 1, 1, 1), (1, 1, 1, 1.5),
+                                     (0.7, 1, 1, 1.3), (1, 1.2, 0.8, 1.1)])
+@pytest.mark.parametrize("p2p", [0.0, 0.05])
+def test_closed_form_is_close_on_unequal_stages(factors, p2p):
+    """Stages of unequal speed (with and without transfers): within 5% of the simulator
+    (the 1F1B closed form is off by up to 6% on the same stages)."""
+    plan = make_plan(pp=4, m=16 if factors != (1, 1.2, 0.8, 1.1) else 8, schedule="zb-h1",
+                     layers=24)
+    costs = [[dataclasses.replace(c, layer_forward=c.layer_forward * k,
+                                  layer_backward=c.layer_backward * k,
+                                  layer_weight_grad=c.layer_weight_grad * k)
+              for c, k in zip(row, factors, strict=True)]
+             for row in flat_costs(plan, fwd=1.0, bwd=2.0, wgrad=0.8, p2p=p2p)]
+    assert estimate(plan, costs=costs).iteration_time_s == pytest.approx(
+        simulate_graph(plan, costs=costs).schedule.makespan_s, rel=0.05)
+
+
+@pytest.mark.parametrize("kw", [dict(pp=4, m=16), dict(pp=8, m=8), dict(pp=2, dp=4, m=8),
+                                dict(pp=4, dp=2, m=8, tp=2)])
+def test_closed_form_agrees_with_the_simulator_on_real_plans(kw):
+    plan = make_plan(schedule="zb-h1", **kw)
+    assert estimate(plan).iteration_time_s == pytest.approx(simulate(plan).iteration_time_s,
+                                                            rel=0.03)
 
 
 @pytest.mark.parametrize("kw", [dict(pp=8, m=16), dict(pp=8, m=16, layers=64),
