@@ -96,7 +96,9 @@ class StageCost:
 
     def with_sync(self, dp: DPSync, optimizer_s: float) -> StageCost:
         """This stage under another sharding: only its data-parallel traffic and optimizer
-        step change. (A shallow copy keeps the cached pass times; `replace` would not.)"""
+        step change. (A shallow copy keeps the cached pass times, computed here first so
+        that every copy shares them; `replace` would not.)"""
+        _ = self.forward_s, self.backward_s, self.weight_grad_s
         out = copy.copy(self)
         object.__setattr__(out, "dp", dp)
         object.__setattr__(out, "optimizer_s", optimizer_s)
