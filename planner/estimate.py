@@ -7,7 +7,7 @@ drain (for p equal stages (m + (p−1)/v)·t, Narayanan et al. 2021, v interleav
 micro-batch's backward bucket by bucket; the optimizer step follows. The event simulator
 refines this with the actual dependencies; both price work through `stage_costs`.
 
-ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", §3.1) defers each micro-batch's
+ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", §2.1) defers each micro-batch's
 weight gradients (W, w_s of t_s) on stage s by s micro-batches, so the drain through stage
 k costs only f + b per earlier stage and stage k's last min(k + 1, m) W's run while the
 last backward travels back: max_k (Σ_{j<k} (t_j − w_j) + m·t_k − min(k + 1, m)·w_k + w_0).

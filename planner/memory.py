@@ -108,7 +108,7 @@ def in_flight_chunks(*, schedule: str, stage: int, pp: int, num_microbatches: in
     A chunk is 1/virtual_stages of the stage's layers. Interleaved 1F1B: Megatron runs
     (p - stage - 1)*2 + (v - 1)*p warm-up forwards before the first backward, which
     gives Korthikanti et al.'s (1 + (p-1)/(p·v)) factor on the first stage. ZB-H1 (Qi et
-    al. 2024 §3.1): stage s defers each weight gradient by s micro-batches and frees a
+    al. 2024 §2.1): stage s defers each weight gradient by s micro-batches and frees a
     micro-batch's activations after it, so every stage holds p, 1F1B's first-stage peak
     (counted in full: the part only B needs is in fact freed earlier).
     """

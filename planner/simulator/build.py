@@ -143,7 +143,7 @@ class _Builder:
                 after = (*after, gather)
             name = f"{phase}{c}.{j}" if vp > 1 else f"{phase}{j}"
             if phase == grad and j == last_grad[c]:
-                tid = self._bucketed_pass(pi, si, c, j, name, part, pieces[c], after)
+                tid = self._bucketed_pass(pi, si, (phase, c, j), name, part, pieces[c], after)
             else:
                 tid = g.add(f"{name} p{pi}s{si}", phase, compute, part.total_s,
                             TaskMeta(pi, si, c, j, part), after=after)
@@ -158,12 +158,12 @@ class _Builder:
         self.last_compute[(pi, si)] = prev
         self.in_flight[(pi, si)] = peak
 
-    def _bucketed_pass(self, pi: int, si: int, c: int, j: int, name: str, part: Part,
+    def _bucketed_pass(self, pi: int, si: int, pass_: Pass, name: str, part: Part,
                        pieces: int, after: tuple[int, ...]) -> int:
-        """The last gradient pass of chunk `c`, cut into `pieces` gradient buckets (each
-        reduced as soon as it is computed); returns its last piece."""
+        """A chunk's last gradient pass, cut into `pieces` gradient buckets (each reduced
+        as soon as it is computed); returns its last piece."""
         compute = self.g.stream(f"p{pi}.s{si}.compute")
-        kind = name[0]
+        kind, c, j = pass_
         tids = []
         for k in range(pieces):
             label = f"{name}[{k}] p{pi}s{si}" if pieces > 1 else f"{name} p{pi}s{si}"

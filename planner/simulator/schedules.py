@@ -4,7 +4,7 @@ GPipe (Huang et al. 2019): all forwards, then all backwards. 1F1B (PipeDream-Flu
 Narayanan et al. 2021): p - s - 1 warm-up forwards on stage s, then one forward and one
 backward alternately. Interleaved 1F1B (Narayanan et al. 2021 §2.2.2, as Megatron-LM
 orders it): each stage holds v model chunks; micro-batches advance in groups of p.
-ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1): each
+ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR 2024, §2.1): each
 backward is split into B (activation gradients, on the critical path) and W (weight
 gradients, deferrable); the F/B order is 1F1B's and W of micro-batch k follows B of
 micro-batch k + s on stage s, so later stages send their gradients back sooner and run

@@ -1,5 +1,5 @@
 """ZB-H1, the zero-bubble schedule of Qi et al. 2024 ("Zero Bubble Pipeline Parallelism",
-ICLR 2024, arXiv 2401.10241, §3.1): backward split into B (input gradients) and W (weight
+ICLR 2024, arXiv 2401.10241, §2.1): backward split into B (input gradients) and W (weight
 gradients), W deferred into the drain bubble, peak activation memory that of 1F1B."""
 
 import dataclasses
@@ -46,7 +46,7 @@ def test_order_is_1f1b_with_each_w_lagging_its_b_by_the_stage_index():
                                              (2.0, 1.0, 0.8)])
 def test_makespan_is_the_papers_formula(pp, m, fwd, bwd, wgrad):
     """No communication, p equal stages, m >= p, T_W <= T_F and T_W <= T_B: exactly
-    m(T_F + T_B + T_W) + (p - 1)(T_F + T_B - T_W) (Qi et al. 2024 §3.1), never slower
+    m(T_F + T_B + T_W) + (p - 1)(T_F + T_B - T_W) (Qi et al. 2024 §2.1), never slower
     than 1F1B's (m + p - 1)(T_F + T_B + T_W), and the bubble 1/3 of 1F1B's when the three
     are equal."""
     plan = make_plan(pp=pp, m=m, schedule="zb-h1", layers=24)
