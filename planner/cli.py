@@ -137,6 +137,8 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from planner.layout import SCHEDULES
+
     parser = _Parser(prog="plan", description="Plan LLM training on the GPUs you have: "
                      "search for the best configuration, simulate one, measure a profile, "
                      "list models and GPUs.")
@@ -160,8 +162,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="sequence length (default: the model's)")
     sim.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     sim.add_argument("--sequence-parallel", action="store_true")
-    sim.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b",
-                     help="pipeline schedule (with --vp > 1: interleaved 1F1B)")
+    sim.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                     help="pipeline schedule (with --vp > 1: interleaved 1F1B; zb-h1: "
+                     "zero-bubble ZB-H1, Qi et al. 2024, needs --pp > 1 and --vp 1)")
     shard = sim.add_mutually_exclusive_group()
     shard.add_argument("--sharding", choices=("none", "zero1", "zero2", "zero3"),
                        help="ZeRO stage (a point of the sharding space)")

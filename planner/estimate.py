@@ -6,6 +6,15 @@ max_k (Σ_{j<k} t_j / v + m·t_k): the critical path through each stage's fill, 
 drain (for p equal stages (m + (p−1)/v)·t, Narayanan et al. 2021, v interleaved chunks). Gradient reduction overlaps the last
 micro-batch's backward bucket by bucket; the optimizer step follows. The event simulator
 refines this with the actual dependencies; both price work through `stage_costs`.
+
+ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", §2.1) defers each micro-batch's
+weight gradients (W, w_s of t_s) on stage s by s micro-batches, so the drain through stage
+k costs only f + b per earlier stage and stage k's last min(k + 1, m) W's run while the
+last backward travels back: max_k (Σ_{j<k} (t_j − w_j) + m·t_k − min(k + 1, m)·w_k + w_0).
+For p equal stages and m ≥ p that is m(f + b + w) + (p − 1)(f + b − w), the paper's
+bubble, when w ≤ f; where w > f, stage 0's wait for its first B, (p − 1)·b, is the bubble
+instead. Both match the simulator exactly while w ≤ b (the cost model's layers have
+w ≤ b: W is one GEMM per forward GEMM, B the other and the attention backward).
 """
 
 from __future__ import annotations
@@ -40,35 +49,36 @@ def _microbatch_s(c: StageCost, pp: int, vp: int) -> float:
     return c.forward_s + c.backward_s + _sends(c, pp, vp) + extra
 
 
-def pipeline_time(costs: list[StageCost], *, num_microbatches: int, virtual_stages: int
-                  ) -> tuple[float, dict[str, float]]:
-    """End time of one pipeline's iteration (its stages' costs in order) and the critical
-    stage's breakdown. Stages that are the same object are priced once."""
+def pipeline_time(costs: list[StageCost], *, num_microbatches: int, virtual_stages: int,
+                  schedule: str = "1f1b") -> tuple[float, dict[str, float]]:
+    """End time of one pipeline's iteration (its stages' costs in order) under `schedule`
+    and the critical stage's breakdown. Stages that are the same object are priced once."""
     m, vp, pp = num_microbatches, virtual_stages, len(costs)
-    memo: dict[int, tuple[float, float, float]] = {}  # id -> (micro-batch, tail, drain step)
+    zb = schedule == "zb-h1"
+    # id -> (micro-batch, tail, drain step, forward step, deferred W)
+    memo: dict[int, tuple[float, float, float, float, float]] = {}
     for c in costs:
         if id(c) not in memo:
+            w = c.weight_grad_s if zb else 0.0
             last_grads = c.dp.grad_microbatch_s + c.dp.grad_iteration_s
-            grad = exposed_s(last_grads, c.backward_s, c.num_params) if last_grads else 0.0
+            # buckets are cut from the last gradient pass: the backward, or ZB-H1's last W
+            window = w if zb else c.backward_s
+            grad = exposed_s(last_grads, window, c.num_params) if last_grads else 0.0
             gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.num_params)
                       if c.dp.param_iteration_s else 0.0)
+            half = _sends(c, pp, vp) / 2
             memo[id(c)] = (_microbatch_s(c, pp, vp), grad + c.optimizer_s + gather,
-                           c.backward_s + _sends(c, pp, vp) / 2)
+                           c.backward_s - w + half, c.forward_s + half, w)
     times = [memo[id(c)][0] for c in costs]
-    # The critical path through stage k: the fill up to it, its m micro-batches, the drain
-    # back from it (the fill and drain shrink by v with interleaving). For equal stages
-    # the slowest path is the last stage's, (m + (p - 1)/v) t; a slow stage followed by
-    # faster ones is not delayed by them.
-    prefix, paths = 0.0, []
-    for t in times:
-        paths.append(prefix / vp + m * t)
-        prefix += t
+    paths = _zb_paths(costs, memo, m) if zb else _paths(times, m, vp)
     slow = max(range(len(costs)), key=paths.__getitem__)
     pipe_s = paths[slow]
     end, opt_s, drain = pipe_s, 0.0, 0.0
-    for c in costs:  # stage s finishes its last backward `drain` before stage 0 does
-        _, tail, step = memo[id(c)]
-        stage_end = pipe_s - drain + tail
+    w0 = memo[id(costs[0])][4]
+    for s, c in enumerate(costs):  # stage s finishes its last backward `drain` before stage 0
+        _, tail, step, _, w = memo[id(c)]
+        # under ZB-H1 its last B, then its last min(s + 1, m) W's
+        stage_end = pipe_s - drain + tail + (min(s + 1, m) * w - w0 if zb else 0.0)
         if stage_end > end:
             end, opt_s = stage_end, c.optimizer_s
         drain += step
@@ -90,6 +100,38 @@ def pipeline_time(costs: list[StageCost], *, num_microbatches: int, virtual_stag
     return end, parts
 
 
+def _paths(times: list[float], m: int, vp: int) -> list[float]:
+    """1F1B / GPipe: the critical path through stage k is the fill up to it, its m
+    micro-batches, the drain back from it (the fill and drain shrink by v with
+    interleaving). For equal stages the slowest path is the last stage's, (m + (p - 1)/v) t;
+    a slow stage followed by faster ones is not delayed by them."""
+    prefix, paths = 0.0, []
+    for t in times:
+        paths.append(prefix / vp + m * t)
+        prefix += t
+    return paths
+
+
+def _zb_paths(costs: list[StageCost], memo: dict, m: int) -> list[float]:
+    """ZB-H1 (module docstring): the path through stage k's m micro-batches and the
+    drain back to stage 0, which ends with stage 0's last W; or, where that is longer,
+    stage k's own work after its first forward arrives, and stage 0's after its first
+    backward arrives (it runs min(m, p) forwards before it)."""
+    pp = len(costs)
+    t0, _, b0, f0, w0 = memo[id(costs[0])]
+    prefix = fill = back = 0.0
+    paths = []
+    for k, c in enumerate(costs):
+        t, _, b, f, w = memo[id(c)]
+        paths.append(max(prefix + m * t - min(k + 1, m) * w + w0, fill + m * t))
+        prefix += t - w
+        fill += f
+        back += b
+    # stage 0's first B waits for micro-batch 0 to pass every stage and come back
+    paths[0] = max(paths[0], fill + back - b0 + m * t0 - min(m, pp) * f0)
+    return paths
+
+
 def estimate(plan: Plan, *, costs: list[list[StageCost]] | None = None,
              profiles: Profiles | None = None) -> SimResult:
     """Iteration time, throughput, MFU, breakdown and memory of `plan` (closed form),
@@ -97,7 +139,8 @@ def estimate(plan: Plan, *, costs: list[list[StageCost]] | None = None,
     collective times from `profiles` where they have them."""
     costs = costs if costs is not None else plan_stage_costs(plan, profiles)
     ends = [pipeline_time(pc, num_microbatches=plan.pipelines[pc[0].pipeline].num_microbatches,
-                          virtual_stages=plan.training.virtual_stages) for pc in costs]
+                          virtual_stages=plan.training.virtual_stages,
+                          schedule=plan.training.schedule) for pc in costs]
     critical = max(range(len(ends)), key=lambda i: ends[i][0])
     iteration_s, parts = ends[critical]
     stages = tuple(

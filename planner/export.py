@@ -81,6 +81,11 @@ def _megatron(plan: Plan) -> Export:
         args.append(f"--num-layers-per-virtual-pipeline-stage {m.num_layers // (s.pp * s.vp)}")
         if m.num_layers % (s.pp * s.vp):
             issues.append(f"interleaving needs num_layers divisible by pp*vp = {s.pp * s.vp}")
+    if tr.schedule == "zb-h1":
+        issues.append(f"schedule zb-h1: upstream Megatron-LM has no zero-bubble schedule (these "
+                      f"flags run 1F1B); the zero-bubble fork sail-sg/zero-bubble-pipeline-"
+                      f"parallelism runs a ZB-H1-like one with --enable-zero-bubble "
+                      f"--zero-bubble-max-pending-backward {s.pp}")
     if len(set(s.layers)) > 1:
         issues.append(f"uneven layers per stage {list(s.layers)} (Megatron splits evenly; "
                       "newer versions take --decoder-first/last-pipeline-num-layers)")
@@ -132,6 +137,9 @@ def _deepspeed(plan: Plan) -> Export:
                       "DeepSpeed's --tensor/--pipeline-model-parallel-size), not in this JSON")
     if s.vp > 1:
         issues.append("interleaved pipeline stages are not available in DeepSpeed")
+    if tr.schedule == "zb-h1":
+        issues.append("schedule zb-h1 is a Megatron-DeepSpeed flag (--enable-zbh1-pipeline), "
+                      "not set in this JSON")
     return Export(json.dumps(config, indent=2) + "\n", tuple(issues))
 
 
@@ -161,7 +169,10 @@ def _torchtitan(plan: Plan) -> Export:
         shard, replicate = sh.optim, s.dp // sh.optim
         issues.append(f"sharding P/G/OS {sh.params}/{sh.grads}/{sh.optim}: FSDP2 shards all "
                       f"three states together; exported as sharding all over {sh.optim}")
-    schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+    # torch.distributed.pipelining's class names; ScheduleInterleavedZeroBubble is ZB-H1's
+    # order (ZB1P) for any number of stages per rank
+    schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                "zb-h1": "InterleavedZeroBubble"}
     lines = [
         "[training]", f"local_batch_size = {s.mbs}", f"global_batch_size = {s.gbs}",
         f"seq_len = {s.seq}", f'mixed_precision_param = "{"float32" if tr.dtype == "fp32" else "bfloat16"}"',
@@ -180,10 +191,30 @@ def _torchtitan(plan: Plan) -> Export:
         else:
             lines.insert(lines.index("[activation_checkpoint]") - 1,
                          f"pipeline_parallel_layers_per_stage = {plan.model.num_layers // chunks}")
+    if tr.schedule == "zb-h1":
+        issues.extend(_torchtitan_zb_h1(plan, s, lines))
     if len(set(s.layers)) > 1:
         issues.append(f"uneven layers per stage {list(s.layers)}: set pipeline splits by hand "
                       "(pipeline_parallel_split_points)")
     return Export("\n".join(lines) + "\n", tuple(issues))
+
+
+def _torchtitan_zb_h1(plan: Plan, s: _Shape, lines: list[str]) -> list[str]:
+    """One stage per rank under InterleavedZeroBubble (set in `lines`), and why torchtitan
+    may still refuse it."""
+    issues = [f"schedule zb-h1: torch.distributed.pipelining's ScheduleInterleavedZeroBubble "
+              f"runs it with one stage per rank, but torchtitan requires at least 2 stages per "
+              f"rank for multi-stage schedules; build the schedule with the class directly, "
+              f"or use vp 2 (ZB1P over {2 * s.pp} stages, not the plan simulated)"]
+    if plan.model.num_layers % s.pp == 0:
+        lines.insert(lines.index("[activation_checkpoint]") - 1,
+                     f"pipeline_parallel_layers_per_stage = {plan.model.num_layers // s.pp}")
+    m = s.gbs // (s.mbs * s.dp)
+    rounds = max(1, m // s.pp)
+    if m % rounds:
+        issues.append(f"{m} micro-batches: ScheduleInterleavedZeroBubble needs a multiple of "
+                      f"max(1, m // pp) = {rounds}")
+    return issues
 
 
 FORMATS = {"megatron": _megatron, "deepspeed": _deepspeed, "torchtitan": _torchtitan}

@@ -23,8 +23,12 @@ from planner.specs.plan import (
 )
 from profiler.schema import at, fail, spec_field
 
-__all__ = ["ParallelConfig", "check_parallel", "check_tp", "homogeneous_plan",
+__all__ = ["SCHEDULES", "ParallelConfig", "check_parallel", "check_tp", "homogeneous_plan",
            "sharding_preset", "split_layers"]
+
+# Schedules of a homogeneous layout (with vp > 1, 1f1b is interleaved 1F1B); zb-h1 is the
+# zero-bubble schedule of Qi et al. 2024 (needs pp > 1, vp = 1).
+SCHEDULES = ("1f1b", "gpipe", "zb-h1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,7 +45,7 @@ class ParallelConfig:
     sequence_parallel: bool = False
     sharding: Sharding = Sharding()
     dtype: TrainDType = "bf16"
-    schedule: str = "1f1b"  # 1f1b | gpipe; vp > 1 means interleaved 1F1B
+    schedule: str = "1f1b"  # 1f1b | gpipe | zb-h1; vp > 1 means interleaved 1F1B
 
     @property
     def num_gpus(self) -> int:
@@ -87,8 +91,12 @@ def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, 
         fail(at(where, "gbs"), cfg.gbs, f"must be a multiple of mbs*dp = {cfg.mbs * cfg.dp}")
     if cfg.cp > 1 and cfg.seq_len % (2 * cfg.cp):
         fail(at(where, "cp"), cfg.cp, f"2*cp must divide the sequence length {cfg.seq_len}")
-    if cfg.schedule not in ("1f1b", "gpipe"):
-        fail(at(where, "schedule"), cfg.schedule, "allowed: 1f1b, gpipe")
+    if cfg.schedule not in SCHEDULES:
+        fail(at(where, "schedule"), cfg.schedule, f"allowed: {', '.join(SCHEDULES)}")
+    if cfg.schedule == "zb-h1" and (cfg.pp == 1 or cfg.vp > 1):
+        fail(at(where, "schedule"), cfg.schedule,
+             f"zb-h1 needs pp > 1 and vp = 1 (here pp {cfg.pp}, vp {cfg.vp}); "
+             f"allowed here: {'1f1b' if cfg.vp > 1 else '1f1b, gpipe'}")
     if cfg.vp > 1 and (cfg.pp == 1 or cfg.schedule != "1f1b"):
         fail(at(where, "vp"), cfg.vp, "interleaving needs pp > 1 and the 1f1b schedule")
     for name in ("params", "grads", "optim"):

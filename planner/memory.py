@@ -9,7 +9,8 @@ states are each divided by their own sharding group size.
 Activations (Korthikanti et al. 2022 §4): per layer and micro-batch from the workload's
 saved tensors; times the layers a rank holds and the micro-batches in flight under the
 pipeline schedule (1F1B: p - stage on stage `stage`; interleaved: Megatron's warm-up count;
-GPipe: all of them).
+GPipe: all of them; ZB-H1: p on every stage, as activations wait for the deferred weight
+gradients).
 """
 
 from __future__ import annotations
@@ -106,11 +107,16 @@ def in_flight_chunks(*, schedule: str, stage: int, pp: int, num_microbatches: in
 
     A chunk is 1/virtual_stages of the stage's layers. Interleaved 1F1B: Megatron runs
     (p - stage - 1)*2 + (v - 1)*p warm-up forwards before the first backward, which
-    gives Korthikanti et al.'s (1 + (p-1)/(p·v)) factor on the first stage.
+    gives Korthikanti et al.'s (1 + (p-1)/(p·v)) factor on the first stage. ZB-H1 (Qi et
+    al. 2024 §2.1): stage s defers each weight gradient by s micro-batches and frees a
+    micro-batch's activations after it, so every stage holds p, 1F1B's first-stage peak
+    (counted in full: the part only B needs is in fact freed earlier).
     """
     total = num_microbatches * virtual_stages
     if schedule == "gpipe":
         return total
+    if schedule == "zb-h1":
+        return min(num_microbatches, pp)
     if schedule == "interleaved-1f1b":
         warmup = (pp - stage - 1) * 2 + (virtual_stages - 1) * pp
         return min(total, warmup + 1)

@@ -36,6 +36,7 @@ from profiler.store import Profiles
 
 __all__ = ["BUCKET_PARAMS", "DPSync", "Part", "StageCost", "StageSetup", "aligned_stages",
            "clear_cost_caches", "cost_sources", "dp_sync", "exposed_s", "layer_parts",
+           "layer_weight_grad",
            "plan_stage_setup", "stage_cost",
            "pipeline_key", "plan_stage_costs", "stage_device", "stage_shape"]
 
@@ -62,6 +63,10 @@ class Part:
         return Part(self.compute_s + other.compute_s, self.tp_s + other.tp_s,
                     self.cp_s + other.cp_s, self.host_s + other.host_s)
 
+    def __sub__(self, other: Part) -> Part:
+        return Part(self.compute_s - other.compute_s, self.tp_s - other.tp_s,
+                    self.cp_s - other.cp_s, self.host_s - other.host_s)
+
     def __mul__(self, k: float) -> Part:
         return Part(self.compute_s * k, self.tp_s * k, self.cp_s * k, self.host_s * k)
 
@@ -85,10 +90,15 @@ class StageCost:
     dp: DPSync
     optimizer_s: float  # per iteration
     memory: StageMemory
+    # The weight-gradient GEMMs of one layer's backward (a share of `layer_backward`), which
+    # zero-bubble schedules run apart from the rest (W); embedding and head stay whole.
+    layer_weight_grad: Part = Part()
 
     def with_sync(self, dp: DPSync, optimizer_s: float) -> StageCost:
         """This stage under another sharding: only its data-parallel traffic and optimizer
-        step change. (A shallow copy keeps the cached pass times; `replace` would not.)"""
+        step change. (A shallow copy keeps the cached pass times, computed here first so
+        that every copy shares them; `replace` would not.)"""
+        _ = self.forward_s, self.backward_s, self.weight_grad_s
         out = copy.copy(self)
         object.__setattr__(out, "dp", dp)
         object.__setattr__(out, "optimizer_s", optimizer_s)
@@ -101,6 +111,15 @@ class StageCost:
     @functools.cached_property
     def backward(self) -> Part:
         return self.layer_backward * self.num_layers + self.embed_backward + self.head_backward
+
+    @functools.cached_property
+    def weight_grad(self) -> Part:
+        """The W part of `backward` (its layers' weight gradients)."""
+        return self.layer_weight_grad * self.num_layers
+
+    @functools.cached_property
+    def weight_grad_s(self) -> float:
+        return self.weight_grad.total_s
 
     @functools.cached_property
     def forward_s(self) -> float:
@@ -192,6 +211,22 @@ def layer_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_
     bwd = _part((*again, *work.backward), costs, tiers, launch_s, steady=True, tp_hidden=hidden,
                 profiles=profiles)
     return fwd, bwd
+
+
+@cache
+def layer_weight_grad(model: ModelSpec, shape: WorkloadShape, device_name: str,
+                      tiers_key: tuple, recompute: str, profiles: Profiles | None = None) -> Part:
+    """The weight-gradient share of one layer's backward (`layer_parts`): its `.wgrad`
+    GEMMs, priced as the backward prices them, with no collectives (Qi et al. 2024 §2:
+    W needs only the saved input and the output gradient). Its host wait is at most the
+    backward's, so the rest of the backward (B) never goes negative."""
+    costs = _compute_costs(device_name, shape.dtype, profiles)
+    launch_s = launch_overhead_s(device(device_name))
+    wgrad = tuple(op for op in layer_work(model, shape).backward
+                  if isinstance(op, Op) and op.name.endswith(".wgrad"))
+    part = _part(wgrad, costs, {}, launch_s, steady=True, profiles=profiles)
+    bwd = layer_parts(model, shape, device_name, tiers_key, recompute, profiles)[1]
+    return replace(part, host_s=min(part.host_s, bwd.host_s))
 
 
 @dataclass(frozen=True)
@@ -314,6 +349,8 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, setup: StageSetup, *, pip
                  ("cp", group_tiers(cluster, setup.cp_group)))
     layer_fwd, layer_bwd = layer_parts(model, w, setup.device_name, tiers_key, setup.recompute,
                                        profiles)
+    layer_w = layer_weight_grad(model, w, setup.device_name, tiers_key, setup.recompute,
+                                profiles)
     zero = Part()
     embed = _extra_parts(model, w, setup.device_name, tiers_key, "embed", profiles) \
         if setup.first else (zero, zero)
@@ -335,7 +372,7 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, setup: StageSetup, *, pip
                      embed_forward=embed[0], embed_backward=embed[1], head_forward=head[0],
                      head_backward=head[1], p2p_s=_p2p_s(cluster, model, setup, profiles),
                      dp=sync, optimizer_s=_compute_costs(dev.name, w.dtype, profiles).time_s(opt),
-                     memory=memory)
+                     memory=memory, layer_weight_grad=layer_w)
 
 
 def plan_stage_setup(plan: Plan, pi: int, si: int) -> StageSetup:
@@ -365,6 +402,7 @@ def clear_cost_caches() -> None:
     clear_op_cache()
     group_tiers.cache_clear()
     layer_parts.cache_clear()
+    layer_weight_grad.cache_clear()
     _extra_parts.cache_clear()
     dp_sync.cache_clear()
 

@@ -90,6 +90,7 @@ def _row(r: Ranked, req: SearchRequest) -> dict:
         "gpu_types": {g: gpus.count(g) for g in dict.fromkeys(gpus)},
         "gpus": res.num_gpus, "tp": stage.tp, "pp": len(plan.pipelines[0].stages),
         "dp": plan.dp, "cp": stage.cp, "vp": plan.training.virtual_stages,
+        "schedule": plan.training.schedule,
         "mbs": plan.pipelines[0].micro_batch_size, "recompute": stage.recompute,
         "sequence_parallel": plan.training.sequence_parallel,
         "sharding": {"params": sh.params, "grads": sh.grads, "optim": sh.optim},
@@ -125,13 +126,18 @@ def _as_json(result: SearchResult, req: SearchRequest) -> dict:
             "plans": [_row(r, req) for r in result.ranked]}
 
 
+# the table's schedule column (interleaving shows in the vp column)
+_SCHEDULE_SHORT = {"1f1b": "1f1b", "interleaved-1f1b": "1f1b", "gpipe": "gpipe",
+                   "zb-h1": "zb-h1"}
+
+
 def _days(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d" if seconds >= 86400 else f"{seconds / 3600:.1f} h"
 
 
 def _table(result: SearchResult, req: SearchRequest) -> str:
     header = (f"{'#':>2} {'GPUs':>6} {'tp':>3} {'pp':>3} {'dp':>5} {'cp':>3} {'vp':>3} "
-              f"{'mbs':>4} {'recomp':>9} {'sp':>3} {'P/G/OS':>13} {'iter s':>8} "
+              f"{'sched':>5} {'mbs':>4} {'recomp':>9} {'sp':>3} {'P/G/OS':>13} {'iter s':>8} "
               f"{'tok/s':>10} {'MFU':>6} {'mem GiB':>8} {'$/1M tok':>9}")
     if req.tokens:
         header += f" {'time to train':>14} {'run $':>11}"
@@ -144,7 +150,8 @@ def _table(result: SearchResult, req: SearchRequest) -> str:
         shard = f"{sh['params']}/{sh['grads']}/{sh['optim']}"
         usd = d["usd_per_million_tokens"]
         line = (f"{i:>2} {d['gpus']:>6} {d['tp']:>3} {d['pp']:>3} {d['dp']:>5} {d['cp']:>3} "
-                f"{d['vp']:>3} {d['mbs']:>4} {d['recompute']:>9} "
+                f"{d['vp']:>3} {_SCHEDULE_SHORT[d['schedule']]:>5} {d['mbs']:>4} "
+                f"{d['recompute']:>9} "
                 f"{'yes' if d['sequence_parallel'] else 'no':>3} "
                 f"{shard:>13} "
                 f"{d['iteration_time_s']:>8.3f} {d['tokens_per_s']:>10,.0f} "

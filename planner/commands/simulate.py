@@ -136,6 +136,7 @@ def summary(plan: Plan, cfg: ParallelConfig, r: SimResult) -> str:
     worst = max(r.stages, key=lambda s: s.memory.total_bytes / s.memory.capacity_bytes)
     m = worst.memory
     layout = (f"tp {cfg.tp}, pp {cfg.pp}, dp {cfg.dp}, cp {cfg.cp}, vp {cfg.vp}, "
+              f"{plan.training.schedule} schedule, "
               f"mbs {cfg.mbs}, gbs {cfg.gbs}, seq {cfg.seq_len}, recompute {cfg.recompute}"
               f"{', sequence parallel' if cfg.sequence_parallel else ''}, {cfg.dtype}, "
               f"sharding P/G/OS {cfg.sharding.params}/{cfg.sharding.grads}/{cfg.sharding.optim}, "

@@ -134,7 +134,7 @@ class LayoutModel:
         """Unsharded costs of each stage kind (sharding is applied by `evaluate`)."""
         lo, shape = self.layout, self.shape(micro)
         m = micro.num_microbatches(self.gbs, lo.dp)
-        schedule = "interleaved-1f1b" if micro.vp > 1 else "1f1b"
+        schedule = "interleaved-1f1b" if micro.vp > 1 else micro.schedule
         out = {}
         for s in sorted(set(self.kinds)):
             tp_group, cp_group, nxt, dp_group = self.devices(s)
@@ -167,7 +167,7 @@ class LayoutModel:
                 continue
             if best is not None and not best.fits and peak >= best.peak_memory_bytes:
                 continue
-            time_s = self.time_with(base, opt, m, micro.vp)
+            time_s = self.time_with(base, opt, m, micro.vp, micro.schedule)
             cand = Evaluation(self.layout, micro, opt.sharding, time_s, peak, self.capacity)
             if best is None or _better(cand, best):
                 best = cand
@@ -175,13 +175,14 @@ class LayoutModel:
         return best
 
     def time_with(self, base: dict[int, StageCost], opt: ShardingOption, m: int,
-                  vp: int) -> float:
+                  vp: int, schedule: str = "1f1b") -> float:
         costs_by_kind = {}
         for s in base:
             costs_by_kind[s] = base[s].with_sync(self.sync(s, opt.sharding),
                                                  self.optimizer_s(s, opt.sharding))
         stages = [costs_by_kind[k] for k in self.kinds]
-        return pipeline_time(stages, num_microbatches=m, virtual_stages=vp)[0]
+        return pipeline_time(stages, num_microbatches=m, virtual_stages=vp,
+                             schedule=schedule)[0]
 
 
 def _better(a: Evaluation, b: Evaluation) -> bool:

@@ -214,7 +214,7 @@ def _ilp_sharding(lm: LayoutModel, micro: Micro) -> Sharding:
     m = micro.num_microbatches(lm.gbs, lm.layout.dp)
     rest = {s: base[s].memory.total_bytes - base[s].memory.model_states_bytes for s in kinds}
     options = [lm.option(sh) for sh in sharding_options(lm.levels)]
-    times = [lm.time_with(base, o, m, micro.vp) for o in options]
+    times = [lm.time_with(base, o, m, micro.vp, micro.schedule) for o in options]
     memory = [[rest[s] + o.memory_bytes[i] for i, s in enumerate(kinds)] for o in options]
     chosen = solve_ilp(times, memory, [lm.capacity] * len(kinds))
     return options[chosen].sharding if chosen is not None else Sharding()
@@ -226,7 +226,7 @@ def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sh
     cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp, mbs=mi.mbs,
                          gbs=req.gbs, seq_len=req.seq_len, recompute=mi.recompute,  # type: ignore[arg-type]
                          sequence_parallel=mi.sequence_parallel, sharding=sharding,
-                         dtype=req.dtype)  # type: ignore[arg-type]
+                         dtype=req.dtype, schedule=mi.schedule)  # type: ignore[arg-type]
     sub = cluster.take(lo.num_gpus, where="search")
     kernels = default_kernels([g.device for g in sub.node_groups], attention=attention)
     return homogeneous_plan(req.model, sub, cfg, kernels=kernels)
@@ -527,7 +527,8 @@ def _explain(req: SearchRequest, closest: list[Evaluation], total: int) -> str:
     need = e.peak_memory_bytes / GIB
     return (
         f"nothing fits in memory among {total} candidates. Closest: tp {lo.tp}, pp {lo.pp}, "
-        f"dp {lo.dp}, cp {lo.cp}, mbs {mi.mbs}, {mi.recompute} recompute, sharding P/G/OS "
+        f"dp {lo.dp}, cp {lo.cp}, mbs {mi.mbs}, {mi.recompute} recompute, "
+        f"{'interleaved-1f1b' if mi.vp > 1 else mi.schedule} schedule, sharding P/G/OS "
         f"{sh.params}/{sh.grads}/{sh.optim}: {need:.1f} GiB per GPU, {short:.1f} GiB over "
         f"the {e.capacity_bytes / GIB:.1f} GiB available. Recompute and sharding up to the "
         f"whole data-parallel group were already tried; it would fit with GPUs of at least "

@@ -1,8 +1,8 @@
 """The homogeneous configuration space, declared as data and pruned by named predicates.
 
 A *layout* fixes how GPUs are split (tp, cp, pp, dp); a *candidate* adds what runs on
-it (interleaving, micro-batch size, recompute, sequence parallel). The sharding of model
-states is chosen per candidate (planner/search/sharding.py).
+it (interleaving, micro-batch size, recompute, sequence parallel, pipeline schedule). The
+sharding of model states is chosen per candidate (planner/search/sharding.py).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class Micro:
     mbs: int
     recompute: str
     sequence_parallel: bool
+    schedule: str = "1f1b"  # 1f1b (interleaved when vp > 1) | zb-h1
 
     def num_microbatches(self, gbs: int, dp: int) -> int:
         return gbs // (self.mbs * dp)
@@ -48,11 +49,15 @@ class SearchSpace:
     mbs: tuple[int, ...] = (1, 2, 4, 8, 16)
     recompute: tuple[str, ...] = ("none", "selective", "full")
     sequence_parallel: tuple[bool, ...] = (False, True)
+    # ZB-H1 (Qi et al. 2024) defers weight gradients into the drain bubble: faster than
+    # 1F1B, with more activations held on later stages
+    schedule: tuple[str, ...] = ("1f1b", "zb-h1")
 
     @property
     def size(self) -> int:
         return (len(self.num_gpus) * len(self.tp) * len(self.cp) * len(self.pp) * len(self.vp)
-                * len(self.mbs) * len(self.recompute) * len(self.sequence_parallel))
+                * len(self.mbs) * len(self.recompute) * len(self.sequence_parallel)
+                * len(self.schedule))
 
 
 def _powers_of_two(limit: int) -> tuple[int, ...]:
@@ -101,6 +106,11 @@ def interleaving_valid(layout: Layout, micro: Micro, gbs: int) -> bool:
     return layout.pp > 1 and micro.num_microbatches(gbs, layout.dp) % layout.pp == 0
 
 
+def schedule_valid(layout: Layout, micro: Micro) -> bool:
+    """ZB-H1 needs a pipeline (pp > 1) of one chunk per stage (vp = 1)."""
+    return micro.schedule != "zb-h1" or (layout.pp > 1 and micro.vp == 1)
+
+
 def sequence_parallel_meaningful(layout: Layout, micro: Micro) -> bool:
     return layout.tp > 1 or not micro.sequence_parallel
 
@@ -118,10 +128,10 @@ def layouts(space: SearchSpace, model: ModelSpec, *, gbs: int, seq_len: int) -> 
 
 def candidates(space: SearchSpace, model: ModelSpec, layout: Layout, *, gbs: int
                ) -> Iterator[Micro]:
-    for vp, mbs, rc, sp in itertools.product(space.vp, space.mbs, space.recompute,
-                                              space.sequence_parallel):
-        micro = Micro(vp, mbs, rc, sp)
+    for vp, mbs, rc, sp, schedule in itertools.product(space.vp, space.mbs, space.recompute,
+                                                        space.sequence_parallel, space.schedule):
+        micro = Micro(vp, mbs, rc, sp, schedule)
         if (batch_divides(gbs, layout.dp, mbs) and pp_fits_layers(model, layout.pp, vp)
-                and interleaving_valid(layout, micro, gbs)
+                and interleaving_valid(layout, micro, gbs) and schedule_valid(layout, micro)
                 and sequence_parallel_meaningful(layout, micro)):
             yield micro

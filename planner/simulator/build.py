@@ -7,12 +7,15 @@ Tasks, for every micro-batch j and model chunk c:
 
 * F(s,c,j), B(s,c,j) on the compute stream, in the schedule's order. Their durations
   come from `stage_costs` (tensor/context-parallel collectives and recomputation run in
-  line, as Megatron-LM does).
+  line, as Megatron-LM does). Zero-bubble schedules (ZB-H1, Qi et al. 2024) split each
+  backward into B (activation gradients, which the previous stage waits for) and W(s,c,j)
+  (the layers' weight gradients): gradients are complete after the W's, and a micro-batch's
+  activations are held until its W.
 * sends of activations (and of their gradients) on the sender's stream for the link that
   joins the two stages; the receiver's pass depends on the send.
-* data parallelism: the last backward of each chunk is cut into gradient buckets, each
+* data parallelism: the last backward (W) of each chunk is cut into gradient buckets, each
   reduced on the data-parallel group's stream as soon as it is ready (overlap, as PyTorch
-  DDP and Megatron do); sharded gradients are reduce-scattered after every backward;
+  DDP and Megatron do); sharded gradients are reduce-scattered after every backward (W);
   sharded parameters are gathered one pass ahead of use, on a stream of their own; the optimizer step follows the
   last reduction, then updated parameters are gathered back (its exposed part: the next
   iteration's first forward hides the rest).
@@ -67,14 +70,20 @@ def chunk_layers(num_layers: int, vp: int) -> list[int]:
     return [base + (1 if c < extra else 0) for c in range(vp)]
 
 
-def _chunk_parts(c: StageCost, chunk: int, vp: int, last_stage: bool) -> tuple[Part, Part]:
+def _chunk_parts(c: StageCost, chunk: int, vp: int, last_stage: bool,
+                 split_w: bool) -> dict[str, Part]:
+    """Time of each pass kind of one chunk: F, B and (with `split_w`) W, where B is the
+    backward without its layers' weight gradients (embedding and head stay in B)."""
     layers = chunk_layers(c.num_layers, vp)[chunk]
     fwd, bwd = c.layer_forward * layers, c.layer_backward * layers
     if chunk == 0:
         fwd, bwd = fwd + c.embed_forward, bwd + c.embed_backward
     if last_stage and chunk == vp - 1:
         fwd, bwd = fwd + c.head_forward, bwd + c.head_backward
-    return fwd, bwd
+    if not split_w:
+        return {"F": fwd, "B": bwd}
+    w = c.layer_weight_grad * layers
+    return {"F": fwd, "B": bwd - w, "W": w}
 
 
 def _comm_stream(g: TaskGraph, plan: Plan, pi: int, si: int, devices: tuple[int, ...],
@@ -93,8 +102,8 @@ class _Builder:
         self.plan, self.costs, self.overlap = plan, costs, overlap
         self.profiles = profiles
         self.g = TaskGraph()
-        self.passes: dict[tuple[int, int, str, int, int], int] = {}  # (p,s,F/B,c,j) -> task
-        self.buckets: dict[tuple[int, int, int], list[int]] = {}  # (p,s,c) -> last-bwd pieces
+        self.passes: dict[tuple[int, int, str, int, int], int] = {}  # (p,s,F/B/W,c,j) -> task
+        self.buckets: dict[tuple[int, int, int], list[int]] = {}  # (p,s,c) -> last-grad pieces
         self.last_compute: dict[tuple[int, int], int] = {}
         self.in_flight: dict[tuple[int, int], float] = {}
         self.links: dict[tuple[int, int, int], tuple[int, float]] = {}  # send stream, time
@@ -115,47 +124,57 @@ class _Builder:
         vp = self.plan.training.virtual_stages
         last = si == len(pipe.stages) - 1
         compute = g.stream(f"p{pi}.s{si}.compute")
-        parts = [_chunk_parts(cost, c, vp, last) for c in range(vp)]
+        # the pass that completes a micro-batch's gradients and frees its activations
+        grad = "W" if any(phase == "W" for phase, _, _ in order) else "B"
+        parts = [_chunk_parts(cost, c, vp, last, grad == "W") for c in range(vp)]
         pieces = self._bucket_count(cost, vp)
         prev, prev2, held, peak = -1, -1, 0.0, 0.0
         layers = chunk_layers(cost.num_layers, vp)
-        last_bwd = {c: max(j for ph, cc, j in order if ph == "B" and cc == c) for c in range(vp)}
+        last_grad = {c: max(j for ph, cc, j in order if ph == grad and cc == c)
+                     for c in range(vp)}
         for phase, c, j in order:
-            part = parts[c][0 if phase == "F" else 1]
+            part = parts[c][phase]
             after = (prev,) if prev >= 0 else ()
-            if cost.dp.param_microbatch_s:  # ZeRO-3: gather this pass's params, one ahead
+            if cost.dp.param_microbatch_s and phase != "W":  # ZeRO-3: one pass ahead
                 gather = g.add(f"gather p{pi}s{si}{phase}{c}.{j}", "dp",
                                self._dp_stream(pi, si, "gather"),
                                cost.dp.param_microbatch_s / 2 / vp, TaskMeta(pi, si, c, j),
                                after=(prev2,) if prev2 >= 0 else ())
                 after = (*after, gather)
             name = f"{phase}{c}.{j}" if vp > 1 else f"{phase}{j}"
-            if phase == "B" and j == last_bwd[c] and pieces[c] > 1:
-                tids = []
-                for k in range(pieces[c]):
-                    tid = g.add(f"{name}[{k}] p{pi}s{si}", "B", compute, part.total_s / pieces[c],
-                                TaskMeta(pi, si, c, j, part * (1 / pieces[c])), after=after)
-                    tids.append(tid)
-                    after = (tid,)
-                self.buckets[(pi, si, c)] = tids
-                tid = tids[-1]
-                self.passes[(pi, si, "B", c, j)] = tids[0]
-                self.passes[(pi, si, "Bend", c, j)] = tid
+            if phase == grad and j == last_grad[c]:
+                tid = self._bucketed_pass(pi, si, (phase, c, j), name, part, pieces[c], after)
             else:
                 tid = g.add(f"{name} p{pi}s{si}", phase, compute, part.total_s,
                             TaskMeta(pi, si, c, j, part), after=after)
                 self.passes[(pi, si, phase, c, j)] = tid
                 self.passes[(pi, si, phase + "end", c, j)] = tid
-                if phase == "B" and j == last_bwd[c]:
-                    self.buckets[(pi, si, c)] = [tid]
-            if phase == "B" and cost.dp.grad_microbatch_s and j != last_bwd[c]:
-                g.add(f"reduce-scatter p{pi}s{si}B{c}.{j}", "dp", self._dp_stream(pi, si),
+            if phase == grad and cost.dp.grad_microbatch_s and j != last_grad[c]:
+                g.add(f"reduce-scatter p{pi}s{si}{grad}{c}.{j}", "dp", self._dp_stream(pi, si),
                       cost.dp.grad_microbatch_s / vp, TaskMeta(pi, si, c, j), after=(tid,))
-            held += layers[c] if phase == "F" else -layers[c]
+            held += layers[c] if phase == "F" else -layers[c] if phase == grad else 0
             peak = max(peak, held)
             prev2, prev = prev, tid
         self.last_compute[(pi, si)] = prev
         self.in_flight[(pi, si)] = peak
+
+    def _bucketed_pass(self, pi: int, si: int, pass_: Pass, name: str, part: Part,
+                       pieces: int, after: tuple[int, ...]) -> int:
+        """A chunk's last gradient pass, cut into `pieces` gradient buckets (each reduced
+        as soon as it is computed); returns its last piece."""
+        compute = self.g.stream(f"p{pi}.s{si}.compute")
+        kind, c, j = pass_
+        tids = []
+        for k in range(pieces):
+            label = f"{name}[{k}] p{pi}s{si}" if pieces > 1 else f"{name} p{pi}s{si}"
+            tid = self.g.add(label, kind, compute, part.total_s / pieces,
+                             TaskMeta(pi, si, c, j, part * (1 / pieces)), after=after)
+            tids.append(tid)
+            after = (tid,)
+        self.buckets[(pi, si, c)] = tids
+        self.passes[(pi, si, kind, c, j)] = tids[0]
+        self.passes[(pi, si, kind + "end", c, j)] = tids[-1]
+        return tids[-1]
 
     def _bucket_count(self, cost: StageCost, vp: int) -> list[int]:
         if self.plan.dp == 1 or not self.overlap:

@@ -15,7 +15,7 @@ __all__ = ["SIMULATION_SOURCE", "simulate", "simulate_detailed", "write_gantt", 
 
 SIMULATION_SOURCE = ("event simulation (task graph list-scheduled over compute and "
                      "communication streams, planner/simulator)")
-_COMPUTE_KINDS = ("F", "B")
+_COMPUTE_KINDS = ("F", "B", "W")  # W: weight gradients of zero-bubble schedules
 
 
 def simulate(plan: Plan, *, profiles: Profiles | None = None) -> SimResult:
@@ -135,8 +135,9 @@ def write_trace(sim: Simulation, path: str) -> None:
 
 def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
     """A picture of the pipeline schedule: one row per stage of the first simulated
-    pipeline, forward passes in blue, backward in green (darker for later chunks),
-    data-parallel traffic in orange and the optimizer in red."""
+    pipeline, forward passes in blue, backward in green (darker for later chunks), weight
+    gradients of zero-bubble schedules in purple, data-parallel traffic in orange and the
+    optimizer in red."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,7 +160,7 @@ def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
         if kind in _COMPUTE_KINDS and g.durations[t] > sched.makespan_s / 100:
             labels.append((sched.start[t] + g.durations[t] / 2, meta.stage, meta.microbatch))
     fig, ax = plt.subplots(figsize=(14, 0.45 * rows + 1.8))
-    shades = {"F": plt.cm.Blues, "B": plt.cm.Greens}
+    shades = {"F": plt.cm.Blues, "B": plt.cm.Greens, "W": plt.cm.Purples}
     for (stage, kind, chunk), spans in bars.items():
         if kind in shades:
             colour, y, h = shades[kind](0.45 + 0.4 * chunk / max(vp - 1, 1)), stage - 0.4, 0.8
@@ -178,11 +179,15 @@ def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
     ax.set_title(f"{plan.model.name}: {plan.training.schedule}, {pp} stages, "
                  f"{plan.pipelines[pi].num_microbatches} micro-batches, vp {vp}: "
                  f"iteration {sched.makespan_s:.3g} s (simulated)")
-    ax.legend(handles=[Patch(color=plt.cm.Blues(0.6), label="forward"),
-                       Patch(color=plt.cm.Greens(0.6), label="backward (+recompute)"),
-                       Patch(color="tab:orange", label="data-parallel comm"),
-                       Patch(color="tab:red", label="optimizer")],
-              loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8)
+    split = any(kind == "W" for _, kind, _ in bars)
+    handles = [Patch(color=plt.cm.Blues(0.6), label="forward"),
+               Patch(color=plt.cm.Greens(0.6), label="backward: input grads (B, +recompute)" if split
+                     else "backward (+recompute)")]
+    if split:
+        handles.append(Patch(color=plt.cm.Purples(0.6), label="backward: weight grads (W)"))
+    handles += [Patch(color="tab:orange", label="data-parallel comm"),
+                Patch(color="tab:red", label="optimizer")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

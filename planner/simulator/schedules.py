@@ -4,13 +4,19 @@ GPipe (Huang et al. 2019): all forwards, then all backwards. 1F1B (PipeDream-Flu
 Narayanan et al. 2021): p - s - 1 warm-up forwards on stage s, then one forward and one
 backward alternately. Interleaved 1F1B (Narayanan et al. 2021 §2.2.2, as Megatron-LM
 orders it): each stage holds v model chunks; micro-batches advance in groups of p.
+ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR 2024, §2.1): each
+backward is split into B (activation gradients, on the critical path) and W (weight
+gradients, deferrable); the F/B order is 1F1B's and W of micro-batch k follows B of
+micro-batch k + s on stage s, so later stages send their gradients back sooner and run
+the deferred W's while the last backward travels to stage 0 (torch.distributed.pipelining
+builds the same order for one stage per rank).
 """
 
 from __future__ import annotations
 
 __all__ = ["Pass", "stage_order"]
 
-Pass = tuple[str, int, int]  # ("F" | "B", chunk, micro-batch)
+Pass = tuple[str, int, int]  # ("F" | "B" | "W", chunk, micro-batch)
 
 
 def _gpipe(m: int) -> list[Pass]:
@@ -24,6 +30,19 @@ def _one_f_one_b(stage: int, pp: int, m: int) -> list[Pass]:
         order += [("F", 0, warmup + k), ("B", 0, k)]
     order += [("B", 0, k) for k in range(m - warmup, m)]
     return order
+
+
+def _zb_h1(stage: int, pp: int, m: int) -> list[Pass]:
+    """1F1B's F/B order with W(k - stage) right after B(k), the rest of the W's at the end.
+    Stage s then holds min(m, p) micro-batches' activations at its peak (released at W),
+    the same as 1F1B's first stage."""
+    order: list[Pass] = []
+    for phase, c, k in _one_f_one_b(stage, pp, m):
+        order.append((phase, c, k))
+        if phase == "B" and k >= stage:
+            order.append(("W", c, k - stage))
+    done = max(m - stage, 0)
+    return order + [("W", 0, k) for k in range(done, m)]
 
 
 def _interleaved(stage: int, pp: int, m: int, vp: int) -> list[Pass]:
@@ -50,6 +69,8 @@ def stage_order(schedule: str, *, stage: int, pp: int, num_microbatches: int,
         return _gpipe(num_microbatches)
     if schedule == "1f1b":
         return _one_f_one_b(stage, pp, num_microbatches)
+    if schedule == "zb-h1":
+        return _zb_h1(stage, pp, num_microbatches)
     if schedule == "interleaved-1f1b":
         assert num_microbatches % pp == 0, "validated: m must be a multiple of pp"
         return _interleaved(stage, pp, num_microbatches, virtual_stages)

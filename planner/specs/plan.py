@@ -25,7 +25,7 @@ __all__ = ["SCHEMA_VERSION", "Kernels", "Pipeline", "Plan", "Predicted", "Proven
 
 SCHEMA_VERSION = 1
 Recompute = Literal["none", "selective", "full"]
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
 TrainDType = Literal["bf16", "fp16", "fp32"]
 
 
@@ -152,6 +152,10 @@ class Plan:
             fail(at(where, "pipelines"), [], "at least one pipeline")
         self._check_batch(where)
         self._check_stages(where)
+        if self.training.schedule == "zb-h1" and any(len(p.stages) < 2 for p in self.pipelines):
+            fail(at(where, "training.schedule"), "zb-h1",
+                 "a zero-bubble schedule needs every pipeline to have at least 2 stages; "
+                 "allowed with 1 stage: gpipe, 1f1b")
         dp = len(self.pipelines)
         for name in ("params", "grads", "optim"):
             size = getattr(self.sharding, name)

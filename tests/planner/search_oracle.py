@@ -23,7 +23,7 @@ def exhaustive_best(model, cluster, *, gbs, seq_len, dtype="bf16"):
                                      mbs=mi.mbs, gbs=gbs, seq_len=seq_len,
                                      recompute=mi.recompute,
                                      sequence_parallel=mi.sequence_parallel, sharding=sh,
-                                     dtype=dtype)
+                                     dtype=dtype, schedule=mi.schedule)
                 plan = homogeneous_plan(model, cluster, cfg, kernels=kernels)
                 r = simulate(plan)
                 count += 1

@@ -19,9 +19,10 @@ def make_plan(*, pp=4, dp=1, m=8, vp=1, schedule="1f1b", layers=None, tp=1, gpus
     return homogeneous_plan(model, cluster, cfg)
 
 
-def flat_costs(plan, *, fwd=1.0, bwd=2.0, p2p=0.0, grad_sync=0.0, optimizer=0.0):
+def flat_costs(plan, *, fwd=1.0, bwd=2.0, wgrad=0.0, p2p=0.0, grad_sync=0.0, optimizer=0.0):
     """Every stage: forward `fwd` s and backward `bwd` s per micro-batch in total (spread
-    over its layers, nothing on embedding or head), the given transfer, sync, optimizer."""
+    over its layers, nothing on embedding or head; `wgrad` s of the backward are weight
+    gradients, W), the given transfer, sync, optimizer."""
     out = []
     for pipe_costs in plan_stage_costs(plan):
         row = []
@@ -29,6 +30,7 @@ def flat_costs(plan, *, fwd=1.0, bwd=2.0, p2p=0.0, grad_sync=0.0, optimizer=0.0)
             n = c.num_layers
             row.append(dataclasses.replace(
                 c, layer_forward=Part(compute_s=fwd / n), layer_backward=Part(compute_s=bwd / n),
+                layer_weight_grad=Part(compute_s=wgrad / n),
                 embed_forward=Part(), embed_backward=Part(), head_forward=Part(),
                 head_backward=Part(), p2p_s=p2p, dp=DPSync(grad_iteration_s=grad_sync),
                 optimizer_s=optimizer))

@@ -51,6 +51,14 @@ MODEL = ("name: m\nnum_layers: 4\nhidden_size: 256\nffn_hidden_size: 1024\nnum_h
     (_swap("--recompute", "some"), "argument --recompute: invalid choice: 'some'"),
     (GOOD + ["--shard-params", "3"], "--shard-params: 3 is not allowed (must divide dp = 1)"),
     (_swap("--gpus", "V100-32GB-SXM3:64") + ["--dtype", "bf16"], "V100-32GB-SXM3 has no bf16"),
+    (GOOD + ["--schedule", "zb-h2"], "argument --schedule: invalid choice: 'zb-h2' (choose from "
+     "'1f1b', 'gpipe', 'zb-h1')"),
+    (GOOD + ["--schedule", "zb-h1"], "--schedule: 'zb-h1' is not allowed (zb-h1 needs pp > 1 "
+     "and vp = 1 (here pp 8, vp 3); allowed here: 1f1b)"),
+    (["simulate", "--model", "gpt3-175b", "--gpus", "A100-80GB-SXM:64", "--tp", "8", "--pp", "1",
+      "--dp", "8", "--mbs", "1", "--gbs", "64", "--schedule", "zb-h1"],
+     "--schedule: 'zb-h1' is not allowed (zb-h1 needs pp > 1 and vp = 1 (here pp 1, vp 1); "
+     "allowed here: 1f1b, gpipe)"),
 ])
 def test_bad_flags(argv, needle, capsys):
     code, out, err = _run(argv, capsys)
@@ -114,6 +122,21 @@ def test_json_contract(capsys):
         assert key in result
     assert set(result["sources"]) >= {"compute", "communication", "memory"}
     assert result["fits"] is True and result["iteration_time_s"] > 0
+
+
+def test_zero_bubble_schedule(tmp_path, capsys):
+    """`--schedule zb-h1` (Qi et al. 2024): shorter than 1F1B, the plan records it."""
+    argv = _swap("--vp", "1") + ["--json"]
+    times = {}
+    for schedule in ("1f1b", "zb-h1"):
+        code, out, _ = _run(argv + ["--schedule", schedule, "-o", str(tmp_path / "p.yaml")],
+                            capsys)
+        assert code == 0
+        times[schedule] = json.loads(out)["iteration_time_s"]
+    assert times["zb-h1"] < times["1f1b"]
+    from planner.specs.plan import load_plan
+
+    assert load_plan(str(tmp_path / "p.yaml")).training.schedule == "zb-h1"
 
 
 def test_not_fitting_reports_the_shortfall(capsys):

@@ -54,3 +54,19 @@ def test_torchtitan_degrees():
     assert "tensor_parallel_degree = 8" in out.text and "pipeline_parallel_degree = 4" in out.text
     assert 'pipeline_parallel_schedule = "Interleaved1F1B"' in out.text
     assert 'mode = "selective"' in out.text
+
+
+def test_zero_bubble_schedule():
+    """ZB-H1 (Qi et al. 2024): upstream Megatron-LM lacks it; torch.distributed.pipelining's
+    ScheduleInterleavedZeroBubble runs it with one stage per rank."""
+    plan = _plan(vp=1, schedule="zb-h1")
+    megatron = export_plan(plan, "megatron")
+    assert any("zb-h1" in u and "--enable-zero-bubble" in u for u in megatron.unsupported)
+    assert "zero-bubble" not in megatron.text
+    titan = export_plan(plan, "torchtitan")
+    assert 'pipeline_parallel_schedule = "InterleavedZeroBubble"' in titan.text
+    assert "pipeline_parallel_layers_per_stage = 24" in titan.text  # 96 layers / pp 4
+    assert any("at least 2 stages per rank" in u for u in titan.unsupported)
+    deepspeed = export_plan(plan, "deepspeed")
+    assert any("--enable-zbh1-pipeline" in u for u in deepspeed.unsupported)
+    assert not any("zb-h1" in u for u in export_plan(_plan(vp=1), "megatron").unsupported)

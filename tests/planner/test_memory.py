@@ -59,6 +59,7 @@ def test_sharding_divides_each_state():
 
 @pytest.mark.parametrize("schedule, stage, expect", [
     ("1f1b", 0, 4), ("1f1b", 3, 1), ("gpipe", 3, 16), ("interleaved-1f1b", 0, 4 * 2 + 3 * 2 + 1 - 2),
+    ("zb-h1", 0, 4), ("zb-h1", 3, 4),  # every stage holds p: W frees them (Qi et al. 2024)
 ])
 def test_in_flight(schedule, stage, expect):
     vp = 2 if schedule.startswith("interleaved") else 1

@@ -1,5 +1,6 @@
 """`plan search` on homogeneous clusters."""
 
+import dataclasses
 import time
 
 import pytest
@@ -10,7 +11,7 @@ from planner.kernels import default_kernels
 from planner.layout import ParallelConfig, homogeneous_plan
 from planner.search import SearchRequest, search
 from planner.search.evaluate import LayoutModel
-from planner.search.space import Layout, Micro
+from planner.search.space import Layout, Micro, default_space
 from planner.simulator import simulate
 from planner.specs.cluster import load_cluster, parse_gpus_arg
 from planner.specs.model import preset
@@ -23,18 +24,42 @@ from tests.planner.search_oracle import exhaustive_best
     (Layout(64, 8, 1, 4, 2), Micro(2, 1, "selective", True), Sharding(optim=2)),
     (Layout(64, 2, 1, 2, 16), Micro(1, 2, "full", False), Sharding(params=4, grads=8, optim=16)),
     (Layout(64, 4, 2, 2, 4), Micro(1, 1, "none", True), Sharding(grads=4, optim=4)),
+    (Layout(64, 4, 1, 4, 4), Micro(1, 1, "selective", True, "zb-h1"), Sharding(grads=4, optim=4)),
+    (Layout(64, 8, 1, 8, 1), Micro(1, 2, "full", False, "zb-h1"), Sharding()),
 ])
 def test_layout_model_is_the_estimate(lo, mi, sh):
     """The search's fast path prices a candidate exactly as estimate() prices its Plan."""
     model, cluster = preset("gpt3-13b"), parse_gpus_arg("A100-80GB-SXM:64")
     lm = LayoutModel(model, cluster, lo, dtype="bf16", seq_len=4096, gbs=128,
                      attention="flash", optimizer="fused")
-    fast = lm.time_with(lm.stage_costs(mi), lm.option(sh), mi.num_microbatches(128, lo.dp), mi.vp)
+    base = lm.stage_costs(mi)
+    fast = lm.time_with(base, lm.option(sh), mi.num_microbatches(128, lo.dp), mi.vp, mi.schedule)
     cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp, mbs=mi.mbs, gbs=128,
                          seq_len=4096, recompute=mi.recompute,
-                         sequence_parallel=mi.sequence_parallel, sharding=sh)
+                         sequence_parallel=mi.sequence_parallel, sharding=sh, schedule=mi.schedule)
     plan = homogeneous_plan(model, cluster, cfg, kernels=default_kernels([cluster.node_groups[0].device], attention="flash"))
-    assert fast == pytest.approx(estimate(plan).iteration_time_s, rel=1e-9)
+    result = estimate(plan)
+    assert fast == pytest.approx(result.iteration_time_s, rel=1e-9)
+    for s, c in base.items():  # activations held as the schedule holds them
+        assert c.memory.activations_bytes == pytest.approx(
+            result.stages[s].memory.activations_bytes, rel=1e-12)
+
+
+def test_search_takes_zero_bubble_where_it_is_faster():
+    """Without interleaving, GPT-3 175B on 128 A100s needs a pipeline; ZB-H1 (Qi et al.
+    2024) beats every 1F1B candidate there, and the search finds it."""
+    model, cluster = preset("gpt3-175b"), parse_gpus_arg("A100-80GB-SXM:128")
+    space = dataclasses.replace(default_space(model, num_gpus=(128,), gpus_per_node=8,
+                                              seq_len=2048), vp=(1,))
+    best = {}
+    for schedules in (("1f1b",), ("1f1b", "zb-h1")):
+        found = search(SearchRequest(model=model, cluster=cluster, gbs=128, seq_len=2048,
+                                     space=dataclasses.replace(space, schedule=schedules)))
+        best[schedules[-1]] = found.ranked[0]
+    zb, one = best["zb-h1"], best["1f1b"]
+    assert zb.plan.training.schedule == "zb-h1" and len(zb.plan.pipelines[0].stages) > 1
+    assert zb.result.iteration_time_s < one.result.iteration_time_s
+    assert zb.estimate_s == pytest.approx(zb.result.iteration_time_s, rel=0.03)
 
 
 @pytest.mark.slow

@@ -1,3 +1,5 @@
+import dataclasses
+
 from planner.search.space import candidates, default_space, layouts
 from planner.specs.model import preset
 
@@ -23,4 +25,10 @@ def test_candidates_respect_interleaving_and_batch():
             assert m * mi.mbs * lo.dp == 128
             if mi.vp > 1:
                 assert lo.pp > 1 and m % lo.pp == 0 and lo.pp * mi.vp <= model.num_layers
+            if mi.schedule == "zb-h1":
+                assert lo.pp > 1 and mi.vp == 1
             assert lo.tp > 1 or not mi.sequence_parallel
+        if lo.pp > 1:  # ZB-H1 is a point of the space wherever it can run
+            found = set(candidates(space, model, lo, gbs=128))
+            assert {dataclasses.replace(mi, schedule="zb-h1") for mi in found
+                    if mi.vp == 1} <= found

@@ -81,6 +81,12 @@ def test_homogeneous_layout_is_megatron_order():
     (lambda d: d["pipelines"][0]["stages"][0].update(devices=[0, 99]), "GPU indices are 0..7"),
     (lambda d: d.update(schema_version=7), "this trainplan reads version 1"),
     (lambda d: d["training"].update(virtual_stages=2), "exactly when schedule is interleaved-1f1b"),
+    (lambda d: d["training"].update(schedule="zb-h2"), "'zb-h2' is not allowed"),
+    (lambda d: d.update(training={**d["training"], "schedule": "zb-h1"}, pipelines=[
+        {**d["pipelines"][0], "stages": [{**d["pipelines"][0]["stages"][0], "layers": [0, 4]}]},
+        d["pipelines"][1]]),
+     r"plan.training.schedule: 'zb-h1' is not allowed \(a zero-bubble schedule needs every "
+     "pipeline to have at least 2 stages"),
 ])
 def test_invalid_plans_are_refused(mutate, message):
     data = plan_to_dict(_homogeneous())
