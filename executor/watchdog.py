@@ -1,0 +1,236 @@
+"""Failure detection: a rank that dies, fails or hangs stops every other rank, and each
+says which rank it was.
+
+Every rank runs a heartbeat thread that writes its state to the rendezvous store (the
+one torchrun's agent hosts) once a second and reads everyone else's:
+
+* a rank that raised publishes its error: the others stop at once, naming it;
+* a rank whose heartbeat stopped changing for `STALE_S` died or froze (on the same host
+  its process is checked directly: "exited");
+* a rank whose progress (passes run) stopped for `hang_timeout_s`, while this rank is
+  stuck too, is named as hanging: the one that stopped progressing first, since the
+  others wait for it. Setup and checkpoint phases are exempt.
+* torchrun stops the survivors with SIGTERM when a local rank dies; the signal wakes this
+  thread (not the main thread, which may be blocked in a collective), which names the
+  dead rank before exiting.
+
+Times are measured on this host from when a peer's counters last changed, so clocks of
+other hosts do not matter. The stopping rank prints one line to stderr, writes it to
+`<run dir>/stop-rank<r>.txt` (the launcher reports the first one) and exits with
+`EXIT_PEER_FAILED`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+__all__ = ["EXIT_FAILED", "EXIT_PEER_FAILED", "STALE_S", "Watchdog"]
+
+EXIT_FAILED = 1  # this rank raised
+EXIT_PEER_FAILED = 3  # this rank stopped because another one failed
+STALE_S = 10.0  # no heartbeat for this long: the rank is dead or frozen
+INTERVAL_S = 1.0
+EXEMPT = ("setup", "checkpoint")  # phases that may legitimately take long
+PREFIX = "trainplan/heartbeat/"
+
+
+@dataclass
+class _Peer:
+    beat: int = -1
+    progress: int = -1
+    beat_seen_s: float = field(default_factory=time.monotonic)
+    progress_seen_s: float = field(default_factory=time.monotonic)
+    state: dict = field(default_factory=dict)
+
+
+class Watchdog:
+    """Heartbeats and failure naming for one rank (see the module docstring)."""
+
+    def __init__(self, *, rank: int, names: list[str], run_dir: str,
+                 hang_timeout_s: float) -> None:
+        self.rank, self.names, self.run_dir = rank, names, run_dir
+        self.hang_timeout_s = hang_timeout_s
+        self.host = socket.gethostname()
+        self._beat, self._progress = 0, 0
+        self._progress_s = time.monotonic()
+        self._what, self._phase, self._error = "starting", "setup", ""
+        self._peers = {r: _Peer() for r in range(len(names)) if r != rank}
+        self._store: dist.Store | None = None
+        self._lock = threading.Lock()  # the main thread reads too, in fail()
+        self._wake_r, self._wake_w = os.pipe()
+        self._stopped = threading.Event()
+
+    # ---- the main thread's side ---------------------------------------------------
+    def start(self) -> None:
+        """Connect to the store and publish the first heartbeat (from the main thread,
+        once the process group exists)."""
+        self._store = dist.PrefixStore(PREFIX, _store_client())
+        self._publish()
+
+    def watch(self) -> None:
+        """Watch the others in a daemon thread (after a barrier: all have published).
+        SIGTERM then wakes the thread instead of killing the process."""
+        os.set_blocking(self._wake_w, False)
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        signal.set_wakeup_fd(self._wake_w)
+        threading.Thread(target=self._loop, name="trainplan-watchdog", daemon=True).start()
+
+    def stop(self) -> None:
+        """The run is over: stop watching (the store may go away with rank 0 now)."""
+        self._stopped.set()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def progress(self, what: str) -> None:
+        self._progress += 1
+        self._progress_s = time.monotonic()
+        self._what = what
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        before, self._phase = self._phase, name
+        self.progress(name)
+        try:
+            yield
+        finally:
+            self._phase = before
+            self.progress(f"end of {name}")
+
+    def fail(self, error: BaseException) -> None:
+        """This rank raised: name the rank that failed first if another did (a collective
+        broken by a dead peer raises too), else publish this error; then exit."""
+        self._error = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        culprit = self._wait_for_culprit(STALE_S + 2 * INTERVAL_S)
+        if culprit is not None:
+            self._stop(*culprit)
+        with contextlib.suppress(Exception):
+            self._publish()
+        self._report(f"{self.names[self.rank]}: failed: {self._error}")
+        time.sleep(2 * INTERVAL_S)  # let the others read it before the store may go
+        os._exit(EXIT_FAILED)
+
+    # ---- the thread -----------------------------------------------------------------
+    def _publish(self) -> None:
+        assert self._store is not None
+        self._beat += 1
+        state = json.dumps({"beat": self._beat, "progress": self._progress,
+                            "what": self._what, "phase": self._phase, "error": self._error,
+                            "pid": os.getpid(), "host": self.host})
+        with self._lock:
+            self._store.set(str(self.rank), state)
+
+    def _loop(self) -> None:
+        while True:
+            woke, _, _ = select.select([self._wake_r], [], [], INTERVAL_S)
+            if self._stopped.is_set():
+                return
+            terminated = bool(woke)
+            try:
+                self._publish()
+                culprit = self._check()
+            except Exception as err:  # the store went away: whoever hosted it is gone
+                culprit = (None, f"lost the rendezvous store ({type(err).__name__}); the "
+                           "launcher or rank 0 is gone")
+            if culprit is None and terminated:
+                culprit = self._dead_local() or (None, "was terminated by the launcher")
+            if culprit is not None:
+                self._stop(*culprit)
+
+    def _read(self) -> None:
+        assert self._store is not None
+        keys = [str(r) for r in self._peers]
+        with self._lock:
+            values = self._store.multi_get(keys)
+        now = time.monotonic()
+        for r, raw in zip(self._peers, values, strict=True):
+            peer, state = self._peers[r], json.loads(raw)
+            if state["beat"] != peer.beat:
+                peer.beat, peer.beat_seen_s = state["beat"], now
+            if state["progress"] != peer.progress:
+                peer.progress, peer.progress_seen_s = state["progress"], now
+            peer.state = state
+
+    def _check(self) -> tuple[int | None, str] | None:
+        """The rank to blame and what happened to it, or None if all is well."""
+        self._read()
+        now = time.monotonic()
+        for r, peer in self._peers.items():
+            if peer.state.get("error"):
+                return r, f"failed: {peer.state['error']}"
+        for r, peer in self._peers.items():
+            if now - peer.beat_seen_s > STALE_S:
+                return self._dead_local() or (r, f"stopped responding (no heartbeat for "
+                                                 f"{now - peer.beat_seen_s:.0f} s)")
+        return self._hang(now)
+
+    def _hang(self, now: float) -> tuple[int, str] | None:
+        if self._phase in EXEMPT or now - self._progress_s < self.hang_timeout_s:
+            return None
+        stuck = {r: p.progress_seen_s for r, p in self._peers.items()
+                 if p.state.get("phase") not in EXEMPT}
+        stuck[self.rank] = self._progress_s
+        first = min(stuck, key=lambda r: (stuck[r], r))
+        what = self._what if first == self.rank else self._peers[first].state.get("what")
+        return first, f"made no progress for {now - stuck[first]:.0f} s (last: {what})"
+
+    def _dead_local(self) -> tuple[int, str] | None:
+        """A rank on this host whose process is gone (or a zombie)."""
+        for r, peer in self._peers.items():
+            pid = peer.state.get("pid")
+            if peer.state.get("host") == self.host and pid and not _alive(pid):
+                return r, f"exited (pid {pid})"
+        return None
+
+    def _wait_for_culprit(self, timeout_s: float) -> tuple[int | None, str] | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                found = self._check() or self._dead_local()
+            except Exception:
+                return None
+            if found is not None and found[0] != self.rank:
+                return found
+            time.sleep(INTERVAL_S / 4)
+        return None
+
+    def _stop(self, culprit: int | None, reason: str) -> None:
+        if self._stopped.is_set():
+            return  # the run is over: its teardown is not a failure
+        who = "" if culprit is None else self.names[culprit] + " "
+        self._report(f"{self.names[self.rank]}: stopping: {who}{reason}")
+        os._exit(EXIT_PEER_FAILED)
+
+    def _report(self, line: str) -> None:
+        print(f"[trainplan] {line}", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):
+            path = os.path.join(self.run_dir, f"stop-rank{self.rank}.txt")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(f"{time.time():.3f} {line}\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _store_client() -> dist.Store:
+    """A connection of our own to the rendezvous store (torchrun's agent hosts it at
+    MASTER_ADDR:MASTER_PORT), so the thread never shares the process group's."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         is_master=False, timeout=datetime.timedelta(seconds=30))
