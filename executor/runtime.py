@@ -308,8 +308,7 @@ def run_rank(plan: Plan, settings: RunSettings) -> None:
     except Exception as err:  # any failure: name the culprit and stop every rank
         import traceback
 
-        traceback.print_exc()
-        watchdog.fail(err)
+        watchdog.fail(err, traceback.format_exc())
     # FSDP-era exit-time aborts at world 4 went away with a collection before destroy
     # (shared/notes/torch-distributed-on-cpu.md).
     gc.collect()

@@ -7,16 +7,18 @@ one torchrun's agent hosts) once a second and reads everyone else's:
 * a rank that raised publishes its error: the others stop at once, naming it;
 * a rank whose heartbeat stopped changing for `STALE_S` died or froze (on the same host
   its process is checked directly: "exited");
-* a rank whose progress (passes run) stopped for `hang_timeout_s`, while this rank is
-  stuck too, is named as hanging: the one that stopped progressing first, since the
-  others wait for it. Setup and checkpoint phases are exempt.
+* when this rank has made no progress (passes run) for `hang_timeout_s`, the rank to
+  blame is one that is stuck outside communication: each heartbeat says whether the
+  rank's main thread is inside torch.distributed (waiting for others) and where it is.
+  If every stuck rank waits, the one that has waited longest is named. Setup and
+  checkpoint phases are exempt.
 * torchrun stops the survivors with SIGTERM when a local rank dies; the signal wakes this
   thread (not the main thread, which may be blocked in a collective), which names the
   dead rank before exiting.
 
 Times are measured on this host from when a peer's counters last changed, so clocks of
 other hosts do not matter. The stopping rank prints one line to stderr, writes it to
-`<run dir>/stop-rank<r>.txt` (the launcher reports the first one) and exits with
+`<run dir>/stop-rank<r>.json` (the launcher reports the first one) and exits with
 `EXIT_PEER_FAILED`.
 """
 
@@ -45,6 +47,7 @@ STALE_S = 10.0  # no heartbeat for this long: the rank is dead or frozen
 INTERVAL_S = 1.0
 EXEMPT = ("setup", "checkpoint")  # phases that may legitimately take long
 PREFIX = "trainplan/heartbeat/"
+_WAITS = ("recv", "wait_sends")  # executor/pipeline.py: blocking waits on other ranks
 
 
 @dataclass
@@ -67,6 +70,8 @@ class Watchdog:
         self._beat, self._progress = 0, 0
         self._progress_s = time.monotonic()
         self._what, self._phase, self._error = "starting", "setup", ""
+        self._failed = False  # this rank has reported its own failure
+        self._stopping = ""  # why this rank is stopping (others adopt the cause)
         self._peers = {r: _Peer() for r in range(len(names)) if r != rank}
         self._store: dist.Store | None = None
         self._lock = threading.Lock()  # the main thread reads too, in fail()
@@ -101,24 +106,30 @@ class Watchdog:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        before, self._phase = self._phase, name
+        """A phase that may take long (setup, checkpoint); training resumes after it."""
+        self._phase = name
         self.progress(name)
         try:
             yield
         finally:
-            self._phase = before
+            self._phase = "train"
             self.progress(f"end of {name}")
 
-    def fail(self, error: BaseException) -> None:
-        """This rank raised: name the rank that failed first if another did (a collective
-        broken by a dead peer raises too), else publish this error; then exit."""
-        self._error = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-        culprit = self._wait_for_culprit(STALE_S + 2 * INTERVAL_S)
+    def fail(self, error: BaseException, details: str) -> None:
+        """This rank raised. A collective broken by a rank that died raises too: then name
+        the rank that failed first (waiting up to a heartbeat timeout to see it); else
+        print `details` (the traceback), publish this error, and exit."""
+        broken = _in_torch_distributed(error)
+        culprit = self._wait_for_culprit(STALE_S + 2 * INTERVAL_S if broken else INTERVAL_S)
         if culprit is not None:
             self._stop(*culprit)
+        print(details, file=sys.stderr, flush=True)
+        self._failed = True
+        self._error = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         with contextlib.suppress(Exception):
             self._publish()
-        self._report(f"{self.names[self.rank]}: failed: {self._error}")
+        line = f"{self.names[self.rank]} failed: {self._error}"
+        self._report(line, cause=line)
         time.sleep(2 * INTERVAL_S)  # let the others read it before the store may go
         os._exit(EXIT_FAILED)
 
@@ -126,9 +137,11 @@ class Watchdog:
     def _publish(self) -> None:
         assert self._store is not None
         self._beat += 1
+        waiting, where = _main_thread_state()
         state = json.dumps({"beat": self._beat, "progress": self._progress,
-                            "what": self._what, "phase": self._phase, "error": self._error,
-                            "pid": os.getpid(), "host": self.host})
+                            "waiting": waiting, "where": where, "what": self._what,
+                            "phase": self._phase, "error": self._error,
+                            "stopping": self._stopping, "pid": os.getpid(), "host": self.host})
         with self._lock:
             self._store.set(str(self.rank), state)
 
@@ -170,6 +183,9 @@ class Watchdog:
         for r, peer in self._peers.items():
             if peer.state.get("error"):
                 return r, f"failed: {peer.state['error']}"
+        for peer in self._peers.values():
+            if peer.state.get("stopping"):  # the root cause another rank found
+                return None, peer.state["stopping"]
         for r, peer in self._peers.items():
             if now - peer.beat_seen_s > STALE_S:
                 return self._dead_local() or (r, f"stopped responding (no heartbeat for "
@@ -179,17 +195,27 @@ class Watchdog:
     def _hang(self, now: float) -> tuple[int, str] | None:
         if self._phase in EXEMPT or now - self._progress_s < self.hang_timeout_s:
             return None
-        stuck = {r: p.progress_seen_s for r, p in self._peers.items()
-                 if p.state.get("phase") not in EXEMPT}
-        stuck[self.rank] = self._progress_s
-        first = min(stuck, key=lambda r: (stuck[r], r))
-        what = self._what if first == self.rank else self._peers[first].state.get("what")
-        return first, f"made no progress for {now - stuck[first]:.0f} s (last: {what})"
+        waiting, where = _main_thread_state()
+        stuck = {r: (p.state.get("waiting", True), p.state.get("where", "?"),
+                     now - p.progress_seen_s)
+                 for r, p in self._peers.items() if p.state.get("phase") not in EXEMPT
+                 and now - p.progress_seen_s >= INTERVAL_S}
+        stuck[self.rank] = (waiting, where, now - self._progress_s)
+        busy = sorted(r for r, (w, _, _) in stuck.items() if not w)
+        if busy:
+            r = busy[0]
+            return r, (f"made no progress for {stuck[r][2]:.0f} s outside communication "
+                       f"(at {stuck[r][1]})")
+        r = max(stuck, key=lambda q: (stuck[q][2], -q))
+        return r, (f"made no progress for {stuck[r][2]:.0f} s; every rank waits on "
+                   f"communication, this one longest (at {stuck[r][1]})")
 
     def _dead_local(self) -> tuple[int, str] | None:
         """A rank on this host whose process is gone (or a zombie)."""
         for r, peer in self._peers.items():
             pid = peer.state.get("pid")
+            if peer.state.get("stopping") or peer.state.get("error"):
+                continue  # it exited on purpose, and said why
             if peer.state.get("host") == self.host and pid and not _alive(pid):
                 return r, f"exited (pid {pid})"
         return None
@@ -209,16 +235,49 @@ class Watchdog:
     def _stop(self, culprit: int | None, reason: str) -> None:
         if self._stopped.is_set():
             return  # the run is over: its teardown is not a failure
+        if self._failed:
+            os._exit(EXIT_FAILED)  # said so already
         who = "" if culprit is None else self.names[culprit] + " "
-        self._report(f"{self.names[self.rank]}: stopping: {who}{reason}")
+        self._stopping = f"{who}{reason}"
+        with contextlib.suppress(Exception):
+            self._publish()  # so that the others name the same rank
+        self._report(f"{self.names[self.rank]}: stopping: {self._stopping}",
+                     cause=self._stopping)
         os._exit(EXIT_PEER_FAILED)
 
-    def _report(self, line: str) -> None:
+    def _report(self, line: str, *, cause: str) -> None:
+        """Say it on stderr, and in a note the launcher reads (`cause`: what went wrong,
+        naming the rank)."""
         print(f"[trainplan] {line}", file=sys.stderr, flush=True)
         with contextlib.suppress(OSError):
-            path = os.path.join(self.run_dir, f"stop-rank{self.rank}.txt")
+            path = os.path.join(self.run_dir, f"stop-rank{self.rank}.json")
             with open(path, "w", encoding="utf-8") as fh:
-                fh.write(f"{time.time():.3f} {line}\n")
+                json.dump({"time": time.time(), "rank": self.rank, "cause": cause}, fh)
+
+
+def _in_torch_distributed(error: BaseException) -> bool:
+    """Whether the error came out of torch.distributed (a broken collective)."""
+    tb = error.__traceback__
+    while tb is not None:
+        if "/torch/distributed/" in tb.tb_frame.f_code.co_filename.replace(os.sep, "/"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _main_thread_state() -> tuple[bool, str]:
+    """Whether the main thread is inside torch.distributed (waiting for other ranks),
+    and the innermost place in our code where it is."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    waiting, where = False, "?"
+    while frame is not None:
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        if "/torch/distributed/" in path or frame.f_code.co_name in _WAITS:
+            waiting = True
+        if where == "?" and "/executor/" in path:
+            where = f"{os.path.basename(path)}:{frame.f_lineno} {frame.f_code.co_name}"
+        frame = frame.f_back
+    return waiting, where
 
 
 def _alive(pid: int) -> bool:

@@ -8,6 +8,8 @@ import multiprocessing
 import os
 import socket
 
+import torch.distributed as dist
+
 from executor.runtime import RunSettings, run_rank
 from planner.layout import ParallelConfig, homogeneous_plan
 from planner.specs.cluster import ClusterSpec, NodeGroup
@@ -55,9 +57,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _host_store(port: int, world: int) -> None:
+    import time
+
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False)
+    while store is not None:
+        time.sleep(3600)
+
+
 def _rank(plan: Plan, settings: RunSettings, rank: int, world: int, port: int) -> None:
+    # As under torchrun: the launcher (here the test process) hosts the store.
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      TORCHELASTIC_USE_AGENT_STORE="True")
     run_rank(plan, settings)
 
 
@@ -69,6 +81,10 @@ def run_forked(plan: Plan, run_dir: str, *, steps: int = 5, timeout_s: float = 1
     rs = RunSettings(steps=steps, run_dir=str(run_dir), **settings)
     port = _free_port()
     ctx = multiprocessing.get_context("fork")
+    # A process of its own hosts the store, as torchrun's agent does; not this one: a
+    # store's server thread here would be forked mid-lock into the ranks.
+    host = ctx.Process(target=_host_store, args=(port, world), daemon=True)
+    host.start()
     procs = [ctx.Process(target=_rank, args=(plan, rs, r, world, port)) for r in range(world)]
     for p in procs:
         p.start()
@@ -78,6 +94,8 @@ def run_forked(plan: Plan, run_dir: str, *, steps: int = 5, timeout_s: float = 1
         if p.exitcode is None:
             p.kill()
             p.join()
+    host.kill()
+    host.join()
     path = os.path.join(run_dir, "metrics.json")
     metrics = None
     if os.path.exists(path):
