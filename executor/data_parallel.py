@@ -25,16 +25,36 @@ right.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from executor.sharding import ShardLayout
+from executor.train import empty_adamw_state
 
-__all__ = ["ShardedState", "local_grad", "local_tensor"]
+__all__ = ["ModelState", "ShardedState", "local_grad", "local_tensor"]
 
 Groups = Mapping[tuple[int, ...], dist.ProcessGroup]
+
+
+class ModelState(Protocol):
+    """What the pipeline runner and the trainer need of a bucket of model state
+    (`ShardedState` here, `FsdpState` in executor/fsdp.py)."""
+
+    name: str
+
+    def unshard(self) -> None: ...  # before a forward or backward pass
+    def reshard(self) -> None: ...  # after it
+    def before_backward(self) -> None: ...
+    def add_grads(self, *, ghost: bool = False) -> None: ...  # after a backward pass
+    def tied_grads(self) -> list[torch.Tensor]: ...
+    def reduce_grads(self) -> None: ...  # once per iteration
+    def step(self) -> None: ...
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+    def loaded(self) -> None: ...
+    def state_bytes(self) -> dict[str, int]: ...
 
 
 def local_tensor(p: torch.Tensor) -> torch.Tensor:
@@ -63,8 +83,9 @@ class ShardedState:
 
     def __init__(self, params: Iterable[nn.Parameter], layout: ShardLayout, groups: Groups, *,
                  make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 name: str) -> None:
+                 name: str, tied: bool = False) -> None:
         self.params = list(params)
+        self.tied = tied  # a tied embedding (or its copy): summed with its twin first
         self.layout, self.groups, self.name = layout, groups, name
         locals_ = [local_tensor(p) for p in self.params]
         self.dtype, self.device = locals_[0].dtype, locals_[0].device
@@ -121,6 +142,9 @@ class ShardedState:
             self.full.untyped_storage().resize_(0)
 
     # ---- gradients ----------------------------------------------------------------
+    def before_backward(self) -> None:
+        pass
+
     def add_grads(self, *, ghost: bool = False) -> None:
         """Take the gradients of one backward into the buffer (and free them). A `ghost`
         backward (a micro-batch this replica does not have) adds zeros, so that the
@@ -141,6 +165,11 @@ class ShardedState:
             shard = torch.empty_like(self.grad)
             dist.reduce_scatter_single(shard, packed, group=self._group(self.layout.grad_group))
             self.grad.add_(shard)
+
+    def tied_grads(self) -> list[torch.Tensor]:
+        """The gradients to sum with the tied twin's (same layout on both) before
+        `reduce_grads`."""
+        return [self.grad] if self.tied else []
 
     def reduce_grads(self) -> None:
         """Sum this rank's optimizer shard of the gradients over all replicas."""
@@ -180,16 +209,11 @@ class ShardedState:
         """The optimizer shard (master weights, AdamW moments and step), keyed so that the
         replicas holding the same shard write one copy."""
         key = f"{self.name}/os{self.layout.os_chunk}of{self.layout.optim}"
-        state = self.optimizer.state.get(self.master) or self._empty_adam_state()
+        state = (self.optimizer.state.get(self.master)
+                 or empty_adamw_state(self.optimizer, self.master))
         self.optimizer.state[self.master] = state
         return {f"{key}/master": self.master.data,
                 **{f"{key}/{k}": v for k, v in state.items()}}
-
-    def _empty_adam_state(self) -> dict[str, torch.Tensor]:
-        """AdamW's state as it creates it lazily (so a checkpoint can be loaded into it)."""
-        z = torch.zeros_like(self.master, memory_format=torch.preserve_format)
-        return {"step": torch.tensor(0.0, dtype=torch.float32, device=self.device),
-                "exp_avg": z.clone(), "exp_avg_sq": z.clone()}
 
     def loaded(self) -> None:
         """After a checkpoint was loaded into `state_dict()`'s tensors: rebuild the

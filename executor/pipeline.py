@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from executor.data_parallel import ShardedState
+from executor.data_parallel import ModelState
 from executor.model import GPT
 from planner.simulator.schedules import Pass, stage_order
 
@@ -38,7 +38,7 @@ class Chunk:
 
     index: int  # model chunk: c * pp + stage
     module: GPT
-    states: list[ShardedState]
+    states: list[ModelState]
     first: bool  # holds the embedding
     last: bool  # holds the head and the loss
 
@@ -171,6 +171,8 @@ class StageRunner:
     def _backward(self, chunk: Chunk, j: int) -> None:
         x, out = self.saved.pop((chunk.index, j))
         chunk.unshard()
+        for s in chunk.states:
+            s.before_backward()
         if chunk.last:
             with self._loss_context():
                 out.backward()

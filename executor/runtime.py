@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 from executor import checkpoint
-from executor.data_parallel import ShardedState
+from executor.data_parallel import ModelState, ShardedState
+from executor.fsdp import FsdpState, data_parallel_mesh, fsdp_applies
 from executor.groups import ProcessGroups, create_groups, shard_layout
 from executor.model import GPT
 from executor.pipeline import Chunk, Links, MicroBatches, StageRunner
@@ -82,35 +83,64 @@ def _buckets(module: GPT, topo: Topology) -> tuple[list, list]:
     return main, tied
 
 
-def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
-                 groups: ProcessGroups, *, learning_rate: float) -> list[Chunk]:
-    """This rank's model chunks, sharded as the plan says."""
+def _module(plan: Plan, topo: Topology, rank: int, c: int, device: torch.device,
+            groups: ProcessGroups, *, dtype: torch.dtype) -> GPT:
+    """Chunk c of this rank's stage, on its device, tensor-parallel if the stage is."""
     role = topo.roles[rank]
     stage = plan.pipelines[role.pipeline].stages[role.stage]
+    k, num_chunks = c * topo.pp + role.stage, topo.pp * topo.vp
+    module = GPT(plan.model, attention=plan.kernels.attention, seed=0,
+                 layers=topo.layers[role.stage][c], embedding=k == 0, head=k == num_chunks - 1,
+                 recompute=stage.recompute).to(device=device, dtype=dtype).train()
+    if stage.tp > 1:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        from executor.tensor_parallel import apply_tensor_parallel
+
+        ranks = tuple(sorted(topo.stage_ranks(plan, role.pipeline, role.stage)))
+        mesh = DeviceMesh.from_group(groups.collectives[ranks], device.type)
+        apply_tensor_parallel(module, mesh, sequence_parallel=plan.training.sequence_parallel)
+    return module
+
+
+def _use_fsdp(plan: Plan) -> bool:
+    sh = plan.sharding
+    return fsdp_applies(params=sh.params, grads=sh.grads, optim=sh.optim,
+                        equal_counts=len({p.num_microbatches for p in plan.pipelines}) == 1,
+                        tp=max(s.tp for p in plan.pipelines for s in p.stages))
+
+
+def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
+                 groups: ProcessGroups, *, learning_rate: float) -> list[Chunk]:
+    """This rank's model chunks, their parameters sharded as the plan says: by FSDP2
+    where it expresses the sharding, else on AMSP flat buffers."""
+    role = topo.roles[rank]
     layout = shard_layout(plan, topo, rank)
-    impl = plan.kernels.optimizer
+    dtype = DTYPES[plan.training.dtype]
+    fsdp = _use_fsdp(plan)
     num_chunks = topo.pp * topo.vp
     chunks = []
-    for c, layers in enumerate(topo.layers[role.stage]):
+    for c in range(topo.vp):
         k = c * topo.pp + role.stage
-        module = GPT(plan.model, attention=plan.kernels.attention, seed=0, layers=layers,
-                     embedding=k == 0, head=k == num_chunks - 1, recompute=stage.recompute)
-        module = module.to(device=device, dtype=DTYPES[plan.training.dtype]).train()
-        if stage.tp > 1:
-            from torch.distributed.device_mesh import DeviceMesh
-
-            from executor.tensor_parallel import apply_tensor_parallel
-
-            ranks = topo.stage_ranks(plan, role.pipeline, role.stage)
-            mesh = DeviceMesh.from_group(groups.collectives[tuple(sorted(ranks))],
-                                         device.type)
-            apply_tensor_parallel(module, mesh,
-                                  sequence_parallel=plan.training.sequence_parallel)
+        # FSDP2 keeps fp32 parameters and computes in the plan's dtype.
+        module = _module(plan, topo, rank, c, device, groups,
+                         dtype=torch.float32 if fsdp else dtype)
         main, tied = _buckets(module, topo)
-        states = [ShardedState(ps, layout, groups.collectives, name=f"chunk{k}/tp{role.tp_rank}"
-                               f"/{kind}", make_optimizer=lambda ps: adamw(
-                                   ps, implementation=impl, learning_rate=learning_rate))
-                  for kind, ps in (("main", main), ("tied", tied)) if ps]
+        name = f"chunk{k}/tp{role.tp_rank}"
+
+        def optimizer(ps: list) -> torch.optim.Optimizer:
+            return adamw(ps, implementation=plan.kernels.optimizer, learning_rate=learning_rate)
+
+        if fsdp:
+            states: list = [FsdpState(module, data_parallel_mesh(layout, groups.collectives,
+                                                                   device.type),
+                                      dtype=dtype, tied=tied, make_optimizer=optimizer,
+                                      num_microbatches=plan.pipelines[0].num_microbatches,
+                                      name=name)]
+        else:
+            states = [ShardedState(ps, layout, groups.collectives, make_optimizer=optimizer,
+                                   name=f"{name}/{kind}", tied=kind == "tied")
+                      for kind, ps in (("main", main), ("tied", tied)) if ps]
         chunks.append(Chunk(k, module, states, first=k == 0, last=k == num_chunks - 1))
     return chunks
 
@@ -137,7 +167,7 @@ class Trainer:
             progress=watchdog.progress)
 
     @property
-    def states(self) -> list[ShardedState]:
+    def states(self) -> list[ModelState]:
         return [s for c in self.chunks for s in c.states]
 
     def iteration(self, step: int) -> float:
@@ -145,8 +175,8 @@ class Trainer:
         loss = self.runner.run(step)
         if self.tied_group is not None:  # Megatron-LM's embedding all-reduce
             for s in self.states:
-                if s.name.endswith("/tied"):
-                    dist.all_reduce(s.grad, group=self.tied_group)
+                for grad in s.tied_grads():
+                    dist.all_reduce(grad, group=self.tied_group)
         for s in self.states:
             s.reduce_grads()
             s.step()

@@ -19,7 +19,7 @@ from executor.model import GPT
 from planner.specs.model import ModelSpec
 from profiler.timing import Timing, time_calls
 
-__all__ = ["DTYPES", "LEARNING_RATE", "StepTiming", "adamw", "make_optimizer", "reference_losses",
+__all__ = ["DTYPES", "LEARNING_RATE", "StepTiming", "adamw", "empty_adamw_state", "make_optimizer", "reference_losses",
            "sample_batch", "synthetic_batch", "time_train_step", "train_step"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -60,6 +60,18 @@ def adamw(params: Iterable[torch.Tensor], *, implementation: str,
         raise ValueError(f"optimizer {implementation!r} is not one of {', '.join(flags)}")
     return torch.optim.AdamW(params, lr=learning_rate, weight_decay=WEIGHT_DECAY,
                              **flags[implementation])
+
+
+def empty_adamw_state(optimizer: torch.optim.Optimizer, param: torch.Tensor
+                      ) -> dict[str, torch.Tensor]:
+    """AdamW's state of `param` as torch creates it at the first step (zero moments), so
+    that a checkpoint can be loaded into it before any step ran."""
+    group = optimizer.param_groups[0]
+    on_device = group.get("fused") or group.get("capturable")
+    step = (torch.zeros((), dtype=torch.float32, device=param.device) if on_device
+            else torch.tensor(0.0, dtype=torch.float32))
+    return {"step": step, "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format)}
 
 
 def make_optimizer(model: torch.nn.Module, *, implementation: str) -> torch.optim.Optimizer:

@@ -186,10 +186,12 @@ class Watchdog:
         for peer in self._peers.values():
             if peer.state.get("stopping"):  # the root cause another rank found
                 return None, peer.state["stopping"]
+        dead = self._dead_local()
+        if dead is not None:
+            return dead
         for r, peer in self._peers.items():
             if now - peer.beat_seen_s > STALE_S:
-                return self._dead_local() or (r, f"stopped responding (no heartbeat for "
-                                                 f"{now - peer.beat_seen_s:.0f} s)")
+                return r, f"stopped responding (no heartbeat for {now - peer.beat_seen_s:.0f} s)"
         return self._hang(now)
 
     def _hang(self, now: float) -> tuple[int, str] | None:
@@ -224,7 +226,7 @@ class Watchdog:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                found = self._check() or self._dead_local()
+                found = self._check()
             except Exception:
                 return None
             if found is not None and found[0] != self.rank:

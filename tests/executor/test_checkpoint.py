@@ -32,12 +32,16 @@ def test_only_complete_checkpoints_count(tmp_path):
     assert latest_complete(str(tmp_path)) == (4, str(tmp_path / "step-00000004"))
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
-def test_resume_after_a_killed_rank_repeats_the_losses(tmp_path):
+@pytest.mark.parametrize("sharding", [Sharding(grads=2, optim=2),
+                                      Sharding(params=2, grads=2, optim=2)],
+                         ids=["amsp-flat-buffers", "fsdp2"])
+def test_resume_after_a_killed_rank_repeats_the_losses(tmp_path, sharding):
     # pipeline x data parallel, tied embeddings across stages, sharded gradients and
     # optimizer states: every kind of state a checkpoint must carry
     plan = homogeneous(preset("debug-tiny"), world=4, dp=2, pp=2, mbs=1, gbs=4,
-                       sharding=Sharding(grads=2, optim=2))
+                       sharding=sharding)
     ck = dict(checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=2)
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir(), (tmp_path / "c").mkdir()
     codes, whole = run_forked(plan, tmp_path / "a", steps=6)

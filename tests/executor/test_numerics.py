@@ -35,13 +35,16 @@ def _stages(*spec):
 
 
 PLANS = {
-    # data parallelism: plain, ZeRO-1/2/3 and AMSP mixes (P, G, OS at different sizes)
+    # data parallelism: plain, ZeRO-1/2 and AMSP mixes (P, G, OS at different sizes) on
+    # flat buffers; ZeRO-3 and HSDP (P = G = OS) with FSDP2
     "dp2": lambda: homogeneous(TINY, world=2, dp=2, mbs=2, gbs=8),
     "dp4-zero1": lambda: homogeneous(TINY, world=4, dp=4, mbs=1, gbs=8, sharding=S(optim=4)),
     "dp4-zero2": lambda: homogeneous(TINY, world=4, dp=4, mbs=1, gbs=8,
                                      sharding=S(grads=4, optim=4)),
     "dp4-zero3": lambda: homogeneous(TINY, world=4, dp=4, mbs=1, gbs=8,
                                      sharding=S(params=4, grads=4, optim=4)),
+    "dp4-hsdp-2": lambda: homogeneous(LLAMA, world=4, dp=4, mbs=1, gbs=8,
+                                      sharding=S(params=2, grads=2, optim=2)),
     "dp4-amsp-1-2-4": lambda: homogeneous(TINY, world=4, dp=4, mbs=1, gbs=8,
                                           sharding=S(params=1, grads=2, optim=4)),
     "dp4-amsp-2-4-4": lambda: homogeneous(LLAMA, world=4, dp=4, mbs=1, gbs=8,
@@ -58,10 +61,13 @@ PLANS = {
     "tp2-sp": lambda: homogeneous(TINY, world=2, tp=2, mbs=2, gbs=8, sequence_parallel=True),
     # combinations
     "dp2xpp2": lambda: homogeneous(TINY, world=4, dp=2, pp=2, mbs=1, gbs=8),
+    "dp2xpp2-zero3": lambda: homogeneous(TINY, world=4, dp=2, pp=2, mbs=1, gbs=8,
+                                         sharding=S(params=2, grads=2, optim=2)),
     "tp2xpp2-sp": lambda: homogeneous(LLAMA, world=4, tp=2, pp=2, mbs=2, gbs=8,
                                       sequence_parallel=True),
     # heterogeneous: replicas with unequal micro-batch counts (and sizes), with sharded
-    # gradients and parameters (ghost passes keep the per-pass collectives in step)
+    # gradients and parameters (flat buffers; ghost passes keep the per-pass collectives
+    # in step)
     "hetero-dp2": lambda: explicit(TINY, world=2, pipelines=[
         (2, 3, _stages((0, 2, 0))), (2, 1, _stages((0, 2, 1)))]),
     "hetero-dp2-zero2": lambda: explicit(TINY, world=2, sharding=S(grads=2, optim=2), pipelines=[
