@@ -17,6 +17,7 @@ groups stay in step.
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -69,7 +70,10 @@ class MicroBatches:
 
 @dataclass
 class Links:
-    """Where this rank's chunk boundaries send and receive, and the groups to use."""
+    """Where this rank's chunk boundaries send and receive, and the groups to use.
+
+    Receives are posted one ahead per kind (`expect` gives the iteration's order), so a
+    message moves while this rank still computes, as the simulator assumes."""
 
     forward_source: int
     forward_targets: tuple[int, ...]
@@ -78,6 +82,8 @@ class Links:
     groups: Mapping[tuple[int, int, int], dist.ProcessGroup]  # (src, dst, kind)
     rank: int
     pending: list[tuple[dist.Work, torch.Tensor]] = field(default_factory=list)
+    _order: dict[int, deque[int]] = field(default_factory=dict)  # kind -> tags to come
+    _posted: dict[tuple[int, int], tuple[dist.Work, torch.Tensor]] = field(default_factory=dict)
 
     def send(self, t: torch.Tensor, dests: tuple[int, ...], kind: int, tag: int) -> None:
         t = t.detach().contiguous()
@@ -86,11 +92,34 @@ class Links:
             assert work is not None
             self.pending.append((work, t))
 
-    def recv(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-             src: int, kind: int, tag: int) -> torch.Tensor:
-        buf = torch.empty(shape, dtype=dtype, device=device)
+    def expect(self, receives: list[tuple[int, int]], shape: tuple[int, ...],
+               dtype: torch.dtype, device: torch.device) -> None:
+        """The (kind, tag) of this iteration's receives, in order; posts the first ones."""
+        self._shape, self._dtype, self._device = shape, dtype, device
+        self._order = {ACTIVATION: deque(), GRADIENT: deque()}
+        for kind, tag in receives:
+            self._order[kind].append(tag)
+        for kind, tags in self._order.items():
+            if tags:
+                self._post(kind, tags[0])
+
+    def _post(self, kind: int, tag: int) -> None:
+        src = self.forward_source if kind == ACTIVATION else self.backward_source
+        buf = torch.empty(self._shape, dtype=self._dtype, device=self._device)
         work = dist.irecv(buf, src, group=self.groups[(src, self.rank, kind)], tag=tag)
         assert work is not None
+        self._posted[(kind, tag)] = (work, buf)
+
+    def recv(self, kind: int, tag: int) -> torch.Tensor:
+        """The expected message (kind, tag); then posts the next of its kind."""
+        tags = self._order[kind]
+        assert tags and tags[0] == tag, (kind, tag, list(tags))
+        tags.popleft()
+        if (kind, tag) not in self._posted:
+            self._post(kind, tag)
+        work, buf = self._posted.pop((kind, tag))
+        if tags:
+            self._post(kind, tags[0])
         work.wait()
         return buf
 
@@ -127,31 +156,45 @@ class StageRunner:
             return loss_parallel()
         return contextlib.nullcontext()
 
+    def _receives(self) -> list[tuple[int, int]]:
+        """(kind, tag) of every message this rank receives in an iteration, in order."""
+        out = []
+        for kind, c, j in self.order:
+            chunk = self.chunks[c]
+            if j >= self.data.count:
+                continue
+            if kind == "F" and not chunk.first:
+                out.append((ACTIVATION, self._tag(chunk.index - 1, j)))
+            if kind == "B" and not chunk.last:
+                out.append((GRADIENT, self._tag(chunk.index, j)))
+        return out
+
     def run(self, step: int) -> float:
         """One iteration's passes; returns this replica's weighted loss on the stage that
         computes it (else 0)."""
-        total = 0.0
+        self.links.expect(self._receives(), self.shape, self.dtype, self.device)
+        losses: list[torch.Tensor] = []
         for kind, c, j in self.order:
             chunk = self.chunks[c]
             if j >= self.data.count:
                 self._ghost(chunk, backward=kind == "B")
             elif kind == "F":
-                total += self._forward(chunk, j, step)
+                self._forward(chunk, j, step, losses)
             else:
                 self._backward(chunk, j)
             self.progress(f"step {step} {kind} chunk {chunk.index} micro-batch {j}")
         self.links.wait_sends()
-        return total
+        # One host sync per iteration, not per micro-batch.
+        return float(torch.stack(losses).sum()) if losses else 0.0
 
-    def _forward(self, chunk: Chunk, j: int, step: int) -> float:
-        tokens, targets = self.data.samples(step, j) if chunk.first or chunk.last else (None,
-                                                                                         None)
+    def _forward(self, chunk: Chunk, j: int, step: int, losses: list[torch.Tensor]) -> None:
+        targets = None
+        if chunk.first or chunk.last:
+            tokens, targets = self.data.samples(step, j)
         if chunk.first:
             x = tokens
         else:
-            x = self.links.recv(self.shape, self.dtype, self.device,
-                                self.links.forward_source, ACTIVATION,
-                                self._tag(chunk.index - 1, j)).requires_grad_()
+            x = self.links.recv(ACTIVATION, self._tag(chunk.index - 1, j)).requires_grad_()
         chunk.unshard()
         if chunk.last:
             with self._loss_context():
@@ -163,10 +206,9 @@ class StageRunner:
                             self._tag(chunk.index, j))
         chunk.reshard()
         self.saved[(chunk.index, j)] = (x, out)
-        if not chunk.last:
-            return 0.0
-        value = loss.detach()
-        return float(value.to_local() if hasattr(value, "to_local") else value)
+        if chunk.last:
+            value = loss.detach()  # a replicated DTensor under tensor parallelism
+            losses.append(value.to_local() if hasattr(value, "to_local") else value)
 
     def _backward(self, chunk: Chunk, j: int) -> None:
         x, out = self.saved.pop((chunk.index, j))
@@ -177,9 +219,7 @@ class StageRunner:
             with self._loss_context():
                 out.backward()
         else:
-            grad = self.links.recv(tuple(out.shape), out.dtype, self.device,
-                                   self.links.backward_source, GRADIENT,
-                                   self._tag(chunk.index, j))
+            grad = self.links.recv(GRADIENT, self._tag(chunk.index, j))
             torch.autograd.backward(out, grad)
         if not chunk.first:
             assert x.grad is not None

@@ -6,7 +6,8 @@
    watchdog (executor/watchdog.py), and the plan's groups (executor/groups.py);
 2. this rank's model chunks (executor/model.py), tensor-parallel if the stage is
    (executor/tensor_parallel.py), their parameters in AMSP-sharded flat buffers
-   (executor/data_parallel.py), a tied embedding in a bucket of its own;
+   (executor/data_parallel.py) or FSDP2 units (executor/fsdp.py), a tied embedding in a
+   bucket (or unit) of its own;
 3. per step: the stage's passes in the plan's schedule (executor/pipeline.py), the tied
    embedding's gradients summed between first and last stage, gradient reduction and the
    optimizer step per bucket; checkpoints every N steps (executor/checkpoint.py);
@@ -23,6 +24,7 @@ import os
 import resource
 import signal
 import time
+import zlib
 from dataclasses import asdict, dataclass
 
 import torch
@@ -150,7 +152,7 @@ class Trainer:
 
     def __init__(self, plan: Plan, topo: Topology, rank: int, device: torch.device,
                  groups: ProcessGroups, watchdog: Watchdog, settings: RunSettings) -> None:
-        self.plan, self.topo, self.rank = plan, topo, rank
+        self.plan, self.topo, self.rank, self.seed = plan, topo, rank, settings.seed
         role = topo.roles[rank]
         pipe = plan.pipelines[role.pipeline]
         stage = pipe.stages[role.stage]
@@ -172,6 +174,11 @@ class Trainer:
 
     def iteration(self, step: int) -> float:
         """One training step; returns this rank's share of the global loss."""
+        role = self.topo.roles[self.rank]
+        # Dropout from (seed, step, stage): a resumed run draws the same masks, and the
+        # tp ranks of a stage the same ones for their replicated activations.
+        torch.manual_seed(zlib.crc32(f"{self.seed}:{step}:{role.pipeline}:{role.stage}"
+                                     .encode()))
         loss = self.runner.run(step)
         if self.tied_group is not None:  # Megatron-LM's embedding all-reduce
             for s in self.states:
@@ -180,7 +187,6 @@ class Trainer:
         for s in self.states:
             s.reduce_grads()
             s.step()
-        role = self.topo.roles[self.rank]
         computes_loss = self.chunks[-1].last and role.tp_rank == 0
         return loss if computes_loss else 0.0
 

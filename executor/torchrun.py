@@ -9,6 +9,8 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main
 
+__all__: list[str] = []  # a program, not a library
+
 if __name__ == "__main__":
     try:
         main(sys.argv[1:])
