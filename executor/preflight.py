@@ -25,10 +25,20 @@ def device_kind(plan: Plan) -> str:
 
 
 def _check_host(plan: Plan, kind: str, cuda_devices: int, where: str) -> None:
-    if kind == "cuda" and cuda_devices == 0:
+    if kind != "cuda":
+        return
+    if cuda_devices == 0:
         gpus = ", ".join(sorted({g.gpu for g in plan.cluster.node_groups}))
         fail(at(where, "cluster"), plan.cluster.name, f"it runs on {gpus} GPUs and this host "
              "has no CUDA device; plan for CPU ranks (cluster_specs/local-cpu.yaml)")
+    slots = plan.cluster.slots
+    per_node: dict[int, int] = {}
+    for d in (d for p in plan.pipelines for s in p.stages for d in s.devices):
+        per_node[slots[d].node] = max(per_node.get(slots[d].node, 0), slots[d].local + 1)
+    node, need = max(per_node.items(), key=lambda kv: kv[1])
+    if need > cuda_devices:
+        fail(at(where, "pipelines"), f"GPU {need - 1} of node {node}",
+             f"a node of this host has {cuda_devices} GPUs")
 
 
 def _check_replicas(plan: Plan, where: str) -> None:

@@ -179,20 +179,28 @@ class Watchdog:
     def _check(self) -> tuple[int | None, str] | None:
         """The rank to blame and what happened to it, or None if all is well."""
         self._read()
-        now = time.monotonic()
-        for r, peer in self._peers.items():
-            if peer.state.get("error"):
-                return r, f"failed: {peer.state['error']}"
-        for peer in self._peers.values():
-            if peer.state.get("stopping"):  # the root cause another rank found
-                return None, peer.state["stopping"]
+        said = self._said()
+        if said is not None:
+            return said
         dead = self._dead_local()
         if dead is not None:
-            return dead
+            self._read()  # it may have said why just before it exited
+            return self._said() or dead
+        now = time.monotonic()
         for r, peer in self._peers.items():
             if now - peer.beat_seen_s > STALE_S:
                 return r, f"stopped responding (no heartbeat for {now - peer.beat_seen_s:.0f} s)"
         return self._hang(now)
+
+    def _said(self) -> tuple[int | None, str] | None:
+        """A rank that published its own error, or the cause another rank stops for."""
+        for r, peer in self._peers.items():
+            if peer.state.get("error"):
+                return r, f"failed: {peer.state['error']}"
+        for peer in self._peers.values():
+            if peer.state.get("stopping"):
+                return None, peer.state["stopping"]
+        return None
 
     def _hang(self, now: float) -> tuple[int, str] | None:
         if self._phase in EXEMPT or now - self._progress_s < self.hang_timeout_s:
@@ -203,9 +211,9 @@ class Watchdog:
                  for r, p in self._peers.items() if p.state.get("phase") not in EXEMPT
                  and now - p.progress_seen_s >= INTERVAL_S}
         stuck[self.rank] = (waiting, where, now - self._progress_s)
-        busy = sorted(r for r, (w, _, _) in stuck.items() if not w)
+        busy = [r for r, (w, _, _) in stuck.items() if not w]
         if busy:
-            r = busy[0]
+            r = max(busy, key=lambda q: (stuck[q][2], -q))  # stuck longest
             return r, (f"made no progress for {stuck[r][2]:.0f} s outside communication "
                        f"(at {stuck[r][1]})")
         r = max(stuck, key=lambda q: (stuck[q][2], -q))

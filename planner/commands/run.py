@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
 from planner.commands.simulate import profiles_for, with_prediction
 from planner.results import SimResult
@@ -27,6 +28,10 @@ from planner.specs.model import load_model, preset
 from planner.specs.plan import Plan, load_plan, save_plan
 from profiler.devices import device
 from profiler.schema import SpecError, fail
+
+if TYPE_CHECKING:  # the planner imports the executor only inside run_run
+    from executor.launch import NodeLaunch
+    from executor.report import RunReport
 
 __all__ = ["add_run_parser", "run_run"]
 
@@ -174,26 +179,26 @@ def _report_dir(args: argparse.Namespace, plan: Plan) -> tuple[str, str, bool]:
     return tempfile.mkdtemp(prefix="trainplan-run-"), name, False
 
 
-def _print_launches(launches: list, *, why: str) -> None:
+def _print_launches(launches: list[NodeLaunch], *, why: str) -> None:
     print(f"plan run: {why}; run on each node (MASTER_ADDR: the address of the first):")
     for launch in launches:
         print(f"# node {launch.node} ({launch.num_ranks} ranks)")
         print(launch.command_line())
 
 
-def _write_report(folder: str, keep: bool, report: object, as_json: bool) -> None:
+def _write_report(folder: str, keep: bool, report: RunReport, as_json: bool) -> None:
     from executor.report import to_markdown
 
-    text = to_markdown(report)  # type: ignore[arg-type]
+    text = to_markdown(report)
     if keep:
         with open(os.path.join(folder, "report.md"), "w", encoding="utf-8") as fh:
             fh.write(text)
         with open(os.path.join(folder, "report.json"), "w", encoding="utf-8") as fh:
-            json.dump(report.to_dict(), fh, indent=1)  # type: ignore[attr-defined]
+            json.dump(report.to_dict(), fh, indent=1)
     if as_json:
         from planner.cli import print_json
 
-        print_json(report.to_dict())  # type: ignore[attr-defined]
+        print_json(report.to_dict())
     else:
         print(text + (f"\nreport: {os.path.join(folder, 'report.md')}" if keep else ""))
 
@@ -205,14 +210,36 @@ def _clean(folder: str) -> None:
             os.remove(os.path.join(folder, name))
 
 
+def _run_here(args: argparse.Namespace, launch: NodeLaunch, *, cpu: bool, folder: str
+              ) -> dict | None:
+    """Run the one node's torchrun here; the metrics, or None (said why) if it failed."""
+    from executor import checkpoint
+    from executor.launch import first_failure, run_local
+
+    if args.resume and checkpoint.latest_complete(args.checkpoint_dir) is None:
+        print(f"plan run: no complete checkpoint in {args.checkpoint_dir}: starting at step 1",
+              file=sys.stderr)
+    cores = os.cpu_count() or 1
+    if cpu and launch.num_ranks > cores:
+        print(f"plan run: note: {launch.num_ranks} ranks share {cores} cores; times will not "
+              "match the prediction", file=sys.stderr)
+    print(f"plan run: {launch.command_line()}", file=sys.stderr, flush=True)
+    code = run_local(launch, cpu=cpu)
+    if code != 0:
+        reason = first_failure(folder) or f"torchrun exited with code {code}"
+        print(f"plan run: failed: {reason}", file=sys.stderr)
+        return None
+    with open(os.path.join(folder, "metrics.json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 def run_run(args: argparse.Namespace) -> int:
     import importlib.util
 
     _check_flags(args)
     if importlib.util.find_spec("torch") is None:
         fail("plan run", "torch", "not installed: pip install 'trainplan[torch]'")
-    from executor import checkpoint
-    from executor.launch import first_failure, node_launches, run_local
+    from executor.launch import node_launches
     from executor.preflight import check_runnable, device_kind
     from executor.report import make_report
     from executor.worker import worker_args
@@ -239,19 +266,11 @@ def run_run(args: argparse.Namespace) -> int:
         _print_launches(launches, why="dry run" if args.dry_run else
                         f"the plan spans {len(launches)} nodes")
         return 0
-    if args.resume and checkpoint.latest_complete(args.checkpoint_dir) is None:
-        print(f"plan run: no complete checkpoint in {args.checkpoint_dir}: starting at step 1",
-              file=sys.stderr)
-    print(f"plan run: {launches[0].command_line()}", file=sys.stderr, flush=True)
-    code = run_local(launches[0], cpu=device_kind(plan) == "cpu")
-    if code != 0:
-        reason = first_failure(folder) or f"torchrun exited with code {code}"
-        print(f"plan run: failed: {reason}", file=sys.stderr)
+    metrics = _run_here(args, launches[0], cpu=device_kind(plan) == "cpu", folder=folder)
+    if metrics is None:
         return 1
-    with open(os.path.join(folder, "metrics.json"), encoding="utf-8") as fh:
-        metrics = json.load(fh)
-    report = make_report(plan, metrics, prediction=prediction,
-                         source=f"{source} ({'; '.join(f'{k}: {v}' for k, v in prediction.sources.items())})",
+    sources = "; ".join(f"{k}: {v}" for k, v in prediction.sources.items())
+    report = make_report(plan, metrics, prediction=prediction, source=f"{source} ({sources})",
                          warmup=args.warmup, name=name)
     _write_report(folder, keep, report, args.json)
     return 0
