@@ -155,11 +155,19 @@ def measure(kind: str, folder: str, args: argparse.Namespace) -> dict:
             "error": report["iteration_error"], "foreign_cores": foreign}
 
 
+def _short(layout: str) -> str:
+    """The layout without what every kind shares (batch, dtype, kernels)."""
+    drop = ("gbs", "seq", "fp32", "recompute", "P/G/OS 1/1/1")
+    parts = [p for p in layout.split(", ") if not p.startswith(drop)
+             and not p.endswith(("attention", "AdamW"))]
+    return ", ".join(parts)
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| plan kind | layout | predicted ms | measured ms (median; range) | error | "
              "foreign load (cores) |", "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['kind']} | {r['layout'].split(', micro')[0]} | "
+        lines.append(f"| {r['kind']} | {_short(r['layout'])} | "
                      f"{r['predicted_ms']:.2f} | {r['measured_ms']:.2f} "
                      f"({r['range_ms'][0]:.2f}-{r['range_ms'][1]:.2f}) | "
                      f"{r['error']:+.1%} | {r['foreign_cores']:.2f} |")

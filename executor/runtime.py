@@ -54,7 +54,7 @@ class RunSettings:
     checkpoint_every: int = 0  # steps; 0: never
     resume: bool = False
     hang_timeout_s: float = 30.0
-    fault: str | None = None  # "RANK:STEP:kill|hang|error", for failure tests
+    fault: str | None = None  # "RANK:STEP:kill|hang|freeze|error", for failure tests
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,8 @@ def _links(plan: Plan, topo: Topology, rank: int, groups: ProcessGroups) -> Link
 
 
 def _inject_fault(settings: RunSettings, rank: int, step: int) -> None:
-    """Failure tests: this rank dies, hangs or raises at the start of `step` (1-based)."""
+    """Failure tests: this rank dies, hangs, freezes (SIGSTOP: no heartbeat either) or
+    raises at the start of `step` (1-based)."""
     if not settings.fault:
         return
     who, when, kind = settings.fault.split(":")
@@ -247,8 +248,8 @@ def _inject_fault(settings: RunSettings, rank: int, step: int) -> None:
         return
     with open(os.path.join(settings.run_dir, "fault.txt"), "w", encoding="utf-8") as fh:
         fh.write(f"{time.time():.3f} rank {rank} {kind} at step {step}\n")
-    if kind == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
+    if kind in ("kill", "freeze"):
+        os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
     if kind == "hang":
         while True:
             time.sleep(3600)

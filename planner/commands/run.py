@@ -99,8 +99,9 @@ def _check_flags(args: argparse.Namespace) -> None:
         fail("--warmup", args.warmup, f"0 ≤ warmup < --steps {args.steps}")
     if args.hang_timeout <= 0:
         fail("--hang-timeout", args.hang_timeout, "must be > 0")
-    if args.inject_fault and not re.fullmatch(r"\d+:\d+:(kill|hang|error)", args.inject_fault):
-        fail("--inject-fault", args.inject_fault, "RANK:STEP:kill|hang|error")
+    if args.inject_fault and not re.fullmatch(r"\d+:\d+:(kill|hang|freeze|error)",
+                                              args.inject_fault):
+        fail("--inject-fault", args.inject_fault, "RANK:STEP:kill|hang|freeze|error")
 
 
 def _cluster(args: argparse.Namespace) -> ClusterSpec:
