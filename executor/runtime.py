@@ -86,12 +86,12 @@ def _buckets(module: GPT, topo: Topology) -> tuple[list, list]:
 
 
 def _module(plan: Plan, topo: Topology, rank: int, c: int, device: torch.device,
-            groups: ProcessGroups, *, dtype: torch.dtype) -> GPT:
+            groups: ProcessGroups, *, dtype: torch.dtype, seed: int) -> GPT:
     """Chunk c of this rank's stage, on its device, tensor-parallel if the stage is."""
     role = topo.roles[rank]
     stage = plan.pipelines[role.pipeline].stages[role.stage]
     k, num_chunks = c * topo.pp + role.stage, topo.pp * topo.vp
-    module = GPT(plan.model, attention=plan.kernels.attention, seed=0,
+    module = GPT(plan.model, attention=plan.kernels.attention, seed=seed,
                  layers=topo.layers[role.stage][c], embedding=k == 0, head=k == num_chunks - 1,
                  recompute=stage.recompute).to(device=device, dtype=dtype).train()
     if stage.tp > 1:
@@ -113,7 +113,7 @@ def _use_fsdp(plan: Plan) -> bool:
 
 
 def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
-                 groups: ProcessGroups, *, learning_rate: float) -> list[Chunk]:
+                 groups: ProcessGroups, *, learning_rate: float, seed: int) -> list[Chunk]:
     """This rank's model chunks, their parameters sharded as the plan says: by FSDP2
     where it expresses the sharding, else on AMSP flat buffers."""
     role = topo.roles[rank]
@@ -125,7 +125,7 @@ def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
     for c in range(topo.vp):
         k = c * topo.pp + role.stage
         # FSDP2 keeps fp32 parameters and computes in the plan's dtype.
-        module = _module(plan, topo, rank, c, device, groups,
+        module = _module(plan, topo, rank, c, device, groups, seed=seed,
                          dtype=torch.float32 if fsdp else dtype)
         main, tied = _buckets(module, topo)
         name = f"chunk{k}/tp{role.tp_rank}"
@@ -157,7 +157,7 @@ class Trainer:
         pipe = plan.pipelines[role.pipeline]
         stage = pipe.stages[role.stage]
         self.chunks = build_chunks(plan, topo, rank, device, groups,
-                                   learning_rate=settings.learning_rate)
+                                   learning_rate=settings.learning_rate, seed=settings.seed)
         self.tied_group = next((groups.collectives[tuple(sorted(pair))]
                                 for pair in topo.embedding_pairs(plan) if rank in pair), None)
         self.runner = StageRunner(

@@ -112,3 +112,14 @@ def test_the_check_can_fail():
         opt.zero_grad()
     ref = _reference(TINY.name, 8, 32)
     assert max(abs(a - b) / b for a, b in zip(losses, ref, strict=True)) > 10 * RTOL
+
+
+@pytest.mark.multiprocess
+def test_the_seed_sets_weights_and_data(tmp_path):
+    plan = PLANS["dp2xpp2"]()
+    codes, metrics = run_forked(plan, tmp_path, steps=2, seed=3)
+    assert codes == [0] * 4 and metrics is not None
+    ref = reference_losses(TINY, global_batch_size=8, seq_len=32, steps=2, seed=3,
+                           learning_rate=TEST_LR)
+    assert max(abs(a - b) / b for a, b in zip(metrics["losses"], ref, strict=True)) < RTOL
+    assert metrics["losses"][0] != _reference(TINY.name, 8, 32)[0]

@@ -42,3 +42,14 @@ def test_interleaving_needs_micro_batches_in_multiples_of_the_stages():
                       pipelines=[(1, 3, stages)]), "a multiple of the 2 stages")
     check_runnable(explicit(SMALL, world=2, schedule="interleaved-1f1b", vp=2,
                             pipelines=[(1, 4, stages)]), cuda_devices=0)
+
+
+def test_a_launch_of_the_wrong_size_stops_before_joining(monkeypatch, tmp_path):
+    """A hand-typed torchrun line with the wrong process count: refused at once."""
+    from executor.runtime import RunSettings, run_rank
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    plan = homogeneous(SMALL, world=2, dp=2, mbs=1, gbs=2)
+    with pytest.raises(SystemExit, match="the plan has 2 ranks; this launch has 3"):
+        run_rank(plan, RunSettings(steps=1, run_dir=str(tmp_path)))
