@@ -1,4 +1,6 @@
-"""One training step of the executor model on one process, and its measured time.
+"""Training pieces shared by the single-process step and the distributed runtime:
+synthetic data, AdamW as the plan names it, one training step and its measured time,
+and the single-process reference run that distributed runs are checked against.
 
 The single-process step is the ground truth a profile-driven prediction is checked
 against (tests/executor/test_step_vs_prediction.py): same shapes, dtype, threads and
@@ -7,6 +9,8 @@ kernels as the plan.
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -15,8 +19,8 @@ from executor.model import GPT
 from planner.specs.model import ModelSpec
 from profiler.timing import Timing, time_calls
 
-__all__ = ["DTYPES", "StepTiming", "make_optimizer", "synthetic_batch", "time_train_step",
-           "train_step"]
+__all__ = ["DTYPES", "LEARNING_RATE", "StepTiming", "adamw", "empty_adamw_state", "make_optimizer", "reference_losses",
+           "sample_batch", "synthetic_batch", "time_train_step", "train_step"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LEARNING_RATE = 3e-4
@@ -31,14 +35,48 @@ def synthetic_batch(spec: ModelSpec, *, batch_size: int, seq_len: int, seed: int
     return data[:, :-1].contiguous().to(device), data[:, 1:].contiguous().to(device)
 
 
-def make_optimizer(model: torch.nn.Module, *, implementation: str) -> torch.optim.Optimizer:
+def sample_batch(spec: ModelSpec, *, seq_len: int, seed: int, step: int, first: int,
+                 count: int, device: torch.device | str = "cpu"
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens [count, s] and targets of global samples first..first+count-1 of `step`.
+
+    Each sample is drawn from its own generator seeded by (seed, step, sample index), so a
+    sample is the same whichever replica, micro-batch or rank draws it: runs of different
+    plans over the same global batch see the same data."""
+    rows = []
+    for i in range(first, first + count):
+        gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{step}:{i}".encode()))
+        rows.append(torch.randint(spec.vocab_size, (seq_len + 1,), generator=gen))
+    data = torch.stack(rows)
+    return data[:, :-1].contiguous().to(device), data[:, 1:].contiguous().to(device)
+
+
+def adamw(params: Iterable[torch.Tensor], *, implementation: str,
+          learning_rate: float = LEARNING_RATE) -> torch.optim.Optimizer:
     """AdamW as the plan's kernels name it: fused, foreach (multi-tensor) or for_loop."""
     flags = {"fused": {"fused": True}, "foreach": {"foreach": True},
              "for_loop": {"foreach": False, "fused": False}}
     if implementation not in flags:
         raise ValueError(f"optimizer {implementation!r} is not one of {', '.join(flags)}")
-    return torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY,
+    return torch.optim.AdamW(params, lr=learning_rate, weight_decay=WEIGHT_DECAY,
                              **flags[implementation])
+
+
+def empty_adamw_state(optimizer: torch.optim.Optimizer, param: torch.Tensor
+                      ) -> dict[str, torch.Tensor]:
+    """AdamW's state of `param` as torch creates it at the first step (zero moments), so
+    that a checkpoint can be loaded into it before any step ran."""
+    group = optimizer.param_groups[0]
+    on_device = group.get("fused") or group.get("capturable")
+    step = (torch.zeros((), dtype=torch.float32, device=param.device) if on_device
+            else torch.tensor(0.0, dtype=torch.float32))
+    return {"step": step, "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format)}
+
+
+def make_optimizer(model: torch.nn.Module, *, implementation: str) -> torch.optim.Optimizer:
+    """AdamW over a model's parameters."""
+    return adamw(model.parameters(), implementation=implementation)
 
 
 def train_step(model: GPT, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
@@ -49,6 +87,22 @@ def train_step(model: GPT, optimizer: torch.optim.Optimizer, tokens: torch.Tenso
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+def reference_losses(spec: ModelSpec, *, global_batch_size: int, seq_len: int, steps: int,
+                     seed: int = 0, attention: str = "math", optimizer: str = "foreach",
+                     dtype: str = "fp32", learning_rate: float = LEARNING_RATE) -> list[float]:
+    """The loss of each step of a one-process run over the whole global batch: what every
+    distributed plan of the same batch must reproduce."""
+    model = GPT(spec, attention=attention, seed=seed).to(dtype=DTYPES[dtype])
+    model.train()
+    opt = adamw(model.parameters(), implementation=optimizer, learning_rate=learning_rate)
+    losses = []
+    for step in range(steps):
+        tokens, targets = sample_batch(spec, seq_len=seq_len, seed=seed, step=step, first=0,
+                                       count=global_batch_size)
+        losses.append(train_step(model, opt, tokens, targets).item())
+    return losses
 
 
 @dataclass(frozen=True)

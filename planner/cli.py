@@ -141,7 +141,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="plan", description="Plan LLM training on the GPUs you have: "
                      "search for the best configuration, simulate one, measure a profile, "
-                     "list models and GPUs.")
+                     "run a plan, list models and GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     sim = sub.add_parser("simulate", help="predict one training iteration of a configuration",
@@ -200,6 +200,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_whatif_parser(sub, _add_model_args, _add_cluster_args, _positive_int)
     _add_profile_parser(sub)
+    from planner.commands.run import add_run_parser
+
+    add_run_parser(sub, _positive_int)
 
     models = sub.add_parser("models", help="list the model presets")
     models.add_argument("--json", action="store_true")
@@ -238,6 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from planner.commands.profile import run_profile
 
             return run_profile(args)
+        if args.command == "run":
+            from planner.commands.run import run_run
+
+            return run_run(args)
         if args.command == "models":
             from planner.commands.listing import list_models
 

@@ -73,3 +73,19 @@ def test_what_the_model_cannot_do_is_a_clear_error():
     with pytest.raises(ValueError, match="optimizer 'adam' is not one of"):
         make_optimizer(GPT(spec), implementation="adam")
 
+
+
+@pytest.mark.parametrize("spec", SPECS[:3], ids=lambda s: s.name)
+def test_chunks_of_the_model_are_the_model(spec):
+    """Pipeline chunks, each built on its own, compute the whole model's loss: parameters
+    are initialised by name, a tied output projection as the embedding it copies."""
+    whole = GPT(spec, seed=5)
+    first = GPT(spec, seed=5, layers=(0, 1), head=False)
+    last = GPT(spec, seed=5, layers=(1, 2), embedding=False)
+    tokens, targets = synthetic_batch(spec, batch_size=2, seq_len=16)
+    assert last(first(tokens), targets).item() == whole(tokens, targets).item()
+    assert [n for n, _ in first.named_parameters()][-1].startswith("blocks.0.")
+    assert next(n for n, _ in last.named_parameters()).startswith("blocks.1.")
+    torch.testing.assert_close(last.lm_head.weight,
+                               whole.wte.weight if spec.tied_embeddings else
+                               whole.lm_head.weight)

@@ -59,7 +59,8 @@ def test_measure_show_fit_and_use(tmp_path, capsys, monkeypatch):
                            "--attention", "flash", "--optimizer", "fused", "--warmup", "1",
                            "--repeats", "3", "-o", path], capsys)
     assert code == 0, err
-    assert out.startswith("wrote ") and f"to {path}" in out and "ops: " in err
+    # (progress on stderr is quiet off a terminal for work this short: profiler/progress.py)
+    assert out.startswith("wrote ") and f"to {path}" in out
     code, out, _ = _run(["profile", "show", path, "--plot", str(tmp_path / "p.png")], capsys)
     assert code == 0 and "mlp.fc1" in out and "best FLOP/s" in out
     assert (tmp_path / "p.png").stat().st_size > 10_000

@@ -1,0 +1,230 @@
+"""Data parallelism with AMSP sharding on flat buffers (our own collectives).
+
+One `ShardedState` holds one bucket of parameters (a model chunk's, or a tied embedding
+on its own) for one rank: the parameters become views of a flat buffer, gradients are
+gathered into a flat fp32 buffer, and AdamW runs on this rank's optimizer shard of it.
+Which elements a rank keeps and with whom it talks is index arithmetic in
+executor/sharding.py; the order of work follows planner/stage_costs.py `dp_sync`, so the
+run does what the simulator prices:
+
+* p > 1: `unshard()` all-gathers the parameters before each forward and backward,
+  `reshard()` frees them after (the storage is released and refilled in place, so the
+  tensors autograd saved stay valid, as FSDP1 did);
+* after every backward (`add_grads`): gradients are added to the fp32 buffer; with g > 1
+  they are reduce-scattered inside the g group first and only the shard is kept;
+* `reduce_grads()` once per iteration: reduce-scatter over the members holding the same
+  gradient shard, all-reduce over blocks of os replicas;
+* `step()`: AdamW on the optimizer shard (fp32 master weights), then the members whose
+  shards make up a parameter shard all-gather them.
+
+Gradients are summed, not averaged: the caller weights each micro-batch's loss by its
+share of the global batch, which is what makes replicas with unequal micro-batch counts
+right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from executor.sharding import ShardLayout
+from executor.train import empty_adamw_state
+
+__all__ = ["ModelState", "ShardedState", "local_grad", "local_tensor"]
+
+Groups = Mapping[tuple[int, ...], dist.ProcessGroup]
+
+
+class ModelState(Protocol):
+    """What the pipeline runner and the trainer need of a bucket of model state
+    (`ShardedState` here, `FsdpState` in executor/fsdp.py)."""
+
+    name: str
+
+    def unshard(self) -> None: ...  # before a forward or backward pass
+    def reshard(self) -> None: ...  # after it
+    def before_backward(self) -> None: ...
+    def add_grads(self, *, ghost: bool = False) -> None: ...  # after a backward pass
+    def tied_grads(self) -> list[torch.Tensor]: ...
+    def reduce_grads(self) -> None: ...  # once per iteration
+    def step(self) -> None: ...
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+    def loaded(self) -> None: ...
+    def state_bytes(self) -> dict[str, int]: ...
+
+
+def local_tensor(p: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds this rank's elements of a parameter (a DTensor's local shard)."""
+    from torch.distributed.tensor import DTensor
+
+    return p._local_tensor if isinstance(p, DTensor) else p
+
+
+def local_grad(p: torch.Tensor) -> torch.Tensor | None:
+    """This rank's elements of a parameter's gradient. A DTensor gradient that is still a
+    partial sum (sequence-parallel norm weights) is reduced to the parameter's layout."""
+    from torch.distributed.tensor import DTensor
+
+    g = p.grad
+    if isinstance(g, DTensor):
+        assert isinstance(p, DTensor)
+        if g.placements != p.placements:
+            g = g.redistribute(p.device_mesh, p.placements)
+        return g.to_local()
+    return g
+
+
+class ShardedState:
+    """A bucket of parameters under AMSP sharding (see the module docstring)."""
+
+    def __init__(self, params: Iterable[nn.Parameter], layout: ShardLayout, groups: Groups, *,
+                 make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+                 name: str, tied: bool = False) -> None:
+        self.params = list(params)
+        self.tied = tied  # a tied embedding (or its copy): summed with its twin first
+        self.layout, self.groups, self.name = layout, groups, name
+        locals_ = [local_tensor(p) for p in self.params]
+        self.dtype, self.device = locals_[0].dtype, locals_[0].device
+        n = sum(t.numel() for t in locals_)
+        self.numel = -(-max(n, 1) // layout.optim) * layout.optim  # padded: os equal chunks
+        self.chunk = self.numel // layout.optim
+        self.full = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+        self._views(locals_)
+        p_len = self.numel // layout.params
+        self.pshard = (self.full[layout.p_chunk * p_len:(layout.p_chunk + 1) * p_len].clone()
+                       if layout.params > 1 else self.full)
+        if layout.params > 1:
+            self.reshard()
+        os_at = (layout.os_chunk - layout.p_chunk * (layout.optim // layout.params)) * self.chunk
+        self._os_view = self.pshard[os_at:os_at + self.chunk]
+        # fp32 master weights of the optimizer shard: the parameters themselves in fp32.
+        master = (self._os_view if self.dtype == torch.float32
+                  else self._os_view.detach().float().clone())
+        self.master = nn.Parameter(master)
+        self.optimizer = make_optimizer([self.master])
+        g_len = self.numel // layout.grads
+        self.grad = torch.zeros(g_len, dtype=torch.float32, device=self.device)
+        self.master.grad = torch.zeros(self.chunk, dtype=torch.float32, device=self.device)
+
+    def _views(self, locals_: list[torch.Tensor]) -> None:
+        """Point every parameter at its slice of the flat buffer (values copied in)."""
+        self.offsets = []
+        at = 0
+        with torch.no_grad():
+            for t in locals_:
+                view = self.full[at:at + t.numel()]
+                view.copy_(t.reshape(-1))
+                t.data = view.view_as(t)
+                self.offsets.append((at, t.numel()))
+                at += t.numel()
+
+    def _group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
+        return self.groups[ranks]
+
+    # ---- parameters ---------------------------------------------------------------
+    def unshard(self) -> None:
+        """All-gather the full parameters into the flat buffer (p > 1)."""
+        if self.layout.params == 1:
+            return
+        storage = self.full.untyped_storage()
+        if storage.size() == 0:
+            storage.resize_(self.numel * self.full.element_size())
+            dist.all_gather_single(self.full, self.pshard,
+                                        group=self._group(self.layout.param_group))
+
+    def reshard(self) -> None:
+        """Free the full parameters (p > 1); this rank keeps its shard."""
+        if self.layout.params > 1:
+            self.full.untyped_storage().resize_(0)
+
+    # ---- gradients ----------------------------------------------------------------
+    def before_backward(self) -> None:
+        pass
+
+    def add_grads(self, *, ghost: bool = False) -> None:
+        """Take the gradients of one backward into the buffer (and free them). A `ghost`
+        backward (a micro-batch this replica does not have) adds zeros, so that the
+        per-micro-batch collectives of g > 1 still match the other replicas'."""
+        grads = [None if ghost else local_grad(p) for p in self.params]
+        for p in self.params:
+            p.grad = None
+        with torch.no_grad():
+            if self.layout.grads == 1:
+                for (at, n), g in zip(self.offsets, grads, strict=True):
+                    if g is not None:
+                        self.grad[at:at + n].add_(g.reshape(-1))
+                return
+            packed = torch.zeros(self.numel, dtype=torch.float32, device=self.device)
+            for (at, n), g in zip(self.offsets, grads, strict=True):
+                if g is not None:
+                    packed[at:at + n].copy_(g.reshape(-1))
+            shard = torch.empty_like(self.grad)
+            dist.reduce_scatter_single(shard, packed, group=self._group(self.layout.grad_group))
+            self.grad.add_(shard)
+
+    def tied_grads(self) -> list[torch.Tensor]:
+        """The gradients to sum with the tied twin's (same layout on both) before
+        `reduce_grads`."""
+        return [self.grad] if self.tied else []
+
+    def reduce_grads(self) -> None:
+        """Sum this rank's optimizer shard of the gradients over all replicas."""
+        lay = self.layout
+        out = self.master.grad
+        assert out is not None
+        if len(lay.grad_reduce_group) > 1:
+            dist.reduce_scatter_single(out, self.grad, group=self._group(lay.grad_reduce_group))
+        else:
+            out.copy_(self.grad)
+        if len(lay.replica_group) > 1:
+            dist.all_reduce(out, group=self._group(lay.replica_group))
+
+    # ---- optimizer ----------------------------------------------------------------
+    def step(self) -> None:
+        """AdamW on the optimizer shard, then rebuild this rank's parameter shard."""
+        self.optimizer.step()
+        self._publish()
+        self.grad.zero_()
+        assert self.master.grad is not None
+        self.master.grad.zero_()
+
+    def _publish(self) -> None:
+        """Copy the master weights into the parameters (unless they are the same memory)
+        and all-gather the optimizer shards that make up this rank's parameter shard."""
+        with torch.no_grad():
+            if self.master.data_ptr() != self._os_view.data_ptr():
+                self._os_view.copy_(self.master)
+            group = self.layout.param_gather_group
+            if len(group) > 1:
+                outs = [self.pshard[k * self.chunk:(k + 1) * self.chunk]
+                        for k in self.layout.gather_slots()]
+                dist.all_gather(outs, self._os_view.clone(), group=self._group(group))
+
+    # ---- checkpoint and accounting ------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The optimizer shard (master weights, AdamW moments and step), keyed so that the
+        replicas holding the same shard write one copy."""
+        key = f"{self.name}/os{self.layout.os_chunk}of{self.layout.optim}"
+        state = (self.optimizer.state.get(self.master)
+                 or empty_adamw_state(self.optimizer, self.master))
+        self.optimizer.state[self.master] = state
+        return {f"{key}/master": self.master.data,
+                **{f"{key}/{k}": v for k, v in state.items()}}
+
+    def loaded(self) -> None:
+        """After a checkpoint was loaded into `state_dict()`'s tensors: rebuild the
+        parameters from the master weights, as after a step."""
+        self._publish()
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of model state this rank holds between iterations, by kind."""
+        params = self.pshard.numel() * self.pshard.element_size()
+        master = 0 if self.master.data_ptr() == self._os_view.data_ptr() else self.chunk * 4
+        adam = sum(v.numel() * v.element_size()
+                   for v in self.optimizer.state.get(self.master, {}).values())
+        return {"params_bytes": params, "grads_bytes": self.grad.numel() * 4,
+                "optimizer_bytes": master + adam}

@@ -1,0 +1,74 @@
+"""The process groups of a plan, created the same way on every rank.
+
+torch.distributed needs every rank to take part in creating every group, in the same
+order: the groups are listed from the Topology (pure Python), sorted, and created once;
+each rank keeps the ones it belongs to.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from executor.pipeline import ACTIVATION, GRADIENT
+from executor.sharding import ShardLayout
+from executor.topology import Topology
+from planner.specs.plan import Plan
+
+__all__ = ["ProcessGroups", "create_groups", "shard_layout"]
+
+
+def shard_layout(plan: Plan, topo: Topology, rank: int) -> ShardLayout:
+    role = topo.roles[rank]
+    sh = plan.sharding
+    return ShardLayout(topo.dp_group(plan, role.stage, role.tp_rank), rank, sh.params,
+                       sh.grads, sh.optim)
+
+
+def _collective_groups(plan: Plan, topo: Topology) -> list[tuple[int, ...]]:
+    groups: set[tuple[int, ...]] = {tuple(sorted(g)) for g in topo.tp_groups(plan)}
+    for rank in range(topo.world_size):
+        groups |= shard_layout(plan, topo, rank).groups()
+    groups |= {tuple(sorted(p)) for p in topo.embedding_pairs(plan)}
+    return sorted(g for g in groups if len(g) > 1)
+
+
+def _links(plan: Plan, topo: Topology) -> list[tuple[int, int, int]]:
+    """(source, destination, kind) of every pipeline message flow."""
+    if topo.pp == 1:
+        return []
+    out: set[tuple[int, int, int]] = set()
+    for rank, role in enumerate(topo.roles):
+        wraps_next = role.stage == topo.pp - 1  # to stage 0: only interleaving uses it
+        wraps_prev = role.stage == 0
+        if topo.vp > 1 or not wraps_next:
+            out.update((rank, d, ACTIVATION) for d in topo.forward_targets(plan, rank))
+        if topo.vp > 1 or not wraps_prev:
+            out.update((rank, d, GRADIENT) for d in topo.backward_targets(plan, rank))
+    return sorted(out)
+
+
+@dataclass
+class ProcessGroups:
+    collectives: dict[tuple[int, ...], dist.ProcessGroup]  # sorted ranks -> group
+    links: dict[tuple[int, int, int], dist.ProcessGroup]  # (src, dst, kind) -> group
+
+
+def create_groups(plan: Plan, topo: Topology, rank: int, *,
+                  timeout: datetime.timedelta) -> ProcessGroups:
+    """Every group of the plan (collective call); returns this rank's."""
+    collectives, links = {}, {}
+    for ranks in _collective_groups(plan, topo):
+        pg = dist.new_group(list(ranks), timeout=timeout)
+        if rank in ranks:
+            collectives[ranks] = pg
+    for key in _links(plan, topo):
+        pg = dist.new_group(sorted({key[0], key[1]}), timeout=timeout)
+        if rank in key[:2]:
+            links[key] = pg
+    world = tuple(range(topo.world_size))
+    if world not in collectives:
+        collectives[world] = dist.group.WORLD  # type: ignore[assignment]
+    return ProcessGroups(collectives, links)

@@ -1,0 +1,81 @@
+"""Starting a plan's ranks with torchrun: here for a one-node plan, as printed command
+lines for every node of a multi-node one.
+
+torchrun numbers ranks node by node; the executor's ranks are the plan's GPUs in global
+order (executor/topology.py), which is the same order, so node i of the plan runs
+torchrun with `--node-rank i` and as many processes as the plan puts on it. Failure
+handling: `--max-restarts 0`, torchrun stops the other local ranks when one dies, the
+ranks' watchdogs (executor/watchdog.py) say which one it was and stop the ranks on other
+nodes. Imports no torch: the launcher only builds and runs command lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from executor.topology import Topology
+from planner.specs.plan import Plan
+
+__all__ = ["MASTER_PORT", "NodeLaunch", "first_failure", "node_launches", "run_local"]
+
+MASTER_PORT = 29500  # torchrun's default
+WORKER = ["-m", "executor.worker"]
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    node: int  # the cluster's node index
+    node_rank: int  # torchrun's: the index among the plan's nodes
+    num_ranks: int
+    argv: tuple[str, ...]  # after `torchrun`
+
+    def command_line(self) -> str:
+        return shlex.join(["torchrun", *self.argv])
+
+
+def node_launches(plan: Plan, worker_argv: list[str]) -> list[NodeLaunch]:
+    """One torchrun command per node the plan uses (all on one node: standalone)."""
+    counts: dict[int, int] = {}
+    for role in Topology.of(plan).roles:
+        counts[role.node] = counts.get(role.node, 0) + 1
+    nodes = sorted(counts)
+    out = []
+    for node_rank, node in enumerate(nodes):
+        if len(nodes) == 1:
+            rdzv = ["--standalone", "--nnodes=1"]
+        else:
+            rdzv = [f"--nnodes={len(nodes)}", f"--node-rank={node_rank}",
+                    "--rdzv-backend=static", "--master-addr=$MASTER_ADDR",
+                    f"--master-port={MASTER_PORT}"]
+        argv = (*rdzv, f"--nproc-per-node={counts[node]}", "--max-restarts=0", *WORKER,
+                *worker_argv)
+        out.append(NodeLaunch(node, node_rank, counts[node], tuple(argv)))
+    return out
+
+
+def run_local(launch: NodeLaunch, *, cpu: bool) -> int:
+    """Run one node's torchrun here (the same torch as this Python); its exit code."""
+    env = dict(os.environ)
+    if cpu:
+        env["OMP_NUM_THREADS"] = "1"  # one core per rank (the workers pin torch too)
+    cmd = [sys.executable, "-m", "executor.torchrun", *launch.argv]
+    return subprocess.run(cmd, env=env, check=False).returncode
+
+
+def first_failure(run_dir: str) -> str | None:
+    """What went wrong, from the ranks' stop notes (executor/watchdog.py): the first
+    note's cause, and how many ranks stopped."""
+    notes = []
+    for name in os.listdir(run_dir) if os.path.isdir(run_dir) else []:
+        if name.startswith("stop-rank") and name.endswith(".json"):
+            with open(os.path.join(run_dir, name), encoding="utf-8") as fh:
+                notes.append(json.load(fh))
+    if not notes:
+        return None
+    first = min(notes, key=lambda n: n["time"])
+    return f"{first['cause']} ({len(notes)} rank(s) reported it)"

@@ -1,0 +1,115 @@
+"""Plans the executor cannot run here are refused before any process starts.
+
+Pure Python (no torch): each check raises a SpecError naming the plan field, the value
+and what is allowed, which `plan run` prints as one line (exit 2). `Plan.check` already
+holds the plan together (stages cover all layers in order, GPU indices exist and are used
+once, the batch adds up); these are the executor's own limits and this host's.
+"""
+
+from __future__ import annotations
+
+from planner.kernels import ATTENTION_SUPPORT
+from planner.specs.plan import Plan
+from profiler.schema import at, fail
+
+__all__ = ["check_runnable", "device_kind"]
+
+
+def device_kind(plan: Plan) -> str:
+    """"cpu" when the plan's ranks are CPU cores, "cuda" when they are GPUs."""
+    kinds = {"cpu" if g.device.vendor == "cpu" else "cuda" for g in plan.cluster.node_groups}
+    if len(kinds) > 1:
+        fail("plan.cluster.node_groups", sorted(g.gpu for g in plan.cluster.node_groups),
+             "CPU ranks and GPUs in one run")
+    return kinds.pop()
+
+
+def _check_host(plan: Plan, kind: str, cuda_devices: int, where: str) -> None:
+    if kind != "cuda":
+        return
+    if cuda_devices == 0:
+        gpus = ", ".join(sorted({g.gpu for g in plan.cluster.node_groups}))
+        fail(at(where, "cluster"), plan.cluster.name, f"it runs on {gpus} GPUs and this host "
+             "has no CUDA device; plan for CPU ranks (cluster_specs/local-cpu.yaml)")
+    slots = plan.cluster.slots
+    per_node: dict[int, int] = {}
+    for d in (d for p in plan.pipelines for s in p.stages for d in s.devices):
+        per_node[slots[d].node] = max(per_node.get(slots[d].node, 0), slots[d].local + 1)
+    node, need = max(per_node.items(), key=lambda kv: kv[1])
+    if need > cuda_devices:
+        fail(at(where, "pipelines"), f"GPU {need - 1} of node {node}",
+             f"a node of this host has {cuda_devices} GPUs")
+
+
+def _check_replicas(plan: Plan, where: str) -> None:
+    """Data parallelism here syncs stage position s of every replica: same layers, same tp."""
+    first = plan.pipelines[0].stages
+    for pi, pipe in enumerate(plan.pipelines[1:], 1):
+        shape = [(s.layers, s.tp) for s in pipe.stages]
+        if shape != [(s.layers, s.tp) for s in first]:
+            fail(at(where, f"pipelines[{pi}].stages"), [list(s.layers) for s in pipe.stages],
+                 "the executor needs every replica to split the layers at the same "
+                 f"boundaries with the same tp as pipelines[0] ({[list(s.layers) for s in first]})")
+
+
+def _check_stages(plan: Plan, where: str) -> None:
+    m, tr = plan.model, plan.training
+    stages = plan.pipelines[0].stages
+    for si, s in enumerate(stages):
+        path = at(where, f"pipelines[0].stages[{si}]")
+        if s.cp > 1:
+            fail(at(path, "cp"), s.cp, "context parallelism is not implemented by the "
+                 "executor (cp = 1)")
+        if m.kv_heads % s.tp:
+            fail(at(path, "tp"), s.tp, f"must divide num_kv_heads {m.kv_heads} (the executor "
+                 "does not replicate K/V heads)")
+        nxt = stages[(si + 1) % len(stages)]
+        if tr.sequence_parallel and nxt.tp != s.tp and (si + 1 < len(stages) or tr.virtual_stages > 1):
+            fail(at(path, "tp"), s.tp, f"sequence parallelism needs equal tp on neighbouring "
+                 f"stages (the next has {nxt.tp})")
+    if m.tied_embeddings and len(stages) > 1 and stages[0].tp != stages[-1].tp:
+        fail(at(where, "pipelines[0].stages"), [s.tp for s in stages],
+             "tied embeddings need the same tp on the first and the last stage")
+
+
+def _check_schedule(plan: Plan, where: str) -> None:
+    tr = plan.training
+    pp = len(plan.pipelines[0].stages)
+    if tr.virtual_stages > 1:
+        if pp == 1:
+            fail(at(where, "training.virtual_stages"), tr.virtual_stages,
+                 "interleaving needs more than one stage")
+        for pi, pipe in enumerate(plan.pipelines):
+            if pipe.num_microbatches % pp:
+                fail(at(where, f"pipelines[{pi}].num_microbatches"), pipe.num_microbatches,
+                     f"interleaved 1F1B needs a multiple of the {pp} stages")
+
+
+def _check_kernels(plan: Plan, kind: str, where: str) -> None:
+    m, tr, k = plan.model, plan.training, plan.kernels
+    if m.position_embedding == "alibi":
+        fail(at(where, "model.position_embedding"), "alibi",
+             "the executor model has learned and rope positions")
+    if tr.dtype == "fp16":
+        fail(at(where, "training.dtype"), "fp16", "the executor trains in fp32 or bf16 "
+             "(fp16 needs loss scaling)")
+    archs = {g.device.arch for g in plan.cluster.node_groups}
+    for arch in sorted(archs):
+        if k.attention not in ATTENTION_SUPPORT.get(arch, ("math",)):
+            fail(at(where, "kernels.attention"), k.attention,
+                 f"{arch} runs {', '.join(ATTENTION_SUPPORT.get(arch, ('math',)))}")
+    if k.attention != "math" and m.dropout and kind == "cpu":
+        fail(at(where, "kernels.attention"), k.attention,
+             "fused attention with dropout does not run on the CPU (use math)")
+    if k.attention == "flash" and tr.dtype == "fp32" and kind == "cuda":
+        fail(at(where, "kernels.attention"), "flash", "flash attention needs bf16 on GPUs")
+
+
+def check_runnable(plan: Plan, *, cuda_devices: int, where: str = "plan:") -> None:
+    """Refuse what the executor cannot run, or this host cannot (`cuda_devices` GPUs)."""
+    kind = device_kind(plan)
+    _check_host(plan, kind, cuda_devices, where)
+    _check_replicas(plan, where)
+    _check_stages(plan, where)
+    _check_schedule(plan, where)
+    _check_kernels(plan, kind, where)

@@ -1,0 +1,352 @@
+"""One rank of a plan's run: build its part of the model, train, measure, checkpoint.
+
+`run_rank` is what every process torchrun starts executes (executor/worker.py):
+
+1. the process group (gloo on CPU ranks with one thread each, NCCL on GPUs), the
+   watchdog (executor/watchdog.py), and the plan's groups (executor/groups.py);
+2. this rank's model chunks (executor/model.py), tensor-parallel if the stage is
+   (executor/tensor_parallel.py), their parameters in AMSP-sharded flat buffers
+   (executor/data_parallel.py) or FSDP2 units (executor/fsdp.py), a tied embedding in a
+   bucket (or unit) of its own;
+3. per step: the stage's passes in the plan's schedule (executor/pipeline.py), the tied
+   embedding's gradients summed between first and last stage, gradient reduction and the
+   optimizer step per bucket; checkpoints every N steps (executor/checkpoint.py);
+4. the measurements: loss per step, the slowest rank's time per step, peak memory and
+   model-state bytes per rank, written by rank 0 to `<run dir>/metrics.json`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import resource
+import signal
+import time
+import zlib
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from executor import checkpoint
+from executor.data_parallel import ModelState, ShardedState
+from executor.fsdp import FsdpState, data_parallel_mesh, fsdp_applies
+from executor.groups import ProcessGroups, create_groups, shard_layout
+from executor.model import GPT
+from executor.pipeline import Chunk, Links, MicroBatches, StageRunner
+from executor.topology import Topology, sample_ranges
+from executor.train import DTYPES, LEARNING_RATE, adamw, sample_batch
+from executor.watchdog import Watchdog
+from planner.specs.plan import Plan
+
+__all__ = ["RunSettings", "run_rank"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    steps: int
+    run_dir: str  # metrics.json and the ranks' stop notes go here
+    seed: int = 0
+    learning_rate: float = LEARNING_RATE
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # steps; 0: never
+    resume: bool = False
+    hang_timeout_s: float = 30.0
+    fault: str | None = None  # "RANK:STEP:kill|hang|freeze|error", for failure tests
+
+
+@dataclass(frozen=True)
+class Metrics:
+    first_step: int  # 0-based index of the first step run (after a resume: the next one)
+    losses: list[float]  # global mean loss per step run
+    step_times_s: list[float]  # per step run: the slowest rank's time
+    peak_memory_bytes: list[int]  # per rank
+    model_state_bytes: list[dict[str, int]]  # per rank: params, grads, optimizer
+    memory_kind: str  # what peak memory measures
+
+
+def _device(plan: Plan, topo: Topology, rank: int) -> tuple[torch.device, str]:
+    if plan.cluster.node_groups[0].device.vendor == "cpu":
+        torch.set_num_threads(1)  # one CPU rank is one core
+        return torch.device("cpu"), "gloo"
+    local = topo.roles[rank].local_device
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local), "nccl"
+
+
+def _buckets(module: GPT, topo: Topology) -> tuple[list, list]:
+    """(main, tied) parameters of a chunk: with pp > 1 the tied embedding (or its copy
+    in the head) is a bucket of its own, summed with its twin before the reduction."""
+    tied = [p for name, p in module.named_parameters()
+            if topo.tied and module.init_name(name) == "wte.weight"]
+    main = [p for p in module.parameters() if all(p is not t for t in tied)]
+    return main, tied
+
+
+def _module(plan: Plan, topo: Topology, rank: int, c: int, device: torch.device,
+            groups: ProcessGroups, *, dtype: torch.dtype, seed: int) -> GPT:
+    """Chunk c of this rank's stage, on its device, tensor-parallel if the stage is."""
+    role = topo.roles[rank]
+    stage = plan.pipelines[role.pipeline].stages[role.stage]
+    k, num_chunks = c * topo.pp + role.stage, topo.pp * topo.vp
+    module = GPT(plan.model, attention=plan.kernels.attention, seed=seed,
+                 layers=topo.layers[role.stage][c], embedding=k == 0, head=k == num_chunks - 1,
+                 recompute=stage.recompute).to(device=device, dtype=dtype).train()
+    if stage.tp > 1:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        from executor.tensor_parallel import apply_tensor_parallel
+
+        ranks = tuple(sorted(topo.stage_ranks(plan, role.pipeline, role.stage)))
+        mesh = DeviceMesh.from_group(groups.collectives[ranks], device.type)
+        apply_tensor_parallel(module, mesh, sequence_parallel=plan.training.sequence_parallel)
+    return module
+
+
+def _use_fsdp(plan: Plan) -> bool:
+    sh = plan.sharding
+    return fsdp_applies(params=sh.params, grads=sh.grads, optim=sh.optim,
+                        equal_counts=len({p.num_microbatches for p in plan.pipelines}) == 1,
+                        tp=max(s.tp for p in plan.pipelines for s in p.stages))
+
+
+def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
+                 groups: ProcessGroups, *, learning_rate: float, seed: int) -> list[Chunk]:
+    """This rank's model chunks, their parameters sharded as the plan says: by FSDP2
+    where it expresses the sharding, else on AMSP flat buffers."""
+    role = topo.roles[rank]
+    layout = shard_layout(plan, topo, rank)
+    dtype = DTYPES[plan.training.dtype]
+    fsdp = _use_fsdp(plan)
+    num_chunks = topo.pp * topo.vp
+    chunks = []
+    for c in range(topo.vp):
+        k = c * topo.pp + role.stage
+        # FSDP2 keeps fp32 parameters and computes in the plan's dtype.
+        module = _module(plan, topo, rank, c, device, groups, seed=seed,
+                         dtype=torch.float32 if fsdp else dtype)
+        main, tied = _buckets(module, topo)
+        name = f"chunk{k}/tp{role.tp_rank}"
+
+        def optimizer(ps: list) -> torch.optim.Optimizer:
+            return adamw(ps, implementation=plan.kernels.optimizer, learning_rate=learning_rate)
+
+        if fsdp:
+            states: list = [FsdpState(module, data_parallel_mesh(layout, groups.collectives,
+                                                                   device.type),
+                                      dtype=dtype, tied=tied, make_optimizer=optimizer,
+                                      num_microbatches=plan.pipelines[0].num_microbatches,
+                                      name=name)]
+        else:
+            states = [ShardedState(ps, layout, groups.collectives, make_optimizer=optimizer,
+                                   name=f"{name}/{kind}", tied=kind == "tied")
+                      for kind, ps in (("main", main), ("tied", tied)) if ps]
+        chunks.append(Chunk(k, module, states, first=k == 0, last=k == num_chunks - 1))
+    return chunks
+
+
+class Trainer:
+    """This rank's chunks, pipeline runner and optimizer step."""
+
+    def __init__(self, plan: Plan, topo: Topology, rank: int, device: torch.device,
+                 groups: ProcessGroups, watchdog: Watchdog, settings: RunSettings) -> None:
+        self.plan, self.topo, self.rank, self.seed = plan, topo, rank, settings.seed
+        role = topo.roles[rank]
+        pipe = plan.pipelines[role.pipeline]
+        stage = pipe.stages[role.stage]
+        self.chunks = build_chunks(plan, topo, rank, device, groups,
+                                   learning_rate=settings.learning_rate, seed=settings.seed)
+        self.tied_group = next((groups.collectives[tuple(sorted(pair))]
+                                for pair in topo.embedding_pairs(plan) if rank in pair), None)
+        self.runner = StageRunner(
+            chunks=self.chunks, links=_links(plan, topo, rank, groups),
+            data=_micro_batches(plan, role.pipeline, settings.seed, device), schedule=plan.training.schedule,
+            stage=role.stage, pp=topo.pp, vp=topo.vp,
+            activation_shape=_activation_shape(plan, pipe.micro_batch_size, stage.tp),
+            dtype=DTYPES[plan.training.dtype], device=device, tensor_parallel=stage.tp > 1,
+            progress=watchdog.progress)
+
+    @property
+    def states(self) -> list[ModelState]:
+        return [s for c in self.chunks for s in c.states]
+
+    def iteration(self, step: int) -> float:
+        """One training step; returns this rank's share of the global loss."""
+        role = self.topo.roles[self.rank]
+        # Dropout from (seed, step, stage): a resumed run draws the same masks, and the
+        # tp ranks of a stage the same ones for their replicated activations.
+        torch.manual_seed(zlib.crc32(f"{self.seed}:{step}:{role.pipeline}:{role.stage}"
+                                     .encode()))
+        loss = self.runner.run(step)
+        if self.tied_group is not None:  # Megatron-LM's embedding all-reduce
+            for s in self.states:
+                for grad in s.tied_grads():
+                    dist.all_reduce(grad, group=self.tied_group)
+        for s in self.states:
+            s.reduce_grads()
+            s.step()
+        computes_loss = self.chunks[-1].last and role.tp_rank == 0
+        return loss if computes_loss else 0.0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v for s in self.states for k, v in s.state_dict().items()}
+
+    def loaded(self) -> None:
+        for s in self.states:
+            s.loaded()
+
+    def state_bytes(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for s in self.states:
+            for k, v in s.state_bytes().items():
+                total[k] = total.get(k, 0) + v
+        return total
+
+
+def _micro_batches(plan: Plan, pipeline: int, seed: int, device: torch.device) -> MicroBatches:
+    tr = plan.training
+    pipe = plan.pipelines[pipeline]
+    counts = {p.num_microbatches for p in plan.pipelines}
+    per_pass = plan.sharding.params > 1 or plan.sharding.grads > 1
+
+    def draw(step: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return sample_batch(plan.model, seq_len=tr.seq_len, seed=seed, step=step, first=first,
+                            count=count, device=device)
+
+    return MicroBatches(draw=draw, first_sample=sample_ranges(plan)[pipeline],
+                        size=pipe.micro_batch_size, count=pipe.num_microbatches,
+                        run_count=max(counts) if per_pass else pipe.num_microbatches,
+                        weight=pipe.micro_batch_size / tr.global_batch_size)
+
+
+def _activation_shape(plan: Plan, mbs: int, tp: int) -> tuple[int, int, int]:
+    """What crosses a stage boundary: [b, s, h], the rank's 1/tp of s with sequence
+    parallelism."""
+    s = plan.training.seq_len
+    if plan.training.sequence_parallel and tp > 1:
+        s //= tp
+    return (mbs, s, plan.model.hidden_size)
+
+
+def _links(plan: Plan, topo: Topology, rank: int, groups: ProcessGroups) -> Links:
+    return Links(forward_source=topo.forward_source(plan, rank),
+                 forward_targets=topo.forward_targets(plan, rank),
+                 backward_source=topo.backward_source(plan, rank),
+                 backward_targets=topo.backward_targets(plan, rank),
+                 groups=groups.links, rank=rank)
+
+
+def _inject_fault(settings: RunSettings, rank: int, step: int) -> None:
+    """Failure tests: this rank dies, hangs, freezes (SIGSTOP: no heartbeat either) or
+    raises at the start of `step` (1-based)."""
+    if not settings.fault:
+        return
+    who, when, kind = settings.fault.split(":")
+    if int(who) != rank or int(when) != step:
+        return
+    with open(os.path.join(settings.run_dir, "fault.txt"), "w", encoding="utf-8") as fh:
+        fh.write(f"{time.time():.3f} rank {rank} {kind} at step {step}\n")
+    if kind in ("kill", "freeze"):
+        os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+    raise RuntimeError(f"injected fault at step {step}")
+
+
+def _peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
+    # Linux reports the high-water mark of the resident set in KiB.
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "process peak resident set (ru_maxrss; includes the Python runtime)")
+
+
+def _resume(trainer: Trainer, settings: RunSettings, plan_id: str) -> int:
+    """Load the latest complete checkpoint; returns the number of steps it had done."""
+    assert settings.checkpoint_dir is not None
+    found = checkpoint.latest_complete(settings.checkpoint_dir)
+    if found is None:
+        return 0
+    state = trainer.state_dict()
+    done = checkpoint.load(found[1], state, plan_id=plan_id)
+    trainer.loaded()
+    return done
+
+
+def _train(trainer: Trainer, settings: RunSettings, watchdog: Watchdog, *, start: int,
+           rank: int, device: torch.device, plan_id: str) -> tuple[list[float], list[float]]:
+    losses, times = [], []
+    for step in range(start, settings.steps):
+        _inject_fault(settings, rank, step + 1)
+        t0 = time.perf_counter()
+        losses.append(trainer.iteration(step))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+        done = step + 1
+        if settings.checkpoint_dir and settings.checkpoint_every and \
+                done % settings.checkpoint_every == 0:
+            with watchdog.phase("checkpoint"):
+                checkpoint.save(settings.checkpoint_dir, done, trainer.state_dict(), rank=rank,
+                                plan_id=plan_id, barrier=dist.barrier)
+    return losses, times
+
+
+def _metrics(trainer: Trainer, device: torch.device, start: int, losses: list[float],
+             times: list[float]) -> Metrics:
+    """Everyone's measurements, combined (collective)."""
+    loss_t = torch.tensor(losses, dtype=torch.float64, device=device)
+    time_t = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(loss_t)  # each replica's last stage holds its weighted share
+    dist.all_reduce(time_t, op=dist.ReduceOp.MAX)
+    peak, kind = _peak_memory_bytes(device)
+    mine = {"peak": peak, **trainer.state_bytes()}
+    everyone: list[dict] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(everyone, mine)
+    return Metrics(first_step=start, losses=loss_t.tolist(), step_times_s=time_t.tolist(),
+                   peak_memory_bytes=[e.pop("peak") for e in everyone],
+                   model_state_bytes=everyone, memory_kind=kind)
+
+
+def run_rank(plan: Plan, settings: RunSettings) -> None:
+    """The work of one process of a torchrun launch (RANK etc. from the environment)."""
+    topo = Topology.of(plan)
+    rank = int(os.environ["RANK"])
+    if int(os.environ["WORLD_SIZE"]) != topo.world_size:
+        raise SystemExit(f"the plan has {topo.world_size} ranks; this launch has "
+                         f"{os.environ['WORLD_SIZE']}")
+    device, backend = _device(plan, topo, rank)
+    # A backstop behind the watchdog, which names a hang after `hang_timeout_s`.
+    timeout = datetime.timedelta(seconds=settings.hang_timeout_s + 60)
+    dist.init_process_group(backend, timeout=timeout)
+    watchdog = Watchdog(rank=rank, names=[r.describe() for r in topo.roles],
+                        run_dir=settings.run_dir, hang_timeout_s=settings.hang_timeout_s)
+    watchdog.start()
+    dist.barrier()
+    watchdog.watch()
+    try:
+        plan_id = checkpoint.fingerprint(plan)
+        with watchdog.phase("setup"):
+            groups = create_groups(plan, topo, rank, timeout=timeout)
+            trainer = Trainer(plan, topo, rank, device, groups, watchdog, settings)
+            start = _resume(trainer, settings, plan_id) if settings.resume else 0
+        losses, times = _train(trainer, settings, watchdog, start=start, rank=rank,
+                               device=device, plan_id=plan_id)
+        metrics = _metrics(trainer, device, start, losses, times)
+        if rank == 0:
+            with open(os.path.join(settings.run_dir, "metrics.json"), "w",
+                      encoding="utf-8") as fh:
+                json.dump(asdict(metrics), fh, indent=1)
+        dist.barrier()
+        watchdog.stop()
+    except Exception as err:  # any failure: name the culprit and stop every rank
+        import traceback
+
+        watchdog.fail(err, traceback.format_exc())
+    # FSDP-era exit-time aborts at world 4 went away with a collection before destroy
+    # (shared/notes/torch-distributed-on-cpu.md).
+    gc.collect()
+    dist.destroy_process_group()

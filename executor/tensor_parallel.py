@@ -1,0 +1,97 @@
+"""Tensor (and sequence) parallelism of a model chunk with DTensor `parallelize_module`
+(Shoeybi et al. 2019; sequence parallelism: Korthikanti et al. 2022), as torchtitan
+lays out a Llama:
+
+* attention QKV and the MLP's first GEMM column-parallel, their output GEMMs row-parallel;
+* the token embedding vocab-parallel (row-parallel over the vocabulary), the output
+  projection column-parallel with the loss computed on vocab shards (`loss_parallel`);
+* with sequence parallelism, norms and residuals work on 1/tp of the sequence, and the
+  row-parallel outputs are reduce-scattered into it; learned position embeddings are
+  replicated and sliced to the rank's part of the sequence.
+
+The fused QKV (and SwiGLU gate|up) weights are regrouped first so that each rank's
+contiguous block of rows is again [q | k | v] for its heads (Megatron-LM groups them the
+same way).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from executor.model import GPT
+
+__all__ = ["apply_tensor_parallel", "regroup_rows"]
+
+
+def regroup_rows(weight: torch.Tensor, widths: list[int], tp: int) -> torch.Tensor:
+    """Rows [A | B | C] (of `widths`) reordered to [A_0 B_0 C_0 | A_1 B_1 C_1 | ...], where
+    X_r is rank r's 1/tp of X: a contiguous split then gives each rank [A_r | B_r | C_r]."""
+    parts = [p.chunk(tp) for p in weight.split(widths, dim=0)]
+    return torch.cat([torch.cat([p[r] for p in parts]) for r in range(tp)])
+
+
+def _regroup_fused(model: GPT, tp: int) -> None:
+    spec = model.spec
+    with torch.no_grad():
+        for block in model.blocks.values():
+            qkv = block.attn.qkv.weight
+            qkv.copy_(regroup_rows(qkv, [spec.num_heads * spec.head_dim, spec.kv_dim,
+                                         spec.kv_dim], tp))
+            if spec.activation == "swiglu":
+                fc1 = block.mlp.fc1.weight
+                fc1.copy_(regroup_rows(fc1, [spec.ffn_hidden_size] * 2, tp))
+
+
+def _positions(model: GPT, mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Learned positions, replicated; under sequence parallelism each rank adds its slice
+    (the slice's backward all-gathers the gradient, so every rank gets all of it)."""
+    def take_input(_mod: object, inputs: tuple, mesh_: DeviceMesh) -> tuple:
+        return (DTensor.from_local(inputs[0], mesh_, [Replicate()]),)
+
+    def give_output(_mod: object, out: DTensor, mesh_: DeviceMesh) -> torch.Tensor:
+        if sequence_parallel:
+            out = out.redistribute(mesh_, [Shard(0)])
+        return out.to_local()
+
+    distribute_module(model.wpe, mesh, input_fn=take_input, output_fn=give_output)
+
+
+def apply_tensor_parallel(model: GPT, mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
+    """Shard `model` (a chunk) over the 1-D `mesh` in place."""
+    tp = mesh.size()
+    _regroup_fused(model, tp)
+    seq = Shard(1) if sequence_parallel else Replicate()
+    layout: dict[str, object] = {}
+    if model.wte is not None:
+        layout["wte"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    for i in model.blocks:
+        b = f"blocks.{i}"
+        layout.update({
+            f"{b}.attn.qkv": ColwiseParallel(), f"{b}.mlp.fc1": ColwiseParallel(),
+            f"{b}.attn.proj": RowwiseParallel(output_layouts=seq),
+            f"{b}.mlp.fc2": RowwiseParallel(output_layouts=seq)})
+        if sequence_parallel:
+            layout.update({
+                f"{b}.norm1": SequenceParallel(), f"{b}.norm2": SequenceParallel(),
+                f"{b}.attn": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                desired_input_layouts=(Replicate(),)),
+                f"{b}.mlp": PrepareModuleInput(input_layouts=(Shard(1),),
+                                               desired_input_layouts=(Replicate(),))})
+    if model.head:
+        if sequence_parallel:
+            layout["norm_f"] = SequenceParallel()
+        layout["lm_head"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1),
+                                            use_local_output=False)
+    parallelize_module(model, mesh, layout)  # type: ignore[arg-type]
+    if model.wpe is not None:
+        _positions(model, mesh, sequence_parallel)
+    model.tie_weights()

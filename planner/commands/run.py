@@ -1,0 +1,277 @@
+"""`plan run`: run a plan on torch.distributed and measure it beside its prediction.
+
+`plan run --plan FILE` runs a plan; `plan run --model M (--gpus T:N | --cluster F) --gbs N`
+first searches for the best plan (the automatic execute mode). Plans the executor cannot
+run here are refused before any process starts (executor/preflight.py); a one-node plan
+runs under torchrun on this host, a multi-node one gets its torchrun command lines
+printed, one per node. The report (predicted vs measured iteration time, tokens/s, memory
+per rank) is printed and, with --report or in the automatic mode, written as Markdown
+and JSON (default folder reports/<name>/).
+
+The planner never imports the executor or torch: this module does, inside `run_run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from typing import TYPE_CHECKING
+
+from planner.commands.simulate import profiles_for, with_prediction
+from planner.results import SimResult
+from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster, parse_gpus_arg
+from planner.specs.model import load_model, preset
+from planner.specs.plan import Plan, load_plan, save_plan
+from profiler.devices import device
+from profiler.schema import SpecError, fail
+
+if TYPE_CHECKING:  # the planner imports the executor only inside run_run
+    from executor.launch import NodeLaunch
+    from executor.report import RunReport
+
+__all__ = ["add_run_parser", "run_run"]
+
+SEARCH_TOP = 10  # ranked plans the automatic mode considers
+
+
+def add_run_parser(sub: argparse._SubParsersAction, positive_int: object) -> None:
+    p = sub.add_parser(
+        "run", help="run a plan (or search one and run it) and measure it",
+        description="Run a plan on torch.distributed (gloo on CPU ranks, NCCL on GPUs) and "
+        "report the measured iteration time, tokens/s and memory per rank beside the "
+        "prediction. With --model instead of --plan: search first, then run the best plan "
+        "the executor can run (report in reports/<name>/).")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--plan", metavar="FILE", help="a Plan (.yaml/.json)")
+    what.add_argument("--model", metavar="NAME", help="search for this preset, then run")
+    what.add_argument("--model-file", metavar="FILE", help="search for this ModelSpec")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--gpus", metavar="TYPE:COUNT", help="with --model: a homogeneous "
+                       "cluster (CPU:N: N CPU ranks on this host)")
+    where.add_argument("--cluster", metavar="FILE", help="with --model: a ClusterSpec file")
+    p.add_argument("--gbs", type=positive_int, metavar="N", help="with --model: global batch")
+    p.add_argument("--seq", type=positive_int, metavar="N", help="with --model: sequence "
+                   "length (default: the model's)")
+    p.add_argument("--dtype", choices=("bf16", "fp32"),
+                   help="with --model (default: fp32 on CPU ranks, bf16 on GPUs)")
+    p.add_argument("--profile", metavar="FILE|DIR", action="append",
+                   help="measured profile(s) that price the search and the prediction")
+    p.add_argument("--steps", type=positive_int, default=10, metavar="N",
+                   help="training steps (default 10)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N",
+                   help="first steps left out of the measured time (default 2)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and data seed")
+    p.add_argument("--lr", type=float, metavar="X", help="AdamW learning rate (default 3e-4)")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="distributed checkpoints go here")
+    p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
+                   help="save a checkpoint every N steps")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the last complete checkpoint in --checkpoint-dir")
+    p.add_argument("--hang-timeout", type=float, default=30.0, metavar="S",
+                   help="stop every rank when one makes no progress for S seconds "
+                   "(default 30)")
+    p.add_argument("--name", metavar="NAME", help="report name (folder reports/NAME/)")
+    p.add_argument("--report", metavar="DIR", help="write the report (and the run's "
+                   "metrics) to DIR")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the torchrun command lines and stop")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--inject-fault", metavar="RANK:STEP:KIND", help=argparse.SUPPRESS)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    auto = args.plan is None
+    if auto and not (args.gpus or args.cluster):
+        raise SpecError("--gpus: --model needs --gpus TYPE:COUNT or --cluster FILE")
+    if auto and args.gbs is None:
+        raise SpecError("--gbs: --model needs the global batch size")
+    if not auto:
+        for flag in ("gpus", "cluster", "gbs", "seq", "dtype"):
+            if getattr(args, flag) is not None:
+                fail(f"--{flag}", getattr(args, flag), "only with --model (a plan has its own)")
+    if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
+        raise SpecError("--checkpoint-dir: --resume and --checkpoint-every need it")
+    if not 0 <= args.warmup < args.steps:
+        fail("--warmup", args.warmup, f"0 ≤ warmup < --steps {args.steps}")
+    if args.hang_timeout <= 0:
+        fail("--hang-timeout", args.hang_timeout, "must be > 0")
+    if args.inject_fault and not re.fullmatch(r"\d+:\d+:(kill|hang|freeze|error)",
+                                              args.inject_fault):
+        fail("--inject-fault", args.inject_fault, "RANK:STEP:kill|hang|freeze|error")
+
+
+def _cluster(args: argparse.Namespace) -> ClusterSpec:
+    """The cluster of the automatic mode; `--gpus CPU:N` is N CPU ranks on this host."""
+    if args.cluster:
+        return load_cluster(args.cluster)
+    gpu, _, count = args.gpus.rpartition(":")
+    if gpu and count.isdigit() and int(count) > 0 and device(gpu).vendor == "cpu":
+        return ClusterSpec(name=f"{count} CPU ranks", node_groups=(NodeGroup(
+            name="host", gpu=device(gpu).name, num_nodes=1, gpus_per_node=int(count),
+            intra_node_link="loopback", island="local"),)).resolved()
+    return parse_gpus_arg(args.gpus)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-").lower()
+
+
+def _cuda_devices(kind: str) -> int:
+    if kind != "cuda":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
+    """The automatic mode: the best plan of `plan search` that the executor can run."""
+    from executor.preflight import check_runnable, device_kind
+    from planner.errors import InfeasiblePlan
+    from planner.search import SearchRequest, search
+
+    model = load_model(args.model_file) if args.model_file else preset(args.model)
+    cluster = _cluster(args)
+    cpu = all(g.device.vendor == "cpu" for g in cluster.node_groups)
+    dtype = args.dtype or ("fp32" if cpu else "bf16")
+    profiles = profiles_for(args, cluster, dtype)
+    req = SearchRequest(model=model, cluster=cluster, gbs=args.gbs,
+                        seq_len=args.seq or model.seq_len, dtype=dtype, top=SEARCH_TOP,
+                        attention="math" if cpu and model.dropout else None,
+                        profiles=profiles)
+    try:
+        ranked = search(req).ranked
+    except InfeasiblePlan as err:
+        raise SpecError(f"--model: no plan: {err}") from None
+    refusals = []
+    for r in ranked:
+        try:
+            check_runnable(r.plan, cuda_devices=_cuda_devices(device_kind(r.plan)))
+        except SpecError as err:
+            refusals.append(str(err))
+            continue
+        plan = with_prediction(r.plan, r.result, command=["plan", *args.argv],
+                               profiles=profiles)
+        return plan, r.result, "event simulation of the searched plan"
+    raise SpecError(f"--model: none of the {len(ranked)} best plans runs on the executor "
+                    f"(the first: {refusals[0]})")
+
+
+def _predict(args: argparse.Namespace, plan: Plan) -> tuple[SimResult, str]:
+    from planner.simulator import simulate
+
+    profiles = profiles_for(args, plan.cluster, plan.training.dtype)
+    return simulate(plan, profiles=profiles), "event simulation"
+
+
+def _report_dir(args: argparse.Namespace, plan: Plan) -> tuple[str, str, bool]:
+    """(folder, report name, whether the report is kept there)."""
+    name = args.name or (f"{_slug(plan.model.name)}-{_slug(plan.cluster.name)}-gbs"
+                         f"{plan.training.global_batch_size}" if args.plan is None else
+                         os.path.splitext(os.path.basename(args.plan))[0])
+    if args.report:
+        return args.report, name, True
+    if args.plan is None or args.name:
+        return os.path.join("reports", name), name, True
+    return tempfile.mkdtemp(prefix="trainplan-run-"), name, False
+
+
+def _print_launches(launches: list[NodeLaunch], *, why: str) -> None:
+    print(f"plan run: {why}; run on each node (MASTER_ADDR: the address of the first):")
+    for launch in launches:
+        print(f"# node {launch.node} ({launch.num_ranks} ranks)")
+        print(launch.command_line())
+
+
+def _write_report(folder: str, keep: bool, report: RunReport, as_json: bool) -> None:
+    from executor.report import to_markdown
+
+    text = to_markdown(report)
+    if keep:
+        with open(os.path.join(folder, "report.md"), "w", encoding="utf-8") as fh:
+            fh.write(text)
+        with open(os.path.join(folder, "report.json"), "w", encoding="utf-8") as fh:
+            json.dump(report.to_dict(), fh, indent=1)
+    if as_json:
+        from planner.cli import print_json
+
+        print_json(report.to_dict())
+    else:
+        print(text + (f"\nreport: {os.path.join(folder, 'report.md')}" if keep else ""))
+
+
+def _clean(folder: str) -> None:
+    """Forget a previous run's results in a reused report folder."""
+    for name in os.listdir(folder):
+        if name == "metrics.json" or (name.startswith("stop-rank") and name.endswith(".json")):
+            os.remove(os.path.join(folder, name))
+
+
+def _run_here(args: argparse.Namespace, launch: NodeLaunch, *, cpu: bool, folder: str
+              ) -> dict | None:
+    """Run the one node's torchrun here; the metrics, or None (said why) if it failed."""
+    from executor import checkpoint
+    from executor.launch import first_failure, run_local
+
+    if args.resume and checkpoint.latest_complete(args.checkpoint_dir) is None:
+        print(f"plan run: no complete checkpoint in {args.checkpoint_dir}: starting at step 1",
+              file=sys.stderr)
+    cores = os.cpu_count() or 1
+    if cpu and launch.num_ranks > cores:
+        print(f"plan run: note: {launch.num_ranks} ranks share {cores} cores; times will not "
+              "match the prediction", file=sys.stderr)
+    print(f"plan run: {launch.command_line()}", file=sys.stderr, flush=True)
+    code = run_local(launch, cpu=cpu)
+    if code != 0:
+        reason = first_failure(folder) or f"torchrun exited with code {code}"
+        print(f"plan run: failed: {reason}", file=sys.stderr)
+        return None
+    with open(os.path.join(folder, "metrics.json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def run_run(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    _check_flags(args)
+    if importlib.util.find_spec("torch") is None:
+        fail("plan run", "torch", "not installed: pip install 'trainplan[torch]'")
+    from executor.launch import node_launches
+    from executor.preflight import check_runnable, device_kind
+    from executor.report import make_report
+    from executor.worker import worker_args
+
+    if args.plan:
+        plan = load_plan(args.plan)
+        check_runnable(plan, cuda_devices=_cuda_devices(device_kind(plan)),
+                       where=f"{args.plan}:")
+        prediction, source = _predict(args, plan)
+    else:
+        plan, prediction, source = _search(args)
+    folder, name, keep = _report_dir(args, plan)
+    os.makedirs(folder, exist_ok=True)
+    _clean(folder)
+    plan_path = args.plan or os.path.join(folder, "plan.yaml")
+    if not args.plan:
+        save_plan(plan, plan_path)
+    launches = node_launches(plan, worker_args(
+        plan=os.path.abspath(plan_path), steps=args.steps, run_dir=os.path.abspath(folder),
+        seed=args.seed, learning_rate=args.lr, checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
+        hang_timeout_s=args.hang_timeout, fault=args.inject_fault))
+    if args.dry_run or len(launches) > 1:
+        _print_launches(launches, why="dry run" if args.dry_run else
+                        f"the plan spans {len(launches)} nodes")
+        return 0
+    metrics = _run_here(args, launches[0], cpu=device_kind(plan) == "cpu", folder=folder)
+    if metrics is None:
+        return 1
+    sources = "; ".join(f"{k}: {v}" for k, v in prediction.sources.items())
+    report = make_report(plan, metrics, prediction=prediction, source=f"{source} ({sources})",
+                         warmup=args.warmup, name=name)
+    _write_report(folder, keep, report, args.json)
+    return 0

@@ -1,0 +1,125 @@
+"""Every plan kind, run on gloo with 2 or 4 CPU ranks for 5 steps, matches a one-process
+run of the same global batch to 1e-5 relative, step by step.
+
+The learning rate is ten times the default, so that a wrong gradient (half the batch, or
+replicas weighted wrongly) moves the loss by 1e-4 to 2e-3 within the 5 steps while a
+correct run stays within a few 1e-7 (tests/executor/test_numerics.py::
+test_the_check_can_fail shows the first half of that).
+"""
+
+import functools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from executor.model import GPT  # noqa: E402
+from executor.train import adamw, reference_losses, sample_batch  # noqa: E402
+from planner.specs.model import preset  # noqa: E402
+from planner.specs.plan import Sharding  # noqa: E402
+from tests.executor.distributed import TEST_LR, explicit, homogeneous, run_forked  # noqa: E402
+
+TINY, LLAMA, SMALL = preset("debug-tiny"), preset("debug-tiny-llama"), preset("debug-small")
+STEPS, RTOL = 5, 1e-5
+S = Sharding
+
+
+def _stages(*spec):
+    """(first, last, rank[, tp ranks, recompute]) per stage."""
+    out = []
+    for s in spec:
+        a, b, devs = s[:3]
+        devs = devs if isinstance(devs, list) else [devs]
+        out.append((a, b, devs, len(devs), s[3] if len(s) > 3 else "none"))
+    return out
+
+
+PLANS = {
+    # data parallelism: plain, ZeRO-1/2 and AMSP mixes (P, G, OS at different sizes) on
+    # flat buffers; ZeRO-3 and HSDP (P = G = OS) with FSDP2
+    "dp2": lambda: homogeneous(TINY, world=2, dp=2, mbs=2, gbs=8),
+    "dp4-zero1": lambda: homogeneous(TINY, world=4, dp=4, mbs=1, gbs=8, sharding=S(optim=4)),
+    "dp4-zero2": lambda: homogeneous(TINY, world=4, dp=4, mbs=1, gbs=8,
+                                     sharding=S(grads=4, optim=4)),
+    "dp4-zero3": lambda: homogeneous(TINY, world=4, dp=4, mbs=1, gbs=8,
+                                     sharding=S(params=4, grads=4, optim=4)),
+    "dp4-hsdp-2": lambda: homogeneous(LLAMA, world=4, dp=4, mbs=1, gbs=8,
+                                      sharding=S(params=2, grads=2, optim=2)),
+    "dp4-amsp-1-2-4": lambda: homogeneous(TINY, world=4, dp=4, mbs=1, gbs=8,
+                                          sharding=S(params=1, grads=2, optim=4)),
+    "dp4-amsp-2-4-4": lambda: homogeneous(LLAMA, world=4, dp=4, mbs=1, gbs=8,
+                                          sharding=S(params=2, grads=4, optim=4)),
+    # pipelines with uneven stages (and recompute), every schedule
+    "pp2-gpipe": lambda: explicit(SMALL, world=2, schedule="gpipe",
+                                  pipelines=[(2, 4, _stages((0, 3, 0), (3, 4, 1)))]),
+    "pp2-1f1b-recompute": lambda: explicit(SMALL, world=2, pipelines=[
+        (2, 4, _stages((0, 1, 0, "full"), (1, 4, 1, "selective")))]),
+    "pp2-interleaved": lambda: explicit(SMALL, world=2, schedule="interleaved-1f1b", vp=2,
+                                        pipelines=[(2, 4, _stages((0, 2, 0), (2, 4, 1)))]),
+    # tensor parallelism (GQA + SwiGLU + rope; tied + learned positions + sequence parallel)
+    "tp2": lambda: homogeneous(LLAMA, world=2, tp=2, mbs=2, gbs=8),
+    "tp2-sp": lambda: homogeneous(TINY, world=2, tp=2, mbs=2, gbs=8, sequence_parallel=True),
+    # combinations
+    "dp2xpp2": lambda: homogeneous(TINY, world=4, dp=2, pp=2, mbs=1, gbs=8),
+    "dp2xpp2-zero3": lambda: homogeneous(TINY, world=4, dp=2, pp=2, mbs=1, gbs=8,
+                                         sharding=S(params=2, grads=2, optim=2)),
+    "tp2xpp2-sp": lambda: homogeneous(LLAMA, world=4, tp=2, pp=2, mbs=2, gbs=8,
+                                      sequence_parallel=True),
+    # heterogeneous: replicas with unequal micro-batch counts (and sizes), with sharded
+    # gradients and parameters (flat buffers; ghost passes keep the per-pass collectives
+    # in step)
+    "hetero-dp2": lambda: explicit(TINY, world=2, pipelines=[
+        (2, 3, _stages((0, 2, 0))), (2, 1, _stages((0, 2, 1)))]),
+    "hetero-dp2-zero2": lambda: explicit(TINY, world=2, sharding=S(grads=2, optim=2), pipelines=[
+        (2, 3, _stages((0, 2, 0))), (1, 2, _stages((0, 2, 1)))]),
+    "hetero-dp2xpp2-zero3": lambda: explicit(
+        SMALL, world=4, sharding=S(params=2, grads=2, optim=2), pipelines=[
+            (1, 6, _stages((0, 3, 0), (3, 4, 1))), (2, 1, _stages((0, 3, 2), (3, 4, 3)))]),
+}
+
+
+@functools.cache
+def _reference(name: str, gbs: int, seq_len: int) -> tuple[float, ...]:
+    return tuple(reference_losses(preset(name), global_batch_size=gbs, seq_len=seq_len,
+                                  steps=STEPS, learning_rate=TEST_LR))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", PLANS)
+def test_plan_matches_one_process(kind, tmp_path):
+    plan = PLANS[kind]()
+    codes, metrics = run_forked(plan, tmp_path, steps=STEPS)
+    assert codes == [0] * plan.num_gpus_used and metrics is not None
+    tr = plan.training
+    ref = _reference(plan.model.name, tr.global_batch_size, tr.seq_len)
+    got = metrics["losses"]
+    assert len(got) == STEPS
+    worst = max(abs(a - b) / b for a, b in zip(got, ref, strict=True))
+    assert worst < RTOL, (got, ref)
+
+
+def test_the_check_can_fail():
+    """Training on half of each batch (a lost replica's gradient) moves the loss past the
+    tolerance within the 5 steps."""
+    model = GPT(TINY)
+    opt = adamw(model.parameters(), implementation="foreach", learning_rate=TEST_LR)
+    losses = []
+    for step in range(STEPS):
+        tokens, targets = sample_batch(TINY, seq_len=32, seed=0, step=step, first=0, count=8)
+        losses.append(model(tokens, targets).item())
+        model(tokens[:4], targets[:4]).backward()
+        opt.step()
+        opt.zero_grad()
+    ref = _reference(TINY.name, 8, 32)
+    assert max(abs(a - b) / b for a, b in zip(losses, ref, strict=True)) > 10 * RTOL
+
+
+@pytest.mark.multiprocess
+def test_the_seed_sets_weights_and_data(tmp_path):
+    plan = PLANS["dp2xpp2"]()
+    codes, metrics = run_forked(plan, tmp_path, steps=2, seed=3)
+    assert codes == [0] * 4 and metrics is not None
+    ref = reference_losses(TINY, global_batch_size=8, seq_len=32, steps=2, seed=3,
+                           learning_rate=TEST_LR)
+    assert max(abs(a - b) / b for a, b in zip(metrics["losses"], ref, strict=True)) < RTOL
+    assert metrics["losses"][0] != _reference(TINY.name, 8, 32)[0]

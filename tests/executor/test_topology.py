@@ -1,0 +1,46 @@
+"""Ranks, roles and groups of a plan (pure Python: no processes)."""
+
+from executor.topology import Topology, chunk_layers, sample_ranges
+from planner.specs.model import preset
+from tests.executor.distributed import explicit, homogeneous
+
+SMALL = preset("debug-small")
+
+
+def test_megatron_layout_roles_and_groups():
+    plan = homogeneous(SMALL, world=8, tp=2, pp=2, dp=2, mbs=1, gbs=4)
+    topo = Topology.of(plan)
+    # Megatron order: tp fastest, then dp, then pp
+    assert [(r.pipeline, r.stage, r.tp_rank) for r in topo.roles[:4]] == [
+        (0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]
+    assert topo.tp_groups(plan)[:2] == [(0, 1), (4, 5)]
+    assert topo.dp_groups(plan) == [(0, 2), (1, 3), (4, 6), (5, 7)]
+    assert topo.forward_targets(plan, 1) == (5,) and topo.forward_source(plan, 5) == 1
+    assert topo.backward_targets(plan, 5) == (1,) and topo.backward_source(plan, 1) == 5
+    # debug-small ties its embeddings: first and last stage pair up per replica and tp rank
+    assert sorted(topo.embedding_pairs(plan)) == [(0, 4), (1, 5), (2, 6), (3, 7)]
+
+
+def test_unequal_tp_between_stages_fans_out_and_in():
+    plan = explicit(SMALL, world=3, pipelines=[(1, 2, [(0, 3, [0, 1], 2, "none"),
+                                                       (3, 4, [2], 1, "none")])])
+    topo = Topology.of(plan)
+    assert topo.forward_targets(plan, 0) == (2,) and topo.forward_targets(plan, 1) == ()
+    assert topo.forward_source(plan, 2) == 0
+    assert topo.backward_targets(plan, 2) == (0, 1)
+    assert topo.backward_source(plan, 0) == topo.backward_source(plan, 1) == 2
+
+
+def test_ranks_are_the_gpus_the_plan_uses_in_order():
+    plan = explicit(SMALL, world=6, pipelines=[(1, 2, [(0, 4, [5], 1, "none")]),
+                                               (1, 2, [(0, 4, [2], 1, "none")])])
+    topo = Topology.of(plan)
+    assert topo.world_size == 2 and [r.device for r in topo.roles] == [2, 5]
+    assert [r.pipeline for r in topo.roles] == [1, 0]
+    assert sample_ranges(plan) == (0, 2)
+
+
+def test_interleaved_chunks_take_layers_in_megatron_order():
+    # two stages of 4 and 2 layers, two chunks each: model chunks s0c0, s1c0, s0c1, s1c1
+    assert chunk_layers((4, 2), 2) == (((0, 2), (3, 5)), ((2, 3), (5, 6)))
+    assert chunk_layers((3, 1), 1) == (((0, 3),), ((3, 4),))

@@ -1,0 +1,157 @@
+"""`plan run` as users meet it: bad plans and flags refused in one line (exit 2) before any
+process starts; multi-node plans printed as torchrun lines; the automatic mode end to end."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from planner.cli import main
+from planner.layout import ParallelConfig, homogeneous_plan
+from planner.specs.cluster import ClusterSpec, NodeGroup, parse_gpus_arg
+from planner.specs.model import preset
+from planner.specs.plan import Kernels, plan_to_dict, save_plan
+
+TINY = preset("debug-tiny")
+CPU_KERNELS = Kernels(attention="math", optimizer="foreach")
+
+
+def _cpu(num_nodes, per_node):
+    return ClusterSpec(name="cpu", node_groups=(NodeGroup(
+        name="host", gpu="CPU", num_nodes=num_nodes, gpus_per_node=per_node,
+        intra_node_link="loopback"),)).resolved()
+
+
+def _plan_file(tmp_path, plan=None, edit=None):
+    plan = plan or homogeneous_plan(TINY, _cpu(1, 2), ParallelConfig(
+        pp=2, mbs=1, gbs=4, seq_len=32, dtype="fp32"), kernels=CPU_KERNELS)
+    data = plan_to_dict(plan)
+    if edit:
+        edit(data)
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fail the test if anything would start a process."""
+    pytest.importorskip("torch")
+    import executor.launch
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(executor.launch, "run_local", refuse)
+    monkeypatch.setattr(subprocess, "run", refuse)
+
+
+def _run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _stages_edit(data):
+    data["pipelines"][0]["stages"][1]["layers"] = [1, 1]
+
+
+def _replicas_edit(data):  # two replicas, split at different boundaries
+    p = data["pipelines"][0]
+    data["pipelines"] = [
+        {**p, "stages": [{**p["stages"][0], "layers": [0, 1]},
+                         {**p["stages"][1], "layers": [1, 2]}]},
+        {**p, "stages": [{**p["stages"][0], "layers": [0, 2], "devices": [2]}]}]
+    data["training"]["global_batch_size"] = 8
+    data["cluster"]["node_groups"][0]["gpus_per_node"] = 3
+
+
+def _cp_edit(data):
+    data["pipelines"] = [{**data["pipelines"][0], "stages": [
+        {"layers": [0, 2], "devices": [0, 1], "tp": 1, "cp": 2, "recompute": "none"}]}]
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (_stages_edit, "pipelines[0].stages[1].layers: [1, 1] is not allowed"),
+    (_replicas_edit, "the executor needs every replica to split the layers at the same"),
+    (_cp_edit, "context parallelism is not implemented by the executor"),
+    (lambda d: d["kernels"].update(attention="memory_efficient"),
+     "kernels.attention: 'memory_efficient' is not allowed (cpu runs flash, math)"),
+    (lambda d: d["training"].update(dtype="fp16"), "fp16 needs loss scaling"),
+])
+def test_bad_plans_are_refused_before_any_process_starts(tmp_path, capsys, no_launch, edit,
+                                                          needle):
+    code, out, err = _run(["run", "--plan", _plan_file(tmp_path, edit=edit)], capsys)
+    assert code == 2 and out == "" and needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_gpu_plan_is_refused_on_a_host_without_one(tmp_path, capsys, no_launch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    plan = homogeneous_plan(TINY, parse_gpus_arg("A100-80GB-SXM:2"),
+                            ParallelConfig(dp=2, mbs=1, gbs=4, seq_len=32))
+    code, _, err = _run(["run", "--plan", _plan_file(tmp_path, plan)], capsys)
+    assert code == 2 and "this host has no CUDA device" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--model", "debug-tiny", "--gpus", "CPU:2"], "--gbs: --model needs the global batch size"),
+    (["--model", "debug-tiny", "--gbs", "8"], "--model needs --gpus"),
+    (["--plan", "p.yaml", "--gbs", "8"], "only with --model"),
+    (["--plan", "p.yaml", "--resume"], "--resume and --checkpoint-every need it"),
+    (["--plan", "p.yaml", "--steps", "2", "--warmup", "2"], "0 ≤ warmup < --steps 2"),
+    (["--plan", "missing.yaml"], "missing.yaml: cannot read"),
+])
+def test_bad_flags(argv, needle, capsys, no_launch):
+    code, out, err = _run(["run", *argv], capsys)
+    assert code == 2 and needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_multi_node_plans_print_a_torchrun_line_per_node(tmp_path, capsys, no_launch):
+    plan = homogeneous_plan(TINY, _cpu(2, 2), ParallelConfig(
+        dp=2, pp=2, mbs=1, gbs=4, seq_len=32, dtype="fp32"), kernels=CPU_KERNELS)
+    code, out, _ = _run(["run", "--plan", _plan_file(tmp_path, plan), "--steps", "3"], capsys)
+    lines = [ln for ln in out.splitlines() if ln.startswith("torchrun")]
+    assert code == 0 and "the plan spans 2 nodes" in out and len(lines) == 2
+    for rank, line in enumerate(lines):
+        assert f"--nnodes=2 --node-rank={rank} --rdzv-backend=static" in line
+        assert "--nproc-per-node=2" in line and "-m executor.worker --plan" in line
+
+
+def test_planner_never_imports_the_executor():
+    code = ("import sys, planner.cli, planner.commands.run;"
+            "print([m for m in ('torch', 'executor') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_automatic_mode_searches_runs_and_reports(tmp_path, capsys):
+    pytest.importorskip("torch")
+    report = tmp_path / "report"
+    code, out, err = _run(["run", "--model", "debug-tiny", "--gpus", "CPU:2", "--gbs", "8",
+                           "--seq", "32", "--steps", "4", "--warmup", "1", "--report",
+                           str(report), "--json"], capsys)
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["model"] == "debug-tiny" and len(shown["losses"]) == 4
+    assert shown["predicted_iteration_s"] > 0 and shown["measured_iteration_s"] > 0
+    assert len(shown["ranks"]) == 2 and all(r["peak_bytes"] > 0 for r in shown["ranks"])
+    assert (report / "report.md").read_text().startswith("# ")
+    assert json.loads((report / "report.json").read_text())["layout"] == shown["layout"]
+    from planner.specs.plan import load_plan
+
+    plan = load_plan(str(report / "plan.yaml"))
+    assert plan.predicted is not None and plan.provenance.command.startswith("plan run")
+    save_plan(plan, str(tmp_path / "again.json"))  # the written plan is a valid Plan
