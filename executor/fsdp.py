@@ -12,6 +12,11 @@ micro-batch losses carry their share of the global batch.
 
 `FsdpState` offers the interface of `ShardedState` that the pipeline runner and trainer
 use (executor/pipeline.py, executor/runtime.py).
+
+A backward split into B and W (zero-bubble schedules, executor/split_backward.py) leaves the
+gradients outside FSDP's backward hooks, which fire in B: there the hooks only free the
+gathered parameters, and after each W its gradients are reduced by FSDP's own post-backward
+(`_reduce_split`), with the same collectives a whole backward's hooks would issue.
 """
 
 from __future__ import annotations
@@ -58,8 +63,9 @@ class FsdpState:
     def __init__(self, module: GPT, mesh: DeviceMesh, *, dtype: torch.dtype,
                  tied: list[nn.Parameter], num_microbatches: int,
                  make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 name: str) -> None:
+                 name: str, split_backward: bool = False) -> None:
         self.module, self.name, self.num_microbatches = module, name, num_microbatches
+        self.split_backward = split_backward
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         units: list[nn.Module] = list(module.blocks.values())
         self._tied_module = None
@@ -73,6 +79,7 @@ class FsdpState:
         for u in self._fsdp:
             u.set_gradient_divide_factor(1.0)  # a sum: losses carry their batch share
             u.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+            u.set_requires_gradient_sync(not split_backward, recurse=False)
         # fully_shard replaced the parameters: the tied one is now the unit's (sharded) weight
         self.tied = [self._tied_module.weight] if self._tied_module is not None else []
         self.optimizer = make_optimizer(list(module.parameters()))
@@ -93,6 +100,27 @@ class FsdpState:
 
     def add_grads(self, *, ghost: bool = False) -> None:
         assert not ghost, "FSDP2 runs plans whose replicas have equal micro-batch counts"
+        if self.split_backward:
+            self._reduce_split()
+
+    def _reduce_split(self) -> None:
+        """After a W: reduce its gradients (and those its B left on the gathered
+        parameters) as the hooks of a whole backward would. FSDP2 has no public call for
+        this; torch.distributed.pipelining does the same (`perform_reduce_grad`)."""
+        state = self.module._get_fsdp_state()
+        for u in self._fsdp:
+            u.set_requires_gradient_sync(True, recurse=False)
+        for s in state._state_ctx.all_states:
+            for group in s._fsdp_param_groups:
+                # As FSDP's hooks without sync do: gradients of B hooks already moved to
+                # the reduce dtype absorb W's, so that all reach post_backward in one dtype.
+                for p in group.fsdp_params:
+                    p.accumulate_unsharded_grad_if_needed()
+                    p.to_accumulated_grad_if_needed()
+                group.post_backward()
+        state._root_post_backward_final_callback()
+        for u in self._fsdp:
+            u.set_requires_gradient_sync(False, recurse=False)
 
     # ---- iteration end ------------------------------------------------------------
     def tied_grads(self) -> list[torch.Tensor]:

@@ -1,7 +1,11 @@
 """One training iteration of one rank's pipeline stage: the plan's schedule, run.
 
 The order of forward and backward passes is the planner's (planner/simulator/schedules.py:
-GPipe, 1F1B, interleaved 1F1B), so the run does what the simulator priced. Activations and
+GPipe, 1F1B, interleaved 1F1B, ZB-H1), so the run does what the simulator priced. Under
+ZB-H1 a chunk's backward is split (executor/split_backward.py): B computes and sends the
+input gradient, W later the layers' weight gradients, which then go where a whole
+backward's would (`add_grads`). The first chunk does not split: its input is tokens, and
+its W follows its B at once in ZB-H1, so it runs the whole backward at B. Activations and
 their gradients go between stages as non-blocking sends and blocking receives; a schedule
 never waits on a send, so none can deadlock. Each kind of message (activation or
 gradient) between an ordered pair of ranks has a process group of its own: on NCCL a
@@ -23,14 +27,26 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from executor.data_parallel import ModelState
 from executor.model import GPT
+from executor.split_backward import (
+    WeightGrads,
+    backward_input,
+    backward_weight,
+    recording_weights,
+)
 from planner.simulator.schedules import Pass, stage_order
 
-__all__ = ["Chunk", "Links", "MicroBatches", "StageRunner"]
+__all__ = ["Chunk", "Links", "MicroBatches", "StageRunner", "splits_backward"]
 
 ACTIVATION, GRADIENT = 0, 1
+
+
+def splits_backward(schedule: str, *, first: bool) -> bool:
+    """Whether a chunk runs its backward as B and W (see the module docstring)."""
+    return schedule == "zb-h1" and not first
 
 
 @dataclass
@@ -42,6 +58,11 @@ class Chunk:
     states: list[ModelState]
     first: bool  # holds the embedding
     last: bool  # holds the head and the loss
+    split_backward: bool = False  # B and W passes (`splits_backward`)
+
+    def linears(self) -> list[nn.Module]:
+        """The layers' linear layers, whose weight gradients W computes."""
+        return [m for m in self.module.blocks.modules() if isinstance(m, nn.Linear)]
 
     def unshard(self) -> None:
         for s in self.states:
@@ -141,9 +162,14 @@ class StageRunner:
         self.order: list[Pass] = stage_order(schedule, stage=stage, pp=pp,
                                              num_microbatches=data.run_count,
                                              virtual_stages=vp)
+        assert all(not c.split_backward for c in chunks) or \
+            any(kind == "W" for kind, _, _ in self.order), "a split backward needs W passes"
         self.shape, self.dtype, self.device = activation_shape, dtype, device
         self.tensor_parallel, self.progress = tensor_parallel, progress
-        self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # (chunk, micro-batch) -> input, output, weights W computes (split chunks)
+        self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor,
+                                                list[torch.Tensor]]] = {}
+        self.deferred: dict[tuple[int, int], WeightGrads] = {}  # B done, W to come
 
     def _tag(self, boundary: int, j: int) -> int:
         """Messages across the boundary after model chunk `boundary`, micro-batch j."""
@@ -177,11 +203,13 @@ class StageRunner:
         for kind, c, j in self.order:
             chunk = self.chunks[c]
             if j >= self.data.count:
-                self._ghost(chunk, backward=kind == "B")
+                self._ghost(chunk, kind)
             elif kind == "F":
                 self._forward(chunk, j, step, losses)
-            else:
+            elif kind == "B":
                 self._backward(chunk, j)
+            elif chunk.split_backward:
+                self._weight_grads(chunk, j)
             self.progress(f"step {step} {kind} chunk {chunk.index} micro-batch {j}")
         self.links.wait_sends()
         # One host sync per iteration, not per micro-batch.
@@ -196,43 +224,64 @@ class StageRunner:
         else:
             x = self.links.recv(ACTIVATION, self._tag(chunk.index - 1, j)).requires_grad_()
         chunk.unshard()
-        if chunk.last:
-            with self._loss_context():
-                loss = chunk.module(x, targets) * self.data.weight
-            out = loss
-        else:
-            out = chunk.module(x)
+        recording = (recording_weights(chunk.linears()) if chunk.split_backward
+                     else contextlib.nullcontext([]))
+        with recording as weights:
+            if chunk.last:
+                with self._loss_context():
+                    loss = chunk.module(x, targets) * self.data.weight
+                out = loss
+            else:
+                out = chunk.module(x)
+        if not chunk.last:
             self.links.send(out, self.links.forward_targets, ACTIVATION,
                             self._tag(chunk.index, j))
         chunk.reshard()
-        self.saved[(chunk.index, j)] = (x, out)
+        self.saved[(chunk.index, j)] = (x, out, weights)
         if chunk.last:
             value = loss.detach()  # a replicated DTensor under tensor parallelism
             losses.append(value.to_local() if hasattr(value, "to_local") else value)
 
     def _backward(self, chunk: Chunk, j: int) -> None:
-        x, out = self.saved.pop((chunk.index, j))
+        """A whole backward, or B of a split one: the input gradient only."""
+        x, out, weights = self.saved.pop((chunk.index, j))
         chunk.unshard()
-        for s in chunk.states:
-            s.before_backward()
-        if chunk.last:
-            with self._loss_context():
-                out.backward()
-        else:
-            grad = self.links.recv(GRADIENT, self._tag(chunk.index, j))
-            torch.autograd.backward(out, grad)
+        if not chunk.split_backward:
+            for s in chunk.states:
+                s.before_backward()
+        grad = None if chunk.last else self.links.recv(GRADIENT, self._tag(chunk.index, j))
+        with self._loss_context() if chunk.last else contextlib.nullcontext():
+            if chunk.split_backward:
+                dx, self.deferred[(chunk.index, j)] = backward_input(out, grad, x, weights)
+            else:
+                torch.autograd.backward(out, grad)
+                dx = x.grad
         if not chunk.first:
-            assert x.grad is not None
-            self.links.send(x.grad, self.links.backward_targets, GRADIENT,
+            assert dx is not None
+            self.links.send(dx, self.links.backward_targets, GRADIENT,
                             self._tag(chunk.index - 1, j))
-        for s in chunk.states:
-            s.add_grads()
+        if not chunk.split_backward:
+            for s in chunk.states:
+                s.add_grads()
         chunk.reshard()
 
-    def _ghost(self, chunk: Chunk, *, backward: bool) -> None:
-        """A pass this replica does not have: only the data-parallel collectives."""
-        chunk.unshard()
-        if backward:
+    def _weight_grads(self, chunk: Chunk, j: int) -> None:
+        """W of a split backward. It reads saved activations only (no parameter gather),
+        then hands the gradients over as a whole backward does."""
+        for s in chunk.states:
+            s.before_backward()
+        backward_weight(self.deferred.pop((chunk.index, j)))
+        for s in chunk.states:
+            s.add_grads()
+
+    def _ghost(self, chunk: Chunk, kind: str) -> None:
+        """A pass this replica does not have: only the data-parallel collectives of the
+        real pass (gathers around F and B, gradients after the pass that makes them)."""
+        gradients = kind == ("W" if chunk.split_backward else "B")
+        if kind != "W":
+            chunk.unshard()
+        if gradients:
             for s in chunk.states:
                 s.add_grads(ghost=True)
-        chunk.reshard()
+        if kind != "W":
+            chunk.reshard()

@@ -75,6 +75,8 @@ def _check_stages(plan: Plan, where: str) -> None:
 def _check_schedule(plan: Plan, where: str) -> None:
     tr = plan.training
     pp = len(plan.pipelines[0].stages)
+    if tr.schedule == "zb-h1":
+        _check_zero_bubble(plan, where)
     if tr.virtual_stages > 1:
         if pp == 1:
             fail(at(where, "training.virtual_stages"), tr.virtual_stages,
@@ -83,6 +85,18 @@ def _check_schedule(plan: Plan, where: str) -> None:
             if pipe.num_microbatches % pp:
                 fail(at(where, f"pipelines[{pi}].num_microbatches"), pipe.num_microbatches,
                      f"interleaved 1F1B needs a multiple of the {pp} stages")
+
+
+def _check_zero_bubble(plan: Plan, where: str) -> None:
+    """ZB-H1 splits every stage's backward but the first into B and W (executor/pipeline.py);
+    W is a second autograd pass, in which torch.utils.checkpoint would run each layer's
+    forward again (the simulator prices one recomputation)."""
+    for pi, pipe in enumerate(plan.pipelines):
+        for si, s in enumerate(pipe.stages[1:], 1):
+            if s.recompute == "full":
+                fail(at(where, f"pipelines[{pi}].stages[{si}].recompute"), "full",
+                     "zb-h1 computes weight gradients in a second backward pass, which would "
+                     "recompute each layer again; allowed: none, selective (full on stage 0)")
 
 
 def _check_kernels(plan: Plan, kind: str, where: str) -> None:

@@ -35,7 +35,7 @@ from executor.data_parallel import ModelState, ShardedState
 from executor.fsdp import FsdpState, data_parallel_mesh, fsdp_applies
 from executor.groups import ProcessGroups, create_groups, shard_layout
 from executor.model import GPT
-from executor.pipeline import Chunk, Links, MicroBatches, StageRunner
+from executor.pipeline import Chunk, Links, MicroBatches, StageRunner, splits_backward
 from executor.topology import Topology, sample_ranges
 from executor.train import DTYPES, LEARNING_RATE, adamw, sample_batch
 from executor.watchdog import Watchdog
@@ -129,6 +129,7 @@ def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
                          dtype=torch.float32 if fsdp else dtype)
         main, tied = _buckets(module, topo)
         name = f"chunk{k}/tp{role.tp_rank}"
+        split = splits_backward(plan.training.schedule, first=k == 0)
 
         def optimizer(ps: list) -> torch.optim.Optimizer:
             return adamw(ps, implementation=plan.kernels.optimizer, learning_rate=learning_rate)
@@ -138,12 +139,13 @@ def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
                                                                    device.type),
                                       dtype=dtype, tied=tied, make_optimizer=optimizer,
                                       num_microbatches=plan.pipelines[0].num_microbatches,
-                                      name=name)]
+                                      split_backward=split, name=name)]
         else:
             states = [ShardedState(ps, layout, groups.collectives, make_optimizer=optimizer,
                                    name=f"{name}/{kind}", tied=kind == "tied")
                       for kind, ps in (("main", main), ("tied", tied)) if ps]
-        chunks.append(Chunk(k, module, states, first=k == 0, last=k == num_chunks - 1))
+        chunks.append(Chunk(k, module, states, first=k == 0, last=k == num_chunks - 1,
+                            split_backward=split))
     return chunks
 
 

@@ -56,6 +56,19 @@ PLANS = {
         (2, 4, _stages((0, 1, 0, "full"), (1, 4, 1, "selective")))]),
     "pp2-interleaved": lambda: explicit(SMALL, world=2, schedule="interleaved-1f1b", vp=2,
                                         pipelines=[(2, 4, _stages((0, 2, 0), (2, 4, 1)))]),
+    # zero-bubble ZB-H1: B and W split on every chunk but the first
+    "pp2-zb-h1": lambda: explicit(SMALL, world=2, schedule="zb-h1", pipelines=[
+        (2, 4, _stages((0, 3, 0), (3, 4, 1, "selective")))]),
+    "dp2xpp2-zb-h1": lambda: homogeneous(TINY, world=4, dp=2, pp=2, mbs=1, gbs=8,
+                                         schedule="zb-h1"),
+    "dp2xpp2-zb-h1-zero3": lambda: homogeneous(TINY, world=4, dp=2, pp=2, mbs=1, gbs=8,
+                                               schedule="zb-h1",
+                                               sharding=S(params=2, grads=2, optim=2)),
+    "tp2xpp2-sp-zb-h1": lambda: homogeneous(LLAMA, world=4, tp=2, pp=2, mbs=2, gbs=8,
+                                            sequence_parallel=True, schedule="zb-h1"),
+    "hetero-dp2xpp2-zero3-zb-h1": lambda: explicit(
+        SMALL, world=4, schedule="zb-h1", sharding=S(params=2, grads=2, optim=2), pipelines=[
+            (1, 6, _stages((0, 1, 0), (1, 4, 1))), (2, 1, _stages((0, 1, 2), (1, 4, 3)))]),
     # tensor parallelism (GQA + SwiGLU + rope; tied + learned positions + sequence parallel)
     "tp2": lambda: homogeneous(LLAMA, world=2, tp=2, mbs=2, gbs=8),
     "tp2-sp": lambda: homogeneous(TINY, world=2, tp=2, mbs=2, gbs=8, sequence_parallel=True),
@@ -112,6 +125,20 @@ def test_the_check_can_fail():
         opt.zero_grad()
     ref = _reference(TINY.name, 8, 32)
     assert max(abs(a - b) / b for a, b in zip(losses, ref, strict=True)) > 10 * RTOL
+
+
+@pytest.mark.multiprocess
+def test_a_skipped_w_misses_the_bound(monkeypatch, tmp_path):
+    """ZB-H1 with W passes that compute nothing (the ranks are forked with the patch):
+    the linear weights of stage 1 then never learn, and the loss leaves the bound."""
+    import executor.pipeline
+
+    monkeypatch.setattr(executor.pipeline, "backward_weight", lambda pending: None)
+    plan = PLANS["pp2-zb-h1"]()
+    codes, metrics = run_forked(plan, tmp_path, steps=STEPS)
+    assert codes == [0, 0] and metrics is not None
+    ref = _reference(SMALL.name, plan.training.global_batch_size, plan.training.seq_len)
+    assert max(abs(a - b) / b for a, b in zip(metrics["losses"], ref, strict=True)) > 10 * RTOL
 
 
 @pytest.mark.multiprocess

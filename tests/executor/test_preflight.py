@@ -53,3 +53,15 @@ def test_a_launch_of_the_wrong_size_stops_before_joining(monkeypatch, tmp_path):
     plan = homogeneous(SMALL, world=2, dp=2, mbs=1, gbs=2)
     with pytest.raises(SystemExit, match="the plan has 2 ranks; this launch has 3"):
         run_rank(plan, RunSettings(steps=1, run_dir=str(tmp_path)))
+
+
+def test_zero_bubble_refuses_full_recompute_where_it_splits_the_backward():
+    """ZB-H1's W is a second autograd pass: checkpointed layers would be recomputed twice."""
+    def plan(first, second):
+        return explicit(SMALL, world=2, schedule="zb-h1", pipelines=[
+            (1, 4, [(0, 2, [0], 1, first), (2, 4, [1], 1, second)])])
+
+    _refused(plan("none", "full"), r"pipelines\[0\]\.stages\[1\]\.recompute: 'full' is not "
+             r"allowed \(zb-h1 .* allowed: none, selective \(full on stage 0\)\)")
+    for first, second in (("full", "selective"), ("none", "none")):
+        check_runnable(plan(first, second), cuda_devices=0)
