@@ -77,6 +77,7 @@ KINDS = {
                                         sharding=Sharding(params=2, grads=2, optim=2)),
     "pp2-1f1b": lambda m: _uneven_pp(m, "1f1b"),
     "pp2-gpipe": lambda m: _uneven_pp(m, "gpipe"),
+    "pp2-zb-h1": lambda m: _uneven_pp(m, "zb-h1"),
     "tp2": lambda m: _homogeneous(m, tp=2, mbs=8, gbs=8),
     "hetero-dp2": _hetero,
 }
