@@ -14,9 +14,11 @@ The planner never imports the executor or torch: this module does, inside `run_r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 from typing import TYPE_CHECKING
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING
 from planner.commands.simulate import profiles_for, with_prediction
 from planner.results import SimResult
 from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster, parse_gpus_arg
-from planner.specs.model import load_model, preset
+from planner.specs.model import ModelSpec, load_model, preset
 from planner.specs.plan import Plan, load_plan, save_plan
 from profiler.devices import device
 from profiler.schema import SpecError, fail
@@ -58,8 +60,14 @@ def add_run_parser(sub: argparse._SubParsersAction, positive_int: object) -> Non
                    "length (default: the model's)")
     p.add_argument("--dtype", choices=("bf16", "fp32"),
                    help="with --model (default: fp32 on CPU ranks, bf16 on GPUs)")
-    p.add_argument("--profile", metavar="FILE|DIR", action="append",
-                   help="measured profile(s) that price the search and the prediction")
+    measured = p.add_mutually_exclusive_group()
+    measured.add_argument("--profile", metavar="FILE|DIR", action="append",
+                          help="measured profile(s) that price the search and the prediction "
+                          "(default with --model on CPU ranks: measure one here first, into "
+                          "the report folder's profiles/)")
+    measured.add_argument("--no-profile", action="store_true",
+                          help="with --model on CPU ranks: search and predict with the analytic "
+                          "device model instead of measuring a profile first")
     p.add_argument("--steps", type=positive_int, default=10, metavar="N",
                    help="training steps (default 10)")
     p.add_argument("--warmup", type=int, default=2, metavar="N",
@@ -93,6 +101,9 @@ def _check_flags(args: argparse.Namespace) -> None:
         for flag in ("gpus", "cluster", "gbs", "seq", "dtype"):
             if getattr(args, flag) is not None:
                 fail(f"--{flag}", getattr(args, flag), "only with --model (a plan has its own)")
+        if args.no_profile:
+            fail("--no-profile", True, "only with --model (a plan is predicted from "
+                 "--profile, or the analytic model without it)")
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
         raise SpecError("--checkpoint-dir: --resume and --checkpoint-every need it")
     if not 0 <= args.warmup < args.steps:
@@ -138,6 +149,8 @@ def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
     cluster = _cluster(args)
     cpu = all(g.device.vendor == "cpu" for g in cluster.node_groups)
     dtype = args.dtype or ("fp32" if cpu else "bf16")
+    if cpu and cluster.num_nodes == 1 and not (args.profile or args.no_profile or args.dry_run):
+        args.profile = [_profile_here(args, model, cluster, dtype)]
     profiles = profiles_for(args, cluster, dtype)
     req = SearchRequest(model=model, cluster=cluster, gbs=args.gbs,
                         seq_len=args.seq or model.seq_len, dtype=dtype, top=SEARCH_TOP,
@@ -168,11 +181,64 @@ def _predict(args: argparse.Namespace, plan: Plan) -> tuple[SimResult, str]:
     return simulate(plan, profiles=profiles), "event simulation"
 
 
-def _report_dir(args: argparse.Namespace, plan: Plan) -> tuple[str, str, bool]:
+def _profile_here(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
+                  dtype: str) -> str:
+    """Measure, on this host's CPU, the model's ops at the shapes the search will ask for
+    and the collectives among the cluster's ranks; the profile folder. A profile measured
+    by the same command before (same report folder) is used again."""
+    from planner.cli import main as plan_main
+    from planner.layout import check_tp
+
+    folder = os.path.join(_report_dir(args, model.name, cluster.name, args.gbs)[0], "profiles")
+    os.makedirs(folder, exist_ok=True)
+    ranks = cluster.num_gpus
+    tps = []
+    for tp in (2**k for k in range(ranks.bit_length())):
+        try:
+            check_tp(model, tp)
+        except SpecError:
+            continue
+        tps.append(tp)
+    mbs = sorted({m for m in (1, 4, min(16, args.gbs)) if m <= args.gbs})
+    model_flag = ["--model-file", args.model_file] if args.model_file else ["--model", model.name]
+    runs = [(os.path.join(folder, "cpu-ops.csv"),
+             [*model_flag, "--tp", ",".join(map(str, tps)), "--mbs", ",".join(map(str, mbs)),
+              "--seq", str(args.seq or model.seq_len), "--dtype", dtype])]
+    if ranks > 1:
+        state_bytes = 4 * model.num_params()
+        cap = min(64 << 20, max(1 << 20, 1 << (state_bytes - 1).bit_length()))
+        runs.append((os.path.join(folder, "cpu-collectives.csv"),
+                     ["--collectives", "--nprocs", str(ranks), "--max-bytes", str(cap)]))
+    for path, argv in runs:
+        argv = ["profile", "measure", "--device", "cpu", *argv, "-o", path]
+        if os.path.exists(path) and _measured_by(path) == shlex.join(["plan", *argv]):
+            print(f"plan run: using the profile measured before: {path}", file=sys.stderr)
+            continue
+        print(f"plan run: measuring a profile of this host first (--no-profile skips it): "
+              f"plan {shlex.join(argv[1:])}", file=sys.stderr, flush=True)
+        with contextlib.redirect_stdout(sys.stderr):  # stdout may be the --json report
+            code = plan_main(argv)
+        if code != 0:
+            raise SpecError(f"--profile: measuring {path} failed (exit {code}); rerun with "
+                            "--no-profile or --profile DIR")
+    return folder
+
+
+def _measured_by(path: str) -> str | None:
+    """The command that measured a profile, or None if it cannot be read."""
+    from profiler.store import load_profile
+
+    try:
+        return load_profile(path).meta.command
+    except (SpecError, OSError, ValueError):
+        return None
+
+
+def _report_dir(args: argparse.Namespace, model: str, cluster: str, gbs: int
+                ) -> tuple[str, str, bool]:
     """(folder, report name, whether the report is kept there)."""
-    name = args.name or (f"{_slug(plan.model.name)}-{_slug(plan.cluster.name)}-gbs"
-                         f"{plan.training.global_batch_size}" if args.plan is None else
-                         os.path.splitext(os.path.basename(args.plan))[0])
+    name = args.name or (f"{_slug(model)}-{_slug(cluster)}-gbs{gbs}" if args.plan is None
+                         else os.path.splitext(os.path.basename(args.plan))[0])
     if args.report:
         return args.report, name, True
     if args.plan is None or args.name:
@@ -252,7 +318,8 @@ def run_run(args: argparse.Namespace) -> int:
         prediction, source = _predict(args, plan)
     else:
         plan, prediction, source = _search(args)
-    folder, name, keep = _report_dir(args, plan)
+    folder, name, keep = _report_dir(args, plan.model.name, plan.cluster.name,
+                                     plan.training.global_batch_size)
     os.makedirs(folder, exist_ok=True)
     _clean(folder)
     plan_path = args.plan or os.path.join(folder, "plan.yaml")

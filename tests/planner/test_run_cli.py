@@ -109,6 +109,9 @@ def test_a_gpu_plan_is_refused_on_a_host_without_one(tmp_path, capsys, no_launch
     (["--plan", "p.yaml", "--resume"], "--resume and --checkpoint-every need it"),
     (["--plan", "p.yaml", "--steps", "2", "--warmup", "2"], "0 ≤ warmup < --steps 2"),
     (["--plan", "missing.yaml"], "missing.yaml: cannot read"),
+    (["--plan", "p.yaml", "--no-profile"], "--no-profile: True is not allowed (only with"),
+    (["--model", "debug-tiny", "--gpus", "CPU:2", "--gbs", "8", "--no-profile", "--profile",
+      "p"], "not allowed with argument --no-profile"),
 ])
 def test_bad_flags(argv, needle, capsys, no_launch):
     code, out, err = _run(["run", *argv], capsys)
@@ -155,3 +158,8 @@ def test_automatic_mode_searches_runs_and_reports(tmp_path, capsys):
     plan = load_plan(str(report / "plan.yaml"))
     assert plan.predicted is not None and plan.provenance.command.startswith("plan run")
     save_plan(plan, str(tmp_path / "again.json"))  # the written plan is a valid Plan
+    # without --profile, this host was profiled first and that profile priced the plan
+    assert sorted(p.name for p in (report / "profiles").iterdir()) == [
+        "cpu-collectives.csv", "cpu-ops.csv"]
+    assert "measured profile" in shown["prediction_source"]
+    assert "plan run: measuring a profile of this host first" in err
