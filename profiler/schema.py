@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any, Literal, TypeVar
 
-__all__ = ["SpecError", "at", "dump", "fail", "load_yaml", "load_yaml_text", "parse", "spec_field"]
+__all__ = ["SpecError", "at", "dump", "fail", "load_yaml", "load_yaml_text", "parse", "read_text",
+           "spec_field"]
 
 T = TypeVar("T")
 
@@ -209,11 +210,15 @@ def load_yaml_text(text: str, *, where: str) -> Any:
         raise SpecError(f"{where}:{line}: malformed YAML ({problem})") from None
 
 
-def load_yaml(path: str) -> Any:
-    """Read a YAML file; a missing file or malformed YAML is a SpecError."""
+def read_text(path: str) -> str:
+    """A text file's contents; one that cannot be read is a SpecError naming it."""
     try:
         with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+            return fh.read()
     except OSError as err:
         raise SpecError(f"{path}: cannot read ({err.strerror})") from None
-    return load_yaml_text(text, where=path)
+
+
+def load_yaml(path: str) -> Any:
+    """Read a YAML file; a missing file or malformed YAML is a SpecError."""
+    return load_yaml_text(read_text(path), where=path)

@@ -33,7 +33,7 @@ from functools import cached_property
 from typing import Literal
 
 from profiler.devices import device
-from profiler.schema import SpecError, at, dump, fail, load_yaml_text, parse, spec_field
+from profiler.schema import at, dump, fail, load_yaml_text, parse, read_text, spec_field
 
 __all__ = ["EXTRAPOLATION_LIMIT", "PROFILE_SCHEMA_VERSION", "MonotoneCurve", "Profile",
            "ProfileMeta", "ProfileRow", "Profiles", "load_profile", "load_profiles",
@@ -291,12 +291,7 @@ def parse_profile_text(text: str, *, path: str) -> Profile:
 
 def load_profile(path: str) -> Profile:
     """Read and validate one profile file."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
-    return parse_profile_text(text, path=path)
+    return parse_profile_text(read_text(path), path=path)
 
 
 @dataclass(frozen=True)

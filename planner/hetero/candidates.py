@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from planner.costs.comm import group_tiers
 from planner.estimate import pipeline_time
 from planner.hetero.placement import Pool, place
-from planner.hetero.split import layer_split_fast
+from planner.hetero.split import layer_split_fast, least_feasible
 from planner.memory import stage_memory
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
@@ -109,15 +109,9 @@ def batch_split_fast(total: int, fill: Sequence[float], step: Sequence[float]
         out = [math.floor((t - f) / s + 1e-9) if t >= f else 0 for f, s in zip(fill, step, strict=True)]
         return out if min(out) >= 1 and sum(out) >= total else None
 
-    lo, hi = 0, len(values) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if shares(values[mid]) is None:
-            lo = mid + 1
-        else:
-            hi = mid
-    caps = shares(values[lo])
-    assert caps is not None
+    found = least_feasible(values, shares)
+    assert found is not None  # at the largest value every replica takes all `total`
+    caps = found[1]
     split, left = [1] * len(step), total - len(step)
     for r in sorted(range(len(step)), key=lambda r: step[r]):  # fastest replicas first
         add = min(caps[r] - 1, left)

@@ -16,7 +16,7 @@ the latest). An ILP; with two replicas the continuous optimum is analytic.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["batch_split_analytic", "batch_split_ilp", "bottleneck", "layer_split_dp",
            "layer_split_fast", "layer_split_ilp", "layer_split_proportional",
@@ -114,6 +114,25 @@ def _dp_pipeline(num_layers: int, fixed: Sequence[float], per_layer: Sequence[fl
     return best
 
 
+def least_feasible(values: Sequence[float], capacity: Callable[[float], list[int] | None]
+                   ) -> tuple[int, list[int]] | None:
+    """Binary search of sorted `values` for the first whose `capacity` is not None, with
+    `capacity` monotone (once feasible, feasible for every larger value): (its index, its
+    capacity), or None when even the largest is infeasible."""
+    lo, hi = 0, len(values) - 1
+    if hi < 0 or capacity(values[hi]) is None:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if capacity(values[mid]) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    caps = capacity(values[lo])
+    assert caps is not None
+    return lo, caps
+
+
 def layer_split_fast(num_layers: int, fixed: Sequence[float], per_layer: Sequence[float],
                      max_layers: Sequence[int], *, microbatches: int | None = None
                      ) -> list[int] | None:
@@ -138,17 +157,10 @@ def layer_split_fast(num_layers: int, fixed: Sequence[float], per_layer: Sequenc
 
     values = sorted({f + p * n for f, p, u in zip(fixed, per_layer, max_layers, strict=True)
                      for n in range(1, min(u, num_layers - stages + 1) + 1)})
-    lo, hi = 0, len(values) - 1
-    if capacity(values[hi]) is None:
+    found = least_feasible(values, capacity)
+    if found is None:
         return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if capacity(values[mid]) is None:
-            lo = mid + 1
-        else:
-            hi = mid
-    caps = capacity(values[lo])
-    assert caps is not None
+    lo, caps = found
     best = _fill_cheapest(num_layers, per_layer, caps)
     if microbatches is None:
         return best

@@ -7,19 +7,10 @@ import time
 
 import pytest
 
-from planner.cli import main
+from tests.planner.cli_helpers import run_cli as _run
 
 GOOD = ["simulate", "--model", "gpt3-175b", "--gpus", "A100-80GB-SXM:64", "--tp", "8", "--pp",
         "8", "--dp", "1", "--vp", "3", "--mbs", "1", "--gbs", "64", "--recompute", "full"]
-
-
-def _run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exit_:  # argparse
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _swap(flag, value):

@@ -4,16 +4,7 @@ import json
 
 import pytest
 
-from planner.cli import main
-
-
-def _run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exit_:  # argparse
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.planner.cli_helpers import run_cli as _run
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -8,11 +8,11 @@ import sys
 import pytest
 import yaml
 
-from planner.cli import main
 from planner.layout import ParallelConfig, homogeneous_plan
 from planner.specs.cluster import ClusterSpec, NodeGroup, parse_gpus_arg
 from planner.specs.model import preset
 from planner.specs.plan import Kernels, plan_to_dict, save_plan
+from tests.planner.cli_helpers import run_cli as _run
 
 TINY = preset("debug-tiny")
 CPU_KERNELS = Kernels(attention="math", optimizer="foreach")
@@ -47,14 +47,6 @@ def no_launch(monkeypatch):
     monkeypatch.setattr(executor.launch, "run_local", refuse)
     monkeypatch.setattr(subprocess, "run", refuse)
 
-
-def _run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _stages_edit(data):
