@@ -100,10 +100,13 @@ def _try_plan(model: ModelSpec, gpus: str, cfg: ParallelConfig,
         return None
 
 
-def published_cases(path: str | None = None) -> list[Case]:
-    path = path or os.path.join(VALIDATION_DIR, "published_visible.csv")
+def _csv_rows(path: str) -> list[dict[str, str]]:
     with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
+        return list(csv.DictReader(fh))
+
+
+def published_cases(path: str | None = None) -> list[Case]:
+    rows = _csv_rows(path or os.path.join(VALIDATION_DIR, "published_visible.csv"))
     cases = []
     for r in rows:
         model = _published_model(r)
@@ -159,9 +162,7 @@ LAYER_MODEL = "megatron-22b"  # Korthikanti et al. 2022 Table 4: 22B, tp 8, micr
 
 
 def korthikanti_layer_cases(path: str | None = None) -> list[LayerCase]:
-    path = path or os.path.join(VALIDATION_DIR, "korthikanti22_layer_times.csv")
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = _csv_rows(path or os.path.join(VALIDATION_DIR, "korthikanti22_layer_times.csv"))
     cases = []
     for r in rows:
         setting = r["setting"]
