@@ -21,7 +21,7 @@ from planner.costs.comm import group_tiers
 from planner.estimate import pipeline_time
 from planner.hetero.placement import Pool, place
 from planner.hetero.split import layer_split_fast, least_feasible
-from planner.memory import stage_memory
+from planner.memory import in_flight_chunks, stage_memory
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Stage, Training
@@ -72,6 +72,7 @@ class Priced:
     devices: tuple[tuple[tuple[int, ...], ...], ...]  # [replica][stage] -> GPUs
     iteration_s: float
     fits: bool
+    schedule: str = "1f1b"  # or zb-h1 (every replica runs the same schedule)
 
     def plan(self, model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, dtype: str,
              kernels: Kernels) -> Plan:
@@ -87,6 +88,7 @@ class Priced:
                                       num_microbatches=self.microbatches[r]))
         training = Training(global_batch_size=self.mbs * sum(self.microbatches),
                             seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
+                            schedule=self.schedule,  # type: ignore[arg-type]
                             sequence_parallel=any(tp > 1 for rep in self.template.replicas
                                                   for _, tp in rep))
         plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
@@ -256,11 +258,12 @@ def _memory(ctx: _Context, t: Template, lay: _Layout, kind: int, *, mbs: int, re
 def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *, pools: dict[str, list[Pool]],
           mbs: int, recompute: str, sharding: Sharding, seq_len: int, dtype: str, gbs: int,
           attention: str, layers: Sequence[int] | None = None,
-          microbatches: Sequence[int] | None = None,
+          microbatches: Sequence[int] | None = None, schedule: str = "1f1b",
           profiles: Profiles | None = None, memo: dict | None = None) -> Priced | None:
     """Split layers (unless given) and micro-batches (unless given), place the stages, and
-    estimate the iteration; None if the template cannot be placed or split. `memo` keeps
-    placements and stage costs across calls on the same model, cluster, dtype, profiles."""
+    estimate the iteration under `schedule` (1f1b, or zb-h1 when pp > 1); None if the
+    template cannot be placed or split. `memo` keeps placements and stage costs across
+    calls on the same model, cluster, dtype, profiles."""
     ctx = _Context(model, cluster, seq_len, dtype, gbs, attention, profiles)
     memo = {} if memo is None else memo
     lay = _placed(ctx, template, pools, memo)
@@ -270,7 +273,11 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *, pools: 
     m_even = total // template.dp
     if m_even < 1:
         return None
-    in_flight = [min(m_even, template.pp - k) for k in range(template.pp)]  # 1F1B
+    if schedule == "zb-h1" and template.pp == 1:
+        return None
+    in_flight = [in_flight_chunks(schedule=schedule, stage=k, pp=template.pp,
+                                  num_microbatches=m_even, virtual_stages=1)
+                 for k in range(template.pp)]
     lin = {kind: _linear(ctx, template, lay, kind, mbs=mbs, recompute=recompute,
                          sharding=sharding, memo=memo) for kind in range(len(lay.examples))}
     if layers is None:
@@ -292,15 +299,16 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *, pools: 
     fits = all(lin[q].fits(layers[k], in_flight[k]) for r in lay.replica_kinds
                for k, q in enumerate(lay.positions[r]))
     if microbatches is None:
-        microbatches = _split_batch(template, lay.replica_kinds, costs, total)
+        microbatches = _split_batch(template, lay.replica_kinds, costs, total, schedule)
         if microbatches is None:
             return None
     kind_of = [kinds_of(template, r, list(lay.replica_kinds)) for r in range(template.dp)]
-    finish = {(q, mb): pipeline_time(costs[q], num_microbatches=mb, virtual_stages=1)[0]
+    finish = {(q, mb): pipeline_time(costs[q], num_microbatches=mb, virtual_stages=1,
+                                     schedule=schedule)[0]
               for q, mb in set(zip(kind_of, microbatches, strict=True))}
     times = [finish[(q, mb)] for q, mb in zip(kind_of, microbatches, strict=True)]
     return Priced(template, mbs, recompute, sharding, tuple(layers), tuple(microbatches),
-                  lay.devices, max(times), fits)
+                  lay.devices, max(times), fits, schedule)
 
 
 def _placed(ctx: _Context, t: Template, pools: dict[str, list[Pool]], memo: dict
@@ -328,15 +336,15 @@ def kinds_of(t: Template, r: int, kinds: list[int]) -> int:
 
 
 def _split_batch(t: Template, kinds: Sequence[int], costs: dict[int, list[StageCost]],
-                 total: int) -> list[int] | None:
+                 total: int, schedule: str) -> list[int] | None:
     if len(kinds) == 1:
         if total % t.dp:
             return None
         return [total // t.dp] * t.dp
     line = {}  # per replica kind: (fill, step) of finishing m micro-batches
     for q in kinds:
-        one = pipeline_time(costs[q], num_microbatches=1, virtual_stages=1)[0]
-        two = pipeline_time(costs[q], num_microbatches=2, virtual_stages=1)[0]
+        one, two = (pipeline_time(costs[q], num_microbatches=m, virtual_stages=1,
+                                  schedule=schedule)[0] for m in (1, 2))
         line[q] = (one - (two - one), two - one)
     per_replica = [line[kinds_of(t, r, list(kinds))] for r in range(t.dp)]
     return batch_split_fast(total, [f for f, _ in per_replica], [s for _, s in per_replica])

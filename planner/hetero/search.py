@@ -191,6 +191,19 @@ def hetero_candidates(model: object, cluster: ClusterSpec, chosen: Sequence[Temp
                 for g in types:
                     with_type[g] = min(with_type.get(g, math.inf), score(p))
         best = sorted(best, key=score)[:keep]
+    # ZB-H1 on the leaders: the same split under the zero-bubble schedule (the bound above
+    # holds for 1F1B only, so ZB-H1 is not branched on; it can only shorten a leader's bubble)
+    for p in [p for p in best if p.template.pp > 1]:
+        zb = price(model, cluster, p.template, pools=pools, mbs=p.mbs,  # type: ignore[arg-type]
+                   recompute=p.recompute, sharding=p.sharding, seq_len=seq_len, dtype=dtype,
+                   gbs=gbs, attention=attention, layers=p.layers, schedule="zb-h1",
+                   profiles=profiles, memo=memo)
+        count += 1
+        if zb is not None and zb.fits:
+            best.append(zb)
+            for g in {g for rep in zb.template.replicas for g, _ in rep}:
+                with_type[g] = min(with_type.get(g, math.inf), score(zb))
+    best = sorted(best, key=score)[:keep]
     return best, count, with_type
 
 
@@ -237,11 +250,19 @@ def baselines_for(best: Priced, model: object, cluster: ClusterSpec, *, gbs: int
     t = best.template
     kw = dict(pools=pools, mbs=best.mbs, recompute=best.recompute, sharding=best.sharding,
               seq_len=seq_len, dtype=dtype, gbs=gbs, attention=attention, profiles=profiles)
+
+    def priced(**split: object) -> Priced | None:
+        """The split under the best plan's schedule or 1F1B, the faster of those that fit
+        (ZB-H1 holds more activations than 1F1B)."""
+        tried = [price(model, cluster, t, schedule=s, **kw, **split)  # type: ignore[arg-type]
+                 for s in dict.fromkeys((best.schedule, "1f1b"))]
+        fitting = [p for p in tried if p is not None and p.fits]
+        return min(fitting, key=lambda p: p.iteration_s) if fitting else tried[0]
+
     if t.family == "mixed-stages":
         speeds = [1.0 / _speed(g) / tp for g, tp in t.replicas[0]]  # time per layer ~
-        uniform = price(model, cluster, t, layers=layer_split_uniform(model.num_layers, t.pp), **kw)  # type: ignore[arg-type, attr-defined]
-        proportional = price(model, cluster, t,  # type: ignore[arg-type]
-                             layers=layer_split_proportional(model.num_layers, speeds), **kw)  # type: ignore[attr-defined, arg-type]
+        uniform = priced(layers=layer_split_uniform(model.num_layers, t.pp))
+        proportional = priced(layers=layer_split_proportional(model.num_layers, speeds))
         return [("uniform layer split", uniform), ("throughput-proportional layer split",
                                                    proportional)]
     total = gbs // best.mbs
@@ -249,8 +270,8 @@ def baselines_for(best: Priced, model: object, cluster: ClusterSpec, *, gbs: int
     rates = [_speed(rep[0][0]) * rep[0][1] for rep in t.replicas]
     share = [max(1, round(total * x / sum(rates))) for x in rates]
     share[max(range(t.dp), key=lambda r: rates[r])] += total - sum(share)
-    uniform = price(model, cluster, t, layers=best.layers, microbatches=even, **kw)  # type: ignore[arg-type]
-    proportional = price(model, cluster, t, layers=best.layers, microbatches=share, **kw)  # type: ignore[arg-type]
+    uniform = priced(layers=best.layers, microbatches=even)
+    proportional = priced(layers=best.layers, microbatches=share)
     return [("uniform batch split", uniform), ("throughput-proportional batch split",
                                                proportional)]
 

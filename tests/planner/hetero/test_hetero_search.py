@@ -121,3 +121,35 @@ def test_templates_of_unlike_types_only():
         assert len(kinds) >= 2
         assert t.num_gpus <= cluster.num_gpus
         assert isinstance(t, Template)
+
+
+def test_zero_bubble_on_unlike_stages_priced_as_simulated():
+    """ZB-H1 (Qi et al. 2024) on mixed templates: the closed form that ranks the
+    candidates follows the event simulation of the plan it describes about as well as it
+    does for 1F1B, and the plan records the schedule."""
+    from planner.simulator import simulate
+    from planner.specs.plan import Kernels
+
+    rng = random.Random(5)
+    kernels = Kernels(attention="flash", optimizer="fused")
+    path, name, gbs = SHIPPED[0]
+    model, cluster = preset(name), load_cluster(path)
+    pools = pools_by_type(cluster)
+    chosen = [t for t in mixed_templates(model, cluster, gbs) if 1 < t.pp <= 10]
+    checked = 0
+    for t in rng.sample(chosen, 4):
+        kw = dict(pools=pools, mbs=1, recompute="selective", sharding=Sharding(optim=t.dp),
+                  seq_len=4096, dtype="bf16", gbs=gbs, attention="flash")
+        one = price(model, cluster, t, **kw)
+        if one is None:
+            continue
+        zb = price(model, cluster, t, layers=one.layers, schedule="zb-h1", **kw)
+        errors = []
+        for p in (one, zb):
+            plan = p.plan(model, cluster, seq_len=4096, dtype="bf16", kernels=kernels)
+            assert plan.training.schedule == p.schedule
+            sim = simulate(plan).iteration_time_s
+            errors.append(abs(p.iteration_s - sim) / sim)
+        assert errors[1] <= max(errors[0] + 0.05, 0.10), (t, errors)
+        checked += 1
+    assert checked >= 2
