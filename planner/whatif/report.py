@@ -164,8 +164,9 @@ def _plan_text(row: Row) -> str:
     sh = plan.sharding
     replicas = " + ".join(f"{n}x {text}" for _, n, text in replica_kinds(plan))
     pp = len(stages)
-    return (f"{replicas}; {pp} stage{'s' if pp > 1 else ''}, {stages[0].recompute} recompute, "
-            f"P/G/OS {sh.params}/{sh.grads}/{sh.optim}")
+    schedule = f" {plan.training.schedule}" if pp > 1 else ""
+    return (f"{replicas}; {pp} stage{'s' if pp > 1 else ''}{schedule}, {stages[0].recompute} "
+            f"recompute, P/G/OS {sh.params}/{sh.grads}/{sh.optim}")
 
 
 def _fmt(value: float | None, spec: str) -> str:
