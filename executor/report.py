@@ -129,8 +129,10 @@ def to_markdown(r: RunReport) -> str:
     pred_tok = "-" if r.predicted_tokens_per_s is None else f"{r.predicted_tokens_per_s:,.0f}"
     lines = [
         f"# {r.name}: {r.model} on {r.cluster}", "", f"Layout: {r.layout}.", "",
-        f"Steps {r.first_step + 1}-{r.first_step + r.steps_run} run; the first "
-        f"{r.warmup_steps} are warm-up. Prediction: {r.prediction_source}.", "",
+        f"Steps {r.first_step + 1}-{r.first_step + r.steps_run} run; "
+        + (f"the first {r.warmup_steps} are warm-up. " if r.warmup_steps > 1 else
+           "the first is warm-up. " if r.warmup_steps == 1 else "no warm-up. ")
+        + f"Prediction: {r.prediction_source}.", "",
         "| | predicted | measured | error |", "|---|---|---|---|",
         f"| iteration (ms) | {pred_s} | {r.measured_iteration_s * 1e3:.2f} "
         f"(range {r.measured_iteration_range_s[0] * 1e3:.2f}-"

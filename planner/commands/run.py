@@ -121,7 +121,7 @@ def _cluster(args: argparse.Namespace) -> ClusterSpec:
         return load_cluster(args.cluster)
     gpu, _, count = args.gpus.rpartition(":")
     if gpu and count.isdigit() and int(count) > 0 and device(gpu).vendor == "cpu":
-        return ClusterSpec(name=f"{count} CPU ranks", node_groups=(NodeGroup(
+        return ClusterSpec(name=f"{count} CPU rank{'s' if int(count) > 1 else ''}", node_groups=(NodeGroup(
             name="host", gpu=device(gpu).name, num_nodes=1, gpus_per_node=int(count),
             intra_node_link="loopback", island="local"),)).resolved()
     return parse_gpus_arg(args.gpus)
@@ -215,7 +215,7 @@ def _profile_here(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSp
             print(f"plan run: using the profile measured before: {path}", file=sys.stderr)
             continue
         print(f"plan run: measuring a profile of this host first (--no-profile skips it): "
-              f"plan {shlex.join(argv[1:])}", file=sys.stderr, flush=True)
+              f"plan {shlex.join(argv)}", file=sys.stderr, flush=True)
         with contextlib.redirect_stdout(sys.stderr):  # stdout may be the --json report
             code = plan_main(argv)
         if code != 0:
