@@ -61,7 +61,7 @@ class RunReport:
 
 def describe_layout(plan: Plan) -> str:
     p0 = plan.pipelines[0]
-    sh, tr, k = plan.sharding, plan.training, plan.kernels
+    tr, k = plan.training, plan.kernels
     tps = sorted({s.tp for p in plan.pipelines for s in p.stages})
     micro = sorted({(p.micro_batch_size, p.num_microbatches) for p in plan.pipelines})
     return (f"dp {plan.dp}, pp {len(p0.stages)}, tp {'/'.join(map(str, tps))}, "
@@ -70,7 +70,7 @@ def describe_layout(plan: Plan) -> str:
             f"gbs {tr.global_batch_size}, seq {tr.seq_len}, {tr.dtype}, {tr.schedule}"
             f"{f' vp {tr.virtual_stages}' if tr.virtual_stages > 1 else ''}"
             f"{', sequence parallel' if tr.sequence_parallel else ''}, recompute "
-            f"{p0.stages[0].recompute}, P/G/OS {sh.params}/{sh.grads}/{sh.optim}, "
+            f"{p0.stages[0].recompute}, {plan.sharding_label}, "
             f"{k.attention} attention, {k.optimizer} AdamW")
 
 

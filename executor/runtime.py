@@ -106,7 +106,9 @@ def _module(plan: Plan, topo: Topology, rank: int, c: int, device: torch.device,
 
 
 def _use_fsdp(plan: Plan) -> bool:
-    sh = plan.sharding
+    if len(plan.shardings) > 1:  # FSDP2 shards every stage alike: AMSP per stage is flat
+        return False
+    sh = plan.sharding_of(0)
     return fsdp_applies(params=sh.params, grads=sh.grads, optim=sh.optim,
                         equal_counts=len({p.num_microbatches for p in plan.pipelines}) == 1,
                         tp=max(s.tp for p in plan.pipelines for s in p.stages))
@@ -141,7 +143,9 @@ def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
                                       num_microbatches=plan.pipelines[0].num_microbatches,
                                       split_backward=split, name=name)]
         else:
-            states = [ShardedState(ps, layout, groups.collectives, make_optimizer=optimizer,
+            tied_layout = shard_layout(plan, topo, rank, tied=True)
+            states = [ShardedState(ps, tied_layout if kind == "tied" else layout,
+                                   groups.collectives, make_optimizer=optimizer,
                                    name=f"{name}/{kind}", tied=kind == "tied")
                       for kind, ps in (("main", main), ("tied", tied)) if ps]
         chunks.append(Chunk(k, module, states, first=k == 0, last=k == num_chunks - 1,
@@ -211,7 +215,7 @@ def _micro_batches(plan: Plan, pipeline: int, seed: int, device: torch.device) -
     tr = plan.training
     pipe = plan.pipelines[pipeline]
     counts = {p.num_microbatches for p in plan.pipelines}
-    per_pass = plan.sharding.params > 1 or plan.sharding.grads > 1
+    per_pass = any(sh.params > 1 or sh.grads > 1 for sh in plan.shardings)
 
     def draw(step: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         return sample_batch(plan.model, seq_len=tr.seq_len, seed=seed, step=step, first=first,

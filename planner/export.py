@@ -49,6 +49,9 @@ def _shape(plan: Plan) -> tuple[_Shape, list[str]]:
         issues.append("recompute differs between stages")
     if len({s.tp for s in stages}) > 1 or len({s.cp for s in stages}) > 1:
         issues.append("tp or cp differs between stages")
+    if len(plan.shardings) > 1:
+        issues.append(f"model-state sharding differs between stages ({plan.sharding_label}); "
+                      "exported with the plan's overall sharding")
     tr = plan.training
     return _Shape(tp=stages[0].tp, pp=len(stages), dp=plan.dp, cp=stages[0].cp,
                   vp=tr.virtual_stages, mbs=first.micro_batch_size, gbs=tr.global_batch_size,

@@ -393,7 +393,7 @@ def plan_stage_setup(plan: Plan, pi: int, si: int) -> StageSetup:
         recompute=stage.recompute, tp_group=stage.devices[:stage.tp],
         cp_group=stage.devices[::stage.tp], next_stage=None if nxt is stage else nxt.devices[0],
         dp_group=group, concurrency=sum(len(s.devices) for s in pipe.stages),
-        sharding=plan.sharding, optimizer=plan.kernels.optimizer,
+        sharding=plan.sharding_of(si), optimizer=plan.kernels.optimizer,
         layers_in_flight=in_flight * stage.num_layers / tr.virtual_stages)
 
 
@@ -447,9 +447,9 @@ def plan_stage_costs(plan: Plan, profiles: Profiles | None = None) -> list[list[
     return out
 
 
-def _optimizer_op(plan: Plan, params: float, num_layers: int) -> Op:
+def _optimizer_op(plan: Plan, params: float, num_layers: int, sharding: Sharding) -> Op:
     """The optimizer step over a stage's optimizer-state shard."""
-    return optimizer_work(params / plan.sharding.optim, dtype=plan.training.dtype,
+    return optimizer_work(params / sharding.optim, dtype=plan.training.dtype,
                           implementation=plan.kernels.optimizer,
                           num_tensors=max(1, 6 * num_layers))
 
@@ -469,7 +469,7 @@ def _stage_ops(plan: Plan, pi: int, si: int) -> tuple[DeviceSpec, list[Op]]:
         items.extend((*fwd, *bwd))
     params = rank_param_count(plan.model, num_layers=stage.num_layers, first=first, last=last,
                               tp=stage.tp, pp=len(pipe.stages))
-    items.append(_optimizer_op(plan, params, stage.num_layers))
+    items.append(_optimizer_op(plan, params, stage.num_layers, plan.sharding_of(si)))
     return stage_device(plan, stage), [op for op in items if isinstance(op, Op)]
 
 

@@ -94,6 +94,9 @@ def _row(r: Ranked, req: SearchRequest) -> dict:
         "mbs": plan.pipelines[0].micro_batch_size, "recompute": stage.recompute,
         "sequence_parallel": plan.training.sequence_parallel,
         "sharding": {"params": sh.params, "grads": sh.grads, "optim": sh.optim},
+        "stage_sharding": None if plan.stage_sharding is None else [
+            {"params": s.params, "grads": s.grads, "optim": s.optim}
+            for s in plan.stage_sharding],
         "attention": plan.kernels.attention,
         "iteration_time_s": res.iteration_time_s, "estimate_s": r.estimate_s,
         "tokens_per_s": res.tokens_per_s, "mfu": res.mfu,
@@ -147,7 +150,8 @@ def _table(result: SearchResult, req: SearchRequest) -> str:
     for i, r in enumerate(result.ranked, 1):
         d = _row(r, req)
         sh = d["sharding"]
-        shard = f"{sh['params']}/{sh['grads']}/{sh['optim']}"
+        shard = (f"{sh['params']}/{sh['grads']}/{sh['optim']}" if d["stage_sharding"] is None
+                 else "per stage")
         usd = d["usd_per_million_tokens"]
         line = (f"{i:>2} {d['gpus']:>6} {d['tp']:>3} {d['pp']:>3} {d['dp']:>5} {d['cp']:>3} "
                 f"{d['vp']:>3} {_SCHEDULE_SHORT[d['schedule']]:>5} {d['mbs']:>4} "
@@ -164,6 +168,8 @@ def _table(result: SearchResult, req: SearchRequest) -> str:
             stages = r.plan.pipelines[0].stages
             line += "  " + ", ".join(f"{n} {g}" for g, n in d["gpu_types"].items())
             line += f"; layers/stage {[s.num_layers for s in stages]}" if len(stages) > 1 else ""
+            if r.plan.stage_sharding:
+                line += "; " + r.plan.sharding_label
         lines.append(line)
     best = result.ranked[0].result
     lines.append(f"searched {result.num_candidates:,} candidates on {result.num_layouts} "

@@ -47,7 +47,6 @@ def egress_usd_per_iteration(plan: Plan) -> float:
             pair = {island(a.devices[0]), island(b.devices[0])}
             if len(pair) > 1:
                 usd += 2 * act * pipe.num_microbatches / 1e9 * price(pair)
-    sh = plan.sharding
     microbatches = max(p.num_microbatches for p in plan.pipelines)
     for k, stage in enumerate(plan.pipelines[0].stages):
         per_replica = [island(p.stages[min(k, len(p.stages) - 1)].devices[0])
@@ -59,6 +58,7 @@ def egress_usd_per_iteration(plan: Plan) -> float:
         params = rank_param_count(m, num_layers=stage.num_layers, first=k == 0,
                                   last=k == pp - 1, tp=1, pp=pp)
         usd += 2 * params * GRAD_BYTES * _cut(spanned) / 1e9 * price(spanned)
+        sh = plan.sharding_of(k)
         if sh.params > 1:  # each parameter-sharding group gathers its own copy
             for i in range(0, len(per_replica), sh.params):
                 group = set(per_replica[i:i + sh.params])

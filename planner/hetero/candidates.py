@@ -73,6 +73,7 @@ class Priced:
     iteration_s: float
     fits: bool
     schedule: str = "1f1b"  # or zb-h1 (every replica runs the same schedule)
+    stage_sharding: tuple[Sharding, ...] | None = None  # per position, where they differ
 
     def plan(self, model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, dtype: str,
              kernels: Kernels) -> Plan:
@@ -92,7 +93,7 @@ class Priced:
                             sequence_parallel=any(tp > 1 for rep in self.template.replicas
                                                   for _, tp in rep))
         plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
-                    sharding=self.sharding, kernels=kernels)
+                    sharding=self.sharding, stage_sharding=self.stage_sharding, kernels=kernels)
         plan.check("plan")
         return plan
 
@@ -259,10 +260,15 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *, pools: 
           mbs: int, recompute: str, sharding: Sharding, seq_len: int, dtype: str, gbs: int,
           attention: str, layers: Sequence[int] | None = None,
           microbatches: Sequence[int] | None = None, schedule: str = "1f1b",
-          profiles: Profiles | None = None, memo: dict | None = None) -> Priced | None:
+          relax: Sequence[Sharding] = (), stage_sharding: Sequence[Sharding] | None = None,
+          profiles: Profiles | None = None,
+          memo: dict | None = None) -> Priced | None:
     """Split layers (unless given) and micro-batches (unless given), place the stages, and
     estimate the iteration under `schedule` (1f1b, or zb-h1 when pp > 1); None if the
-    template cannot be placed or split. `memo` keeps placements and stage costs across
+    template cannot be placed or split. AMSP per stage: `stage_sharding` gives each stage
+    position its own sharding; with `relax` (other sharding options) each position in turn
+    takes the option, among those its memory allows, that shortens the iteration most
+    (layers as split under `sharding`). `memo` keeps placements and stage costs across
     calls on the same model, cluster, dtype, profiles."""
     ctx = _Context(model, cluster, seq_len, dtype, gbs, attention, profiles)
     memo = {} if memo is None else memo
@@ -293,11 +299,21 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *, pools: 
                                   microbatches=m_even)
         if layers is None:
             return None
+    per_stage = list(stage_sharding or [sharding] * template.pp)
+    if relax:
+        per_stage = _relaxed(ctx, template, lay, per_stage, [*relax, sharding], mbs=mbs,
+                             recompute=recompute, layers=layers, in_flight=in_flight,
+                             microbatches=m_even, schedule=schedule, memo=memo)
+    if len(set(per_stage)) > 1:  # the overall sharding: the most sharded stage's
+        sharding = max(per_stage, key=lambda sh: (sh.optim, sh.grads, sh.params))
+    else:
+        sharding = per_stage[0]
     costs = {r: [_cost(ctx, template, lay, q, mbs=mbs, recompute=recompute, layers=layers[k],
-                       sharding=sharding, memo=memo) for k, q in enumerate(lay.positions[r])]
+                       sharding=per_stage[k], memo=memo) for k, q in enumerate(lay.positions[r])]
              for r in lay.replica_kinds}
-    fits = all(lin[q].fits(layers[k], in_flight[k]) for r in lay.replica_kinds
-               for k, q in enumerate(lay.positions[r]))
+    fits = all(_linear(ctx, template, lay, q, mbs=mbs, recompute=recompute,
+                       sharding=per_stage[k], memo=memo).fits(layers[k], in_flight[k])
+               for r in lay.replica_kinds for k, q in enumerate(lay.positions[r]))
     if microbatches is None:
         microbatches = _split_batch(template, lay.replica_kinds, costs, total, schedule)
         if microbatches is None:
@@ -308,7 +324,41 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *, pools: 
               for q, mb in set(zip(kind_of, microbatches, strict=True))}
     times = [finish[(q, mb)] for q, mb in zip(kind_of, microbatches, strict=True)]
     return Priced(template, mbs, recompute, sharding, tuple(layers), tuple(microbatches),
-                  lay.devices, max(times), fits, schedule)
+                  lay.devices, max(times), fits, schedule,
+                  tuple(per_stage) if len(set(per_stage)) > 1 else None)
+
+
+def _relaxed(ctx: _Context, t: Template, lay: _Layout, per_stage: list[Sharding],
+             options: Sequence[Sharding], *, mbs: int, recompute: str, layers: Sequence[int],
+             in_flight: Sequence[int], microbatches: int, schedule: str, memo: dict
+             ) -> list[Sharding]:
+    """Coordinate descent over stage positions: each takes, among the options its memory
+    allows, the one that shortens the slowest replica's estimated iteration most."""
+
+    def fits(k: int, sh: Sharding) -> bool:
+        return all(_linear(ctx, t, lay, lay.positions[r][k], mbs=mbs, recompute=recompute,
+                           sharding=sh, memo=memo).fits(layers[k], in_flight[k])
+                   for r in lay.replica_kinds)
+
+    def iteration_s(shardings: list[Sharding]) -> float:
+        return max(pipeline_time([_cost(ctx, t, lay, q, mbs=mbs, recompute=recompute,
+                                        layers=layers[k], sharding=shardings[k], memo=memo)
+                                  for k, q in enumerate(lay.positions[r])],
+                                 num_microbatches=microbatches, virtual_stages=1,
+                                 schedule=schedule)[0] for r in lay.replica_kinds)
+
+    best, improved = iteration_s(per_stage), True
+    while improved:  # until no position alone can do better (each pass shortens it)
+        improved = False
+        for k in range(t.pp):
+            for sh in options:
+                if sh == per_stage[k] or not fits(k, sh):
+                    continue
+                trial = [*per_stage[:k], sh, *per_stage[k + 1:]]
+                time_s = iteration_s(trial)
+                if time_s < best * (1 - 1e-12):
+                    per_stage, best, improved = trial, time_s, True
+    return per_stage
 
 
 def _placed(ctx: _Context, t: Template, pools: dict[str, list[Pool]], memo: dict

@@ -101,7 +101,8 @@ def _mixed_replicas(subset: tuple[str, ...], tp: tuple[int, ...], units: dict[st
         yield Template("mixed-replicas", tuple(reps))
 
 
-def _shardings(dp: int) -> list[Sharding]:
+def sharding_options(dp: int) -> list[Sharding]:
+    """The model-state shardings searched for `dp` replicas: replicated, ZeRO-1, 2, 3."""
     if dp == 1:
         return [Sharding()]
     return [Sharding(), Sharding(optim=dp), Sharding(grads=dp, optim=dp),
@@ -191,19 +192,23 @@ def hetero_candidates(model: object, cluster: ClusterSpec, chosen: Sequence[Temp
                 for g in types:
                     with_type[g] = min(with_type.get(g, math.inf), score(p))
         best = sorted(best, key=score)[:keep]
-    # ZB-H1 on the leaders: the same split under the zero-bubble schedule (the bound above
-    # holds for 1F1B only, so ZB-H1 is not branched on; it can only shorten a leader's bubble)
+    # Variants of the leaders, with the same layer split (the bound above holds for 1F1B
+    # with one sharding, so these are not branched on): ZB-H1, and AMSP per stage, each
+    # position at the sharding its memory allows that shortens the iteration most.
     for p in [p for p in best if p.template.pp > 1]:
-        zb = price(model, cluster, p.template, pools=pools, mbs=p.mbs,  # type: ignore[arg-type]
-                   recompute=p.recompute, sharding=p.sharding, seq_len=seq_len, dtype=dtype,
-                   gbs=gbs, attention=attention, layers=p.layers, schedule="zb-h1",
-                   profiles=profiles, memo=memo)
-        count += 1
-        if zb is not None and zb.fits:
-            best.append(zb)
-            for g in {g for rep in zb.template.replicas for g, _ in rep}:
-                with_type[g] = min(with_type.get(g, math.inf), score(zb))
-    best = sorted(best, key=score)[:keep]
+        options = sharding_options(p.template.dp) if p.template.dp > 1 else []
+        for schedule, relax in [("zb-h1", [])] + [("1f1b", options), ("zb-h1", options)] * (
+                len(options) > 0):
+            q = price(model, cluster, p.template, pools=pools, mbs=p.mbs,  # type: ignore[arg-type]
+                      recompute=p.recompute, sharding=p.sharding, seq_len=seq_len,
+                      dtype=dtype, gbs=gbs, attention=attention, layers=p.layers,
+                      schedule=schedule, relax=relax, profiles=profiles, memo=memo)
+            count += 1
+            if q is not None and q.fits:
+                best.append(q)
+                for g in {g for rep in q.template.replicas for g, _ in rep}:
+                    with_type[g] = min(with_type.get(g, math.inf), score(q))
+    best = sorted(dict.fromkeys(best), key=score)[:keep]  # two leaders may relax alike
     return best, count, with_type
 
 
@@ -231,7 +236,7 @@ def _cheapest_fitting(t: Template, mbs: int, price_fn: Callable) -> Iterator[Pri
     or communication to save memory that is not needed), so they are skipped."""
     for rc in ("none", "selective", "full"):
         fitted = False
-        for shardings in (_shardings(t.dp)[:2], _shardings(t.dp)[2:]):
+        for shardings in (sharding_options(t.dp)[:2], sharding_options(t.dp)[2:]):
             for sh in shardings:
                 p = price_fn(mbs, rc, sh)
                 fitted = fitted or (p is not None and p.fits)

@@ -418,7 +418,8 @@ def _refine(req: SearchRequest, p: Priced, kernels: Kernels, attention: str,
         q = price(req.model, req.cluster, p.template, pools=pools, mbs=p.mbs,
                   recompute=p.recompute, sharding=p.sharding, seq_len=req.seq_len,
                   dtype=req.dtype, gbs=req.gbs, attention=attention, layers=layers,
-                  microbatches=p.microbatches, schedule=p.schedule, profiles=req.profiles)
+                  microbatches=p.microbatches, schedule=p.schedule, profiles=req.profiles,
+                  stage_sharding=p.stage_sharding)
         if q is None or not q.fits:
             return float("inf"), None
         plan = q.plan(req.model, req.cluster, seq_len=req.seq_len, dtype=req.dtype,

@@ -90,7 +90,7 @@ def _stage_summaries(sim: Simulation) -> tuple[StageSummary, ...]:
                                   shape=stage_shape(plan, pi, stage), num_layers=stage.num_layers,
                                   first=si == 0, last=si == len(pipe.stages) - 1,
                                   pp=len(pipe.stages), recompute=stage.recompute,
-                                  sharding=plan.sharding, layers_in_flight=layers)
+                                  sharding=plan.sharding_of(si), layers_in_flight=layers)
             out.append(StageSummary(pipeline=pi, stage=si, device=cost.device,
                                     layers=stage.layers,  # type: ignore[arg-type]
                                     forward_s=cost.forward_s, backward_s=cost.backward_s,

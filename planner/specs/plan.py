@@ -140,6 +140,9 @@ class Plan:
     training: Training
     pipelines: tuple[Pipeline, ...]
     sharding: Sharding = Sharding()
+    stage_sharding: tuple[Sharding, ...] | None = spec_field(
+        default=None, help="per stage position, overriding `sharding` there (needs every "
+        "replica to split the layers at the same boundaries)")
     kernels: Kernels = Kernels()
     predicted: Predicted | None = None
     provenance: Provenance | None = None
@@ -157,11 +160,43 @@ class Plan:
                  "a zero-bubble schedule needs every pipeline to have at least 2 stages; "
                  "allowed with 1 stage: gpipe, 1f1b")
         dp = len(self.pipelines)
-        for name in ("params", "grads", "optim"):
-            size = getattr(self.sharding, name)
-            if dp % size:
-                fail(at(where, f"sharding.{name}"), size,
-                     f"must divide the number of data-parallel replicas ({dp})")
+        for path, sh in self._shardings(where):
+            sh.check(path)
+            for name in ("params", "grads", "optim"):
+                size = getattr(sh, name)
+                if dp % size:
+                    fail(at(path, name), size,
+                         f"must divide the number of data-parallel replicas ({dp})")
+
+    def _shardings(self, where: str) -> list[tuple[str, Sharding]]:
+        """Every sharding the plan states, with where it is; checks stage_sharding's shape."""
+        out = [(at(where, "sharding"), self.sharding)]
+        if self.stage_sharding is None:
+            return out
+        bounds = [s.layers for s in self.pipelines[0].stages]
+        if any([s.layers for s in p.stages] != bounds for p in self.pipelines[1:]):
+            fail(at(where, "stage_sharding"), "per stage",
+                 "only when every pipeline splits the layers at the same boundaries")
+        if len(self.stage_sharding) != len(bounds):
+            fail(at(where, "stage_sharding"), f"{len(self.stage_sharding)} entries",
+                 f"one per stage ({len(bounds)})")
+        return out + [(at(where, f"stage_sharding[{k}]"), sh)
+                      for k, sh in enumerate(self.stage_sharding)]
+
+    def sharding_of(self, stage: int) -> Sharding:
+        """The model-state sharding of stage position `stage`."""
+        return self.sharding if self.stage_sharding is None else self.stage_sharding[stage]
+
+    @property
+    def sharding_label(self) -> str:
+        """'P/G/OS 1/1/8', or per stage: 'P/G/OS per stage 1/1/1, 8/8/8'."""
+        text = [f"{s.params}/{s.grads}/{s.optim}" for s in self.stage_sharding or (self.sharding,)]
+        return f"P/G/OS {'per stage ' if self.stage_sharding else ''}{', '.join(text)}"
+
+    @property
+    def shardings(self) -> tuple[Sharding, ...]:
+        """The distinct shardings the plan uses (one unless stage_sharding differs)."""
+        return tuple(dict.fromkeys(self.stage_sharding or (self.sharding,)))
 
     def _check_batch(self, where: str) -> None:
         total = sum(p.samples for p in self.pipelines)

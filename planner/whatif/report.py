@@ -86,7 +86,7 @@ def bottleneck(plan: Plan, result: SimResult) -> str:
     name, seconds = max(parts.items(), key=lambda kv: kv[1])
     label = name if seconds > 0.15 * result.iteration_time_s else "compute"
     recompute = {s.recompute for p in plan.pipelines for s in p.stages}
-    if "full" in recompute or plan.sharding.params > 1:
+    if "full" in recompute or any(sh.params > 1 for sh in plan.shardings):
         label += "; memory (full recompute or sharded parameters needed)"
     return label
 
@@ -161,12 +161,11 @@ def _plan_text(row: Row) -> str:
         return "-"
     plan = row.ranked.plan
     stages = plan.pipelines[0].stages
-    sh = plan.sharding
     replicas = " + ".join(f"{n}x {text}" for _, n, text in replica_kinds(plan))
     pp = len(stages)
     schedule = f" {plan.training.schedule}" if pp > 1 else ""
     return (f"{replicas}; {pp} stage{'s' if pp > 1 else ''}{schedule}, {stages[0].recompute} "
-            f"recompute, P/G/OS {sh.params}/{sh.grads}/{sh.optim}")
+            f"recompute, {plan.sharding_label}")
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -70,3 +70,16 @@ def test_zero_bubble_schedule():
     deepspeed = export_plan(plan, "deepspeed")
     assert any("--enable-zbh1-pipeline" in u for u in deepspeed.unsupported)
     assert not any("zb-h1" in u for u in export_plan(_plan(vp=1), "megatron").unsupported)
+
+
+def test_sharding_per_stage_is_listed_as_unexpressible():
+    from dataclasses import replace
+
+    plan = _plan()
+    per_stage = (Sharding(), Sharding(optim=4), Sharding(optim=4), Sharding(grads=4, optim=4))
+    plan = replace(plan, sharding=per_stage[-1], stage_sharding=per_stage)
+    plan.check("plan")
+    for fmt in ("megatron", "deepspeed", "torchtitan"):
+        out = export_plan(plan, fmt)
+        assert any("differs between stages (P/G/OS per stage 1/1/1, 1/1/4, 1/1/4, 1/4/4)" in u
+                   for u in out.unsupported), (fmt, out.unsupported)

@@ -138,3 +138,28 @@ def test_speed_of_a_large_simulation():
         simulate(plan)
         best = min(best, time.perf_counter() - start)
     assert best <= 0.2, best
+
+
+def test_each_stage_priced_at_its_own_sharding():
+    """AMSP per stage (Zorse's sharding inside a stage at its own group size): a stage
+    whose sharding is overridden costs and holds exactly what it would with that sharding
+    for the whole plan; the other stages are untouched."""
+    from dataclasses import replace
+
+    from planner.specs.plan import Sharding
+    from planner.stage_costs import plan_stage_costs
+
+    cfg = ParallelConfig(tp=2, pp=2, dp=4, mbs=1, gbs=32, seq_len=2048)
+    base = homogeneous_plan(preset("gpt3-2.7b"), parse_gpus_arg("A100-80GB-SXM:16"), cfg)
+    zero1, zero3 = Sharding(optim=4), Sharding(params=4, grads=4, optim=4)
+    whole = {sh: replace(base, sharding=sh) for sh in (zero1, zero3)}
+    mixed = replace(base, sharding=zero1, stage_sharding=(zero1, zero3))
+    mixed.check("plan")
+    got_sim = simulate(mixed)
+    for si, sh in enumerate((zero1, zero3)):
+        want_sim = simulate(whole[sh])
+        assert got_sim.stages[si].memory.total_bytes == pytest.approx(
+            want_sim.stages[si].memory.total_bytes)
+        assert plan_stage_costs(mixed)[0][si].dp == plan_stage_costs(whole[sh])[0][si].dp
+    assert (simulate(whole[zero3]).stages[1].memory.total_bytes
+            < simulate(whole[zero1]).stages[1].memory.total_bytes)

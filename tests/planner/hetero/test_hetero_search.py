@@ -153,3 +153,49 @@ def test_zero_bubble_on_unlike_stages_priced_as_simulated():
         assert errors[1] <= max(errors[0] + 0.05, 0.10), (t, errors)
         checked += 1
     assert checked >= 2
+
+
+def test_per_stage_sharding_is_a_local_optimum_that_fits():
+    """AMSP per stage (Zorse: sharding inside a stage at its own group size): relaxing a
+    fitting candidate keeps it fitting, never makes it slower, and leaves no position
+    where another sharding that fits would shorten the estimated iteration."""
+    from dataclasses import replace
+
+    from planner.estimate import estimate
+    from planner.hetero.search import sharding_options
+    from planner.specs.plan import Kernels
+
+    rng = random.Random(11)
+    relaxed = 0
+    for path, name, gbs in (SHIPPED[3], SHIPPED[0]):
+        model, cluster = preset(name), load_cluster(path)
+        pools = pools_by_type(cluster)
+        chosen = [t for t in mixed_templates(model, cluster, gbs)
+                  if t.pp > 1 and t.family == "mixed-stages"]
+        for t in rng.sample(chosen, min(10, len(chosen))):
+            kw = dict(pools=pools, mbs=1, recompute="none", seq_len=4096, dtype="bf16",
+                      gbs=gbs, attention="flash")
+            options = sharding_options(t.dp)
+            for sh in options[1:]:
+                whole = price(model, cluster, t, sharding=sh, **kw)
+                if whole is None or not whole.fits:
+                    continue
+                q = price(model, cluster, t, sharding=sh, layers=whole.layers, relax=options,
+                          **kw)
+                assert q is not None and q.fits
+                assert q.iteration_s <= whole.iteration_s * (1 + 1e-9)
+                if not q.stage_sharding:
+                    continue
+                relaxed += 1
+                plan = q.plan(model, cluster, seq_len=4096, dtype="bf16", kernels=Kernels())
+                assert all(s.memory.fits for s in estimate(plan).stages)
+                for k in range(t.pp):
+                    for other in options:
+                        trial = list(q.stage_sharding)
+                        trial[k] = other
+                        p = price(model, cluster, t, sharding=sh, layers=whole.layers,
+                                  stage_sharding=trial, **kw)
+                        fits = all(s.memory.fits for s in estimate(
+                            replace(plan, stage_sharding=tuple(trial))).stages)
+                        assert not fits or p.iteration_s >= q.iteration_s * (1 - 1e-9)
+    assert relaxed >= 1

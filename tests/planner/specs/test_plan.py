@@ -50,7 +50,17 @@ def _heterogeneous() -> Plan:
     return plan
 
 
-@pytest.mark.parametrize("make", [_homogeneous, _heterogeneous])
+def _per_stage() -> Plan:
+    """AMSP per stage position: the first stage replicated, the second ZeRO-3."""
+    plan = dataclasses.replace(_homogeneous(), sharding=Sharding(params=2, grads=2, optim=2),
+                               stage_sharding=(Sharding(), Sharding(params=2, grads=2, optim=2)))
+    plan.check("plan")
+    assert plan.sharding_of(0) == Sharding() and plan.sharding_label == (
+        "P/G/OS per stage 1/1/1, 2/2/2")
+    return plan
+
+
+@pytest.mark.parametrize("make", [_homogeneous, _heterogeneous, _per_stage])
 @pytest.mark.parametrize("ext", [".yaml", ".json"])
 def test_round_trip_is_exact(tmp_path, make, ext):
     plan = make()
@@ -93,3 +103,31 @@ def test_invalid_plans_are_refused(mutate, message):
     mutate(data)
     with pytest.raises(SpecError, match=message):
         plan_from_dict(data)
+
+
+_S = {"params": 1, "grads": 1, "optim": 1}
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(stage_sharding=[_S]), r"plan.stage_sharding: '1 entries' is not "
+     r"allowed \(one per stage \(2\)\)"),
+    (lambda d: d.update(stage_sharding=[_S, {**_S, "params": 2, "grads": 1}]),
+     r"plan.stage_sharding\[1\].grads: 1 is not allowed \(must be a multiple of params"),
+    (lambda d: d.update(stage_sharding=[_S, {**_S, "optim": 4}]),
+     r"plan.stage_sharding\[1\].optim: 4 is not allowed \(must divide the number of "
+     r"data-parallel replicas \(2\)"),
+])
+def test_invalid_stage_sharding_is_refused(mutate, message):
+    data = plan_to_dict(_homogeneous())
+    mutate(data)
+    with pytest.raises(SpecError, match=message):
+        plan_from_dict(data)
+
+
+def test_stage_sharding_needs_aligned_replicas():
+    data = plan_to_dict(_heterogeneous())
+    data["stage_sharding"] = [_S, _S]
+    with pytest.raises(SpecError, match="only when every pipeline splits the layers at the "
+                                         "same boundaries"):
+        plan_from_dict(data)
+
