@@ -19,12 +19,15 @@ ATTEMPTS = 3
 def test_all_reduce_between_profiled_sizes_is_predicted_within_15_percent(tmp_path):
     """Sizes are measured in interleaved rounds in one process group, so the fresh 3 MB
     measurement and the profile's points see the same machine; an attempt that loses to
-    a burst of load is retried (the bound stays 15%)."""
+    a burst of load is retried (the bound stays 15%). Gloo's all-reduce on this 2-core
+    host spreads 4x between its 10th and 90th percentile, so the median needs 201
+    samples: with 41, 3 of 6 attempts missed 15% (up to +47%) on an idle machine; with
+    201, 1 of 6 (+16%), about 9 s an attempt."""
     tiers = group_tiers(load_cluster("cluster_specs/local-cpu.yaml"), (0, 1))
     target = 3 * MB
     errors = []
     for attempt in range(ATTEMPTS):
-        settings = CollectiveSettings(nprocs=2, kinds=("all_reduce",), repeats=41,
+        settings = CollectiveSettings(nprocs=2, kinds=("all_reduce",), repeats=201,
                                       sizes_bytes=(1 * MB, 2 * MB, target, 4 * MB, 8 * MB))
         rows, interrupted = measure_collectives(settings)
         assert not interrupted and len(rows) == 5
