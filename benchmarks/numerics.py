@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from executor.report import describe_layout
+from planner.specs.plan import describe_layout
 from tests.executor.distributed import run_forked
 from tests.executor.test_numerics import PLANS, STEPS, _reference
 

@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 
 from executor.topology import Topology
 from planner.results import SimResult
-from planner.specs.plan import Plan
+from planner.specs.plan import Plan, describe_layout
 
-__all__ = ["RankMemory", "RunReport", "describe_layout", "make_report", "to_markdown"]
+__all__ = ["RankMemory", "RunReport", "make_report", "to_markdown"]
 
 MIB = 1024**2
 
@@ -57,21 +57,6 @@ class RunReport:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "iteration_error": self.iteration_error}
-
-
-def describe_layout(plan: Plan) -> str:
-    p0 = plan.pipelines[0]
-    tr, k = plan.training, plan.kernels
-    tps = sorted({s.tp for p in plan.pipelines for s in p.stages})
-    micro = sorted({(p.micro_batch_size, p.num_microbatches) for p in plan.pipelines})
-    return (f"dp {plan.dp}, pp {len(p0.stages)}, tp {'/'.join(map(str, tps))}, "
-            f"layers {'/'.join(str(s.num_layers) for s in p0.stages)}, "
-            f"micro-batches {', '.join(f'{m}x{b}' for b, m in micro)} (count x size), "
-            f"gbs {tr.global_batch_size}, seq {tr.seq_len}, {tr.dtype}, {tr.schedule}"
-            f"{f' vp {tr.virtual_stages}' if tr.virtual_stages > 1 else ''}"
-            f"{', sequence parallel' if tr.sequence_parallel else ''}, recompute "
-            f"{p0.stages[0].recompute}, {plan.sharding_label}, "
-            f"{k.attention} attention, {k.optimizer} AdamW")
 
 
 def _predicted_memory(plan: Plan, prediction: SimResult | None

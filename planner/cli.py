@@ -45,14 +45,18 @@ def _non_negative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
-def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True,
+                    plan: bool = False) -> None:
     g = p.add_mutually_exclusive_group(required=required)
     g.add_argument("--model", metavar="NAME", help="a preset (see `plan models`)")
     g.add_argument("--model-file", metavar="FILE", help="a ModelSpec YAML file")
+    if plan:
+        g.add_argument("--plan", metavar="FILE", help="a Plan (.yaml/.json) to predict as it "
+                       "is (heterogeneous ones too); it brings its model, cluster and layout")
 
 
-def _add_cluster_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_mutually_exclusive_group(required=True)
+def _add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    g = p.add_mutually_exclusive_group(required=required)
     g.add_argument("--gpus", metavar="TYPE:COUNT",
                    help="a homogeneous cluster of standard nodes, e.g. A100-80GB-SXM:64")
     g.add_argument("--cluster", metavar="FILE", help="a ClusterSpec YAML file")
@@ -146,9 +150,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="predict one training iteration of a configuration",
                          description="Predict iteration time, throughput, MFU, time breakdown "
-                         "and per-rank memory of one parallel configuration.")
-    _add_model_args(sim)
-    _add_cluster_args(sim)
+                         "and per-rank memory of one parallel configuration (the flags), or "
+                         "of a Plan file (--plan).")
+    _add_model_args(sim, plan=True)
+    _add_cluster_args(sim, required=False)
     for flag, default, text in (("--tp", None, "tensor-parallel degree"),
                                 ("--pp", None, "pipeline stages"),
                                 ("--dp", None, "data-parallel replicas"),
@@ -156,14 +161,15 @@ def _build_parser() -> argparse.ArgumentParser:
                                 ("--vp", 1, "interleaved chunks per stage (interleaved 1F1B)"),
                                 ("--mbs", None, "micro-batch size"),
                                 ("--gbs", None, "global batch size (sequences)")):
-        sim.add_argument(flag, type=_positive_int, default=default, required=default is None,
-                         metavar="N", help=text)
+        sim.add_argument(flag, type=_positive_int, default=default, metavar="N",
+                         help=text + (" (required without --plan)" if default is None else ""))
     sim.add_argument("--seq", type=_positive_int, metavar="N",
                      help="sequence length (default: the model's)")
-    sim.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    sim.add_argument("--recompute", choices=("none", "selective", "full"),
+                     help="activation recomputation (default none)")
     sim.add_argument("--sequence-parallel", action="store_true")
-    sim.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
-                     help="pipeline schedule (with --vp > 1: interleaved 1F1B; zb-h1: "
+    sim.add_argument("--schedule", choices=SCHEDULES,
+                     help="pipeline schedule, default 1f1b (with --vp > 1: interleaved 1F1B; zb-h1: "
                      "zero-bubble ZB-H1, Qi et al. 2024, needs --pp > 1 and --vp 1)")
     shard = sim.add_mutually_exclusive_group()
     shard.add_argument("--sharding", choices=("none", "zero1", "zero2", "zero3"),
@@ -174,7 +180,7 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="replicas sharing one copy of the gradients")
     sim.add_argument("--shard-optim", type=_positive_int, metavar="N",
                      help="replicas sharing one copy of the optimizer states")
-    sim.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    sim.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default bf16")
     sim.add_argument("--attention", choices=("flash", "memory_efficient", "math"),
                      help="attention kernel (default: the fastest the device supports)")
     sim.add_argument("--profile", metavar="FILE|DIR", action="append",

@@ -1,4 +1,5 @@
-"""`plan simulate`: predict one iteration of one homogeneous configuration."""
+"""`plan simulate`: predict one iteration of one homogeneous configuration (the flags) or of
+a Plan file (`--plan`, heterogeneous plans included)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,17 @@ from planner.results import SimResult
 from planner.simulator import simulate_detailed, write_gantt, write_trace
 from planner.specs.cluster import ClusterSpec, load_cluster, parse_gpus_arg
 from planner.specs.model import ModelSpec, load_model, preset
-from planner.specs.plan import Plan, Predicted, Provenance, Sharding, save_plan
+from planner.specs.plan import (
+    Plan,
+    Predicted,
+    Provenance,
+    Sharding,
+    describe_layout,
+    load_plan,
+    save_plan,
+)
 from profiler.analytic import math_dtype
-from profiler.schema import fail
+from profiler.schema import SpecError, fail
 from profiler.store import Profiles, load_profiles
 
 __all__ = ["config_from_args", "load_inputs", "profiles_for", "run_simulate"]
@@ -43,13 +52,38 @@ def _sharding(args: argparse.Namespace) -> Sharding:
     return sharding
 
 
+_LAYOUT_FLAGS = ("tp", "pp", "dp", "mbs", "gbs")  # required without --plan
+_PLAN_HAS = (*_LAYOUT_FLAGS, "gpus", "cluster", "seq", "recompute", "schedule", "sharding",
+             "shard_params", "shard_grads", "shard_optim", "dtype", "attention")
+
+
+def _require_configuration(args: argparse.Namespace) -> None:
+    missing = [f"--{f}" for f in ("gpus", *_LAYOUT_FLAGS) if getattr(args, f) is None]
+    if args.cluster and missing[:1] == ["--gpus"]:
+        missing.pop(0)
+    if missing:
+        raise SpecError(f"{missing[0]}: required (or --plan FILE); a configuration needs "
+                        f"--gpus or --cluster, {', '.join('--' + f for f in _LAYOUT_FLAGS)}")
+
+
 def config_from_args(args: argparse.Namespace, model: ModelSpec) -> ParallelConfig:
     return ParallelConfig(
         tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, vp=args.vp, mbs=args.mbs, gbs=args.gbs,
-        seq_len=args.seq or model.seq_len, recompute=args.recompute,
-        sequence_parallel=args.sequence_parallel, sharding=_sharding(args), dtype=args.dtype,
-        schedule=args.schedule,
+        seq_len=args.seq or model.seq_len, recompute=args.recompute or "none",
+        sequence_parallel=args.sequence_parallel, sharding=_sharding(args),
+        dtype=args.dtype or "bf16", schedule=args.schedule or "1f1b",
     )
+
+
+def _plan_from_args(args: argparse.Namespace) -> Plan:
+    """`--plan FILE`: the plan as written; the flags that would change it are refused."""
+    for flag in _PLAN_HAS:
+        if getattr(args, flag) is not None:
+            fail(f"--{flag.replace('_', '-')}", getattr(args, flag),
+                 "not with --plan (the plan has its own)")
+    if args.cp != 1 or args.vp != 1 or args.sequence_parallel:
+        fail("--cp/--vp/--sequence-parallel", "set", "not with --plan (the plan has its own)")
+    return replace(load_plan(args.plan), predicted=None, provenance=None)
 
 
 def _check_dtype(cluster: ClusterSpec, dtype: str) -> None:
@@ -69,6 +103,9 @@ def profiles_for(args: argparse.Namespace, cluster: ClusterSpec, dtype: str) -> 
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    if args.plan:
+        return _simulate_plan(args, _plan_from_args(args))
+    _require_configuration(args)
     model, cluster = load_inputs(args)
     cfg = config_from_args(args, model)
     if args.cluster:  # a configuration may use the first part of a larger cluster
@@ -83,7 +120,14 @@ def run_simulate(args: argparse.Namespace) -> int:
     if profiles is not None:
         plan = replace(plan, kernels=fastest_kernels(plan, profiles,
                                                      keep_attention=args.attention is not None))
-        kernels = plan.kernels
+    return _simulate_plan(args, plan, profiles=profiles, layout=_cfg_layout(plan, cfg))
+
+
+def _simulate_plan(args: argparse.Namespace, plan: Plan, *, profiles: Profiles | None = None,
+                   layout: str | None = None) -> int:
+    """Predict `plan`, write what was asked for, print the summary (or JSON)."""
+    if args.plan:
+        profiles = profiles_for(args, plan.cluster, plan.training.dtype)
     if (args.trace or args.gantt) and args.method != "simulate":
         fail("--method", args.method, "--trace and --gantt need the event simulation")
     if args.method == "estimate":
@@ -100,10 +144,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.json:
         from planner.cli import print_json
 
-        print_json({**result.to_dict(), "model": model.name, "cluster": cluster.name,
-                    "kernels": {"attention": kernels.attention, "optimizer": kernels.optimizer}})
+        k = plan.kernels
+        print_json({**result.to_dict(), "model": plan.model.name, "cluster": plan.cluster.name,
+                    "kernels": {"attention": k.attention, "optimizer": k.optimizer}})
     else:
-        print(summary(plan, cfg, result))
+        print(summary(plan, layout or describe_layout(plan), result))
     return 0
 
 
@@ -126,7 +171,16 @@ def with_prediction(plan: Plan, result: SimResult, *, command: list[str],
     return replace(plan, predicted=predicted, provenance=provenance)
 
 
-def summary(plan: Plan, cfg: ParallelConfig, r: SimResult) -> str:
+def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:
+    return (f"tp {cfg.tp}, pp {cfg.pp}, dp {cfg.dp}, cp {cfg.cp}, vp {cfg.vp}, "
+            f"{plan.training.schedule} schedule, "
+            f"mbs {cfg.mbs}, gbs {cfg.gbs}, seq {cfg.seq_len}, recompute {cfg.recompute}"
+            f"{', sequence parallel' if cfg.sequence_parallel else ''}, {cfg.dtype}, "
+            f"sharding P/G/OS {cfg.sharding.params}/{cfg.sharding.grads}/{cfg.sharding.optim}, "
+            f"{plan.kernels.attention} attention, {plan.kernels.optimizer} AdamW")
+
+
+def summary(plan: Plan, layout: str, r: SimResult) -> str:
     """The readable report of one simulation."""
     b = r.breakdown
     total = r.iteration_time_s
@@ -135,12 +189,6 @@ def summary(plan: Plan, cfg: ParallelConfig, r: SimResult) -> str:
              ("optimizer", b.optimizer_s)]
     worst = max(r.stages, key=lambda s: s.memory.total_bytes / s.memory.capacity_bytes)
     m = worst.memory
-    layout = (f"tp {cfg.tp}, pp {cfg.pp}, dp {cfg.dp}, cp {cfg.cp}, vp {cfg.vp}, "
-              f"{plan.training.schedule} schedule, "
-              f"mbs {cfg.mbs}, gbs {cfg.gbs}, seq {cfg.seq_len}, recompute {cfg.recompute}"
-              f"{', sequence parallel' if cfg.sequence_parallel else ''}, {cfg.dtype}, "
-              f"sharding P/G/OS {cfg.sharding.params}/{cfg.sharding.grads}/{cfg.sharding.optim}, "
-              f"{plan.kernels.attention} attention, {plan.kernels.optimizer} AdamW")
     fit = ("fits" if r.fits else
            f"DOES NOT FIT: short by {m.shortfall_bytes / GIB:.1f} GiB per rank on stage {worst.stage}")
     lines = [

@@ -20,7 +20,7 @@ from planner.specs.model import ModelSpec
 from profiler.schema import SpecError, at, dump, fail, load_yaml, parse, spec_field
 
 __all__ = ["SCHEMA_VERSION", "Kernels", "Pipeline", "Plan", "Predicted", "Provenance",
-           "Recompute", "Schedule", "Sharding", "Stage", "Training", "load_plan",
+           "Recompute", "Schedule", "Sharding", "Stage", "Training", "describe_layout", "load_plan",
            "plan_from_dict", "plan_to_dict", "save_plan"]
 
 SCHEMA_VERSION = 1
@@ -248,6 +248,22 @@ class Plan:
     @property
     def num_gpus_used(self) -> int:
         return sum(len(s.devices) for p in self.pipelines for s in p.stages)
+
+
+def describe_layout(plan: Plan) -> str:
+    """One line: the parallel layout, batch, schedule, sharding and kernels of a plan."""
+    p0 = plan.pipelines[0]
+    tr, k = plan.training, plan.kernels
+    tps = sorted({s.tp for p in plan.pipelines for s in p.stages})
+    micro = sorted({(p.micro_batch_size, p.num_microbatches) for p in plan.pipelines})
+    return (f"dp {plan.dp}, pp {len(p0.stages)}, tp {'/'.join(map(str, tps))}, "
+            f"layers {'/'.join(str(s.num_layers) for s in p0.stages)}, "
+            f"micro-batches {', '.join(f'{m}x{b}' for b, m in micro)} (count x size), "
+            f"gbs {tr.global_batch_size}, seq {tr.seq_len}, {tr.dtype}, {tr.schedule}"
+            f"{f' vp {tr.virtual_stages}' if tr.virtual_stages > 1 else ''}"
+            f"{', sequence parallel' if tr.sequence_parallel else ''}, recompute "
+            f"{p0.stages[0].recompute}, {plan.sharding_label}, "
+            f"{k.attention} attention, {k.optimizer} AdamW")
 
 
 def plan_to_dict(plan: Plan) -> dict:

@@ -38,7 +38,13 @@ MODEL = ("name: m\nnum_layers: 4\nhidden_size: 256\nffn_hidden_size: 1024\nnum_h
     (_swap("--gbs", "-4"), "argument --gbs: -4 is not allowed (must be ≥ 1)"),
     (_swap("--tp", "eight"), "argument --tp: 'eight' is not an integer"),
     (_swap("--model", "gpt3-17b"), "model: 'gpt3-17b' is not a known preset"),
-    (GOOD[:-4], "the following arguments are required: --gbs"),
+    (GOOD[:-4], "--gbs: required (or --plan FILE); a configuration needs --gpus or --cluster, "
+     "--tp, --pp, --dp, --mbs, --gbs"),
+    (GOOD[:3] + GOOD[5:], "--gpus: required (or --plan FILE)"),
+    (["simulate", "--plan", "p.yaml", "--tp", "2"], "--tp: 2 is not allowed (not with --plan "
+     "(the plan has its own))"),
+    (["simulate", "--plan", "p.yaml", "--model", "gpt3-175b"], "argument --model: not allowed "
+     "with argument --plan"),
     (_swap("--recompute", "some"), "argument --recompute: invalid choice: 'some'"),
     (GOOD + ["--shard-params", "3"], "--shard-params: 3 is not allowed (must divide dp = 1)"),
     (_swap("--gpus", "V100-32GB-SXM3:64") + ["--dtype", "bf16"], "V100-32GB-SXM3 has no bf16"),
@@ -263,3 +269,25 @@ def test_a_profile_that_does_not_fit_the_plan(tmp_path, extra, needle, capsys):
     code, out, err = _run(argv, capsys)
     assert code == 2 and out == "" and needle in err, err
     assert err.count("\n") == 1
+
+
+def test_simulate_a_plan_file_as_written(tmp_path, capsys):
+    """`plan simulate --plan` predicts a Plan file as it is (here a mixed-type plan the
+    search wrote): the same numbers as the search."""
+    out_plan = tmp_path / "mixed.yaml"
+    code, _, _ = _run(["search", "--model", "llama3-70b", "--cluster",
+                       "cluster_specs/two-datacenter.yaml", "--gbs", "512", "--seq", "4096",
+                       "--top", "1", "-o", str(out_plan)], capsys)
+    assert code == 0
+    from planner.specs.plan import load_plan
+
+    written = load_plan(str(out_plan))
+    code, out, _ = _run(["simulate", "--plan", str(out_plan), "--json"], capsys)
+    assert code == 0
+    shown = json.loads(out)
+    assert shown["iteration_time_s"] == pytest.approx(written.predicted.iteration_time_s,
+                                                      rel=1e-12)
+    code, out, _ = _run(["simulate", "--plan", str(out_plan)], capsys)
+    from planner.specs.plan import describe_layout
+
+    assert code == 0 and f"  {describe_layout(written)}\n" in out
