@@ -20,12 +20,11 @@ from planner.specs.plan import Plan
 __all__ = ["ProcessGroups", "create_groups", "shard_layout"]
 
 
-def shard_layout(plan: Plan, topo: Topology, rank: int, *, tied: bool = False) -> ShardLayout:
-    """How this rank's stage shards its model states (AMSP, at the stage's own sharding).
-    A tied embedding's twins on the first and last stage are summed buffer to buffer, so
-    both take the first stage's sharding (`tied`)."""
+def shard_layout(plan: Plan, topo: Topology, rank: int) -> ShardLayout:
+    """How this rank's stage shards its model states (AMSP, at the stage's own sharding;
+    a tied embedding's twins, summed buffer to buffer, are on stages that shard alike)."""
     role = topo.roles[rank]
-    sh = plan.sharding_of(0 if tied else role.stage)
+    sh = plan.sharding_of(role.stage)
     return ShardLayout(topo.dp_group(plan, role.stage, role.tp_rank), rank, sh.params,
                        sh.grads, sh.optim)
 
@@ -34,7 +33,6 @@ def _collective_groups(plan: Plan, topo: Topology) -> list[tuple[int, ...]]:
     groups: set[tuple[int, ...]] = {tuple(sorted(g)) for g in topo.tp_groups(plan)}
     for rank in range(topo.world_size):
         groups |= shard_layout(plan, topo, rank).groups()
-        groups |= shard_layout(plan, topo, rank, tied=True).groups()
     groups |= {tuple(sorted(p)) for p in topo.embedding_pairs(plan)}
     return sorted(g for g in groups if len(g) > 1)
 

@@ -143,9 +143,7 @@ def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
                                       num_microbatches=plan.pipelines[0].num_microbatches,
                                       split_backward=split, name=name)]
         else:
-            tied_layout = shard_layout(plan, topo, rank, tied=True)
-            states = [ShardedState(ps, tied_layout if kind == "tied" else layout,
-                                   groups.collectives, make_optimizer=optimizer,
+            states = [ShardedState(ps, layout, groups.collectives, make_optimizer=optimizer,
                                    name=f"{name}/{kind}", tied=kind == "tied")
                       for kind, ps in (("main", main), ("tied", tied)) if ps]
         chunks.append(Chunk(k, module, states, first=k == 0, last=k == num_chunks - 1,

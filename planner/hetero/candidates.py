@@ -333,12 +333,17 @@ def _relaxed(ctx: _Context, t: Template, lay: _Layout, per_stage: list[Sharding]
              in_flight: Sequence[int], microbatches: int, schedule: str, memo: dict
              ) -> list[Sharding]:
     """Coordinate descent over stage positions: each takes, among the options its memory
-    allows, the one that shortens the slowest replica's estimated iteration most."""
+    allows, the one that shortens the slowest replica's estimated iteration most. With tied
+    embeddings the first and last position move together (the twins shard alike)."""
+    tied = ctx.model.tied_embeddings and t.pp > 1
+
+    def together(k: int) -> tuple[int, ...]:
+        return (0, t.pp - 1) if tied and k in (0, t.pp - 1) else (k,)
 
     def fits(k: int, sh: Sharding) -> bool:
-        return all(_linear(ctx, t, lay, lay.positions[r][k], mbs=mbs, recompute=recompute,
-                           sharding=sh, memo=memo).fits(layers[k], in_flight[k])
-                   for r in lay.replica_kinds)
+        return all(_linear(ctx, t, lay, lay.positions[r][j], mbs=mbs, recompute=recompute,
+                           sharding=sh, memo=memo).fits(layers[j], in_flight[j])
+                   for r in lay.replica_kinds for j in together(k))
 
     def iteration_s(shardings: list[Sharding]) -> float:
         return max(pipeline_time([_cost(ctx, t, lay, q, mbs=mbs, recompute=recompute,
@@ -354,7 +359,7 @@ def _relaxed(ctx: _Context, t: Template, lay: _Layout, per_stage: list[Sharding]
             for sh in options:
                 if sh == per_stage[k] or not fits(k, sh):
                     continue
-                trial = [*per_stage[:k], sh, *per_stage[k + 1:]]
+                trial = [sh if j in together(k) else old for j, old in enumerate(per_stage)]
                 time_s = iteration_s(trial)
                 if time_s < best * (1 - 1e-12):
                     per_stage, best, improved = trial, time_s, True

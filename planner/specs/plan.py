@@ -180,6 +180,12 @@ class Plan:
         if len(self.stage_sharding) != len(bounds):
             fail(at(where, "stage_sharding"), f"{len(self.stage_sharding)} entries",
                  f"one per stage ({len(bounds)})")
+        first, last = self.stage_sharding[0], self.stage_sharding[-1]
+        if self.model.tied_embeddings and len(bounds) > 1 and first != last:
+            fail(at(where, f"stage_sharding[{len(bounds) - 1}]"),
+                 f"{last.params}/{last.grads}/{last.optim}",
+                 f"the model ties its embeddings: the last stage holds the first stage's "
+                 f"twin and shards like it ({first.params}/{first.grads}/{first.optim})")
         return out + [(at(where, f"stage_sharding[{k}]"), sh)
                       for k, sh in enumerate(self.stage_sharding)]
 

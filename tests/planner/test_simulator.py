@@ -150,7 +150,7 @@ def test_each_stage_priced_at_its_own_sharding():
     from planner.stage_costs import plan_stage_costs
 
     cfg = ParallelConfig(tp=2, pp=2, dp=4, mbs=1, gbs=32, seq_len=2048)
-    base = homogeneous_plan(preset("gpt3-2.7b"), parse_gpus_arg("A100-80GB-SXM:16"), cfg)
+    base = homogeneous_plan(preset("llama2-7b"), parse_gpus_arg("A100-80GB-SXM:16"), cfg)
     zero1, zero3 = Sharding(optim=4), Sharding(params=4, grads=4, optim=4)
     whole = {sh: replace(base, sharding=sh) for sh in (zero1, zero3)}
     mixed = replace(base, sharding=zero1, stage_sharding=(zero1, zero3))

@@ -52,7 +52,9 @@ def _heterogeneous() -> Plan:
 
 def _per_stage() -> Plan:
     """AMSP per stage position: the first stage replicated, the second ZeRO-3."""
-    plan = dataclasses.replace(_homogeneous(), sharding=Sharding(params=2, grads=2, optim=2),
+    untied = dataclasses.replace(preset("debug-small"), tied_embeddings=False)
+    plan = dataclasses.replace(_homogeneous(), model=untied,
+                               sharding=Sharding(params=2, grads=2, optim=2),
                                stage_sharding=(Sharding(), Sharding(params=2, grads=2, optim=2)))
     plan.check("plan")
     assert plan.sharding_of(0) == Sharding() and plan.sharding_label == (
@@ -119,8 +121,18 @@ _S = {"params": 1, "grads": 1, "optim": 1}
 ])
 def test_invalid_stage_sharding_is_refused(mutate, message):
     data = plan_to_dict(_homogeneous())
+    data["model"]["tied_embeddings"] = False
     mutate(data)
     with pytest.raises(SpecError, match=message):
+        plan_from_dict(data)
+
+
+def test_tied_embeddings_shard_alike_on_the_first_and_last_stage():
+    data = plan_to_dict(_homogeneous())  # debug-small ties its embeddings
+    data["stage_sharding"] = [_S, {**_S, "optim": 2}]
+    with pytest.raises(SpecError, match=r"plan.stage_sharding\[1\]: '1/1/2' is not allowed "
+                       r"\(the model ties its embeddings: the last stage holds the first "
+                       r"stage's twin and shards like it \(1/1/1\)\)"):
         plan_from_dict(data)
 
 
