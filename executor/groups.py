@@ -21,10 +21,13 @@ __all__ = ["ProcessGroups", "create_groups", "shard_layout"]
 
 
 def shard_layout(plan: Plan, topo: Topology, rank: int, *, tied: bool = False) -> ShardLayout:
-    """How this rank's stage shards its model states (AMSP, at the stage's own sharding).
+    """How this rank's stage shards its model states (AMSP, at the stage's own sharding;
+    alone at a stage position of mixed tp, whose gradients executor/mixed_tp.py sums).
     A tied embedding's twins on the first and last stage are summed buffer to buffer, so
     both take the first stage's sharding (`tied`)."""
     role = topo.roles[rank]
+    if topo.mixed_tp(plan, role.stage):  # no sharding there (preflight): nothing to shard
+        return ShardLayout((rank,), rank)
     sh = plan.sharding_of(0 if tied else role.stage)
     return ShardLayout(topo.dp_group(plan, role.stage, role.tp_rank), rank, sh.params,
                        sh.grads, sh.optim)
@@ -36,6 +39,7 @@ def _collective_groups(plan: Plan, topo: Topology) -> list[tuple[int, ...]]:
         groups |= shard_layout(plan, topo, rank).groups()
         groups |= shard_layout(plan, topo, rank, tied=True).groups()
     groups |= {tuple(sorted(p)) for p in topo.embedding_pairs(plan)}
+    groups |= {topo.position_group(plan, s) for s in range(topo.pp) if topo.mixed_tp(plan, s)}
     return sorted(g for g in groups if len(g) > 1)
 
 
