@@ -13,7 +13,9 @@ the parameter once. Each rank reads its own slice back and steps AdamW on its lo
 shards. This sends tp times a rank's shard per rank; correctness over bandwidth.
 
 Model-state sharding (P/G/OS > 1) is not combined with it (refused in
-executor/preflight.py): a `MixedTpState` is a `ShardedState` of one member.
+executor/preflight.py): a `MixedTpState` is a `ShardedState` of one member. A tied
+embedding's twins (first and last stage of a replica, at equal tp) are summed inside the
+replica before (`Topology.embedding_pairs`), then each twin's position sums the replicas.
 """
 
 from __future__ import annotations
@@ -61,10 +63,11 @@ class MixedTpState(ShardedState):
                  position_group: tuple[int, ...], tp: int, tp_rank: int,
                  fused: dict[int, list[int]],
                  make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 name: str) -> None:
-        """`fused`: id(parameter) -> the widths of its row blocks, for fused weights."""
+                 name: str, tied: bool = False) -> None:
+        """`fused`: id(parameter) -> the widths of its row blocks, for fused weights;
+        `tied`: a tied embedding's bucket, summed with its twin in the replica first."""
         super().__init__(params, ShardLayout((rank,), rank), groups,
-                         make_optimizer=make_optimizer, name=name)
+                         make_optimizer=make_optimizer, name=name, tied=tied)
         self.position_group, self.tp, self.tp_rank = position_group, tp, tp_rank
         self.fused = fused
         self.full_offsets = []  # (first, numel) of each whole parameter

@@ -44,7 +44,7 @@ def _check_host(plan: Plan, kind: str, cuda_devices: int, where: str) -> None:
 def _check_replicas(plan: Plan, where: str) -> None:
     """Data parallelism here syncs stage position s of every replica: the same layers.
     Where the replicas' tp differs at a position (executor/mixed_tp.py), whole gradients
-    are summed there, without model-state sharding and without a tied twin."""
+    are summed there, without model-state sharding."""
     first = plan.pipelines[0].stages
     for pi, pipe in enumerate(plan.pipelines[1:], 1):
         if [s.layers for s in pipe.stages] != [s.layers for s in first]:
@@ -61,10 +61,6 @@ def _check_replicas(plan: Plan, where: str) -> None:
                  f"P/G/OS {sh.params}/{sh.grads}/{sh.optim} at stage position {si}",
                  f"the replicas' tp differs there ({tps}); the executor runs mixed tp "
                  "without model-state sharding (P/G/OS 1/1/1 at that position)")
-        if plan.model.tied_embeddings and len(first) > 1:
-            fail(at(where, "model.tied_embeddings"), True,
-                 f"the replicas' tp differs at stage position {si} ({tps}); the executor "
-                 "runs mixed tp only without embeddings tied across stages")
 
 
 def _check_stages(plan: Plan, where: str) -> None:

@@ -146,14 +146,15 @@ def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
         def optimizer(ps: list) -> torch.optim.Optimizer:
             return adamw(ps, implementation=plan.kernels.optimizer, learning_rate=learning_rate)
 
-        if topo.mixed_tp(plan, role.stage):  # no tied twin here (preflight)
+        if topo.mixed_tp(plan, role.stage):
             tp = plan.pipelines[role.pipeline].stages[role.stage].tp
             states: list = [MixedTpState(
-                main, rank, groups.collectives, position_group=topo.position_group(
+                ps, rank, groups.collectives, position_group=topo.position_group(
                     plan, role.stage), tp=tp, tp_rank=role.tp_rank, fused=_fused(module),
-                make_optimizer=optimizer,
+                make_optimizer=optimizer, tied=kind == "tied",
                 # replicas of one tp hold equal shards: one checkpoint key per tp degree
-                name=f"chunk{k}/tp{role.tp_rank}of{tp}/main")]
+                name=f"chunk{k}/tp{role.tp_rank}of{tp}/{kind}")
+                for kind, ps in (("main", main), ("tied", tied)) if ps]
         elif fsdp:
             states = [FsdpState(module, data_parallel_mesh(layout, groups.collectives,
                                                            device.type),

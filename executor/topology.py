@@ -133,9 +133,13 @@ class Topology:
 
     def embedding_pairs(self, plan: Plan) -> list[tuple[int, int]]:
         """(first-stage rank, last-stage rank) at the same data-parallel position and tp
-        rank: their tied-embedding gradient shards cover the same elements."""
+        rank: their tied-embedding gradient shards cover the same elements. With mixed tp
+        (the same tp on a replica's first and last stage, preflight) each replica's pair."""
         if not self.tied:
             return []
+        if self.mixed_tp(plan, 0):  # no dp groups there: each replica's twins pair up
+            return [(self.stage_ranks(plan, pi, 0)[t], self.stage_ranks(plan, pi, self.pp - 1)[t])
+                    for pi, pipe in enumerate(plan.pipelines) for t in range(pipe.stages[0].tp)]
         out = []
         for t in range(plan.pipelines[0].stages[0].tp):
             out.extend(zip(self.dp_group(plan, 0, t), self.dp_group(plan, self.pp - 1, t),

@@ -67,10 +67,10 @@ def test_zero_bubble_refuses_full_recompute_where_it_splits_the_backward():
         check_runnable(plan(first, second), cuda_devices=0)
 
 
-def test_mixed_tp_runs_only_without_sharding_or_tied_twins_there():
+def test_mixed_tp_runs_only_without_sharding_there():
     """Replicas may differ in tp at a stage position (whole gradients summed there,
-    executor/mixed_tp.py), but not with model-state sharding at that position, nor with
-    embeddings tied across stages; and every replica still splits the layers alike."""
+    executor/mixed_tp.py), but not with model-state sharding at that position; every
+    replica still splits the layers alike (and a tied embedding's twins at one tp)."""
     from dataclasses import replace
 
     from planner.specs.plan import Sharding
@@ -96,8 +96,12 @@ def test_mixed_tp_runs_only_without_sharding_or_tied_twins_there():
     check_runnable(per_stage, cuda_devices=0)  # sharded where the tp agrees
     swapped = replace(per_stage, stage_sharding=(Sharding(grads=2, optim=2), Sharding()))
     _refused(swapped, r"stage_sharding: 'P/G/OS 1/2/2 at stage position 0'")
-    _refused(two_stages(tiny), r"model.tied_embeddings: True is not allowed \(the replicas' "
-             r"tp differs at stage position 0 \(\[1, 2\]\); .* only without embeddings tied")
+    # tied embeddings across stages: each replica's twins at one tp
+    _refused(two_stages(tiny), r"pipelines\[1\]\.stages: \[2, 1\] is not allowed \(tied "
+             r"embeddings need the same tp on the first and the last stage\)")
+    check_runnable(explicit(tiny, world=6, pipelines=[
+        (1, 2, [(0, 1, [0], 1, "none"), (1, 2, [1], 1, "none")]),
+        (1, 2, [(0, 1, [2, 3], 2, "none"), (1, 2, [4, 5], 2, "none")])]), cuda_devices=0)
     _refused(explicit(SMALL, world=5, pipelines=[
         (1, 2, [(0, 1, [0], 1, "none"), (1, 4, [1], 1, "none")]),
         (1, 2, [(0, 2, [2, 3], 2, "none"), (2, 4, [4], 1, "none")])]),

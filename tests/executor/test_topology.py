@@ -61,3 +61,8 @@ def test_mixed_tp_positions_sum_over_all_their_ranks():
     assert shard_layout(plan, topo, 3).members == (3,)
     assert shard_layout(plan, topo, 4).members == (1, 4)
     assert _collective_groups(plan, topo) == [(0, 2, 3), (1, 4), (2, 3)]
+    # tied embeddings with mixed tp: each replica's twins pair up by tp rank
+    tied = explicit(preset("debug-tiny"), world=6, pipelines=[
+        (1, 2, [(0, 1, [0], 1, "none"), (1, 2, [1], 1, "none")]),
+        (1, 2, [(0, 1, [2, 3], 2, "none"), (1, 2, [4, 5], 2, "none")])])
+    assert Topology.of(tied).embedding_pairs(tied) == [(0, 1), (2, 4), (3, 5)]
