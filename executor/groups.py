@@ -22,8 +22,11 @@ __all__ = ["ProcessGroups", "create_groups", "shard_layout"]
 
 def shard_layout(plan: Plan, topo: Topology, rank: int) -> ShardLayout:
     """How this rank's stage shards its model states (AMSP, at the stage's own sharding;
-    a tied embedding's twins, summed buffer to buffer, are on stages that shard alike)."""
+    a tied embedding's twins, summed buffer to buffer, are on stages that shard alike;
+    alone at a stage position of mixed tp, whose gradients executor/mixed_tp.py sums)."""
     role = topo.roles[rank]
+    if topo.mixed_tp(plan, role.stage):  # no sharding there (preflight): nothing to shard
+        return ShardLayout((rank,), rank)
     sh = plan.sharding_of(role.stage)
     return ShardLayout(topo.dp_group(plan, role.stage, role.tp_rank), rank, sh.params,
                        sh.grads, sh.optim)
@@ -34,6 +37,7 @@ def _collective_groups(plan: Plan, topo: Topology) -> list[tuple[int, ...]]:
     for rank in range(topo.world_size):
         groups |= shard_layout(plan, topo, rank).groups()
     groups |= {tuple(sorted(p)) for p in topo.embedding_pairs(plan)}
+    groups |= {topo.position_group(plan, s) for s in range(topo.pp) if topo.mixed_tp(plan, s)}
     return sorted(g for g in groups if len(g) > 1)
 
 

@@ -42,21 +42,37 @@ def _check_host(plan: Plan, kind: str, cuda_devices: int, where: str) -> None:
 
 
 def _check_replicas(plan: Plan, where: str) -> None:
-    """Data parallelism here syncs stage position s of every replica: same layers, same tp."""
+    """Data parallelism here syncs stage position s of every replica: the same layers.
+    Where the replicas' tp differs at a position (executor/mixed_tp.py), whole gradients
+    are summed there, without model-state sharding."""
     first = plan.pipelines[0].stages
     for pi, pipe in enumerate(plan.pipelines[1:], 1):
-        shape = [(s.layers, s.tp) for s in pipe.stages]
-        if shape != [(s.layers, s.tp) for s in first]:
+        if [s.layers for s in pipe.stages] != [s.layers for s in first]:
             fail(at(where, f"pipelines[{pi}].stages"), [list(s.layers) for s in pipe.stages],
                  "the executor needs every replica to split the layers at the same "
-                 f"boundaries with the same tp as pipelines[0] ({[list(s.layers) for s in first]})")
+                 f"boundaries as pipelines[0] ({[list(s.layers) for s in first]})")
+    for si in range(len(first)):
+        tps = [p.stages[si].tp for p in plan.pipelines]
+        if len(set(tps)) == 1:
+            continue
+        sh = plan.sharding_of(si)
+        if (sh.params, sh.grads, sh.optim) != (1, 1, 1):
+            fail(at(where, "stage_sharding" if plan.stage_sharding else "sharding"),
+                 f"P/G/OS {sh.params}/{sh.grads}/{sh.optim} at stage position {si}",
+                 f"the replicas' tp differs there ({tps}); the executor runs mixed tp "
+                 "without model-state sharding (P/G/OS 1/1/1 at that position)")
 
 
 def _check_stages(plan: Plan, where: str) -> None:
+    for pi in range(len(plan.pipelines)):
+        _check_pipeline_stages(plan, pi, where)
+
+
+def _check_pipeline_stages(plan: Plan, pi: int, where: str) -> None:
     m, tr = plan.model, plan.training
-    stages = plan.pipelines[0].stages
+    stages = plan.pipelines[pi].stages
     for si, s in enumerate(stages):
-        path = at(where, f"pipelines[0].stages[{si}]")
+        path = at(where, f"pipelines[{pi}].stages[{si}]")
         if s.cp > 1:
             fail(at(path, "cp"), s.cp, "context parallelism is not implemented by the "
                  "executor (cp = 1)")
@@ -68,7 +84,7 @@ def _check_stages(plan: Plan, where: str) -> None:
             fail(at(path, "tp"), s.tp, f"sequence parallelism needs equal tp on neighbouring "
                  f"stages (the next has {nxt.tp})")
     if m.tied_embeddings and len(stages) > 1 and stages[0].tp != stages[-1].tp:
-        fail(at(where, "pipelines[0].stages"), [s.tp for s in stages],
+        fail(at(where, f"pipelines[{pi}].stages"), [s.tp for s in stages],
              "tied embeddings need the same tp on the first and the last stage")
 
 

@@ -7,7 +7,8 @@
 2. this rank's model chunks (executor/model.py), tensor-parallel if the stage is
    (executor/tensor_parallel.py), their parameters in AMSP-sharded flat buffers
    (executor/data_parallel.py) or FSDP2 units (executor/fsdp.py), a tied embedding in a
-   bucket (or unit) of its own;
+   bucket (or unit) of its own; at a stage position where the replicas' tp differs,
+   whole-gradient sums (executor/mixed_tp.py);
 3. per step: the stage's passes in the plan's schedule (executor/pipeline.py), the tied
    embedding's gradients summed between first and last stage, gradient reduction and the
    optimizer step per bucket; checkpoints every N steps (executor/checkpoint.py);
@@ -34,6 +35,7 @@ from executor import checkpoint
 from executor.data_parallel import ModelState, ShardedState
 from executor.fsdp import FsdpState, data_parallel_mesh, fsdp_applies
 from executor.groups import ProcessGroups, create_groups, shard_layout
+from executor.mixed_tp import MixedTpState
 from executor.model import GPT
 from executor.pipeline import Chunk, Links, MicroBatches, StageRunner, splits_backward
 from executor.topology import Topology, sample_ranges
@@ -114,6 +116,14 @@ def _use_fsdp(plan: Plan) -> bool:
                         tp=max(s.tp for p in plan.pipelines for s in p.stages))
 
 
+def _fused(module: GPT) -> dict[int, list[int]]:
+    """id(parameter) -> row blocks of the chunk's fused weights (regrouped under tp)."""
+    from executor.tensor_parallel import fused_rows
+
+    rows = fused_rows(module)
+    return {id(p): rows[n] for n, p in module.named_parameters() if n in rows}
+
+
 def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
                  groups: ProcessGroups, *, learning_rate: float, seed: int) -> list[Chunk]:
     """This rank's model chunks, their parameters sharded as the plan says: by FSDP2
@@ -136,12 +146,21 @@ def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
         def optimizer(ps: list) -> torch.optim.Optimizer:
             return adamw(ps, implementation=plan.kernels.optimizer, learning_rate=learning_rate)
 
-        if fsdp:
-            states: list = [FsdpState(module, data_parallel_mesh(layout, groups.collectives,
-                                                                   device.type),
-                                      dtype=dtype, tied=tied, make_optimizer=optimizer,
-                                      num_microbatches=plan.pipelines[0].num_microbatches,
-                                      split_backward=split, name=name)]
+        if topo.mixed_tp(plan, role.stage):
+            tp = plan.pipelines[role.pipeline].stages[role.stage].tp
+            states: list = [MixedTpState(
+                ps, rank, groups.collectives, position_group=topo.position_group(
+                    plan, role.stage), tp=tp, tp_rank=role.tp_rank, fused=_fused(module),
+                make_optimizer=optimizer, tied=kind == "tied",
+                # replicas of one tp hold equal shards: one checkpoint key per tp degree
+                name=f"chunk{k}/tp{role.tp_rank}of{tp}/{kind}")
+                for kind, ps in (("main", main), ("tied", tied)) if ps]
+        elif fsdp:
+            states = [FsdpState(module, data_parallel_mesh(layout, groups.collectives,
+                                                           device.type),
+                                dtype=dtype, tied=tied, make_optimizer=optimizer,
+                                num_microbatches=plan.pipelines[0].num_microbatches,
+                                split_backward=split, name=name)]
         else:
             states = [ShardedState(ps, layout, groups.collectives, make_optimizer=optimizer,
                                    name=f"{name}/{kind}", tied=kind == "tied")

@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import (
 
 from executor.model import GPT
 
-__all__ = ["apply_tensor_parallel", "regroup_rows"]
+__all__ = ["apply_tensor_parallel", "fused_rows", "regroup_rows"]
 
 
 def regroup_rows(weight: torch.Tensor, widths: list[int], tp: int) -> torch.Tensor:
@@ -39,16 +39,24 @@ def regroup_rows(weight: torch.Tensor, widths: list[int], tp: int) -> torch.Tens
     return torch.cat([torch.cat([p[r] for p in parts]) for r in range(tp)])
 
 
-def _regroup_fused(model: GPT, tp: int) -> None:
+def fused_rows(model: GPT) -> dict[str, list[int]]:
+    """The fused weights, by parameter name, and the widths of their row blocks (QKV:
+    [q | k | v]; SwiGLU's fc1: [gate | up]), which tensor parallelism regroups."""
     spec = model.spec
+    out = {}
+    for i in model.blocks:
+        out[f"blocks.{i}.attn.qkv.weight"] = [spec.num_heads * spec.head_dim, spec.kv_dim,
+                                              spec.kv_dim]
+        if spec.activation == "swiglu":
+            out[f"blocks.{i}.mlp.fc1.weight"] = [spec.ffn_hidden_size] * 2
+    return out
+
+
+def _regroup_fused(model: GPT, tp: int) -> None:
+    params = dict(model.named_parameters())
     with torch.no_grad():
-        for block in model.blocks.values():
-            qkv = block.attn.qkv.weight
-            qkv.copy_(regroup_rows(qkv, [spec.num_heads * spec.head_dim, spec.kv_dim,
-                                         spec.kv_dim], tp))
-            if spec.activation == "swiglu":
-                fc1 = block.mlp.fc1.weight
-                fc1.copy_(regroup_rows(fc1, [spec.ffn_hidden_size] * 2, tp))
+        for name, widths in fused_rows(model).items():
+            params[name].copy_(regroup_rows(params[name], widths, tp))
 
 
 def _positions(model: GPT, mesh: DeviceMesh, sequence_parallel: bool) -> None:

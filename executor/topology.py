@@ -9,7 +9,9 @@ role: pipeline (data-parallel replica) r, stage s, tensor-parallel rank t. Group
 * tensor-parallel: the `tp` ranks of one stage of one pipeline;
 * pipeline neighbours: rank t of stage s + 1 receives from rank t mod tp_s of stage s;
 * data-parallel: rank t of stage position s in every pipeline (the executor needs every
-  replica to split the layers at the same boundaries and with the same tp);
+  replica to split the layers at the same boundaries); where the replicas' tp differs at
+  a stage position ("mixed tp"), all ranks of that position in every pipeline instead
+  (`position_group`: they sum full-size gradients, executor/mixed_tp.py);
 * embedding: with tied embeddings and pp > 1, the first and the last stage hold copies of
   the token embedding whose gradients are summed (Megatron-LM's embedding group).
 
@@ -116,15 +118,28 @@ class Topology:
         return tuple(sorted(self.stage_ranks(plan, pi, stage)[tp_rank]
                             for pi in range(plan.dp)))
 
+    def mixed_tp(self, plan: Plan, stage: int) -> bool:
+        """Whether the replicas' tp differs at stage position `stage`."""
+        return len({p.stages[stage].tp for p in plan.pipelines}) > 1
+
+    def position_group(self, plan: Plan, stage: int) -> tuple[int, ...]:
+        """Every rank of stage position `stage` in every pipeline, in rank order."""
+        return tuple(sorted(r for pi in range(plan.dp)
+                            for r in self.stage_ranks(plan, pi, stage)))
+
     def dp_groups(self, plan: Plan) -> list[tuple[int, ...]]:
         tps = [s.tp for s in plan.pipelines[0].stages]
         return [self.dp_group(plan, s, t) for s in range(self.pp) for t in range(tps[s])]
 
     def embedding_pairs(self, plan: Plan) -> list[tuple[int, int]]:
         """(first-stage rank, last-stage rank) at the same data-parallel position and tp
-        rank: their tied-embedding gradient shards cover the same elements."""
+        rank: their tied-embedding gradient shards cover the same elements. With mixed tp
+        (the same tp on a replica's first and last stage, preflight) each replica's pair."""
         if not self.tied:
             return []
+        if self.mixed_tp(plan, 0):  # no dp groups there: each replica's twins pair up
+            return [(self.stage_ranks(plan, pi, 0)[t], self.stage_ranks(plan, pi, self.pp - 1)[t])
+                    for pi, pipe in enumerate(plan.pipelines) for t in range(pipe.stages[0].tp)]
         out = []
         for t in range(plan.pipelines[0].stages[0].tp):
             out.extend(zip(self.dp_group(plan, 0, t), self.dp_group(plan, self.pp - 1, t),

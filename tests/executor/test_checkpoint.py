@@ -53,3 +53,25 @@ def test_resume_after_a_killed_rank_repeats_the_losses(tmp_path, sharding):
     assert codes == [0] * 4 and resumed is not None
     assert resumed["first_step"] == 4
     assert resumed["losses"] == whole["losses"][4:]  # bit for bit
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_resume_of_mixed_tp_repeats_the_losses(tmp_path):
+    """Replicas at tp 1 and tp 2 (executor/mixed_tp.py) save their shards under keys per
+    tp degree; a resume after a killed rank repeats the uninterrupted losses."""
+    from tests.executor.distributed import explicit
+
+    plan = explicit(preset("debug-tiny-llama"), world=3, pipelines=[
+        (2, 3, [(0, 2, [0], 1, "none")]), (2, 1, [(0, 2, [1, 2], 2, "none")])])
+    ck = dict(checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=2)
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir(), (tmp_path / "c").mkdir()
+    codes, whole = run_forked(plan, tmp_path / "a", steps=6)
+    assert codes == [0] * 3 and whole is not None
+    codes, broken = run_forked(plan, tmp_path / "b", steps=6, fault="2:5:kill", **ck)
+    assert codes[2] == -9 and broken is None
+    assert sorted(os.listdir(tmp_path / "ck")) == ["step-00000002", "step-00000004"]
+    codes, resumed = run_forked(plan, tmp_path / "c", steps=6, resume=True, **ck)
+    assert codes == [0] * 3 and resumed is not None
+    assert resumed["first_step"] == 4
+    assert resumed["losses"] == whole["losses"][4:]  # bit for bit

@@ -1,4 +1,4 @@
-"""Every plan kind, run on gloo with 2 or 4 CPU ranks for 5 steps, matches a one-process
+"""Every plan kind, run on gloo with 2 to 6 CPU ranks for 5 steps, matches a one-process
 run of the same global batch to 1e-5 relative, step by step.
 
 The learning rate is ten times the default, so that a wrong gradient (half the batch, or
@@ -102,6 +102,17 @@ PLANS = {
             (1, 4, _stages((0, 1, 0), (1, 3, 1), (3, 4, 2))),
             (1, 4, _stages((0, 1, 3), (1, 3, 4), (3, 4, 5)))]),
         S(optim=2), S(params=2, grads=2, optim=2), S(optim=2)),
+    # mixed tp: replicas at different tp at one stage position (whole gradients summed
+    # over every rank of the position, executor/mixed_tp.py); unequal micro-batch counts
+    "mixed-tp-dp2": lambda: explicit(LLAMA, world=3, pipelines=[
+        (2, 3, _stages((0, 2, 0))), (2, 1, _stages((0, 2, [1, 2])))]),
+    "mixed-tp-dp2-sp-tied": lambda: explicit(TINY, world=3, sequence_parallel=True, pipelines=[
+        (1, 2, _stages((0, 2, [0, 1]))), (2, 2, _stages((0, 2, 2)))]),
+    "mixed-tp-dp2xpp2-per-stage": lambda: _per_stage(explicit(LLAMA, world=5, pipelines=[
+        (1, 6, _stages((0, 1, 0), (1, 2, 1))), (2, 1, _stages((0, 1, [2, 3]), (1, 2, 4)))]),
+        S(), S(grads=2, optim=2)),
+    "mixed-tp-dp2xpp2-tied": lambda: explicit(TINY, world=6, pipelines=[
+        (1, 4, _stages((0, 1, 0), (1, 2, 1))), (2, 2, _stages((0, 1, [2, 3]), (1, 2, [4, 5])))]),
 }
 
 
@@ -161,6 +172,34 @@ def test_a_skipped_w_misses_the_bound(monkeypatch, tmp_path):
     codes, metrics = run_forked(plan, tmp_path, steps=STEPS)
     assert codes == [0, 0] and metrics is not None
     ref = _reference(SMALL.name, plan.training.global_batch_size, plan.training.seq_len)
+    assert max(abs(a - b) / b for a, b in zip(metrics["losses"], ref, strict=True)) > 10 * RTOL
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("broken,kind", [("no-sum", "mixed-tp-dp2"),
+                                         ("contiguous-rows", "mixed-tp-dp2"),
+                                         ("no-twin-sum", "mixed-tp-dp2xpp2-tied")])
+def test_mixed_tp_without_the_whole_gradient_misses_the_bound(broken, kind, monkeypatch,
+                                                              tmp_path):
+    """Mixed tp with each replica stepping on its own gradient (no sum across replicas),
+    with a fused QKV / SwiGLU weight's rows taken as one contiguous block on the tp 2
+    replica (not regrouped as tensor parallelism holds them), or with a tied embedding's
+    twins not summed inside their replica: the loss leaves the bound."""
+    import executor.mixed_tp
+    import executor.runtime
+    from executor.data_parallel import ShardedState
+
+    if broken == "no-sum":
+        monkeypatch.setattr(executor.mixed_tp.MixedTpState, "reduce_grads",
+                            ShardedState.reduce_grads)
+    elif broken == "contiguous-rows":
+        monkeypatch.setattr(executor.runtime, "_fused", lambda module: {})
+    else:
+        monkeypatch.setattr(executor.mixed_tp.MixedTpState, "tied_grads", lambda self: [])
+    plan = PLANS[kind]()
+    codes, metrics = run_forked(plan, tmp_path, steps=STEPS)
+    assert codes == [0] * plan.num_gpus_used and metrics is not None
+    ref = _reference(plan.model.name, plan.training.global_batch_size, plan.training.seq_len)
     assert max(abs(a - b) / b for a, b in zip(metrics["losses"], ref, strict=True)) > 10 * RTOL
 
 

@@ -65,3 +65,47 @@ def test_zero_bubble_refuses_full_recompute_where_it_splits_the_backward():
              r"allowed \(zb-h1 .* allowed: none, selective \(full on stage 0\)\)")
     for first, second in (("full", "selective"), ("none", "none")):
         check_runnable(plan(first, second), cuda_devices=0)
+
+
+def test_mixed_tp_runs_only_without_sharding_there():
+    """Replicas may differ in tp at a stage position (whole gradients summed there,
+    executor/mixed_tp.py), but not with model-state sharding at that position; every
+    replica still splits the layers alike (and a tied embedding's twins at one tp)."""
+    from dataclasses import replace
+
+    from planner.specs.plan import Sharding
+
+    tiny = preset("debug-tiny")
+
+    def one_stage(model, sharding=None):
+        return explicit(model, world=3, sharding=sharding, pipelines=[
+            (2, 3, [(0, 2, [0], 1, "none")]), (2, 1, [(0, 2, [1, 2], 2, "none")])])
+
+    def two_stages(model):
+        return explicit(model, world=5, pipelines=[
+            (1, 2, [(0, 1, [0], 1, "none"), (1, 2, [1], 1, "none")]),
+            (1, 2, [(0, 1, [2, 3], 2, "none"), (1, 2, [4], 1, "none")])])
+
+    check_runnable(one_stage(LLAMA), cuda_devices=0)
+    check_runnable(one_stage(tiny), cuda_devices=0)  # tied inside the one stage
+    _refused(one_stage(LLAMA, Sharding(grads=2, optim=2)),
+             r"sharding: 'P/G/OS 1/2/2 at stage position 0' is not allowed \(the replicas' "
+             r"tp differs there \(\[1, 2\]\); .* without model-state sharding")
+    per_stage = replace(two_stages(LLAMA), sharding=Sharding(grads=2, optim=2),
+                        stage_sharding=(Sharding(), Sharding(grads=2, optim=2)))
+    check_runnable(per_stage, cuda_devices=0)  # sharded where the tp agrees
+    swapped = replace(per_stage, stage_sharding=(Sharding(grads=2, optim=2), Sharding()))
+    _refused(swapped, r"stage_sharding: 'P/G/OS 1/2/2 at stage position 0'")
+    # tied embeddings across stages: each replica's twins at one tp
+    _refused(two_stages(tiny), r"pipelines\[1\]\.stages: \[2, 1\] is not allowed \(tied "
+             r"embeddings need the same tp on the first and the last stage\)")
+    check_runnable(explicit(tiny, world=6, pipelines=[
+        (1, 2, [(0, 1, [0], 1, "none"), (1, 2, [1], 1, "none")]),
+        (1, 2, [(0, 1, [2, 3], 2, "none"), (1, 2, [4, 5], 2, "none")])]), cuda_devices=0)
+    _refused(explicit(SMALL, world=5, pipelines=[
+        (1, 2, [(0, 1, [0], 1, "none"), (1, 4, [1], 1, "none")]),
+        (1, 2, [(0, 2, [2, 3], 2, "none"), (2, 4, [4], 1, "none")])]),
+        r"the same boundaries as pipelines\[0\]")
+    _refused(explicit(LLAMA, world=5, pipelines=[
+        (2, 1, [(0, 2, [0], 1, "none")]), (2, 1, [(0, 2, [1, 2, 3, 4], 4, "none")])]),
+        r"pipelines\[1\]\.stages\[0\]\.tp: 4 is not allowed \(must divide num_kv_heads 2")

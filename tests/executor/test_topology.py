@@ -44,3 +44,25 @@ def test_interleaved_chunks_take_layers_in_megatron_order():
     # two stages of 4 and 2 layers, two chunks each: model chunks s0c0, s1c0, s0c1, s1c1
     assert chunk_layers((4, 2), 2) == (((0, 2), (3, 5)), ((2, 3), (5, 6)))
     assert chunk_layers((3, 1), 1) == (((0, 3),), ((3, 4),))
+
+
+def test_mixed_tp_positions_sum_over_all_their_ranks():
+    """Stage position 0 mixes tp 1 and tp 2: its gradients are summed over all three of
+    its ranks; position 1 (tp 1 in both replicas) keeps its rank-to-rank dp group."""
+    from executor.groups import _collective_groups, shard_layout
+
+    llama = preset("debug-tiny-llama")
+    plan = explicit(llama, world=5, pipelines=[
+        (1, 2, [(0, 1, [0], 1, "none"), (1, 2, [1], 1, "none")]),
+        (1, 2, [(0, 1, [2, 3], 2, "none"), (1, 2, [4], 1, "none")])])
+    topo = Topology.of(plan)
+    assert [topo.mixed_tp(plan, s) for s in range(2)] == [True, False]
+    assert topo.position_group(plan, 0) == (0, 2, 3)
+    assert shard_layout(plan, topo, 3).members == (3,)
+    assert shard_layout(plan, topo, 4).members == (1, 4)
+    assert _collective_groups(plan, topo) == [(0, 2, 3), (1, 4), (2, 3)]
+    # tied embeddings with mixed tp: each replica's twins pair up by tp rank
+    tied = explicit(preset("debug-tiny"), world=6, pipelines=[
+        (1, 2, [(0, 1, [0], 1, "none"), (1, 2, [1], 1, "none")]),
+        (1, 2, [(0, 1, [2, 3], 2, "none"), (1, 2, [4, 5], 2, "none")])])
+    assert Topology.of(tied).embedding_pairs(tied) == [(0, 1), (2, 4), (3, 5)]
