@@ -12,8 +12,18 @@ full gradient of every replica, since inside a replica the slices are disjoint a
 the parameter once. Each rank reads its own slice back and steps AdamW on its local
 shards. This sends tp times a rank's shard per rank; correctness over bandwidth.
 
-Model-state sharding (P/G/OS > 1) is not combined with it (refused in
-executor/preflight.py): a `MixedTpState` is a `ShardedState` of one member. A tied
+ZeRO-1 (OS = dp, P = G = 1) is: each whole parameter (in the flat buffer of the whole
+parameters, in parameter order) is cut into dp contiguous pieces (piece r for the r-th
+replica, in `plan.pipelines` order), piece r of a tp-sharded one into tp_r sub-pieces, one
+per tp rank of replica r (a replicated one's piece is stepped by each of them alike).
+After the gradient sum rank (r, t) steps AdamW on its sub-pieces only (fp32 master and
+moments for 1/dp of its local shard, as planner/memory.py counts), writes them into a
+zero buffer of the whole parameters, and one all-reduce over the position gives every
+rank the whole updated parameters, of which it keeps its slices. In fp32 the master
+weights are the parameters (planner/memory.py counts no copy): the sub-pieces are rebuilt
+before each step by an all-reduce of the whole parameters to which replica 0 writes.
+Other model-state sharding (P or G > 1, 1 < OS < dp) is refused (executor/preflight.py).
+A tied
 embedding's twins (first and last stage of a replica, at equal tp) are summed inside the
 replica before (`Topology.embedding_pairs`), then each twin's position sums the replicas.
 """
@@ -28,8 +38,30 @@ from torch import nn
 
 from executor.data_parallel import Groups, ShardedState, local_tensor
 from executor.sharding import ShardLayout
+from executor.train import empty_adamw_state
 
-__all__ = ["MixedTpState", "local_pieces"]
+__all__ = ["MixedTpState", "local_pieces", "zero1_ranges"]
+
+
+def zero1_ranges(params: list[tuple[int, int, bool]], *, dp: int, replica: int, tp: int,
+                 tp_rank: int) -> list[tuple[int, int, bool]]:
+    """[first, end) ranges of a whole-parameter flat buffer that rank (replica, tp_rank)
+    steps, and whether it publishes each. `params`: (first, numel, sharded under this
+    replica's tp) per parameter. Each parameter is cut into dp equal-ish pieces, piece
+    `replica` of a sharded one into tp sub-pieces; a replicated one's piece is stepped by
+    every tp rank of the replica alike and published by tp rank 0: 1/dp of the local
+    shard, as planner/memory.py counts."""
+    def cut(lo: int, hi: int, parts: int, k: int) -> tuple[int, int]:
+        return lo + (hi - lo) * k // parts, lo + (hi - lo) * (k + 1) // parts
+
+    out = []
+    for at, n, sharded in params:
+        lo, hi = cut(at, at + n, dp, replica)
+        if sharded:
+            out.append((*cut(lo, hi, tp, tp_rank), True))
+        else:
+            out.append((lo, hi, tp_rank == 0))
+    return [r for r in out if r[1] > r[0]]
 
 
 def local_pieces(full: torch.Tensor, p: torch.Tensor, *, tp: int, tp_rank: int,
@@ -63,9 +95,12 @@ class MixedTpState(ShardedState):
                  position_group: tuple[int, ...], tp: int, tp_rank: int,
                  fused: dict[int, list[int]],
                  make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 name: str, tied: bool = False) -> None:
+                 name: str, tied: bool = False, replica: int = 0,
+                 replica_tps: list[int] | None = None, optim: int = 1) -> None:
         """`fused`: id(parameter) -> the widths of its row blocks, for fused weights;
-        `tied`: a tied embedding's bucket, summed with its twin in the replica first."""
+        `tied`: a tied embedding's bucket, summed with its twin in the replica first;
+        `optim` 1 or dp (ZeRO-1) over the replicas at the position, whose tps are
+        `replica_tps` (this rank's replica is number `replica`)."""
         super().__init__(params, ShardLayout((rank,), rank), groups,
                          make_optimizer=make_optimizer, name=name, tied=tied)
         self.position_group, self.tp, self.tp_rank = position_group, tp, tp_rank
@@ -76,29 +111,131 @@ class MixedTpState(ShardedState):
             self.full_offsets.append((at, p.numel()))  # a DTensor's numel is the whole's
             at += p.numel()
         self.full_numel = at
+        tps = replica_tps or [tp]
+        assert optim in (1, len(tps)), (optim, tps)
+        self.optim, self.replica = optim, replica
+        if optim > 1:
+            self._zero1(zero1_ranges([(a, n, _shards(p)) for p, (a, n) in zip(
+                self.params, self.full_offsets, strict=True)], dp=optim, replica=replica,
+                tp=tp, tp_rank=tp_rank), make_optimizer)
+
+    def _zero1(self, ranges: list[tuple[int, int, bool]], make_optimizer: Callable) -> None:
+        """The optimizer on this rank's sub-pieces only (fp32 master, persistent in mixed
+        precision; moments)."""
+        self.ranges = ranges
+        n = sum(hi - lo for lo, hi, _ in ranges)
+        self.keep_master = self.dtype != torch.float32
+        master = (self._gather(self._whole_params()) if self.keep_master
+                  else torch.empty(0, dtype=torch.float32, device=self.device))
+        self.master = nn.Parameter(master)
+        self.master.grad = None
+        self.optimizer = make_optimizer([self.master])
+        self.chunk = n
+        self._sub_grad: torch.Tensor | None = None
 
     def _pieces(self, full: torch.Tensor) -> list[tuple[list[torch.Tensor], int]]:
         return [local_pieces(full[at:at + n].view(p.shape), p, tp=self.tp,
                              tp_rank=self.tp_rank, widths=self.fused.get(id(p)))
                 for p, (at, n) in zip(self.params, self.full_offsets, strict=True)]
 
+    def _whole(self, local: torch.Tensor, *, write: bool) -> torch.Tensor:
+        """Sum over the position of a zero whole-parameter buffer into which this rank
+        wrote its slices of `local` (a flat buffer shaped like `self.offsets`) if `write`
+        (a replicated parameter by tp rank 0 only)."""
+        full = torch.zeros(self.full_numel, dtype=torch.float32, device=self.device)
+        with torch.no_grad():
+            for p, (pieces, dim), (at, n) in zip(self.params, self._pieces(full),
+                                                 self.offsets, strict=True):
+                if write and (_shards(p) or self.tp_rank == 0):
+                    part = local[at:at + n].view(local_tensor(p).shape)
+                    for piece, x in zip(pieces, _split_like(part, pieces, dim), strict=True):
+                        piece.copy_(x)
+            dist.all_reduce(full, group=self.groups[self.position_group])
+        return full
+
+    def _keep_slices(self, full: torch.Tensor, out: torch.Tensor) -> None:
+        """This rank's slices of the whole buffer `full`, into the flat `out`."""
+        with torch.no_grad():
+            for (pieces, dim), (at, n) in zip(self._pieces(full), self.offsets, strict=True):
+                out[at:at + n].copy_(torch.cat(pieces, dim=dim).reshape(-1))
+
+    def _gather(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's ZeRO-1 sub-pieces of a whole buffer, as one flat tensor."""
+        return torch.cat([full[lo:hi] for lo, hi, _ in self.ranges])
+
+    def _whole_params(self) -> torch.Tensor:
+        """The whole parameters on every rank of the position (replica 0 writes them)."""
+        return self._whole(self.full, write=self.replica == 0)
+
     def reduce_grads(self) -> None:
         """Sum the whole gradients of all replicas at this position; keep this rank's
-        slices (in the optimizer's gradient)."""
-        super().reduce_grads()  # alone: the local gradients into the optimizer's buffer
-        out = self.master.grad
-        assert out is not None
-        full = torch.zeros(self.full_numel, dtype=torch.float32, device=out.device)
-        where = self._pieces(full)
+        slices (in the optimizer's gradient), or with ZeRO-1 its sub-piece."""
+        full = self._whole(self.grad, write=True)
+        if self.optim > 1:
+            self._sub_grad = self._gather(full)
+            return
+        assert self.master.grad is not None
+        self._keep_slices(full, self.master.grad)
+
+    def step(self) -> None:
+        """ZeRO-1: AdamW on this rank's sub-pieces, then every rank's slices of the
+        whole updated parameters (`_publish`)."""
+        if self.optim == 1:
+            super().step()
+            return
+        if not self.keep_master:  # fp32: the master weights are the parameters
+            self.master.data = self._gather(self._whole_params())
+        self.master.grad = self._sub_grad
+        self.optimizer.step()
+        self.master.grad = self._sub_grad = None
+        self._publish()
+        self.grad.zero_()
+
+    def _publish(self) -> None:
+        """ZeRO-1: sum the ranks' updated sub-pieces over the position (each element
+        written once) and keep this rank's slices."""
+        if self.optim == 1:
+            super()._publish()
+            return
         with torch.no_grad():
-            for p, (pieces, dim), (at, n) in zip(self.params, where, self.offsets, strict=True):
-                if _shards(p) or self.tp_rank == 0:  # a replicated one is written once
-                    local = out[at:at + n].view(local_tensor(p).shape)
-                    for piece, part in zip(pieces, _split_like(local, pieces, dim), strict=True):
-                        piece.copy_(part)
+            full = torch.zeros(self.full_numel, dtype=torch.float32, device=self.device)
+            at = 0
+            for lo, hi, write in self.ranges:
+                if write:
+                    full[lo:hi].copy_(self.master[at:at + hi - lo])
+                at += hi - lo
             dist.all_reduce(full, group=self.groups[self.position_group])
-            for (pieces, dim), (at, n) in zip(where, self.offsets, strict=True):
-                out[at:at + n].copy_(torch.cat(pieces, dim=dim).reshape(-1))
+            self._keep_slices(full, self.full)
+            if not self.keep_master:
+                self.master.data = torch.empty(0, dtype=torch.float32, device=self.device)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """ZeRO-1: the sub-piece's moments (and master in mixed precision) under the
+        replica's number; in fp32 this rank's parameters (the master weights)."""
+        if self.optim == 1:
+            return super().state_dict()
+        key = f"{self.name}/os{self.replica}of{self.optim}"
+        if self.master not in self.optimizer.state:
+            self.optimizer.state[self.master] = empty_adamw_state(
+                self.optimizer, torch.empty(self.chunk, dtype=torch.float32,
+                                            device=self.device))
+        state = self.optimizer.state[self.master]
+        held = {f"{key}/master": self.master.data} if self.keep_master else \
+            {f"{self.name}/params": self.full}
+        return {**held, **{f"{key}/{k}": v for k, v in state.items()}}
+
+    def loaded(self) -> None:
+        if self.optim == 1 or self.keep_master:
+            self._publish()
+
+    def state_bytes(self) -> dict[str, int]:
+        if self.optim == 1:
+            return super().state_bytes()
+        master = self.chunk * 4 if self.keep_master else 0
+        adam = sum(v.numel() * v.element_size()
+                   for v in self.optimizer.state.get(self.master, {}).values())
+        return {"params_bytes": self.full.numel() * self.full.element_size(),
+                "grads_bytes": self.grad.numel() * 4, "optimizer_bytes": master + adam}
 
 
 def _split_like(local: torch.Tensor, pieces: list[torch.Tensor], dim: int) -> tuple:

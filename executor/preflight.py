@@ -44,7 +44,7 @@ def _check_host(plan: Plan, kind: str, cuda_devices: int, where: str) -> None:
 def _check_replicas(plan: Plan, where: str) -> None:
     """Data parallelism here syncs stage position s of every replica: the same layers.
     Where the replicas' tp differs at a position (executor/mixed_tp.py), whole gradients
-    are summed there, without model-state sharding."""
+    are summed there, without model-state sharding or with ZeRO-1 over all replicas."""
     first = plan.pipelines[0].stages
     for pi, pipe in enumerate(plan.pipelines[1:], 1):
         if [s.layers for s in pipe.stages] != [s.layers for s in first]:
@@ -56,11 +56,12 @@ def _check_replicas(plan: Plan, where: str) -> None:
         if len(set(tps)) == 1:
             continue
         sh = plan.sharding_of(si)
-        if (sh.params, sh.grads, sh.optim) != (1, 1, 1):
+        if (sh.params, sh.grads) != (1, 1) or sh.optim not in (1, plan.dp):
             fail(at(where, "stage_sharding" if plan.stage_sharding else "sharding"),
                  f"P/G/OS {sh.params}/{sh.grads}/{sh.optim} at stage position {si}",
                  f"the replicas' tp differs there ({tps}); the executor runs mixed tp "
-                 "without model-state sharding (P/G/OS 1/1/1 at that position)")
+                 f"without model-state sharding or with ZeRO-1 over all {plan.dp} replicas "
+                 f"(P/G/OS 1/1/1 or 1/1/{plan.dp} at that position)")
 
 
 def _check_stages(plan: Plan, where: str) -> None:

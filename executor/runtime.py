@@ -151,7 +151,9 @@ def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
             states: list = [MixedTpState(
                 ps, rank, groups.collectives, position_group=topo.position_group(
                     plan, role.stage), tp=tp, tp_rank=role.tp_rank, fused=_fused(module),
-                make_optimizer=optimizer, tied=kind == "tied",
+                make_optimizer=optimizer, tied=kind == "tied", replica=role.pipeline,
+                replica_tps=[p.stages[role.stage].tp for p in plan.pipelines],
+                optim=plan.sharding_of(role.stage).optim,
                 # replicas of one tp hold equal shards: one checkpoint key per tp degree
                 name=f"chunk{k}/tp{role.tp_rank}of{tp}/{kind}")
                 for kind, ps in (("main", main), ("tied", tied)) if ps]

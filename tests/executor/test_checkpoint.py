@@ -57,12 +57,14 @@ def test_resume_after_a_killed_rank_repeats_the_losses(tmp_path, sharding):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_resume_of_mixed_tp_repeats_the_losses(tmp_path):
+@pytest.mark.parametrize("sharding", [Sharding(), Sharding(optim=2)], ids=["whole", "zero1"])
+def test_resume_of_mixed_tp_repeats_the_losses(tmp_path, sharding):
     """Replicas at tp 1 and tp 2 (executor/mixed_tp.py) save their shards under keys per
-    tp degree; a resume after a killed rank repeats the uninterrupted losses."""
+    tp degree (with ZeRO-1: the parameters per tp degree, each rank's moments per replica
+    and tp rank); a resume after a killed rank repeats the uninterrupted losses."""
     from tests.executor.distributed import explicit
 
-    plan = explicit(preset("debug-tiny-llama"), world=3, pipelines=[
+    plan = explicit(preset("debug-tiny-llama"), world=3, sharding=sharding, pipelines=[
         (2, 3, [(0, 2, [0], 1, "none")]), (2, 1, [(0, 2, [1, 2], 2, "none")])])
     ck = dict(checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=2)
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir(), (tmp_path / "c").mkdir()

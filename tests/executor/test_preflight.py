@@ -69,7 +69,8 @@ def test_zero_bubble_refuses_full_recompute_where_it_splits_the_backward():
 
 def test_mixed_tp_runs_only_without_sharding_there():
     """Replicas may differ in tp at a stage position (whole gradients summed there,
-    executor/mixed_tp.py), but not with model-state sharding at that position; every
+    executor/mixed_tp.py), but not with model-state sharding at that position other than
+    ZeRO-1 over all replicas; every
     replica still splits the layers alike (and a tied embedding's twins at one tp)."""
     from dataclasses import replace
 
@@ -91,6 +92,15 @@ def test_mixed_tp_runs_only_without_sharding_there():
     _refused(one_stage(LLAMA, Sharding(grads=2, optim=2)),
              r"sharding: 'P/G/OS 1/2/2 at stage position 0' is not allowed \(the replicas' "
              r"tp differs there \(\[1, 2\]\); .* without model-state sharding")
+    check_runnable(one_stage(LLAMA, Sharding(optim=2)), cuda_devices=0)  # ZeRO-1 over dp
+    tp1_replicas = [(1, 1, [(0, 2, [r], 1, "none")]) for r in range(3)]
+    _refused(explicit(LLAMA, world=5, sharding=Sharding(optim=2), pipelines=[
+        *tp1_replicas, (1, 1, [(0, 2, [3, 4], 2, "none")])]),
+        r"'P/G/OS 1/1/2 at stage position 0' is not allowed .* ZeRO-1 over all 4 replicas")
+    _refused(one_stage(LLAMA, Sharding(grads=2, optim=2)), r"'P/G/OS 1/2/2 at stage")
+    _refused(one_stage(LLAMA, Sharding(params=2, grads=2, optim=2)),
+             r"'P/G/OS 2/2/2 at stage position 0' is not allowed .* or with ZeRO-1 over "
+             r"all 2 replicas \(P/G/OS 1/1/1 or 1/1/2 at that position\)")
     per_stage = replace(two_stages(LLAMA), sharding=Sharding(grads=2, optim=2),
                         stage_sharding=(Sharding(), Sharding(grads=2, optim=2)))
     check_runnable(per_stage, cuda_devices=0)  # sharded where the tp agrees
