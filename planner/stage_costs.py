@@ -34,9 +34,8 @@ from profiler.analytic import launch_overhead_s
 from profiler.devices import DeviceSpec, arch_efficiency, device, dtype_bytes
 from profiler.store import Profiles
 
-__all__ = ["BUCKET_PARAMS", "DPSync", "Part", "StageCost", "StageSetup", "aligned_stages",
-           "clear_cost_caches", "cost_sources", "dp_sync", "exposed_s", "layer_parts",
-           "layer_weight_grad",
+__all__ = ["BUCKET_PARAMS", "DPSync", "Part", "StageCost", "StageSetup", "clear_cost_caches",
+           "cost_sources", "dp_sync", "exposed_s", "layer_parts", "layer_weight_grad",
            "plan_stage_setup", "stage_cost",
            "pipeline_key", "plan_stage_costs", "stage_device", "stage_shape"]
 
@@ -386,7 +385,7 @@ def plan_stage_setup(plan: Plan, pi: int, si: int) -> StageSetup:
                                  num_microbatches=pipe.num_microbatches,
                                  virtual_stages=tr.virtual_stages)
     group = (tuple(p.stages[si].devices[0] for p in plan.pipelines)
-             if plan.dp > 1 and aligned_stages(plan) else (stage.devices[0],))
+             if plan.dp > 1 and plan.aligned_stages else (stage.devices[0],))
     return StageSetup(
         device_name=stage_device(plan, stage).name, shape=stage_shape(plan, pi, stage),
         num_layers=stage.num_layers, first=si == 0, last=si == pp - 1, pp=pp,
@@ -405,13 +404,6 @@ def clear_cost_caches() -> None:
     layer_weight_grad.cache_clear()
     _extra_parts.cache_clear()
     dp_sync.cache_clear()
-
-
-def aligned_stages(plan: Plan) -> bool:
-    """Whether every replica splits the layers into the same stages (then stage s of every
-    pipeline holds the same parameters and syncs with its peers)."""
-    first = [s.layers for s in plan.pipelines[0].stages]
-    return all([s.layers for s in p.stages] == first for p in plan.pipelines[1:])
 
 
 def pipeline_key(plan: Plan, pi: int) -> tuple:
@@ -482,7 +474,7 @@ def _plan_groups(plan: Plan) -> set[tuple[int, ...]]:
             groups.update((stage.devices[:stage.tp], stage.devices[::stage.tp]))
             nxt = pipe.stages[(si + 1) % len(pipe.stages)]
             groups.add((stage.devices[0], nxt.devices[0]))
-    if plan.dp > 1 and aligned_stages(plan):
+    if plan.dp > 1 and plan.aligned_stages:
         for si in range(len(plan.pipelines[0].stages)):
             groups.add(tuple(p.stages[si].devices[0] for p in plan.pipelines))
     return {g for g in groups if len(set(g)) > 1}

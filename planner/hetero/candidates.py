@@ -311,9 +311,9 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *, pools: 
     costs = {r: [_cost(ctx, template, lay, q, mbs=mbs, recompute=recompute, layers=layers[k],
                        sharding=per_stage[k], memo=memo) for k, q in enumerate(lay.positions[r])]
              for r in lay.replica_kinds}
-    fits = all(_linear(ctx, template, lay, q, mbs=mbs, recompute=recompute,
-                       sharding=per_stage[k], memo=memo).fits(layers[k], in_flight[k])
-               for r in lay.replica_kinds for k, q in enumerate(lay.positions[r]))
+    fits = all(_fits_at(ctx, template, lay, k, per_stage[k], mbs=mbs, recompute=recompute,
+                        layers=layers, in_flight=in_flight, memo=memo)
+               for k in range(template.pp))
     if microbatches is None:
         microbatches = _split_batch(template, lay.replica_kinds, costs, total, schedule)
         if microbatches is None:
@@ -326,6 +326,15 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *, pools: 
     return Priced(template, mbs, recompute, sharding, tuple(layers), tuple(microbatches),
                   lay.devices, max(times), fits, schedule,
                   tuple(per_stage) if len(set(per_stage)) > 1 else None)
+
+
+def _fits_at(ctx: _Context, t: Template, lay: _Layout, k: int, sharding: Sharding, *,
+             mbs: int, recompute: str, layers: Sequence[int], in_flight: Sequence[int],
+             memo: dict) -> bool:
+    """Whether stage position `k` fits at `sharding` on every kind of replica."""
+    return all(_linear(ctx, t, lay, lay.positions[r][k], mbs=mbs, recompute=recompute,
+                       sharding=sharding, memo=memo).fits(layers[k], in_flight[k])
+               for r in lay.replica_kinds)
 
 
 def _relaxed(ctx: _Context, t: Template, lay: _Layout, per_stage: list[Sharding],
@@ -341,9 +350,8 @@ def _relaxed(ctx: _Context, t: Template, lay: _Layout, per_stage: list[Sharding]
         return (0, t.pp - 1) if tied and k in (0, t.pp - 1) else (k,)
 
     def fits(k: int, sh: Sharding) -> bool:
-        return all(_linear(ctx, t, lay, lay.positions[r][j], mbs=mbs, recompute=recompute,
-                           sharding=sh, memo=memo).fits(layers[j], in_flight[j])
-                   for r in lay.replica_kinds for j in together(k))
+        return all(_fits_at(ctx, t, lay, j, sh, mbs=mbs, recompute=recompute, layers=layers,
+                            in_flight=in_flight, memo=memo) for j in together(k))
 
     def iteration_s(shardings: list[Sharding]) -> float:
         return max(pipeline_time([_cost(ctx, t, lay, q, mbs=mbs, recompute=recompute,

@@ -34,7 +34,6 @@ from planner.stage_costs import (
     BUCKET_PARAMS,
     Part,
     StageCost,
-    aligned_stages,
     dp_sync,
     exposed_s,
     pipeline_key,
@@ -222,7 +221,7 @@ class _Builder:
     def data_parallel(self, reps: list[int]) -> None:
         """Gradient reduction, optimizer step and parameter gather per stage."""
         plan = self.plan
-        if not aligned_stages(plan):
+        if not plan.aligned_stages:
             self._segment_sync(reps)
             return
         vp = plan.training.virtual_stages

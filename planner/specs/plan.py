@@ -173,21 +173,28 @@ class Plan:
         out = [(at(where, "sharding"), self.sharding)]
         if self.stage_sharding is None:
             return out
-        bounds = [s.layers for s in self.pipelines[0].stages]
-        if any([s.layers for s in p.stages] != bounds for p in self.pipelines[1:]):
+        if not self.aligned_stages:
             fail(at(where, "stage_sharding"), "per stage",
                  "only when every pipeline splits the layers at the same boundaries")
-        if len(self.stage_sharding) != len(bounds):
+        pp = len(self.pipelines[0].stages)
+        if len(self.stage_sharding) != pp:
             fail(at(where, "stage_sharding"), f"{len(self.stage_sharding)} entries",
-                 f"one per stage ({len(bounds)})")
+                 f"one per stage ({pp})")
         first, last = self.stage_sharding[0], self.stage_sharding[-1]
-        if self.model.tied_embeddings and len(bounds) > 1 and first != last:
-            fail(at(where, f"stage_sharding[{len(bounds) - 1}]"),
+        if self.model.tied_embeddings and pp > 1 and first != last:
+            fail(at(where, f"stage_sharding[{pp - 1}]"),
                  f"{last.params}/{last.grads}/{last.optim}",
                  f"the model ties its embeddings: the last stage holds the first stage's "
                  f"twin and shards like it ({first.params}/{first.grads}/{first.optim})")
         return out + [(at(where, f"stage_sharding[{k}]"), sh)
                       for k, sh in enumerate(self.stage_sharding)]
+
+    @property
+    def aligned_stages(self) -> bool:
+        """Whether every replica splits the layers into the same stages (then stage s of
+        every pipeline holds the same parameters and syncs with its peers)."""
+        first = [s.layers for s in self.pipelines[0].stages]
+        return all([s.layers for s in p.stages] == first for p in self.pipelines[1:])
 
     def sharding_of(self, stage: int) -> Sharding:
         """The model-state sharding of stage position `stage`."""
