@@ -25,8 +25,8 @@ import sys
 import tempfile
 import time
 
-from planner.layout import ParallelConfig, homogeneous_plan
 from planner.specs.cluster import load_cluster
+from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec, preset
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Stage, Training, save_plan
 

@@ -11,11 +11,11 @@ import argparse
 import statistics
 import time
 
-from planner.layout import ParallelConfig, homogeneous_plan
+from planner.costs.stages import clear_cost_caches
 from planner.simulator import simulate
 from planner.specs.cluster import parse_gpus_arg
+from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
-from planner.stage_costs import clear_cost_caches
 
 CASES = {
     "gpt3-175b, 1024x A100, tp8 pp16 dp8, 192 mb": (

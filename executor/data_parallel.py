@@ -4,7 +4,7 @@ One `ShardedState` holds one bucket of parameters (a model chunk's, or a tied em
 on its own) for one rank: the parameters become views of a flat buffer, gradients are
 gathered into a flat fp32 buffer, and AdamW runs on this rank's optimizer shard of it.
 Which elements a rank keeps and with whom it talks is index arithmetic in
-executor/sharding.py; the order of work follows planner/stage_costs.py `dp_sync`, so the
+executor/sharding.py; the order of work follows planner/costs/stages.py `dp_sync`, so the
 run does what the simulator prices:
 
 * p > 1: `unshard()` all-gathers the parameters before each forward and backward,

@@ -5,7 +5,7 @@ parameters, gradients and optimizer states all over the same k replicas, i.e. Ze
 It is used for such plans when every replica has the same micro-batch count and tp = 1;
 everything else runs on the flat-buffer AMSP engine (executor/data_parallel.py), which
 expresses every P/G/OS combination. Semantics as there and as the simulator prices them
-(planner/stage_costs.py dp_sync): parameters gathered before each forward and backward
+(planner/costs/stages.py dp_sync): parameters gathered before each forward and backward
 (per layer here), gradients reduce-scattered after every backward, and all-reduced across
 the blocks of k once, after the last; gradients are summed (divide factor 1), since the
 micro-batch losses carry their share of the global batch.

@@ -17,10 +17,10 @@ parameters, in parameter order) is cut into dp contiguous pieces (piece r for th
 replica, in `plan.pipelines` order), piece r of a tp-sharded one into tp_r sub-pieces, one
 per tp rank of replica r (a replicated one's piece is stepped by each of them alike).
 After the gradient sum rank (r, t) steps AdamW on its sub-pieces only (fp32 master and
-moments for 1/dp of its local shard, as planner/memory.py counts), writes them into a
+moments for 1/dp of its local shard, as planner/costs/memory.py counts), writes them into a
 zero buffer of the whole parameters, and one all-reduce over the position gives every
 rank the whole updated parameters, of which it keeps its slices. In fp32 the master
-weights are the parameters (planner/memory.py counts no copy): the sub-pieces are rebuilt
+weights are the parameters (planner/costs/memory.py counts no copy): the sub-pieces are rebuilt
 before each step by an all-reduce of the whole parameters to which replica 0 writes.
 Other model-state sharding (P or G > 1, 1 < OS < dp) is refused (executor/preflight.py).
 A tied
@@ -50,7 +50,7 @@ def zero1_ranges(params: list[tuple[int, int, bool]], *, dp: int, replica: int, 
     replica's tp) per parameter. Each parameter is cut into dp equal-ish pieces, piece
     `replica` of a sharded one into tp sub-pieces; a replicated one's piece is stepped by
     every tp rank of the replica alike and published by tp rank 0: 1/dp of the local
-    shard, as planner/memory.py counts."""
+    shard, as planner/costs/memory.py counts."""
     def cut(lo: int, hi: int, parts: int, k: int) -> tuple[int, int]:
         return lo + (hi - lo) * k // parts, lo + (hi - lo) * (k + 1) // parts
 

@@ -8,7 +8,7 @@ once, the batch adds up); these are the executor's own limits and this host's.
 
 from __future__ import annotations
 
-from planner.kernels import ATTENTION_SUPPORT
+from planner.costs.kernels import ATTENTION_SUPPORT
 from planner.specs.plan import Plan
 from profiler.schema import at, fail
 

@@ -10,7 +10,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from executor.topology import Topology
-from planner.results import SimResult
+from planner.predict.results import SimResult
 from planner.specs.plan import Plan, describe_layout
 
 __all__ = ["RankMemory", "RunReport", "make_report", "to_markdown"]

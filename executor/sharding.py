@@ -18,7 +18,7 @@ N elements, cut into os chunks:
   P-chunk all-gather them into it.
 
 With g contiguous the frequent per-micro-batch reduce-scatter stays inside a node, as the
-planner assumes (planner/stage_costs.py dp_sync); the param group is contiguous exactly
+planner assumes (planner/costs/stages.py dp_sync); the param group is contiguous exactly
 when p = g (ZeRO-3, MiCS).
 """
 

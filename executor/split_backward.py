@@ -1,7 +1,7 @@
 """A chunk's backward split in two for zero-bubble schedules (Qi et al. 2024, "Zero Bubble
 Pipeline Parallelism", §2): B computes the gradient of the chunk's input, which the
 previous stage waits for, and W later computes the weight gradients of the layers' linear
-layers (their `.wgrad` GEMMs, what the simulator prices as W: planner/stage_costs.py
+layers (their `.wgrad` GEMMs, what the simulator prices as W: planner/costs/stages.py
 `layer_weight_grad`). Every other parameter (norms, embedding, head) gets its gradient in B.
 
 Nothing is computed twice: B runs autograd from the output to the input and those other

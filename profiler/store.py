@@ -73,7 +73,7 @@ class ProfileRow:
     """One measured op or collective: its key, size and seconds per call."""
 
     kind: RowKind
-    name: str = spec_field(help="the planner's op name (planner/workload.py) or collective")
+    name: str = spec_field(help="the planner's op name (planner/costs/workload.py) or collective")
     variant: str | None = spec_field(default=None, help="attention backend / optimizer "
                                      "implementation; empty for ops without alternatives")
     shape: tuple[int, ...] = spec_field(min=0, help="the planner's op shape; (bytes,) for "

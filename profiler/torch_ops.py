@@ -1,6 +1,6 @@
 """The planner's ops as torch code, for measurement (imports torch: load lazily).
 
-Each `impl` builds one op of the workload (planner/workload.py) at given dimensions as
+Each `impl` builds one op of the workload (planner/costs/workload.py) at given dimensions as
 a `Fragment`: leaf tensors and a forward that records autograd, as training runs it.
 An op's backward is the autograd backward of its fragment with respect to its inputs
 (`.dgrad`), its weights (`.wgrad`) or all of them (`.bwd`). The code is what the

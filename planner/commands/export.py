@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.export import FORMATS, export_plan
+from planner.export.formats import FORMATS, export_plan
 from planner.specs.plan import load_plan
 
-__all__ = ["add_export_parser", "run_export"]
+__all__ = ["add_parser", "run"]
 
 
-def add_export_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a plan in a training framework's terms",
                        description="Write a Plan as Megatron-LM command-line arguments, a "
                        "DeepSpeed config JSON or a torchtitan TOML, and list what the "
@@ -21,7 +21,7 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
 
 
-def run_export(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     out = export_plan(load_plan(args.plan), args.format)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:

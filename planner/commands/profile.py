@@ -19,174 +19,243 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from planner.kernels import ATTENTION_SUPPORT
-from planner.layout import check_tp
-from planner.profile_cases import OPTIMIZERS, op_cases
+from planner.commands.args import (
+    Parser,
+    add_model_args,
+    bytes_arg,
+    int_list,
+    name_list,
+    non_negative_int,
+    positive_int,
+)
+from planner.costs.kernels import ATTENTION_SUPPORT
+from planner.profiling.cases import OPTIMIZERS, op_cases
+from planner.specs.layout import check_tp
 from planner.specs.model import ModelSpec, load_model, preset
-from profiler.devices import DeviceSpec, device, match_device
+from profiler.devices import DeviceSpec
+from profiler.host import LocalDevice, local_device, runtime
 from profiler.measure import Measured, MeasureSettings
 from profiler.progress import ProgressBar
 from profiler.schema import SpecError, fail
 from profiler.store import PROFILE_SCHEMA_VERSION, ProfileMeta, ProfileRow, save_profile
 
-__all__ = ["run_profile"]
+__all__ = ["MeasureRequest", "add_parser", "default_verb", "measure", "run"]
 
 INTERRUPTED = 130  # the shell's code for a process stopped by Ctrl-C
 
 
-def run_profile(args: argparse.Namespace) -> int:
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`plan profile [measure|show|fit]` (measure when no verb is given)."""
+    prof = sub.add_parser("profile", help="measure ops and collectives; show or fit a profile",
+                          description="Measure a model's ops (and collectives) on this "
+                          "machine into a profile that `plan simulate --profile` uses; "
+                          "show one; fit the analytic device model to one.")
+    verbs = prof.add_subparsers(dest="profile_command", required=True, parser_class=Parser)
+    _add_measure(verbs)
+    show = verbs.add_parser("show", help="achieved FLOP/s and bandwidth per op")
+    show.add_argument("file", metavar="FILE")
+    show.add_argument("--plot", metavar="PNG", help="also draw them")
+    show.add_argument("--json", action="store_true")
+    fit = verbs.add_parser("fit", help="fit the analytic model of the profiled GPU type")
+    fit.add_argument("file", metavar="FILE")
+    fit.add_argument("--iterations", type=positive_int, default=400, metavar="N",
+                     help="Nelder-Mead evaluations (default 400)")
+
+
+def _add_measure(verbs: argparse._SubParsersAction) -> None:
+    m = verbs.add_parser("measure", help="measure (the default verb)",
+                         description="Measure the ops a model's training step runs at the "
+                         "planner's shapes, and/or collectives across local processes.")
+    add_model_args(m, required=False)
+    m.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    m.add_argument("--device-name", metavar="GPU", help="the catalog type it is (default: "
+                   "recognised from the driver's name; `plan gpus`)")
+    m.add_argument("--tp", type=int_list, default=(1,), metavar="N,N", help="tensor-parallel "
+                   "degrees (default 1)")
+    m.add_argument("--mbs", type=int_list, default=(1,), metavar="N,N",
+                   help="micro-batch sizes (default 1)")
+    m.add_argument("--seq", type=int_list, metavar="N,N",
+                   help="sequence lengths (default: the model's)")
+    m.add_argument("--dtype", choices=("fp32", "bf16", "fp16"),
+                   help="default fp32 on cpu, bf16 on cuda")
+    m.add_argument("--attention", type=name_list, metavar="K,K", help="attention backends "
+                   "(default: all the device supports; those torch cannot run are skipped)")
+    m.add_argument("--optimizer", type=name_list, default=("fused", "foreach", "for_loop"),
+                   metavar="K,K", help="AdamW implementations (default fused,foreach,for_loop)")
+    m.add_argument("--sequence-parallel", action="store_true")
+    m.add_argument("--threads", type=positive_int, default=1, metavar="N",
+                   help="torch threads (default 1: one CPU rank is one core)")
+    m.add_argument("--warmup", type=non_negative_int, default=3, metavar="N")
+    m.add_argument("--repeats", type=positive_int, default=15, metavar="N",
+                   help="timed samples per row")
+    m.add_argument("--collectives", action="store_true",
+                   help="also measure collectives across --nprocs local processes")
+    m.add_argument("--nprocs", type=positive_int, default=2, metavar="N")
+    m.add_argument("--min-bytes", type=bytes_arg, default=1024, metavar="SIZE")
+    m.add_argument("--max-bytes", type=bytes_arg, default=256 * 1024**2, metavar="SIZE")
+    m.add_argument("-o", "--output", required=True, metavar="FILE", help="the profile (.csv)")
+
+
+def default_verb(argv: list[str]) -> list[str]:
+    """`plan profile --device cpu ...` means `plan profile measure ...`."""
+    if argv[:1] == ["profile"] and argv[1:2] and argv[1] not in _VERBS:
+        return [argv[0], "measure", *argv[1:]]
+    return argv
+
+
+_VERBS = ("measure", "show", "fit", "-h", "--help")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureRequest:
+    """What `plan profile measure` measures (its flags, as values); `command` is the
+    command line the profile's metadata records."""
+
+    model: ModelSpec | None
+    output: str
+    command: str
+    device: str = "cpu"
+    device_name: str | None = None
+    tp: tuple[int, ...] = (1,)
+    mbs: tuple[int, ...] = (1,)
+    seq: tuple[int, ...] | None = None
+    dtype: str | None = None
+    attention: tuple[str, ...] | None = None
+    optimizer: tuple[str, ...] = ("fused", "foreach", "for_loop")
+    sequence_parallel: bool = False
+    threads: int = 1
+    warmup: int = 3
+    repeats: int = 15
+    collectives: bool = False
+    nprocs: int = 2
+    min_bytes: int = 1024
+    max_bytes: int = 256 * 1024**2
+
+
+def run(args: argparse.Namespace) -> int:
     if args.profile_command == "show":
-        from planner.profile_show import show_profile
+        from planner.profiling.show import show_profile
 
         return show_profile(args.file, plot=args.plot, as_json=args.json)
     if args.profile_command == "fit":
-        from planner.profile_fit import run_fit
+        from planner.profiling.fit import run_fit
 
         return run_fit(args.file, iterations=args.iterations)
-    return _measure(args)
-
-
-def _check_args(args: argparse.Namespace) -> ModelSpec | None:
-    """Validate what torch need not be loaded for; the model, if any."""
-    if not (args.model or args.model_file or args.collectives):
-        fail("--model", None, "give a model to measure its ops, or --collectives")
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
-        fail("--device", args.device, "cpu, cuda or cuda:N")
-    if args.collectives and args.min_bytes > args.max_bytes:
-        fail("--min-bytes", args.min_bytes, f"must be ≤ --max-bytes {args.max_bytes}")
-    bad = [o for o in args.optimizer if o not in OPTIMIZERS]
-    if bad:
-        fail("--optimizer", bad[0], "allowed: " + ", ".join(OPTIMIZERS))
-    if not args.output.endswith(".csv"):
-        fail("-o", args.output, "a .csv file")
     model = load_model(args.model_file) if args.model_file else (
         preset(args.model) if args.model else None)
-    if model is not None:
-        for tp in args.tp:
-            check_tp(model, tp)
-    return model
+    return measure(MeasureRequest(
+        model=model, output=args.output, command=shlex.join(["plan", *args.argv]),
+        device=args.device, device_name=args.device_name, tp=args.tp, mbs=args.mbs,
+        seq=args.seq, dtype=args.dtype, attention=args.attention, optimizer=args.optimizer,
+        sequence_parallel=args.sequence_parallel, threads=args.threads, warmup=args.warmup,
+        repeats=args.repeats, collectives=args.collectives, nprocs=args.nprocs,
+        min_bytes=args.min_bytes, max_bytes=args.max_bytes))
 
 
-def _local_device(args: argparse.Namespace) -> tuple[DeviceSpec, str]:
-    """The catalog entry the measured device stands for, and its own description."""
-    import torch
-
-    from profiler.measure import device_description
-
-    if args.device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            fail("--device", args.device, "torch sees no CUDA device here")
-        index = torch.device(args.device).index or 0
-        if index >= torch.cuda.device_count():
-            fail("--device", args.device, f"this machine has {torch.cuda.device_count()} GPUs")
-    detail = device_description(args.device)
-    if args.device_name:
-        return device(args.device_name), detail
-    if args.device == "cpu":
-        return device("CPU"), detail
-    props = torch.cuda.get_device_properties(torch.device(args.device))
-    spec = match_device(detail, props.total_memory / 1024**3)
-    if spec is None:
-        fail("--device-name", None, f"cannot tell which catalog GPU {detail!r} is; "
-             "name it (see `plan gpus`)")
-    return spec, detail
+def _check(req: MeasureRequest) -> None:
+    """Validate what torch need not be loaded for."""
+    if req.model is None and not req.collectives:
+        fail("--model", None, "give a model to measure its ops, or --collectives")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", req.device):
+        fail("--device", req.device, "cpu, cuda or cuda:N")
+    if req.collectives and req.min_bytes > req.max_bytes:
+        fail("--min-bytes", req.min_bytes, f"must be ≤ --max-bytes {req.max_bytes}")
+    bad = [o for o in req.optimizer if o not in OPTIMIZERS]
+    if bad:
+        fail("--optimizer", bad[0], "allowed: " + ", ".join(OPTIMIZERS))
+    if not req.output.endswith(".csv"):
+        fail("-o", req.output, "a .csv file")
+    if req.model is not None:
+        for tp in req.tp:
+            check_tp(req.model, tp)
 
 
-def _attentions(args: argparse.Namespace, dev: DeviceSpec) -> tuple[str, ...]:
+def _attentions(req: MeasureRequest, dev: DeviceSpec) -> tuple[str, ...]:
     supported = ATTENTION_SUPPORT.get(dev.arch, ("math",))
-    chosen = args.attention or supported
+    chosen = req.attention or supported
     bad = [a for a in chosen if a not in supported]
     if bad:
         fail("--attention", bad[0], f"{dev.name} supports {', '.join(supported)}")
     return tuple(chosen)
 
 
-def _meta(args: argparse.Namespace, dev: DeviceSpec, detail: str, dtype: str,
-          world_size: int) -> ProfileMeta:
-    import torch
-
-    cuda = args.device.startswith("cuda")
+def _meta(req: MeasureRequest, local: LocalDevice, dtype: str, world_size: int) -> ProfileMeta:
+    rt = runtime(req.device)
     return ProfileMeta(
-        schema_version=PROFILE_SCHEMA_VERSION, device=dev.name, device_detail=detail,
-        dtype=dtype, torch_version=str(torch.__version__),  # type: ignore[arg-type]
-        cuda_version=str(torch.version.cuda) if cuda else None,
-        driver=_driver_version() if cuda else None, host=platform.node() or "unknown",
+        schema_version=PROFILE_SCHEMA_VERSION, device=local.spec.name,
+        device_detail=local.detail, dtype=dtype,  # type: ignore[arg-type]
+        torch_version=rt.torch_version, cuda_version=rt.cuda_version, driver=rt.driver,
+        host=platform.node() or "unknown",
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        num_threads=torch.get_num_threads(), world_size=world_size, warmup=args.warmup,
-        repeats=args.repeats, command=shlex.join(["plan", *args.argv]))
+        num_threads=rt.num_threads, world_size=world_size, warmup=req.warmup,
+        repeats=req.repeats, command=req.command)
 
 
-def _driver_version() -> str | None:
-    try:
-        import pynvml  # type: ignore[import-not-found]
-
-        pynvml.nvmlInit()
-        return str(pynvml.nvmlSystemGetDriverVersion())
-    except Exception:  # optional: not every CUDA machine has NVML bindings
-        return None
-
-
-def _measure(args: argparse.Namespace) -> int:
-    model = _check_args(args)
+def measure(req: MeasureRequest) -> int:
+    """Measure what `req` asks for into `req.output`; the exit code (130 if interrupted,
+    keeping what was measured)."""
+    _check(req)
     import torch
 
-    torch.set_num_threads(args.threads)
-    dev, detail = _local_device(args)
-    dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
+    torch.set_num_threads(req.threads)
+    local = local_device(req.device, device_name=req.device_name)
+    dev = local.spec
+    dtype = req.dtype or ("fp32" if req.device == "cpu" else "bf16")
     if dtype not in dev.peak_tflops:
         fail("--dtype", dtype, f"{dev.name} offers {', '.join(dev.peak_tflops)}")
     start = time.perf_counter()
     rows: list[ProfileRow] = []
     interrupted = False
     notes: list[str] = []
-    if model is not None:
-        measured = _measure_ops(args, model, dev, dtype)
+    if req.model is not None:
+        measured = _measure_ops(req, req.model, dev, dtype)
         rows.extend(measured.rows)
         interrupted = measured.interrupted
         notes.extend(f"skipped {c.name} [{c.variant}]: {why}" for c, why in measured.skipped)
-    if args.collectives and not interrupted:
-        coll, interrupted = _measure_collectives(args)
+    if req.collectives and not interrupted:
+        coll, interrupted = _measure_collectives(req)
         rows.extend(coll)
-    world = args.nprocs if args.collectives else 1
-    save_profile(args.output, _meta(args, dev, detail, dtype, world), rows)
+    world = req.nprocs if req.collectives else 1
+    save_profile(req.output, _meta(req, local, dtype, world), rows)
     for note in sorted(set(notes)):
         print(note, file=sys.stderr)
     elapsed = time.perf_counter() - start
     if interrupted:
         print(f"plan profile: interrupted; kept the {len(rows)} rows measured in "
-              f"{elapsed:.0f} s in {args.output}", file=sys.stderr)
+              f"{elapsed:.0f} s in {req.output}", file=sys.stderr)
         return INTERRUPTED
-    print(f"wrote {len(rows)} rows for {dev.name} ({detail}, {dtype}, "
-          f"threads: {torch.get_num_threads()}) to {args.output} in {elapsed:.1f} s")
+    print(f"wrote {len(rows)} rows for {dev.name} ({local.detail}, {dtype}, "
+          f"threads: {torch.get_num_threads()}) to {req.output} in {elapsed:.1f} s")
     return 0
 
 
-def _measure_ops(args: argparse.Namespace, model: ModelSpec, dev: DeviceSpec,
+def _measure_ops(req: MeasureRequest, model: ModelSpec, dev: DeviceSpec,
                  dtype: str) -> Measured:
     from profiler.measure import measure_ops
 
-    cases = op_cases(model, tps=args.tp, micro_batch_sizes=args.mbs,
-                     seq_lens=args.seq or (model.seq_len,), dtype=dtype,
-                     attentions=_attentions(args, dev), optimizers=args.optimizer,
-                     sequence_parallel=args.sequence_parallel)
+    cases = op_cases(model, tps=req.tp, micro_batch_sizes=req.mbs,
+                     seq_lens=req.seq or (model.seq_len,), dtype=dtype,
+                     attentions=_attentions(req, dev), optimizers=req.optimizer,
+                     sequence_parallel=req.sequence_parallel)
     bar = ProgressBar(len(cases), title="ops")
-    settings = MeasureSettings(device=args.device, dtype=dtype, warmup=args.warmup,
-                               repeats=args.repeats)
+    settings = MeasureSettings(device=req.device, dtype=dtype, warmup=req.warmup,
+                               repeats=req.repeats)
     try:
         return measure_ops(cases, settings, progress=bar)
     finally:
         bar.close()
 
 
-def _measure_collectives(args: argparse.Namespace) -> tuple[Sequence[ProfileRow], bool]:
+def _measure_collectives(req: MeasureRequest) -> tuple[Sequence[ProfileRow], bool]:
     from profiler.collectives import CollectiveSettings, measure_collectives, size_grid
 
-    settings = CollectiveSettings(nprocs=args.nprocs, device="cuda" if args.device != "cpu"
-                                  else "cpu", sizes_bytes=size_grid(args.min_bytes,
-                                                                    args.max_bytes),
-                                  warmup=args.warmup, repeats=args.repeats)
-    bar = ProgressBar(len(settings.kinds), title=f"collectives x{args.nprocs}")
+    settings = CollectiveSettings(nprocs=req.nprocs, device="cuda" if req.device != "cpu"
+                                  else "cpu", sizes_bytes=size_grid(req.min_bytes,
+                                                                    req.max_bytes),
+                                  warmup=req.warmup, repeats=req.repeats)
+    bar = ProgressBar(len(settings.kinds), title=f"collectives x{req.nprocs}")
     try:
         return measure_collectives(settings, progress=bar)
     except RuntimeError as err:

@@ -8,7 +8,7 @@ printed, one per node. The report (predicted vs measured iteration time, tokens/
 per rank) is printed and, with --report or in the automatic mode, written as Markdown
 and JSON (default folder reports/<name>/).
 
-The planner never imports the executor or torch: this module does, inside `run_run`.
+The planner never imports the executor or torch: this module does, inside `run`.
 """
 
 from __future__ import annotations
@@ -21,26 +21,29 @@ import re
 import shlex
 import sys
 import tempfile
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from planner.commands.simulate import profiles_for, with_prediction
-from planner.results import SimResult
+from planner.commands.args import positive_int, print_json
+from planner.commands.inputs import profiles_for, with_prediction
+from planner.predict.results import SimResult
 from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster, parse_gpus_arg
 from planner.specs.model import ModelSpec, load_model, preset
 from planner.specs.plan import Plan, load_plan, save_plan
 from profiler.devices import device
 from profiler.schema import SpecError, fail
 
-if TYPE_CHECKING:  # the planner imports the executor only inside run_run
+if TYPE_CHECKING:  # the planner imports the executor only inside `run`
     from executor.launch import NodeLaunch
     from executor.report import RunReport
+    from planner.commands.profile import MeasureRequest
 
-__all__ = ["add_run_parser", "run_run"]
+__all__ = ["add_parser", "run"]
 
 SEARCH_TOP = 10  # ranked plans the automatic mode considers
 
 
-def add_run_parser(sub: argparse._SubParsersAction, positive_int: object) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="run a plan (or search one and run it) and measure it",
         description="Run a plan on torch.distributed (gloo on CPU ranks, NCCL on GPUs) and "
@@ -134,9 +137,9 @@ def _slug(text: str) -> str:
 def _cuda_devices(kind: str) -> int:
     if kind != "cuda":
         return 0
-    import torch
+    from profiler.host import cuda_device_count
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return cuda_device_count()
 
 
 def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
@@ -186,8 +189,8 @@ def _profile_here(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSp
     """Measure, on this host's CPU, the model's ops at the shapes the search will ask for
     and the collectives among the cluster's ranks; the profile folder. A profile measured
     by the same command before (same report folder) is used again."""
-    from planner.cli import main as plan_main
-    from planner.layout import check_tp
+    from planner.commands.profile import MeasureRequest, measure
+    from planner.specs.layout import check_tp
 
     folder = os.path.join(_report_dir(args, model.name, cluster.name, args.gbs)[0], "profiles")
     os.makedirs(folder, exist_ok=True)
@@ -199,29 +202,44 @@ def _profile_here(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSp
         except SpecError:
             continue
         tps.append(tp)
-    mbs = sorted({m for m in (1, 4, min(16, args.gbs)) if m <= args.gbs})
-    model_flag = ["--model-file", args.model_file] if args.model_file else ["--model", model.name]
-    runs = [(os.path.join(folder, "cpu-ops.csv"),
-             [*model_flag, "--tp", ",".join(map(str, tps)), "--mbs", ",".join(map(str, mbs)),
-              "--seq", str(args.seq or model.seq_len), "--dtype", dtype])]
+    mbs = tuple(sorted({m for m in (1, 4, min(16, args.gbs)) if m <= args.gbs}))
+    requests = [MeasureRequest(model=model, output=os.path.join(folder, "cpu-ops.csv"),
+                               command="", tp=tuple(tps), mbs=mbs,
+                               seq=(args.seq or model.seq_len,), dtype=dtype)]
     if ranks > 1:
         state_bytes = 4 * model.num_params()
         cap = min(64 << 20, max(1 << 20, 1 << (state_bytes - 1).bit_length()))
-        runs.append((os.path.join(folder, "cpu-collectives.csv"),
-                     ["--collectives", "--nprocs", str(ranks), "--max-bytes", str(cap)]))
-    for path, argv in runs:
-        argv = ["profile", "measure", "--device", "cpu", *argv, "-o", path]
-        if os.path.exists(path) and _measured_by(path) == shlex.join(["plan", *argv]):
-            print(f"plan run: using the profile measured before: {path}", file=sys.stderr)
+        requests.append(MeasureRequest(model=None, command="", collectives=True, nprocs=ranks,
+                                       max_bytes=cap,
+                                       output=os.path.join(folder, "cpu-collectives.csv")))
+    for req in requests:
+        command = _measure_command(req, args)
+        req = replace(req, command=command)
+        if os.path.exists(req.output) and _measured_by(req.output) == command:
+            print(f"plan run: using the profile measured before: {req.output}", file=sys.stderr)
             continue
         print(f"plan run: measuring a profile of this host first (--no-profile skips it): "
-              f"plan {shlex.join(argv)}", file=sys.stderr, flush=True)
+              f"{command}", file=sys.stderr, flush=True)
         with contextlib.redirect_stdout(sys.stderr):  # stdout may be the --json report
-            code = plan_main(argv)
+            code = measure(req)
         if code != 0:
-            raise SpecError(f"--profile: measuring {path} failed (exit {code}); rerun with "
-                            "--no-profile or --profile DIR")
+            raise SpecError(f"--profile: measuring {req.output} failed (exit {code}); rerun "
+                            "with --no-profile or --profile DIR")
     return folder
+
+
+def _measure_command(req: MeasureRequest, args: argparse.Namespace) -> str:
+    """The `plan profile measure` command line that measures what `req` asks for: what
+    the profile records, and how a profile measured before is recognised."""
+    argv = ["plan", "profile", "measure", "--device", req.device]
+    if req.model is not None:
+        argv += (["--model-file", args.model_file] if args.model_file
+                 else ["--model", req.model.name])
+        argv += ["--tp", ",".join(map(str, req.tp)), "--mbs", ",".join(map(str, req.mbs)),
+                 "--seq", ",".join(map(str, req.seq or ())), "--dtype", str(req.dtype)]
+    if req.collectives:
+        argv += ["--collectives", "--nprocs", str(req.nprocs), "--max-bytes", str(req.max_bytes)]
+    return shlex.join([*argv, "-o", req.output])
 
 
 def _measured_by(path: str) -> str | None:
@@ -263,8 +281,6 @@ def _write_report(folder: str, keep: bool, report: RunReport, as_json: bool) -> 
         with open(os.path.join(folder, "report.json"), "w", encoding="utf-8") as fh:
             json.dump(report.to_dict(), fh, indent=1)
     if as_json:
-        from planner.cli import print_json
-
         print_json(report.to_dict())
     else:
         print(text + (f"\nreport: {os.path.join(folder, 'report.md')}" if keep else ""))
@@ -300,7 +316,7 @@ def _run_here(args: argparse.Namespace, launch: NodeLaunch, *, cpu: bool, folder
         return json.load(fh)
 
 
-def run_run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import importlib.util
 
     _check_flags(args)

@@ -5,27 +5,27 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.commands.simulate import load_inputs, profiles_for, with_prediction
+from planner.commands.args import add_cluster_args, add_model_args, positive_int, print_json
+from planner.commands.inputs import load_inputs, profiles_for, with_prediction
 from planner.errors import InfeasiblePlan
 from planner.search import Ranked, SearchRequest, SearchResult, search
 from planner.specs.plan import save_plan
 from profiler.schema import fail
 
-__all__ = ["add_search_parser", "run_search"]
+__all__ = ["add_parser", "run"]
 
 GIB = 1024**3
 
 
-def add_search_parser(sub: argparse._SubParsersAction, add_model: object, add_cluster: object,
-                      positive_int: object) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "search", help="find the best parallel configuration",
         description="Search tp, pp, dp, cp, interleaving, micro-batch size, recompute, "
         "sequence parallelism and AMSP sharding (parameters, gradients, optimizer states "
         "each at their own group size) for the best plan; rank with the closed-form "
         "estimate, confirm the leaders with the event simulator.")
-    add_model(p)  # type: ignore[operator]
-    add_cluster(p)  # type: ignore[operator]
+    add_model_args(p)
+    add_cluster_args(p)
     p.add_argument("--gbs", type=positive_int, required=True, metavar="N",
                    help="global batch size (sequences)")
     p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length (default: "
@@ -46,7 +46,7 @@ def add_search_parser(sub: argparse._SubParsersAction, add_model: object, add_cl
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def run_search(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.tokens is not None and args.tokens <= 0:
         fail("--tokens", args.tokens, "must be > 0")
     if args.max_budget is not None and args.max_budget <= 0:
@@ -68,8 +68,6 @@ def run_search(args: argparse.Namespace) -> int:
         save_plan(with_prediction(best.plan, best.result, command=["plan", *args.argv],
                                   profiles=profiles), args.output)
     if args.json:
-        from planner.cli import print_json
-
         print_json(_as_json(result, req))
     else:
         print(_table(result, req))

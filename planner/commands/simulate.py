@@ -4,21 +4,25 @@ a Plan file (`--plan`, heterogeneous plans included)."""
 from __future__ import annotations
 
 import argparse
-import datetime
-import shlex
 from dataclasses import replace
 
-from planner.estimate import estimate
-from planner.kernels import default_kernels, fastest_kernels
-from planner.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
-from planner.results import SimResult
+from planner.commands.args import add_cluster_args, add_model_args, positive_int, print_json
+from planner.commands.inputs import load_inputs, profiles_for, with_prediction
+from planner.costs.kernels import default_kernels, fastest_kernels
+from planner.predict.estimate import estimate
+from planner.predict.results import SimResult
 from planner.simulator import simulate_detailed, write_gantt, write_trace
-from planner.specs.cluster import ClusterSpec, load_cluster, parse_gpus_arg
-from planner.specs.model import ModelSpec, load_model, preset
+from planner.specs.cluster import ClusterSpec
+from planner.specs.layout import (
+    SCHEDULES,
+    ParallelConfig,
+    check_parallel,
+    homogeneous_plan,
+    sharding_preset,
+)
+from planner.specs.model import ModelSpec
 from planner.specs.plan import (
     Plan,
-    Predicted,
-    Provenance,
     Sharding,
     describe_layout,
     load_plan,
@@ -26,17 +30,63 @@ from planner.specs.plan import (
 )
 from profiler.analytic import math_dtype
 from profiler.schema import SpecError, fail
-from profiler.store import Profiles, load_profiles
+from profiler.store import Profiles
 
-__all__ = ["config_from_args", "load_inputs", "profiles_for", "run_simulate"]
+__all__ = ["add_parser", "config_from_args", "run", "summary"]
 
 GIB = 1024**3
 
 
-def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec]:
-    model = load_model(args.model_file) if args.model_file else preset(args.model)
-    cluster = load_cluster(args.cluster) if args.cluster else parse_gpus_arg(args.gpus)
-    return model, cluster
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    sim = sub.add_parser("simulate", help="predict one training iteration of a configuration",
+                         description="Predict iteration time, throughput, MFU, time breakdown "
+                         "and per-rank memory of one parallel configuration (the flags), or "
+                         "of a Plan file (--plan).")
+    add_model_args(sim, plan=True)
+    add_cluster_args(sim, required=False)
+    for flag, default, text in (("--tp", None, "tensor-parallel degree"),
+                                ("--pp", None, "pipeline stages"),
+                                ("--dp", None, "data-parallel replicas"),
+                                ("--cp", 1, "context-parallel degree"),
+                                ("--vp", 1, "interleaved chunks per stage (interleaved 1F1B)"),
+                                ("--mbs", None, "micro-batch size"),
+                                ("--gbs", None, "global batch size (sequences)")):
+        sim.add_argument(flag, type=positive_int, default=default, metavar="N",
+                         help=text + (" (required without --plan)" if default is None else ""))
+    sim.add_argument("--seq", type=positive_int, metavar="N",
+                     help="sequence length (default: the model's)")
+    sim.add_argument("--recompute", choices=("none", "selective", "full"),
+                     help="activation recomputation (default none)")
+    sim.add_argument("--sequence-parallel", action="store_true")
+    sim.add_argument("--schedule", choices=SCHEDULES,
+                     help="pipeline schedule, default 1f1b (with --vp > 1: interleaved 1F1B; zb-h1: "
+                     "zero-bubble ZB-H1, Qi et al. 2024, needs --pp > 1 and --vp 1)")
+    shard = sim.add_mutually_exclusive_group()
+    shard.add_argument("--sharding", choices=("none", "zero1", "zero2", "zero3"),
+                       help="ZeRO stage (a point of the sharding space)")
+    shard.add_argument("--shard-params", type=positive_int, metavar="N",
+                       help="replicas sharing one copy of the parameters (AMSP)")
+    sim.add_argument("--shard-grads", type=positive_int, metavar="N",
+                     help="replicas sharing one copy of the gradients")
+    sim.add_argument("--shard-optim", type=positive_int, metavar="N",
+                     help="replicas sharing one copy of the optimizer states")
+    sim.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default bf16")
+    sim.add_argument("--attention", choices=("flash", "memory_efficient", "math"),
+                     help="attention kernel (default: the fastest the device supports)")
+    sim.add_argument("--profile", metavar="FILE|DIR", action="append",
+                     help="measured profile (`plan profile`), or a folder of them matched by "
+                     "device name; repeatable. It answers the ops and collectives it has, the "
+                     "analytic models the rest")
+    sim.add_argument("--method", choices=("simulate", "estimate"), default="simulate",
+                     help="event simulation of the task graph (default) or the closed-form "
+                     "estimate")
+    sim.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON of the "
+                     "simulated timeline (open in Perfetto)")
+    sim.add_argument("--gantt", metavar="PNG", help="write a picture of the pipeline schedule")
+    sim.add_argument("--json", action="store_true", help="print one JSON object")
+    sim.add_argument("-o", "--output", metavar="PLAN", help="also write the Plan (.yaml/.json)")
+
+
 
 
 def _sharding(args: argparse.Namespace) -> Sharding:
@@ -94,15 +144,9 @@ def _check_dtype(cluster: ClusterSpec, dtype: str) -> None:
             fail("--dtype", dtype, f"{g.gpu} has no bf16; use fp16")
 
 
-def profiles_for(args: argparse.Namespace, cluster: ClusterSpec, dtype: str) -> Profiles | None:
-    """The measured profiles (`--profile FILE|DIR`, repeatable) for the cluster's GPUs."""
-    if not args.profile:
-        return None
-    devices = sorted({g.device.name for g in cluster.node_groups})
-    return load_profiles(args.profile, devices=devices, dtype=dtype)
 
 
-def run_simulate(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.plan:
         return _simulate_plan(args, _plan_from_args(args))
     _require_configuration(args)
@@ -142,8 +186,6 @@ def _simulate_plan(args: argparse.Namespace, plan: Plan, *, profiles: Profiles |
         save_plan(with_prediction(plan, result, command=["plan", *args.argv],
                                   profiles=profiles), args.output)
     if args.json:
-        from planner.cli import print_json
-
         k = plan.kernels
         print_json({**result.to_dict(), "model": plan.model.name, "cluster": plan.cluster.name,
                     "kernels": {"attention": k.attention, "optimizer": k.optimizer}})
@@ -152,23 +194,6 @@ def _simulate_plan(args: argparse.Namespace, plan: Plan, *, profiles: Profiles |
     return 0
 
 
-def with_prediction(plan: Plan, result: SimResult, *, command: list[str],
-                    profiles: Profiles | None = None) -> Plan:
-    """The plan with its predicted metrics and where they came from."""
-    predicted = Predicted(
-        iteration_time_s=result.iteration_time_s, tokens_per_s=result.tokens_per_s,
-        tflops_per_gpu_model=result.tflops_per_gpu_model, mfu=result.mfu,
-        peak_memory_bytes=tuple(int(s.memory.total_bytes) for s in result.stages
-                                if s.pipeline == 0),
-        fits=result.fits, sources=dict(result.sources))
-    from planner import __version__
-
-    provenance = Provenance(tool=f"trainplan {__version__}",
-                            created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                            command=shlex.join(command),
-                            profile=" + ".join(profiles.paths) if profiles and profiles.paths
-                            else None)
-    return replace(plan, predicted=predicted, provenance=provenance)
 
 
 def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:

@@ -6,16 +6,16 @@ import argparse
 import os
 import shlex
 
-from planner.commands.simulate import load_inputs, profiles_for
+from planner.commands.args import add_model_args, positive_int
+from planner.commands.inputs import load_inputs, profiles_for
 from planner.whatif.report import plan_scenarios, write_report
 from planner.whatif.scenarios import Setting, parse_scenario
 from profiler.schema import fail
 
-__all__ = ["add_whatif_parser", "run_whatif"]
+__all__ = ["add_parser", "run"]
 
 
-def add_whatif_parser(sub: argparse._SubParsersAction, add_model: object, add_cluster: object,
-                      positive_int: object) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "what-if", help="compare scenarios of a cluster: time to train and dollars",
         description="Plan the baseline cluster and each scenario (add/remove/swap GPUs, "
@@ -26,7 +26,7 @@ def add_whatif_parser(sub: argparse._SubParsersAction, add_model: object, add_cl
         "FACTOR; scale-link ISLAND ISLAND FACTOR; price TYPE USD_PER_GPU_HOUR; "
         "egress-price USD_PER_GB; model NAME; tokens N.  Example: --scenario "
         "\"more H100: add H100-80GB-SXM 64; price H100-80GB-SXM 3\"")
-    add_model(p)  # type: ignore[operator]
+    add_model_args(p)
     p.add_argument("--cluster", required=True, metavar="FILE", help="the baseline ClusterSpec")
     p.add_argument("--tokens", type=float, required=True, metavar="N",
                    help="tokens to train on (e.g. 2e12)")
@@ -46,7 +46,7 @@ def add_whatif_parser(sub: argparse._SubParsersAction, add_model: object, add_cl
                    help="report folder (e.g. reports/my-cluster/)")
 
 
-def run_whatif(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.tokens <= 0:
         fail("--tokens", args.tokens, "must be > 0")
     args.gpus = None  # load_inputs reads --model/--model-file and --cluster

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 
-from planner.workload import Op
+from planner.costs.workload import Op
 from profiler import analytic
 from profiler.devices import device, dtype_bytes
 from profiler.store import Profile

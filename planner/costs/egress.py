@@ -16,9 +16,9 @@ Each crossing is billed at its link's price (the highest among the islands spann
 
 from __future__ import annotations
 
-from planner.memory import rank_param_count
+from planner.costs.memory import rank_param_count
+from planner.costs.stages import GRAD_BYTES
 from planner.specs.plan import Plan
-from planner.stage_costs import GRAD_BYTES
 from profiler.devices import dtype_bytes
 
 __all__ = ["egress_usd_per_iteration"]

@@ -18,15 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.costs.comm import group_tiers
-from planner.estimate import pipeline_time
+from planner.costs.memory import in_flight_chunks, stage_memory
+from planner.costs.stages import StageCost, StageSetup, stage_cost
+from planner.costs.workload import WorkloadShape
 from planner.hetero.placement import Pool, place
 from planner.hetero.split import layer_split_fast, least_feasible
-from planner.memory import in_flight_chunks, stage_memory
+from planner.predict.estimate import pipeline_time
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Stage, Training
-from planner.stage_costs import StageCost, StageSetup, stage_cost
-from planner.workload import WorkloadShape
 from profiler.devices import device
 from profiler.store import Profiles
 

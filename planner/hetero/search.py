@@ -20,15 +20,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from planner.costs.comm import group_tiers
+from planner.costs.kernels import default_kernels
+from planner.costs.stages import layer_parts
+from planner.costs.workload import WorkloadShape
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import Pool, pools_by_type
 from planner.hetero.split import layer_split_proportional, layer_split_uniform
-from planner.kernels import default_kernels
-from planner.results import SimResult
+from planner.predict.results import SimResult
 from planner.specs.cluster import ClusterSpec
 from planner.specs.plan import Plan, Sharding
-from planner.stage_costs import layer_parts
-from planner.workload import WorkloadShape
 from profiler.devices import device
 from profiler.store import Profiles
 

@@ -1,5 +1,5 @@
-"""Fast evaluation of homogeneous layouts: the closed-form estimate (planner/estimate.py)
-over stage costs (planner/stage_costs.py) built straight from a layout, without building
+"""Fast evaluation of homogeneous layouts: the closed-form estimate (planner/predict/estimate.py)
+over stage costs (planner/costs/stages.py) built straight from a layout, without building
 Plans, and the best sharding of each candidate.
 
 Ranks sit as `layout.homogeneous_plan` places them (tp fastest, then cp, dp, pp), so the
@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from planner.costs.compute import ComputeCosts
-from planner.estimate import pipeline_time
-from planner.layout import split_layers
-from planner.memory import in_flight_chunks, model_state_bytes, rank_param_count
+from planner.costs.memory import in_flight_chunks, model_state_bytes, rank_param_count
+from planner.costs.stages import DPSync, StageCost, StageSetup, dp_sync, stage_cost
+from planner.costs.workload import WorkloadShape, optimizer_work
+from planner.predict.estimate import pipeline_time
 from planner.search.sharding import (
     ShardingOption,
     pareto_options,
@@ -25,10 +26,9 @@ from planner.search.sharding import (
 )
 from planner.search.space import Layout, Micro
 from planner.specs.cluster import ClusterSpec
+from planner.specs.layout import split_layers
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Sharding
-from planner.stage_costs import DPSync, StageCost, StageSetup, dp_sync, stage_cost
-from planner.workload import WorkloadShape, optimizer_work
 from profiler.store import Profiles
 
 __all__ = ["Evaluation", "LayoutModel"]

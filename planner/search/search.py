@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.costs.egress import egress_usd_per_iteration
+from planner.costs.kernels import default_kernels, fastest_kernels
 from planner.errors import InfeasiblePlan
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import pools_by_type
@@ -28,15 +29,14 @@ from planner.hetero.search import (
     merge_candidates,
     mixed_templates,
 )
-from planner.kernels import default_kernels, fastest_kernels
-from planner.layout import ParallelConfig, homogeneous_plan
-from planner.parallel import parallel_map
-from planner.results import SimResult
+from planner.predict.results import SimResult
 from planner.search.evaluate import Evaluation, LayoutModel
+from planner.search.parallel import parallel_map
 from planner.search.sharding import sharding_options, solve_ilp
 from planner.search.space import Layout, Micro, SearchSpace, candidates, default_space, layouts
 from planner.simulator import simulate
 from planner.specs.cluster import ClusterSpec
+from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan, Sharding
 from profiler.devices import device

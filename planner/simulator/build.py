@@ -27,10 +27,7 @@ import math
 from dataclasses import dataclass
 
 from planner.costs.comm import group_tiers
-from planner.simulator.graph import Schedule, TaskGraph, schedule
-from planner.simulator.schedules import Pass, stage_order
-from planner.specs.plan import Plan
-from planner.stage_costs import (
+from planner.costs.stages import (
     BUCKET_PARAMS,
     Part,
     StageCost,
@@ -39,6 +36,9 @@ from planner.stage_costs import (
     pipeline_key,
     plan_stage_costs,
 )
+from planner.simulator.graph import Schedule, TaskGraph, schedule
+from planner.simulator.schedules import Pass, stage_order
+from planner.specs.plan import Plan
 from profiler.store import Profiles
 
 __all__ = ["Simulation", "TaskMeta", "simulate_graph"]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from planner.memory import MEMORY_SOURCE, stage_memory
-from planner.results import Breakdown, SimResult, StageSummary, make_result
+from planner.costs.memory import MEMORY_SOURCE, stage_memory
+from planner.costs.stages import cost_sources, pipeline_key, stage_device, stage_shape
+from planner.predict.results import Breakdown, SimResult, StageSummary, make_result
 from planner.simulator.build import Simulation, TaskMeta, simulate_graph
 from planner.specs.plan import Plan
-from planner.stage_costs import cost_sources, pipeline_key, stage_device, stage_shape
 from profiler.store import Profiles
 
 __all__ = ["SIMULATION_SOURCE", "simulate", "simulate_detailed", "write_gantt", "write_trace"]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.errors import InfeasiblePlan
-from planner.results import SimResult
+from planner.predict.results import SimResult
 from planner.search import Ranked, SearchRequest, search
 from planner.specs.plan import Plan, save_plan
 from planner.whatif.scenarios import Scenario, Setting, apply

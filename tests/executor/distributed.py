@@ -11,8 +11,8 @@ import socket
 import torch.distributed as dist
 
 from executor.runtime import RunSettings, run_rank
-from planner.layout import ParallelConfig, homogeneous_plan
 from planner.specs.cluster import ClusterSpec, NodeGroup
+from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Stage, Training
 

@@ -252,7 +252,7 @@ def test_mixed_tp_zero1_without_the_parameter_sum_misses_the_bound(broken, monke
 @pytest.mark.multiprocess
 def test_mixed_tp_zero1_in_bf16_keeps_a_master_of_its_sub_piece(tmp_path):
     """In mixed precision the fp32 master weights of a rank's ZeRO-1 sub-piece are held
-    between steps (planner/memory.py counts 4 bytes per optimizer element); each rank's
+    between steps (planner/costs/memory.py counts 4 bytes per optimizer element); each rank's
     model-state bytes match the prediction. Holding the master of the whole local shard
     instead would add 2 bytes per local parameter (17% of 12 here, by arithmetic)."""
     from dataclasses import replace

@@ -3,8 +3,8 @@
 import pytest
 
 from executor.preflight import check_runnable
-from planner.layout import ParallelConfig, homogeneous_plan
 from planner.specs.cluster import parse_gpus_arg
+from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
 from profiler.schema import SpecError
 from tests.executor.distributed import explicit, homogeneous

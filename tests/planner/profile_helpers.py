@@ -1,6 +1,6 @@
 """Synthetic profiles (no torch): rows for chosen workload ops with chosen times."""
 
-from planner.workload import Op
+from planner.costs.workload import Op
 from profiler.store import PROFILE_SCHEMA_VERSION, ProfileMeta, ProfileRow, save_profile
 
 

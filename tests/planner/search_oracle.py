@@ -1,11 +1,11 @@
 """Exhaustive oracle for the search: every candidate with every sharding option, each
 simulated one by one (only feasible for small spaces)."""
 
-from planner.kernels import default_kernels
-from planner.layout import ParallelConfig, homogeneous_plan
+from planner.costs.kernels import default_kernels
 from planner.search.sharding import sharding_levels, sharding_options
 from planner.search.space import candidates, default_space, layouts
 from planner.simulator import simulate
+from planner.specs.layout import ParallelConfig, homogeneous_plan
 
 
 def exhaustive_best(model, cluster, *, gbs, seq_len, dtype="bf16"):

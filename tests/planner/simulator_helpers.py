@@ -2,10 +2,10 @@
 
 import dataclasses
 
-from planner.layout import ParallelConfig, homogeneous_plan
+from planner.costs.stages import DPSync, Part, plan_stage_costs
 from planner.specs.cluster import parse_gpus_arg
+from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
-from planner.stage_costs import DPSync, Part, plan_stage_costs
 
 
 def make_plan(*, pp=4, dp=1, m=8, vp=1, schedule="1f1b", layers=None, tp=1, gpus=None,

@@ -169,7 +169,7 @@ def test_listings_one_per_line(verb, capsys):
 
 
 def test_planner_never_imports_torch():
-    code = ("import sys, planner.cli, planner.commands.simulate, planner.estimate;"
+    code = ("import sys, planner.cli, planner.commands.simulate, planner.predict.estimate;"
             "bad = [m for m in ('torch', 'pandas', 'matplotlib', 'scipy') if m in sys.modules];"
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -228,9 +228,9 @@ CPU_SIM = ["simulate", "--model", "debug-small", "--gpus", "CPU:1", "--tp", "1",
 
 
 def _cpu_profile(tmp_path):
-    from planner.memory import rank_param_count
+    from planner.costs.memory import rank_param_count
+    from planner.costs.workload import optimizer_work
     from planner.specs.model import preset
-    from planner.workload import optimizer_work
     from tests.planner.profile_helpers import op_row, write_profile
 
     params = rank_param_count(preset("debug-small"), num_layers=4, first=True, last=True,

@@ -8,8 +8,8 @@ import sys
 import pytest
 import yaml
 
-from planner.layout import ParallelConfig, homogeneous_plan
 from planner.specs.cluster import ClusterSpec, NodeGroup, parse_gpus_arg
+from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
 from planner.specs.plan import Kernels, plan_to_dict, save_plan
 from tests.planner.cli_helpers import run_cli as _run

@@ -3,11 +3,11 @@
 import pytest
 
 from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, compute_source
-from planner.layout import ParallelConfig, homogeneous_plan
+from planner.costs.stages import clear_cost_caches, cost_sources, layer_parts, plan_stage_costs
+from planner.costs.workload import Op, WorkloadShape, layer_work
 from planner.specs.cluster import parse_gpus_arg
+from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
-from planner.stage_costs import clear_cost_caches, cost_sources, layer_parts, plan_stage_costs
-from planner.workload import Op, WorkloadShape, layer_work
 from profiler.store import load_profile, load_profiles
 from tests.planner.profile_helpers import op_row, write_profile
 

@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 
 from planner.costs.egress import egress_usd_per_iteration
-from planner.layout import ParallelConfig, homogeneous_plan
-from planner.memory import rank_param_count
+from planner.costs.memory import rank_param_count
 from planner.search import SearchRequest, search
 from planner.specs.cluster import ClusterSpec
+from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
 from planner.specs.plan import Sharding
 from profiler.schema import load_yaml_text, parse

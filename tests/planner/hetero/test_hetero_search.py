@@ -163,8 +163,8 @@ def test_per_stage_sharding_is_a_local_optimum_that_fits():
     valid."""
     from dataclasses import replace
 
-    from planner.estimate import estimate
     from planner.hetero.search import sharding_options
+    from planner.predict.estimate import estimate
     from planner.specs.plan import Kernels
 
     rng = random.Random(11)

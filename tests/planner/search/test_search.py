@@ -5,18 +5,18 @@ import time
 
 import pytest
 
+from planner.calibration.published import published_cases
+from planner.costs.kernels import default_kernels
 from planner.errors import InfeasiblePlan
-from planner.estimate import estimate
-from planner.kernels import default_kernels
-from planner.layout import ParallelConfig, homogeneous_plan
+from planner.predict.estimate import estimate
 from planner.search import SearchRequest, search
 from planner.search.evaluate import LayoutModel
 from planner.search.space import Layout, Micro, default_space
 from planner.simulator import simulate
 from planner.specs.cluster import load_cluster, parse_gpus_arg
+from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
 from planner.specs.plan import Sharding
-from planner.validation import published_cases
 from tests.planner.search_oracle import exhaustive_best
 
 

@@ -2,8 +2,8 @@ import dataclasses
 
 import pytest
 
-from planner.layout import ParallelConfig, homogeneous_plan
 from planner.specs.cluster import load_cluster, parse_gpus_arg
+from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
 from planner.specs.plan import (
     Pipeline,

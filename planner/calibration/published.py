@@ -1,0 +1,217 @@
+"""Published measurements as plans, and the simulator's error against them.
+
+Two datasets (planner/data/validation, see its README for sources):
+
+* published table rows (Korthikanti et al. 2022, Megatron-LM README tables): converted
+  exactly as `benchmarks/score_published.py` converts them for `plan simulate`
+  (same model fields, same flags, the fastest fitting micro-batch size when the source
+  did not publish one), so in-process numbers equal the scorer's;
+* vTrain's 1,440 single-node A100 measurements (Bang et al. 2024, ground_truth_single):
+  GPT models (ffn 4h, vocab 50257, sequence 1024) in Megatron-DeepSpeed with fp16, full
+  recompute, 1F1B, Megatron's fused-softmax (unfused) attention, and gradients reduced
+  after the backward pass (their configs set use_gradient_bucket false).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from planner.costs.kernels import default_kernels
+from planner.costs.workload import WorkloadShape
+from planner.predict.results import SimResult
+from planner.specs.cluster import parse_gpus_arg
+from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Kernels, Plan
+from profiler.schema import SpecError
+
+__all__ = ["Case", "ErrorSummary", "LayerCase", "korthikanti_layer_cases", "layer_errors",
+           "published_cases", "summarize", "vtrain_cases"]
+
+VALIDATION_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "validation")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured configuration: the plans to try (one per candidate micro-batch size;
+    the fastest that fits is the prediction) and the measured iteration time."""
+
+    id: str
+    plans: tuple[Plan, ...]
+    measured_s: float
+
+
+@dataclass(frozen=True)
+class ErrorSummary:
+    mape: float  # mean |predicted/measured - 1|
+    max_abs: float
+    median_abs: float
+    count: int
+    failed: tuple[str, ...]
+    errors: dict[str, float]  # case id -> signed relative error
+
+
+def _published_model(r: dict) -> ModelSpec:
+    swiglu = int(r["ffn"]) != 4 * int(r["hidden"])
+    return ModelSpec(name=r["model"], num_layers=int(r["layers"]), hidden_size=int(r["hidden"]),
+                     ffn_hidden_size=int(r["ffn"]), num_heads=int(r["heads"]),
+                     num_kv_heads=int(r["kv_heads"] or r["heads"]), vocab_size=int(r["vocab"]),
+                     seq_len=int(r["seq"]), activation="swiglu" if swiglu else "gelu",
+                     norm="rmsnorm" if swiglu else "layernorm")
+
+
+def published_measured_s(r: dict) -> float:
+    """The iteration time a row's metric implies, by its source's own FLOP formula
+    (the same arithmetic as benchmarks/score_published.py)."""
+    B, s, layers, h, V = (int(r["gbs"]), int(r["seq"]), int(r["layers"]), int(r["hidden"]),
+                          int(r["vocab"]))
+    gpus, v, metric = int(r["gpus"]), float(r["value"]), r["metric"]
+    if metric == "iter_s":
+        return v
+    if metric == "tokens_per_s_per_gpu":
+        return B * s / (gpus * v)
+    if metric == "tflops_per_gpu_hw":
+        flops = 96 * B * s * layers * h * h * (1 + s / (6 * h) + V / (16 * layers * h))
+        return flops / (gpus * v * 1e12)
+    if metric == "tflops_per_gpu_model":
+        if r.get("kv_heads") or int(r["ffn"]) != 4 * h:
+            ffn, kv, heads = int(r["ffn"]), int(r["kv_heads"] or r["heads"]), int(r["heads"])
+            hd = h // heads
+            n = layers * (h * h * 2 + 2 * h * kv * hd + 3 * h * ffn) + 2 * V * h
+            flops = 6 * n * B * s + 12 * layers * h * s * B * s
+        else:
+            flops = 72 * B * s * layers * h * h * (1 + s / (6 * h) + V / (12 * layers * h))
+        return flops / (gpus * v * 1e12)
+    raise ValueError(f"unknown metric {metric!r}")
+
+
+def _try_plan(model: ModelSpec, gpus: str, cfg: ParallelConfig,
+              kernels: Kernels | None = None) -> Plan | None:
+    cluster = parse_gpus_arg(gpus)
+    try:
+        check_parallel(cfg, model, cluster)
+        kernels = kernels or default_kernels([g.device for g in cluster.node_groups])
+        return homogeneous_plan(model, cluster, cfg, kernels=kernels)
+    except SpecError:
+        return None
+
+
+def _csv_rows(path: str) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def published_cases(path: str | None = None) -> list[Case]:
+    rows = _csv_rows(path or os.path.join(VALIDATION_DIR, "published_visible.csv"))
+    cases = []
+    for r in rows:
+        model = _published_model(r)
+        dp = int(r["dp"])
+        plans = []
+        for mbs in ([int(r["mbs"])] if r["mbs"] else [1, 2, 4, 8]):
+            if int(r["gbs"]) % (mbs * dp):
+                continue
+            cfg = ParallelConfig(
+                tp=int(r["tp"]), pp=int(r["pp"]), dp=dp, cp=int(r["cp"] or 1),
+                vp=int(r["vp"] or 1), mbs=mbs, gbs=int(r["gbs"]), seq_len=int(r["seq"]),
+                recompute=r["recompute"], sequence_parallel=r["seq_par"] == "1",
+                sharding=sharding_preset(r["sharding"] or "none", dp), dtype=r["dtype"])
+            plan = _try_plan(model, f"{r['gpu']}:{r['gpus']}", cfg)
+            if plan is not None:
+                plans.append(plan)
+        cases.append(Case(r["id"], tuple(plans), published_measured_s(r)))
+    return cases
+
+
+def vtrain_cases(path: str | None = None) -> list[Case]:
+    path = path or os.path.join(VALIDATION_DIR, "vtrain_single_node_a100.csv")
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        next(reader)
+        rows = [[float(x) for x in row] for row in reader]
+    cases = []
+    for i, (gpus, gbs, mbs, h, heads, layers, seq, tp, dp, pp, ms) in enumerate(rows):
+        model = ModelSpec(name=f"gpt-h{int(h)}-l{int(layers)}", num_layers=int(layers),
+                          hidden_size=int(h), ffn_hidden_size=4 * int(h), num_heads=int(heads),
+                          vocab_size=50257, seq_len=int(seq), activation="gelu",
+                          norm="layernorm", position_embedding="learned", tied_embeddings=True,
+                          dropout=True)
+        cfg = ParallelConfig(tp=int(tp), pp=int(pp), dp=int(dp), mbs=int(mbs), gbs=int(gbs),
+                             seq_len=int(seq), recompute="full", dtype="fp16")
+        plan = _try_plan(model, f"A100-80GB-SXM:{int(gpus)}", cfg, Kernels(attention="math"))
+        cases.append(Case(f"vtrain-{i:04d}", (plan,) if plan else (), ms / 1e3))
+    return cases
+
+
+@dataclass(frozen=True)
+class LayerCase:
+    """One transformer layer's measured forward and backward time."""
+
+    id: str
+    shape: WorkloadShape
+    recompute: str
+    forward_s: float
+    backward_s: float
+
+
+LAYER_MODEL = "megatron-22b"  # Korthikanti et al. 2022 Table 4: 22B, tp 8, micro-batch 4
+
+
+def korthikanti_layer_cases(path: str | None = None) -> list[LayerCase]:
+    rows = _csv_rows(path or os.path.join(VALIDATION_DIR, "korthikanti22_layer_times.csv"))
+    cases = []
+    for r in rows:
+        setting = r["setting"]
+        shape = WorkloadShape(micro_batch_size=4, seq_len=2048, tp=8, dtype="fp16",
+                              sequence_parallel="sequence_parallel" in setting,
+                              attention="math")
+        recompute = ("full" if "full" in setting else
+                     "selective" if "selective" in setting else "none")
+        cases.append(LayerCase(setting, shape, recompute, float(r["forward_ms"]) / 1e3,
+                               float(r["backward_ms"]) / 1e3))
+    return cases
+
+
+def layer_errors(cases: Iterable[LayerCase]) -> dict[str, float]:
+    """Signed relative error of each layer's forward and backward time (A100, NVSwitch)."""
+    from planner.costs.comm import group_tiers
+    from planner.costs.stages import layer_parts
+    from planner.specs.model import preset
+
+    model = preset(LAYER_MODEL)
+    cluster = parse_gpus_arg("A100-80GB-SXM:8")
+    tiers = (("tp", group_tiers(cluster, tuple(range(8)))), ("cp", ()))
+    out = {}
+    for c in cases:
+        fwd, bwd = layer_parts(model, c.shape, "A100-80GB-SXM", tiers, c.recompute)
+        out[f"{c.id} forward"] = fwd.total_s / c.forward_s - 1
+        out[f"{c.id} backward"] = bwd.total_s / c.backward_s - 1
+    return out
+
+
+def predict_s(case: Case, simulate: Callable[[Plan], SimResult]) -> float | None:
+    """The fastest fitting candidate's predicted iteration time (None if none fits)."""
+    times = []
+    for plan in case.plans:
+        r = simulate(plan)
+        if r.fits:
+            times.append(r.iteration_time_s)
+    return min(times) if times else None
+
+
+def summarize(cases: Iterable[Case], simulate: Callable[[Plan], SimResult]) -> ErrorSummary:
+    errors, failed = {}, []
+    for case in cases:
+        predicted = predict_s(case, simulate)
+        if predicted is None:
+            failed.append(case.id)
+            continue
+        errors[case.id] = predicted / case.measured_s - 1
+    magnitudes = [abs(e) for e in errors.values()]
+    return ErrorSummary(mape=statistics.mean(magnitudes), max_abs=max(magnitudes),
+                        median_abs=statistics.median(magnitudes), count=len(errors),
+                        failed=tuple(failed), errors=errors)

@@ -1,0 +1,47 @@
+"""What several commands read the same way: the model and cluster flags, measured
+profiles for a cluster's GPUs, and a Plan stamped with its prediction."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+from dataclasses import replace
+
+from planner.predict.results import SimResult
+from planner.specs.cluster import ClusterSpec, load_cluster, parse_gpus_arg
+from planner.specs.model import ModelSpec, load_model, preset
+from planner.specs.plan import Plan, Predicted, Provenance
+from profiler.store import Profiles, load_profiles
+
+__all__ = ["load_inputs", "profiles_for", "with_prediction"]
+
+def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec]:
+    model = load_model(args.model_file) if args.model_file else preset(args.model)
+    cluster = load_cluster(args.cluster) if args.cluster else parse_gpus_arg(args.gpus)
+    return model, cluster
+
+def profiles_for(args: argparse.Namespace, cluster: ClusterSpec, dtype: str) -> Profiles | None:
+    """The measured profiles (`--profile FILE|DIR`, repeatable) for the cluster's GPUs."""
+    if not args.profile:
+        return None
+    devices = sorted({g.device.name for g in cluster.node_groups})
+    return load_profiles(args.profile, devices=devices, dtype=dtype)
+
+def with_prediction(plan: Plan, result: SimResult, *, command: list[str],
+                    profiles: Profiles | None = None) -> Plan:
+    """The plan with its predicted metrics and where they came from."""
+    predicted = Predicted(
+        iteration_time_s=result.iteration_time_s, tokens_per_s=result.tokens_per_s,
+        tflops_per_gpu_model=result.tflops_per_gpu_model, mfu=result.mfu,
+        peak_memory_bytes=tuple(int(s.memory.total_bytes) for s in result.stages
+                                if s.pipeline == 0),
+        fits=result.fits, sources=dict(result.sources))
+    from planner import __version__
+
+    provenance = Provenance(tool=f"trainplan {__version__}",
+                            created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                            command=shlex.join(command),
+                            profile=" + ".join(profiles.paths) if profiles and profiles.paths
+                            else None)
+    return replace(plan, predicted=predicted, provenance=provenance)

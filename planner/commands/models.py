@@ -1,0 +1,32 @@
+"""`plan models`: one line per model preset."""
+
+from __future__ import annotations
+
+import argparse
+
+from planner.commands.args import print_json
+from planner.specs.model import model_presets
+from profiler.schema import dump
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="list the model presets")
+    p.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    presets = model_presets()
+    if args.json:
+        print_json({name: {**dump(m), "num_params": m.num_params()} for name, m in presets.items()})
+        return 0
+    print(f"{'name':18} {'params':>8} {'layers':>6} {'hidden':>6} {'heads':>7} {'ffn':>6} "
+          f"{'vocab':>7} {'seq':>5}  arch")
+    for name, m in presets.items():
+        heads = f"{m.num_heads}/{m.kv_heads}" if m.kv_heads != m.num_heads else str(m.num_heads)
+        print(f"{name:18} {m.num_params() / 1e9:7.2f}B {m.num_layers:6d} {m.hidden_size:6d} "
+              f"{heads:>7} {m.ffn_hidden_size:6d} {m.vocab_size:7d} {m.seq_len:5d}  "
+              f"{m.activation}, {m.norm}, {m.position_embedding}"
+              f"{', tied' if m.tied_embeddings else ''}")
+    return 0

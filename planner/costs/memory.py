@@ -1,0 +1,169 @@
+"""Per-rank memory: model states under AMSP sharding, activations per recompute mode.
+
+Model states (Rajbhandari et al. 2020, ZeRO; Chen et al. 2023, AMSP): mixed-precision
+training keeps 16-bit weights, fp32 gradients (Megatron accumulates main grads in fp32)
+and an fp32 master copy plus Adam's two moments: 2 + 4 + 12 = 18 bytes per parameter,
+which reproduces Korthikanti et al. 2022 Figure 1. Parameters, gradients and optimizer
+states are each divided by their own sharding group size.
+
+Activations (Korthikanti et al. 2022 §4): per layer and micro-batch from the workload's
+saved tensors; times the layers a rank holds and the micro-batches in flight under the
+pipeline schedule (1F1B: p - stage on stage `stage`; interleaved: Megatron's warm-up count;
+GPipe: all of them; ZB-H1: p on every stage, as activations wait for the deferred weight
+gradients).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.costs.workload import WorkloadShape, head_work, layer_work
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Recompute, Sharding
+from profiler.devices import DeviceSpec, dtype_bytes
+
+__all__ = ["MEMORY_SOURCE", "StageMemory", "in_flight_chunks", "model_state_bytes",
+           "rank_param_count", "rank_param_tensors", "runtime_reserve_bytes", "stage_memory"]
+
+MEMORY_SOURCE = "analytic memory model (ZeRO/AMSP states; Korthikanti et al. 2022 activations)"
+GIB = 1024**3
+# CUDA context, NCCL buffers, cuBLAS workspaces and allocator fragmentation: what a real
+# run loses before the first tensor (PyTorch on A100/H100 typically 1.5-3 GiB).
+_GPU_RESERVE_BYTES = 2 * GIB
+_CPU_RESERVE_BYTES = GIB // 4
+
+
+def runtime_reserve_bytes(device: DeviceSpec) -> int:
+    return _CPU_RESERVE_BYTES if device.vendor == "cpu" else _GPU_RESERVE_BYTES
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Peak bytes on one rank of a stage, by kind."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float  # gathered params (sharded P), logits, transient recompute
+    reserve_bytes: float
+    capacity_bytes: float
+
+    @property
+    def model_states_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.model_states_bytes + self.activations_bytes + self.buffers_bytes
+                + self.reserve_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    @property
+    def shortfall_bytes(self) -> float:
+        return max(0.0, self.total_bytes - self.capacity_bytes)
+
+
+def rank_param_tensors(model: ModelSpec, *, num_layers: int, first: bool, last: bool,
+                       tp: int, pp: int) -> tuple[int, ...]:
+    """Sizes of the parameter tensors one tp rank of a stage holds, in model order (the
+    optimizer's per-tensor work depends on them, not only on their sum)."""
+    h, d = model.hidden_size, model.head_dim
+    kv_local = max(model.kv_heads // tp, 1) * d
+    q_local = model.num_heads // tp * d
+    norm = (h, h) if model.norm == "layernorm" else (h,)  # weight (and bias)
+    layer = (*norm, h * (q_local + 2 * kv_local), q_local * h,
+             *norm, h * model.mlp_in_width // tp, model.ffn_hidden_size // tp * h)
+    vocab_local = math.ceil(model.vocab_size / tp) * h
+    tensors: list[int] = []
+    if first:
+        tensors.append(vocab_local)
+        if model.position_embedding == "learned":
+            tensors.append(model.seq_len * h)
+    tensors.extend(layer * num_layers)
+    if last:
+        tensors.extend(norm)
+        # An untied head has its own weights; a tied one needs a copy when the embedding
+        # lives on another stage (Megatron keeps it and all-reduces its gradient).
+        if not model.tied_embeddings or (pp > 1):
+            tensors.append(vocab_local)
+    return tuple(tensors)
+
+
+def rank_param_count(model: ModelSpec, *, num_layers: int, first: bool, last: bool,
+                     tp: int, pp: int) -> float:
+    """Parameters held by one tp rank of a stage."""
+    return float(sum(rank_param_tensors(model, num_layers=num_layers, first=first, last=last,
+                                        tp=tp, pp=pp)))
+
+
+def in_flight_chunks(*, schedule: str, stage: int, pp: int, num_microbatches: int,
+                     virtual_stages: int) -> int:
+    """Model chunks x micro-batches whose activations a stage holds at its peak.
+
+    A chunk is 1/virtual_stages of the stage's layers. Interleaved 1F1B: Megatron runs
+    (p - stage - 1)*2 + (v - 1)*p warm-up forwards before the first backward, which
+    gives Korthikanti et al.'s (1 + (p-1)/(p·v)) factor on the first stage. ZB-H1 (Qi et
+    al. 2024 §2.1): stage s defers each weight gradient by s micro-batches and frees a
+    micro-batch's activations after it, so every stage holds p, 1F1B's first-stage peak
+    (counted in full: the part only B needs is in fact freed earlier).
+    """
+    total = num_microbatches * virtual_stages
+    if schedule == "gpipe":
+        return total
+    if schedule == "zb-h1":
+        return min(num_microbatches, pp)
+    if schedule == "interleaved-1f1b":
+        warmup = (pp - stage - 1) * 2 + (virtual_stages - 1) * pp
+        return min(total, warmup + 1)
+    return min(num_microbatches, pp - stage)
+
+
+def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: Sharding,
+                      tp: int, pp: int) -> tuple[float, float, float, float]:
+    """(parameters, gradients, optimizer states, gathered-parameter buffers) in bytes on one
+    rank holding `params` parameters: 16-bit weights (fp32 when training in fp32), fp32
+    gradients, fp32 master weights (mixed precision) and Adam's two moments, each divided
+    by its sharding group; sharded parameters need the layer in use and the next one
+    gathered."""
+    low = dtype_bytes(dtype)
+    master = 0 if dtype == "fp32" else 4
+    gathered = 0.0
+    if sharding.params > 1:
+        layer = rank_param_count(model, num_layers=1, first=False, last=False, tp=tp, pp=pp)
+        gathered = 2 * layer * low
+    return (params * low / sharding.params, params * 4 / sharding.grads,
+            params * (master + 8) / sharding.optim, gathered)
+
+
+def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
+                 num_layers: int, first: bool, last: bool, pp: int, recompute: Recompute,
+                 sharding: Sharding, layers_in_flight: float) -> StageMemory:
+    """Peak memory of one rank of a stage holding activations of `layers_in_flight`
+    layer-micro-batches at its peak."""
+    params = rank_param_count(model, num_layers=num_layers, first=first, last=last,
+                              tp=shape.tp, pp=pp)
+    p_bytes, g_bytes, os_bytes, gathered = model_state_bytes(
+        model, params=params, dtype=shape.dtype, sharding=sharding, tp=shape.tp, pp=pp)
+    work = layer_work(model, shape)
+    per_layer = {"none": work.activation_bytes, "selective": work.selective_activation_bytes,
+                 "full": work.input_bytes}[recompute]
+    activations = per_layer * layers_in_flight
+    buffers = 0.0
+    if recompute == "full":  # one layer's activations exist while it is recomputed
+        buffers += work.activation_bytes
+    if last:
+        buffers += head_work(model, shape)[2]
+    return StageMemory(
+        params_bytes=p_bytes,
+        grads_bytes=g_bytes,
+        optimizer_bytes=os_bytes,
+        activations_bytes=activations,
+        buffers_bytes=buffers + gathered,
+        reserve_bytes=runtime_reserve_bytes(device),
+        capacity_bytes=float(device.memory_bytes),
+    )

@@ -1,0 +1,158 @@
+"""Analytic estimate of one training iteration of a Plan (closed-form pipeline model).
+
+Per pipeline, with t_s the time of one micro-batch (forward + backward + its
+activation transfers) on stage s and m micro-batches, a 1F1B or GPipe schedule takes
+max_k (Σ_{j<k} t_j / v + m·t_k): the critical path through each stage's fill, work and
+drain (for p equal stages (m + (p−1)/v)·t, Narayanan et al. 2021, v interleaved chunks). Gradient reduction overlaps the last
+micro-batch's backward bucket by bucket; the optimizer step follows. The event simulator
+refines this with the actual dependencies; both price work through `stage_costs`.
+
+ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", §2.1) defers each micro-batch's
+weight gradients (W, w_s of t_s) on stage s by s micro-batches, so the drain through stage
+k costs only f + b per earlier stage and stage k's last min(k + 1, m) W's run while the
+last backward travels back: max_k (Σ_{j<k} (t_j − w_j) + m·t_k − min(k + 1, m)·w_k + w_0).
+For p equal stages and m ≥ p that is m(f + b + w) + (p − 1)(f + b − w), the paper's
+bubble, when w ≤ f; where w > f, stage 0's wait for its first B, (p − 1)·b, is the bubble
+instead. Both match the simulator exactly while w ≤ b (the cost model's layers have
+w ≤ b: W is one GEMM per forward GEMM, B the other and the attention backward).
+"""
+
+from __future__ import annotations
+
+from planner.costs.memory import MEMORY_SOURCE
+from planner.costs.stages import StageCost, cost_sources, exposed_s, plan_stage_costs
+from planner.predict.results import Breakdown, SimResult, StageSummary, make_result
+from planner.specs.plan import Plan
+from profiler.store import Profiles
+
+__all__ = ["ESTIMATE_SOURCE", "estimate", "pipeline_time"]
+
+ESTIMATE_SOURCE = "analytic pipeline estimate (closed form, planner/predict/estimate.py)"
+
+
+def _sends(c: StageCost, pp: int, vp: int) -> float:
+    """Activation transfers one micro-batch makes from this stage (and their gradients):
+    none from the last stage unless interleaving wraps it around to the first."""
+    return 2 * c.p2p_s if (c.stage < pp - 1 or vp > 1) else 0.0
+
+
+def _microbatch_s(c: StageCost, pp: int, vp: int) -> float:
+    """One micro-batch on a stage: compute, its collectives, the transfers, the ZeRO-3
+    parameter gathers that one layer's compute cannot hide, and sharded-gradient
+    reduce-scatters that outlast the next micro-batch's work."""
+    work = c.forward.compute_s + c.backward.compute_s
+    extra = 0.0
+    if c.dp.param_microbatch_s:
+        layers = max(c.num_layers, 1)
+        extra += max(c.dp.param_microbatch_s / layers, c.dp.param_microbatch_s - work)
+    extra += max(0.0, c.dp.grad_microbatch_s - work)
+    return c.forward_s + c.backward_s + _sends(c, pp, vp) + extra
+
+
+def pipeline_time(costs: list[StageCost], *, num_microbatches: int, virtual_stages: int,
+                  schedule: str = "1f1b") -> tuple[float, dict[str, float]]:
+    """End time of one pipeline's iteration (its stages' costs in order) under `schedule`
+    and the critical stage's breakdown. Stages that are the same object are priced once."""
+    m, vp, pp = num_microbatches, virtual_stages, len(costs)
+    zb = schedule == "zb-h1"
+    # id -> (micro-batch, tail, drain step, forward step, deferred W)
+    memo: dict[int, tuple[float, float, float, float, float]] = {}
+    for c in costs:
+        if id(c) not in memo:
+            w = c.weight_grad_s if zb else 0.0
+            last_grads = c.dp.grad_microbatch_s + c.dp.grad_iteration_s
+            # buckets are cut from the last gradient pass: the backward, or ZB-H1's last W
+            window = w if zb else c.backward_s
+            grad = exposed_s(last_grads, window, c.num_params) if last_grads else 0.0
+            gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.num_params)
+                      if c.dp.param_iteration_s else 0.0)
+            half = _sends(c, pp, vp) / 2
+            memo[id(c)] = (_microbatch_s(c, pp, vp), grad + c.optimizer_s + gather,
+                           c.backward_s - w + half, c.forward_s + half, w)
+    times = [memo[id(c)][0] for c in costs]
+    paths = _zb_paths(costs, memo, m) if zb else _paths(times, m, vp)
+    slow = max(range(len(costs)), key=paths.__getitem__)
+    pipe_s = paths[slow]
+    end, opt_s, drain = pipe_s, 0.0, 0.0
+    w0 = memo[id(costs[0])][4]
+    for s, c in enumerate(costs):  # stage s finishes its last backward `drain` before stage 0
+        _, tail, step, _, w = memo[id(c)]
+        # under ZB-H1 its last B, then its last min(s + 1, m) W's
+        stage_end = pipe_s - drain + tail + (min(s + 1, m) * w - w0 if zb else 0.0)
+        if stage_end > end:
+            end, opt_s = stage_end, c.optimizer_s
+        drain += step
+    after = end - pipe_s  # what sticks out after the pipeline drains
+    opt_s = min(opt_s, after)
+    c = costs[slow]
+    work = c.forward + c.backward
+    sends = _sends(c, pp, vp)
+    parts = {
+        "compute": m * work.compute_s,
+        "host": m * work.host_s,
+        "tp": m * work.tp_s,
+        "cp": m * work.cp_s,
+        "pp": m * sends,
+        "dp": after - opt_s + m * (times[slow] - work.total_s - sends),
+        "opt": opt_s,
+    }
+    parts["bubble"] = end - sum(parts.values())
+    return end, parts
+
+
+def _paths(times: list[float], m: int, vp: int) -> list[float]:
+    """1F1B / GPipe: the critical path through stage k is the fill up to it, its m
+    micro-batches, the drain back from it (the fill and drain shrink by v with
+    interleaving). For equal stages the slowest path is the last stage's, (m + (p - 1)/v) t;
+    a slow stage followed by faster ones is not delayed by them."""
+    prefix, paths = 0.0, []
+    for t in times:
+        paths.append(prefix / vp + m * t)
+        prefix += t
+    return paths
+
+
+def _zb_paths(costs: list[StageCost], memo: dict, m: int) -> list[float]:
+    """ZB-H1 (module docstring): the path through stage k's m micro-batches and the
+    drain back to stage 0, which ends with stage 0's last W; or, where that is longer,
+    stage k's own work after its first forward arrives, and stage 0's after its first
+    backward arrives (it runs min(m, p) forwards before it)."""
+    pp = len(costs)
+    t0, _, b0, f0, w0 = memo[id(costs[0])]
+    prefix = fill = back = 0.0
+    paths = []
+    for k, c in enumerate(costs):
+        t, _, b, f, w = memo[id(c)]
+        paths.append(max(prefix + m * t - min(k + 1, m) * w + w0, fill + m * t))
+        prefix += t - w
+        fill += f
+        back += b
+    # stage 0's first B waits for micro-batch 0 to pass every stage and come back
+    paths[0] = max(paths[0], fill + back - b0 + m * t0 - min(m, pp) * f0)
+    return paths
+
+
+def estimate(plan: Plan, *, costs: list[list[StageCost]] | None = None,
+             profiles: Profiles | None = None) -> SimResult:
+    """Iteration time, throughput, MFU, breakdown and memory of `plan` (closed form),
+    with `costs` in place of the cost model's if given (tests, what-ifs), and op and
+    collective times from `profiles` where they have them."""
+    costs = costs if costs is not None else plan_stage_costs(plan, profiles)
+    ends = [pipeline_time(pc, num_microbatches=plan.pipelines[pc[0].pipeline].num_microbatches,
+                          virtual_stages=plan.training.virtual_stages,
+                          schedule=plan.training.schedule) for pc in costs]
+    critical = max(range(len(ends)), key=lambda i: ends[i][0])
+    iteration_s, parts = ends[critical]
+    stages = tuple(
+        StageSummary(pipeline=c.pipeline, stage=c.stage, device=c.device,
+                     layers=plan.pipelines[c.pipeline].stages[c.stage].layers,  # type: ignore[arg-type]
+                     forward_s=c.forward_s, backward_s=c.backward_s, memory=c.memory)
+        for pc in costs for c in pc)
+    breakdown = Breakdown(compute_s=parts["compute"], host_overhead_s=parts["host"],
+                          tp_comm_s=parts["tp"],
+                          cp_comm_s=parts["cp"], pp_comm_s=parts["pp"], dp_comm_s=parts["dp"],
+                          bubble_s=max(parts["bubble"], 0.0), optimizer_s=parts["opt"])
+    return make_result(plan, method="analytic estimate", iteration_s=iteration_s,
+                       breakdown=breakdown, stages=stages,
+                       sources={**cost_sources(plan, profiles), "memory": MEMORY_SOURCE,
+                                "schedule": ESTIMATE_SOURCE})

@@ -1,0 +1,154 @@
+"""What `plan profile` measures: the workload's ops at the planner's shapes, as OpCases.
+
+For each (tp, micro-batch, sequence) setting and attention backend, the ops of one layer
+(forward and backward), the embedding, the head and the optimizer step come from
+`planner/costs/workload.py`, so the profile's rows carry exactly the names, shapes, FLOPs and
+bytes the cost model will look up. Each op is paired with the torch code that runs it
+(profiler/torch_ops.py); a backward op is the autograd backward of its forward op with
+respect to the forward's input (`.dgrad`), weight (`.wgrad`) or both (`.bwd`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from planner.costs.memory import rank_param_tensors
+from planner.costs.workload import (
+    Op,
+    WorkloadShape,
+    embedding_work,
+    head_work,
+    layer_work,
+    optimizer_work,
+)
+from planner.specs.model import ModelSpec
+from profiler.measure import GradOf, OpCase
+
+__all__ = ["OPTIMIZERS", "op_cases", "optimizer_cases", "step_bytes"]
+
+OPTIMIZERS = ("fused", "foreach", "for_loop")
+# Backward op name suffix -> which leaves of the forward fragment it differentiates.
+_BACKWARD: dict[str, GradOf] = {".dgrad": "input", ".wgrad": "weight", ".bwd": "all"}
+_LINEARS = ("attn.proj", "mlp.fc1", "mlp.fc2", "head.logits")
+
+
+def _forward_impl(model: ModelSpec, w: WorkloadShape, op: Op) -> tuple[str, tuple[int, ...]]:
+    """The torch impl and its dimensions for a forward op of the workload."""
+    b, s, t = w.micro_batch_size, w.seq_len // w.cp, w.tp
+    h, d = model.hidden_size, model.head_dim
+    heads, kv_heads = model.num_heads // t, max(model.kv_heads // t, 1)
+    attention = (b, heads, kv_heads, s, w.seq_len, d)
+    dropout = int(model.dropout)
+    elements = op.shape[0] if op.shape else 0
+    name = op.name
+    if name in ("attn.norm", "mlp.norm", "head.norm"):
+        return model.norm, (elements // h, h)
+    if name in _LINEARS:
+        _, m, n, k = op.shape
+        return "linear", (m, n, k)
+    table: dict[str, tuple[str, tuple[int, ...]]] = {
+        "attn.qkv": ("qkv", (b, s, h, heads, kv_heads, d,
+                             int(model.position_embedding == "rope"))),
+        "attn.core": ("sdpa", (*attention, dropout)),
+        "attn.scores": ("scores", attention),
+        "attn.softmax": ("causal_softmax", (b * heads, s, w.seq_len)),
+        "attn.dropout": ("dropout", (elements,)),
+        "attn.context": ("context", attention),
+        "attn.residual": ("residual", (elements // h, h, dropout)),
+        "mlp.residual": ("residual", (elements // h, h, dropout)),
+        "mlp.gelu": ("gelu", (b * s, model.ffn_hidden_size // t)),
+        "mlp.swiglu": ("swiglu", (b * s, model.ffn_hidden_size // t)),
+        "embed.lookup": ("embedding", (b, s, -(-model.vocab_size // t), h,
+                                       model.seq_len if model.position_embedding == "learned"
+                                       else 0, dropout)),
+        "head.loss": ("cross_entropy", (b * s, -(-model.vocab_size // t))),
+    }
+    if name not in table:
+        raise ValueError(f"no torch implementation for workload op {name!r}")
+    return table[name]
+
+
+def _forward_name(name: str) -> tuple[str, GradOf] | None:
+    """The forward op a backward op differentiates, and with respect to what."""
+    if name == "embed.grad":
+        return "embed.lookup", "weight"
+    for suffix, grad_of in _BACKWARD.items():
+        if name.endswith(suffix):
+            return name[: -len(suffix)], grad_of
+    return None
+
+
+def _case(op: Op, impl: str, dims: tuple[int, ...], grad_of: GradOf | None,
+          reuse_bytes: float) -> OpCase:
+    return OpCase(name=op.name, kind=op.kind, variant=op.variant, shape=op.shape,
+                  flops=op.flops, bytes=op.bytes, kernels=op.kernels, impl=impl, dims=dims,
+                  grad_of=grad_of, reuse_bytes=reuse_bytes)
+
+
+def step_bytes(model: ModelSpec, w: WorkloadShape) -> float:
+    """The bytes one training step of the whole model on one tp rank moves (the sum of
+    its ops' memory traffic): about what passes through the caches between two uses of
+    an op's weights or saved activations, i.e. their reuse distance."""
+    work = layer_work(model, w)
+    emb_fwd, emb_bwd = embedding_work(model, w)
+    head_fwd, head_bwd, _ = head_work(model, w)
+    tensors = rank_param_tensors(model, num_layers=model.num_layers, first=True, last=True,
+                                 tp=w.tp, pp=1)
+    layer = sum(op.bytes for op in (*work.forward, *work.backward) if isinstance(op, Op))
+    rest = sum(op.bytes for op in (*emb_fwd, *emb_bwd, *head_fwd, *head_bwd)
+               if isinstance(op, Op))
+    step = optimizer_work(float(sum(tensors)), dtype=w.dtype, num_tensors=len(tensors))
+    return model.num_layers * layer + rest + step.bytes
+
+
+def _shape_cases(model: ModelSpec, w: WorkloadShape) -> list[OpCase]:
+    """Forward and backward ops of a layer, the embedding and the head at one shape."""
+    work = layer_work(model, w)
+    emb_fwd, emb_bwd = embedding_work(model, w)
+    head_fwd, head_bwd, _ = head_work(model, w)
+    forward = [op for op in (*work.forward, *emb_fwd, *head_fwd) if isinstance(op, Op)]
+    backward = [op for op in (*work.backward, *emb_bwd, *head_bwd) if isinstance(op, Op)]
+    impls = {op.name: _forward_impl(model, w, op) for op in forward}
+    reuse = step_bytes(model, w)
+    cases = [_case(op, *impls[op.name], None, reuse) for op in forward]
+    for op in backward:
+        source = _forward_name(op.name)
+        if source is None or source[0] not in impls:
+            raise ValueError(f"backward op {op.name!r} has no forward op to differentiate")
+        cases.append(_case(op, *impls[source[0]], source[1], reuse))
+    return cases
+
+
+def optimizer_cases(model: ModelSpec, *, tp: int, dtype: str,
+                    implementations: Iterable[str] = OPTIMIZERS) -> list[OpCase]:
+    """One AdamW step over the parameters of the whole model on one tp rank."""
+    tensors = rank_param_tensors(model, num_layers=model.num_layers, first=True, last=True,
+                                 tp=tp, pp=1)
+    out = []
+    for impl in implementations:
+        op = optimizer_work(float(sum(tensors)), dtype=dtype, implementation=impl,
+                            num_tensors=len(tensors))
+        reuse = step_bytes(model, WorkloadShape(micro_batch_size=1, seq_len=model.seq_len,
+                                                tp=tp, dtype=dtype))
+        out.append(_case(op, "adamw", tensors, None, reuse))
+    return out
+
+
+def op_cases(model: ModelSpec, *, tps: Sequence[int], micro_batch_sizes: Sequence[int],
+             seq_lens: Sequence[int], dtype: str, attentions: Sequence[str],
+             optimizers: Sequence[str] = OPTIMIZERS,
+             sequence_parallel: bool = False) -> list[OpCase]:
+    """Every distinct op the planner may ask for at these settings (each measured once)."""
+    seen: dict[tuple, OpCase] = {}
+    for tp in tps:
+        for mbs in micro_batch_sizes:
+            for seq in seq_lens:
+                for attention in attentions:
+                    w = WorkloadShape(micro_batch_size=mbs, seq_len=seq, tp=tp,
+                                      sequence_parallel=sequence_parallel and tp > 1,
+                                      dtype=dtype, attention=attention)
+                    for case in _shape_cases(model, w):
+                        seen.setdefault((case.key, case.grad_of), case)
+        for case in optimizer_cases(model, tp=tp, dtype=dtype, implementations=optimizers):
+            seen.setdefault((case.key, None), case)
+    return list(seen.values())

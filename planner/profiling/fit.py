@@ -1,0 +1,103 @@
+"""`plan profile fit`: calibrate the analytic device model of a GPU type from a profile.
+
+The analytic model (profiler/analytic.py) prices each profiled op from its shape, FLOPs
+and bytes; the fit moves the architecture's physical parameters (GEMM efficiency and its
+inner-dimension half point, fused-attention efficiency, achievable DRAM fraction, GPU
+time per kernel) to minimise the mean |log(predicted / measured)|, each op kind weighted
+equally so that dozens of GEMMs do not drown three norms. Same bounded Nelder-Mead as the
+published-data calibration (planner/calibration/fit.py). Host launch overhead is not fitted:
+an op measured alone does not show it (it is the per-kernel cost of a whole framework's
+step; see docs/calibration.md).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from planner.calibration.fit import Parameter, minimize_bounded, with_values
+from planner.costs.compute import ComputeCosts, clear_op_cache
+from planner.costs.workload import Op
+from profiler.devices import device, parameter_overrides
+from profiler.schema import fail
+from profiler.store import Profile, ProfileRow, load_profile
+
+__all__ = ["FitResult", "fit_profile", "run_fit"]
+
+# (field, low, high): bounds of each fitted parameter of ArchEfficiency.
+_FIELDS = (("gemm_efficiency", 0.05, 1.0), ("gemm_k_half", 0.0, 1024.0),
+           ("attention_efficiency", 0.02, 1.0), ("memory_efficiency", 0.05, 1.0),
+           ("kernel_overhead_us", 0.0, 100.0))
+# Which parameters each op kind informs: fit only what the profile measured.
+_INFORMS = {"gemm": ("gemm_efficiency", "gemm_k_half"), "attention": ("attention_efficiency",),
+            "elementwise": ("memory_efficiency", "kernel_overhead_us"),
+            "embedding": ("memory_efficiency",), "optimizer": ("memory_efficiency",)}
+
+
+@dataclass(frozen=True)
+class FitResult:
+    arch: str
+    params: tuple[Parameter, ...]
+    before: tuple[float, ...]
+    after: tuple[float, ...]
+    error_before: float  # mean |log(predicted / measured)|, kinds weighted equally
+    error_after: float
+    at_bounds: tuple[str, ...]  # fields that ended at a bound (the model cannot fit better)
+
+
+def _op(row: ProfileRow) -> Op:
+    return Op(row.name, row.kind, row.flops, row.bytes, row.shape, row.kernels,
+              variant=row.variant)
+
+
+def _error(profile: Profile, rows_by_kind: dict[str, list[ProfileRow]]) -> float:
+    costs = ComputeCosts(profile.meta.device, profile.meta.dtype)
+    per_kind = [statistics.mean(abs(math.log(costs.time_s(_op(r)) / r.time_s)) for r in rows)
+                for rows in rows_by_kind.values()]
+    return statistics.mean(per_kind)
+
+
+def fit_profile(profile: Profile, *, iterations: int = 400) -> FitResult:
+    """Fit the profile's architecture parameters to its op rows."""
+    arch = device(profile.meta.device).arch
+    rows_by_kind: dict[str, list[ProfileRow]] = {}
+    for r in profile.op_rows:
+        rows_by_kind.setdefault(r.kind, []).append(r)
+    informed = {f for kind in rows_by_kind for f in _INFORMS.get(kind, ())}
+    params = [Parameter(f"arch:{arch}", f, lo, hi) for f, lo, hi in _FIELDS if f in informed]
+    if not params:
+        fail(profile.path, f"{len(profile.rows)} collective rows",
+             "fitting needs op rows (plan profile --model ...)")
+
+    def objective(values: list[float]) -> float:
+        arch_over, _ = with_values(params, values)
+        with parameter_overrides(arch=arch_over):
+            clear_op_cache()
+            err = _error(profile, rows_by_kind)
+        clear_op_cache()
+        return err
+
+    before = [p.current() for p in params]
+    values, after = minimize_bounded(params, objective, iterations=iterations)
+    at_bounds = tuple(p.field for p, v in zip(params, values, strict=True)
+                      if min(v - p.low, p.high - v) < 1e-3 * (p.high - p.low))
+    return FitResult(arch=arch, params=tuple(params), before=tuple(before), after=tuple(values),
+                     error_before=objective(before), error_after=after, at_bounds=at_bounds)
+
+
+def run_fit(path: str, *, iterations: int) -> int:
+    """Print the fitted values in profiler/data/efficiency.yaml's terms."""
+    profile = load_profile(path)
+    result = fit_profile(profile, iterations=iterations)
+    m = profile.meta
+    print(f"{path}: {m.device} ({m.device_detail}), {m.dtype}: {len(profile.op_rows)} op rows")
+    print(f"mean |log(analytic / measured)|: {result.error_before:.3f} -> "
+          f"{result.error_after:.3f} (about {math.expm1(result.error_before):.0%} -> "
+          f"{math.expm1(result.error_after):.0%} off per op)")
+    for p, old, new in zip(result.params, result.before, result.after, strict=True):
+        bound = "  (at its bound)" if p.field in result.at_bounds else ""
+        print(f"  {result.arch}.{p.field:22} {old:9.4g} -> {new:9.4g}{bound}")
+    print(f"copy into profiler/data/efficiency.yaml under `{result.arch}` and record the "
+          "profile in docs/calibration.md")
+    return 0

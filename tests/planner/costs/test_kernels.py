@@ -1,0 +1,67 @@
+"""Kernel selection: the fastest valid alternative a profile measured goes into the plan."""
+
+import dataclasses
+
+from planner.costs.compute import ComputeCosts
+from planner.costs.kernels import fastest_kernels
+from planner.costs.memory import rank_param_count
+from planner.costs.workload import Op, WorkloadShape, layer_work, optimizer_work
+from planner.specs.cluster import parse_gpus_arg
+from planner.specs.layout import ParallelConfig, homogeneous_plan
+from planner.specs.model import preset
+from profiler.store import load_profiles
+from tests.planner.profile_helpers import op_row, write_profile
+
+MODEL = preset("debug-small")
+CFG = ParallelConfig(mbs=8, gbs=8, seq_len=64, dtype="fp32")
+
+
+def _plan(gpus="CPU:1", cfg=CFG):
+    return homogeneous_plan(MODEL, parse_gpus_arg(gpus), cfg)
+
+
+_CORE = ("attn.core", "attn.scores", "attn.softmax", "attn.dropout", "attn.context")
+
+
+def _rows(attention, core_scale=1.0):
+    """The layer's ops at analytic times, its attention-core ops `core_scale` x slower."""
+    work = layer_work(MODEL, WorkloadShape(micro_batch_size=8, seq_len=64, dtype="fp32",
+                                           attention=attention))
+    costs = ComputeCosts("CPU", "fp32")
+    return [op_row(op, costs.time_s(op) * (core_scale if op.name.startswith(_CORE) else 1.0))
+            for op in (*work.forward, *work.backward) if isinstance(op, Op)]
+
+
+def _optimizer_rows(times):
+    params = rank_param_count(MODEL, num_layers=MODEL.num_layers, first=True, last=True, tp=1,
+                              pp=1)
+    return [op_row(optimizer_work(params, dtype="fp32", implementation=impl), t)
+            for impl, t in times.items()]
+
+
+def _profiles(tmp_path, rows, device="CPU"):
+    path = write_profile(tmp_path / "p.csv", rows, device=device)
+    return load_profiles([path], devices=[device], dtype="fp32")
+
+
+def test_the_fastest_measured_alternatives_are_chosen(tmp_path):
+    # math attention measured faster than flash; foreach AdamW faster than fused.
+    rows = (_rows("flash", core_scale=100.0) + _rows("math")
+            + _optimizer_rows({"fused": 2e-3, "foreach": 1e-3, "for_loop": 5e-3}))
+    kernels = fastest_kernels(_plan(), _profiles(tmp_path, rows))
+    assert (kernels.attention, kernels.optimizer) == ("math", "foreach")
+    # an explicit --attention is kept; the optimizer is still chosen
+    kept = fastest_kernels(_plan(), _profiles(tmp_path, rows), keep_attention=True)
+    assert (kept.attention, kept.optimizer) == ("flash", "foreach")
+
+
+def test_alternatives_the_profile_lacks_are_not_chosen(tmp_path):
+    rows = _rows("flash", core_scale=100.0) + _optimizer_rows({"for_loop": 9e-3})
+    kernels = fastest_kernels(_plan(), _profiles(tmp_path, rows))
+    assert (kernels.attention, kernels.optimizer) == ("flash", "for_loop")
+
+
+def test_a_profile_of_other_gpus_changes_nothing(tmp_path):
+    rows = _optimizer_rows({"foreach": 1e-3})
+    plan = dataclasses.replace(_plan())
+    assert fastest_kernels(plan, _profiles(tmp_path, rows, device="A100-80GB-SXM")) == plan.kernels

@@ -1,0 +1,83 @@
+"""FLOP counts against the Megatron-LM formulas (Narayanan et al. 2021, Appendix;
+Korthikanti et al. 2022 §6) and activation bytes against Korthikanti et al. 2022 §4."""
+
+import pytest
+
+from planner.costs.workload import (
+    Op,
+    WorkloadShape,
+    hardware_flops_per_token,
+    layer_work,
+    model_flops_per_token,
+)
+from planner.specs.model import preset
+
+
+def _gemm_flops(items):
+    return sum(i.flops for i in items if isinstance(i, Op) and i.kind == "gemm")
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_layer_gemm_flops_match_megatron(tp):
+    m = preset("megatron-22b")
+    b, s, h = 4, 2048, m.hidden_size
+    w = layer_work(m, WorkloadShape(micro_batch_size=b, seq_len=s, tp=tp, attention="math"))
+    expected = 24 * b * s * h * h * (1 + s / (6 * h)) / tp
+    assert _gemm_flops(w.forward) == pytest.approx(expected, rel=1e-12)
+    assert _gemm_flops(w.backward) == pytest.approx(2 * expected, rel=1e-12)
+
+
+def test_flash_attention_skips_the_causal_half():
+    m = preset("megatron-22b")
+    flash = layer_work(m, WorkloadShape(micro_batch_size=1, seq_len=2048, attention="flash"))
+    math = layer_work(m, WorkloadShape(micro_batch_size=1, seq_len=2048, attention="math"))
+
+    def core(w):
+        return sum(i.flops for i in w.forward if isinstance(i, Op) and i.kind != "elementwise"
+                   and i.name.startswith("attn.") and i.name not in ("attn.qkv", "attn.proj"))
+
+    assert core(flash) == pytest.approx(core(math) / 2)
+
+
+def test_model_and_hardware_flops_match_megatron_formulas():
+    m = preset("megatron-175b")
+    s, layers, h, V = 2048, m.num_layers, m.hidden_size, m.vocab_size
+    model = 72 * s * layers * h * h * (1 + s / (6 * h) + V / (12 * layers * h)) / s
+    hw = 96 * s * layers * h * h * (1 + s / (6 * h) + V / (16 * layers * h)) / s
+    # The presets count no biases, as the formula does not.
+    assert model_flops_per_token(m, s) == pytest.approx(model, rel=1e-12)
+    assert hardware_flops_per_token(m, s, "full") == pytest.approx(hw, rel=1e-12)
+
+
+def test_gqa_swiglu_flops_are_6n_plus_attention():
+    m = preset("llama3-8b")
+    s = 8192
+    n_matmul = m.num_layers * (m.params_per_layer() - 2 * m.hidden_size) + m.vocab_size * m.hidden_size
+    expected = 6 * n_matmul + 12 * m.num_layers * m.hidden_size * s
+    assert model_flops_per_token(m, s) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("tp, sp", [(1, False), (8, False), (8, True)])
+def test_activation_bytes_match_korthikanti(tp, sp):
+    m = preset("megatron-22b")  # GPT with dropout, 16-bit activations
+    b, s, h, a = 4, 2048, m.hidden_size, m.num_heads
+    w = layer_work(m, WorkloadShape(micro_batch_size=b, seq_len=s, tp=tp, sequence_parallel=sp,
+                                    attention="math"))
+    sbh = s * b * h
+    if sp:
+        none = sbh / tp * (34 + 5 * a * s / h)
+        selective = sbh * 34 / tp
+    else:
+        none = sbh * (10 + 24 / tp + 5 * a * s / (h * tp))
+        selective = sbh * (10 + 24 / tp)
+    assert w.activation_bytes == pytest.approx(none, rel=1e-12)
+    assert w.selective_activation_bytes == pytest.approx(selective, rel=1e-12)
+    assert w.input_bytes == pytest.approx(2 * sbh / (tp if sp else 1))
+
+
+def test_tp_collectives_per_layer():
+    m = preset("megatron-22b")
+    for sp, kinds in ((False, ["all_reduce"] * 4), (True, ["all_gather", "reduce_scatter"] * 4)):
+        w = layer_work(m, WorkloadShape(micro_batch_size=1, seq_len=2048, tp=8, sequence_parallel=sp))
+        got = sorted(c.kind for c in (*w.forward, *w.backward) if not isinstance(c, Op))
+        assert got == sorted(kinds)

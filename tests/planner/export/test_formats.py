@@ -1,0 +1,86 @@
+import json
+
+from planner.export.formats import export_plan
+from planner.specs.cluster import parse_gpus_arg
+from planner.specs.layout import ParallelConfig, homogeneous_plan
+from planner.specs.model import preset
+from planner.specs.plan import Kernels, Sharding
+
+
+def _plan(**kw):
+    cfg = dict(tp=8, pp=4, dp=4, vp=2, mbs=2, gbs=256, seq_len=2048, recompute="selective",
+               sequence_parallel=True, sharding=Sharding(optim=4))
+    cfg.update(kw)
+    return homogeneous_plan(preset("gpt3-175b"), parse_gpus_arg("A100-80GB-SXM:128"),
+                            ParallelConfig(**cfg), kernels=Kernels(attention="flash"))
+
+
+def test_megatron_flags():
+    out = export_plan(_plan(), "megatron")
+    args = out.text.replace("\\\n", " ").split()
+    pairs = dict(zip(args, args[1:], strict=False))
+    assert pairs["--tensor-model-parallel-size"] == "8"
+    assert pairs["--pipeline-model-parallel-size"] == "4"
+    assert pairs["--micro-batch-size"] == "2" and pairs["--global-batch-size"] == "256"
+    assert pairs["--num-layers-per-virtual-pipeline-stage"] == "12"
+    assert pairs["--recompute-granularity"] == "selective"
+    for flag in ("--use-distributed-optimizer", "--sequence-parallel", "--bf16", "--use-flash-attn"):
+        assert flag in args
+    assert out.unsupported == ()
+
+
+def test_megatron_full_recompute_and_unexpressible_sharding():
+    out = export_plan(_plan(recompute="full", sharding=Sharding(params=2, grads=4, optim=4)),
+                      "megatron")
+    assert "--recompute-granularity full" in out.text and "--recompute-method uniform" in out.text
+    assert "--use-distributed-optimizer" not in out.text
+    assert any("P/G/OS 2/4/4" in u for u in out.unsupported)
+
+
+def test_deepspeed_zero_stages_and_mics():
+    for sharding, stage in ((Sharding(optim=4), 1), (Sharding(grads=4, optim=4), 2),
+                            (Sharding(params=4, grads=4, optim=4), 3)):
+        config = json.loads(export_plan(_plan(sharding=sharding), "deepspeed").text)
+        assert config["zero_optimization"]["stage"] == stage
+        assert config["train_batch_size"] == 256 and config["gradient_accumulation_steps"] == 32
+    mics = _plan(tp=4, pp=2, dp=16, vp=1, gbs=256, sharding=Sharding(params=2, grads=2, optim=2))
+    config = json.loads(export_plan(mics, "deepspeed").text)
+    assert config["zero_optimization"]["mics_shard_size"] == 2
+
+
+def test_torchtitan_degrees():
+    out = export_plan(_plan(sharding=Sharding(params=4, grads=4, optim=4)), "torchtitan")
+    assert "data_parallel_shard_degree = 4" in out.text
+    assert "tensor_parallel_degree = 8" in out.text and "pipeline_parallel_degree = 4" in out.text
+    assert 'pipeline_parallel_schedule = "Interleaved1F1B"' in out.text
+    assert 'mode = "selective"' in out.text
+
+
+def test_zero_bubble_schedule():
+    """ZB-H1 (Qi et al. 2024): upstream Megatron-LM lacks it; torch.distributed.pipelining's
+    ScheduleInterleavedZeroBubble runs it with one stage per rank."""
+    plan = _plan(vp=1, schedule="zb-h1")
+    megatron = export_plan(plan, "megatron")
+    assert any("zb-h1" in u and "--enable-zero-bubble" in u for u in megatron.unsupported)
+    assert "zero-bubble" not in megatron.text
+    titan = export_plan(plan, "torchtitan")
+    assert 'pipeline_parallel_schedule = "InterleavedZeroBubble"' in titan.text
+    assert "pipeline_parallel_layers_per_stage = 24" in titan.text  # 96 layers / pp 4
+    assert any("at least 2 stages per rank" in u for u in titan.unsupported)
+    deepspeed = export_plan(plan, "deepspeed")
+    assert any("--enable-zbh1-pipeline" in u for u in deepspeed.unsupported)
+    assert not any("zb-h1" in u for u in export_plan(_plan(vp=1), "megatron").unsupported)
+
+
+def test_sharding_per_stage_is_listed_as_unexpressible():
+    from dataclasses import replace
+
+    plan = _plan()
+    per_stage = (Sharding(grads=4, optim=4), Sharding(), Sharding(optim=4),
+                 Sharding(grads=4, optim=4))  # gpt3-175b ties its embeddings: ends alike
+    plan = replace(plan, sharding=per_stage[-1], stage_sharding=per_stage)
+    plan.check("plan")
+    for fmt in ("megatron", "deepspeed", "torchtitan"):
+        out = export_plan(plan, fmt)
+        assert any("differs between stages (P/G/OS per stage 1/4/4, 1/1/1, 1/1/4, 1/4/4)" in u
+                   for u in out.unsupported), (fmt, out.unsupported)

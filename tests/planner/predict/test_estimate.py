@@ -1,0 +1,89 @@
+"""The closed-form iteration estimate behind `plan simulate` (Narayanan et al. 2021 §2.2)."""
+
+import dataclasses
+
+import pytest
+
+from planner.costs.stages import plan_stage_costs
+from planner.predict.estimate import estimate
+from planner.specs.cluster import parse_gpus_arg
+from planner.specs.layout import ParallelConfig, homogeneous_plan
+from planner.specs.model import preset
+from planner.specs.plan import Sharding
+from tests.planner.simulator_helpers import flat_costs, make_plan
+
+
+def _result(gpus="A100-80GB-SXM:64", model="gpt3-175b", **kw):
+    cfg = dict(tp=8, pp=8, dp=1, mbs=1, gbs=64, seq_len=2048, recompute="full")
+    cfg.update(kw)
+    spec = preset(model) if isinstance(model, str) else model
+    plan = homogeneous_plan(spec, parse_gpus_arg(gpus), ParallelConfig(**cfg))
+    return plan, estimate(plan)
+
+
+def test_breakdown_adds_up_to_the_iteration():
+    for kw in ({}, {"vp": 3}, {"dp": 2, "pp": 4, "sharding": Sharding(optim=2)}):
+        _, r = _result(**kw)
+        assert r.breakdown.total_s == pytest.approx(r.iteration_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("pp, m, vp", [(1, 8, 1), (4, 8, 1), (8, 64, 1), (4, 8, 2), (4, 12, 3)])
+def test_equal_stages_follow_the_pipeline_formula(pp, m, vp):
+    """(m + (p - 1)/v)(t_f + t_b) for p equal stages without communication."""
+    plan = make_plan(pp=pp, m=m, vp=vp, layers=pp * vp * 2)
+    r = estimate(plan, costs=flat_costs(plan, fwd=1.0, bwd=2.0))
+    assert r.iteration_time_s == pytest.approx((m + (pp - 1) / vp) * 3.0, rel=1e-12)
+
+
+def test_real_stages_are_close_to_the_formula():
+    """With the cost model's stages (embedding on the first, a tiny head on the last) the
+    pipeline is slightly unbalanced: within 2% of the equal-stage formula."""
+    model = dataclasses.replace(preset("megatron-1t"), vocab_size=64)
+    plan, r = _result(model=model, gpus="A100-80GB-SXM:512", pp=64, gbs=512)
+    mid = plan_stage_costs(plan)[0][1]
+    t = mid.forward_s + mid.backward_s + 2 * mid.p2p_s
+    assert r.iteration_time_s == pytest.approx((512 + 64 - 1) * t, rel=0.02)
+
+
+def test_interleaving_shrinks_the_bubble():
+    _, plain = _result()
+    _, inter = _result(vp=3)
+    assert inter.breakdown.bubble_s == pytest.approx(plain.breakdown.bubble_s / 3, rel=0.15)
+    assert inter.iteration_time_s < plain.iteration_time_s
+
+
+def test_recompute_trades_time_for_memory():
+    times, peaks = [], []
+    for mode in ("none", "selective", "full"):
+        _, r = _result(model="megatron-22b", gpus="A100-80GB-SXM:8", pp=1, gbs=4, mbs=4,
+                       recompute=mode)
+        times.append(r.iteration_time_s)
+        peaks.append(r.peak_memory_bytes)
+    assert times[0] < times[1] < times[2]
+    assert peaks[0] > peaks[1] > peaks[2]
+
+
+def test_not_fitting_is_reported_not_raised():
+    _, r = _result(gpus="A100-80GB-SXM:8", pp=1, gbs=4, mbs=1, recompute="none")
+    assert not r.fits
+    assert max(s.memory.shortfall_bytes for s in r.stages) > 0
+    assert r.iteration_time_s > 0
+
+
+def test_mfu_is_model_flops_over_peak():
+    _, r = _result()
+    assert r.mfu == pytest.approx(r.tflops_per_gpu_model * 1e12 / 312e12)
+    assert 0.2 < r.mfu < 0.7
+
+
+def test_data_parallel_sync_is_priced():
+    kw = dict(model="gpt3-6.7b", gpus="A100-80GB-SXM:8", tp=1, pp=1, dp=8, gbs=64, mbs=1)
+    plain_plan, plain = _result(**kw)
+    zero3_plan, zero3 = _result(**kw, sharding=Sharding(params=8, grads=8, optim=8))
+    (a,), (b,) = plan_stage_costs(plain_plan)[0], plan_stage_costs(zero3_plan)[0]
+    assert plain.breakdown.dp_comm_s > 0
+    assert a.dp.grad_iteration_s > 0 and a.dp.grad_microbatch_s == 0
+    assert b.dp.grad_microbatch_s > 0 and b.dp.grad_iteration_s == 0  # reduce-scatter per mb
+    assert a.dp.param_microbatch_s == 0 < b.dp.param_microbatch_s
+    assert b.optimizer_s < a.optimizer_s / 4  # each rank updates 1/8 of the states
+    assert zero3.peak_memory_bytes < plain.peak_memory_bytes

@@ -1,0 +1,74 @@
+"""What `plan profile` measures covers every op the cost model will look up."""
+
+import dataclasses
+
+import pytest
+
+from planner.costs.memory import rank_param_count
+from planner.costs.workload import Op, WorkloadShape, embedding_work, head_work, layer_work
+from planner.profiling.cases import op_cases, step_bytes
+from planner.specs.model import preset
+from profiler.measure import OpCase
+
+MODELS = [preset("debug-tiny"), preset("debug-tiny-llama"),
+          dataclasses.replace(preset("debug-small"), dropout=True)]
+
+
+def _workload_keys(model, w):
+    work = layer_work(model, w)
+    emb, head = embedding_work(model, w), head_work(model, w)
+    items = (*work.forward, *work.backward, *emb[0], *emb[1], *head[0], *head[1])
+    return {(op.name, op.variant, op.shape) for op in items if isinstance(op, Op)}
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+@pytest.mark.parametrize("attention", ["flash", "math"])
+def test_cases_cover_every_op_of_the_workload(model, attention):
+    cases = op_cases(model, tps=(1, 2), micro_batch_sizes=(2,), seq_lens=(32,), dtype="fp32",
+                     attentions=(attention,))
+    keys = {c.key for c in cases}
+    for tp in (1, 2):
+        w = WorkloadShape(micro_batch_size=2, seq_len=32, tp=tp, dtype="fp32",
+                          attention=attention)
+        assert _workload_keys(model, w) <= keys
+    assert len({(c.key, c.grad_of) for c in cases}) == len(cases)  # each measured once
+
+
+def test_each_case_runs_a_known_impl_at_valid_dimensions():
+    pytest.importorskip("torch")
+    from profiler.torch_ops import IMPLS
+
+    for model in MODELS:
+        for c in op_cases(model, tps=(1,), micro_batch_sizes=(2,), seq_lens=(32,),
+                          dtype="bf16", attentions=("flash", "math")):
+            assert isinstance(c, OpCase)
+            if c.impl == "adamw":
+                assert sum(c.dims) == c.shape[0]
+            else:
+                assert len(c.dims) == len(IMPLS[c.impl][1]), c
+            assert c.reuse_bytes > 0
+
+
+def test_backward_cases_differentiate_their_forward():
+    cases = {c.name: c for c in op_cases(MODELS[0], tps=(1,), micro_batch_sizes=(2,),
+                                         seq_lens=(32,), dtype="fp32", attentions=("flash",))}
+    assert cases["mlp.fc1.dgrad"].grad_of == "input" and cases["mlp.fc1.wgrad"].grad_of == "weight"
+    assert cases["mlp.fc1.dgrad"].dims == cases["mlp.fc1"].dims
+    assert cases["attn.norm.bwd"].grad_of == "all" and cases["embed.grad"].impl == "embedding"
+
+
+def test_optimizer_cases_hold_the_models_parameters_per_implementation():
+    model = MODELS[1]
+    cases = [c for c in op_cases(model, tps=(1, 2), micro_batch_sizes=(1,), seq_lens=(32,),
+                                 dtype="fp32", attentions=("flash",)) if c.impl == "adamw"]
+    assert {(c.variant, c.shape[0]) for c in cases} == {
+        (impl, int(rank_param_count(model, num_layers=model.num_layers, first=True, last=True,
+                                    tp=tp, pp=1)))
+        for impl in ("fused", "foreach", "for_loop") for tp in (1, 2)}
+
+
+def test_step_traffic_grows_with_the_batch():
+    m = MODELS[0]
+    small, big = (step_bytes(m, WorkloadShape(micro_batch_size=b, seq_len=64, dtype="fp32"))
+                  for b in (1, 8))
+    assert 0 < small < big

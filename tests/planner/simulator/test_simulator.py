@@ -1,0 +1,165 @@
+"""The event simulator: exact schedule arithmetic, overlap, trace and picture outputs."""
+
+import json
+import time
+
+import pytest
+
+from planner.costs.stages import clear_cost_caches
+from planner.predict.estimate import estimate
+from planner.simulator import simulate, simulate_detailed, write_gantt, write_trace
+from planner.simulator.build import simulate_graph
+from planner.simulator.schedules import stage_order
+from planner.specs.cluster import parse_gpus_arg
+from planner.specs.layout import ParallelConfig, homogeneous_plan
+from planner.specs.model import preset
+from tests.planner.simulator_helpers import flat_costs, make_plan
+
+
+@pytest.mark.parametrize("pp, m", [(1, 4), (2, 8), (4, 8), (4, 5), (8, 32)])
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_pipeline_time_is_m_plus_p_minus_1(pp, m, schedule):
+    """No communication, p equal stages: (m + p - 1)(t_f + t_b) (Narayanan et al. 2021)."""
+    plan = make_plan(pp=pp, m=m, schedule=schedule)
+    sim = simulate_graph(plan, costs=flat_costs(plan, fwd=1.0, bwd=2.0))
+    assert sim.schedule.makespan_s == pytest.approx((m + pp - 1) * 3.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("pp, vp, m", [(2, 2, 8), (4, 2, 8), (4, 3, 12), (4, 4, 16)])
+def test_interleaving_divides_the_bubble_by_vp(pp, vp, m):
+    """Bubble (p - 1)(t_f + t_b)/v with v chunks per stage (Narayanan et al. 2021 §2.2.2)."""
+    plan = make_plan(pp=pp, m=m, vp=vp, schedule="1f1b", layers=pp * vp * 2)
+    sim = simulate_graph(plan, costs=flat_costs(plan, fwd=1.0, bwd=2.0))
+    assert sim.schedule.makespan_s == pytest.approx(m * 3.0 + (pp - 1) * 3.0 / vp, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule, vp", [("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 3)])
+def test_every_pass_runs_once_in_dependency_order(schedule, vp):
+    pp, m = 4, 8
+    for stage in range(pp):
+        order = stage_order(schedule, stage=stage, pp=pp, num_microbatches=m, virtual_stages=vp)
+        assert sorted(order) == sorted((ph, c, j) for ph in "FB" for c in range(vp)
+                                       for j in range(m))
+        for ph, c, j in order:  # a backward after its own forward on this stage
+            if ph == "B":
+                assert order.index(("F", c, j)) < order.index(("B", c, j))
+
+
+def test_graph_is_a_dag_with_pipeline_dependencies():
+    import networkx as nx
+
+    plan = make_plan(pp=4, m=8, dp=2)
+    sim = simulate_graph(plan)
+    g = sim.graph.to_networkx()
+    assert nx.is_directed_acyclic_graph(g)
+    names = {d["name"]: n for n, d in g.nodes(data=True)}
+    # forward of micro-batch 3 on stage 2 waits for stage 1's, via the send between them
+    assert nx.has_path(g, names["F3 p0s1"], names["F3 p0s2"])
+    assert any(d["kind"] == "dp" for _, d in g.nodes(data=True))
+
+
+def test_overlap_never_slower_than_no_overlap():
+    for kw in (dict(pp=2, dp=4, m=4), dict(pp=1, dp=8, m=2), dict(pp=4, dp=2, m=8, vp=2, layers=16)):
+        plan = make_plan(**kw)
+        with_overlap = simulate_graph(plan).schedule.makespan_s
+        without = simulate_graph(plan, overlap_grad_reduce=False).schedule.makespan_s
+        assert with_overlap <= without * (1 + 1e-12)
+        assert with_overlap < without  # and here it helps
+
+
+def test_gradient_sync_hidden_until_the_last_bucket():
+    """With dp > 1, sync overlapping the last backward: only the part beyond it is exposed."""
+    plan = make_plan(pp=1, dp=2, m=4)
+    costs = flat_costs(plan, fwd=1.0, bwd=2.0, grad_sync=0.5, optimizer=0.25)
+    sim = simulate_graph(plan, costs=costs)
+    buckets = len([k for k in sim.graph.kinds if k == "dp"])
+    assert buckets > 1
+    assert sim.schedule.makespan_s == pytest.approx(4 * 3.0 + 0.5 / buckets + 0.25, rel=1e-9)
+
+
+def test_sends_sit_between_stages():
+    """GPipe pays one transfer each way on the critical path. 1F1B with two stages also
+    pays a round trip whenever stage 0's backward waits for stage 1's (worked by hand:
+    15 s of compute + 4 transfers = 15.4 s)."""
+    p2p = 0.1
+    plan = make_plan(pp=2, m=4, schedule="gpipe")
+    sim = simulate_graph(plan, costs=flat_costs(plan, fwd=1.0, bwd=2.0, p2p=p2p))
+    assert sim.schedule.makespan_s == pytest.approx((4 + 1) * 3.0 + 2 * p2p, rel=1e-12)
+    plan = make_plan(pp=2, m=4)
+    sim = simulate_graph(plan, costs=flat_costs(plan, fwd=1.0, bwd=2.0, p2p=p2p))
+    assert sim.schedule.makespan_s == pytest.approx(15.4, rel=1e-12)
+
+
+def test_simulation_agrees_with_the_closed_form_on_homogeneous_plans():
+    for kw in (dict(pp=4, m=16), dict(pp=4, m=16, vp=2, layers=24), dict(pp=2, dp=4, m=8)):
+        plan = make_plan(**kw)
+        assert simulate(plan).iteration_time_s == pytest.approx(
+            estimate(plan).iteration_time_s, rel=0.03)
+
+
+def test_breakdown_adds_up():
+    for kw in (dict(pp=4, m=8), dict(pp=2, dp=4, m=8, tp=2), dict(pp=4, m=8, vp=2, layers=24)):
+        r = simulate(make_plan(**kw))
+        assert r.breakdown.total_s == pytest.approx(r.iteration_time_s, rel=1e-9)
+        assert r.breakdown.bubble_s > 0
+
+
+def test_in_flight_memory_follows_the_schedule():
+    plan = make_plan(pp=4, m=8)
+    gpipe = make_plan(pp=4, m=8, schedule="gpipe")
+    one = simulate(plan).stages[0].memory.activations_bytes
+    all_ = simulate(gpipe).stages[0].memory.activations_bytes
+    assert all_ == pytest.approx(one * 8 / 4)  # GPipe holds all m, 1F1B p on stage 0
+
+
+def test_trace_and_gantt(tmp_path):
+    result, sim = simulate_detailed(make_plan(pp=4, dp=2, m=8, vp=2, layers=16))
+    trace, png = tmp_path / "t.json", tmp_path / "g.png"
+    write_trace(sim, str(trace))
+    write_gantt(sim, str(png))
+    events = json.loads(trace.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert len(slices) == len(sim.graph)
+    end_us = max(e["ts"] + e["dur"] for e in slices)
+    assert end_us == pytest.approx(result.iteration_time_s * 1e6)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_speed_of_a_large_simulation():
+    """GPT-3 175B on 1,024 A100s (tp 8, pp 16, dp 8, 192 micro-batches), from empty cost
+    caches: at most 0.2 s (best of three; benchmarks/simulator_speed.py prints the rate)."""
+    cfg = ParallelConfig(tp=8, pp=16, dp=8, mbs=1, gbs=1536, seq_len=2048, recompute="full")
+    plan = homogeneous_plan(preset("gpt3-175b"), parse_gpus_arg("A100-80GB-SXM:1024"), cfg)
+    simulate(plan)
+    best = float("inf")
+    for _ in range(3):
+        clear_cost_caches()
+        start = time.perf_counter()
+        simulate(plan)
+        best = min(best, time.perf_counter() - start)
+    assert best <= 0.2, best
+
+
+def test_each_stage_priced_at_its_own_sharding():
+    """AMSP per stage (Zorse's sharding inside a stage at its own group size): a stage
+    whose sharding is overridden costs and holds exactly what it would with that sharding
+    for the whole plan; the other stages are untouched."""
+    from dataclasses import replace
+
+    from planner.costs.stages import plan_stage_costs
+    from planner.specs.plan import Sharding
+
+    cfg = ParallelConfig(tp=2, pp=2, dp=4, mbs=1, gbs=32, seq_len=2048)
+    base = homogeneous_plan(preset("llama2-7b"), parse_gpus_arg("A100-80GB-SXM:16"), cfg)
+    zero1, zero3 = Sharding(optim=4), Sharding(params=4, grads=4, optim=4)
+    whole = {sh: replace(base, sharding=sh) for sh in (zero1, zero3)}
+    mixed = replace(base, sharding=zero1, stage_sharding=(zero1, zero3))
+    mixed.check("plan")
+    got_sim = simulate(mixed)
+    for si, sh in enumerate((zero1, zero3)):
+        want_sim = simulate(whole[sh])
+        assert got_sim.stages[si].memory.total_bytes == pytest.approx(
+            want_sim.stages[si].memory.total_bytes)
+        assert plan_stage_costs(mixed)[0][si].dp == plan_stage_costs(whole[sh])[0][si].dp
+    assert (simulate(whole[zero3]).stages[1].memory.total_bytes
+            < simulate(whole[zero1]).stages[1].memory.total_bytes)
