@@ -13,13 +13,14 @@ after the fields are valid. Validation is pure: it never touches a device.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from collections.abc import Mapping
 from functools import cache
 from typing import Any, Literal, TypeVar
 
-__all__ = ["SpecError", "at", "dump", "fail", "load_yaml", "load_yaml_text", "parse", "read_text",
+__all__ = ["SpecError", "at", "cached_hash", "coerce_choices", "dump", "fail", "load_yaml", "load_yaml_text", "parse", "read_text",
            "spec_field"]
 
 T = TypeVar("T")
@@ -31,6 +32,8 @@ class SpecError(ValueError):
 
 def fail(where: str, value: object, allowed: str) -> typing.NoReturn:
     """Raise a SpecError in the one format every message uses."""
+    if isinstance(value, enum.Enum):  # a choice reads as the user wrote it
+        value = value.value
     raise SpecError(f"{where}: {value!r} is not allowed ({allowed})")
 
 
@@ -42,6 +45,37 @@ def at(where: str, name: str) -> str:
     if where == "--":
         return "--" + name.replace("_", "-")
     return f"{where}{name}" if where.endswith(":") else f"{where}.{name}"
+
+
+def cached_hash(cls: type[T]) -> type[T]:
+    """Class decorator (after @dataclass(frozen=True)): remember each instance's hash.
+    Specs used as cache keys (clusters, models, stage specs) are hashed millions of times
+    in a search; their fields never change. The remembered value is left out of pickles
+    (string hashes differ between processes)."""
+    generated = cls.__hash__
+
+    def __hash__(self: object) -> int:
+        state = self.__dict__
+        if "_hash" not in state:
+            state["_hash"] = generated(self)  # type: ignore[misc]
+        return state["_hash"]
+
+    def __getstate__(self: object) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    cls.__hash__ = __hash__  # type: ignore[assignment,method-assign]
+    cls.__getstate__ = __getstate__  # type: ignore[attr-defined]
+    return cls
+
+
+def coerce_choices(obj: object) -> None:
+    """In a frozen dataclass's `__post_init__`: turn strings given for its enum fields
+    into the enum's members (code and tests may write `schedule="zb-h1"`)."""
+    for name, tp in _hints(type(obj)).items():
+        if isinstance(tp, type) and issubclass(tp, enum.Enum):
+            value = getattr(obj, name)
+            if not isinstance(value, tp):
+                object.__setattr__(obj, name, tp(value))
 
 
 def spec_field(
@@ -68,6 +102,8 @@ def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return " | ".join(str(a) for a in typing.get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return " | ".join(str(m.value) for m in tp)
     if origin in (types.UnionType, typing.Union):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if origin is tuple:
@@ -103,6 +139,11 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
             fail(where, value, "allowed: " + ", ".join(str(c) for c in choices))
         return value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        values = {m.value: m for m in tp}
+        if isinstance(value, bool) or value not in values:
+            fail(where, value, "allowed: " + ", ".join(str(v) for v in values))
+        return values[value]
     if origin is tuple:
         (item_tp, *_rest) = typing.get_args(tp)
         if not isinstance(value, list | tuple):
@@ -189,10 +230,12 @@ def dump(obj: Any) -> Any:
                 continue
             out[f.name] = dump(value)
         return out
+    if isinstance(obj, enum.Enum):
+        return obj.value
     if isinstance(obj, tuple | list):
         return [dump(v) for v in obj]
     if isinstance(obj, dict):
-        return {k: dump(v) for k, v in obj.items()}
+        return {dump(k): dump(v) for k, v in obj.items()}
     return obj
 
 

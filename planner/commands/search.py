@@ -9,7 +9,10 @@ from planner.commands.args import add_cluster_args, add_model_args, positive_int
 from planner.commands.inputs import load_inputs, profiles_for, with_prediction
 from planner.errors import InfeasiblePlan
 from planner.search import Ranked, SearchRequest, SearchResult, search
-from planner.specs.plan import save_plan
+from planner.search.search import OBJECTIVES
+from planner.specs.choices import values
+from planner.specs.plan import TRAIN_DTYPES, save_plan
+from profiler.kernels import Attention
 from profiler.schema import fail
 
 __all__ = ["add_parser", "run"]
@@ -30,15 +33,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="global batch size (sequences)")
     p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length (default: "
                    "the model's)")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
-    p.add_argument("--objective", choices=("throughput", "cost", "time-to-train"),
+    p.add_argument("--dtype", choices=TRAIN_DTYPES, default="bf16")
+    p.add_argument("--objective", choices=OBJECTIVES,
                    default="throughput", help="what to optimise (cost and time-to-train may "
                    "use fewer GPUs)")
     p.add_argument("--tokens", type=float, metavar="N", help="tokens to train on (for "
                    "time-to-train and the budget)")
     p.add_argument("--max-budget", type=float, metavar="USD", help="cap on the run's cost")
     p.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list")
-    p.add_argument("--attention", choices=("flash", "memory_efficient", "math"))
+    p.add_argument("--attention", choices=values(Attention))
     p.add_argument("--profile", metavar="FILE|DIR", action="append",
                    help="measured profile (`plan profile`), or a folder of them matched by "
                    "device name; repeatable")

@@ -12,9 +12,9 @@ from planner.costs.kernels import default_kernels, fastest_kernels
 from planner.predict.estimate import estimate
 from planner.predict.results import SimResult
 from planner.simulator import simulate_detailed, write_gantt, write_trace
+from planner.specs.choices import Recompute, Schedule, ShardingPreset, values
 from planner.specs.cluster import ClusterSpec
 from planner.specs.layout import (
-    SCHEDULES,
     ParallelConfig,
     check_parallel,
     homogeneous_plan,
@@ -22,6 +22,7 @@ from planner.specs.layout import (
 )
 from planner.specs.model import ModelSpec
 from planner.specs.plan import (
+    TRAIN_DTYPES,
     Plan,
     Sharding,
     describe_layout,
@@ -29,6 +30,7 @@ from planner.specs.plan import (
     save_plan,
 )
 from profiler.analytic import math_dtype
+from profiler.kernels import Attention
 from profiler.schema import SpecError, fail
 from profiler.store import Profiles
 
@@ -55,14 +57,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          help=text + (" (required without --plan)" if default is None else ""))
     sim.add_argument("--seq", type=positive_int, metavar="N",
                      help="sequence length (default: the model's)")
-    sim.add_argument("--recompute", choices=("none", "selective", "full"),
+    sim.add_argument("--recompute", choices=values(Recompute),
                      help="activation recomputation (default none)")
     sim.add_argument("--sequence-parallel", action="store_true")
-    sim.add_argument("--schedule", choices=SCHEDULES,
+    sim.add_argument("--schedule", choices=values(Schedule.chosen()),
                      help="pipeline schedule, default 1f1b (with --vp > 1: interleaved 1F1B; zb-h1: "
                      "zero-bubble ZB-H1, Qi et al. 2024, needs --pp > 1 and --vp 1)")
     shard = sim.add_mutually_exclusive_group()
-    shard.add_argument("--sharding", choices=("none", "zero1", "zero2", "zero3"),
+    shard.add_argument("--sharding", choices=values(ShardingPreset),
                        help="ZeRO stage (a point of the sharding space)")
     shard.add_argument("--shard-params", type=positive_int, metavar="N",
                        help="replicas sharing one copy of the parameters (AMSP)")
@@ -70,8 +72,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="replicas sharing one copy of the gradients")
     sim.add_argument("--shard-optim", type=positive_int, metavar="N",
                      help="replicas sharing one copy of the optimizer states")
-    sim.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default bf16")
-    sim.add_argument("--attention", choices=("flash", "memory_efficient", "math"),
+    sim.add_argument("--dtype", choices=TRAIN_DTYPES, help="default bf16")
+    sim.add_argument("--attention", choices=values(Attention),
                      help="attention kernel (default: the fastest the device supports)")
     sim.add_argument("--profile", metavar="FILE|DIR", action="append",
                      help="measured profile (`plan profile`), or a folder of them matched by "
@@ -119,9 +121,9 @@ def _require_configuration(args: argparse.Namespace) -> None:
 def config_from_args(args: argparse.Namespace, model: ModelSpec) -> ParallelConfig:
     return ParallelConfig(
         tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, vp=args.vp, mbs=args.mbs, gbs=args.gbs,
-        seq_len=args.seq or model.seq_len, recompute=args.recompute or "none",
+        seq_len=args.seq or model.seq_len, recompute=Recompute(args.recompute or "none"),
         sequence_parallel=args.sequence_parallel, sharding=_sharding(args),
-        dtype=args.dtype or "bf16", schedule=args.schedule or "1f1b",
+        dtype=args.dtype or "bf16", schedule=Schedule(args.schedule or "1f1b"),
     )
 
 

@@ -8,6 +8,8 @@ import shlex
 
 from planner.commands.args import add_model_args, positive_int
 from planner.commands.inputs import load_inputs, profiles_for
+from planner.search.search import OBJECTIVES
+from planner.specs.plan import TRAIN_DTYPES
 from planner.whatif.report import plan_scenarios, write_report
 from planner.whatif.scenarios import Setting, parse_scenario
 from profiler.schema import fail
@@ -34,10 +36,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="global batch size (sequences)")
     p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length (default: "
                    "the model's)")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--dtype", choices=TRAIN_DTYPES, default="bf16")
     p.add_argument("--scenario", action="append", default=[], metavar="CHANGES",
                    help="a scenario (repeatable); the baseline is always the first row")
-    p.add_argument("--objective", choices=("throughput", "cost", "time-to-train"),
+    p.add_argument("--objective", choices=OBJECTIVES,
                    default="time-to-train")
     p.add_argument("--max-budget", type=float, metavar="USD", help="cap on each run's cost")
     p.add_argument("--profile", metavar="FILE|DIR", action="append",

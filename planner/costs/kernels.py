@@ -62,10 +62,12 @@ def default_kernels(devices: list[DeviceSpec], *, attention: str | None = None,
 def _attention_s(plan: Plan, profile: Profile, attention: str) -> float | None:
     """Forward plus backward op time of the first stage's layer with `attention`, or None
     if the profile did not measure that backend's attention ops."""
-    from planner.costs.stages import stage_shape
+    from planner.costs.stages import plan_replicas, plan_runs, replica_specs, workload_shape
 
-    stage = plan.pipelines[0].stages[0]
-    shape = replace(stage_shape(plan, 0, stage), attention=attention)
+    stages = plan_replicas(plan)[0]
+    spec = replica_specs(plan.cluster, stages, groups=None,
+                         shardings=[plan.sharding] * len(stages))[0]
+    shape = replace(workload_shape(spec, plan_runs(plan)[0]), attention=attention)
     work = layer_work(plan.model, shape)
     ops = [op for op in (*work.forward, *work.backward) if isinstance(op, Op)]
     core = [op for op in work.selective_recompute if isinstance(op, Op)]  # the backend's ops

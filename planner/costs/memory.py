@@ -16,15 +16,17 @@ gradients).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.costs.workload import WorkloadShape, head_work, layer_work
+from planner.specs.choices import Recompute, Schedule
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Recompute, Sharding
+from planner.specs.plan import Sharding
 from profiler.devices import DeviceSpec, dtype_bytes
 
-__all__ = ["MEMORY_SOURCE", "StageMemory", "in_flight_chunks", "model_state_bytes",
-           "rank_param_count", "rank_param_tensors", "runtime_reserve_bytes", "stage_memory"]
+__all__ = ["MEMORY_SOURCE", "StageMemory", "activation_memory", "in_flight_chunks",
+           "model_state_bytes", "rank_param_count", "rank_param_tensors",
+           "runtime_reserve_bytes", "stage_memory"]
 
 MEMORY_SOURCE = "analytic memory model (ZeRO/AMSP states; Korthikanti et al. 2022 activations)"
 GIB = 1024**3
@@ -49,6 +51,20 @@ class StageMemory:
     buffers_bytes: float  # gathered params (sharded P), logits, transient recompute
     reserve_bytes: float
     capacity_bytes: float
+    activations_per_layer_bytes: float = 0.0  # one layer, one micro-batch in flight
+    gathered_bytes: float = 0.0  # the part of `buffers_bytes` that gathers sharded params
+
+    def with_states(self, params: float, grads: float, optimizer: float,
+                    gathered: float) -> StageMemory:
+        """The same rank with these model-state bytes (`model_state_bytes`)."""
+        return StageMemory(params, grads, optimizer, self.activations_bytes,
+                           self.buffers_bytes - self.gathered_bytes + gathered,
+                           self.reserve_bytes, self.capacity_bytes,
+                           self.activations_per_layer_bytes, gathered)
+
+    def with_layers_in_flight(self, layers: float) -> StageMemory:
+        """The same rank holding activations of `layers` layer-micro-batches at its peak."""
+        return replace(self, activations_bytes=self.activations_per_layer_bytes * layers)
 
     @property
     def model_states_bytes(self) -> float:
@@ -101,7 +117,7 @@ def rank_param_count(model: ModelSpec, *, num_layers: int, first: bool, last: bo
                                         tp=tp, pp=pp)))
 
 
-def in_flight_chunks(*, schedule: str, stage: int, pp: int, num_microbatches: int,
+def in_flight_chunks(*, schedule: Schedule, stage: int, pp: int, num_microbatches: int,
                      virtual_stages: int) -> int:
     """Model chunks x micro-batches whose activations a stage holds at its peak.
 
@@ -113,11 +129,11 @@ def in_flight_chunks(*, schedule: str, stage: int, pp: int, num_microbatches: in
     (counted in full: the part only B needs is in fact freed earlier).
     """
     total = num_microbatches * virtual_stages
-    if schedule == "gpipe":
+    if schedule == Schedule.GPIPE:
         return total
-    if schedule == "zb-h1":
+    if schedule == Schedule.ZB_H1:
         return min(num_microbatches, pp)
-    if schedule == "interleaved-1f1b":
+    if schedule == Schedule.INTERLEAVED_1F1B:
         warmup = (pp - stage - 1) * 2 + (virtual_stages - 1) * pp
         return min(total, warmup + 1)
     return min(num_microbatches, pp - stage)
@@ -140,30 +156,37 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
             params * (master + 8) / sharding.optim, gathered)
 
 
+def activation_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
+                      num_layers: int, last: bool, recompute: Recompute,
+                      layers_in_flight: float) -> StageMemory:
+    """Peak memory of one rank of a stage without its model states (see `with_states`):
+    activations of `layers_in_flight` layer-micro-batches, transient buffers, the runtime
+    reserve."""
+    work = layer_work(model, shape)
+    per_layer = {Recompute.NONE: work.activation_bytes,
+                 Recompute.SELECTIVE: work.selective_activation_bytes,
+                 Recompute.FULL: work.input_bytes}[recompute]
+    buffers = 0.0
+    if recompute == Recompute.FULL:  # one layer's activations exist while it is recomputed
+        buffers += work.activation_bytes
+    if last:
+        buffers += head_work(model, shape)[2]
+    return StageMemory(params_bytes=0.0, grads_bytes=0.0, optimizer_bytes=0.0,
+                       activations_bytes=per_layer * layers_in_flight, buffers_bytes=buffers,
+                       reserve_bytes=runtime_reserve_bytes(device),
+                       capacity_bytes=float(device.memory_bytes),
+                       activations_per_layer_bytes=per_layer)
+
+
 def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
                  num_layers: int, first: bool, last: bool, pp: int, recompute: Recompute,
                  sharding: Sharding, layers_in_flight: float) -> StageMemory:
     """Peak memory of one rank of a stage holding activations of `layers_in_flight`
-    layer-micro-batches at its peak."""
+    layer-micro-batches at its peak: `activation_memory` with the stage's model states."""
     params = rank_param_count(model, num_layers=num_layers, first=first, last=last,
                               tp=shape.tp, pp=pp)
-    p_bytes, g_bytes, os_bytes, gathered = model_state_bytes(
-        model, params=params, dtype=shape.dtype, sharding=sharding, tp=shape.tp, pp=pp)
-    work = layer_work(model, shape)
-    per_layer = {"none": work.activation_bytes, "selective": work.selective_activation_bytes,
-                 "full": work.input_bytes}[recompute]
-    activations = per_layer * layers_in_flight
-    buffers = 0.0
-    if recompute == "full":  # one layer's activations exist while it is recomputed
-        buffers += work.activation_bytes
-    if last:
-        buffers += head_work(model, shape)[2]
-    return StageMemory(
-        params_bytes=p_bytes,
-        grads_bytes=g_bytes,
-        optimizer_bytes=os_bytes,
-        activations_bytes=activations,
-        buffers_bytes=buffers + gathered,
-        reserve_bytes=runtime_reserve_bytes(device),
-        capacity_bytes=float(device.memory_bytes),
-    )
+    states = model_state_bytes(model, params=params, dtype=shape.dtype, sharding=sharding,
+                               tp=shape.tp, pp=pp)
+    return activation_memory(model, device=device, shape=shape, num_layers=num_layers,
+                             last=last, recompute=recompute,
+                             layers_in_flight=layers_in_flight).with_states(*states)

@@ -1,8 +1,15 @@
-"""Per-stage costs of a Plan: what one micro-batch costs on each stage, and the
-data-parallel and optimizer work at the end of an iteration.
+"""The one builder from a configuration to its costs: what one micro-batch costs on each
+stage, the data-parallel and optimizer work at the end of an iteration, and each rank's
+memory.
 
-The analytic estimate and the event simulator both build on these numbers, so they
-price the same work the same way.
+Every consumer reaches costs through here: `plan simulate` and the executor's prediction
+(via `plan_costs` of a Plan), the homogeneous search (planner/search/evaluate.py) and the
+heterogeneous search (planner/hetero/candidates.py), which place replicas without
+building Plans. Each describes its replicas as `PlacedStage`s (GPUs, tp, cp, layers,
+recompute) and its training settings as a `RunSettings`; `replica_specs` derives what a
+stage talks to (tp / cp groups, the next stage, its data-parallel group), and
+`stage_cost` prices it. The closed-form estimate and the event simulator then price the
+same `StageCost`s, so the search ranks what `plan simulate` predicts.
 """
 
 from __future__ import annotations
@@ -10,12 +17,19 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 
 from planner.costs.comm import COMM_SOURCE, Tier, collective_time_s, group_tiers
 from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, clear_op_cache, compute_source
-from planner.costs.memory import StageMemory, in_flight_chunks, rank_param_count, stage_memory
+from planner.costs.memory import (
+    StageMemory,
+    activation_memory,
+    in_flight_chunks,
+    model_state_bytes,
+    rank_param_count,
+)
 from planner.costs.workload import (
     Comm,
     LayerWork,
@@ -27,17 +41,21 @@ from planner.costs.workload import (
     layer_work,
     optimizer_work,
 )
+from planner.specs.choices import Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Plan, Sharding, Stage
+from planner.specs.plan import Kernels, Plan, Sharding
 from profiler.analytic import launch_overhead_s
-from profiler.devices import DeviceSpec, arch_efficiency, device, dtype_bytes
+from profiler.devices import arch_efficiency, device, dtype_bytes
+from profiler.schema import cached_hash, coerce_choices
 from profiler.store import Profiles
 
-__all__ = ["BUCKET_PARAMS", "DPSync", "Part", "StageCost", "StageSetup", "clear_cost_caches",
-           "cost_sources", "dp_sync", "exposed_s", "layer_parts", "layer_weight_grad",
-           "plan_stage_setup", "stage_cost",
-           "pipeline_key", "plan_stage_costs", "stage_device", "stage_shape"]
+__all__ = ["BUCKET_PARAMS", "DPSync", "GRAD_BYTES", "Part", "PlacedStage", "PlanCosts",
+           "RunSettings", "ShardingTerms", "StageCost", "StageSpec", "apply_sharding",
+           "clear_cost_caches", "cost_sources", "dp_sync", "exposed_s", "group_signature",
+           "layer_parts", "plan_costs", "plan_replicas", "plan_runs", "position_groups",
+           "replica_key", "replica_specs", "sharding_terms", "stage_cost", "stage_params", "stage_key",
+           "unsharded_cost", "with_sharding", "workload_shape"]
 
 GRAD_BYTES = 4  # gradients are reduced in fp32 (Megatron main_grad)
 BUCKET_PARAMS = 40e6  # gradient bucket size in parameters (Megatron DDP default)
@@ -71,6 +89,81 @@ class Part:
 
 
 @dataclass(frozen=True)
+class DPSync:
+    """Data-parallel traffic of one rank position of a stage under AMSP sharding."""
+
+    grad_iteration_s: float = 0.0  # once per iteration, after the last backward
+    grad_microbatch_s: float = 0.0  # after every backward (sharded gradients)
+    param_iteration_s: float = 0.0  # after the optimizer step
+    param_microbatch_s: float = 0.0  # before every forward and backward (sharded params)
+
+
+@cached_hash
+@dataclass(frozen=True)
+class PlacedStage:
+    """One stage of one replica as a placement gives it."""
+
+    devices: tuple[int, ...]  # tp * cp global GPU indices, index = cp_rank * tp + tp_rank
+    tp: int
+    cp: int
+    num_layers: int
+    recompute: Recompute
+
+    def __post_init__(self) -> None:
+        coerce_choices(self)
+
+
+@cached_hash
+@dataclass(frozen=True)
+class RunSettings:
+    """What every stage of one replica runs: its micro-batches and the training settings."""
+
+    micro_batch_size: int
+    num_microbatches: int
+    seq_len: int
+    dtype: str
+    sequence_parallel: bool
+    schedule: Schedule
+    virtual_stages: int
+    kernels: Kernels
+
+    def __post_init__(self) -> None:
+        coerce_choices(self)
+
+
+@cached_hash
+@dataclass(frozen=True)
+class StageSpec:
+    """Everything a stage's cost depends on besides the model and the run: its GPUs and
+    whom it talks to (built by `replica_specs`)."""
+
+    device_name: str
+    placed: PlacedStage
+    index: int  # position in its pipeline
+    pp: int
+    next_device: int | None  # a GPU of the stage it sends activations to (None: none)
+    dp_group: tuple[int, ...]  # this stage position's first GPU in every replica it syncs with
+    concurrency: int  # GPUs whose data-parallel traffic crosses links at the same time
+    sharding: Sharding
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.pp - 1
+
+    @property
+    def tp_group(self) -> tuple[int, ...]:
+        return self.placed.devices[:self.placed.tp]
+
+    @property
+    def cp_group(self) -> tuple[int, ...]:
+        return self.placed.devices[::self.placed.tp]
+
+
+@dataclass(frozen=True)
 class StageCost:
     """One stage of one pipeline; times are per micro-batch unless named per iteration."""
 
@@ -92,16 +185,6 @@ class StageCost:
     # The weight-gradient GEMMs of one layer's backward (a share of `layer_backward`), which
     # zero-bubble schedules run apart from the rest (W); embedding and head stay whole.
     layer_weight_grad: Part = Part()
-
-    def with_sync(self, dp: DPSync, optimizer_s: float) -> StageCost:
-        """This stage under another sharding: only its data-parallel traffic and optimizer
-        step change. (A shallow copy keeps the cached pass times, computed here first so
-        that every copy shares them; `replace` would not.)"""
-        _ = self.forward_s, self.backward_s, self.weight_grad_s
-        out = copy.copy(self)
-        object.__setattr__(out, "dp", dp)
-        object.__setattr__(out, "optimizer_s", optimizer_s)
-        return out
 
     @functools.cached_property
     def forward(self) -> Part:
@@ -129,18 +212,66 @@ class StageCost:
         return self.backward.total_s
 
 
-def stage_device(plan: Plan, stage: Stage) -> DeviceSpec:
-    slots = plan.cluster.slots
-    return plan.cluster.node_groups[slots[stage.devices[0]].group].device
+# -- from a placement to stage specs -------------------------------------------------------
+
+def position_groups(replicas: Sequence[Sequence[PlacedStage]]) -> list[tuple[int, ...]] | None:
+    """The data-parallel group of each stage position (its first GPU in every replica),
+    when there are several replicas and every one splits the layers alike (then stage k
+    of every replica holds the same parameters and syncs with its peers); else None
+    (replicas sync per layer segment, which the simulator prices)."""
+    counts = [s.num_layers for s in replicas[0]]
+    if len(replicas) == 1 or any([s.num_layers for s in rep] != counts for rep in replicas[1:]):
+        return None
+    return [tuple(rep[k].devices[0] for rep in replicas) for k in range(len(counts))]
 
 
-def stage_shape(plan: Plan, pipeline: int, stage: Stage) -> WorkloadShape:
-    tr = plan.training
-    return WorkloadShape(micro_batch_size=plan.pipelines[pipeline].micro_batch_size,
-                         seq_len=tr.seq_len, tp=stage.tp, cp=stage.cp,
-                         sequence_parallel=tr.sequence_parallel, dtype=tr.dtype,
-                         attention=plan.kernels.attention)
+def replica_specs(cluster: ClusterSpec, stages: Sequence[PlacedStage], *,
+                  groups: Sequence[tuple[int, ...]] | None,
+                  shardings: Sequence[Sharding]) -> tuple[StageSpec, ...]:
+    """The stage specs of one replica (a pipeline of placed stages), stage k sharded as
+    `shardings[k]` over `groups[k]` (`position_groups`). Stages send to the next one (the
+    last to the first, which interleaving uses)."""
+    pp = len(stages)
+    slots, node_groups = cluster.slots, cluster.node_groups
+    concurrency = sum(len(s.devices) for s in stages)
+    out = []
+    for k, placed in enumerate(stages):
+        nxt = stages[(k + 1) % pp]
+        out.append(StageSpec(
+            device_name=node_groups[slots[placed.devices[0]].group].device.name, placed=placed,
+            index=k, pp=pp, next_device=None if nxt is placed else nxt.devices[0],
+            dp_group=groups[k] if groups is not None else (placed.devices[0],),
+            concurrency=concurrency, sharding=shardings[k]))
+    return tuple(out)
 
+
+@cache
+def group_signature(cluster: ClusterSpec, group: tuple[int, ...]) -> tuple:
+    """What the links of a group of GPUs depend on: each member's node group (its GPU,
+    links, NICs and island) and which members share a node. Groups with equal signatures
+    cost the same for every collective among them or among any of their sub-groups."""
+    slots = cluster.slots
+    node0 = slots[group[0]].node
+    return tuple((slots[d].group, slots[d].node - node0) for d in group)
+
+
+def stage_key(cluster: ClusterSpec, spec: StageSpec) -> tuple:
+    """Stages with equal keys have equal pass times, transfers and data-parallel traffic
+    at any sharding (they differ at most in position, which only memory depends on)."""
+    p = spec.placed
+    return (spec.device_name, p.tp, p.cp, p.num_layers, p.recompute, spec.first, spec.last,
+            spec.pp, group_tiers(cluster, spec.tp_group), group_tiers(cluster, spec.cp_group),
+            None if spec.next_device is None
+            else group_tiers(cluster, (p.devices[0], spec.next_device)),
+            group_signature(cluster, spec.dp_group), spec.concurrency)
+
+
+def replica_key(cluster: ClusterSpec, specs: Sequence[StageSpec], run: RunSettings) -> tuple:
+    """Replicas with equal keys cost the same, stage by stage."""
+    return (run, tuple((stage_key(cluster, s), s.sharding) for s in specs))
+
+
+# -- pricing one stage ------------------------------------------------------------------
 
 def _issue_queue_s(items: list[tuple[float, int]], launch_s: float, repeats: int) -> float:
     """Wall time of `repeats` passes over `items` = (GPU seconds, kernel launches) when a
@@ -187,14 +318,15 @@ def _compute_costs(device_name: str, dtype: str, profiles: Profiles | None) -> C
     return ComputeCosts(device_name, dtype, profiles.get(device_name) if profiles else None)
 
 
-def _recomputed(work: LayerWork, recompute: str) -> tuple[Work, ...]:
+def _recomputed(work: LayerWork, recompute: Recompute) -> tuple[Work, ...]:
     """What a layer runs again before its backward."""
-    return {"none": (), "selective": work.selective_recompute, "full": work.forward}[recompute]
+    return {Recompute.NONE: (), Recompute.SELECTIVE: work.selective_recompute,
+            Recompute.FULL: work.forward}[recompute]
 
 
 @cache
 def layer_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
-                recompute: str, profiles: Profiles | None = None) -> tuple[Part, Part]:
+                recompute: Recompute, profiles: Profiles | None = None) -> tuple[Part, Part]:
     """Forward and backward (with recomputation first) of one layer for one micro-batch,
     in the steady state of a pass over many layers. `profiles` is part of the cache key,
     so costs with and without a profile never mix."""
@@ -213,8 +345,9 @@ def layer_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_
 
 
 @cache
-def layer_weight_grad(model: ModelSpec, shape: WorkloadShape, device_name: str,
-                      tiers_key: tuple, recompute: str, profiles: Profiles | None = None) -> Part:
+def _layer_weight_grad(model: ModelSpec, shape: WorkloadShape, device_name: str,
+                       tiers_key: tuple, recompute: Recompute,
+                       profiles: Profiles | None = None) -> Part:
     """The weight-gradient share of one layer's backward (`layer_parts`): its `.wgrad`
     GEMMs, priced as the backward prices them, with no collectives (Qi et al. 2024 §2:
     W needs only the saved input and the output gradient). Its host wait is at most the
@@ -228,14 +361,16 @@ def layer_weight_grad(model: ModelSpec, shape: WorkloadShape, device_name: str,
     return replace(part, host_s=min(part.host_s, bwd.host_s))
 
 
-@dataclass(frozen=True)
-class DPSync:
-    """Data-parallel traffic of one rank position of a stage under AMSP sharding."""
-
-    grad_iteration_s: float = 0.0  # once per iteration, after the last backward
-    grad_microbatch_s: float = 0.0  # after every backward (sharded gradients)
-    param_iteration_s: float = 0.0  # after the optimizer step
-    param_microbatch_s: float = 0.0  # before every forward and backward (sharded params)
+@cache
+def _extra_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
+                 which: str, profiles: Profiles | None) -> tuple[Part, Part]:
+    """Forward and backward of the embedding ("embed") or the head ("head")."""
+    tiers = dict(tiers_key)
+    costs = _compute_costs(device_name, shape.dtype, profiles)
+    launch_s = launch_overhead_s(device(device_name))
+    fwd, bwd = embedding_work(model, shape) if which == "embed" else head_work(model, shape)[:2]
+    return (_part(fwd, costs, tiers, launch_s, profiles=profiles),
+            _part(bwd, costs, tiers, launch_s, profiles=profiles))
 
 
 @cache
@@ -267,16 +402,16 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
         tiers = group_tiers(cluster, group[0:members * stride:stride], concurrency)
         return collective_time_s(kind, size, tiers, profiles=profiles)
 
-    g, os_, p = sharding.grads, sharding.optim, sharding.params
+    g, optim, p = sharding.grads, sharding.optim, sharding.params
     grad_mb = time_s("reduce_scatter", grad_bytes, g, 1) if g > 1 else 0.0
     grad_it = 0.0
-    if os_ > g:
-        grad_it += time_s("reduce_scatter", grad_bytes / g, os_ // g, g)
-    if dp > os_:
-        grad_it += time_s("all_reduce", grad_bytes / os_, dp // os_, os_)
+    if optim > g:
+        grad_it += time_s("reduce_scatter", grad_bytes / g, optim // g, g)
+    if dp > optim:
+        grad_it += time_s("all_reduce", grad_bytes / optim, dp // optim, optim)
     param_it = 0.0
-    if os_ > p:
-        param_it = time_s("all_gather", params * low / p, os_ // p, p)
+    if optim > p:
+        param_it = time_s("all_gather", params * low / p, optim // p, p)
     param_mb = 0.0
     if p > 1:
         param_mb = 2 * time_s("all_gather", params * low, p, 1)
@@ -291,109 +426,178 @@ def exposed_s(comm_s: float, window_s: float, num_params: float) -> float:
     return max(comm_s / buckets, comm_s - window_s)
 
 
-@dataclass(frozen=True)
-class StageSetup:
-    """Everything a stage's cost depends on, without the rest of the plan: which GPUs it
-    talks to for each kind of traffic, and what it runs."""
-
-    device_name: str
-    shape: WorkloadShape
-    num_layers: int
-    first: bool
-    last: bool
-    pp: int
-    recompute: str
-    tp_group: tuple[int, ...]
-    cp_group: tuple[int, ...]
-    next_stage: int | None  # a GPU of the stage it sends activations to (None: none)
-    dp_group: tuple[int, ...]  # rank position 0 of this stage in every replica
-    concurrency: int  # ranks whose data-parallel traffic crosses links at the same time
-    sharding: Sharding
-    optimizer: str
-    layers_in_flight: float
+def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
+    """The per-rank shape of the stage's work (sequence parallelism only where tp > 1)."""
+    p = spec.placed
+    return WorkloadShape(micro_batch_size=run.micro_batch_size, seq_len=run.seq_len, tp=p.tp,
+                         cp=p.cp, sequence_parallel=run.sequence_parallel and p.tp > 1,
+                         dtype=run.dtype, attention=run.kernels.attention)
 
 
-@cache
-def _extra_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
-                 which: str, profiles: Profiles | None) -> tuple[Part, Part]:
-    """Forward and backward of the embedding ("embed") or the head ("head")."""
-    tiers = dict(tiers_key)
-    costs = _compute_costs(device_name, shape.dtype, profiles)
-    launch_s = launch_overhead_s(device(device_name))
-    fwd, bwd = embedding_work(model, shape) if which == "embed" else head_work(model, shape)[:2]
-    return (_part(fwd, costs, tiers, launch_s, profiles=profiles),
-            _part(bwd, costs, tiers, launch_s, profiles=profiles))
-
-
-def _p2p_s(cluster: ClusterSpec, model: ModelSpec, setup: StageSetup,
+def _p2p_s(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: WorkloadShape,
            profiles: Profiles | None) -> float:
-    """Send one activation to the next stage (the last stage sends to the first, which
-    interleaving uses). Megatron scatters it over the tp ranks; each sends a slice."""
-    if setup.next_stage is None:
+    """Send one activation to the next stage. Megatron scatters it over the tp ranks;
+    each sends a slice."""
+    if spec.next_device is None:
         return 0.0
-    w = setup.shape
-    size = (w.micro_batch_size * w.seq_len // w.cp * model.hidden_size * dtype_bytes(w.dtype)
-            / w.tp)
+    size = (shape.micro_batch_size * shape.seq_len // shape.cp * model.hidden_size
+            * dtype_bytes(shape.dtype) / shape.tp)
     return collective_time_s("send_recv", size,
-                             group_tiers(cluster, (setup.tp_group[0], setup.next_stage)),
+                             group_tiers(cluster, (spec.placed.devices[0], spec.next_device)),
                              profiles=profiles)
 
 
-def stage_cost(model: ModelSpec, cluster: ClusterSpec, setup: StageSetup, *, pipeline: int = 0,
-               stage: int = 0, profiles: Profiles | None = None) -> StageCost:
-    """The cost of one stage (see StageCost); op and collective times from `profiles`
-    where they have them."""
-    w = setup.shape
-    tiers_key = (("tp", group_tiers(cluster, setup.tp_group)),
-                 ("cp", group_tiers(cluster, setup.cp_group)))
-    layer_fwd, layer_bwd = layer_parts(model, w, setup.device_name, tiers_key, setup.recompute,
-                                       profiles)
-    layer_w = layer_weight_grad(model, w, setup.device_name, tiers_key, setup.recompute,
-                                profiles)
-    zero = Part()
-    embed = _extra_parts(model, w, setup.device_name, tiers_key, "embed", profiles) \
-        if setup.first else (zero, zero)
-    head = _extra_parts(model, w, setup.device_name, tiers_key, "head", profiles) \
-        if setup.last else (zero, zero)
-    n = setup.num_layers
-    params = rank_param_count(model, num_layers=n, first=setup.first, last=setup.last,
-                              tp=w.tp, pp=setup.pp)
-    sync = dp_sync(cluster, setup.dp_group, params, setup.concurrency, setup.sharding, w.dtype,
-                   profiles)
-    opt = optimizer_work(params / setup.sharding.optim, dtype=w.dtype,
-                         implementation=setup.optimizer, num_tensors=max(1, 6 * n))
-    dev = device(setup.device_name)
-    memory = stage_memory(model, device=dev, shape=w, num_layers=n, first=setup.first,
-                          last=setup.last, pp=setup.pp, recompute=setup.recompute,  # type: ignore[arg-type]
-                          sharding=setup.sharding, layers_in_flight=setup.layers_in_flight)
-    return StageCost(pipeline=pipeline, stage=stage, device=dev.name, num_layers=n,
+def stage_params(model: ModelSpec, spec: StageSpec) -> float:
+    """Parameters one rank of the stage holds, before sharding."""
+    return rank_param_count(model, num_layers=spec.placed.num_layers, first=spec.first,
+                            last=spec.last, tp=spec.placed.tp, pp=spec.pp)
+
+
+def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings,
+                   *, pipeline: int = 0, profiles: Profiles | None = None) -> StageCost:
+    """The stage's cost with its model states replicated (no data-parallel traffic, no
+    optimizer step yet): `with_sharding` completes it. Op and collective times come from
+    `profiles` where they have them."""
+    shape = workload_shape(spec, run)
+    tiers_key = (("tp", group_tiers(cluster, spec.tp_group)),
+                 ("cp", group_tiers(cluster, spec.cp_group)))
+    name, recompute = spec.device_name, spec.placed.recompute
+    layer_fwd, layer_bwd = layer_parts(model, shape, name, tiers_key, recompute, profiles)
+    zero = (Part(), Part())
+    embed = _extra_parts(model, shape, name, tiers_key, "embed", profiles) if spec.first else zero
+    head = _extra_parts(model, shape, name, tiers_key, "head", profiles) if spec.last else zero
+    n = spec.placed.num_layers
+    params = stage_params(model, spec)
+    in_flight = in_flight_chunks(schedule=run.schedule, stage=spec.index, pp=spec.pp,
+                                 num_microbatches=run.num_microbatches,
+                                 virtual_stages=run.virtual_stages)
+    memory = activation_memory(model, device=device(name), shape=shape, num_layers=n,
+                               last=spec.last, recompute=recompute,
+                               layers_in_flight=in_flight * n / run.virtual_stages)
+    return StageCost(pipeline=pipeline, stage=spec.index, device=name, num_layers=n,
                      num_params=params, layer_forward=layer_fwd, layer_backward=layer_bwd,
                      embed_forward=embed[0], embed_backward=embed[1], head_forward=head[0],
-                     head_backward=head[1], p2p_s=_p2p_s(cluster, model, setup, profiles),
-                     dp=sync, optimizer_s=_compute_costs(dev.name, w.dtype, profiles).time_s(opt),
-                     memory=memory, layer_weight_grad=layer_w)
+                     head_backward=head[1], p2p_s=_p2p_s(cluster, model, spec, shape, profiles),
+                     dp=DPSync(), optimizer_s=0.0, memory=memory,
+                     layer_weight_grad=_layer_weight_grad(model, shape, name, tiers_key,
+                                                          recompute, profiles))
 
 
-def plan_stage_setup(plan: Plan, pi: int, si: int) -> StageSetup:
-    """The StageSetup of stage `si` of pipeline `pi` of a plan."""
+@dataclass(frozen=True)
+class ShardingTerms:
+    """What a sharding adds to a stage (see `with_sharding`)."""
+
+    dp: DPSync
+    optimizer_s: float
+    states_bytes: tuple[float, float, float, float]  # params, grads, optimizer, gathered
+
+
+def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings,
+                   sharding: Sharding, num_params: float, *,
+                   profiles: Profiles | None = None) -> ShardingTerms:
+    """The data-parallel traffic, optimizer step and model-state bytes of a stage holding
+    `num_params` parameters per rank, sharded as `sharding` (none depend on the
+    micro-batches: the search computes them once per stage kind)."""
+    dtype = run.dtype
+    sync = dp_sync(cluster, spec.dp_group, num_params, spec.concurrency, sharding, dtype,
+                   profiles)
+    opt = optimizer_work(num_params / sharding.optim, dtype=dtype,
+                         implementation=run.kernels.optimizer,
+                         num_tensors=max(1, 6 * spec.placed.num_layers))
+    states = model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
+                               tp=spec.placed.tp, pp=spec.pp)
+    return ShardingTerms(sync, _compute_costs(spec.device_name, dtype, profiles).time_s(opt),
+                         states)
+
+
+def apply_sharding(cost: StageCost, terms: ShardingTerms) -> StageCost:
+    """`cost` (from `unsharded_cost`) with a sharding's terms. (A shallow copy keeps the
+    cached pass times, computed first so that every copy shares them.)"""
+    _ = cost.forward_s, cost.backward_s, cost.weight_grad_s
+    out = copy.copy(cost)
+    object.__setattr__(out, "dp", terms.dp)
+    object.__setattr__(out, "optimizer_s", terms.optimizer_s)
+    object.__setattr__(out, "memory", cost.memory.with_states(*terms.states_bytes))
+    return out
+
+
+def with_sharding(cost: StageCost, model: ModelSpec, cluster: ClusterSpec, spec: StageSpec,
+                  run: RunSettings, sharding: Sharding, *,
+                  profiles: Profiles | None = None) -> StageCost:
+    """`cost` (from `unsharded_cost`) with its model states sharded as `sharding`: its
+    data-parallel traffic, optimizer step and model-state memory."""
+    return apply_sharding(cost, sharding_terms(model, cluster, spec, run, sharding,
+                                               cost.num_params, profiles=profiles))
+
+
+def stage_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings, *,
+               pipeline: int = 0, profiles: Profiles | None = None) -> StageCost:
+    """The cost of one stage (see StageCost): `unsharded_cost` at the spec's sharding."""
+    base = unsharded_cost(model, cluster, spec, run, pipeline=pipeline, profiles=profiles)
+    return with_sharding(base, model, cluster, spec, run, spec.sharding, profiles=profiles)
+
+
+# -- a whole Plan ---------------------------------------------------------------------------
+
+def plan_replicas(plan: Plan) -> list[list[PlacedStage]]:
+    return [[PlacedStage(devices=s.devices, tp=s.tp, cp=s.cp, num_layers=s.num_layers,
+                         recompute=s.recompute) for s in pipe.stages] for pipe in plan.pipelines]
+
+
+def plan_runs(plan: Plan) -> list[RunSettings]:
     tr = plan.training
-    pipe = plan.pipelines[pi]
-    stage = pipe.stages[si]
-    pp = len(pipe.stages)
-    nxt = pipe.stages[(si + 1) % pp]
-    in_flight = in_flight_chunks(schedule=tr.schedule, stage=si, pp=pp,
-                                 num_microbatches=pipe.num_microbatches,
-                                 virtual_stages=tr.virtual_stages)
-    group = (tuple(p.stages[si].devices[0] for p in plan.pipelines)
-             if plan.dp > 1 and plan.aligned_stages else (stage.devices[0],))
-    return StageSetup(
-        device_name=stage_device(plan, stage).name, shape=stage_shape(plan, pi, stage),
-        num_layers=stage.num_layers, first=si == 0, last=si == pp - 1, pp=pp,
-        recompute=stage.recompute, tp_group=stage.devices[:stage.tp],
-        cp_group=stage.devices[::stage.tp], next_stage=None if nxt is stage else nxt.devices[0],
-        dp_group=group, concurrency=sum(len(s.devices) for s in pipe.stages),
-        sharding=plan.sharding_of(si), optimizer=plan.kernels.optimizer,
-        layers_in_flight=in_flight * stage.num_layers / tr.virtual_stages)
+    return [RunSettings(micro_batch_size=p.micro_batch_size,
+                        num_microbatches=p.num_microbatches, seq_len=tr.seq_len, dtype=tr.dtype,
+                        sequence_parallel=tr.sequence_parallel, schedule=tr.schedule,
+                        virtual_stages=tr.virtual_stages, kernels=plan.kernels)
+            for p in plan.pipelines]
+
+
+@dataclass(frozen=True)
+class PlanCosts:
+    """Every stage's cost, and for each pipeline the first pipeline that costs the same
+    (its representative: identical replicas are priced and simulated once)."""
+
+    costs: list[list[StageCost]]
+    representative: list[int]
+    specs: list[tuple[StageSpec, ...]]
+    runs: list[RunSettings]
+
+    @property
+    def representatives(self) -> list[int]:
+        return sorted(set(self.representative))
+
+    @classmethod
+    def of(cls, costs: PlanCosts | list[list[StageCost]]) -> PlanCosts:
+        """`costs` as PlanCosts: stage costs given by hand (tests) price every pipeline."""
+        if isinstance(costs, PlanCosts):
+            return costs
+        return cls(costs, list(range(len(costs))), [], [])
+
+
+def plan_costs(plan: Plan, profiles: Profiles | None = None) -> PlanCosts:
+    """Costs of every stage of every pipeline of `plan`; op and collective times from
+    `profiles` where they have them."""
+    replicas = plan_replicas(plan)
+    groups = position_groups(replicas)
+    runs = plan_runs(plan)
+    costs: list[list[StageCost]] = []
+    representative: list[int] = []
+    all_specs: list[tuple[StageSpec, ...]] = []
+    seen: dict[tuple, int] = {}
+    for pi, stages in enumerate(replicas):
+        specs = replica_specs(plan.cluster, stages, groups=groups,
+                              shardings=[plan.sharding_of(k) for k in range(len(stages))])
+        all_specs.append(specs)
+        key = replica_key(plan.cluster, specs, runs[pi])
+        rep = seen.setdefault(key, pi)
+        representative.append(rep)
+        if rep != pi:
+            costs.append([replace(c, pipeline=pi) for c in costs[rep]])
+            continue
+        costs.append([stage_cost(plan.model, plan.cluster, s, runs[pi], pipeline=pi,
+                                 profiles=profiles) for s in specs])
+    return PlanCosts(costs, representative, all_specs, runs)
 
 
 def clear_cost_caches() -> None:
@@ -401,91 +605,51 @@ def clear_cost_caches() -> None:
     clear_op_cache()
     group_tiers.cache_clear()
     layer_parts.cache_clear()
-    layer_weight_grad.cache_clear()
+    _layer_weight_grad.cache_clear()
     _extra_parts.cache_clear()
     dp_sync.cache_clear()
+    group_signature.cache_clear()
 
 
-def pipeline_key(plan: Plan, pi: int) -> tuple:
-    """Pipelines with equal keys are provably identical: same shape on the same kind of
-    hardware, with the same node boundaries between stages."""
-    pipe = plan.pipelines[pi]
-    slots = plan.cluster.slots
-    layout = []
-    for si, s in enumerate(pipe.stages):
-        nodes = [slots[d].node for d in s.devices]
-        nxt = pipe.stages[(si + 1) % len(pipe.stages)].devices[0]
-        layout.append((s.layers, s.tp, s.cp, s.recompute,
-                       plan.cluster.node_groups[slots[s.devices[0]].group].name,
-                       len(set(nodes)), slots[nxt].node == nodes[0]))
-    return (pipe.micro_batch_size, pipe.num_microbatches, tuple(layout))
+# -- where the numbers came from ----------------------------------------------------------
 
-
-def plan_stage_costs(plan: Plan, profiles: Profiles | None = None) -> list[list[StageCost]]:
-    """Costs of every stage of every pipeline; identical pipelines are priced once. Op and
-    collective times come from `profiles` where they have them."""
-    out: list[list[StageCost]] = []
-    seen: dict[tuple, list[StageCost]] = {}
-    for pi, pipe in enumerate(plan.pipelines):
-        key = pipeline_key(plan, pi)
-        if key in seen:
-            out.append([replace(c, pipeline=pi) for c in seen[key]])
-            continue
-        costs = [stage_cost(plan.model, plan.cluster, plan_stage_setup(plan, pi, si),
-                            pipeline=pi, stage=si, profiles=profiles)
-                 for si in range(len(pipe.stages))]
-        seen[key] = costs
-        out.append(costs)
-    return out
-
-
-def _optimizer_op(plan: Plan, params: float, num_layers: int, sharding: Sharding) -> Op:
-    """The optimizer step over a stage's optimizer-state shard."""
-    return optimizer_work(params / sharding.optim, dtype=plan.training.dtype,
-                          implementation=plan.kernels.optimizer,
-                          num_tensors=max(1, 6 * num_layers))
-
-
-def _stage_ops(plan: Plan, pi: int, si: int) -> tuple[DeviceSpec, list[Op]]:
+def _stage_ops(model: ModelSpec, spec: StageSpec, run: RunSettings) -> list[Op]:
     """Every op a stage runs for one micro-batch, and its optimizer step."""
-    pipe = plan.pipelines[pi]
-    stage = pipe.stages[si]
-    shape = stage_shape(plan, pi, stage)
-    work = layer_work(plan.model, shape)
-    items: list[Work] = [*work.forward, *_recomputed(work, stage.recompute), *work.backward]
-    first, last = si == 0, si == len(pipe.stages) - 1
-    if first:
-        items.extend(w for ws in embedding_work(plan.model, shape) for w in ws)
-    if last:
-        fwd, bwd, _ = head_work(plan.model, shape)
+    shape = workload_shape(spec, run)
+    work = layer_work(model, shape)
+    items: list[Work] = [*work.forward, *_recomputed(work, spec.placed.recompute),
+                         *work.backward]
+    if spec.first:
+        items.extend(w for ws in embedding_work(model, shape) for w in ws)
+    if spec.last:
+        fwd, bwd, _ = head_work(model, shape)
         items.extend((*fwd, *bwd))
-    params = rank_param_count(plan.model, num_layers=stage.num_layers, first=first, last=last,
-                              tp=stage.tp, pp=len(pipe.stages))
-    items.append(_optimizer_op(plan, params, stage.num_layers, plan.sharding_of(si)))
-    return stage_device(plan, stage), [op for op in items if isinstance(op, Op)]
+    params = stage_params(model, spec)
+    items.append(optimizer_work(params / spec.sharding.optim, dtype=run.dtype,
+                                implementation=run.kernels.optimizer,
+                                num_tensors=max(1, 6 * spec.placed.num_layers)))
+    return [op for op in items if isinstance(op, Op)]
 
 
-def _plan_groups(plan: Plan) -> set[tuple[int, ...]]:
+def _groups(specs: Sequence[tuple[StageSpec, ...]]) -> set[tuple[int, ...]]:
     """The GPU groups that communicate: tp and cp groups, pipeline neighbours, and the
     data-parallel group of each stage position."""
     groups: set[tuple[int, ...]] = set()
-    for pipe in plan.pipelines:
-        for si, stage in enumerate(pipe.stages):
-            groups.update((stage.devices[:stage.tp], stage.devices[::stage.tp]))
-            nxt = pipe.stages[(si + 1) % len(pipe.stages)]
-            groups.add((stage.devices[0], nxt.devices[0]))
-    if plan.dp > 1 and plan.aligned_stages:
-        for si in range(len(plan.pipelines[0].stages)):
-            groups.add(tuple(p.stages[si].devices[0] for p in plan.pipelines))
+    for replica in specs:
+        for s in replica:
+            groups.update((s.tp_group, s.cp_group, s.dp_group))
+            if s.next_device is not None:
+                groups.add((s.placed.devices[0], s.next_device))
     return {g for g in groups if len(set(g)) > 1}
 
 
-def _comm_source(plan: Plan, profiles: Profiles) -> str:
+def _comm_source(cluster: ClusterSpec, specs: Sequence[tuple[StageSpec, ...]],
+                 profiles: Profiles) -> str:
     """The collective profiles that answer some of the plan's groups (those inside one
     node of the profiled type, of a size the profile measured)."""
     used: dict[str, set[int]] = {}
-    for group in _plan_groups(plan):
-        tiers = group_tiers(plan.cluster, group)
+    for group in _groups(specs):
+        tiers = group_tiers(cluster, group)
         if len(tiers) != 1 or tiers[0].name != "node" or tiers[0].device is None:
             continue
         profile = profiles.get(tiers[0].device)
@@ -503,10 +667,11 @@ def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
     """What answered the plan's op and collective times (the `sources` users see)."""
     if profiles is None or not profiles.by_device:
         return {"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE}
+    priced = plan_costs(plan, profiles)
     uses = []
-    for pi, pipe in enumerate(plan.pipelines):
-        for si in range(len(pipe.stages)):
-            dev, ops = _stage_ops(plan, pi, si)
-            profile = profiles.get(dev.name)
-            uses.extend((profile, op) for op in ops)
-    return {"compute": compute_source(uses), "communication": _comm_source(plan, profiles)}
+    for pi in priced.representatives:
+        for spec in priced.specs[pi]:
+            profile = profiles.get(spec.device_name)
+            uses.extend((profile, op) for op in _stage_ops(plan.model, spec, priced.runs[pi]))
+    return {"compute": compute_source(uses),
+            "communication": _comm_source(plan.cluster, priced.specs, profiles)}

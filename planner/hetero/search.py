@@ -19,20 +19,22 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from planner.costs.comm import group_tiers
-from planner.costs.kernels import default_kernels
-from planner.costs.stages import layer_parts
-from planner.costs.workload import WorkloadShape
+from planner.costs.stages import PlacedStage, RunSettings, StageSpec, unsharded_cost
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import Pool, pools_by_type
-from planner.hetero.split import layer_split_proportional, layer_split_uniform
+from planner.hetero.split import (
+    layer_split_proportional,
+    layer_split_uniform,
+    proportional_split,
+)
 from planner.predict.results import SimResult
+from planner.specs.choices import Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
-from planner.specs.plan import Plan, Sharding
+from planner.specs.plan import Kernels, Plan, Sharding
 from profiler.devices import device
 from profiler.store import Profiles
 
-__all__ = ["Baseline", "baselines_for", "hetero_candidates", "kernels_for", "merge_candidates",
+__all__ = ["Baseline", "baselines_for", "hetero_candidates", "merge_candidates",
            "mixed_templates", "templates"]
 
 MICROBATCH_SIZES = (1, 2, 4)
@@ -114,7 +116,7 @@ def mixed_templates(model: object, cluster: ClusterSpec, gbs: int) -> list[Templ
 
 
 def lower_bound_s(model: object, cluster: ClusterSpec, t: Template, *, gbs: int, seq_len: int,
-                  dtype: str, attention: str, profiles: Profiles | None = None) -> float:
+                  dtype: str, kernels: Kernels, profiles: Profiles | None = None) -> float:
     """A lower bound on any candidate of template `t` (any micro-batch size, recompute,
     sharding, split). With t_k stage k's time per layer (nothing recomputed, only in-line
     collectives) and layers balanced perfectly (fractionally), replica r's slowest stage
@@ -132,7 +134,7 @@ def lower_bound_s(model: object, cluster: ClusterSpec, t: Template, *, gbs: int,
         inv_b = extra = 0.0  # sum_r 1/b_r and sum_r c_r/b_r
         for rep in t.replicas:
             times = [_layer_time_s(model, cluster, slot, mbs=mbs, seq_len=seq_len, dtype=dtype,
-                                   attention=attention, profiles=profiles) for slot in rep]
+                                   kernels=kernels, profiles=profiles) for slot in rep]
             b = layers / sum(1.0 / x for x in times)
             inv_b += 1.0 / b
             extra += layers * min(times) / b
@@ -142,19 +144,25 @@ def lower_bound_s(model: object, cluster: ClusterSpec, t: Template, *, gbs: int,
 
 @functools.cache
 def _layer_time_s(model: object, cluster: ClusterSpec, slot: tuple[str, int], *, mbs: int,
-                  seq_len: int, dtype: str, attention: str, profiles: Profiles | None) -> float:
-    """One layer's forward and backward on `slot` (tp ranks inside one node of its type)."""
+                  seq_len: int, dtype: str, kernels: Kernels, profiles: Profiles | None) -> float:
+    """One layer's forward and backward on `slot` (tp ranks inside one node of its type,
+    nothing recomputed), as the cost builder prices a middle stage's layer."""
     gpu, tp = slot
     first = next(s.index for s in cluster.slots if cluster.node_groups[s.group].gpu == gpu)
-    tiers = (("tp", group_tiers(cluster, tuple(range(first, first + tp)))), ("cp", ()))
-    shape = WorkloadShape(micro_batch_size=mbs, seq_len=seq_len, tp=tp,
-                          sequence_parallel=tp > 1, dtype=dtype, attention=attention)
-    fwd, bwd = layer_parts(model, shape, gpu, tiers, "none", profiles)  # type: ignore[arg-type]
-    return fwd.total_s + bwd.total_s
+    placed = PlacedStage(devices=tuple(range(first, first + tp)), tp=tp, cp=1, num_layers=1,
+                         recompute=Recompute.NONE)
+    spec = StageSpec(device_name=cluster.node_groups[cluster.slots[first].group].device.name,
+                     placed=placed, index=1, pp=3, next_device=None, dp_group=(first,),
+                     concurrency=tp, sharding=Sharding())
+    run = RunSettings(micro_batch_size=mbs, num_microbatches=1, seq_len=seq_len, dtype=dtype,
+                      sequence_parallel=True, schedule=Schedule.ONE_F_ONE_B, virtual_stages=1,
+                      kernels=kernels)
+    c = unsharded_cost(model, cluster, spec, run, profiles=profiles)  # type: ignore[arg-type]
+    return c.layer_forward.total_s + c.layer_backward.total_s
 
 
 def hetero_candidates(model: object, cluster: ClusterSpec, chosen: Sequence[Template], *,
-                      gbs: int, seq_len: int, dtype: str, attention: str,
+                      gbs: int, seq_len: int, dtype: str, kernels: Kernels,
                       score: Callable[[Priced], float], keep: int,
                       bound_score: Callable[[Template, float], float],
                       profiles: Profiles | None = None
@@ -168,7 +176,7 @@ def hetero_candidates(model: object, cluster: ClusterSpec, chosen: Sequence[Temp
     score found, so are all the rest, and they are skipped."""
     pools = pools_by_type(cluster)
     bounded = sorted(((bound_score(t, lower_bound_s(model, cluster, t, gbs=gbs, seq_len=seq_len,
-                                                    dtype=dtype, attention=attention,
+                                                    dtype=dtype, kernels=kernels,
                                                     profiles=profiles)), i, t)
                       for i, t in enumerate(chosen)), key=lambda x: (x[0], x[1]))
     best: list[Priced] = []
@@ -184,7 +192,7 @@ def hetero_candidates(model: object, cluster: ClusterSpec, chosen: Sequence[Temp
         for mbs in MICROBATCH_SIZES:
             for p in _cheapest_fitting(t, mbs, functools.partial(
                     _price_one, model, cluster, t, pools=pools, seq_len=seq_len, dtype=dtype,
-                    gbs=gbs, attention=attention, profiles=profiles, memo=memo)):
+                    gbs=gbs, kernels=kernels, profiles=profiles, memo=memo)):
                 count += 1
                 if p is None or not p.fits:
                     continue
@@ -197,11 +205,11 @@ def hetero_candidates(model: object, cluster: ClusterSpec, chosen: Sequence[Temp
     # position at the sharding its memory allows that shortens the iteration most.
     for p in [p for p in best if p.template.pp > 1]:
         options = sharding_options(p.template.dp) if p.template.dp > 1 else []
-        for schedule, relax in [("zb-h1", [])] + [("1f1b", options), ("zb-h1", options)] * (
-                len(options) > 0):
+        zb, one = Schedule.ZB_H1, Schedule.ONE_F_ONE_B
+        for schedule, relax in [(zb, [])] + [(one, options), (zb, options)] * (len(options) > 0):
             q = price(model, cluster, p.template, pools=pools, mbs=p.mbs,  # type: ignore[arg-type]
                       recompute=p.recompute, sharding=p.sharding, seq_len=seq_len,
-                      dtype=dtype, gbs=gbs, attention=attention, layers=p.layers,
+                      dtype=dtype, gbs=gbs, kernels=kernels, layers=p.layers,
                       schedule=schedule, relax=relax, profiles=profiles, memo=memo)
             count += 1
             if q is not None and q.fits:
@@ -224,7 +232,7 @@ def merge_candidates(parts: Sequence[tuple[list[Priced], int, dict[str, float]]]
     return best, sum(part[1] for part in parts), with_type
 
 
-def _price_one(model: object, cluster: ClusterSpec, t: Template, mbs: int, rc: str,
+def _price_one(model: object, cluster: ClusterSpec, t: Template, mbs: int, rc: Recompute,
                sh: Sharding, **kw: object) -> Priced | None:
     return price(model, cluster, t, mbs=mbs, recompute=rc, sharding=sh, **kw)  # type: ignore[arg-type]
 
@@ -234,7 +242,7 @@ def _cheapest_fitting(t: Template, mbs: int, price_fn: Callable) -> Iterator[Pri
     recompute before selective before full, replicated states before ZeRO-1 before
     ZeRO-2/3. Once one fits, the costlier ones can only be slower (they add recomputation
     or communication to save memory that is not needed), so they are skipped."""
-    for rc in ("none", "selective", "full"):
+    for rc in Recompute:  # cheapest first
         fitted = False
         for shardings in (sharding_options(t.dp)[:2], sharding_options(t.dp)[2:]):
             for sh in shardings:
@@ -248,19 +256,19 @@ def _cheapest_fitting(t: Template, mbs: int, price_fn: Callable) -> Iterator[Pri
 
 
 def baselines_for(best: Priced, model: object, cluster: ClusterSpec, *, gbs: int,
-                  seq_len: int, dtype: str, attention: str,
+                  seq_len: int, dtype: str, kernels: Kernels,
                   profiles: Profiles | None = None) -> list[tuple[str, Priced | None]]:
     """The best template split the naive ways (uniform, proportional to throughput)."""
     pools = pools_by_type(cluster)
     t = best.template
     kw = dict(pools=pools, mbs=best.mbs, recompute=best.recompute, sharding=best.sharding,
-              seq_len=seq_len, dtype=dtype, gbs=gbs, attention=attention, profiles=profiles)
+              seq_len=seq_len, dtype=dtype, gbs=gbs, kernels=kernels, profiles=profiles)
 
     def priced(**split: object) -> Priced | None:
         """The split under the best plan's schedule or 1F1B, the faster of those that fit
         (ZB-H1 holds more activations than 1F1B)."""
         tried = [price(model, cluster, t, schedule=s, **kw, **split)  # type: ignore[arg-type]
-                 for s in dict.fromkeys((best.schedule, "1f1b"))]
+                 for s in dict.fromkeys((best.schedule, Schedule.ONE_F_ONE_B))]
         fitting = [p for p in tried if p is not None and p.fits]
         return min(fitting, key=lambda p: p.iteration_s) if fitting else tried[0]
 
@@ -273,14 +281,9 @@ def baselines_for(best: Priced, model: object, cluster: ClusterSpec, *, gbs: int
     total = gbs // best.mbs
     even = [total // t.dp + (1 if r < total % t.dp else 0) for r in range(t.dp)]
     rates = [_speed(rep[0][0]) * rep[0][1] for rep in t.replicas]
-    share = [max(1, round(total * x / sum(rates))) for x in rates]
-    share[max(range(t.dp), key=lambda r: rates[r])] += total - sum(share)
+    share = proportional_split(total, rates) if total >= t.dp else None
     uniform = priced(layers=best.layers, microbatches=even)
-    proportional = priced(layers=best.layers, microbatches=share)
+    proportional = priced(layers=best.layers, microbatches=share) if share else None
     return [("uniform batch split", uniform), ("throughput-proportional batch split",
                                                proportional)]
-
-
-def kernels_for(cluster: ClusterSpec, attention: str | None) -> str:
-    return default_kernels([g.device for g in cluster.node_groups], attention=attention).attention
 

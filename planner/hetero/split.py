@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Sequence
 
 __all__ = ["batch_split_analytic", "batch_split_ilp", "bottleneck", "layer_split_dp",
-           "layer_split_fast", "layer_split_ilp", "layer_split_proportional",
+           "layer_split_fast", "layer_split_ilp", "layer_split_proportional", "proportional_split",
            "layer_split_uniform", "pipeline_cost"]
 
 
@@ -231,22 +231,28 @@ def layer_split_uniform(num_layers: int, stages: int) -> list[int]:
     return [base + (1 if k < extra else 0) for k in range(stages)]
 
 
-def layer_split_proportional(num_layers: int, per_layer: Sequence[float]) -> list[int]:
-    """The Metis/Zorse heuristic: layers in proportion to each stage's speed (largest
-    remainders), at least one each."""
-    speed = [1.0 / p for p in per_layer]
-    total = sum(speed)
-    raw = [num_layers * s / total for s in speed]
+def proportional_split(total: int, weights: Sequence[float]) -> list[int]:
+    """`total` whole units in proportion to `weights`, at least one each: the largest
+    remainders round up, and where the one-each floor overshoots, those furthest above
+    their share give one back. Needs total >= len(weights)."""
+    assert total >= len(weights) > 0 and all(w > 0 for w in weights)
+    raw = [total * w / sum(weights) for w in weights]
     split = [max(1, math.floor(r)) for r in raw]
     order = sorted(range(len(raw)), key=lambda k: raw[k] - math.floor(raw[k]), reverse=True)
     i = 0
-    while sum(split) < num_layers:
+    while sum(split) < total:
         split[order[i % len(order)]] += 1
         i += 1
-    while sum(split) > num_layers:
+    while sum(split) > total:
         k = max((k for k in range(len(split)) if split[k] > 1), key=lambda k: split[k] - raw[k])
         split[k] -= 1
     return split
+
+
+def layer_split_proportional(num_layers: int, per_layer: Sequence[float]) -> list[int]:
+    """The Metis/Zorse heuristic: layers in proportion to each stage's speed (the inverse
+    of its time per layer), at least one each."""
+    return proportional_split(num_layers, [1.0 / p for p in per_layer])
 
 
 def batch_split_ilp(total: int, fill: Sequence[float], step: Sequence[float], *,

@@ -19,18 +19,21 @@ w ≤ b: W is one GEMM per forward GEMM, B the other and the attention backward)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from planner.costs.memory import MEMORY_SOURCE
-from planner.costs.stages import StageCost, cost_sources, exposed_s, plan_stage_costs
+from planner.costs.stages import PlanCosts, StageCost, cost_sources, exposed_s, plan_costs
 from planner.predict.results import Breakdown, SimResult, StageSummary, make_result
+from planner.specs.choices import Schedule
 from planner.specs.plan import Plan
 from profiler.store import Profiles
 
-__all__ = ["ESTIMATE_SOURCE", "estimate", "pipeline_time"]
+__all__ = ["ESTIMATE_SOURCE", "estimate", "iteration_time", "pipeline_time", "sends_s"]
 
 ESTIMATE_SOURCE = "analytic pipeline estimate (closed form, planner/predict/estimate.py)"
 
 
-def _sends(c: StageCost, pp: int, vp: int) -> float:
+def sends_s(c: StageCost, pp: int, vp: int) -> float:
     """Activation transfers one micro-batch makes from this stage (and their gradients):
     none from the last stage unless interleaving wraps it around to the first."""
     return 2 * c.p2p_s if (c.stage < pp - 1 or vp > 1) else 0.0
@@ -46,15 +49,15 @@ def _microbatch_s(c: StageCost, pp: int, vp: int) -> float:
         layers = max(c.num_layers, 1)
         extra += max(c.dp.param_microbatch_s / layers, c.dp.param_microbatch_s - work)
     extra += max(0.0, c.dp.grad_microbatch_s - work)
-    return c.forward_s + c.backward_s + _sends(c, pp, vp) + extra
+    return c.forward_s + c.backward_s + sends_s(c, pp, vp) + extra
 
 
-def pipeline_time(costs: list[StageCost], *, num_microbatches: int, virtual_stages: int,
-                  schedule: str = "1f1b") -> tuple[float, dict[str, float]]:
+def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_stages: int,
+                  schedule: Schedule = Schedule.ONE_F_ONE_B) -> tuple[float, dict[str, float]]:
     """End time of one pipeline's iteration (its stages' costs in order) under `schedule`
     and the critical stage's breakdown. Stages that are the same object are priced once."""
     m, vp, pp = num_microbatches, virtual_stages, len(costs)
-    zb = schedule == "zb-h1"
+    zb = Schedule(schedule).splits_backward
     # id -> (micro-batch, tail, drain step, forward step, deferred W)
     memo: dict[int, tuple[float, float, float, float, float]] = {}
     for c in costs:
@@ -66,7 +69,7 @@ def pipeline_time(costs: list[StageCost], *, num_microbatches: int, virtual_stag
             grad = exposed_s(last_grads, window, c.num_params) if last_grads else 0.0
             gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.num_params)
                       if c.dp.param_iteration_s else 0.0)
-            half = _sends(c, pp, vp) / 2
+            half = sends_s(c, pp, vp) / 2
             memo[id(c)] = (_microbatch_s(c, pp, vp), grad + c.optimizer_s + gather,
                            c.backward_s - w + half, c.forward_s + half, w)
     times = [memo[id(c)][0] for c in costs]
@@ -86,7 +89,7 @@ def pipeline_time(costs: list[StageCost], *, num_microbatches: int, virtual_stag
     opt_s = min(opt_s, after)
     c = costs[slow]
     work = c.forward + c.backward
-    sends = _sends(c, pp, vp)
+    sends = sends_s(c, pp, vp)
     parts = {
         "compute": m * work.compute_s,
         "host": m * work.host_s,
@@ -98,6 +101,18 @@ def pipeline_time(costs: list[StageCost], *, num_microbatches: int, virtual_stag
     }
     parts["bubble"] = end - sum(parts.values())
     return end, parts
+
+
+def iteration_time(costs: Sequence[Sequence[StageCost]], microbatches: Sequence[int], *,
+                   virtual_stages: int, schedule: Schedule
+                   ) -> tuple[float, dict[str, float], int]:
+    """The iteration of replicas `costs` (one list of stage costs each) running
+    `microbatches[r]` micro-batches each: the latest replica's end, its breakdown, and
+    which replica it is. The search ranks candidates with this, `estimate` prices Plans."""
+    ends = [pipeline_time(pc, num_microbatches=m, virtual_stages=virtual_stages,
+                          schedule=schedule) for pc, m in zip(costs, microbatches, strict=True)]
+    critical = max(range(len(ends)), key=lambda i: ends[i][0])
+    return ends[critical][0], ends[critical][1], critical
 
 
 def _paths(times: list[float], m: int, vp: int) -> list[float]:
@@ -132,22 +147,21 @@ def _zb_paths(costs: list[StageCost], memo: dict, m: int) -> list[float]:
     return paths
 
 
-def estimate(plan: Plan, *, costs: list[list[StageCost]] | None = None,
+def estimate(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | None = None,
              profiles: Profiles | None = None) -> SimResult:
     """Iteration time, throughput, MFU, breakdown and memory of `plan` (closed form),
     with `costs` in place of the cost model's if given (tests, what-ifs), and op and
     collective times from `profiles` where they have them."""
-    costs = costs if costs is not None else plan_stage_costs(plan, profiles)
-    ends = [pipeline_time(pc, num_microbatches=plan.pipelines[pc[0].pipeline].num_microbatches,
-                          virtual_stages=plan.training.virtual_stages,
-                          schedule=plan.training.schedule) for pc in costs]
-    critical = max(range(len(ends)), key=lambda i: ends[i][0])
-    iteration_s, parts = ends[critical]
+    priced = PlanCosts.of(costs) if costs is not None else plan_costs(plan, profiles)
+    reps = priced.representatives
+    iteration_s, parts, _ = iteration_time(
+        [priced.costs[r] for r in reps], [plan.pipelines[r].num_microbatches for r in reps],
+        virtual_stages=plan.training.virtual_stages, schedule=plan.training.schedule)
     stages = tuple(
         StageSummary(pipeline=c.pipeline, stage=c.stage, device=c.device,
                      layers=plan.pipelines[c.pipeline].stages[c.stage].layers,  # type: ignore[arg-type]
                      forward_s=c.forward_s, backward_s=c.backward_s, memory=c.memory)
-        for pc in costs for c in pc)
+        for pc in priced.costs for c in pc)
     breakdown = Breakdown(compute_s=parts["compute"], host_overhead_s=parts["host"],
                           tp_comm_s=parts["tp"],
                           cp_comm_s=parts["cp"], pp_comm_s=parts["pp"], dp_comm_s=parts["dp"],

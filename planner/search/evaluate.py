@@ -1,23 +1,34 @@
-"""Fast evaluation of homogeneous layouts: the closed-form estimate (planner/predict/estimate.py)
-over stage costs (planner/costs/stages.py) built straight from a layout, without building
-Plans, and the best sharding of each candidate.
+"""Fast evaluation of homogeneous layouts: the closed-form estimate over the cost builder's
+stage costs (planner/costs/stages.py), straight from a layout without building Plans, and
+the best sharding of each candidate.
 
-Ranks sit as `layout.homogeneous_plan` places them (tp fastest, then cp, dp, pp), so the
-GPUs a stage talks to follow from its index. Stages come in a few kinds (first, last,
-middle with the base or one extra layer); each is priced once.
+Ranks sit as `layout.megatron_devices` places them (the order `homogeneous_plan` writes).
+Per layout, the replicas and stages that cost the same (`stage_key`, `replica_key`) are
+found once; per candidate, each distinct stage is priced once. The estimate of a
+candidate is therefore exactly `estimate` of the Plan it becomes.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
-from planner.costs.compute import ComputeCosts
-from planner.costs.memory import in_flight_chunks, model_state_bytes, rank_param_count
-from planner.costs.stages import DPSync, StageCost, StageSetup, dp_sync, stage_cost
-from planner.costs.workload import WorkloadShape, optimizer_work
-from planner.predict.estimate import pipeline_time
+from planner.costs.stages import (
+    PlacedStage,
+    RunSettings,
+    ShardingTerms,
+    StageCost,
+    StageSpec,
+    apply_sharding,
+    position_groups,
+    replica_specs,
+    sharding_terms,
+    stage_key,
+    stage_params,
+    unsharded_cost,
+)
+from planner.predict.estimate import iteration_time
 from planner.search.sharding import (
     ShardingOption,
     pareto_options,
@@ -25,10 +36,11 @@ from planner.search.sharding import (
     sharding_options,
 )
 from planner.search.space import Layout, Micro
+from planner.specs.choices import Recompute
 from planner.specs.cluster import ClusterSpec
-from planner.specs.layout import split_layers
+from planner.specs.layout import megatron_devices, split_layers
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Sharding
+from planner.specs.plan import Kernels, Sharding
 from profiler.store import Profiles
 
 __all__ = ["Evaluation", "LayoutModel"]
@@ -51,48 +63,66 @@ class Evaluation:
 
 
 class LayoutModel:
-    """Everything about one layout that does not depend on the candidate run on it."""
+    """Everything about one layout that does not depend on the candidate run on it: the
+    distinct replicas, and for each the distinct stages (a representative spec per kind
+    and which kind each stage is)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, dtype: str,
-                 seq_len: int, gbs: int, attention: str, optimizer: str,
-                 profiles: Profiles | None = None):
-        self.model, self.cluster, self.layout = model, cluster, layout
-        self.profiles = profiles
-        self.dtype, self.seq_len, self.gbs = dtype, seq_len, gbs
-        self.attention, self.optimizer = attention, optimizer
-        group = cluster.node_groups[0]
+                 seq_len: int, gbs: int, kernels: Kernels, profiles: Profiles | None = None):
+        self.model, self.layout, self.profiles = model, layout, profiles
+        self.cluster = cluster.take(layout.num_gpus, where="search")
+        self.dtype, self.seq_len, self.gbs, self.kernels = dtype, seq_len, gbs, kernels
+        group = self.cluster.node_groups[0]
         assert group.gpus_per_node is not None
-        self.device_name = group.gpu
         self.capacity = float(group.device.memory_bytes)
         self.counts = split_layers(model.num_layers, layout.pp)
-        width = layout.tp * layout.cp
-        self.kinds = self._stage_kinds()
-        self.levels = sharding_levels(layout.dp, max(1, group.gpus_per_node // width))
+        lo = layout
+        devices = megatron_devices(tp=lo.tp, cp=lo.cp, dp=lo.dp, pp=lo.pp)
+        replicas = [[PlacedStage(devices=devices[d][k], tp=lo.tp, cp=lo.cp,
+                                 num_layers=self.counts[k], recompute=Recompute.NONE)
+                     for k in range(lo.pp)] for d in range(lo.dp)]
+        groups = position_groups(replicas)
+        unsharded = [Sharding()] * lo.pp
+        self.kind_specs: list[StageSpec] = []  # a representative spec of each stage kind
+        self.replica_kinds: list[tuple[int, ...]] = []  # each distinct replica's stage kinds
+        kind_of: dict[tuple, int] = {}
+        for stages in replicas:
+            kinds = []
+            for spec in replica_specs(self.cluster, stages, groups=groups, shardings=unsharded):
+                key = stage_key(self.cluster, spec)
+                if key not in kind_of:
+                    kind_of[key] = len(self.kind_specs)
+                    self.kind_specs.append(spec)
+                kinds.append(kind_of[key])
+            if tuple(kinds) not in self.replica_kinds:
+                self.replica_kinds.append(tuple(kinds))
+        self.levels = sharding_levels(lo.dp, max(1, group.gpus_per_node // (lo.tp * lo.cp)))
 
-    def _stage_kinds(self) -> list[int]:
-        """Index of a representative stage for each stage (first, last and middle stages
-        with the same layer count cost the same per micro-batch)."""
-        rep: dict[tuple, int] = {}
-        pp = self.layout.pp
-        return [rep.setdefault((s == 0, s == pp - 1, self.counts[s]), s) for s in range(pp)]
+    def run(self, micro: Micro) -> RunSettings:
+        return RunSettings(micro_batch_size=micro.mbs,
+                           num_microbatches=micro.num_microbatches(self.gbs, self.layout.dp),
+                           seq_len=self.seq_len, dtype=self.dtype,
+                           sequence_parallel=micro.sequence_parallel,
+                           schedule=micro.schedule.for_chunks(micro.vp),
+                           virtual_stages=micro.vp, kernels=self.kernels)
 
     @functools.cache  # noqa: B019 (one LayoutModel per layout, for the search's lifetime)
-    def devices(self, stage: int) -> tuple[tuple[int, ...], tuple[int, ...], int | None,
-                                            tuple[int, ...]]:
-        """(tp group, cp group, next stage's GPU, data-parallel group) of pipeline 0."""
-        lo = self.layout
-        width = lo.tp * lo.cp
-        start = stage * width * lo.dp
-        nxt = ((stage + 1) % lo.pp) * width * lo.dp if lo.pp > 1 else None
-        return (tuple(range(start, start + lo.tp)),
-                tuple(range(start, start + width, lo.tp)), nxt,
-                tuple(start + d * width for d in range(lo.dp)))
+    def spec(self, kind: int, recompute: Recompute) -> StageSpec:
+        s = self.kind_specs[kind]
+        return replace(s, placed=replace(s.placed, recompute=recompute))
 
     @functools.cache  # noqa: B019
-    def params(self, stage: int) -> float:
-        lo = self.layout
-        return rank_param_count(self.model, num_layers=self.counts[stage], first=stage == 0,
-                                last=stage == lo.pp - 1, tp=lo.tp, pp=lo.pp)
+    def terms(self, kind: int, sharding: Sharding) -> ShardingTerms:
+        """A sharding's terms on a stage kind (the same for every candidate)."""
+        spec = self.kind_specs[kind]
+        return sharding_terms(self.model, self.cluster, spec, self.run(_ANY_MICRO), sharding,
+                              stage_params(self.model, spec), profiles=self.profiles)
+
+    def stage_costs(self, micro: Micro) -> list[StageCost]:
+        """Unsharded costs of each stage kind (`sharded` applies a sharding)."""
+        run = self.run(micro)
+        return [unsharded_cost(self.model, self.cluster, self.spec(k, micro.recompute), run,
+                               profiles=self.profiles) for k in range(len(self.kind_specs))]
 
     @cached_property
     def options(self) -> list[ShardingOption]:
@@ -100,89 +130,53 @@ class LayoutModel:
         return pareto_options([self.option(sh) for sh in sharding_options(self.levels)])
 
     def option(self, sharding: Sharding) -> ShardingOption:
-        memory, costs = [], []
-        for s in sorted(set(self.kinds)):
-            sync = self.sync(s, sharding)
-            states = model_state_bytes(self.model, params=self.params(s), dtype=self.dtype,
-                                       sharding=sharding, tp=self.layout.tp, pp=self.layout.pp)
-            memory.append(sum(states))
-            costs.extend((sync.grad_iteration_s, sync.grad_microbatch_s, sync.param_iteration_s,
-                          sync.param_microbatch_s, self.optimizer_s(s, sharding)))
-        return ShardingOption(sharding, tuple(memory), tuple(costs))
+        """A sharding's model-state bytes and time terms per stage kind (a micro-batch
+        setting changes neither)."""
+        memory, times = [], []
+        for k in range(len(self.kind_specs)):
+            t = self.terms(k, sharding)
+            memory.append(sum(t.states_bytes))
+            times.extend((t.dp.grad_iteration_s, t.dp.grad_microbatch_s,
+                          t.dp.param_iteration_s, t.dp.param_microbatch_s, t.optimizer_s))
+        return ShardingOption(sharding, tuple(memory), tuple(times))
 
-    @functools.cache  # noqa: B019
-    def sync(self, stage: int, sharding: Sharding) -> DPSync:
-        group = self.devices(stage)[3]
-        return dp_sync(self.cluster, group, self.params(stage),
-                       self.layout.num_gpus // self.layout.dp, sharding, self.dtype, self.profiles)
+    def sharded(self, base: list[StageCost], sharding: Sharding) -> list[StageCost]:
+        """Stage-kind costs `base` (`stage_costs`) under `sharding`."""
+        return [apply_sharding(c, self.terms(k, sharding)) for k, c in enumerate(base)]
 
-    @functools.cache  # noqa: B019
-    def optimizer_s(self, stage: int, sharding: Sharding) -> float:
-        op = optimizer_work(self.params(stage) / sharding.optim, dtype=self.dtype,
-                            implementation=self.optimizer,
-                            num_tensors=max(1, 6 * self.counts[stage]))
-        profile = self.profiles.get(self.device_name) if self.profiles else None
-        return ComputeCosts(self.device_name, self.dtype, profile).time_s(op)
-
-    def shape(self, micro: Micro) -> WorkloadShape:
-        return WorkloadShape(micro_batch_size=micro.mbs, seq_len=self.seq_len, tp=self.layout.tp,
-                             cp=self.layout.cp,
-                             sequence_parallel=micro.sequence_parallel and self.layout.tp > 1,
-                             dtype=self.dtype, attention=self.attention)
-
-    def stage_costs(self, micro: Micro) -> dict[int, StageCost]:
-        """Unsharded costs of each stage kind (sharding is applied by `evaluate`)."""
-        lo, shape = self.layout, self.shape(micro)
-        m = micro.num_microbatches(self.gbs, lo.dp)
-        schedule = "interleaved-1f1b" if micro.vp > 1 else micro.schedule
-        out = {}
-        for s in sorted(set(self.kinds)):
-            tp_group, cp_group, nxt, dp_group = self.devices(s)
-            flight = in_flight_chunks(schedule=schedule, stage=s, pp=lo.pp, num_microbatches=m,
-                                      virtual_stages=micro.vp)
-            setup = StageSetup(
-                device_name=self.device_name, shape=shape, num_layers=self.counts[s],
-                first=s == 0, last=s == lo.pp - 1, pp=lo.pp, recompute=micro.recompute,
-                tp_group=tp_group, cp_group=cp_group, next_stage=nxt, dp_group=dp_group,
-                concurrency=lo.num_gpus // lo.dp, sharding=Sharding(), optimizer=self.optimizer,
-                layers_in_flight=flight * self.counts[s] / micro.vp)
-            out[s] = stage_cost(self.model, self.cluster, setup, stage=s, profiles=self.profiles)
-        return out
+    def iteration_s(self, costs: list[StageCost], micro: Micro) -> float:
+        """The closed-form iteration of the layout's replicas with stage-kind costs
+        `costs` (what `estimate` of the Plan gives)."""
+        m = micro.num_microbatches(self.gbs, self.layout.dp)
+        replicas = [[costs[k] for k in kinds] for kinds in self.replica_kinds]
+        return iteration_time(replicas, [m] * len(replicas), virtual_stages=micro.vp,
+                              schedule=micro.schedule.for_chunks(micro.vp))[0]
 
     def evaluate(self, micro: Micro) -> Evaluation:
         """The candidate's best sharding (exact over the undominated options): fastest
         estimated iteration among those whose every stage fits; if none fits, the one
         closest to fitting."""
         base = self.stage_costs(micro)
-        kinds = sorted(base)
-        m = micro.num_microbatches(self.gbs, self.layout.dp)
-        # Peak memory of a stage kind: activations and buffers from the unsharded costs,
-        # plus the option's model states. The first stage of a kind holds the most.
-        rest = {s: base[s].memory.total_bytes - base[s].memory.model_states_bytes
-                for s in kinds}
+        rest = [c.memory.total_bytes - c.memory.model_states_bytes - c.memory.gathered_bytes
+                for c in base]
         best: Evaluation | None = None
         for opt in self.options:
-            peak = max(rest[s] + opt.memory_bytes[i] for i, s in enumerate(kinds))
+            peak = max(r + m for r, m in zip(rest, opt.memory_bytes, strict=True))
             if best is not None and best.fits and peak > self.capacity:
                 continue
             if best is not None and not best.fits and peak >= best.peak_memory_bytes:
                 continue
-            time_s = self.time_with(base, opt, m, micro.vp, micro.schedule)
+            time_s = self.iteration_s(self.sharded(base, opt.sharding), micro)
             cand = Evaluation(self.layout, micro, opt.sharding, time_s, peak, self.capacity)
             if best is None or _better(cand, best):
                 best = cand
         assert best is not None
         return best
 
-    def time_with(self, base: dict[int, StageCost], opt: ShardingOption, m: int,
-                  vp: int, schedule: str = "1f1b") -> float:
-        costs_by_kind = {}
-        for s in base:
-            costs_by_kind[s] = base[s].with_sync(self.sync(s, opt.sharding),
-                                                 self.optimizer_s(s, opt.sharding))
-        stages = [costs_by_kind[k] for k in self.kinds]
-        return pipeline_time(stages, num_microbatches=m, virtual_stages=vp,
-                             schedule=schedule)[0]
+
+# Model states, data-parallel traffic and the optimizer step do not depend on the
+# micro-batch setting: sharding options are compared at this one.
+_ANY_MICRO = Micro(vp=1, mbs=1, recompute=Recompute.NONE, sequence_parallel=False)
 
 
 def _better(a: Evaluation, b: Evaluation) -> bool:

@@ -25,7 +25,6 @@ from planner.hetero.search import (
     Baseline,
     baselines_for,
     hetero_candidates,
-    kernels_for,
     merge_candidates,
     mixed_templates,
 )
@@ -43,9 +42,10 @@ from profiler.devices import device
 from profiler.schema import fail
 from profiler.store import Profiles
 
-__all__ = ["Ranked", "SearchRequest", "SearchResult", "search"]
+__all__ = ["OBJECTIVES", "Ranked", "SearchRequest", "SearchResult", "search"]
 
 GIB = 1024**3
+OBJECTIVES = ("throughput", "cost", "time-to-train")
 SOLVER_SOURCE = "sharding chosen by integer program (pulp/CBC) over all AMSP options"
 MIXED_SOURCE = ("mixed GPU types: layers split by exact min-bottleneck search, micro-batches "
                 "split so replicas finish together, stages placed by island (planner/hetero)")
@@ -180,8 +180,8 @@ def _within_budget(req: SearchRequest, iteration_s: float, usd_hour: float | Non
 
 
 def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
-    if req.objective not in ("throughput", "cost", "time-to-train"):
-        fail("--objective", req.objective, "allowed: throughput, cost, time-to-train")
+    if req.objective not in OBJECTIVES:
+        fail("--objective", req.objective, "allowed: " + ", ".join(OBJECTIVES))
     if req.objective == "time-to-train" and req.tokens is None:
         fail("--objective", req.objective, "needs --tokens (the token budget to train on)")
     if req.max_budget_usd is not None and req.tokens is None:
@@ -191,45 +191,49 @@ def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
              "needs prices: a --cluster spec with price_per_gpu_hour_usd on every node group")
 
 
-def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace,
-                  attention: str) -> tuple[list[Evaluation], dict[Layout, LayoutModel], int]:
+def _kernels(req: SearchRequest, cluster: ClusterSpec) -> Kernels:
+    """The kernels every candidate on `cluster` is priced with and its Plan records."""
+    return default_kernels([g.device for g in cluster.node_groups], attention=req.attention)
+
+
+def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace
+                  ) -> tuple[list[Evaluation], dict[Layout, LayoutModel], int]:
     models: dict[Layout, LayoutModel] = {}
     evaluations: list[Evaluation] = []
+    kernels = _kernels(req, cluster)
     work = [(lo, mi) for lo in layouts(space, req.model, gbs=req.gbs, seq_len=req.seq_len)
             for mi in candidates(space, req.model, lo, gbs=req.gbs)]
     for lo, mi in work:
         if lo not in models:
             models[lo] = LayoutModel(req.model, cluster, lo, dtype=req.dtype,
-                                     seq_len=req.seq_len, gbs=req.gbs, attention=attention,
-                                     profiles=req.profiles, optimizer="fused")
+                                     seq_len=req.seq_len, gbs=req.gbs, kernels=kernels,
+                                     profiles=req.profiles)
         evaluations.append(models[lo].evaluate(mi))
     return evaluations, models, len(work)
 
 
-def _ilp_sharding(lm: LayoutModel, micro: Micro) -> Sharding:
+def _ilp_sharding(lm: LayoutModel, micro: Micro) -> tuple[Sharding, float]:
     """The sharding of one candidate re-chosen over every AMSP option as an integer
-    program (the search loop scanned only the undominated ones)."""
+    program (the search loop scanned only the undominated ones), and its estimate."""
     base = lm.stage_costs(micro)
-    kinds = sorted(base)
-    m = micro.num_microbatches(lm.gbs, lm.layout.dp)
-    rest = {s: base[s].memory.total_bytes - base[s].memory.model_states_bytes for s in kinds}
+    rest = [c.memory.total_bytes for c in base]  # no model states in the unsharded costs
     options = [lm.option(sh) for sh in sharding_options(lm.levels)]
-    times = [lm.time_with(base, o, m, micro.vp, micro.schedule) for o in options]
-    memory = [[rest[s] + o.memory_bytes[i] for i, s in enumerate(kinds)] for o in options]
-    chosen = solve_ilp(times, memory, [lm.capacity] * len(kinds))
-    return options[chosen].sharding if chosen is not None else Sharding()
+    times = [lm.iteration_s(lm.sharded(base, o.sharding), micro) for o in options]
+    memory = [[r + m for r, m in zip(rest, o.memory_bytes, strict=True)] for o in options]
+    chosen = solve_ilp(times, memory, [lm.capacity] * len(rest))
+    if chosen is None:  # nothing fits: the scan's choice stands
+        return Sharding(), lm.iteration_s(lm.sharded(base, Sharding()), micro)
+    return options[chosen].sharding, times[chosen]
 
 
-def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sharding,
-          attention: str | None) -> Plan:
+def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sharding) -> Plan:
     lo, mi = ev.layout, ev.micro
     cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp, mbs=mi.mbs,
-                         gbs=req.gbs, seq_len=req.seq_len, recompute=mi.recompute,  # type: ignore[arg-type]
+                         gbs=req.gbs, seq_len=req.seq_len, recompute=mi.recompute,
                          sequence_parallel=mi.sequence_parallel, sharding=sharding,
                          dtype=req.dtype, schedule=mi.schedule)  # type: ignore[arg-type]
     sub = cluster.take(lo.num_gpus, where="search")
-    kernels = default_kernels([g.device for g in sub.node_groups], attention=attention)
-    return homogeneous_plan(req.model, sub, cfg, kernels=kernels)
+    return homogeneous_plan(req.model, sub, cfg, kernels=_kernels(req, cluster))
 
 
 def _egress_of(req: SearchRequest, cluster: ClusterSpec) -> Callable[[Evaluation], float]:
@@ -243,7 +247,7 @@ def _egress_of(req: SearchRequest, cluster: ClusterSpec) -> Callable[[Evaluation
     def egress(e: Evaluation) -> float:
         key = (e.layout, e.micro.mbs, e.sharding.params)
         if key not in cache:
-            cache[key] = egress_usd_per_iteration(_plan(req, cluster, e, e.sharding, None))
+            cache[key] = egress_usd_per_iteration(_plan(req, cluster, e, e.sharding))
         return cache[key]
     return egress
 
@@ -260,7 +264,6 @@ def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable
     """Ranked confirmed plans of one GPU type's cluster from its evaluated candidates;
     counts; the closest misfit."""
     evals, models, count = evaluated
-    kernels = default_kernels([g.device for g in cluster.node_groups], attention=req.attention)
     price = _price(cluster)
 
     def usd_hour(e: Evaluation) -> float | None:
@@ -275,9 +278,9 @@ def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable
     ok.sort(key=lambda e: _score(req, e.iteration_s, usd_hour(e), egress(e)))
     ranked = []
     for ev in ok[:max(req.confirm, req.top)]:
-        sharding = _ilp_sharding(models[ev.layout], ev.micro)
-        plan = _plan(req, cluster, ev, sharding, kernels.attention)
-        ranked.append(_confirm(req, plan, ev.iteration_s, simulate_fn, SOLVER_SOURCE))
+        sharding, estimate_s = _ilp_sharding(models[ev.layout], ev.micro)
+        plan = _plan(req, cluster, ev, sharding)
+        ranked.append(_confirm(req, plan, estimate_s, simulate_fn, SOLVER_SOURCE))
     return [r for r in ranked if r is not None], count, len(ok), len(models), closest
 
 
@@ -286,11 +289,10 @@ def _evaluate_task(req: SearchRequest, task: tuple) -> object:
     candidates of one GPU type, or a chunk of mixed-type templates."""
     kind, payload = task
     if kind == "homogeneous":
-        attention = kernels_for(payload, req.attention)
-        return _evaluate_all(req, payload, _space(req, payload), attention)
-    attention = kernels_for(req.cluster, req.attention)
+        return _evaluate_all(req, payload, _space(req, payload))
     return hetero_candidates(req.model, req.cluster, payload, gbs=req.gbs,
-                             seq_len=req.seq_len, dtype=req.dtype, attention=attention,
+                             seq_len=req.seq_len, dtype=req.dtype,
+                             kernels=_kernels(req, req.cluster),
                              score=functools.partial(_priced_score, req),
                              bound_score=functools.partial(_bound_score, req),
                              keep=max(req.confirm, req.top), profiles=req.profiles)
@@ -383,13 +385,12 @@ def _mixed(req: SearchRequest, per_type: dict[str, list[tuple[float, Ranked]]],
     """The best mixed-type candidates confirmed (the leaders' splits refined on the
     simulator), and the three baselines."""
     cluster = req.cluster
-    attention = kernels_for(cluster, req.attention)
     leaders = merged[0]
-    kernels = default_kernels([g.device for g in cluster.node_groups], attention=req.attention)
+    kernels = _kernels(req, cluster)
     confirmed = []
     for i, p in enumerate(leaders):
         if i < REFINED and p.template.family == "mixed-stages":
-            p = _refine(req, p, kernels, attention, simulate_fn)
+            p = _refine(req, p, kernels, simulate_fn)
         plan = p.plan(req.model, cluster, seq_len=req.seq_len, dtype=req.dtype, kernels=kernels)
         item = _confirm(req, plan, p.iteration_s, simulate_fn, MIXED_SOURCE)
         if item is not None:
@@ -398,7 +399,7 @@ def _mixed(req: SearchRequest, per_type: dict[str, list[tuple[float, Ranked]]],
     if leaders:
         for name, naive in baselines_for(leaders[0], req.model, cluster, gbs=req.gbs,
                                          seq_len=req.seq_len, dtype=req.dtype,
-                                         attention=attention, profiles=req.profiles):
+                                         kernels=kernels, profiles=req.profiles):
             baselines.append(_rate_baseline(req, name, naive, kernels, simulate_fn))
     return confirmed, baselines
 
@@ -406,8 +407,7 @@ def _mixed(req: SearchRequest, per_type: dict[str, list[tuple[float, Ranked]]],
 REFINED = 2  # leaders whose layer split is refined on the event simulator
 
 
-def _refine(req: SearchRequest, p: Priced, kernels: Kernels, attention: str,
-            simulate_fn: Callable) -> Priced:
+def _refine(req: SearchRequest, p: Priced, kernels: Kernels, simulate_fn: Callable) -> Priced:
     """Refine a mixed-stage template's layer split on the event simulator: start from the
     best of the closed form's optimum and the naive splits, then move one layer at a time
     across the boundaries between GPU types while the simulated iteration gets shorter.
@@ -417,7 +417,7 @@ def _refine(req: SearchRequest, p: Priced, kernels: Kernels, attention: str,
     def rated(layers: tuple[int, ...]) -> tuple[float, Priced | None]:
         q = price(req.model, req.cluster, p.template, pools=pools, mbs=p.mbs,
                   recompute=p.recompute, sharding=p.sharding, seq_len=req.seq_len,
-                  dtype=req.dtype, gbs=req.gbs, attention=attention, layers=layers,
+                  dtype=req.dtype, gbs=req.gbs, kernels=kernels, layers=layers,
                   microbatches=p.microbatches, schedule=p.schedule, profiles=req.profiles,
                   stage_sharding=p.stage_sharding)
         if q is None or not q.fits:
@@ -429,7 +429,7 @@ def _refine(req: SearchRequest, p: Priced, kernels: Kernels, attention: str,
     seen: dict[tuple[int, ...], tuple[float, Priced | None]] = {}
     starts = [p.layers] + [naive.layers for _, naive in baselines_for(
         p, req.model, req.cluster, gbs=req.gbs, seq_len=req.seq_len, dtype=req.dtype,
-        attention=attention, profiles=req.profiles) if naive is not None]
+        kernels=kernels, profiles=req.profiles) if naive is not None]
     for layers in starts:
         seen.setdefault(tuple(layers), rated(tuple(layers)))
     best = min(seen, key=lambda k: seen[k][0])
@@ -529,7 +529,7 @@ def _explain(req: SearchRequest, closest: list[Evaluation], total: int) -> str:
     return (
         f"nothing fits in memory among {total} candidates. Closest: tp {lo.tp}, pp {lo.pp}, "
         f"dp {lo.dp}, cp {lo.cp}, mbs {mi.mbs}, {mi.recompute} recompute, "
-        f"{'interleaved-1f1b' if mi.vp > 1 else mi.schedule} schedule, sharding P/G/OS "
+        f"{mi.schedule.for_chunks(mi.vp)} schedule, sharding P/G/OS "
         f"{sh.params}/{sh.grads}/{sh.optim}: {need:.1f} GiB per GPU, {short:.1f} GiB over "
         f"the {e.capacity_bytes / GIB:.1f} GiB available. Recompute and sharding up to the "
         f"whole data-parallel group were already tried; it would fit with GPUs of at least "

@@ -11,7 +11,17 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from planner.specs.choices import Recompute, Schedule
 from planner.specs.model import ModelSpec
+from planner.specs.rules import (
+    batch_problem,
+    chunks_problem,
+    cp_problem,
+    interleaving_problem,
+    schedule_problem,
+    tp_problem,
+)
+from profiler.schema import coerce_choices
 
 __all__ = ["Layout", "Micro", "SearchSpace", "candidates", "default_space", "layouts"]
 
@@ -29,12 +39,15 @@ class Layout:
 class Micro:
     vp: int
     mbs: int
-    recompute: str
+    recompute: Recompute
     sequence_parallel: bool
-    schedule: str = "1f1b"  # 1f1b (interleaved when vp > 1) | zb-h1
+    schedule: Schedule = Schedule.ONE_F_ONE_B  # interleaved when vp > 1
 
     def num_microbatches(self, gbs: int, dp: int) -> int:
         return gbs // (self.mbs * dp)
+
+    def __post_init__(self) -> None:
+        coerce_choices(self)
 
 
 @dataclass(frozen=True)
@@ -47,11 +60,12 @@ class SearchSpace:
     pp: tuple[int, ...]
     vp: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
     mbs: tuple[int, ...] = (1, 2, 4, 8, 16)
-    recompute: tuple[str, ...] = ("none", "selective", "full")
+    recompute: tuple[Recompute, ...] = tuple(Recompute)
     sequence_parallel: tuple[bool, ...] = (False, True)
     # ZB-H1 (Qi et al. 2024) defers weight gradients into the drain bubble: faster than
-    # 1F1B, with more activations held on later stages
-    schedule: tuple[str, ...] = ("1f1b", "zb-h1")
+    # 1F1B, with more activations held on later stages (GPipe is never faster than 1F1B
+    # and holds more, so it is not searched)
+    schedule: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.ZB_H1)
 
     @property
     def size(self) -> int:
@@ -77,14 +91,15 @@ def default_space(model: ModelSpec, *, num_gpus: tuple[int, ...], gpus_per_node:
     )
 
 
-# Named predicates: a layout or candidate is kept when every one holds.
+# Named predicates: a layout or candidate is kept when every one holds (the rules are
+# planner/specs/rules.py, which the layout check and Plan.check also ask).
 
 def tp_fits_heads(model: ModelSpec, tp: int) -> bool:
-    return model.num_heads % tp == 0 and (model.kv_heads % tp == 0 or tp % model.kv_heads == 0)
+    return tp_problem(model, tp) is None
 
 
 def cp_fits_sequence(seq_len: int, cp: int) -> bool:
-    return cp == 1 or seq_len % (2 * cp) == 0
+    return cp_problem(seq_len, cp) is None
 
 
 def split_fits_gpus(n: int, tp: int, cp: int, pp: int) -> bool:
@@ -92,23 +107,20 @@ def split_fits_gpus(n: int, tp: int, cp: int, pp: int) -> bool:
 
 
 def pp_fits_layers(model: ModelSpec, pp: int, vp: int = 1) -> bool:
-    return pp * vp <= model.num_layers
+    return chunks_problem(model.num_layers, pp, vp) is None
 
 
 def batch_divides(gbs: int, dp: int, mbs: int) -> bool:
-    return gbs % (mbs * dp) == 0
+    return batch_problem(gbs, mbs, dp) is None
 
 
 def interleaving_valid(layout: Layout, micro: Micro, gbs: int) -> bool:
-    """Megatron's interleaved schedule needs pp > 1 and micro-batches in groups of pp."""
-    if micro.vp == 1:
-        return True
-    return layout.pp > 1 and micro.num_microbatches(gbs, layout.dp) % layout.pp == 0
+    return interleaving_problem(layout.pp, micro.vp, micro.schedule,
+                                micro.num_microbatches(gbs, layout.dp)) is None
 
 
 def schedule_valid(layout: Layout, micro: Micro) -> bool:
-    """ZB-H1 needs a pipeline (pp > 1) of one chunk per stage (vp = 1)."""
-    return micro.schedule != "zb-h1" or (layout.pp > 1 and micro.vp == 1)
+    return schedule_problem(micro.schedule, layout.pp, micro.vp) is None
 
 
 def sequence_parallel_meaningful(layout: Layout, micro: Micro) -> bool:
@@ -121,7 +133,7 @@ def layouts(space: SearchSpace, model: ModelSpec, *, gbs: int, seq_len: int) -> 
                 and cp_fits_sequence(seq_len, cp) and pp_fits_layers(model, pp)):
             continue
         dp = n // (tp * cp * pp)
-        if gbs % dp:
+        if gbs % dp:  # not even one sequence per replica and micro-batch
             continue
         yield Layout(n, tp, cp, pp, dp)
 

@@ -30,11 +30,11 @@ from planner.costs.comm import group_tiers
 from planner.costs.stages import (
     BUCKET_PARAMS,
     Part,
+    PlanCosts,
     StageCost,
     dp_sync,
     exposed_s,
-    pipeline_key,
-    plan_stage_costs,
+    plan_costs,
 )
 from planner.simulator.graph import Schedule, TaskGraph, schedule
 from planner.simulator.schedules import Pass, stage_order
@@ -60,6 +60,7 @@ class Simulation:
     graph: TaskGraph
     schedule: Schedule
     representatives: list[int]  # the pipelines simulated
+    representative: list[int]  # per pipeline, the simulated one it equals
     in_flight_layers: dict[tuple[int, int], float]  # (pipeline, stage) -> peak layers held
     profiles: Profiles | None = None  # the measured profiles the costs came from
 
@@ -96,9 +97,10 @@ def _comm_stream(g: TaskGraph, plan: Plan, pi: int, si: int, devices: tuple[int,
 
 
 class _Builder:
-    def __init__(self, plan: Plan, costs: list[list[StageCost]], overlap: bool,
+    def __init__(self, plan: Plan, priced: PlanCosts, overlap: bool,
                  profiles: Profiles | None):
-        self.plan, self.costs, self.overlap = plan, costs, overlap
+        self.plan, self.costs, self.overlap = plan, priced.costs, overlap
+        self.representative = priced.representative
         self.profiles = profiles
         self.g = TaskGraph()
         self.passes: dict[tuple[int, int, str, int, int], int] = {}  # (p,s,F/B/W,c,j) -> task
@@ -260,7 +262,7 @@ class _Builder:
             params = self.costs[pi0][si0].num_params * (hi - lo) / stage.num_layers
             sync = dp_sync(plan.cluster, group, params, len(stage.devices), plan.sharding,
                            plan.training.dtype, self.profiles)
-            rep_of = {pi: self._rep(pi, reps) for pi, _ in holders}
+            rep_of = {pi: self.representative[pi] for pi, _ in holders}
             after = tuple({self.last_compute[(rep_of[pi], si)] for pi, si in holders})
             tid = self.g.add(f"grad-sync layers {lo}-{hi}", "dp",
                              _comm_stream(self.g, plan, pi0, si0, group, "dp"),
@@ -272,10 +274,6 @@ class _Builder:
             for si, cost in enumerate(self.costs[pi]):
                 self._optimizer(pi, si, cost, per_stage_reductions.get((pi, si), []))
 
-    def _rep(self, pi: int, reps: list[int]) -> int:
-        key = pipeline_key(self.plan, pi)
-        return next(r for r in reps if pipeline_key(self.plan, r) == key)
-
     def _optimizer(self, pi: int, si: int, cost: StageCost, reductions: list[int]) -> None:
         compute = self.g.stream(f"p{pi}.s{si}.compute")
         opt = self.g.add(f"optimizer p{pi}s{si}", "optimizer", compute, cost.optimizer_s,
@@ -286,23 +284,19 @@ class _Builder:
                        TaskMeta(pi, si), after=(opt,))
 
 
-def simulate_graph(plan: Plan, *, costs: list[list[StageCost]] | None = None,
+def simulate_graph(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | None = None,
                    overlap_grad_reduce: bool = True,
                    profiles: Profiles | None = None) -> Simulation:
     """Build and list-schedule the task graph of one iteration of `plan` (with `costs`
     in place of the cost model's, for tests and what-ifs; else priced with `profiles`
-    where they answer). Without overlap, gradients are reduced in one piece after each
-    stage's last backward."""
-    costs = costs if costs is not None else plan_stage_costs(plan, profiles)
-    reps, seen = [], set()
-    for pi in range(plan.dp):
-        key = pipeline_key(plan, pi)
-        if key not in seen:
-            seen.add(key)
-            reps.append(pi)
-    b = _Builder(plan, costs, overlap_grad_reduce, profiles)
+    where they answer). Identical pipelines are simulated once. Without overlap,
+    gradients are reduced in one piece after each stage's last backward."""
+    priced = PlanCosts.of(costs) if costs is not None else plan_costs(plan, profiles)
+    reps = priced.representatives
+    b = _Builder(plan, priced, overlap_grad_reduce, profiles)
     for pi in reps:
         b.pipeline(pi)
     b.data_parallel(reps)
-    return Simulation(plan=plan, costs=costs, graph=b.g, schedule=schedule(b.g),
-                      representatives=reps, in_flight_layers=b.in_flight, profiles=profiles)
+    return Simulation(plan=plan, costs=priced.costs, graph=b.g, schedule=schedule(b.g),
+                      representatives=reps, representative=priced.representative,
+                      in_flight_layers=b.in_flight, profiles=profiles)

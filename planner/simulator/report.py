@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from planner.costs.memory import MEMORY_SOURCE, stage_memory
-from planner.costs.stages import cost_sources, pipeline_key, stage_device, stage_shape
+from planner.costs.memory import MEMORY_SOURCE
+from planner.costs.stages import cost_sources
 from planner.predict.results import Breakdown, SimResult, StageSummary, make_result
 from planner.simulator.build import Simulation, TaskMeta, simulate_graph
 from planner.specs.plan import Plan
@@ -78,19 +78,11 @@ def _stage_summaries(sim: Simulation) -> tuple[StageSummary, ...]:
     actually keeps in flight."""
     plan = sim.plan
     out = []
-    rep_of = {}
-    for pi in range(plan.dp):
-        key = pipeline_key(plan, pi)
-        rep_of[pi] = next(r for r in sim.representatives if pipeline_key(plan, r) == key)
     for pi, pipe in enumerate(plan.pipelines):
         for si, stage in enumerate(pipe.stages):
             cost = sim.costs[pi][si]
-            layers = sim.in_flight_layers[(rep_of[pi], si)]
-            memory = stage_memory(plan.model, device=stage_device(plan, stage),
-                                  shape=stage_shape(plan, pi, stage), num_layers=stage.num_layers,
-                                  first=si == 0, last=si == len(pipe.stages) - 1,
-                                  pp=len(pipe.stages), recompute=stage.recompute,
-                                  sharding=plan.sharding_of(si), layers_in_flight=layers)
+            layers = sim.in_flight_layers[(sim.representative[pi], si)]
+            memory = cost.memory.with_layers_in_flight(layers)
             out.append(StageSummary(pipeline=pi, stage=si, device=cost.device,
                                     layers=stage.layers,  # type: ignore[arg-type]
                                     forward_s=cost.forward_s, backward_s=cost.backward_s,

@@ -14,12 +14,16 @@ builds the same order for one stage per rank).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from planner.specs.choices import Schedule
+
 __all__ = ["Pass", "stage_order"]
 
 Pass = tuple[str, int, int]  # ("F" | "B" | "W", chunk, micro-batch)
 
 
-def _gpipe(m: int) -> list[Pass]:
+def _gpipe(stage: int, pp: int, m: int) -> list[Pass]:
     return [("F", 0, j) for j in range(m)] + [("B", 0, j) for j in range(m)]
 
 
@@ -62,16 +66,15 @@ def _interleaved(stage: int, pp: int, m: int, vp: int) -> list[Pass]:
     return order
 
 
-def stage_order(schedule: str, *, stage: int, pp: int, num_microbatches: int,
+_ORDERS: dict[Schedule, Callable[[int, int, int], list[Pass]]] = {
+    Schedule.GPIPE: _gpipe, Schedule.ONE_F_ONE_B: _one_f_one_b, Schedule.ZB_H1: _zb_h1}
+
+
+def stage_order(schedule: Schedule, *, stage: int, pp: int, num_microbatches: int,
                 virtual_stages: int = 1) -> list[Pass]:
     """The passes stage `stage` runs, in order."""
-    if schedule == "gpipe":
-        return _gpipe(num_microbatches)
-    if schedule == "1f1b":
-        return _one_f_one_b(stage, pp, num_microbatches)
-    if schedule == "zb-h1":
-        return _zb_h1(stage, pp, num_microbatches)
-    if schedule == "interleaved-1f1b":
+    schedule = Schedule(schedule)
+    if schedule.interleaved:
         assert num_microbatches % pp == 0, "validated: m must be a multiple of pp"
         return _interleaved(stage, pp, num_microbatches, virtual_stages)
-    raise ValueError(f"unknown schedule {schedule!r}")
+    return _ORDERS[schedule](stage, pp, num_microbatches)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from profiler.devices import NIC_KINDS, DeviceSpec, device
-from profiler.schema import SpecError, at, fail, load_yaml, parse, spec_field
+from profiler.schema import SpecError, at, cached_hash, fail, load_yaml, parse, spec_field
 
 __all__ = ["ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup", "homogeneous_cluster",
            "load_cluster", "parse_gpus_arg"]
@@ -117,6 +117,7 @@ class GpuSlot:
     local: int
 
 
+@cached_hash
 @dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
     name: str

@@ -9,26 +9,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.specs.choices import Recompute, Schedule, ShardingPreset
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import (
     Kernels,
     Pipeline,
     Plan,
-    Recompute,
     Sharding,
     Stage,
     TrainDType,
     Training,
 )
-from profiler.schema import at, fail, spec_field
+from planner.specs.rules import (
+    batch_problem,
+    chunks_problem,
+    cp_problem,
+    interleaving_problem,
+    require,
+    schedule_problem,
+    sharding_problem,
+    tp_problem,
+)
+from profiler.schema import at, coerce_choices, fail, spec_field
 
-__all__ = ["SCHEDULES", "ParallelConfig", "check_parallel", "check_tp", "homogeneous_plan",
-           "sharding_preset", "split_layers"]
-
-# Schedules of a homogeneous layout (with vp > 1, 1f1b is interleaved 1F1B); zb-h1 is the
-# zero-bubble schedule of Qi et al. 2024 (needs pp > 1, vp = 1).
-SCHEDULES = ("1f1b", "gpipe", "zb-h1")
+__all__ = ["ParallelConfig", "check_parallel", "check_tp", "homogeneous_plan",
+           "megatron_devices", "sharding_preset", "split_layers"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,11 +47,11 @@ class ParallelConfig:
     mbs: int = spec_field(min=1, help="micro-batch size")
     gbs: int = spec_field(min=1, help="global batch size")
     seq_len: int = spec_field(min=1)
-    recompute: Recompute = "none"
+    recompute: Recompute = Recompute.NONE
     sequence_parallel: bool = False
     sharding: Sharding = Sharding()
     dtype: TrainDType = "bf16"
-    schedule: str = "1f1b"  # 1f1b | gpipe | zb-h1; vp > 1 means interleaved 1F1B
+    schedule: Schedule = Schedule.ONE_F_ONE_B  # with vp > 1: interleaved 1F1B
 
     @property
     def num_gpus(self) -> int:
@@ -55,54 +61,36 @@ class ParallelConfig:
     def num_microbatches(self) -> int:
         return self.gbs // (self.mbs * self.dp)
 
+    def __post_init__(self) -> None:
+        coerce_choices(self)
+
 
 def sharding_preset(name: str, dp: int) -> Sharding:
-    """ZeRO stages as points of the AMSP space."""
-    return {
-        "none": Sharding(),
-        "zero1": Sharding(optim=dp),
-        "zero2": Sharding(grads=dp, optim=dp),
-        "zero3": Sharding(params=dp, grads=dp, optim=dp),
-    }[name]
+    """A ZeRO stage as a point of the AMSP space (see `ShardingPreset`)."""
+    params, grads, optim = ShardingPreset(name).group_sizes(dp)
+    return Sharding(params=params, grads=grads, optim=optim)
 
 
 def check_tp(model: ModelSpec, tp: int, *, where: str = "--tp") -> None:
-    """Tensor parallelism splits the heads: tp must divide them (and the K/V heads, or be
-    a multiple of them, which are then replicated)."""
-    if model.num_heads % tp:
-        fail(where, tp, f"must divide num_heads {model.num_heads}")
-    if model.kv_heads % tp and tp % model.kv_heads:
-        fail(where, tp, f"must divide num_kv_heads {model.kv_heads} or be a multiple of it")
+    require(where, tp, tp_problem(model, tp))
 
 
 def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, *,
                    where: str = "--") -> None:
     """Reject configurations that cannot run, naming the knob (a SpecError)."""
     check_tp(model, cfg.tp, where=at(where, "tp"))
-    if cfg.pp * cfg.vp > model.num_layers:
-        fail(at(where, "pp"), cfg.pp,
-             f"pp*vp = {cfg.pp * cfg.vp} model chunks need at least that many layers "
-             f"(the model has {model.num_layers})")
+    require(at(where, "pp"), cfg.pp, chunks_problem(model.num_layers, cfg.pp, cfg.vp))
     if cfg.num_gpus != cluster.num_gpus:
         fail(at(where, "dp"), cfg.dp,
              f"tp*pp*dp*cp = {cfg.tp}*{cfg.pp}*{cfg.dp}*{cfg.cp} = {cfg.num_gpus} must equal "
              f"the cluster's {cluster.num_gpus} GPUs")
-    if cfg.gbs % (cfg.mbs * cfg.dp):
-        fail(at(where, "gbs"), cfg.gbs, f"must be a multiple of mbs*dp = {cfg.mbs * cfg.dp}")
-    if cfg.cp > 1 and cfg.seq_len % (2 * cfg.cp):
-        fail(at(where, "cp"), cfg.cp, f"2*cp must divide the sequence length {cfg.seq_len}")
-    if cfg.schedule not in SCHEDULES:
-        fail(at(where, "schedule"), cfg.schedule, f"allowed: {', '.join(SCHEDULES)}")
-    if cfg.schedule == "zb-h1" and (cfg.pp == 1 or cfg.vp > 1):
-        fail(at(where, "schedule"), cfg.schedule,
-             f"zb-h1 needs pp > 1 and vp = 1 (here pp {cfg.pp}, vp {cfg.vp}); "
-             f"allowed here: {'1f1b' if cfg.vp > 1 else '1f1b, gpipe'}")
-    if cfg.vp > 1 and (cfg.pp == 1 or cfg.schedule != "1f1b"):
-        fail(at(where, "vp"), cfg.vp, "interleaving needs pp > 1 and the 1f1b schedule")
+    require(at(where, "gbs"), cfg.gbs, batch_problem(cfg.gbs, cfg.mbs, cfg.dp))
+    require(at(where, "cp"), cfg.cp, cp_problem(cfg.seq_len, cfg.cp))
+    require(at(where, "schedule"), cfg.schedule, schedule_problem(cfg.schedule, cfg.pp, cfg.vp))
+    require(at(where, "vp"), cfg.vp, interleaving_problem(cfg.pp, cfg.vp, cfg.schedule))
     for name in ("params", "grads", "optim"):
         size = getattr(cfg.sharding, name)
-        if cfg.dp % size:
-            fail(at(where, f"shard_{name}"), size, f"must divide dp = {cfg.dp}")
+        require(at(where, f"shard_{name}"), size, sharding_problem(size, cfg.dp))
 
 
 def split_layers(num_layers: int, pp: int) -> list[int]:
@@ -116,29 +104,34 @@ def split_layers(num_layers: int, pp: int) -> list[int]:
     return counts
 
 
+def megatron_devices(*, tp: int, cp: int, dp: int, pp: int
+                     ) -> list[list[tuple[int, ...]]]:
+    """GPUs of each replica's stages ([replica][stage]) in Megatron-LM's rank order: tp
+    fastest, then cp, then dp, then pp (so a stage's tp group is inside a node and
+    pipeline stages span nodes)."""
+    width = tp * cp
+    return [[tuple(range(p * width * dp + d * width, p * width * dp + (d + 1) * width))
+             for p in range(pp)] for d in range(dp)]
+
+
 def homogeneous_plan(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig, *,
                      kernels: Kernels | None = None) -> Plan:
     """The explicit Plan of a homogeneous layout (validate with `check_parallel` first)."""
-    per_stage = cfg.tp * cfg.cp
     bounds = [0]
     for count in split_layers(model.num_layers, cfg.pp):
         bounds.append(bounds[-1] + count)
+    devices = megatron_devices(tp=cfg.tp, cp=cfg.cp, dp=cfg.dp, pp=cfg.pp)
     pipelines = []
     for d in range(cfg.dp):
-        stages = []
-        for p in range(cfg.pp):
-            first = p * per_stage * cfg.dp + d * per_stage
-            stages.append(Stage(layers=(bounds[p], bounds[p + 1]),
-                                devices=tuple(range(first, first + per_stage)),
-                                tp=cfg.tp, cp=cfg.cp, recompute=cfg.recompute))
-        pipelines.append(Pipeline(stages=tuple(stages), micro_batch_size=cfg.mbs,
+        stages = tuple(Stage(layers=(bounds[p], bounds[p + 1]), devices=devices[d][p],
+                             tp=cfg.tp, cp=cfg.cp, recompute=cfg.recompute)
+                       for p in range(cfg.pp))
+        pipelines.append(Pipeline(stages=stages, micro_batch_size=cfg.mbs,
                                   num_microbatches=cfg.num_microbatches))
-    schedule = "interleaved-1f1b" if cfg.vp > 1 else cfg.schedule
     # Sequence parallelism splits along the tp group; with tp 1 it is a no-op (as in Megatron).
     training = Training(global_batch_size=cfg.gbs, seq_len=cfg.seq_len, dtype=cfg.dtype,
                         sequence_parallel=cfg.sequence_parallel and cfg.tp > 1,
-                        schedule=schedule,  # type: ignore[arg-type]
-                        virtual_stages=cfg.vp)
+                        schedule=cfg.schedule.for_chunks(cfg.vp), virtual_stages=cfg.vp)
     plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
                 sharding=cfg.sharding, kernels=kernels or Kernels())
     plan.check("plan")

@@ -8,11 +8,21 @@ from functools import cache
 from importlib import resources
 from typing import Literal
 
-from profiler.schema import SpecError, at, fail, load_yaml, load_yaml_text, parse, spec_field
+from profiler.schema import (
+    SpecError,
+    at,
+    cached_hash,
+    fail,
+    load_yaml,
+    load_yaml_text,
+    parse,
+    spec_field,
+)
 
 __all__ = ["ModelSpec", "load_model", "model_presets", "preset"]
 
 
+@cached_hash
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A GPT / Llama-style decoder. Field names are the YAML keys (tools rely on them)."""

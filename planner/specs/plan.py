@@ -12,21 +12,24 @@ from __future__ import annotations
 
 import json
 import os
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
+from planner.specs.choices import Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
-from profiler.schema import SpecError, at, dump, fail, load_yaml, parse, spec_field
+from planner.specs.rules import cp_problem, require, sharding_problem, tp_problem
+from profiler.kernels import Attention, OptimizerKernel
+from profiler.schema import SpecError, at, coerce_choices, dump, fail, load_yaml, parse, spec_field
 
-__all__ = ["SCHEMA_VERSION", "Kernels", "Pipeline", "Plan", "Predicted", "Provenance",
-           "Recompute", "Schedule", "Sharding", "Stage", "Training", "describe_layout", "load_plan",
+__all__ = ["SCHEMA_VERSION", "TRAIN_DTYPES", "Kernels", "Pipeline", "Plan", "Predicted", "Provenance",
+           "Sharding", "Stage", "Training", "describe_layout", "load_plan",
            "plan_from_dict", "plan_to_dict", "save_plan"]
 
 SCHEMA_VERSION = 1
-Recompute = Literal["none", "selective", "full"]
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
 TrainDType = Literal["bf16", "fp16", "fp32"]
+TRAIN_DTYPES: tuple[str, ...] = typing.get_args(TrainDType)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +40,7 @@ class Stage:
     devices: tuple[int, ...] = spec_field(min=0, help="global GPU indices")
     tp: int = spec_field(default=1, min=1)
     cp: int = spec_field(default=1, min=1)
-    recompute: Recompute = "none"
+    recompute: Recompute = Recompute.NONE
 
     def check(self, where: str) -> None:
         if len(self.layers) != 2 or self.layers[0] >= self.layers[1]:
@@ -49,6 +52,9 @@ class Stage:
     @property
     def num_layers(self) -> int:
         return self.layers[1] - self.layers[0]
+
+    def __post_init__(self) -> None:
+        coerce_choices(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,23 +100,28 @@ class Training:
     seq_len: int = spec_field(min=1)
     dtype: TrainDType = "bf16"
     sequence_parallel: bool = False
-    schedule: Schedule = "1f1b"
+    schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = spec_field(default=1, min=1, help="interleaved chunks per stage (vp)")
     optimizer: Literal["adamw"] = "adamw"
 
     def check(self, where: str) -> None:
-        interleaved = self.schedule == "interleaved-1f1b"
-        if interleaved != (self.virtual_stages > 1):
+        if self.schedule.interleaved != (self.virtual_stages > 1):
             fail(at(where, "virtual_stages"), self.virtual_stages,
                  "> 1 exactly when schedule is interleaved-1f1b")
+
+    def __post_init__(self) -> None:
+        coerce_choices(self)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Kernels:
     """Kernel choices the executor must use (the planner records the fastest valid one)."""
 
-    attention: Literal["flash", "memory_efficient", "math"] = "flash"
-    optimizer: Literal["fused", "foreach", "for_loop"] = "fused"
+    attention: Attention = Attention.FLASH
+    optimizer: OptimizerKernel = OptimizerKernel.FUSED
+
+    def __post_init__(self) -> None:
+        coerce_choices(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,18 +166,19 @@ class Plan:
             fail(at(where, "pipelines"), [], "at least one pipeline")
         self._check_batch(where)
         self._check_stages(where)
-        if self.training.schedule == "zb-h1" and any(len(p.stages) < 2 for p in self.pipelines):
-            fail(at(where, "training.schedule"), "zb-h1",
-                 "a zero-bubble schedule needs every pipeline to have at least 2 stages; "
-                 "allowed with 1 stage: gpipe, 1f1b")
+        schedule = self.training.schedule
+        if any(len(p.stages) < schedule.min_stages for p in self.pipelines):
+            allowed = ", ".join(s for s in Schedule if s.min_stages == 1)
+            fail(at(where, "training.schedule"), schedule,
+                 f"{schedule.described} needs every pipeline to have at least "
+                 f"{schedule.min_stages} stages; allowed with 1 stage: {allowed}")
         dp = len(self.pipelines)
         for path, sh in self._shardings(where):
             sh.check(path)
             for name in ("params", "grads", "optim"):
                 size = getattr(sh, name)
-                if dp % size:
-                    fail(at(path, name), size,
-                         f"must divide the number of data-parallel replicas ({dp})")
+                require(at(path, name), size, sharding_problem(
+                    size, dp, what="the number of data-parallel replicas"))
 
     def _shardings(self, where: str) -> list[tuple[str, Sharding]]:
         """Every sharding the plan states, with where it is; checks stage_sharding's shape."""
@@ -212,6 +224,11 @@ class Plan:
         return tuple(dict.fromkeys(self.stage_sharding or (self.sharding,)))
 
     def _check_batch(self, where: str) -> None:
+        for pi, pipe in enumerate(self.pipelines):
+            if pipe.num_microbatches < 1 or pipe.micro_batch_size < 1:
+                fail(at(where, f"pipelines[{pi}]"),
+                     f"{pipe.num_microbatches} x {pipe.micro_batch_size}",
+                     "at least one micro-batch of at least one sample")
         total = sum(p.samples for p in self.pipelines)
         if total != self.training.global_batch_size:
             fail(at(where, "pipelines"), f"{total} samples",
@@ -244,15 +261,8 @@ class Plan:
                      f"stages must cover all {num_layers} layers")
 
     def _check_stage_parallel(self, stage: Stage, path: str) -> None:
-        m = self.model
-        if m.num_heads % stage.tp:
-            fail(at(path, "tp"), stage.tp, f"must divide num_heads {m.num_heads}")
-        if m.kv_heads % stage.tp and stage.tp % m.kv_heads:
-            fail(at(path, "tp"), stage.tp,
-                 f"must divide num_kv_heads {m.kv_heads} or be a multiple of it")
-        if self.training.seq_len % (stage.cp * (2 if stage.cp > 1 else 1)):
-            fail(at(path, "cp"), stage.cp,
-                 f"2*cp must divide seq_len {self.training.seq_len} (load-balanced chunks)")
+        require(at(path, "tp"), stage.tp, tp_problem(self.model, stage.tp))
+        require(at(path, "cp"), stage.cp, cp_problem(self.training.seq_len, stage.cp))
 
     @property
     def dp(self) -> int:

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from planner.costs.stages import DPSync, Part, plan_stage_costs
+from planner.costs.stages import DPSync, Part, plan_costs
 from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
@@ -24,7 +24,7 @@ def flat_costs(plan, *, fwd=1.0, bwd=2.0, wgrad=0.0, p2p=0.0, grad_sync=0.0, opt
     over its layers, nothing on embedding or head; `wgrad` s of the backward are weight
     gradients, W), the given transfer, sync, optimizer."""
     out = []
-    for pipe_costs in plan_stage_costs(plan):
+    for pipe_costs in plan_costs(plan).costs:
         row = []
         for c in pipe_costs:
             n = c.num_layers

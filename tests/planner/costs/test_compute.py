@@ -3,7 +3,7 @@
 import pytest
 
 from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, compute_source
-from planner.costs.stages import clear_cost_caches, cost_sources, layer_parts, plan_stage_costs
+from planner.costs.stages import clear_cost_caches, cost_sources, layer_parts, plan_costs
 from planner.costs.workload import Op, WorkloadShape, layer_work
 from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
@@ -70,7 +70,7 @@ def test_plan_costs_and_sources_use_the_profile(tmp_path):
     cfg = ParallelConfig(mbs=8, gbs=8, seq_len=64, dtype="fp32")
     plan = homogeneous_plan(MODEL, parse_gpus_arg("CPU:1"), cfg)
     profiles = load_profiles([_gemm_profile(tmp_path)], devices=["CPU"], dtype="fp32")
-    plain, profiled = plan_stage_costs(plan)[0][0], plan_stage_costs(plan, profiles)[0][0]
+    plain, profiled = plan_costs(plan).costs[0][0], plan_costs(plan, profiles).costs[0][0]
     assert profiled.forward.compute_s > plain.forward.compute_s
     sources = cost_sources(plan, profiles)
     assert "measured profile" in sources["compute"] and "gemm" in sources["compute"]

@@ -13,7 +13,7 @@ from planner.hetero.search import lower_bound_s, mixed_templates
 from planner.search import SearchRequest, search
 from planner.specs.cluster import load_cluster
 from planner.specs.model import preset
-from planner.specs.plan import Sharding, load_plan, save_plan
+from planner.specs.plan import Kernels, Sharding, load_plan, save_plan
 
 SHIPPED = [  # (cluster, model, gbs): one 7B-70B model per shipped mixed cluster
     ("cluster_specs/mixed-a100-v100.yaml", "llama2-13b", 256),
@@ -32,11 +32,11 @@ def test_lower_bound_never_exceeds_a_priced_candidate():
         chosen = mixed_templates(model, cluster, gbs)
         for t in rng.sample(chosen, min(12, len(chosen))):
             bound = lower_bound_s(model, cluster, t, gbs=gbs, seq_len=4096, dtype="bf16",
-                                  attention="math")
+                                  kernels=Kernels(attention="math"))
             for mbs, rc, sh in itertools.product((1, 2), ("none", "full"),
                                                  (Sharding(), Sharding(optim=t.dp))):
                 p = price(model, cluster, t, pools=pools, mbs=mbs, recompute=rc, sharding=sh,
-                          seq_len=4096, dtype="bf16", gbs=gbs, attention="math")
+                          seq_len=4096, dtype="bf16", gbs=gbs, kernels=Kernels(attention="math"))
                 if p is not None:
                     assert bound <= p.iteration_s * (1 + 1e-9), (t, mbs, rc)
 
@@ -139,7 +139,7 @@ def test_zero_bubble_on_unlike_stages_priced_as_simulated():
     checked = 0
     for t in rng.sample(chosen, 4):
         kw = dict(pools=pools, mbs=1, recompute="selective", sharding=Sharding(optim=t.dp),
-                  seq_len=4096, dtype="bf16", gbs=gbs, attention="flash")
+                  seq_len=4096, dtype="bf16", gbs=gbs, kernels=Kernels(attention="flash"))
         one = price(model, cluster, t, **kw)
         if one is None:
             continue
@@ -176,7 +176,7 @@ def test_per_stage_sharding_is_a_local_optimum_that_fits():
                   if t.pp > 1 and t.family == "mixed-stages"]
         for t in rng.sample(chosen, min(10, len(chosen))):
             kw = dict(pools=pools, mbs=1, recompute="none", seq_len=4096, dtype="bf16",
-                      gbs=gbs, attention="flash")
+                      gbs=gbs, kernels=Kernels(attention="flash"))
             options = sharding_options(t.dp)
             for sh in options[1:]:
                 whole = price(model, cluster, t, sharding=sh, **kw)

@@ -77,3 +77,19 @@ def test_two_replica_batch_split_is_the_analytic_optimum(total, f0, f1, s0, s1):
         # one of the two roundings of the analytic share
         assert continuous - 1e-9 <= finish <= continuous + max(s0, s1) + 1e-9
         assert m[0] in (int(m0), int(m0) + 1)
+
+
+@given(total=st.integers(1, 5000), weights=st.lists(st.floats(0.01, 1000), min_size=1,
+                                                    max_size=64))
+@settings(max_examples=300, deadline=None)
+def test_proportional_split_gives_everyone_at_least_one(total, weights):
+    """The throughput-proportional baseline once gave the fastest replica a negative number
+    of micro-batches (rounding many small shares up to one each)."""
+    from planner.hetero.split import proportional_split
+
+    if total < len(weights):
+        return
+    split = proportional_split(total, weights)
+    assert sum(split) == total and min(split) >= 1
+    for share, w in zip(split, weights, strict=True):  # within one of its exact share
+        assert share <= max(1, total * w / sum(weights)) + 1

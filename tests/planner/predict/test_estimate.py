@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from planner.costs.stages import plan_stage_costs
+from planner.costs.stages import plan_costs
 from planner.predict.estimate import estimate
 from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
@@ -40,7 +40,7 @@ def test_real_stages_are_close_to_the_formula():
     pipeline is slightly unbalanced: within 2% of the equal-stage formula."""
     model = dataclasses.replace(preset("megatron-1t"), vocab_size=64)
     plan, r = _result(model=model, gpus="A100-80GB-SXM:512", pp=64, gbs=512)
-    mid = plan_stage_costs(plan)[0][1]
+    mid = plan_costs(plan).costs[0][1]
     t = mid.forward_s + mid.backward_s + 2 * mid.p2p_s
     assert r.iteration_time_s == pytest.approx((512 + 64 - 1) * t, rel=0.02)
 
@@ -80,7 +80,7 @@ def test_data_parallel_sync_is_priced():
     kw = dict(model="gpt3-6.7b", gpus="A100-80GB-SXM:8", tp=1, pp=1, dp=8, gbs=64, mbs=1)
     plain_plan, plain = _result(**kw)
     zero3_plan, zero3 = _result(**kw, sharding=Sharding(params=8, grads=8, optim=8))
-    (a,), (b,) = plan_stage_costs(plain_plan)[0], plan_stage_costs(zero3_plan)[0]
+    (a,), (b,) = plan_costs(plain_plan).costs[0], plan_costs(zero3_plan).costs[0]
     assert plain.breakdown.dp_comm_s > 0
     assert a.dp.grad_iteration_s > 0 and a.dp.grad_microbatch_s == 0
     assert b.dp.grad_microbatch_s > 0 and b.dp.grad_iteration_s == 0  # reduce-scatter per mb

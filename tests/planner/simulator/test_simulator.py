@@ -146,7 +146,7 @@ def test_each_stage_priced_at_its_own_sharding():
     for the whole plan; the other stages are untouched."""
     from dataclasses import replace
 
-    from planner.costs.stages import plan_stage_costs
+    from planner.costs.stages import plan_costs
     from planner.specs.plan import Sharding
 
     cfg = ParallelConfig(tp=2, pp=2, dp=4, mbs=1, gbs=32, seq_len=2048)
@@ -160,6 +160,6 @@ def test_each_stage_priced_at_its_own_sharding():
         want_sim = simulate(whole[sh])
         assert got_sim.stages[si].memory.total_bytes == pytest.approx(
             want_sim.stages[si].memory.total_bytes)
-        assert plan_stage_costs(mixed)[0][si].dp == plan_stage_costs(whole[sh])[0][si].dp
+        assert plan_costs(mixed).costs[0][si].dp == plan_costs(whole[sh]).costs[0][si].dp
     assert (simulate(whole[zero3]).stages[1].memory.total_bytes
             < simulate(whole[zero1]).stages[1].memory.total_bytes)

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from planner.costs.memory import in_flight_chunks
-from planner.costs.stages import Part, plan_stage_costs
+from planner.costs.stages import Part, plan_costs
 from planner.predict.estimate import estimate
 from planner.simulator import simulate, simulate_detailed, write_gantt
 from planner.simulator.build import simulate_graph
@@ -105,7 +105,7 @@ def test_memory_compute_and_speed_against_1f1b(kw):
 def test_w_is_the_weight_gradient_gemms():
     """W of a layer is its `.wgrad` GEMMs: part of the backward's compute, no collectives."""
     plan = make_plan(pp=2, m=4, tp=2, schedule="zb-h1")
-    c = plan_stage_costs(plan)[0][0]
+    c = plan_costs(plan).costs[0][0]
     w, bwd = c.layer_weight_grad, c.layer_backward
     assert 0.3 * bwd.compute_s < w.compute_s < 0.6 * bwd.compute_s
     assert w.tp_s == w.cp_s == 0 and bwd.tp_s > 0
@@ -175,7 +175,7 @@ def test_real_plans_save_two_w_per_extra_stage(kw):
     ZB-H1's (p - 1)(F + B - W) = 2(p - 1)W of a middle stage, the same compute."""
     plan = make_plan(schedule="zb-h1", **kw)
     one, zb = simulate(make_plan(**kw)), simulate(plan)
-    saving = 2 * (kw["pp"] - 1) * plan_stage_costs(plan)[0][1].weight_grad_s
+    saving = 2 * (kw["pp"] - 1) * plan_costs(plan).costs[0][1].weight_grad_s
     assert one.iteration_time_s - zb.iteration_time_s == pytest.approx(saving, rel=1e-6)
     assert one.breakdown.bubble_s - zb.breakdown.bubble_s == pytest.approx(saving, rel=0.01)
     assert zb.breakdown.total_s == pytest.approx(zb.iteration_time_s, rel=1e-9)
@@ -186,7 +186,7 @@ def test_zero_w_is_1f1b():
     """With nothing to defer, ZB-H1 is 1F1B."""
     plan, base = make_plan(pp=4, m=8, schedule="zb-h1"), make_plan(pp=4, m=8)
     zero = [[dataclasses.replace(c, layer_weight_grad=Part()) for c in row]
-            for row in plan_stage_costs(plan)]
+            for row in plan_costs(plan).costs]
     assert simulate_graph(plan, costs=zero).schedule.makespan_s == pytest.approx(
         simulate_graph(base).schedule.makespan_s, rel=1e-12)
 

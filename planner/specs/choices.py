@@ -1,0 +1,84 @@
+"""The closed sets a plan chooses from, one registry each: pipeline schedules,
+recomputation modes and sharding presets. Each is a `StrEnum` (its members equal their
+names as strings, so YAML and flags read as before) whose properties say what the rest of
+the planner needs to know. Adding a schedule touches its member here, its order in
+`planner/simulator/schedules.py` (and the activation count in `costs/memory.py`), and its
+implementation in `executor/pipeline.py`; nothing else asks for it by name.
+
+Kernel names (attention backends, AdamW implementations) are shared with the profiler
+and live in `profiler/kernels.py`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["Recompute", "Schedule", "ShardingPreset", "values"]
+
+
+class Schedule(StrEnum):
+    ONE_F_ONE_B = "1f1b"  # PipeDream-flush (Narayanan et al. 2021)
+    GPIPE = "gpipe"  # all forwards, then all backwards (Huang et al. 2019)
+    INTERLEAVED_1F1B = "interleaved-1f1b"  # vp > 1 model chunks per stage (Narayanan et al. 2021)
+    ZB_H1 = "zb-h1"  # zero bubble, weight gradients deferred (Qi et al. 2024 §2.1)
+
+    @property
+    def interleaved(self) -> bool:
+        """Runs virtual_stages > 1 model chunks per stage (and only then)."""
+        return self is Schedule.INTERLEAVED_1F1B
+
+    @property
+    def splits_backward(self) -> bool:
+        """Splits each backward into B (input gradients) and W (weight gradients)."""
+        return self is Schedule.ZB_H1
+
+    @property
+    def min_stages(self) -> int:
+        """Pipeline stages it needs (a zero-bubble schedule has nothing to defer into
+        with one stage)."""
+        return 2 if self.splits_backward or self.interleaved else 1
+
+    @property
+    def described(self) -> str:
+        return "a zero-bubble schedule" if self.splits_backward else f"the {self} schedule"
+
+    @classmethod
+    def chosen(cls) -> tuple[Schedule, ...]:
+        """What a user or the search names for a layout; with vp > 1 the 1F1B choice
+        becomes interleaved 1F1B (`for_chunks`)."""
+        return tuple(s for s in cls if not s.interleaved)
+
+    def for_chunks(self, virtual_stages: int) -> Schedule:
+        """The schedule a plan records for this choice at `virtual_stages` chunks per
+        stage (Megatron-LM: 1F1B with vp > 1 is the interleaved schedule)."""
+        if virtual_stages > 1 and self is Schedule.ONE_F_ONE_B:
+            return Schedule.INTERLEAVED_1F1B
+        return self
+
+
+def values(choices: type[StrEnum] | tuple[StrEnum, ...]) -> tuple[str, ...]:
+    """The names of a registry's members (for a flag's `choices`)."""
+    return tuple(str(c) for c in choices)
+
+
+class Recompute(StrEnum):
+    """Activation recomputation (Korthikanti et al. 2022): nothing, the attention core
+    (selective), or each whole layer (full)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class ShardingPreset(StrEnum):
+    """ZeRO stages (Rajbhandari et al. 2020) as points of the AMSP space: how many of the
+    dp replicas share one copy of (parameters, gradients, optimizer states)."""
+
+    NONE = "none"
+    ZERO1 = "zero1"
+    ZERO2 = "zero2"
+    ZERO3 = "zero3"
+
+    def group_sizes(self, dp: int) -> tuple[int, int, int]:
+        return {ShardingPreset.NONE: (1, 1, 1), ShardingPreset.ZERO1: (1, 1, dp),
+                ShardingPreset.ZERO2: (1, dp, dp), ShardingPreset.ZERO3: (dp, dp, dp)}[self]

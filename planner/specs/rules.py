@@ -1,0 +1,88 @@
+"""Feasibility rules, one home each: what a layout must satisfy to run at all.
+
+Every rule returns None when it holds, else the rule as a user reads it ("must divide
+num_heads 96"); `require(where, value, problem)` turns a broken rule into the one-line
+`SpecError`. The layout check (`specs/layout.py`), `Plan.check`, the search space's
+predicates, the heterogeneous templates and the executor's preflight all ask these, so
+a rule and its message are written once.
+"""
+
+from __future__ import annotations
+
+from planner.specs.choices import Schedule
+from planner.specs.model import ModelSpec
+from profiler.schema import fail
+
+__all__ = ["batch_problem", "chunks_problem", "cp_problem", "interleaving_problem",
+           "require", "schedule_problem", "sharding_problem", "tp_problem"]
+
+
+def require(where: str, value: object, problem: str | None) -> None:
+    """Raise the SpecError of a broken rule (nothing if `problem` is None)."""
+    if problem is not None:
+        fail(where, value, problem)
+
+
+def tp_problem(model: ModelSpec, tp: int) -> str | None:
+    """Tensor parallelism splits the heads (Shoeybi et al. 2019): tp must divide them, and
+    divide the K/V heads or be a multiple of them (which are then replicated)."""
+    if model.num_heads % tp:
+        return f"must divide num_heads {model.num_heads}"
+    if model.kv_heads % tp and tp % model.kv_heads:
+        return f"must divide num_kv_heads {model.kv_heads} or be a multiple of it"
+    return None
+
+
+def cp_problem(seq_len: int, cp: int) -> str | None:
+    """Context parallelism cuts the sequence into 2*cp chunks, two per rank, so that the
+    causal work balances (Megatron-Core's load-balanced ring attention)."""
+    if cp > 1 and seq_len % (2 * cp):
+        return f"2*cp must divide the sequence length {seq_len} (load-balanced chunks)"
+    return None
+
+
+def chunks_problem(num_layers: int, pp: int, vp: int = 1) -> str | None:
+    """Every model chunk (pp stages x vp interleaved chunks) holds at least one layer."""
+    if pp * vp > num_layers:
+        return (f"pp*vp = {pp * vp} model chunks need at least that many layers (the model "
+                f"has {num_layers})")
+    return None
+
+
+def batch_problem(gbs: int, mbs: int, dp: int) -> str | None:
+    """The global batch splits into whole micro-batches over the replicas."""
+    if gbs % (mbs * dp):
+        return f"must be a multiple of mbs*dp = {mbs * dp}"
+    return None
+
+
+def schedule_problem(schedule: Schedule, pp: int, vp: int) -> str | None:
+    """What a schedule needs of the pipeline (see `Schedule`)."""
+    if pp < schedule.min_stages or (schedule.splits_backward and vp > 1):
+        allowed = [s for s in Schedule.chosen()
+                   if pp >= s.min_stages and not (s.splits_backward and vp > 1)
+                   and (vp == 1 or s is Schedule.ONE_F_ONE_B)]
+        return (f"{schedule} needs pp > {schedule.min_stages - 1}"
+                f"{' and vp = 1' if schedule.splits_backward else ''} (here pp {pp}, vp {vp}); "
+                f"allowed here: {', '.join(allowed) or 'none'}")
+    return None
+
+
+def interleaving_problem(pp: int, vp: int, schedule: Schedule,
+                         num_microbatches: int | None = None) -> str | None:
+    """Interleaved 1F1B (Narayanan et al. 2021) runs vp > 1 chunks per stage: it needs a
+    pipeline, the 1F1B order, and (Megatron-LM) micro-batches in groups of pp."""
+    if vp == 1:
+        return None
+    if pp == 1 or schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B):
+        return "interleaving needs pp > 1 and the 1f1b schedule"
+    if num_microbatches is not None and num_microbatches % pp:
+        return f"interleaved 1F1B needs micro-batches in multiples of the {pp} stages"
+    return None
+
+
+def sharding_problem(size: int, dp: int, *, what: str = "dp") -> str | None:
+    """A model-state sharding group (AMSP) is a set of whole data-parallel replicas."""
+    if dp % size:
+        return f"must divide {what} = {dp}" if what == "dp" else f"must divide {what} ({dp})"
+    return None
