@@ -1,15 +1,18 @@
-"""Distributed checkpoints with torch.distributed.checkpoint (DCP), never half-taken.
+"""Distributed checkpoints with torch.distributed.checkpoint (DCP), in a form every layout
+loads, never half-taken.
 
-A checkpoint of step n is written by all ranks into `<dir>/step-<n>.tmp/`; once every rank
-has finished, rank 0 writes `COMPLETE.json` (step and plan fingerprint) into it, syncs it,
-and renames the folder to `<dir>/step-<n>/`, an atomic operation on one file system. A
-folder without the marker, or still named `.tmp`, is never resumed from: a crash while
-writing leaves the previous checkpoint the latest complete one.
+A checkpoint of step n is written by all ranks into `<dir>/step-<n>.tmp/` in the
+layout-independent form of executor/checkpoint_layout.py (whole-model parameter names,
+each rank's boxes of them). Once every rank has finished, rank 0 writes `COMPLETE.json`
+(the step, the model, the layout that wrote it), syncs it, and renames the folder to
+`<dir>/step-<n>/`, an atomic operation on one file system. A folder without the marker,
+or still named `.tmp`, is never resumed from: a crash while writing leaves the previous
+checkpoint the latest complete one.
 
-What is saved is each rank's optimizer shard (master weights and AdamW moments, see
-executor/data_parallel.py): replicas holding the same shard save it once (DCP keeps one
-copy of equal keys). A checkpoint resumes the plan it was written by (the fingerprint is
-checked), on any number of restarts.
+Resuming (`resume`) loads the newest complete checkpoint under any layout of the same
+model (DCP reads each rank's boxes from whichever ranks wrote them); a checkpoint of
+another model is refused in one line naming what differs. Rank 0 says in one line which
+checkpoint the run resumes from and whether it reshards.
 """
 
 from __future__ import annotations
@@ -19,22 +22,32 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from dataclasses import dataclass
 
-import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
-from planner.specs.plan import Plan, plan_to_dict
+from executor.checkpoint_layout import LoadPieces, Piece, SavePieces, check_pieces
+from planner.specs.plan import Plan, describe_layout, plan_to_dict
 
-__all__ = ["COMPLETE", "fingerprint", "latest_complete", "load", "save"]
+__all__ = ["COMPLETE", "CheckpointError", "Resumed", "fingerprint", "latest_complete",
+           "resume", "save", "step_folders"]
 
 COMPLETE = "COMPLETE.json"
+FORMAT = "trainplan-checkpoint/2"  # layout-independent
 _STEP_DIR = re.compile(r"step-(\d{8})")
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used, said in one line."""
+
+
 def fingerprint(plan: Plan) -> str:
-    """What a checkpoint's layout depends on: the model, the layout, the sharding."""
+    """What a rank's share of a checkpoint depends on: the model, the layout, the
+    sharding (equal fingerprints: no resharding)."""
     data = plan_to_dict(plan)
-    keep = {k: data[k] for k in ("model", "pipelines", "sharding")}
+    keep = {k: data.get(k) for k in ("model", "sharding", "stage_sharding")}
+    keep["stages"] = [[[*s.layers, s.tp] for s in p.stages] for p in plan.pipelines]
     keep["virtual_stages"] = plan.training.virtual_stages
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -43,24 +56,79 @@ def _step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"step-{step:08d}")
 
 
-def latest_complete(root: str) -> tuple[int, str] | None:
-    """(step, folder) of the newest complete checkpoint under `root`, if any."""
-    best: tuple[int, str] | None = None
+def step_folders(root: str) -> list[tuple[int, str]]:
+    """(step, folder) of every finished save under `root` (renamed from `.tmp`; with a
+    marker or not), newest first."""
     if not os.path.isdir(root):
-        return None
-    for name in os.listdir(root):
-        m = _STEP_DIR.fullmatch(name)
-        path = os.path.join(root, name)
-        if m and os.path.isfile(os.path.join(path, COMPLETE)):
-            step = int(m.group(1))
-            if best is None or step > best[0]:
-                best = (step, path)
-    return best
+        return []
+    found = [(int(m.group(1)), os.path.join(root, name)) for name in os.listdir(root)
+             if (m := _STEP_DIR.fullmatch(name)) and os.path.isdir(os.path.join(root, name))]
+    return sorted(found, reverse=True)
 
 
-def read_marker(path: str) -> dict:
+def latest_complete(root: str) -> tuple[int, str] | None:
+    """(step, folder) of the newest checkpoint under `root` that has its marker (not yet
+    verified: `resume` does that)."""
+    return next(((s, p) for s, p in step_folders(root)
+                 if os.path.isfile(os.path.join(p, COMPLETE))), None)
+
+
+def _read_marker(path: str) -> dict:
     with open(os.path.join(path, COMPLETE), encoding="utf-8") as fh:
-        return json.load(fh)
+        marker = json.load(fh)
+    if marker.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a {FORMAT} checkpoint (written by an older "
+                              "trainplan, or not by it)")
+    return marker
+
+
+# ---- collectives (one process without a process group: world 1) -------------------------
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _from_rank0(obj: object) -> object:
+    if _rank_world()[1] == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _barrier() -> None:
+    if _rank_world()[1] > 1:
+        dist.barrier()
+
+
+# ---- save -------------------------------------------------------------------------------
+def save(root: str, step: int, pieces: list[Piece], *, plan: Plan) -> str:
+    """Write this rank's `pieces` (executor/checkpoint_layout.py) as the checkpoint after
+    `step` steps; returns its folder. Collective: every rank calls it."""
+    import torch.distributed.checkpoint as dcp
+
+    rank = _rank_world()[0]
+    final = _step_dir(root, step)
+    tmp = final + ".tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    _barrier()
+    dcp.save({}, storage_writer=FileSystemWriter(tmp), planner=SavePieces(pieces))
+    _barrier()
+    if rank == 0:
+        marker = {"format": FORMAT, "step": step, "model": plan_to_dict(plan)["model"],
+                  "plan": fingerprint(plan), "layout": describe_layout(plan)}
+        with open(os.path.join(tmp, COMPLETE), "w", encoding="utf-8") as fh:
+            json.dump(marker, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    _barrier()
+    return final
 
 
 def _fsync_dir(path: str) -> None:
@@ -71,39 +139,48 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def save(root: str, step: int, state: dict[str, torch.Tensor], *, rank: int, plan_id: str,
-         barrier: Callable[[], None]) -> str:
-    """Write `state` (every rank's) as the checkpoint after `step` steps; returns its
-    folder. Collective: every rank calls it."""
+# ---- resume -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Resumed:
+    step: int  # steps the checkpoint had done
+    path: str
+    note: str  # the one line the run says
+
+
+def _model_problem(marker: dict, plan: Plan, path: str) -> str | None:
+    """One line if the checkpoint holds another model than the plan trains."""
+    theirs, ours = marker["model"], plan_to_dict(plan)["model"]
+    differ = [f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here"
+              for k in sorted(set(theirs) | set(ours)) if k != "name"
+              and theirs.get(k) != ours.get(k)]
+    if not differ:
+        return None
+    return (f"{path} holds model {theirs.get('name')!r}, this plan trains "
+            f"{ours.get('name')!r} ({'; '.join(differ)}): resume with the model it was "
+            "written for, or another --checkpoint-dir")
+
+
+def resume(root: str, pieces: list[Piece], *, plan: Plan) -> Resumed | None:
+    """Load the newest complete checkpoint under `root` into this rank's `pieces` (in
+    place); None if there is none. Collective. Raises CheckpointError (one line) when it
+    holds another model."""
     import torch.distributed.checkpoint as dcp
 
-    final = _step_dir(root, step)
-    tmp = final + ".tmp"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    barrier()
-    dcp.save(state, checkpoint_id=tmp)
-    barrier()
-    if rank == 0:
-        with open(os.path.join(tmp, COMPLETE), "w", encoding="utf-8") as fh:
-            json.dump({"step": step, "plan": plan_id}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-    barrier()
-    return final
-
-
-def load(path: str, state: dict[str, torch.Tensor], *, plan_id: str) -> int:
-    """Load a complete checkpoint into `state`'s tensors in place; returns its step."""
-    import torch.distributed.checkpoint as dcp
-
-    marker = read_marker(path)
-    if marker["plan"] != plan_id:
-        raise ValueError(f"{path} was written by another plan (fingerprint {marker['plan']},"
-                         f" this plan's is {plan_id}); resume with the plan that wrote it")
-    dcp.load(state, checkpoint_id=path)
-    return int(marker["step"])
+    found = _from_rank0(latest_complete(root) if _rank_world()[0] == 0 else None)
+    if found is None:
+        return None
+    assert isinstance(found, tuple)
+    step, path = found
+    marker = _read_marker(path)
+    refused = _model_problem(marker, plan, path)
+    if refused:
+        raise CheckpointError(refused)
+    reader = FileSystemReader(path)
+    why = check_pieces(pieces, reader.read_metadata())
+    if why:
+        raise CheckpointError(f"{path} cannot be loaded: {why}")
+    dcp.load({}, storage_reader=reader, planner=LoadPieces(pieces))
+    note = f"resume: from step {step} ({path})"
+    if marker["plan"] != fingerprint(plan):
+        note += f"; resharded from {marker['layout']}"
+    return Resumed(step=step, path=path, note=note)

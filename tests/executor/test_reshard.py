@@ -1,0 +1,99 @@
+"""A checkpoint written under one plan resumes under another (other dp / tp / pp, a mixed
+plan into a one-type one, FSDP2 into flat buffers and back): the resumed losses equal the
+uninterrupted run's within 1e-5 relative, as every plan kind equals the one-process run
+(tests/executor/test_numerics.py). The checkpoint holds whole-model parameter names and
+each rank's boxes of them (executor/checkpoint_layout.py); DCP reads the overlaps.
+
+Plan A runs 5 steps with a checkpoint after step 3; plan B resumes from it and runs steps
+4 and 5. `python -m benchmarks.reshard_numerics` runs every pair of RESHARDS."""
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tests.executor.distributed import run_forked
+from tests.executor.test_numerics import PLANS, RTOL, STEPS, _reference
+
+SAVED_AT = 3
+
+# (written under, resumed under): plan kinds of test_numerics with the same model and batch
+RESHARDS = {
+    # dp -> tp: AMSP flat-buffer shards (partial rows) into DTensor shards of fused QKV
+    # and SwiGLU weights (regrouped rows)
+    "dp4-amsp-2-4-4 -> tp2": ("dp4-amsp-2-4-4", "tp2"),
+    # pp 2 -> pp 1: FSDP2 DTensor shards of two stages (tied twins) into one stage's flat
+    # buffers
+    "dp2xpp2-zero3 -> dp2": ("dp2xpp2-zero3", "dp2"),
+    # a mixed plan (replicas at tp 1 and tp 2, ZeRO-1 sub-pieces) -> a one-type plan
+    # (HSDP with FSDP2)
+    "mixed-tp-dp2-zero1 -> dp4-hsdp-2": ("mixed-tp-dp2-zero1", "dp4-hsdp-2"),
+    # the other directions, interleaving, zero bubble, sequence parallelism, AMSP per
+    # stage (the benchmark runs these too)
+    "tp2 -> dp4-amsp-2-4-4": ("tp2", "dp4-amsp-2-4-4"),
+    "dp2 -> dp2xpp2": ("dp2", "dp2xpp2"),
+    "tp2-sp -> hetero-dp2-zero2": ("tp2-sp", "hetero-dp2-zero2"),
+    "dp4-zero1 -> dp4-zero3": ("dp4-zero1", "dp4-zero3"),
+    "pp2-interleaved -> pp2-gpipe": ("pp2-interleaved", "pp2-gpipe"),
+    "pp2-zb-h1 -> hetero-dp2xpp2-zero3": ("pp2-zb-h1", "hetero-dp2xpp2-zero3"),
+    "hetero-dp2xpp2-zero3-zb-h1 -> dp2xpp3-per-stage-tied": (
+        "hetero-dp2xpp2-zero3-zb-h1", "dp2xpp3-per-stage-tied"),
+    "mixed-tp-dp2xpp2-tied -> tp2-sp": ("mixed-tp-dp2xpp2-tied", "tp2-sp"),
+    "mixed-tp-dp2 -> tp2xpp2-sp-zb-h1": ("mixed-tp-dp2", "tp2xpp2-sp-zb-h1"),
+    "tp2xpp2-sp -> mixed-tp-dp2xpp2-zero1-per-stage": (
+        "tp2xpp2-sp", "mixed-tp-dp2xpp2-zero1-per-stage"),
+}
+IN_CI = ("dp4-amsp-2-4-4 -> tp2", "dp2xpp2-zero3 -> dp2", "mixed-tp-dp2-zero1 -> dp4-hsdp-2")
+
+
+def reshard(case: str, folder) -> dict:
+    """Run A with a checkpoint, resume under B; the losses of both and their errors."""
+    written, resumed = (PLANS[k]() for k in RESHARDS[case])
+    assert written.model == resumed.model
+    assert written.training.global_batch_size == resumed.training.global_batch_size
+    ck = dict(checkpoint_dir=str(folder / "ck"))
+    (folder / "a").mkdir(), (folder / "b").mkdir()
+    codes, whole = run_forked(written, folder / "a", steps=STEPS, checkpoint_every=SAVED_AT,
+                              **ck)
+    assert codes == [0] * written.num_gpus_used and whole is not None, codes
+    codes, after = run_forked(resumed, folder / "b", steps=STEPS, resume=True, **ck)
+    assert codes == [0] * resumed.num_gpus_used and after is not None, codes
+    tr = written.training
+    ref = _reference(written.model.name, tr.global_batch_size, tr.seq_len)[SAVED_AT:]
+    got = after["losses"]
+    return {"first_step": after["first_step"], "note": after["resume"], "losses": got,
+            "vs_whole": max(abs(a - b) / b for a, b in zip(got, whole["losses"][SAVED_AT:],
+                                                           strict=True)),
+            "vs_reference": max(abs(a - b) / b for a, b in zip(got, ref, strict=True))}
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", IN_CI)
+def test_resume_under_another_layout_continues_the_losses(case, tmp_path):
+    out = reshard(case, tmp_path)
+    assert out["first_step"] == SAVED_AT and len(out["losses"]) == STEPS - SAVED_AT
+    assert "; resharded from dp " in out["note"], out["note"]
+    assert out["vs_whole"] < RTOL and out["vs_reference"] < RTOL, out
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("broken", ["no-optimizer-state", "fused-rows-as-one-block"])
+def test_a_resume_that_loses_state_misses_the_bound(broken, monkeypatch, tmp_path):
+    """The check can fail: resuming the weights without AdamW's state, or reading a fused
+    QKV / SwiGLU weight's rows as one block (not regrouped as tp 2 holds them), moves the
+    loss past the bound (the ranks are forked with the patch)."""
+    import executor.checkpoint_layout
+    import executor.runtime
+
+    layout = executor.checkpoint_layout
+    if broken == "no-optimizer-state":
+        load = layout.LoadPieces.__init__
+        monkeypatch.setattr(layout.LoadPieces, "__init__", lambda self, pieces: load(
+            self, [p for p in pieces if not p.key.startswith("state.")]))
+    else:
+        place_of = layout.place_of
+        monkeypatch.setattr(executor.runtime, "place_of",
+                            lambda name, p, widths=None: place_of(name, p))
+    out = reshard("dp4-amsp-2-4-4 -> tp2", tmp_path)
+    assert out["vs_whole"] > 10 * RTOL, out
