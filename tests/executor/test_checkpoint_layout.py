@@ -1,6 +1,11 @@
-"""The layout-independent checkpoint form (executor/checkpoint_layout.py), in one process."""
+"""The layout-independent checkpoint form (executor/checkpoint_layout.py) and the checks a
+checkpoint passes before it is loaded (executor/checkpoint.py), in one process."""
 
+import hashlib
+import json
 import math
+import os
+import pickle
 
 import pytest
 
@@ -107,5 +112,71 @@ def test_a_checkpoint_that_lacks_a_tensor_is_not_loaded(tmp_path):
     plan = _plan()
     checkpoint.save(str(tmp_path), 2, _pieces(torch.ones(4, 2), []), plan=plan)
     want = [*_pieces(torch.zeros(4, 2), []), Piece("v", (2,), (0,), torch.zeros(2))]
-    with pytest.raises(checkpoint.CheckpointError, match=r"it holds no tensor v"):
+    with pytest.raises(checkpoint.CheckpointError, match=r"step 2: it holds no tensor v\)"):
         checkpoint.resume(str(tmp_path), want, plan=plan)
+
+
+class _RunsCode:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def test_metadata_unpickles_dcp_classes_only(tmp_path):
+    """Even under a marker that matches it, a pickle naming anything but DCP's metadata
+    classes is refused before it can run."""
+    plan = _plan()
+    folder = checkpoint.save(str(tmp_path), 2, _pieces(torch.ones(4, 2), [1]), plan=plan)
+    marker = checkpoint.read_marker(folder, 2)
+    md = checkpoint.read_metadata(folder, marker["files"])  # DCP's own pickle reads
+    assert set(md.state_dict_metadata) == {"w", "state.w.step"}
+    sentinel = tmp_path / "code-ran"
+    with open(os.path.join(folder, ".metadata"), "wb") as fh:
+        pickle.dump(_RunsCode(str(sentinel)), fh)
+    with pytest.raises(checkpoint.CheckpointError, match="posix.mkdir is not allowed"):
+        checkpoint.read_metadata(folder, marker["files"])
+    assert not sentinel.exists()
+
+
+def test_metadata_may_point_only_into_the_listed_files(tmp_path):
+    plan = _plan()
+    folder = checkpoint.save(str(tmp_path), 2, _pieces(torch.ones(4, 2), [1]), plan=plan)
+    files = dict(checkpoint.read_marker(folder, 2)["files"])
+    shard = next(n for n in files if n.endswith(".distcp"))
+    del files[shard]
+    with pytest.raises(checkpoint.CheckpointError, match=f"points at '{shard}'"):
+        checkpoint.read_metadata(folder, files)
+
+
+@pytest.mark.parametrize(("edit", "problem"), [
+    (lambda m: m["files"].update({"../outside": m["files"][".metadata"]}),
+     "file name '../outside' is not a plain name"),
+    (lambda m: m.update(step=6), "step 6, the folder's is 2"),
+    (lambda m: m["files"].pop(".metadata"), "no file list with .metadata"),
+    (lambda m: m["files"][".metadata"].update(sha256="x"), ".metadata: no SHA-256 and size"),
+    (lambda m: m.pop("format"), "not a trainplan-checkpoint/2 marker"),
+])
+def test_a_marker_is_checked_before_it_is_used(tmp_path, edit, problem):
+    plan = _plan()
+    folder = checkpoint.save(str(tmp_path), 2, _pieces(torch.ones(4, 2), [1]), plan=plan)
+    path = os.path.join(folder, checkpoint.COMPLETE)
+    with open(path, encoding="utf-8") as fh:
+        marker = json.load(fh)
+    edit(marker)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(marker, fh)
+    with pytest.raises(checkpoint.CheckpointError, match=problem):
+        checkpoint.read_marker(folder, 2)
+
+
+def test_every_file_is_hashed_in_the_marker(tmp_path):
+    plan = _plan()
+    folder = checkpoint.save(str(tmp_path), 2, _pieces(torch.ones(4, 2), [1]), plan=plan)
+    files = checkpoint.read_marker(folder, 2)["files"]
+    assert set(files) == set(os.listdir(folder)) - {checkpoint.COMPLETE}
+    for name, info in files.items():
+        with open(os.path.join(folder, name), "rb") as fh:
+            data = fh.read()
+        assert info == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
