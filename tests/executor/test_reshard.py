@@ -97,3 +97,47 @@ def test_a_resume_that_loses_state_misses_the_bound(broken, monkeypatch, tmp_pat
                             lambda name, p, widths=None: place_of(name, p))
     out = reshard("dp4-amsp-2-4-4 -> tp2", tmp_path)
     assert out["vs_whole"] > 10 * RTOL, out
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_run_that_lost_a_node_resumes_under_a_replanned_layout(tmp_path, capsys):
+    """The path back after a node dies: plan A (dp 2 x pp 2 of debug-tiny on 2 nodes of 2
+    CPU ranks) trains with a checkpoint every 2 steps; rank 3 (on node 1) is killed at
+    step 5; `plan replan --without 1:CPU` searches the node that is left for plan B; B
+    resumes from step 4's checkpoint and its steps 5-6 continue the losses of the
+    uninterrupted one-process run."""
+    from executor.preflight import check_runnable
+    from executor.train import reference_losses
+    from planner.specs.cluster import ClusterSpec, NodeGroup
+    from planner.specs.layout import ParallelConfig, homogeneous_plan
+    from planner.specs.model import preset
+    from planner.specs.plan import load_plan, save_plan
+    from tests.executor.distributed import KERNELS, TEST_LR
+    from tests.planner.cli_helpers import run_cli
+
+    nodes = ClusterSpec(name="cpu-nodes", node_groups=(NodeGroup(
+        name="host", gpu="CPU", num_nodes=2, gpus_per_node=2, intra_node_link="loopback",
+        island="local"),)).resolved()
+    plan_a = homogeneous_plan(preset("debug-tiny"), nodes, ParallelConfig(
+        dp=2, pp=2, mbs=1, gbs=8, seq_len=32, dtype="fp32"), kernels=KERNELS)
+    save_plan(plan_a, str(tmp_path / "a.yaml"))
+    ck = dict(checkpoint_dir=str(tmp_path / "ck"))
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    codes, metrics = run_forked(plan_a, tmp_path / "a", steps=6, checkpoint_every=2,
+                                fault="3:5:kill", **ck)
+    assert codes[3] == -9 and metrics is None
+    code, _, err = run_cli(["replan", "--plan", str(tmp_path / "a.yaml"), "--without",
+                            "1:CPU", "-o", str(tmp_path / "b.yaml")], capsys)
+    assert code == 0, err
+    plan_b = load_plan(str(tmp_path / "b.yaml"))
+    check_runnable(plan_b, cuda_devices=0)  # as `plan run` would
+    assert plan_b.num_gpus_used == 2
+    codes, resumed = run_forked(plan_b, tmp_path / "b", steps=6, resume=True, **ck)
+    assert codes == [0, 0] and resumed is not None
+    assert resumed["first_step"] == 4
+    assert "; resharded from dp 2, pp 2, tp 1" in resumed["resume"], resumed["resume"]
+    ref = reference_losses(preset("debug-tiny"), global_batch_size=8, seq_len=32, steps=6,
+                           learning_rate=TEST_LR)[4:]
+    got = resumed["losses"]
+    assert max(abs(a - b) / b for a, b in zip(got, ref, strict=True)) < RTOL, (got, ref)
