@@ -115,7 +115,7 @@ def read_marker(path: str, step: int) -> dict:
     try:
         with open(file, encoding="utf-8") as fh:
             marker = json.load(fh)
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
         raise CheckpointError(f"{COMPLETE} does not read ({type(err).__name__})") from None
     problem = _marker_problem(marker, step)
     if problem:

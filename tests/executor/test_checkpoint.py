@@ -211,3 +211,29 @@ def test_a_checkpoint_of_another_model_is_refused(checkpointed, tmp_path):
     cause = first_failure(str(tmp_path / "run"))
     assert f"CheckpointError: {base / 'step-00000004'} holds model 'debug-tiny', this plan " \
            "trains 'debug-tiny-llama' (activation 'gelu' there, 'swiglu' here;" in cause, cause
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", ["flat-zero1", "mixed-tp-zero1"])
+def test_bf16_checkpoints_hold_the_fp32_masters(tmp_path, kind):
+    """In bf16 the checkpoint holds the fp32 master weights (flat buffers: the optimizer
+    shard's; mixed-tp ZeRO-1: each rank's sub-pieces), so a resume repeats the losses bit
+    for bit."""
+    from dataclasses import replace
+
+    from tests.executor.distributed import explicit
+
+    llama = preset("debug-tiny-llama")
+    if kind == "flat-zero1":
+        plan = homogeneous(llama, world=2, dp=2, mbs=2, gbs=8, sharding=Sharding(optim=2))
+    else:
+        plan = explicit(llama, world=3, sharding=Sharding(optim=2), pipelines=[
+            (2, 3, [(0, 2, [0], 1, "none")]), (2, 1, [(0, 2, [1, 2], 2, "none")])])
+    plan = replace(plan, training=replace(plan.training, dtype="bf16"))
+    ck = dict(checkpoint_dir=str(tmp_path / "ck"))
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    codes, whole = run_forked(plan, tmp_path / "a", steps=5, checkpoint_every=3, **ck)
+    assert codes == [0] * plan.num_gpus_used and whole is not None
+    codes, resumed = run_forked(plan, tmp_path / "b", steps=5, resume=True, **ck)
+    assert codes == [0] * plan.num_gpus_used and resumed is not None
+    assert resumed["first_step"] == 3 and resumed["losses"] == whole["losses"][3:]

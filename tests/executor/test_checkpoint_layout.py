@@ -171,6 +171,18 @@ def test_a_marker_is_checked_before_it_is_used(tmp_path, edit, problem):
         checkpoint.read_marker(folder, 2)
 
 
+@pytest.mark.parametrize(("data", "kind"), [(b"\xff\xfe\x00garbage", "UnicodeDecodeError"),
+                                          (b"[" * 100_000, "RecursionError"),
+                                          (b'{"format": ', "JSONDecodeError")])
+def test_a_marker_that_does_not_read_is_refused(tmp_path, data, kind):
+    plan = _plan()
+    folder = checkpoint.save(str(tmp_path), 2, _pieces(torch.ones(4, 2), [1]), plan=plan)
+    with open(os.path.join(folder, checkpoint.COMPLETE), "wb") as fh:
+        fh.write(data)
+    with pytest.raises(checkpoint.CheckpointError, match=f"does not read \\({kind}\\)"):
+        checkpoint.read_marker(folder, 2)
+
+
 def test_every_file_is_hashed_in_the_marker(tmp_path):
     plan = _plan()
     folder = checkpoint.save(str(tmp_path), 2, _pieces(torch.ones(4, 2), [1]), plan=plan)

@@ -45,32 +45,49 @@ RESHARDS = {
 IN_CI = ("dp4-amsp-2-4-4 -> tp2", "dp2xpp2-zero3 -> dp2", "mixed-tp-dp2-zero1 -> dp4-hsdp-2")
 
 
-def reshard(case: str, folder) -> dict:
-    """Run A with a checkpoint, resume under B; the losses of both and their errors."""
-    written, resumed = (PLANS[k]() for k in RESHARDS[case])
-    assert written.model == resumed.model
-    assert written.training.global_batch_size == resumed.training.global_batch_size
-    ck = dict(checkpoint_dir=str(folder / "ck"))
-    (folder / "a").mkdir(), (folder / "b").mkdir()
-    codes, whole = run_forked(written, folder / "a", steps=STEPS, checkpoint_every=SAVED_AT,
-                              **ck)
-    assert codes == [0] * written.num_gpus_used and whole is not None, codes
-    codes, after = run_forked(resumed, folder / "b", steps=STEPS, resume=True, **ck)
-    assert codes == [0] * resumed.num_gpus_used and after is not None, codes
-    tr = written.training
-    ref = _reference(written.model.name, tr.global_batch_size, tr.seq_len)[SAVED_AT:]
+def written(kind: str, folder) -> list[float]:
+    """Plan `kind`'s uninterrupted losses; its checkpoint after step SAVED_AT in folder/ck."""
+    plan = PLANS[kind]()
+    (folder / "a").mkdir()
+    codes, whole = run_forked(plan, folder / "a", steps=STEPS, checkpoint_every=SAVED_AT,
+                              checkpoint_dir=str(folder / "ck"))
+    assert codes == [0] * plan.num_gpus_used and whole is not None, codes
+    return whole["losses"]
+
+
+def resumed(kind: str, folder, run_dir, whole: list[float]) -> dict:
+    """Plan `kind` resumed from folder/ck: its losses and their errors against the
+    uninterrupted run's (`whole`) and the one-process run's."""
+    plan = PLANS[kind]()
+    run_dir.mkdir()
+    codes, after = run_forked(plan, run_dir, steps=STEPS, resume=True,
+                              checkpoint_dir=str(folder / "ck"))
+    assert codes == [0] * plan.num_gpus_used and after is not None, codes
+    tr = plan.training
+    ref = _reference(plan.model.name, tr.global_batch_size, tr.seq_len)[SAVED_AT:]
     got = after["losses"]
     return {"first_step": after["first_step"], "note": after["resume"], "losses": got,
-            "vs_whole": max(abs(a - b) / b for a, b in zip(got, whole["losses"][SAVED_AT:],
+            "vs_whole": max(abs(a - b) / b for a, b in zip(got, whole[SAVED_AT:],
                                                            strict=True)),
             "vs_reference": max(abs(a - b) / b for a, b in zip(got, ref, strict=True))}
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("case", IN_CI)
-def test_resume_under_another_layout_continues_the_losses(case, tmp_path):
-    out = reshard(case, tmp_path)
+def reshard(case: str, folder) -> dict:
+    """Run A with a checkpoint, resume under B (same model and batch)."""
+    a, b = RESHARDS[case]
+    assert PLANS[a]().model == PLANS[b]().model
+    assert PLANS[a]().training.global_batch_size == PLANS[b]().training.global_batch_size
+    return resumed(b, folder, folder / "b", written(a, folder))
+
+
+@pytest.fixture(scope="module")
+def amsp_checkpoint(tmp_path_factory):
+    """dp4-amsp-2-4-4's checkpoint (resumed under tp 2, rightly and wrongly, below)."""
+    folder = tmp_path_factory.mktemp("amsp")
+    return folder, written("dp4-amsp-2-4-4", folder)
+
+
+def _check(out: dict) -> None:
     assert out["first_step"] == SAVED_AT and len(out["losses"]) == STEPS - SAVED_AT
     assert "; resharded from dp " in out["note"], out["note"]
     assert out["vs_whole"] < RTOL and out["vs_reference"] < RTOL, out
@@ -78,11 +95,28 @@ def test_resume_under_another_layout_continues_the_losses(case, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("case", [c for c in IN_CI if not c.startswith("dp4-amsp-2-4-4 ")])
+def test_resume_under_another_layout_continues_the_losses(case, tmp_path):
+    _check(reshard(case, tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_resume_of_dp_under_tp_continues_the_losses(amsp_checkpoint, tmp_path):
+    """dp -> tp: AMSP flat-buffer shards into DTensor shards of fused weights."""
+    folder, whole = amsp_checkpoint
+    _check(resumed("tp2", folder, tmp_path / "b", whole))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("broken", ["no-optimizer-state", "fused-rows-as-one-block"])
-def test_a_resume_that_loses_state_misses_the_bound(broken, monkeypatch, tmp_path):
-    """The check can fail: resuming the weights without AdamW's state, or reading a fused
-    QKV / SwiGLU weight's rows as one block (not regrouped as tp 2 holds them), moves the
-    loss past the bound (the ranks are forked with the patch)."""
+def test_a_resume_that_loses_state_misses_the_bound(broken, amsp_checkpoint, monkeypatch,
+                                                    tmp_path):
+    """The check can fail: resuming dp4-amsp-2-4-4's weights under tp 2 without AdamW's
+    state, or reading a fused QKV / SwiGLU weight's rows as one block (not regrouped as
+    tp 2 holds them), moves the loss past the bound (the ranks are forked with the
+    patch)."""
     import executor.checkpoint_layout
     import executor.runtime
 
@@ -95,7 +129,8 @@ def test_a_resume_that_loses_state_misses_the_bound(broken, monkeypatch, tmp_pat
         place_of = layout.place_of
         monkeypatch.setattr(executor.runtime, "place_of",
                             lambda name, p, widths=None: place_of(name, p))
-    out = reshard("dp4-amsp-2-4-4 -> tp2", tmp_path)
+    folder, whole = amsp_checkpoint
+    out = resumed("tp2", folder, tmp_path / "b", whole)
     assert out["vs_whole"] > 10 * RTOL, out
 
 
