@@ -1,15 +1,32 @@
-"""Distributed checkpoints with torch.distributed.checkpoint (DCP), never half-taken.
+"""Distributed checkpoints with torch.distributed.checkpoint (DCP): in a form every layout
+loads, never half-taken, never trusted blindly.
 
-A checkpoint of step n is written by all ranks into `<dir>/step-<n>.tmp/`; once every rank
-has finished, rank 0 writes `COMPLETE.json` (step and plan fingerprint) into it, syncs it,
-and renames the folder to `<dir>/step-<n>/`, an atomic operation on one file system. A
-folder without the marker, or still named `.tmp`, is never resumed from: a crash while
-writing leaves the previous checkpoint the latest complete one.
+Writing. A checkpoint of step n is written by all ranks into `<dir>/step-<n>.tmp/` in
+the layout-independent form of executor/checkpoint_layout.py (whole-model parameter
+names, each rank's boxes of them). Once every rank has finished, the ranks hash the files
+(SHA-256, each rank a share of them) and rank 0 writes `COMPLETE.json`: the step, the
+model, the layout that wrote it, and the size and SHA-256 of every file; it syncs the
+marker and renames the folder to `<dir>/step-<n>/`, an atomic operation on one file
+system. A folder still named `.tmp` is a save that never finished: never resumed from.
 
-What is saved is each rank's optimizer shard (master weights and AdamW moments, see
-executor/data_parallel.py): replicas holding the same shard save it once (DCP keeps one
-copy of equal keys). A checkpoint resumes the plan it was written by (the fingerprint is
-checked), on any number of restarts.
+Resuming (`resume`), newest checkpoint first, one is taken only if
+
+1. its marker reads (JSON: nothing is unpickled) and is for this model (a checkpoint of
+   another model is refused outright: one line naming what differs);
+2. every file the marker lists has its size and SHA-256 (the ranks share the hashing),
+   before anything is unpickled: a damaged, truncated or replaced file is found here;
+3. DCP's `.metadata`, a pickle, unpickles with nothing but DCP's metadata classes
+   allowed (a crafted pickle under a marker made to match it runs nothing) and points
+   only into the listed files;
+4. it holds every element this layout's ranks ask for.
+
+Else the next older one is tried. Rank 0 says in one line which checkpoint the run
+resumes from, which newer ones it skipped and why, and whether it reshards (written under
+another layout: DCP reads each rank's boxes from whichever ranks wrote them). When
+checkpoints exist but none is intact the run refuses (`CheckpointError`, one line) rather
+than start over at step 1: that would overwrite the damaged checkpoints someone may want
+to repair or inspect, and a user who asked to resume does not expect to lose the run's
+progress silently. Moving the folder away starts over.
 """
 
 from __future__ import annotations
@@ -17,24 +34,41 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
-from planner.specs.plan import Plan, plan_to_dict
+from executor.checkpoint_layout import LoadPieces, Piece, SavePieces, check_pieces
+from planner.specs.plan import Plan, describe_layout, plan_to_dict
 
-__all__ = ["COMPLETE", "fingerprint", "latest_complete", "load", "save"]
+__all__ = ["COMPLETE", "CheckpointError", "Resumed", "fingerprint", "latest_complete",
+           "read_marker", "read_metadata", "resume", "save", "step_folders"]
 
 COMPLETE = "COMPLETE.json"
+FORMAT = "trainplan-checkpoint/2"  # layout-independent, with file hashes
+METADATA = ".metadata"  # DCP's (a pickle)
+MAX_MARKER_BYTES = 16 << 20
 _STEP_DIR = re.compile(r"step-(\d{8})")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_FILE = re.compile(r"[A-Za-z0-9_.-]+")  # a plain name inside the folder
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used, said in one line."""
 
 
 def fingerprint(plan: Plan) -> str:
-    """What a checkpoint's layout depends on: the model, the layout, the sharding."""
+    """What a rank's share of a checkpoint depends on: the model, the layout, the
+    sharding (equal fingerprints: no resharding)."""
     data = plan_to_dict(plan)
-    keep = {k: data[k] for k in ("model", "pipelines", "sharding")}
+    keep = {k: data.get(k) for k in ("model", "sharding", "stage_sharding")}
+    keep["stages"] = [[[*s.layers, s.tp] for s in p.stages] for p in plan.pipelines]
     keep["virtual_stages"] = plan.training.virtual_stages
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -43,24 +77,210 @@ def _step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"step-{step:08d}")
 
 
-def latest_complete(root: str) -> tuple[int, str] | None:
-    """(step, folder) of the newest complete checkpoint under `root`, if any."""
-    best: tuple[int, str] | None = None
+def step_folders(root: str) -> list[tuple[int, str]]:
+    """(step, folder) of every finished save under `root` (renamed from `.tmp`; with a
+    marker or not), newest first."""
     if not os.path.isdir(root):
-        return None
-    for name in os.listdir(root):
-        m = _STEP_DIR.fullmatch(name)
-        path = os.path.join(root, name)
-        if m and os.path.isfile(os.path.join(path, COMPLETE)):
-            step = int(m.group(1))
-            if best is None or step > best[0]:
-                best = (step, path)
-    return best
+        return []
+    found = [(int(m.group(1)), os.path.join(root, name)) for name in os.listdir(root)
+             if (m := _STEP_DIR.fullmatch(name)) and os.path.isdir(os.path.join(root, name))]
+    return sorted(found, reverse=True)
 
 
-def read_marker(path: str) -> dict:
-    with open(os.path.join(path, COMPLETE), encoding="utf-8") as fh:
-        return json.load(fh)
+def latest_complete(root: str) -> tuple[int, str] | None:
+    """(step, folder) of the newest checkpoint under `root` that has its marker (not yet
+    verified: `resume` does that)."""
+    return next(((s, p) for s, p in step_folders(root)
+                 if os.path.isfile(os.path.join(p, COMPLETE))), None)
+
+
+# ---- the marker ---------------------------------------------------------------------
+def _digest(path: str) -> dict[str, int | str]:
+    sha, size = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            sha.update(block)
+            size += len(block)
+    return {"sha256": sha.hexdigest(), "bytes": size}
+
+
+def read_marker(path: str, step: int) -> dict:
+    """The marker of the checkpoint of `step` in `path`, checked; CheckpointError says
+    what is wrong with it."""
+    file = os.path.join(path, COMPLETE)
+    if not os.path.isfile(file):
+        raise CheckpointError(f"no {COMPLETE}")
+    if os.path.getsize(file) > MAX_MARKER_BYTES:
+        raise CheckpointError(f"{COMPLETE} is over {MAX_MARKER_BYTES} bytes")
+    try:
+        with open(file, encoding="utf-8") as fh:
+            marker = json.load(fh)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise CheckpointError(f"{COMPLETE} does not read ({type(err).__name__})") from None
+    problem = _marker_problem(marker, step)
+    if problem:
+        raise CheckpointError(f"{COMPLETE}: {problem}")
+    return marker
+
+
+def _marker_problem(marker: object, step: int) -> str | None:
+    if not isinstance(marker, dict) or marker.get("format") != FORMAT:
+        return f"not a {FORMAT} marker (written by an older trainplan, or not by it)"
+    if marker.get("step") != step:
+        return f"step {marker.get('step')!r}, the folder's is {step}"
+    if not isinstance(marker.get("model"), dict) or not isinstance(marker.get("plan"), str) \
+            or not isinstance(marker.get("layout"), str):
+        return "model, plan or layout missing"
+    files = marker.get("files")
+    if not isinstance(files, dict) or METADATA not in files:
+        return f"no file list with {METADATA}"
+    for name, info in files.items():
+        if not _FILE.fullmatch(name) or name in (".", "..", COMPLETE):
+            return f"file name {name!r} is not a plain name in the folder"
+        if not isinstance(info, dict) or not _SHA256.fullmatch(str(info.get("sha256"))) \
+                or type(info.get("bytes")) is not int or info["bytes"] < 0:
+            return f"{name}: no SHA-256 and size"
+    return None
+
+
+def file_problems(path: str, files: dict[str, dict], names: list[str]) -> list[str]:
+    """What differs, among `names`, between the folder's files and the marker's `files`."""
+    out = []
+    for name in names:
+        file, want = os.path.join(path, name), files[name]
+        if os.path.islink(file) or not os.path.isfile(file):
+            out.append(f"{name} is missing")
+        elif (size := os.path.getsize(file)) != want["bytes"]:
+            out.append(f"{name} is {size} bytes, {COMPLETE} says {want['bytes']}")
+        elif _digest(file)["sha256"] != want["sha256"]:
+            out.append(f"{name} differs from its SHA-256 in {COMPLETE}")
+    return out
+
+
+# ---- DCP's metadata, unpickled with an allow-list -------------------------------------
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+_ALLOWED = {
+    ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib._local", "PosixPath"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    *((_DCP_METADATA, n) for n in ("Metadata", "MetadataIndex", "ChunkStorageMetadata",
+                                   "TensorStorageMetadata", "TensorProperties", "StorageMeta",
+                                   "_MEM_FORMAT_ENCODING")),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata classes, torch sizes and dtypes, and nothing else: a pickle
+    naming any other callable (os.system, builtins.exec, ...) is refused unrun."""
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) in _ALLOWED or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+
+
+def read_metadata(path: str, files: dict[str, dict]) -> Metadata:
+    """DCP's metadata of a checkpoint whose files were verified against `files`,
+    unpickled with the allow-list, and pointing only into those files."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    try:
+        with open(os.path.join(path, METADATA), "rb") as fh:
+            md = _MetadataUnpickler(fh).load()
+    except Exception as err:  # any malformed pickle: refuse it, say how it failed
+        raise CheckpointError(f"{METADATA} does not unpickle as DCP metadata "
+                              f"({type(err).__name__}: {str(err)[:120]})") from None
+    if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) \
+            or not isinstance(md.storage_data, dict):
+        raise CheckpointError(f"{METADATA} is not DCP metadata")
+    if not all(isinstance(k, str) and isinstance(v, TensorStorageMetadata)
+               for k, v in md.state_dict_metadata.items()):
+        raise CheckpointError(f"{METADATA} lists something other than tensors")
+    for info in md.storage_data.values():
+        if not isinstance(info, _StorageInfo) or info.relative_path not in files:
+            where = getattr(info, "relative_path", info)
+            raise CheckpointError(f"{METADATA} points at {where!r}, not a file of {COMPLETE}")
+    return md
+
+
+class _VerifiedReader(FileSystemReader):
+    """DCP's file reader with the metadata read (and checked) already: DCP unpickles
+    nothing itself (the tensors it reads with torch.load(weights_only=True))."""
+
+    def __init__(self, path: str, metadata: Metadata) -> None:
+        super().__init__(path)
+        self._metadata = metadata
+
+    def read_metadata(self, *args: object, **kwargs: object) -> Metadata:
+        if kwargs.get("rank") is not None:
+            raise CheckpointError("no rank-local metadata in a trainplan checkpoint")
+        if self._metadata.storage_meta is None:
+            self._metadata.storage_meta = StorageMeta()
+        self._metadata.storage_meta.load_id = self.load_id
+        return self._metadata
+
+
+# ---- collectives (one process without a process group: world 1) -------------------------
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _from_rank0(obj: object) -> object:
+    if _rank_world()[1] == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _everyones(obj: object) -> list:
+    world = _rank_world()[1]
+    if world == 1:
+        return [obj]
+    out: list = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _barrier() -> None:
+    if _rank_world()[1] > 1:
+        dist.barrier()
+
+
+# ---- save -------------------------------------------------------------------------------
+def save(root: str, step: int, pieces: list[Piece], *, plan: Plan) -> str:
+    """Write this rank's `pieces` (executor/checkpoint_layout.py) as the checkpoint after
+    `step` steps; returns its folder. Collective: every rank calls it."""
+    import torch.distributed.checkpoint as dcp
+
+    rank, world = _rank_world()
+    final = _step_dir(root, step)
+    tmp = final + ".tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    _barrier()
+    dcp.save({}, storage_writer=FileSystemWriter(tmp), planner=SavePieces(pieces))
+    names = _from_rank0(sorted(os.listdir(tmp)) if rank == 0 else None)
+    assert isinstance(names, list)
+    digests = _everyones({n: _digest(os.path.join(tmp, n)) for n in names[rank::world]})
+    if rank == 0:
+        files = {n: d for share in digests for n, d in share.items()}
+        marker = {"format": FORMAT, "step": step, "model": plan_to_dict(plan)["model"],
+                  "plan": fingerprint(plan), "layout": describe_layout(plan),
+                  "files": dict(sorted(files.items()))}
+        with open(os.path.join(tmp, COMPLETE), "w", encoding="utf-8") as fh:
+            json.dump(marker, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    _barrier()
+    return final
 
 
 def _fsync_dir(path: str) -> None:
@@ -71,39 +291,84 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def save(root: str, step: int, state: dict[str, torch.Tensor], *, rank: int, plan_id: str,
-         barrier: Callable[[], None]) -> str:
-    """Write `state` (every rank's) as the checkpoint after `step` steps; returns its
-    folder. Collective: every rank calls it."""
+# ---- resume -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Resumed:
+    step: int  # steps the checkpoint had done
+    path: str
+    note: str  # the one line the run says
+
+
+def _model_problem(marker: dict, plan: Plan, path: str) -> str | None:
+    """One line if the checkpoint holds another model than the plan trains."""
+    theirs, ours = marker["model"], plan_to_dict(plan)["model"]
+    differ = [f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here"
+              for k in sorted(set(theirs) | set(ours)) if k != "name"
+              and theirs.get(k) != ours.get(k)]
+    if not differ:
+        return None
+    return (f"{path} holds model {theirs.get('name')!r}, this plan trains "
+            f"{ours.get('name')!r} ({'; '.join(differ)}): resume with the model it was "
+            "written for, or another --checkpoint-dir")
+
+
+def _intact(path: str, step: int, pieces: list[Piece], plan: Plan
+            ) -> tuple[dict, Metadata] | str:
+    """The marker and metadata of the checkpoint in `path` if it is intact, else why not
+    (collective: the ranks share the hashing and agree)."""
+    rank, world = _rank_world()
+    try:
+        marker: dict | str = read_marker(path, step) if rank == 0 else ""
+    except CheckpointError as err:
+        marker = str(err)
+    marker = _from_rank0(marker)  # type: ignore[assignment]
+    if isinstance(marker, str):
+        return marker
+    refused = _model_problem(marker, plan, path)
+    if refused:
+        raise CheckpointError(refused)
+    names = sorted(marker["files"])
+    problems = [p for share in _everyones(file_problems(path, marker["files"],
+                                                        names[rank::world])) for p in share]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return problems[0] + more
+    md: Metadata | None = None
+    try:  # only now, with every file as written: the metadata pickle
+        md = read_metadata(path, marker["files"])
+        why = check_pieces(pieces, md)
+    except CheckpointError as err:
+        why = str(err)
+    whys = [w for w in _everyones(why) if w]
+    if whys:
+        return whys[0]
+    assert md is not None
+    return marker, md
+
+
+def resume(root: str, pieces: list[Piece], *, plan: Plan) -> Resumed | None:
+    """Load the newest intact checkpoint under `root` into this rank's `pieces` (in
+    place); None if there is no checkpoint. Collective. Raises CheckpointError (one line)
+    when checkpoints exist but none is intact, or they hold another model."""
     import torch.distributed.checkpoint as dcp
 
-    final = _step_dir(root, step)
-    tmp = final + ".tmp"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    barrier()
-    dcp.save(state, checkpoint_id=tmp)
-    barrier()
-    if rank == 0:
-        with open(os.path.join(tmp, COMPLETE), "w", encoding="utf-8") as fh:
-            json.dump({"step": step, "plan": plan_id}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-    barrier()
-    return final
-
-
-def load(path: str, state: dict[str, torch.Tensor], *, plan_id: str) -> int:
-    """Load a complete checkpoint into `state`'s tensors in place; returns its step."""
-    import torch.distributed.checkpoint as dcp
-
-    marker = read_marker(path)
-    if marker["plan"] != plan_id:
-        raise ValueError(f"{path} was written by another plan (fingerprint {marker['plan']},"
-                         f" this plan's is {plan_id}); resume with the plan that wrote it")
-    dcp.load(state, checkpoint_id=path)
-    return int(marker["step"])
+    folders = _from_rank0(step_folders(root) if _rank_world()[0] == 0 else None)
+    assert isinstance(folders, list)
+    if not folders:
+        return None
+    skipped = []
+    for step, path in folders:
+        found = _intact(path, step, pieces, plan)
+        if isinstance(found, str):
+            skipped.append(f"step {step}: {found}")
+            continue
+        marker, md = found
+        dcp.load({}, storage_reader=_VerifiedReader(path, md), planner=LoadPieces(pieces))
+        note = f"resume: from step {step} ({path})"
+        if skipped:
+            note += f"; skipped {'; '.join(skipped)}"
+        if marker["plan"] != fingerprint(plan):
+            note += f"; resharded from {marker['layout']}"
+        return Resumed(step=step, path=path, note=note)
+    raise CheckpointError(f"no intact checkpoint in {root} ({'; '.join(skipped)}); move it "
+                          "away to start at step 1")

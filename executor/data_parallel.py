@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from executor.checkpoint_layout import ParamPlace, Piece, state_pieces
 from executor.sharding import ShardLayout
 from executor.train import empty_adamw_state
 
@@ -53,8 +54,9 @@ class ModelState(Protocol):
     def tied_grads(self) -> list[torch.Tensor]: ...
     def reduce_grads(self) -> None: ...  # once per iteration
     def step(self) -> None: ...
-    def state_dict(self) -> dict[str, torch.Tensor]: ...
-    def loaded(self) -> None: ...
+    # this rank's model state in the layout-independent form (executor/checkpoint_layout.py)
+    def checkpoint_pieces(self) -> list[Piece]: ...
+    def loaded(self) -> None: ...  # after a checkpoint was read into those pieces
     def state_bytes(self) -> dict[str, int]: ...
 
 
@@ -84,8 +86,11 @@ class ShardedState:
 
     def __init__(self, params: Iterable[nn.Parameter], layout: ShardLayout, groups: Groups, *,
                  make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 name: str, tied: bool = False) -> None:
+                 name: str, places: list[ParamPlace], tied: bool = False) -> None:
+        """`places`: where each parameter lies in the whole model (its checkpoint form)."""
         self.params = list(params)
+        assert len(places) == len(self.params), (name, len(places), len(self.params))
+        self.places = places
         self.tied = tied  # a tied embedding (or its copy): summed with its twin first
         self.layout, self.groups, self.name = layout, groups, name
         locals_ = [local_tensor(p) for p in self.params]
@@ -206,18 +211,32 @@ class ShardedState:
                 dist.all_gather(outs, self._os_view.clone(), group=self._group(group))
 
     # ---- checkpoint and accounting ------------------------------------------------
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The optimizer shard (master weights, AdamW moments and step), keyed so that the
-        replicas holding the same shard write one copy."""
-        key = f"{self.name}/os{self.layout.os_chunk}of{self.layout.optim}"
+    def _adam(self) -> dict[str, torch.Tensor]:
+        """AdamW's state of the master weights (zeros before the first step, so that a
+        checkpoint can be read into it)."""
         state = (self.optimizer.state.get(self.master)
                  or empty_adamw_state(self.optimizer, self.master))
         self.optimizer.state[self.master] = state
-        return {f"{key}/master": self.master.data,
-                **{f"{key}/{k}": v for k, v in state.items()}}
+        return state
+
+    def checkpoint_pieces(self) -> list[Piece]:
+        """The optimizer shard (master weights, AdamW moments and step) as boxes of the
+        whole model's parameters: the part of each parameter inside the shard's range of
+        the flat buffer. Replicas holding the same shard give the same boxes (written
+        once)."""
+        adam, out = self._adam(), []
+        first = self.layout.os_chunk * self.chunk  # the shard's place in the flat buffer
+        for place, (at, n) in zip(self.places, self.offsets, strict=True):
+            lo, hi = max(at, first), min(at + n, first + self.chunk)
+            if lo < hi:
+                held = slice(lo - first, hi - first)
+                out += state_pieces(place, lo - at, hi - at, master=self.master.data[held],
+                                    adam={k: v if v.dim() == 0 else v[held]
+                                          for k, v in adam.items()}, write=place.write)
+        return out
 
     def loaded(self) -> None:
-        """After a checkpoint was loaded into `state_dict()`'s tensors: rebuild the
+        """After a checkpoint was read into `checkpoint_pieces()`' tensors: rebuild the
         parameters from the master weights, as after a step."""
         self._publish()
 

@@ -30,6 +30,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from executor.checkpoint_layout import ADAM_MOMENTS, Piece
+from executor.data_parallel import local_tensor
 from executor.model import GPT
 from executor.sharding import ShardLayout
 from executor.train import empty_adamw_state
@@ -135,18 +137,29 @@ class FsdpState:
         self.optimizer.zero_grad(set_to_none=True)
 
     # ---- checkpoint and accounting ------------------------------------------------
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Parameters and AdamW state as DTensors (DCP writes each shard once)."""
-        out: dict[str, torch.Tensor] = {}
+    def checkpoint_pieces(self) -> list[Piece]:
+        """Each parameter's shard (the fp32 master weights) and AdamW state as one box of
+        the whole parameter, where its DTensor placement puts it (HSDP's replicas give
+        the same box, written once; a tied head's copy is the embedding's)."""
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        out: list[Piece] = []
         for fqn, p in self.module.named_parameters():
+            name = self.module.init_name(fqn)
             state = self.optimizer.state.get(p) or empty_adamw_state(self.optimizer, p)
             self.optimizer.state[p] = state
-            out[f"{self.name}/{fqn}"] = p
-            out.update({f"{self.name}/{fqn}/{k}": v for k, v in state.items()})
+            sizes, offsets = compute_local_shape_and_global_offset(p.shape, p.device_mesh,
+                                                                   p.placements)
+            assert tuple(sizes) == tuple(_local(p).shape), (fqn, sizes, _local(p).shape)
+            write = name == fqn
+            for key, t in ((name, p), *((f"state.{name}.{k}", state[k])
+                                        for k in ADAM_MOMENTS)):
+                out.append(Piece(key, tuple(p.shape), tuple(offsets), local_tensor(t), write))
+            out.append(Piece(f"state.{name}.step", (), (), state["step"], write))
         return out
 
     def loaded(self) -> None:
-        pass  # DCP loaded the shards in place
+        pass  # DCP read the shards in place
 
     def state_bytes(self) -> dict[str, int]:
         params = sum(_local(p).numel() * _local(p).element_size()

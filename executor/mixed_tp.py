@@ -30,12 +30,14 @@ replica before (`Topology.embedding_pairs`), then each twin's position sums the 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from executor.checkpoint_layout import ParamPlace, Piece, range_pieces, state_pieces
 from executor.data_parallel import Groups, ShardedState, local_tensor
 from executor.sharding import ShardLayout
 from executor.train import empty_adamw_state
@@ -95,14 +97,16 @@ class MixedTpState(ShardedState):
                  position_group: tuple[int, ...], tp: int, tp_rank: int,
                  fused: dict[int, list[int]],
                  make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 name: str, tied: bool = False, replica: int = 0,
+                 name: str, places: list[ParamPlace], tied: bool = False, replica: int = 0,
                  replica_tps: list[int] | None = None, optim: int = 1) -> None:
         """`fused`: id(parameter) -> the widths of its row blocks, for fused weights;
         `tied`: a tied embedding's bucket, summed with its twin in the replica first;
         `optim` 1 or dp (ZeRO-1) over the replicas at the position, whose tps are
-        `replica_tps` (this rank's replica is number `replica`)."""
+        `replica_tps` (this rank's replica is number `replica`); `places`: where each
+        parameter lies in the whole model, written by replica 0 only (every replica holds
+        the same values, cut by its own tp)."""
         super().__init__(params, ShardLayout((rank,), rank), groups,
-                         make_optimizer=make_optimizer, name=name, tied=tied)
+                         make_optimizer=make_optimizer, name=name, places=places, tied=tied)
         self.position_group, self.tp, self.tp_rank = position_group, tp, tp_rank
         self.fused = fused
         self.full_offsets = []  # (first, numel) of each whole parameter
@@ -209,20 +213,35 @@ class MixedTpState(ShardedState):
             if not self.keep_master:
                 self.master.data = torch.empty(0, dtype=torch.float32, device=self.device)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """ZeRO-1: the sub-piece's moments (and master in mixed precision) under the
-        replica's number; in fp32 this rank's parameters (the master weights)."""
+    def checkpoint_pieces(self) -> list[Piece]:
+        """ZeRO-1: the sub-pieces' moments (and master weights in mixed precision), boxes
+        of the whole parameters that each rank writes where it publishes; in fp32 the
+        parameters (the master weights) as without ZeRO-1."""
         if self.optim == 1:
-            return super().state_dict()
-        key = f"{self.name}/os{self.replica}of{self.optim}"
+            return super().checkpoint_pieces()
         if self.master not in self.optimizer.state:
             self.optimizer.state[self.master] = empty_adamw_state(
                 self.optimizer, torch.empty(self.chunk, dtype=torch.float32,
                                             device=self.device))
-        state = self.optimizer.state[self.master]
-        held = {f"{key}/master": self.master.data} if self.keep_master else \
-            {f"{self.name}/params": self.full}
-        return {**held, **{f"{key}/{k}": v for k, v in state.items()}}
+        adam = self.optimizer.state[self.master]
+        starts = [at for at, _ in self.full_offsets]
+        out, held = [], 0
+        for lo, hi, publish in self.ranges:  # in the whole-parameter buffer
+            i = bisect.bisect_right(starts, lo) - 1
+            place = self.places[i]
+            whole = ParamPlace(place.name, place.shape, copy=place.copy)  # not cut by tp
+            part = slice(held, held + hi - lo)
+            out += state_pieces(whole, lo - starts[i], hi - starts[i],
+                                master=self.master.data[part] if self.keep_master else None,
+                                adam={k: v if v.dim() == 0 else v[part]
+                                      for k, v in adam.items()},
+                                write=publish and not place.copy)
+            held += hi - lo
+        if not self.keep_master:  # fp32: this rank's parameters are the master weights
+            for place, (at, n) in zip(self.places, self.offsets, strict=True):
+                out += range_pieces(place.name, place, self.full[at:at + n], 0, n,
+                                    write=place.write)
+        return out
 
     def loaded(self) -> None:
         if self.optim == 1 or self.keep_master:

@@ -19,19 +19,22 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import gc
 import json
 import os
 import resource
 import signal
+import sys
 import time
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
 
 from executor import checkpoint
+from executor.checkpoint_layout import ParamPlace, Piece, place_of
 from executor.data_parallel import ModelState, ShardedState
 from executor.fsdp import FsdpState, data_parallel_mesh, fsdp_applies
 from executor.groups import ProcessGroups, create_groups, shard_layout
@@ -67,6 +70,7 @@ class Metrics:
     peak_memory_bytes: list[int]  # per rank
     model_state_bytes: list[dict[str, int]]  # per rank: params, grads, optimizer
     memory_kind: str  # what peak memory measures
+    resume: str | None = None  # what a resume took (and skipped), as the run said it
 
 
 def _device(plan: Plan, topo: Topology, rank: int) -> tuple[torch.device, str]:
@@ -124,6 +128,24 @@ def _fused(module: GPT) -> dict[int, list[int]]:
     return {id(p): rows[n] for n, p in module.named_parameters() if n in rows}
 
 
+def _places(module: GPT, params: list, *, tp_rank: int, replica_writes: bool
+            ) -> list[ParamPlace]:
+    """Where each parameter lies in the whole model, and whether this rank writes it to a
+    checkpoint: not a tied head's copy (the embedding is written), a replicated one by tp
+    rank 0 only, and at a mixed-tp position only replica 0 (`replica_writes`)."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    fused = _fused(module)
+    out = []
+    for p in params:
+        name = names[id(p)]
+        place = place_of(module.init_name(name), p, widths=fused.get(id(p)))
+        copy = place.name != name
+        write = (not copy and (place.segments is not None or tp_rank == 0)
+                 and replica_writes)
+        out.append(replace(place, copy=copy, write=write))
+    return out
+
+
 def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
                  groups: ProcessGroups, *, learning_rate: float, seed: int) -> list[Chunk]:
     """This rank's model chunks, their parameters sharded as the plan says: by FSDP2
@@ -146,15 +168,18 @@ def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
         def optimizer(ps: list) -> torch.optim.Optimizer:
             return adamw(ps, implementation=plan.kernels.optimizer, learning_rate=learning_rate)
 
-        if topo.mixed_tp(plan, role.stage):
+        mixed = topo.mixed_tp(plan, role.stage)
+        places = functools.partial(_places, module, tp_rank=role.tp_rank,
+                                   replica_writes=not mixed or role.pipeline == 0)
+        if mixed:
             tp = plan.pipelines[role.pipeline].stages[role.stage].tp
             states: list = [MixedTpState(
                 ps, rank, groups.collectives, position_group=topo.position_group(
                     plan, role.stage), tp=tp, tp_rank=role.tp_rank, fused=_fused(module),
                 make_optimizer=optimizer, tied=kind == "tied", replica=role.pipeline,
+                places=places(ps),
                 replica_tps=[p.stages[role.stage].tp for p in plan.pipelines],
                 optim=plan.sharding_of(role.stage).optim,
-                # replicas of one tp hold equal shards: one checkpoint key per tp degree
                 name=f"chunk{k}/tp{role.tp_rank}of{tp}/{kind}")
                 for kind, ps in (("main", main), ("tied", tied)) if ps]
         elif fsdp:
@@ -165,7 +190,8 @@ def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
                                 split_backward=split, name=name)]
         else:
             states = [ShardedState(ps, layout, groups.collectives, make_optimizer=optimizer,
-                                   name=f"{name}/{kind}", tied=kind == "tied")
+                                   name=f"{name}/{kind}", tied=kind == "tied",
+                                   places=places(ps))
                       for kind, ps in (("main", main), ("tied", tied)) if ps]
         chunks.append(Chunk(k, module, states, first=k == 0, last=k == num_chunks - 1,
                             split_backward=split))
@@ -215,8 +241,9 @@ class Trainer:
         computes_loss = self.chunks[-1].last and role.tp_rank == 0
         return loss if computes_loss else 0.0
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v for s in self.states for k, v in s.state_dict().items()}
+    def checkpoint_pieces(self) -> list[Piece]:
+        """This rank's model state in a checkpoint's layout-independent form."""
+        return [p for s in self.states for p in s.checkpoint_pieces()]
 
     def loaded(self) -> None:
         for s in self.states:
@@ -289,20 +316,22 @@ def _peak_memory_bytes(device: torch.device) -> tuple[int, str]:
             "process peak resident set (ru_maxrss; includes the Python runtime)")
 
 
-def _resume(trainer: Trainer, settings: RunSettings, plan_id: str) -> int:
-    """Load the latest complete checkpoint; returns the number of steps it had done."""
+def _resume(trainer: Trainer, settings: RunSettings, plan: Plan, rank: int
+            ) -> tuple[int, str | None]:
+    """Load the newest intact checkpoint (under any layout: it is resharded); the number
+    of steps it had done and the line that says so (rank 0 prints it)."""
     assert settings.checkpoint_dir is not None
-    found = checkpoint.latest_complete(settings.checkpoint_dir)
+    found = checkpoint.resume(settings.checkpoint_dir, trainer.checkpoint_pieces(), plan=plan)
     if found is None:
-        return 0
-    state = trainer.state_dict()
-    done = checkpoint.load(found[1], state, plan_id=plan_id)
+        return 0, None
     trainer.loaded()
-    return done
+    if rank == 0:
+        print(f"[trainplan] {found.note}", file=sys.stderr, flush=True)
+    return found.step, found.note
 
 
 def _train(trainer: Trainer, settings: RunSettings, watchdog: Watchdog, *, start: int,
-           rank: int, device: torch.device, plan_id: str) -> tuple[list[float], list[float]]:
+           rank: int, device: torch.device, plan: Plan) -> tuple[list[float], list[float]]:
     losses, times = [], []
     for step in range(start, settings.steps):
         _inject_fault(settings, rank, step + 1)
@@ -315,13 +344,13 @@ def _train(trainer: Trainer, settings: RunSettings, watchdog: Watchdog, *, start
         if settings.checkpoint_dir and settings.checkpoint_every and \
                 done % settings.checkpoint_every == 0:
             with watchdog.phase("checkpoint"):
-                checkpoint.save(settings.checkpoint_dir, done, trainer.state_dict(), rank=rank,
-                                plan_id=plan_id, barrier=dist.barrier)
+                checkpoint.save(settings.checkpoint_dir, done, trainer.checkpoint_pieces(),
+                                plan=plan)
     return losses, times
 
 
 def _metrics(trainer: Trainer, device: torch.device, start: int, losses: list[float],
-             times: list[float]) -> Metrics:
+             times: list[float], resume: str | None) -> Metrics:
     """Everyone's measurements, combined (collective)."""
     loss_t = torch.tensor(losses, dtype=torch.float64, device=device)
     time_t = torch.tensor(times, dtype=torch.float64, device=device)
@@ -333,7 +362,7 @@ def _metrics(trainer: Trainer, device: torch.device, start: int, losses: list[fl
     dist.all_gather_object(everyone, mine)
     return Metrics(first_step=start, losses=loss_t.tolist(), step_times_s=time_t.tolist(),
                    peak_memory_bytes=[e.pop("peak") for e in everyone],
-                   model_state_bytes=everyone, memory_kind=kind)
+                   model_state_bytes=everyone, memory_kind=kind, resume=resume)
 
 
 def run_rank(plan: Plan, settings: RunSettings) -> None:
@@ -353,14 +382,13 @@ def run_rank(plan: Plan, settings: RunSettings) -> None:
     dist.barrier()
     watchdog.watch()
     try:
-        plan_id = checkpoint.fingerprint(plan)
         with watchdog.phase("setup"):
             groups = create_groups(plan, topo, rank, timeout=timeout)
             trainer = Trainer(plan, topo, rank, device, groups, watchdog, settings)
-            start = _resume(trainer, settings, plan_id) if settings.resume else 0
+            start, note = _resume(trainer, settings, plan, rank) if settings.resume else (0, None)
         losses, times = _train(trainer, settings, watchdog, start=start, rank=rank,
-                               device=device, plan_id=plan_id)
-        metrics = _metrics(trainer, device, start, losses, times)
+                               device=device, plan=plan)
+        metrics = _metrics(trainer, device, start, losses, times, note)
         if rank == 0:
             with open(os.path.join(settings.run_dir, "metrics.json"), "w",
                       encoding="utf-8") as fh:
@@ -370,7 +398,9 @@ def run_rank(plan: Plan, settings: RunSettings) -> None:
     except Exception as err:  # any failure: name the culprit and stop every rank
         import traceback
 
-        watchdog.fail(err, traceback.format_exc())
+        # a refused checkpoint is said in one line; anything else shows where it happened
+        refused = isinstance(err, checkpoint.CheckpointError)
+        watchdog.fail(err, "" if refused else traceback.format_exc())
     # FSDP-era exit-time aborts at world 4 went away with a collection before destroy
     # (shared/notes/torch-distributed-on-cpu.md).
     gc.collect()

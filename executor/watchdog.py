@@ -118,12 +118,14 @@ class Watchdog:
     def fail(self, error: BaseException, details: str) -> None:
         """This rank raised. A collective broken by a rank that died raises too: then name
         the rank that failed first (waiting up to a heartbeat timeout to see it); else
-        print `details` (the traceback), publish this error, and exit."""
+        print `details` (the traceback; none for an error said in one line), publish this
+        error, and exit."""
         broken = _in_torch_distributed(error)
         culprit = self._wait_for_culprit(STALE_S + 2 * INTERVAL_S if broken else INTERVAL_S)
         if culprit is not None:
             self._stop(*culprit)
-        print(details, file=sys.stderr, flush=True)
+        if details:
+            print(details, file=sys.stderr, flush=True)
         self._failed = True
         self._error = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         with contextlib.suppress(Exception):

@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from planner.commands import export, gpus, models, profile, run, search, simulate, whatif
+from planner.commands import export, gpus, models, profile, replan, run, search, simulate, whatif
 from planner.commands.args import Parser
 from profiler.schema import SpecError
 
@@ -20,7 +20,7 @@ __all__ = ["main"]
 
 # command name -> module with add_parser(sub) and run(args); in `plan --help` order
 COMMANDS = {"simulate": simulate, "search": search, "export": export, "what-if": whatif,
-            "profile": profile, "run": run, "models": models, "gpus": gpus}
+            "profile": profile, "run": run, "replan": replan, "models": models, "gpus": gpus}
 
 
 def build_parser() -> argparse.ArgumentParser:

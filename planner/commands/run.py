@@ -299,8 +299,8 @@ def _run_here(args: argparse.Namespace, launch: NodeLaunch, *, cpu: bool, folder
     from executor import checkpoint
     from executor.launch import first_failure, run_local
 
-    if args.resume and checkpoint.latest_complete(args.checkpoint_dir) is None:
-        print(f"plan run: no complete checkpoint in {args.checkpoint_dir}: starting at step 1",
+    if args.resume and not checkpoint.step_folders(args.checkpoint_dir):
+        print(f"plan run: no checkpoint in {args.checkpoint_dir}: starting at step 1",
               file=sys.stderr)
     cores = os.cpu_count() or 1
     if cpu and launch.num_ranks > cores:

@@ -1,0 +1,144 @@
+"""`plan replan`: the path back after nodes die. The cluster of a Plan less the lost
+nodes is searched again for the plan's own model, global batch, sequence length, dtype
+and attention kernel, and the best plan is written; its run resumes the old run's
+checkpoints (`plan run --plan NEW --checkpoint-dir DIR --resume`: checkpoints are
+layout-independent, executor/checkpoint.py).
+
+    plan replan --plan plan.yaml --without 1:A100-80GB-SXM -o plan-b.yaml
+
+Nodes of a type are taken away from the last node group of that type first (as `plan
+what-if`'s `remove`); the new plan numbers the remaining GPUs from 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from dataclasses import replace
+
+from planner.commands.args import positive_int, print_json
+from planner.commands.inputs import profiles_for, with_prediction
+from planner.errors import InfeasiblePlan
+from planner.search import SearchRequest, search
+from planner.specs.cluster import ClusterSpec, NodeGroup
+from planner.specs.plan import Plan, describe_layout, load_plan, save_plan
+from profiler.devices import device
+from profiler.schema import SpecError, fail
+
+__all__ = ["add_parser", "run", "without_nodes"]
+
+PLAN_EXTENSIONS = (".yaml", ".yml", ".json")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "replan", help="search again after nodes are lost, for a run to resume",
+        description="Search the cluster of a Plan less the lost nodes for the plan's model, "
+        "global batch, sequence length and dtype, and write the best plan; `plan run "
+        "--plan NEW --checkpoint-dir DIR --resume` then continues the old run from its "
+        "checkpoints under the new layout.")
+    p.add_argument("--plan", required=True, metavar="FILE", help="the plan that ran")
+    p.add_argument("--without", required=True, action="append", metavar="N:TYPE",
+                   help="N lost nodes of GPU type TYPE (repeatable)")
+    p.add_argument("-o", "--output", required=True, metavar="PLAN",
+                   help="write the new plan (.yaml/.json)")
+    p.add_argument("--top", type=positive_int, default=5, metavar="K",
+                   help="plans the search ranks (the best is written)")
+    p.add_argument("--profile", metavar="FILE|DIR", action="append",
+                   help="measured profile(s) to price the search, as `plan search`")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _lost(text: str) -> tuple[int, str]:
+    """`N:TYPE` -> (N, the catalog's name of TYPE)."""
+    m = re.fullmatch(r"([0-9]+):(.+)", text.strip())
+    if not m or int(m.group(1)) < 1:
+        fail("--without", text, "N:TYPE, N ≥ 1 lost nodes of GPU type TYPE")
+    try:
+        return int(m.group(1)), device(m.group(2)).name
+    except SpecError as err:  # "gpu: 'X' is not a known GPU type (...)"
+        raise SpecError(f"--without: {str(err).removeprefix('gpu: ')}") from None
+
+
+def without_nodes(cluster: ClusterSpec, lost: int, gpu: str, *, where: str = "--without"
+                  ) -> ClusterSpec:
+    """`cluster` less `lost` nodes of GPU type `gpu`, taken from its last node group of
+    that type first; island links to islands left empty go too."""
+    have = sum(g.num_nodes for g in cluster.node_groups if g.gpu == gpu)
+    if have == 0:
+        types = ", ".join(dict.fromkeys(g.gpu for g in cluster.node_groups))
+        fail(where, f"{lost}:{gpu}", f"a GPU type of the plan's cluster: {types}")
+    if lost > have:
+        fail(where, f"{lost}:{gpu}", f"the plan's cluster has {have} {gpu} node(s)")
+    kept: list[NodeGroup] = []
+    left = lost
+    for g in reversed(cluster.node_groups):
+        take = min(left, g.num_nodes) if g.gpu == gpu else 0
+        left -= take
+        if take < g.num_nodes:
+            kept.append(replace(g, num_nodes=g.num_nodes - take))
+    if not kept:
+        fail(where, f"{lost}:{gpu}", "would leave no GPUs")
+    islands = {g.island for g in kept}
+    out = replace(cluster, name=f"{cluster.name} without {lost} {gpu} node(s)",
+                  node_groups=tuple(reversed(kept)),
+                  island_links=tuple(k for k in cluster.island_links
+                                     if set(k.islands) <= islands))
+    out.check("cluster")
+    return out
+
+
+def _check_output(path: str) -> None:
+    """Before any work: a plan file name in a folder that exists."""
+    if os.path.splitext(path)[1].lower() not in PLAN_EXTENSIONS:
+        fail("--output", path, "a plan file: " + ", ".join(PLAN_EXTENSIONS))
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        fail("--output", path, f"its folder {folder} does not exist")
+    if os.path.isdir(path):
+        fail("--output", path, "a file, not a folder")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_output(args.output)
+    old = load_plan(args.plan)
+    cluster = old.cluster.resolved()
+    for text in args.without:
+        cluster = without_nodes(cluster, *_lost(text)).resolved()
+    tr = old.training
+    profiles = profiles_for(args, cluster, tr.dtype)
+    req = SearchRequest(model=old.model, cluster=cluster, gbs=tr.global_batch_size,
+                        seq_len=tr.seq_len, dtype=tr.dtype, attention=old.kernels.attention,
+                        top=args.top, profiles=profiles)
+    try:
+        best = search(req).ranked[0]
+    except InfeasiblePlan as err:
+        print(f"plan replan: no plan on {cluster.name}: {err}", file=sys.stderr)
+        return 1
+    new = with_prediction(best.plan, best.result, command=["plan", *args.argv],
+                          profiles=profiles)
+    save_plan(new, args.output)
+    summary = _summary(old, new, args.output)
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"{old.model.name}: {summary['gpus_before']} -> {summary['gpus']} GPUs "
+              f"({cluster.name})\nwas: {summary['layout_before']}\n"
+              f"now: {summary['layout']}\npredicted iteration "
+              f"{summary['iteration_time_s']:.4g} s"
+              + (f" (was {summary['iteration_time_s_before']:.4g} s)"
+                 if summary["iteration_time_s_before"] else "")
+              + f"\nwrote {args.output}; resume the run with: plan run --plan "
+              f"{args.output} --checkpoint-dir DIR --resume")
+    return 0
+
+
+def _summary(old: Plan, new: Plan, path: str) -> dict:
+    assert new.predicted is not None
+    return {"plan": path, "gpus_before": old.num_gpus_used, "gpus": new.num_gpus_used,
+            "layout_before": describe_layout(old), "layout": describe_layout(new),
+            "iteration_time_s_before": old.predicted.iteration_time_s if old.predicted
+            else None, "iteration_time_s": new.predicted.iteration_time_s,
+            "cluster": new.cluster.name}

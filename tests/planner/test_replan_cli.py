@@ -1,0 +1,103 @@
+"""`plan replan --without N:TYPE`: the cluster of a plan less lost nodes, searched again for
+the plan's own model, batch, sequence, dtype and attention; bad input is one line, exit 2;
+no plan on what is left exits 1, as `plan search` does."""
+
+import json
+
+import pytest
+
+from planner.commands.replan import without_nodes
+from planner.specs.cluster import ClusterSpec, IslandLink, NodeGroup, parse_gpus_arg
+from planner.specs.layout import ParallelConfig, homogeneous_plan
+from planner.specs.model import preset
+from planner.specs.plan import Kernels, load_plan, save_plan
+from tests.planner.cli_helpers import run_cli
+
+
+def _cpu_nodes(num_nodes):
+    return ClusterSpec(name="cpu-nodes", node_groups=(NodeGroup(
+        name="host", gpu="CPU", num_nodes=num_nodes, gpus_per_node=2,
+        intra_node_link="loopback", island="local"),)).resolved()
+
+
+@pytest.fixture
+def plan_a(tmp_path):
+    """dp 2 x pp 2 of debug-tiny on 2 nodes of 2 CPU ranks, as a file."""
+    plan = homogeneous_plan(preset("debug-tiny"), _cpu_nodes(2), ParallelConfig(
+        dp=2, pp=2, mbs=1, gbs=8, seq_len=32, dtype="fp32"),
+        kernels=Kernels(attention="math", optimizer="foreach"))
+    path = tmp_path / "a.yaml"
+    save_plan(plan, str(path))
+    return path
+
+
+def test_replan_writes_the_best_plan_for_what_is_left(plan_a, tmp_path, capsys):
+    out = tmp_path / "b.yaml"
+    code, stdout, err = run_cli(["replan", "--plan", str(plan_a), "--without", "1:CPU",
+                                 "-o", str(out)], capsys)
+    assert code == 0, err
+    old, new = load_plan(str(plan_a)), load_plan(str(out))
+    assert new.num_gpus_used == 2 and new.cluster.num_nodes == 1
+    assert new.model == old.model and new.kernels.attention == "math"
+    tr, was = new.training, old.training
+    assert (tr.global_batch_size, tr.seq_len, tr.dtype) == (was.global_batch_size,
+                                                            was.seq_len, was.dtype)
+    assert new.predicted is not None and new.provenance is not None
+    assert "replan" in new.provenance.command
+    assert stdout.startswith("debug-tiny: 4 -> 2 GPUs (cpu-nodes without 1 CPU node(s))")
+    assert f"plan run --plan {out} --checkpoint-dir DIR --resume" in stdout
+
+
+def test_replan_json(plan_a, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    code, stdout, _ = run_cli(["replan", "--plan", str(plan_a), "--without", "1:CPU",
+                               "-o", str(out), "--json"], capsys)
+    data = json.loads(stdout)
+    assert code == 0 and data["gpus_before"] == 4 and data["gpus"] == 2
+    assert data["plan"] == str(out) and load_plan(str(out)).num_gpus_used == 2
+
+
+def test_nodes_go_from_the_last_group_of_their_type_first():
+    a100 = NodeGroup(name="a", gpu="A100-80GB-SXM", num_nodes=2, island="x")
+    v100 = NodeGroup(name="v", gpu="V100-32GB-SXM2", num_nodes=2, island="y")
+    a100_late = NodeGroup(name="a2", gpu="A100-80GB-SXM", num_nodes=1, island="x")
+    link = IslandLink(islands=("x", "y"), bandwidth_gbit_per_s=100)
+    cluster = ClusterSpec(name="c", node_groups=(a100, v100, a100_late),
+                          island_links=(link,)).resolved()
+    left = without_nodes(cluster, 2, "A100-80GB-SXM")
+    assert [(g.name, g.num_nodes) for g in left.node_groups] == [("a", 1), ("v", 2)]
+    assert left.island_links == (link,)
+    no_v100 = without_nodes(cluster, 2, "V100-32GB-SXM2")  # island y empties: its link goes
+    assert [g.name for g in no_v100.node_groups] == ["a", "a2"] and no_v100.island_links == ()
+
+
+@pytest.mark.parametrize(("without", "output", "needle"), [
+    ("1:Z100", "b.yaml", "--without: 'Z100' is not a known GPU type"),
+    ("1:A100-80GB-SXM", "b.yaml", "--without: '1:A100-80GB-SXM' is not allowed (a GPU type "
+     "of the plan's cluster: CPU)"),
+    ("3:CPU", "b.yaml", "--without: '3:CPU' is not allowed (the plan's cluster has 2 CPU "
+     "node(s))"),
+    ("2:CPU", "b.yaml", "--without: '2:CPU' is not allowed (would leave no GPUs)"),
+    ("0:CPU", "b.yaml", "--without: '0:CPU' is not allowed (N:TYPE, N ≥ 1"),
+    ("CPU", "b.yaml", "--without: 'CPU' is not allowed (N:TYPE"),
+    ("1:CPU", "b.txt", "is not allowed (a plan file: .yaml, .yml, .json)"),
+    ("1:CPU", "missing/b.yaml", "does not exist"),
+])
+def test_bad_input_is_one_line_exit_2(plan_a, tmp_path, capsys, without, output, needle):
+    out = tmp_path / output
+    code, _, err = run_cli(["replan", "--plan", str(plan_a), "--without", without,
+                            "-o", str(out)], capsys)
+    assert code == 2 and needle in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_nothing_fits_on_what_is_left_exits_1(tmp_path, capsys):
+    """GPT-3 175B on 8 nodes of 8 A100s; with 7 nodes lost it fits nowhere."""
+    plan = homogeneous_plan(preset("gpt3-175b"), parse_gpus_arg("A100-80GB-SXM:64"),
+                            ParallelConfig(tp=8, pp=8, mbs=1, gbs=8, seq_len=2048))
+    save_plan(plan, str(tmp_path / "a.yaml"))
+    out = tmp_path / "b.yaml"
+    code, _, err = run_cli(["replan", "--plan", str(tmp_path / "a.yaml"), "--without",
+                            "7:A100-80GB-SXM", "-o", str(out)], capsys)
+    assert code == 1 and err.startswith("plan replan: no plan on ") and "Traceback" not in err
+    assert "nothing fits in memory" in err and not out.exists()
