@@ -3,17 +3,27 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-$(BIN)/plan: pyproject.toml
+# Every install holds torch at the CPU build (constraints.txt; PIP_CONSTRAINT reaches
+# pip's build environments too) and builds no DeepSpeed CUDA ops.
+PIP_INSTALL := PIP_CONSTRAINT=$(CURDIR)/constraints.txt DS_BUILD_OPS=0 $(BIN)/pip install -q \
+	-c constraints.txt
+
+$(BIN)/plan: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(PIP_INSTALL) -e '.[dev]'
 	touch $(BIN)/plan
+
+# the frameworks whose own parsers the export tests load configs with
+$(VENV)/.frameworks: $(BIN)/plan
+	$(PIP_INSTALL) -e '.[dev,frameworks]'
+	touch $@
 
 .PHONY: demo test lint report
 demo: $(BIN)/plan
 	$(BIN)/plan search --model gpt3-175b --cluster cluster_specs/selene-a100.yaml \
 		--gbs 1536 --tokens 300e9 -o plan.yaml
 
-test: $(BIN)/plan
+test: $(VENV)/.frameworks
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 

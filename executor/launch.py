@@ -18,12 +18,11 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from executor.topology import Topology
+from planner.export.launch import MASTER_PORT, plan_nodes
 from planner.specs.plan import Plan
 
 __all__ = ["MASTER_PORT", "NodeLaunch", "first_failure", "node_launches", "run_local"]
 
-MASTER_PORT = 29500  # torchrun's default
 WORKER = ["-m", "executor.worker"]
 
 
@@ -35,26 +34,26 @@ class NodeLaunch:
     argv: tuple[str, ...]  # after `torchrun`
 
     def command_line(self) -> str:
-        return shlex.join(["torchrun", *self.argv])
+        """The command for a shell on that node ($MASTER_ADDR left to the shell)."""
+        return shlex.join(["torchrun", *self.argv]).replace(
+            "'--master-addr=$MASTER_ADDR'", '--master-addr="$MASTER_ADDR"')
 
 
 def node_launches(plan: Plan, worker_argv: list[str]) -> list[NodeLaunch]:
-    """One torchrun command per node the plan uses (all on one node: standalone)."""
-    counts: dict[int, int] = {}
-    for role in Topology.of(plan).roles:
-        counts[role.node] = counts.get(role.node, 0) + 1
-    nodes = sorted(counts)
+    """One torchrun command per node the plan uses (all on one node: standalone); the
+    nodes and their ranks as the launch files (planner/export/launch.py) number them."""
+    nodes = plan_nodes(plan)
     out = []
-    for node_rank, node in enumerate(nodes):
+    for n in nodes:
         if len(nodes) == 1:
             rdzv = ["--standalone", "--nnodes=1"]
         else:
-            rdzv = [f"--nnodes={len(nodes)}", f"--node-rank={node_rank}",
+            rdzv = [f"--nnodes={len(nodes)}", f"--node-rank={n.node_rank}",
                     "--rdzv-backend=static", "--master-addr=$MASTER_ADDR",
                     f"--master-port={MASTER_PORT}"]
-        argv = (*rdzv, f"--nproc-per-node={counts[node]}", "--max-restarts=0", *WORKER,
+        argv = (*rdzv, f"--nproc-per-node={n.num_ranks}", "--max-restarts=0", *WORKER,
                 *worker_argv)
-        out.append(NodeLaunch(node, node_rank, counts[node], tuple(argv)))
+        out.append(NodeLaunch(n.node, n.node_rank, n.num_ranks, tuple(argv)))
     return out
 
 

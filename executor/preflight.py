@@ -136,10 +136,13 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
         fail(at(where, "kernels.attention"), "flash", "flash attention needs bf16 on GPUs")
 
 
-def check_runnable(plan: Plan, *, cuda_devices: int, where: str = "plan:") -> None:
-    """Refuse what the executor cannot run, or this host cannot (`cuda_devices` GPUs)."""
+def check_runnable(plan: Plan, *, cuda_devices: int, where: str = "plan:",
+                   host: bool = True) -> None:
+    """Refuse what the executor cannot run, or (with `host`) what this host cannot
+    (`cuda_devices` GPUs); `plan run --dry-run` checks the plan alone."""
     kind = device_kind(plan)
-    _check_host(plan, kind, cuda_devices, where)
+    if host:
+        _check_host(plan, kind, cuda_devices, where)
     _check_replicas(plan, where)
     _check_stages(plan, where)
     _check_schedule(plan, where)

@@ -1,33 +1,120 @@
-"""`plan export`: a Plan as Megatron-LM arguments, a DeepSpeed config or a torchtitan TOML."""
+"""`plan export`: a Plan as a framework's config (Megatron-LM arguments, a DeepSpeed JSON,
+a torchtitan TOML) or as launch files (a Slurm script, a Kubernetes JobSet) that run it.
+
+A config is written only when the framework expresses the plan exactly; otherwise the
+command exits 2 with one line per setting it cannot express. `--approximate` writes the
+nearest expressible plan instead and prints both plans' simulated iteration times.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from planner.export.approximate import nearest
 from planner.export.formats import FORMATS, export_plan
-from planner.specs.plan import load_plan
+from planner.export.frameworks import CAPABILITIES, FRAMEWORKS, unsupported
+from planner.specs.plan import Plan, load_plan, plan_to_dict
 
 __all__ = ["add_parser", "run"]
+
+LAUNCH_FORMATS = ("slurm", "kubernetes")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a plan in a training framework's terms",
                        description="Write a Plan as Megatron-LM command-line arguments, a "
-                       "DeepSpeed config JSON or a torchtitan TOML, and list what the "
-                       "framework cannot express.")
+                       "DeepSpeed config JSON or a torchtitan TOML, or as launch files (a Slurm "
+                       "sbatch script, a Kubernetes JobSet) that run it with a framework. "
+                       "Exits 2, naming each setting, when the framework cannot express the "
+                       "plan exactly.")
     p.add_argument("plan", metavar="PLAN", help="a Plan file (.yaml/.json)")
-    p.add_argument("--format", choices=sorted(FORMATS), required=True)
+    p.add_argument("--format", choices=(*sorted(FORMATS), *LAUNCH_FORMATS), required=True)
+    p.add_argument("--framework", choices=FRAMEWORKS,
+                   help="with --format slurm|kubernetes: what the nodes run (default trainplan, "
+                   "this project's executor)")
+    p.add_argument("--approximate", action="store_true",
+                   help="write the nearest plan the framework expresses, and print its "
+                   "simulated iteration time beside the plan's")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
 
 
+def _framework(args: argparse.Namespace) -> str:
+    if args.format in FORMATS:
+        if args.framework not in (None, args.format):
+            raise SystemExit(f"plan export: --framework {args.framework}: only with --format "
+                             "slurm or kubernetes (the format names the framework here)")
+        return args.format
+    return args.framework or "trainplan"
+
+
+def _refuse(framework: str, issues: list[str] | tuple[str, ...], *, what: str) -> int:
+    for item in issues:
+        print(f"plan export: {framework} cannot express {what}: {item}", file=sys.stderr)
+    return 2
+
+
+def _approximate(plan: Plan, framework: str) -> Plan | None:
+    """The nearest plan, with both simulated times printed; None (said why) if none."""
+    from planner.simulator import simulate
+
+    approx, changes = nearest(plan, CAPABILITIES[framework])
+    left = _issues(approx, framework)
+    if left:
+        _refuse(framework, left, what="the nearest plan either (it needs a new search)")
+        return None
+    before, after = simulate(plan), simulate(approx)
+    for change in changes:
+        print(f"plan export: approximated: {change}", file=sys.stderr)
+    delta = after.iteration_time_s / before.iteration_time_s - 1
+    fits = "" if after.fits else "; it does not fit in memory"
+    print(f"plan export: simulated iteration time: plan {before.iteration_time_s:.4g} s, "
+          f"exported {after.iteration_time_s:.4g} s ({delta:+.1%}){fits}", file=sys.stderr)
+    return approx
+
+
+def _issues(plan: Plan, framework: str) -> list[str]:
+    if framework in FORMATS:
+        return list(export_plan(plan, framework).unsupported)
+    return unsupported(plan, CAPABILITIES[framework])
+
+
+def _text(plan: Plan, args: argparse.Namespace, framework: str) -> str:
+    import yaml
+
+    from planner.export.launch import kubernetes_manifest, slurm_script
+
+    if framework == "trainplan":
+        config = yaml.safe_dump(plan_to_dict(plan), sort_keys=False, width=100)
+    else:
+        config = export_plan(plan, framework).text
+    if args.format in FORMATS:
+        return config
+    version = CAPABILITIES[framework].version
+    if args.format == "slurm":
+        return slurm_script(plan, framework=framework, config_text=config, version=version)
+    return yaml.safe_dump_all(kubernetes_manifest(plan, framework=framework, config_text=config,
+                                                  version=version), sort_keys=False, width=100)
+
+
 def run(args: argparse.Namespace) -> int:
-    out = export_plan(load_plan(args.plan), args.format)
+    framework = _framework(args)
+    plan = load_plan(args.plan)
+    issues = _issues(plan, framework)
+    if issues and not args.approximate:
+        _refuse(framework, issues, what="this plan")
+        print("plan export: nothing written; --approximate writes the nearest plan it "
+              "expresses", file=sys.stderr)
+        return 2
+    if issues:
+        approx = _approximate(plan, framework)
+        if approx is None:
+            return 2
+        plan = approx
+    text = _text(plan, args, framework)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(out.text)
+            fh.write(text)
     else:
-        sys.stdout.write(out.text)
-    for item in out.unsupported:
-        print(f"plan export: not expressible in {args.format}: {item}", file=sys.stderr)
+        sys.stdout.write(text)
     return 0

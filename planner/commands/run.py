@@ -166,7 +166,8 @@ def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
     refusals = []
     for r in ranked:
         try:
-            check_runnable(r.plan, cuda_devices=_cuda_devices(device_kind(r.plan)))
+            check_runnable(r.plan, cuda_devices=_cuda_devices(device_kind(r.plan)),
+                           host=not args.dry_run)
         except SpecError as err:
             refusals.append(str(err))
             continue
@@ -320,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
     import importlib.util
 
     _check_flags(args)
-    if importlib.util.find_spec("torch") is None:
+    if importlib.util.find_spec("torch") is None and not args.dry_run:
         fail("plan run", "torch", "not installed: pip install 'trainplan[torch]'")
     from executor.launch import node_launches
     from executor.preflight import check_runnable, device_kind
@@ -329,9 +330,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plan:
         plan = load_plan(args.plan)
-        check_runnable(plan, cuda_devices=_cuda_devices(device_kind(plan)),
-                       where=f"{args.plan}:")
-        prediction, source = _predict(args, plan)
+        # a dry run prints the launch lines of any plan on any host: plan checks only
+        check_runnable(plan, where=f"{args.plan}:", host=not args.dry_run,
+                       cuda_devices=0 if args.dry_run else _cuda_devices(device_kind(plan)))
+        prediction, source = (None, "") if args.dry_run else _predict(args, plan)
     else:
         plan, prediction, source = _search(args)
     folder, name, keep = _report_dir(args, plan.model.name, plan.cluster.name,
@@ -353,6 +355,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = _run_here(args, launches[0], cpu=device_kind(plan) == "cpu", folder=folder)
     if metrics is None:
         return 1
+    assert prediction is not None  # only a dry run goes without
     sources = "; ".join(f"{k}: {v}" for k, v in prediction.sources.items())
     report = make_report(plan, metrics, prediction=prediction, source=f"{source} ({sources})",
                          warmup=args.warmup, name=name)

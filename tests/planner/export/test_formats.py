@@ -24,7 +24,8 @@ def test_megatron_flags():
     assert pairs["--micro-batch-size"] == "2" and pairs["--global-batch-size"] == "256"
     assert pairs["--num-layers-per-virtual-pipeline-stage"] == "12"
     assert pairs["--recompute-granularity"] == "selective"
-    for flag in ("--use-distributed-optimizer", "--sequence-parallel", "--bf16", "--use-flash-attn"):
+    assert pairs["--attention-backend"] == "flash"  # megatron-core 0.16: AttnBackend.flash
+    for flag in ("--use-distributed-optimizer", "--sequence-parallel", "--bf16"):
         assert flag in args
     assert out.unsupported == ()
 

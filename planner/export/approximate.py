@@ -1,0 +1,140 @@
+"""The nearest plan a framework expresses (`plan export --approximate`).
+
+Only settings change: the schedule, interleaving, sequence parallelism, model-state
+sharding, recompute, the layer split, dtype and the attention kernel. The GPUs, the
+replicas and their batch shares stay, so a plan whose structure the framework lacks
+(mixed GPU types, unlike replicas, tp per stage, context parallelism it does not have)
+has no approximation here: that needs a new search for the framework.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from planner.export.frameworks import FrameworkCapabilities, matches_pattern, plan_shape
+from planner.specs.layout import split_layers
+from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Training
+
+__all__ = ["nearest"]
+
+_HEAVIER = ("none", "selective", "full")  # recompute, lightest first
+
+
+def nearest(plan: Plan, caps: FrameworkCapabilities) -> tuple[Plan, list[str]]:
+    """The nearest plan `caps` can express, and one line per change (the plan itself and
+    no lines when nothing needs to change; check the result with `unsupported`)."""
+    changes: list[str] = []
+    for step in (_schedule, _sequence_parallel, _sharding, _recompute, _even_split, _kernels):
+        plan = step(plan, caps, changes)
+    plan.check("plan")
+    return plan, changes
+
+
+def _training(plan: Plan, **kw: object) -> Plan:
+    return replace(plan, training=replace(plan.training, **kw))
+
+
+def _schedule(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:
+    tr = plan.training
+    if tr.schedule in caps.schedules and (tr.virtual_stages == 1 or "vp" in caps.parallelisms):
+        return plan
+    to = "1f1b" if "1f1b" in caps.schedules else sorted(caps.schedules)[0]
+    changes.append(f"schedule {tr.schedule}{f' vp {tr.virtual_stages}' if tr.virtual_stages > 1 else ''}"
+                   f" -> {to}")
+    return _training(plan, schedule=to, virtual_stages=1)
+
+
+def _sequence_parallel(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:
+    sp, tp = plan.training.sequence_parallel, plan_shape(plan).tp
+    if sp and caps.sequence_parallel == "never":
+        changes.append("sequence parallelism -> off")
+        return _training(plan, sequence_parallel=False)
+    if not sp and tp > 1 and caps.sequence_parallel == "with tp":
+        changes.append("sequence parallelism -> on (tp > 1)")
+        return _training(plan, sequence_parallel=True)
+    return plan
+
+
+def _candidates(caps: FrameworkCapabilities, dp: int, pp: int) -> list[Sharding]:
+    patterns = caps.sharding_with_pp if pp > 1 and caps.sharding_with_pp else caps.sharding
+    sizes = [k for k in range(1, dp + 1) if dp % k == 0]
+    out = []
+    for p in sizes:
+        for g in (x for x in sizes if x % p == 0):
+            for o in (x for x in sizes if x % g == 0):
+                if any(matches_pattern((p, g, o), pat, dp) for pat in patterns):
+                    out.append(Sharding(params=p, grads=g, optim=o))
+    return out
+
+
+def _sharding(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:
+    """The expressible sharding that shards every state at least as much (so memory does
+    not grow) and is nearest in log2 group sizes; else the nearest of all."""
+    s = plan_shape(plan)
+    per_stage = len(plan.shardings) > 1 and not caps.per_stage_sharding
+    sh = plan.sharding  # with stage_sharding: the most sharded stage's
+    have = (sh.params, sh.grads, sh.optim)
+    options = _candidates(caps, s.dp, s.pp)
+    if not per_stage and any(have == (c.params, c.grads, c.optim) for c in options):
+        return plan
+
+    def distance(c: Sharding) -> tuple[bool, float, int]:
+        got = (c.params, c.grads, c.optim)
+        return (any(g < h for g, h in zip(got, have, strict=True)),
+                sum(abs(math.log2(g) - math.log2(h)) for g, h in zip(got, have, strict=True)),
+                -sum(got))
+
+    best = min(options, key=distance) if options else sh
+    changes.append(f"sharding {plan.sharding_label} -> P/G/OS "
+                   f"{best.params}/{best.grads}/{best.optim}")
+    return replace(plan, sharding=best, stage_sharding=None)
+
+
+def _recompute(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:
+    modes = plan_shape(plan).recompute
+    need = max(modes, key=_HEAVIER.index) if not caps.per_stage_recompute else None
+    target = {m: need or m for m in modes}
+    for m, t in target.items():
+        if t not in caps.recompute:  # the next heavier it has, else the next lighter
+            order = _HEAVIER[_HEAVIER.index(t):] + _HEAVIER[_HEAVIER.index(t)::-1]
+            target[m] = next(x for x in order if x in caps.recompute)
+    if all(m == t for m, t in target.items()):
+        return plan
+    changes.append(f"recompute {', '.join(modes)} -> {', '.join(dict.fromkeys(target.values()))}")
+    pipes = tuple(replace(p, stages=tuple(replace(st, recompute=target[st.recompute])
+                                          for st in p.stages)) for p in plan.pipelines)
+    return replace(plan, pipelines=pipes)
+
+
+def _even_split(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:
+    s = plan_shape(plan)
+    chunks = s.pp * s.vp
+    if caps.uneven_stages or not s.replicas_alike or plan.model.num_layers % chunks:
+        return plan  # nothing to do, or no even split exists: the refusal stays
+    even = split_layers(plan.model.num_layers, s.pp)
+    if list(s.layers) == even:
+        return plan
+    bounds = [0]
+    for n in even:
+        bounds.append(bounds[-1] + n)
+    changes.append(f"layers per stage {list(s.layers)} -> {even}")
+    pipes = tuple(Pipeline(stages=tuple(replace(st, layers=(bounds[i], bounds[i + 1]))
+                                        for i, st in enumerate(p.stages)),
+                           micro_batch_size=p.micro_batch_size,
+                           num_microbatches=p.num_microbatches) for p in plan.pipelines)
+    return replace(plan, pipelines=pipes)
+
+
+def _kernels(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:
+    tr: Training = plan.training
+    if tr.dtype not in caps.dtypes:
+        to = "bf16" if "bf16" in caps.dtypes else sorted(caps.dtypes)[0]
+        changes.append(f"dtype {tr.dtype} -> {to}")
+        plan = _training(plan, dtype=to)
+    k: Kernels = plan.kernels
+    if k.attention not in caps.attention:
+        to = "flash" if "flash" in caps.attention else sorted(caps.attention)[0]
+        changes.append(f"attention kernel {k.attention} -> {to}")
+        plan = replace(plan, kernels=replace(k, attention=to))
+    return plan

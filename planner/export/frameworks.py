@@ -1,0 +1,364 @@
+"""What each training framework, at a named version, can run: as data.
+
+A `FrameworkCapabilities` lists a framework's parallelisms, pipeline schedules, model-state
+sharding patterns, recompute modes and the structural freedoms a heterogeneous plan needs
+(unlike stages, mixed GPU types, tp per stage, unequal micro-batch counts).
+`unsupported(plan, capabilities)` names, one line each, the settings of a Plan that the
+framework cannot express; `plan export` refuses on them and the search (later) prunes on
+them. The facts come from the pinned releases' own code, cited per entry; tests load the
+exported configs with those releases' parsers (tests/planner/export/test_frameworks_*.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from planner.specs.plan import Plan
+
+__all__ = ["CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
+           "chunk_layer_counts", "in_rank_order", "matches_pattern", "plan_shape", "unsupported"]
+
+# A model-state sharding pattern: one entry per (params, grads, optim), each "1"
+# (replicated), "dp" (sharded over all data-parallel replicas) or "k" (sharded within
+# groups of k replicas, 1 < k < dp, the same k wherever "k" appears; replicated across
+# groups) or "*" (any size that divides the next). ZeRO-1 is ("1", "1", "dp"), MiCS / HSDP
+# ("k", "k", "k").
+ShardPattern = tuple[str, str, str]
+
+NO_SHARDING: ShardPattern = ("1", "1", "1")
+ZERO1: ShardPattern = ("1", "1", "dp")
+ZERO2: ShardPattern = ("1", "dp", "dp")
+ZERO3: ShardPattern = ("dp", "dp", "dp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrameworkCapabilities:
+    """What one framework at one version runs (`notes` add the framework's own words to a
+    refusal, keyed by the setting: "schedule zb-h1", "sharding", "recompute selective")."""
+
+    name: str
+    version: str  # the release these facts were read from
+    parallelisms: frozenset[str]  # of tp, pp, dp, cp, vp (interleaving), ep
+    schedules: frozenset[str]  # Plan.training.schedule values
+    sharding: tuple[ShardPattern, ...]
+    sharding_with_pp: tuple[ShardPattern, ...] | None = None  # narrower when pp > 1
+    recompute: frozenset[str]
+    dtypes: frozenset[str]
+    attention: frozenset[str]  # Plan.kernels.attention values it has a kernel for
+    sequence_parallel: str  # "optional", "never", or "with tp" (always on when tp > 1)
+    uneven_stages: bool  # stages (and interleaved chunks) of different layer counts
+    mixed_gpu_types: bool
+    per_stage_tp: bool  # tp (or cp) differing between stages or replicas
+    unlike_replicas: bool  # replicas splitting the layers at different boundaries
+    unequal_microbatches: bool  # replicas with different micro-batch sizes or counts
+    per_stage_sharding: bool
+    per_stage_recompute: bool
+    tp_with_pp: bool = True
+    rank_order: str | None = "tp-cp-dp-pp"  # how it numbers ranks (None: as the plan says)
+    notes: Mapping[str, str] = field(default_factory=dict)
+
+
+_MEGATRON = FrameworkCapabilities(
+    # megatron-core 0.16.1 (the last release for Python 3.11) with Megatron-LM core_r0.16.0:
+    # model_parallel_config.py, transformer/transformer_config.py (pipeline_model_parallel_
+    # layout: any layers per (virtual) stage), distributed/distributed_data_parallel_config.py
+    # (use_distributed_optimizer; num_distributed_optimizer_instances shards the optimizer
+    # within dp / instances replicas), transformer/enums.py AttnBackend.
+    name="megatron", version="megatron-core 0.16.1 (Megatron-LM core_r0.16.0)",
+    parallelisms=frozenset({"tp", "pp", "dp", "cp", "vp", "ep"}),
+    schedules=frozenset({"1f1b", "interleaved-1f1b"}),
+    sharding=(NO_SHARDING, ZERO1, ("1", "1", "k")),
+    recompute=frozenset({"none", "selective", "full"}),
+    dtypes=frozenset({"bf16", "fp16", "fp32"}),
+    attention=frozenset({"flash", "math"}),  # AttnBackend.flash, AttnBackend.unfused
+    sequence_parallel="optional", uneven_stages=True, mixed_gpu_types=False, per_stage_tp=False,
+    unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False,
+    per_stage_recompute=False,
+    notes={
+        "schedule zb-h1": "upstream Megatron-LM has no zero-bubble schedule; the zero-bubble "
+        "fork sail-sg/zero-bubble-pipeline-parallelism runs a ZB-H1-like one with "
+        "--enable-zero-bubble --zero-bubble-max-pending-backward PP",
+        "schedule gpipe": "Megatron-LM runs 1F1B (forward_backward_pipelining_without_"
+        "interleaving) or interleaved 1F1B, no GPipe",
+        "sharding": "Megatron-LM shards only optimizer states: over the whole data-parallel "
+        "group (--use-distributed-optimizer) or within dp/N replicas "
+        "(--num-distributed-optimizer-instances N)",
+        "attention memory_efficient": "--attention-backend has flash, fused (cuDNN), unfused "
+        "and local; no memory-efficient (xformers-style) kernel",
+    },
+)
+
+_DEEPSPEED = FrameworkCapabilities(
+    # deepspeed 0.19.6 (the last release with MiCS: 0.19.7 removed mics_shard_size):
+    # runtime/config.py (DeepSpeedConfig, "pipeline" section), runtime/zero/config.py
+    # (stage, mics_shard_size), runtime/tensor_parallel/config.py (autotp_size),
+    # runtime/pipe/engine.py:77 ("ZeRO-2 and ZeRO-3 are incompatible with pipeline
+    # parallelism"), runtime/pipe/schedule.py (TrainSchedule: 1F1B only).
+    name="deepspeed", version="deepspeed 0.19.6",
+    parallelisms=frozenset({"tp", "pp", "dp"}),
+    schedules=frozenset({"1f1b"}),
+    sharding=(NO_SHARDING, ZERO1, ZERO2, ZERO3, ("k", "k", "k")),
+    sharding_with_pp=(NO_SHARDING, ZERO1),
+    recompute=frozenset({"none", "full"}),
+    dtypes=frozenset({"bf16", "fp16", "fp32"}),
+    attention=frozenset({"flash", "memory_efficient", "math"}),  # the model's own choice
+    sequence_parallel="never", uneven_stages=False, mixed_gpu_types=False, per_stage_tp=False,
+    unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False, per_stage_recompute=False,
+    tp_with_pp=False,
+    notes={
+        "schedule zb-h1": "zero bubble is a Megatron-DeepSpeed flag (--enable-zbh1-pipeline), "
+        "not in DeepSpeed's pipeline engine (TrainSchedule is 1F1B)",
+        "schedule gpipe": "DeepSpeed's pipeline engine runs TrainSchedule (1F1B)",
+        "vp": "interleaved pipeline stages are not available in DeepSpeed",
+        "sharding": "DeepSpeed expresses ZeRO-1/2/3 over the data-parallel group and MiCS "
+        "(all three within a group); with pipeline parallelism ZeRO-0/1 only "
+        "(runtime/pipe/engine.py)",
+        "recompute selective": "DeepSpeed checkpoints whole layers (full)",
+        "sequence parallel": "Megatron-style sequence parallelism is set in the model code "
+        "(Megatron-DeepSpeed --sequence-parallel), not in the DeepSpeed config",
+        "tp with pp": "AutoTP (tensor_parallel.autotp_size) is documented with ZeRO data "
+        "parallelism, not with the pipeline engine; tp with pp needs Megatron-DeepSpeed",
+        "uneven stages": "PipelineModule(partition_method='uniform') balances layer counts",
+    },
+)
+
+_TORCHTITAN = FrameworkCapabilities(
+    # torchtitan 0.2.2 (the last release with TOML job configs; 0.3.0 moved to Python
+    # config registries): config/job_config.py (Parallelism, ActivationCheckpoint),
+    # distributed/pipeline_parallel.py (module_fqns_per_model_part: any split; looped
+    # schedules need >= 2 stages per rank), FSDP2 / HSDP via data_parallel_shard_degree and
+    # data_parallel_replicate_degree.
+    name="torchtitan", version="torchtitan 0.2.2",
+    parallelisms=frozenset({"tp", "pp", "dp", "cp", "vp", "ep"}),
+    schedules=frozenset({"gpipe", "1f1b", "interleaved-1f1b"}),
+    sharding=(NO_SHARDING, ZERO3, ("k", "k", "k")),
+    recompute=frozenset({"none", "full"}),
+    dtypes=frozenset({"bf16", "fp32"}),
+    attention=frozenset({"flash", "memory_efficient", "math"}),  # SDPA backends
+    sequence_parallel="with tp", uneven_stages=True, mixed_gpu_types=False,
+    per_stage_tp=False, unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False, per_stage_recompute=False,
+    notes={
+        "schedule zb-h1": "torch.distributed.pipelining's ScheduleInterleavedZeroBubble runs "
+        "it with one stage per rank, but torchtitan requires at least 2 stages per rank for "
+        "multi-stage schedules (distributed/pipeline_parallel.py)",
+        "sharding": "FSDP2 shards parameters, gradients and optimizer states together "
+        "(data_parallel_shard_degree; HSDP replicates across data_parallel_replicate_degree)",
+        "dtype fp16": "torchtitan trains in bf16 or fp32 (no loss scaling)",
+        "sequence parallel": "torchtitan's tensor parallel plan shards norms and dropout "
+        "along the sequence (sequence parallelism) whenever tp > 1",
+        "recompute selective": "torchtitan's selective modes (op-level SAC keeps matmul and "
+        "attention outputs; layer-level checkpoints every Nth layer) are not the selective "
+        "recompute of Korthikanti et al. 2022 that the plan was priced with",
+    },
+)
+
+_TRAINPLAN = FrameworkCapabilities(
+    # this repository's executor (executor/preflight.py says what it refuses)
+    name="trainplan", version="trainplan 0.1.0 executor",
+    parallelisms=frozenset({"tp", "pp", "dp", "vp"}),
+    schedules=frozenset({"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}),
+    sharding=(("*", "*", "*"),),  # AMSP at any nested sizes
+    recompute=frozenset({"none", "selective", "full"}),
+    dtypes=frozenset({"bf16", "fp32"}),
+    attention=frozenset({"flash", "memory_efficient", "math"}),
+    sequence_parallel="optional", uneven_stages=True, mixed_gpu_types=True, per_stage_tp=True,
+    unlike_replicas=True, unequal_microbatches=True, per_stage_sharding=True,
+    per_stage_recompute=True, rank_order=None,
+)
+
+CAPABILITIES: dict[str, FrameworkCapabilities] = {
+    c.name: c for c in (_MEGATRON, _DEEPSPEED, _TORCHTITAN, _TRAINPLAN)}
+FRAMEWORKS = tuple(CAPABILITIES)
+
+
+def matches_pattern(sizes: tuple[int, int, int], pattern: ShardPattern, dp: int) -> bool:
+    """Whether P/G/OS group sizes `sizes` are an instance of `pattern` at `dp` replicas."""
+    ks = set()
+    for size, want in zip(sizes, pattern, strict=True):
+        if want == "*":
+            continue
+        if want == "1" and size != 1 or want == "dp" and size != dp:
+            return False
+        if want == "k":
+            if not 1 < size < dp:
+                return False
+            ks.add(size)
+    return len(ks) <= 1
+
+
+@dataclass(frozen=True)
+class PlanShape:
+    """What a framework sees of a plan: the first replica's knobs and whether the others
+    (and the other stages) repeat them."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    vp: int
+    mbs: int
+    num_microbatches: int
+    layers: tuple[int, ...]  # per stage of the first replica
+    gpu_types: tuple[str, ...]
+    replicas_alike: bool  # same layer split, tp and cp in every replica
+    batches_alike: bool  # same micro-batch size and count in every replica
+    tp_alike: bool  # one tp and one cp in the whole plan
+    recompute: tuple[str, ...]  # distinct recompute modes, first replica's order
+
+
+def plan_shape(plan: Plan) -> PlanShape:
+    first = plan.pipelines[0]
+    stages = first.stages
+    slots = plan.cluster.slots
+    groups = plan.cluster.node_groups
+    types = {groups[slots[d].group].gpu for p in plan.pipelines for s in p.stages
+             for d in s.devices}
+
+    def key(p: object) -> list:
+        return [(s.layers, s.tp, s.cp) for s in p.stages]  # type: ignore[attr-defined]
+
+    return PlanShape(
+        tp=stages[0].tp, pp=len(stages), dp=plan.dp, cp=stages[0].cp,
+        vp=plan.training.virtual_stages, mbs=first.micro_batch_size,
+        num_microbatches=first.num_microbatches, layers=tuple(s.num_layers for s in stages),
+        gpu_types=tuple(sorted(types)),
+        replicas_alike=all(key(p) == key(first) for p in plan.pipelines[1:]),
+        batches_alike=all((p.micro_batch_size, p.num_microbatches)
+                          == (first.micro_batch_size, first.num_microbatches)
+                          for p in plan.pipelines[1:]),
+        tp_alike=len({(s.tp, s.cp) for p in plan.pipelines for s in p.stages}) == 1,
+        recompute=tuple(dict.fromkeys(s.recompute for p in plan.pipelines for s in p.stages)))
+
+
+def chunk_layer_counts(layers: tuple[int, ...], vp: int) -> list[int]:
+    """Layers of every model chunk in model order (chunk c of stage s is model chunk
+    c * pp + s; a stage's layers split as evenly as possible, extra to its first chunks),
+    as the executor (executor/topology.py) and the simulator lay them out."""
+    pp = len(layers)
+    sizes = [[n // vp + (1 if c < n % vp else 0) for c in range(vp)] for n in layers]
+    return [sizes[s][c] for c in range(vp) for s in range(pp)]
+
+
+def in_rank_order(plan: Plan) -> bool:
+    """Whether the plan's GPUs, numbered in global order, are Megatron-LM's ranks: tp
+    fastest, then cp, dp and pp (torchtitan's mesh and DeepSpeed's topology agree)."""
+    used = sorted(d for p in plan.pipelines for s in p.stages for d in s.devices)
+    rank = {d: r for r, d in enumerate(used)}
+    width = len(plan.pipelines[0].stages[0].devices)  # tp * cp
+    return all(rank[dev] == (si * plan.dp + pi) * width + t
+               for pi, pipe in enumerate(plan.pipelines) for si, st in enumerate(pipe.stages)
+               for t, dev in enumerate(st.devices))
+
+
+def unsupported(plan: Plan, capabilities: FrameworkCapabilities) -> list[str]:
+    """One line per setting of `plan` that the framework cannot express (empty: it
+    expresses the plan exactly)."""
+    caps, s = capabilities, plan_shape(plan)
+    out = _structure(plan, caps, s)
+    out += _parallelisms(plan, caps, s)
+    out += _schedule(plan, caps, s)
+    out += _sharding(plan, caps, s)
+    out += _recompute(caps, s)
+    out += _precision_and_kernels(plan, caps)
+    return out
+
+
+def _note(caps: FrameworkCapabilities, key: str) -> str:
+    return f" ({caps.notes[key]})" if key in caps.notes else ""
+
+
+def _structure(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
+    out = []
+    if len(s.gpu_types) > 1 and not caps.mixed_gpu_types:
+        out.append(f"mixed GPU types {', '.join(s.gpu_types)}: {caps.version} runs one GPU "
+                   "type (every rank alike: no per-type stages or batch shares)")
+    if not s.replicas_alike and not caps.unlike_replicas:
+        splits = sorted({tuple(st.num_layers for st in p.stages) for p in plan.pipelines})
+        out.append(f"replicas differ (layer splits {[list(x) for x in splits]}, or tp/cp "
+                   f"per replica): {caps.version} runs identical data-parallel replicas")
+    if not s.batches_alike and not caps.unequal_microbatches:
+        micro = sorted({(p.num_microbatches, p.micro_batch_size) for p in plan.pipelines})
+        out.append(f"unequal micro-batches per replica ({', '.join(f'{m}x{b}' for m, b in micro)}"
+                   f" count x size): {caps.version} gives every replica the same share")
+    if not s.tp_alike and not caps.per_stage_tp:
+        tps = sorted({(st.tp, st.cp) for p in plan.pipelines for st in p.stages})
+        out.append(f"tp or cp differs between stages or replicas ({tps} as (tp, cp)): "
+                   f"{caps.version} has one tp and one cp")
+    if caps.rank_order and s.replicas_alike and s.tp_alike and not in_rank_order(plan):
+        out.append(f"rank placement: the plan puts its GPUs in another order than "
+                   f"{caps.version}'s ranks ({caps.rank_order}, fastest first), so its "
+                   "groups would land on other GPUs than the plan priced")
+    uneven = len(set(s.layers)) > 1 or len(set(chunk_layer_counts(s.layers, s.vp))) > 1
+    if uneven and not caps.uneven_stages:
+        out.append(f"uneven layers per stage {list(s.layers)}"
+                   f"{f' (vp {s.vp} chunks)' if s.vp > 1 else ''}: {caps.version} splits "
+                   f"layers evenly{_note(caps, 'uneven stages')}")
+    return out
+
+
+def _parallelisms(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
+    out = []
+    for axis, degree in (("tp", s.tp), ("pp", s.pp), ("cp", s.cp), ("vp", s.vp)):
+        if degree > 1 and axis not in caps.parallelisms:
+            out.append(f"{axis} {degree}: {caps.version} has no "
+                       f"{'interleaved stages' if axis == 'vp' else axis + ' parallelism'}"
+                       f"{_note(caps, axis)}")
+    if s.tp > 1 and s.pp > 1 and not caps.tp_with_pp:
+        out.append(f"tp {s.tp} with pp {s.pp}: {caps.version} does not combine them"
+                   f"{_note(caps, 'tp with pp')}")
+    sp = plan.training.sequence_parallel
+    if sp and caps.sequence_parallel == "never":
+        out.append(f"sequence parallelism: not in {caps.version}'s config"
+                   f"{_note(caps, 'sequence parallel')}")
+    if not sp and s.tp > 1 and caps.sequence_parallel == "with tp":
+        out.append(f"tp {s.tp} without sequence parallelism: {caps.version} always runs it "
+                   f"with tp{_note(caps, 'sequence parallel')}")
+    return out
+
+
+def _schedule(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
+    schedule = plan.training.schedule
+    if schedule in caps.schedules:
+        return []
+    return [f"schedule {schedule}: {caps.version} runs {', '.join(sorted(caps.schedules))}"
+            f"{_note(caps, f'schedule {schedule}')}"]
+
+
+def _sharding(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
+    out = []
+    if len(plan.shardings) > 1 and not caps.per_stage_sharding:
+        out.append(f"model-state sharding differs between stages ({plan.sharding_label}): "
+                   f"{caps.version} shards every stage alike")
+    patterns = caps.sharding_with_pp if s.pp > 1 and caps.sharding_with_pp else caps.sharding
+    for sh in plan.shardings:
+        sizes = (sh.params, sh.grads, sh.optim)
+        if not any(matches_pattern(sizes, p, s.dp) for p in patterns):
+            out.append(f"sharding P/G/OS {sh.params}/{sh.grads}/{sh.optim} over dp {s.dp}: "
+                       f"not among {caps.version}'s{' (with pp > 1)' if patterns is not caps.sharding else ''} "
+                       f"{', '.join('/'.join(p) for p in patterns)}{_note(caps, 'sharding')}")
+    return out
+
+
+def _recompute(caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
+    out = []
+    if len(s.recompute) > 1 and not caps.per_stage_recompute:
+        out.append(f"recompute differs between stages ({', '.join(s.recompute)}): "
+                   f"{caps.version} recomputes every stage alike")
+    for mode in s.recompute:
+        if mode not in caps.recompute:
+            out.append(f"recompute {mode}: {caps.version} has "
+                       f"{', '.join(sorted(caps.recompute))}{_note(caps, f'recompute {mode}')}")
+    return out
+
+
+def _precision_and_kernels(plan: Plan, caps: FrameworkCapabilities) -> list[str]:
+    out = []
+    dtype, attention = plan.training.dtype, plan.kernels.attention
+    if dtype not in caps.dtypes:
+        out.append(f"dtype {dtype}: {caps.version} trains in {', '.join(sorted(caps.dtypes))}"
+                   f"{_note(caps, f'dtype {dtype}')}")
+    if attention not in caps.attention:
+        out.append(f"attention kernel {attention}: {caps.version} has "
+                   f"{', '.join(sorted(caps.attention))}{_note(caps, f'attention {attention}')}")
+    return out

@@ -1,0 +1,209 @@
+"""`plan export` from the command line: exact or refused, --approximate, launch files, and
+`plan run --dry-run` of a GPU plan on this CPU host."""
+
+import os
+import shutil
+import stat
+import subprocess
+
+import pytest
+import yaml
+
+from planner.export.frameworks import CAPABILITIES, unsupported
+from planner.export.launch import plan_nodes
+from planner.specs.cluster import load_cluster
+from planner.specs.model import preset
+from planner.specs.plan import (
+    Kernels,
+    Pipeline,
+    Plan,
+    Sharding,
+    Stage,
+    Training,
+    plan_from_dict,
+    save_plan,
+)
+from tests.planner.cli_helpers import run_cli
+from tests.planner.export.framework_helpers import SELENE, gpt3_on_selene
+
+MIXED = os.path.join(os.path.dirname(SELENE), "mixed-a100-v100.yaml")
+
+
+@pytest.fixture
+def selene_plan(tmp_path):
+    path = str(tmp_path / "p.yaml")
+    save_plan(gpt3_on_selene(), path)
+    return path
+
+
+def test_megatron_export_of_the_selene_plan_is_exact_and_complete(selene_plan, capsys):
+    code, out, err = run_cli(["export", selene_plan, "--format", "megatron"], capsys)
+    assert (code, err) == (0, "")
+    for setting in ("--use-distributed-optimizer", "--sequence-parallel",
+                    "--num-layers-per-virtual-pipeline-stage 2",
+                    "--recompute-granularity selective", "--micro-batch-size 1",
+                    "--global-batch-size 1536", "--tensor-model-parallel-size 8",
+                    "--pipeline-model-parallel-size 16", "--bf16", "--attention-backend flash"):
+        assert setting in out, setting
+
+
+def _amsp(tmp_path):
+    """AMSP P/G/OS 1/4/64 on Selene (tp 8, pp 2, dp 64)."""
+    path = str(tmp_path / "amsp.yaml")
+    save_plan(gpt3_on_selene(pp=2, vp=1, dp=64, gbs=1536, sharding=Sharding(grads=4, optim=64)),
+              path)
+    return path
+
+
+def test_amsp_plan_is_refused_by_megatron_naming_the_sharding(tmp_path, capsys):
+    code, out, err = run_cli(["export", _amsp(tmp_path), "--format", "megatron",
+                              "-o", str(tmp_path / "args.sh")], capsys)
+    assert code == 2 and out == ""
+    assert "sharding P/G/OS 1/4/64 over dp 64" in err
+    assert not (tmp_path / "args.sh").exists()
+
+
+def test_approximate_writes_the_nearest_and_both_times(tmp_path, capsys):
+    code, out, err = run_cli(["export", _amsp(tmp_path), "--format", "megatron",
+                              "--approximate"], capsys)
+    assert code == 0
+    assert "approximated: sharding P/G/OS 1/4/64 -> P/G/OS 1/1/64" in err
+    assert "simulated iteration time: plan " in err and " s, exported " in err
+    assert "--use-distributed-optimizer" in out
+    assert "--num-distributed-optimizer-instances" not in out
+
+
+def mixed_plan() -> Plan:
+    """Two replicas of unlike GPU types on mixed-a100-v100: one A100 node, two V100 nodes."""
+    cluster = load_cluster(MIXED)
+    model = preset("llama2-13b")
+    a100 = Pipeline(micro_batch_size=1, num_microbatches=12, stages=(
+        Stage(layers=(0, 40), devices=tuple(range(8)), tp=8, recompute="full"),))
+    first_v100 = 16 * 8
+    v100 = Pipeline(micro_batch_size=1, num_microbatches=4, stages=(
+        Stage(layers=(0, 22), devices=tuple(range(first_v100, first_v100 + 8)), tp=8,
+              recompute="full"),
+        Stage(layers=(22, 40), devices=tuple(range(first_v100 + 8, first_v100 + 12)), tp=4,
+              recompute="full")))
+    plan = Plan(model=model, cluster=cluster, pipelines=(a100, v100),
+                training=Training(global_batch_size=16, seq_len=4096, dtype="fp32"),
+                kernels=Kernels(attention="math"))
+    plan.check("plan")
+    return plan
+
+
+def test_mixed_plan_is_refused_by_the_frameworks_and_not_approximated(tmp_path, capsys):
+    path = str(tmp_path / "mixed.yaml")
+    save_plan(mixed_plan(), path)
+    for fmt in ("megatron", "deepspeed", "torchtitan"):
+        code, out, err = run_cli(["export", path, "--format", fmt, "--approximate"], capsys)
+        assert code == 2 and out == "", fmt
+        assert "mixed GPU types A100-80GB-SXM, V100-32GB-SXM2" in err
+        assert "unequal micro-batches per replica" in err
+    assert unsupported(mixed_plan(), CAPABILITIES["trainplan"]) == []
+
+
+def _fake_torchrun(tmp_path):
+    """A torchrun that prints its arguments, for running the generated launcher."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "torchrun"
+    fake.write_text('#!/bin/bash\nprintf "%s\\n" "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return str(bin_dir)
+
+
+def _launcher_args(script: str, tmp_path, offset: int, index: int, env: dict) -> list[str]:
+    path = tmp_path / "launch-node.sh"
+    path.write_text(script)
+    run_env = {**os.environ, "PATH": f"{_fake_torchrun(tmp_path)}:{os.environ['PATH']}",
+               "SLURM_NODEID": str(index), "MASTER_ADDR": "node0", "MASTER_PORT": "29500",
+               "CONFIG_DIR": str(tmp_path), "RUN_DIR": str(tmp_path),
+               **env}
+    done = subprocess.run(["bash", str(path), str(offset)], env=run_env, check=True,
+                          capture_output=True, text=True)
+    return done.stdout.splitlines()
+
+
+def _heredoc(script: str, name: str) -> str:
+    start = script.index(f'"$CONFIG_DIR/{name}" <<\'TRAINPLAN_EOF\'\n') + len(name) + 33
+    return script[start:script.index("\nTRAINPLAN_EOF", start)] + "\n"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_slurm_script_for_a_mixed_plan(tmp_path, capsys):
+    plan = mixed_plan()
+    path = str(tmp_path / "mixed.yaml")
+    save_plan(plan, path)
+    code, script, err = run_cli(["export", path, "--format", "slurm"], capsys)
+    assert code == 0, err
+    (tmp_path / "job.sbatch").write_text(script)
+    subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")], check=True)
+    assert script.count("#SBATCH hetjob") == 1  # an A100 component and a V100 component
+    assert "#SBATCH --nodes=1\n" in script and "#SBATCH --nodes=2\n" in script
+    assert 'srun --het-group=1 --nodes=2 --ntasks-per-node=1 bash "$CONFIG_DIR/launch-node.sh" 1' in script
+    assert plan_from_dict(yaml.safe_load(_heredoc(script, "plan.yaml"))) == plan
+    launcher = _heredoc(script, "launch-node.sh")
+    # the second V100 node: node rank 1 + 1 = 2, the 4 GPUs the plan uses there
+    args = _launcher_args(launcher, tmp_path, offset=1, index=1, env={})
+    assert args[:3] == ["--nnodes=3", "--node-rank=2", "--nproc-per-node=4"]
+    assert "executor.worker" in args and "--master-addr=node0" in args
+    assert [n.num_ranks for n in plan_nodes(plan)] == [8, 8, 4]
+
+
+def test_slurm_script_for_megatron_carries_the_arguments(selene_plan, tmp_path, capsys):
+    code, script, err = run_cli(["export", selene_plan, "--format", "slurm", "--framework",
+                                 "megatron"], capsys)
+    assert code == 0, err
+    (tmp_path / "job.sbatch").write_text(script)
+    subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")], check=True)
+    assert "#SBATCH --nodes=128" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "hetjob" not in script
+    args = _launcher_args(_heredoc(script, "launch-node.sh"), tmp_path, offset=0, index=5,
+                          env={"MEGATRON_LM": "/opt/megatron"})
+    assert args[:3] == ["--nnodes=128", "--node-rank=5", "--nproc-per-node=8"]
+    assert args[args.index("/opt/megatron/pretrain_gpt.py") + 1:][:2] == ["--num-layers", "96"]
+    assert "--use-distributed-optimizer" in args
+
+
+def test_kubernetes_jobset(tmp_path, capsys):
+    plan = mixed_plan()
+    path = str(tmp_path / "mixed.yaml")
+    save_plan(plan, path)
+    code, out, err = run_cli(["export", path, "--format", "kubernetes"], capsys)
+    assert code == 0, err
+    config_map, jobset = yaml.safe_load_all(out)
+    assert plan_from_dict(yaml.safe_load(config_map["data"]["plan.yaml"])) == plan
+    jobs = jobset["spec"]["replicatedJobs"]
+    assert [j["template"]["spec"]["parallelism"] for j in jobs] == [1, 2]
+    pods = [j["template"]["spec"]["template"]["spec"] for j in jobs]
+    assert [p["nodeSelector"]["trainplan/gpu-type"] for p in pods] == ["A100-80GB-SXM",
+                                                                       "V100-32GB-SXM2"]
+    assert [p["containers"][0]["command"][-1] for p in pods] == ["0", "1"]
+    env = {e["name"]: e["value"] for e in pods[1]["containers"][0]["env"]}
+    args = _launcher_args(config_map["data"]["launch-node.sh"], tmp_path, offset=1, index=0,
+                          env={**env, "SLURM_NODEID": "", "JOB_COMPLETION_INDEX": "0"})
+    assert args[:3] == ["--nnodes=3", "--node-rank=1", "--nproc-per-node=8"]
+
+
+def test_kubernetes_for_deepspeed_refuses_what_deepspeed_cannot_run(selene_plan, capsys):
+    code, out, err = run_cli(["export", selene_plan, "--format", "kubernetes",
+                              "--framework", "deepspeed"], capsys)
+    assert code == 2 and out == "" and "interleaved" in err
+
+
+def test_dry_run_of_a_gpu_plan_on_this_cpu_host(selene_plan, capsys):
+    code, out, err = run_cli(["run", "--plan", selene_plan, "--dry-run"], capsys)
+    assert code == 0, err
+    lines = [x for x in out.splitlines() if x.startswith("torchrun ")]
+    assert len(lines) == 128
+    assert lines[3].startswith("torchrun --nnodes=128 --node-rank=3 --rdzv-backend=static "
+                               '--master-addr="$MASTER_ADDR" --master-port=29500 '
+                               "--nproc-per-node=8")
+
+
+def test_dry_run_keeps_the_plan_checks(tmp_path, capsys):
+    path = str(tmp_path / "cp.yaml")
+    save_plan(gpt3_on_selene(cp=2, dp=4, gbs=1536, sharding=Sharding(optim=4)), path)
+    code, _, err = run_cli(["run", "--plan", path, "--dry-run"], capsys)
+    assert code == 2 and "context parallelism is not implemented" in err

@@ -1,0 +1,80 @@
+"""DeepSpeed configs checked by DeepSpeed 0.19.6's own DeepSpeedConfig.
+
+DeepSpeedConfig takes the data-parallel world size from an `mpu` (Megatron-style model
+parallel unit) once torch.distributed reports a rank; the test gives it an mpu that says
+the plan's dp and a rank of 0, so its batch arithmetic checks against the plan's dp."""
+
+import json
+
+import pytest
+
+from planner.export.formats import export_plan
+from planner.export.frameworks import plan_shape
+from planner.specs.plan import Sharding
+from tests.planner.export.framework_helpers import framework, gpt3_on_selene, plan_on
+
+pytestmark = pytest.mark.frameworks
+
+
+class _DataParallel:
+    def __init__(self, dp: int):
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+def _parse(plan, monkeypatch):
+    config_mod = framework("deepspeed.runtime.config")
+    monkeypatch.setattr(config_mod.dist, "get_rank", lambda *a, **k: 0)
+    out = export_plan(plan, "deepspeed")
+    raw = json.loads(out.text)
+    return out, raw, config_mod.DeepSpeedConfig(raw, mpu=_DataParallel(plan.dp))
+
+
+@pytest.mark.parametrize(("sharding", "stage", "mics"), [
+    (Sharding(), 0, -1), (Sharding(optim=8), 1, -1), (Sharding(grads=8, optim=8), 2, -1),
+    (Sharding(params=8, grads=8, optim=8), 3, -1), (Sharding(params=2, grads=2, optim=2), 3, 2),
+])
+def test_zero_stages_round_trip(sharding, stage, mics, monkeypatch):
+    plan = plan_on("H100-80GB-SXM:8", dp=8, mbs=2, gbs=64, sharding=sharding)
+    out, raw, config = _parse(plan, monkeypatch)
+    assert out.unsupported == ()
+    assert config.world_size == plan.dp
+    assert (config.train_batch_size, config.train_micro_batch_size_per_gpu,
+            config.gradient_accumulation_steps) == (64, 2, plan_shape(plan).num_microbatches)
+    assert config.zero_optimization_stage == stage
+    assert config.zero_config.mics_shard_size == mics
+    assert config.bfloat16_config.enabled
+
+
+def test_pipeline_engine_with_full_recompute(monkeypatch):
+    plan = plan_on("H100-80GB-SXM:16", pp=2, dp=8, mbs=1, gbs=64, recompute="full",
+                   sharding=Sharding(optim=8))
+    out, _, config = _parse(plan, monkeypatch)
+    assert out.unsupported == ()
+    assert config.pipeline["stages"] == 2 and config.pipeline["partition"] == "uniform"
+    assert config.pipeline["activation_checkpoint_interval"] == 1
+    assert config.gradient_accumulation_steps == 8  # the pipeline engine's micro-batches
+    assert config.zero_optimization_stage == 1
+
+
+def test_autotp(monkeypatch):
+    plan = plan_on("H100-80GB-SXM:16", tp=2, dp=8, mbs=1, gbs=64,
+                   sharding=Sharding(grads=8, optim=8))
+    out, _, config = _parse(plan, monkeypatch)
+    assert out.unsupported == ()
+    assert config.tensor_parallel_config.autotp_size == 2
+    assert config.zero_optimization_stage == 2
+
+
+def test_refused_plans_still_name_their_sharding(monkeypatch):
+    """zero_optimization is never dropped: an AMSP mix DeepSpeed lacks is refused by name,
+    and the config's stage is the nearest (what --approximate would write)."""
+    plan = plan_on("H100-80GB-SXM:8", dp=8, sharding=Sharding(grads=4, optim=8))
+    out, raw, config = _parse(plan, monkeypatch)
+    assert any(u.startswith("sharding P/G/OS 1/4/8") for u in out.unsupported)
+    assert raw["zero_optimization"] == {"stage": 2}
+    selene = export_plan(gpt3_on_selene(), "deepspeed")
+    assert any("interleaved" in u for u in selene.unsupported)
+    assert any(u.startswith("tp 8 with pp 16") for u in selene.unsupported)

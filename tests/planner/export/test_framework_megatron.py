@@ -1,0 +1,125 @@
+"""Megatron-LM arguments checked by Megatron-Core 0.16.1's own config classes.
+
+Megatron-LM's argument parser (megatron/training/arguments.py) is not on PyPI (the
+megatron-core wheel holds megatron/core only), so the arguments are turned into the
+configs the way Megatron-LM's core_transformer_config_from_args does: a flag sets the
+TransformerConfig field of the same name. TransformerConfig, the DDP config, the
+pipeline layout and the micro-batch calculator then validate and derive as Megatron does.
+"""
+
+import dataclasses
+import shlex
+
+import pytest
+
+from planner.export.formats import export_plan
+from planner.export.frameworks import chunk_layer_counts, plan_shape
+from planner.specs.plan import Sharding
+from tests.planner.export.framework_helpers import framework, gpt3_on_selene, plan_on
+
+pytestmark = pytest.mark.frameworks
+
+
+def _args(text: str) -> dict:
+    tokens = shlex.split(text.replace("\\\n", " "))
+    out, i = {}, 0
+    while i < len(tokens):
+        flag = tokens[i]
+        assert flag.startswith("--"), flag
+        if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            value = tokens[i + 1]
+            out[flag] = int(value) if value.isdigit() else value
+            i += 2
+        else:
+            out[flag], i = True, i + 1
+    return out
+
+
+def _megatron_configs(args: dict, world: int):
+    """(TransformerConfig, DistributedDataParallelConfig, micro-batch calculator)."""
+    torch = framework("torch")
+    tc_mod = framework("megatron.core.transformer.transformer_config")
+    enums = framework("megatron.core.transformer.enums")
+    ddp_mod = framework("megatron.core.distributed.distributed_data_parallel_config")
+    calc = framework("megatron.core.num_microbatches_calculator")
+    names = {f.name for f in dataclasses.fields(tc_mod.TransformerConfig)}
+    kw = {k[2:].replace("-", "_"): v for k, v in args.items()}
+    fields = {k: v for k, v in kw.items() if k in names}
+    if "num_layers_per_virtual_pipeline_stage" in kw:  # Megatron-LM's validate_args
+        per_stage = kw["num_layers"] // kw["pipeline_model_parallel_size"]
+        fields["virtual_pipeline_model_parallel_size"] = (
+            per_stage // kw["num_layers_per_virtual_pipeline_stage"])
+    fields["attention_backend"] = enums.AttnBackend[kw["attention_backend"]]
+    if kw.get("swiglu"):
+        fields["gated_linear_unit"] = True
+    dtype = torch.bfloat16 if kw.get("bf16") else torch.float16 if kw.get("fp16") else None
+    if dtype is not None:
+        fields.update(params_dtype=dtype, pipeline_dtype=dtype)
+    config = tc_mod.TransformerConfig(**fields)
+    dp = world // (config.tensor_model_parallel_size * config.pipeline_model_parallel_size
+                   * config.context_parallel_size)
+    ddp = ddp_mod.DistributedDataParallelConfig(
+        use_distributed_optimizer=bool(kw.get("use_distributed_optimizer")),
+        num_distributed_optimizer_instances=kw.get("num_distributed_optimizer_instances", 1))
+    batches = calc.ConstantNumMicroBatchesCalculator(
+        kw["global_batch_size"], kw["micro_batch_size"], dp,
+        decrease_batch_size_if_needed=False, rank=0)
+    return config, ddp, batches, dp
+
+
+def _round_trip(plan):
+    out = export_plan(plan, "megatron")
+    assert out.unsupported == (), out.unsupported
+    config, ddp, batches, dp = _megatron_configs(_args(out.text), plan.num_gpus_used)
+    s = plan_shape(plan)
+    assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size,
+            config.context_parallel_size, dp) == (s.tp, s.pp, s.cp, s.dp)
+    assert (config.virtual_pipeline_model_parallel_size or 1) == s.vp
+    assert (batches.get_micro_batch_size(), batches.get_current_global_batch_size(),
+            batches.get()) == (s.mbs, plan.training.global_batch_size, s.num_microbatches)
+    assert config.sequence_parallel == plan.training.sequence_parallel
+    assert config.recompute_granularity == {"none": None}.get(s.recompute[0], s.recompute[0])
+    assert config.bf16 == (plan.training.dtype == "bf16")
+    sh = plan.sharding
+    optim = dp // ddp.num_distributed_optimizer_instances if ddp.use_distributed_optimizer else 1
+    assert (1, 1, optim) == (sh.params, sh.grads, sh.optim)
+    return config
+
+
+def _layers_per_chunk(config, pp: int, vp: int) -> list[int]:
+    enums = framework("megatron.core.transformer.enums")
+    layout = config.pipeline_model_parallel_layout
+    if layout is None:  # Megatron's even split
+        return [config.num_layers // (pp * vp)] * (pp * vp)
+    layout.validate_layer_layout(config.num_layers, mtp_num_layers=None)
+    return [layout.layout[s][c].count(enums.LayerType.decoder)
+            for c in range(vp) for s in range(pp)]
+
+
+def test_gpt3_on_selene_round_trips_through_megatron_core():
+    plan = gpt3_on_selene()
+    config = _round_trip(plan)
+    assert config.virtual_pipeline_model_parallel_size == 3
+    assert _layers_per_chunk(config, 16, 3) == [2] * 48
+    assert config.attention_backend.name == "flash"
+
+
+def test_uneven_stages_as_a_pipeline_layout():
+    plan = gpt3_on_selene(pp=5, dp=8, tp=8, vp=2, gbs=1280, cp=1)  # 96 layers: 19/20/19/...
+    assert len(set(plan_shape(plan).layers)) > 1
+    config = _round_trip(plan)
+    assert _layers_per_chunk(config, 5, 2) == chunk_layer_counts(plan_shape(plan).layers, 2)
+
+
+def test_full_recompute_partial_distributed_optimizer_gqa():
+    plan = plan_on("H100-80GB-SXM:64", tp=2, pp=4, dp=8, mbs=1, gbs=128, recompute="full",
+                   sequence_parallel=True, sharding=Sharding(optim=4))
+    config = _round_trip(plan)
+    assert (config.recompute_method, config.recompute_num_layers) == ("uniform", 1)
+    assert config.num_query_groups == 8 and config.gated_linear_unit
+    assert config.normalization == "RMSNorm"
+
+
+def test_refused_sharding_is_named():
+    out = export_plan(gpt3_on_selene(sharding=Sharding(grads=4, optim=8)), "megatron")
+    assert [u for u in out.unsupported if u.startswith("sharding P/G/OS 1/4/8")]

@@ -1,0 +1,77 @@
+"""torchtitan TOML checked by torchtitan 0.2.2's own ConfigManager (TOML -> JobConfig) and
+ParallelDims (the degrees must multiply to the world size)."""
+
+import pytest
+
+from planner.export.formats import export_plan
+from planner.export.frameworks import chunk_layer_counts, plan_shape
+from planner.specs.plan import Sharding
+from tests.planner.export.framework_helpers import (
+    framework,
+    gpt3_on_selene,
+    plan_on,
+    torchtitan_config_manager,
+)
+
+pytestmark = pytest.mark.frameworks
+
+
+def _parse(plan, tmp_path):
+    out = export_plan(plan, "torchtitan")
+    assert out.unsupported == (), out.unsupported
+    path = tmp_path / "config.toml"
+    path.write_text(out.text)
+    config = torchtitan_config_manager()().parse_args(["--job.config_file", str(path)])
+    par, tr = config.parallelism, config.training
+    dims = framework("torchtitan.distributed.parallel_dims").ParallelDims(
+        dp_replicate=par.data_parallel_replicate_degree, dp_shard=par.data_parallel_shard_degree,
+        cp=par.context_parallel_degree, tp=par.tensor_parallel_degree,
+        pp=par.pipeline_parallel_degree, ep=1, etp=1, world_size=plan.num_gpus_used)
+    s = plan_shape(plan)
+    assert (dims.tp, dims.pp, dims.cp, dims.dp_replicate * dims.dp_shard) == (s.tp, s.pp, s.cp,
+                                                                          s.dp)
+    assert dims.dp_shard == plan.sharding.params  # FSDP2 shards all three states at P
+    assert tr.global_batch_size == plan.training.global_batch_size
+    if s.pp > 1:  # one step per replica, split into micro-batches of pipeline's size
+        assert par.pipeline_parallel_microbatch_size == s.mbs
+        assert tr.local_batch_size // par.pipeline_parallel_microbatch_size == s.num_microbatches
+        assert tr.global_batch_size == tr.local_batch_size * s.dp
+        chunks = par.module_fqns_per_model_part
+        assert len(chunks) == s.pp * s.vp
+        assert [sum(n.startswith("layers.") for n in c) for c in chunks] == chunk_layer_counts(
+            s.layers, s.vp)
+    else:  # torchtitan accumulates gradients over global / (local * dp) micro-batches
+        assert tr.local_batch_size == s.mbs
+        assert tr.global_batch_size // (tr.local_batch_size * s.dp) == s.num_microbatches
+    assert config.activation_checkpoint.mode == s.recompute[0]
+    return config
+
+
+def test_interleaved_fsdp(tmp_path):
+    plan = plan_on("H100-80GB-SXM:16", tp=2, pp=2, dp=4, vp=2, mbs=1, gbs=32,
+                   sequence_parallel=True, sharding=Sharding(params=4, grads=4, optim=4))
+    config = _parse(plan, tmp_path)
+    assert config.parallelism.pipeline_parallel_schedule == "Interleaved1F1B"
+    assert (config.model.name, config.model.flavor) == ("llama3", "8B")
+
+
+def test_uneven_stages_hsdp_full_recompute(tmp_path):
+    plan = plan_on("H100-80GB-SXM:24", tp=2, pp=3, dp=4, mbs=2, gbs=32, recompute="full",
+                   sequence_parallel=True, sharding=Sharding(params=2, grads=2, optim=2))
+    assert len(set(plan_shape(plan).layers)) > 1
+    config = _parse(plan, tmp_path)
+    assert config.parallelism.data_parallel_replicate_degree == 2
+    assert config.parallelism.module_fqns_per_model_part[0][0] == "tok_embeddings"
+    assert config.parallelism.module_fqns_per_model_part[-1][-2:] == ["norm", "output"]
+
+
+def test_data_parallel_with_accumulation(tmp_path):
+    _parse(plan_on("H100-80GB-SXM:8", dp=8, mbs=2, gbs=64), tmp_path)
+
+
+def test_refusals():
+    selene = export_plan(gpt3_on_selene(), "torchtitan")  # ZeRO-1, selective
+    assert any(u.startswith("sharding P/G/OS 1/1/8") for u in selene.unsupported)
+    assert any(u.startswith("recompute selective") for u in selene.unsupported)
+    no_sp = export_plan(plan_on("H100-80GB-SXM:16", tp=2, dp=8, gbs=64), "torchtitan")
+    assert any("without sequence parallelism" in u for u in no_sp.unsupported)
