@@ -25,10 +25,12 @@ demo: $(BIN)/plan
 
 test: $(VENV)/.frameworks
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 lint: $(BIN)/plan
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # The example what-if report committed under reports/ (about a minute).
 report: $(BIN)/plan

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from planner.specs.choices import Recompute
 from planner.specs.model import ModelSpec
 
 # The profiler measures the planner's ops with these same pieces (profiler/torch_ops.py):
@@ -38,7 +39,7 @@ INIT_STD = 0.02  # GPT-2 (Radford et al. 2019); output projections scaled by 1/s
 ATTENTION_BACKENDS = ("flash", "memory_efficient", "math")
 # Activation recomputation (Korthikanti et al. 2022): "full" recomputes each layer in
 # backward, "selective" only the attention core (softmax, dropout, scores x V).
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = tuple(Recompute)
 TIED_HEAD = "wte.weight"  # the name a tied output projection is initialised (and synced) by
 
 
@@ -137,7 +138,7 @@ class Block(nn.Module):
         super().__init__()
         self.norm1 = _norm(spec)
         self.attn = Attention(spec, backend=backend, dropout_p=dropout_p,
-                              recompute_core=recompute == "selective")
+                              recompute_core=recompute == Recompute.SELECTIVE)
         self.norm2 = _norm(spec)
         self.mlp = MLP(spec)
         self.dropout = nn.Dropout(dropout_p) if dropout_p else nn.Identity()
@@ -230,7 +231,7 @@ class GPT(nn.Module):
         if self.embedding:
             x = self._embed(x)
         for block in self.blocks.values():
-            if self.recompute == "full" and self.training:
+            if self.recompute == Recompute.FULL and self.training:
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)

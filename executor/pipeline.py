@@ -38,6 +38,7 @@ from executor.split_backward import (
     recording_weights,
 )
 from planner.simulator.schedules import Pass, stage_order
+from planner.specs.choices import Schedule
 
 __all__ = ["Chunk", "Links", "MicroBatches", "StageRunner", "splits_backward"]
 
@@ -46,7 +47,7 @@ ACTIVATION, GRADIENT = 0, 1
 
 def splits_backward(schedule: str, *, first: bool) -> bool:
     """Whether a chunk runs its backward as B and W (see the module docstring)."""
-    return schedule == "zb-h1" and not first
+    return Schedule(schedule).splits_backward and not first
 
 
 @dataclass

@@ -9,7 +9,9 @@ once, the batch adds up); these are the executor's own limits and this host's.
 from __future__ import annotations
 
 from planner.costs.kernels import ATTENTION_SUPPORT
+from planner.specs.choices import Recompute
 from planner.specs.plan import Plan
+from profiler.kernels import Attention
 from profiler.schema import at, fail
 
 __all__ = ["check_runnable", "device_kind"]
@@ -92,7 +94,7 @@ def _check_pipeline_stages(plan: Plan, pi: int, where: str) -> None:
 def _check_schedule(plan: Plan, where: str) -> None:
     tr = plan.training
     pp = len(plan.pipelines[0].stages)
-    if tr.schedule == "zb-h1":
+    if tr.schedule.splits_backward:
         _check_zero_bubble(plan, where)
     if tr.virtual_stages > 1:
         if pp == 1:
@@ -110,7 +112,7 @@ def _check_zero_bubble(plan: Plan, where: str) -> None:
     forward again (the simulator prices one recomputation)."""
     for pi, pipe in enumerate(plan.pipelines):
         for si, s in enumerate(pipe.stages[1:], 1):
-            if s.recompute == "full":
+            if s.recompute == Recompute.FULL:
                 fail(at(where, f"pipelines[{pi}].stages[{si}].recompute"), "full",
                      "zb-h1 computes weight gradients in a second backward pass, which would "
                      "recompute each layer again; allowed: none, selective (full on stage 0)")
@@ -129,10 +131,10 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
         if k.attention not in ATTENTION_SUPPORT.get(arch, ("math",)):
             fail(at(where, "kernels.attention"), k.attention,
                  f"{arch} runs {', '.join(ATTENTION_SUPPORT.get(arch, ('math',)))}")
-    if k.attention != "math" and m.dropout and kind == "cpu":
+    if k.attention.fused and m.dropout and kind == "cpu":
         fail(at(where, "kernels.attention"), k.attention,
              "fused attention with dropout does not run on the CPU (use math)")
-    if k.attention == "flash" and tr.dtype == "fp32" and kind == "cuda":
+    if k.attention == Attention.FLASH and tr.dtype == "fp32" and kind == "cuda":
         fail(at(where, "kernels.attention"), "flash", "flash attention needs bf16 on GPUs")
 
 

@@ -150,7 +150,7 @@ def _worker(rank: int, s: CollectiveSettings, init_file: str, results: object) -
         for kind in s.kinds:
             rows = _kind_rows(kind, rank, s.nprocs, device, s)
             if rank == 0:
-                results.put(rows)  # type: ignore[attr-defined]
+                results.put(rows)  # type: ignore[attr-defined]  # a multiprocessing queue
     finally:
         gc.collect()  # before destroy: avoids gloo's exit-time abort (see shared/notes)
         dist.destroy_process_group()
@@ -194,9 +194,9 @@ def _next_rows(results: object, procs: Sequence[object]) -> list[ProfileRow]:
     """Wait for rank 0's next batch of rows; fail if a rank died meanwhile."""
     while True:
         try:
-            return results.get(timeout=1.0)  # type: ignore[attr-defined]
+            return results.get(timeout=1.0)  # type: ignore[attr-defined]  # a multiprocessing queue
         except queue.Empty:
-            dead = [p.exitcode for p in procs if not p.is_alive()]  # type: ignore[attr-defined]
+            dead = [p.exitcode for p in procs if not p.is_alive()]  # type: ignore[attr-defined]  # multiprocessing processes
             if dead:
                 _stop(procs)
                 raise RuntimeError(f"a measuring process exited early (exit codes {dead})"
@@ -205,7 +205,7 @@ def _next_rows(results: object, procs: Sequence[object]) -> list[ProfileRow]:
 
 def _stop(procs: Sequence[object]) -> None:
     for p in procs:
-        if p.is_alive():  # type: ignore[attr-defined]
-            p.terminate()  # type: ignore[attr-defined]
+        if p.is_alive():  # type: ignore[attr-defined]  # multiprocessing processes
+            p.terminate()  # type: ignore[attr-defined]  # multiprocessing processes
     for p in procs:
-        p.join()  # type: ignore[attr-defined]
+        p.join()  # type: ignore[attr-defined]  # multiprocessing processes

@@ -104,7 +104,7 @@ class DeviceSpec:
         """Peak dense FLOP/s for `dtype`; a dtype the device lacks is a SpecError."""
         if dtype not in self.peak_tflops:
             fail("dtype", dtype, f"{self.name} offers {', '.join(self.peak_tflops)}")
-        return self.peak_tflops[dtype] * 1e12  # type: ignore[index]
+        return self.peak_tflops[dtype] * 1e12
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -72,7 +72,7 @@ def runtime(where: str) -> Runtime:
 
 def _driver_version() -> str | None:
     try:
-        import pynvml  # type: ignore[import-not-found]  # optional NVML bindings
+        import pynvml  # optional NVML bindings
 
         pynvml.nvmlInit()
         return str(pynvml.nvmlSystemGetDriverVersion())

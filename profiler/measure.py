@@ -118,7 +118,7 @@ def _adamw_step(case: OpCase, s: MeasureSettings) -> tuple[Call, int]:
         p.grad = torch.randn_like(p)
     flags = {"fused": {"fused": True}, "foreach": {"foreach": True},
              "for_loop": {"foreach": False, "fused": False}}[case.variant or "fused"]
-    opt = torch.optim.AdamW(params, lr=1e-4, **flags)  # type: ignore[arg-type]
+    opt = torch.optim.AdamW(params, lr=1e-4, **flags)
     return opt.step, 16 * sum(case.dims)  # weight, grad and two moments in fp32
 
 
@@ -136,7 +136,7 @@ def _runners(case: OpCase, s: MeasureSettings) -> tuple[Call, Call | None, int]:
         step, footprint = _adamw_step(case, s)
         return step, None, footprint
     frag = torch_ops.build(case.impl, case.dims, variant=case.variant,
-                           dtype=torch_dtype(s.dtype), device=s.device)  # type: ignore[arg-type]
+                           dtype=torch_dtype(s.dtype), device=s.device)
     outputs = frag.forward()
     footprint = sum(t.numel() * t.element_size()
                     for t in (*frag.inputs, *frag.weights, *outputs))
@@ -188,7 +188,7 @@ def _row(case: OpCase, t: Timing, subtract_s: float) -> ProfileRow:
     """The profile row of a timing, less `subtract_s` (never below a tenth of it: an op
     is never free)."""
     shift = min(subtract_s, t.median_s * 0.9)
-    return ProfileRow(kind=case.kind, name=case.name, variant=case.variant,  # type: ignore[arg-type]
+    return ProfileRow(kind=case.kind, name=case.name, variant=case.variant,  # type: ignore[arg-type]  # a case's kind is an op kind
                       shape=case.shape, flops=float(case.flops), bytes=float(case.bytes),
                       kernels=case.kernels, time_s=t.median_s - shift,
                       p10_s=max(t.p10_s - shift, 0.0), p90_s=max(t.p90_s - shift, 0.0),

@@ -17,7 +17,6 @@ import enum
 import types
 import typing
 from collections.abc import Mapping
-from functools import cache
 from typing import Any, Literal, TypeVar
 
 __all__ = ["SpecError", "at", "cached_hash", "coerce_choices", "dump", "fail", "load_yaml", "load_yaml_text", "parse", "read_text",
@@ -54,17 +53,17 @@ def cached_hash(cls: type[T]) -> type[T]:
     (string hashes differ between processes)."""
     generated = cls.__hash__
 
-    def __hash__(self: object) -> int:
+    def __hash__(self: Any) -> int:
         state = self.__dict__
         if "_hash" not in state:
-            state["_hash"] = generated(self)  # type: ignore[misc]
-        return state["_hash"]
+            state["_hash"] = generated(self)
+        return int(state["_hash"])
 
-    def __getstate__(self: object) -> dict:
+    def __getstate__(self: Any) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
-    cls.__hash__ = __hash__  # type: ignore[assignment,method-assign]
-    cls.__getstate__ = __getstate__  # type: ignore[attr-defined]
+    setattr(cls, "__hash__", __hash__)  # noqa: B010 (a method replaced on the class)
+    setattr(cls, "__getstate__", __getstate__)  # noqa: B010
     return cls
 
 
@@ -93,9 +92,13 @@ def spec_field(
     return dataclasses.field(default=default, metadata=meta)
 
 
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+_HINTS: dict[Any, dict[str, Any]] = {}
+
+
+def _hints(cls: Any) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def _type_name(tp: Any) -> str:
@@ -110,7 +113,7 @@ def _type_name(tp: Any) -> str:
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
     if origin is dict:
         return f"a mapping of {_type_name(typing.get_args(tp)[1])}"
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return f"a mapping ({tp.__name__})"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
             type(None): "null"}.get(tp, str(tp))
@@ -155,7 +158,7 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             fail(where, value, f"expected {_type_name(tp)}")
         return {_convert(key_tp, k, where): _convert(val_tp, v, at(where, str(k)))
                 for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         return parse(tp, value, where=where)
@@ -194,7 +197,7 @@ def parse(cls: type[T], data: Any, *, where: str = "") -> T:
     label = where.rstrip(":-") or cls.__name__
     if not isinstance(data, Mapping):
         fail(label, data, f"expected a mapping with fields of {cls.__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # cls is a dataclass type
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
         fail(at(where, str(unknown[0])), data[unknown[0]],

@@ -44,12 +44,12 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _sampler(device: str) -> Callable[[Callable[[], None], int], float]:
+def _sampler(device: str) -> Callable[[Callable[[], object], int], float]:
     """A function that runs `fn` `calls` times and returns the elapsed seconds."""
     if device.startswith("cuda"):
         import torch
 
-        def cuda_sample(fn: Callable[[], None], calls: int) -> float:
+        def cuda_sample(fn: Callable[[], object], calls: int) -> float:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -61,7 +61,7 @@ def _sampler(device: str) -> Callable[[Callable[[], None], int], float]:
 
         return cuda_sample
 
-    def cpu_sample(fn: Callable[[], None], calls: int) -> float:
+    def cpu_sample(fn: Callable[[], object], calls: int) -> float:
         start = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -70,7 +70,7 @@ def _sampler(device: str) -> Callable[[Callable[[], None], int], float]:
     return cpu_sample
 
 
-def time_calls(fn: Callable[[], None], *, device: str = "cpu", warmup: int = 3,
+def time_calls(fn: Callable[[], object], *, device: str = "cpu", warmup: int = 3,
                repeats: int = 15, min_sample_s: float = 1e-3) -> Timing:
     """Time `fn` on `device` ("cpu", "cuda", "cuda:N"): `warmup` untimed calls, then
     `repeats` samples of back-to-back calls."""

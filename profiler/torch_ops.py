@@ -106,7 +106,7 @@ def _sdpa(t: _Maker, b: int, heads: int, kv_heads: int, s_q: int, s_kv: int, d: 
     kernel = sdpa_backend(backend)
 
     def forward() -> tuple[torch.Tensor, ...]:
-        with sdpa_kernel(kernel):  # type: ignore[arg-type]
+        with sdpa_kernel(kernel):
             y = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                 dropout_p=DROPOUT_P if dropout else 0.0, enable_gqa=kv_heads != heads)

@@ -23,6 +23,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from planner.calibration.published import (
     Case,
@@ -105,10 +106,12 @@ def _dataset(arch: str, rows: int) -> list[Dataset]:
 def _set_error(cases: Dataset, method: Callable) -> float:
     """Mean |predicted / measured - 1| over a dataset (1.0 for a case that fails)."""
     if cases and isinstance(cases[0], LayerCase):
-        return statistics.mean(abs(e) for e in layer_errors(cases).values())  # type: ignore[arg-type]
+        layer_cases = [c for c in cases if isinstance(c, LayerCase)]
+        return statistics.mean(abs(e) for e in layer_errors(layer_cases).values())
     errs = []
     for case in cases:
-        predicted = predict_s(case, method)  # type: ignore[arg-type]
+        assert isinstance(case, Case)
+        predicted = predict_s(case, method)
         errs.append(1.0 if predicted is None else abs(predicted / case.measured_s - 1))
     return statistics.mean(errs)
 
@@ -119,9 +122,11 @@ def with_values(params: list[Parameter], values: list[float]) -> tuple[dict, dic
     links: dict[str, LinkKind] = {}
     for p, v in zip(params, values, strict=True):
         kind, name = p.target.split(":")
-        table, get = (arch, arch_efficiency) if kind == "arch" else (links, link_kind)
-        base = table.get(name) or get(name)
-        table[name] = dataclasses.replace(base, **{p.field: v})
+        change: dict[str, Any] = {p.field: v}  # a float field of the spec
+        if kind == "arch":
+            arch[name] = dataclasses.replace(arch.get(name) or arch_efficiency(name), **change)
+        else:
+            links[name] = dataclasses.replace(links.get(name) or link_kind(name), **change)
     return arch, links
 
 

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from planner.costs.kernels import default_kernels
 from planner.costs.workload import WorkloadShape
 from planner.predict.results import SimResult
+from planner.specs.choices import Recompute
 from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan
+from profiler.kernels import Attention
 from profiler.schema import SpecError
 
 __all__ = ["Case", "ErrorSummary", "LayerCase", "korthikanti_layer_cases", "layer_errors",
@@ -118,8 +120,9 @@ def published_cases(path: str | None = None) -> list[Case]:
             cfg = ParallelConfig(
                 tp=int(r["tp"]), pp=int(r["pp"]), dp=dp, cp=int(r["cp"] or 1),
                 vp=int(r["vp"] or 1), mbs=mbs, gbs=int(r["gbs"]), seq_len=int(r["seq"]),
-                recompute=r["recompute"], sequence_parallel=r["seq_par"] == "1",
-                sharding=sharding_preset(r["sharding"] or "none", dp), dtype=r["dtype"])
+                recompute=Recompute(r["recompute"]), sequence_parallel=r["seq_par"] == "1",
+                sharding=sharding_preset(r["sharding"] or "none", dp),
+                dtype=r["dtype"])  # type: ignore[arg-type]  # a published dtype name
             plan = _try_plan(model, f"{r['gpu']}:{r['gpus']}", cfg)
             if plan is not None:
                 plans.append(plan)
@@ -141,8 +144,9 @@ def vtrain_cases(path: str | None = None) -> list[Case]:
                           norm="layernorm", position_embedding="learned", tied_embeddings=True,
                           dropout=True)
         cfg = ParallelConfig(tp=int(tp), pp=int(pp), dp=int(dp), mbs=int(mbs), gbs=int(gbs),
-                             seq_len=int(seq), recompute="full", dtype="fp16")
-        plan = _try_plan(model, f"A100-80GB-SXM:{int(gpus)}", cfg, Kernels(attention="math"))
+                             seq_len=int(seq), recompute=Recompute.FULL, dtype="fp16")
+        plan = _try_plan(model, f"A100-80GB-SXM:{int(gpus)}", cfg,
+                         Kernels(attention=Attention.MATH))
         cases.append(Case(f"vtrain-{i:04d}", (plan,) if plan else (), ms / 1e3))
     return cases
 

@@ -185,7 +185,7 @@ def _meta(req: MeasureRequest, local: LocalDevice, dtype: str, world_size: int) 
     rt = runtime(req.device)
     return ProfileMeta(
         schema_version=PROFILE_SCHEMA_VERSION, device=local.spec.name,
-        device_detail=local.detail, dtype=dtype,  # type: ignore[arg-type]
+        device_detail=local.detail, dtype=dtype,  # type: ignore[arg-type]  # dtype checked against the device above
         torch_version=rt.torch_version, cuda_version=rt.cuda_version, driver=rt.driver,
         host=platform.node() or "unknown",
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -10,7 +10,7 @@ from planner.commands.inputs import load_inputs, profiles_for, with_prediction
 from planner.errors import InfeasiblePlan
 from planner.search import Ranked, SearchRequest, SearchResult, search
 from planner.search.search import OBJECTIVES
-from planner.specs.choices import values
+from planner.specs.choices import Schedule, values
 from planner.specs.plan import TRAIN_DTYPES, save_plan
 from profiler.kernels import Attention
 from profiler.schema import fail
@@ -131,8 +131,7 @@ def _as_json(result: SearchResult, req: SearchRequest) -> dict:
 
 
 # the table's schedule column (interleaving shows in the vp column)
-_SCHEDULE_SHORT = {"1f1b": "1f1b", "interleaved-1f1b": "1f1b", "gpipe": "gpipe",
-                   "zb-h1": "zb-h1"}
+_SCHEDULE_SHORT = {s: str(Schedule.ONE_F_ONE_B if s.interleaved else s) for s in Schedule}
 
 
 def _days(seconds: float) -> str:

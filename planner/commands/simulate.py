@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     check_parallel(cfg, model, cluster)
     _check_dtype(cluster, cfg.dtype)
     kernels = default_kernels([g.device for g in cluster.node_groups], attention=args.attention)
-    if kernels.attention == "math" and cfg.cp > 1:
+    if not kernels.attention.fused and cfg.cp > 1:
         fail("--attention", "math", "context parallelism needs a fused attention kernel")
     plan = homogeneous_plan(model, cluster, cfg, kernels=kernels)
     profiles = profiles_for(args, cluster, cfg.dtype)

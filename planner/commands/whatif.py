@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         if r.ranked is None:
             print(f"{r.label}: {r.note}")
         else:
-            ttt = r.time_to_train_s / 86400  # type: ignore[operator]
+            ttt = r.time_to_train_s / 86400  # type: ignore[operator]  # planned rows have a time
             cost = "-" if r.total_usd is None else f"${r.total_usd:,.0f}"
             print(f"{r.label}: {ttt:.2f} days, {cost}, {r.gpus_used} GPUs used, "
                   f"bottleneck {r.bottleneck}")

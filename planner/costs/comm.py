@@ -79,7 +79,7 @@ def group_tiers(cluster: ClusterSpec, devices: tuple[int, ...], concurrency: int
         nodes_by_island.setdefault(island, set()).add(node)
     nodes_per_island = max(len(v) for v in nodes_by_island.values())
     nic_bw = min(_nic_share_bytes_per_s(cluster, s.group) for s in members)
-    nic_lat = max(link_kind(cluster.node_groups[s.group].nic).latency_s  # type: ignore[arg-type]
+    nic_lat = max(link_kind(cluster.node_groups[s.group].nic).latency_s  # type: ignore[arg-type]  # nic is set once the cluster is resolved
                   for s in members)
     if nodes_per_island > 1:
         tiers.append(Tier("network", nodes_per_island, nic_bw, nic_lat))

@@ -20,6 +20,7 @@ from planner.costs.memory import rank_param_count
 from planner.costs.workload import Op, layer_work, optimizer_work
 from planner.specs.plan import Kernels, Plan
 from profiler.devices import DeviceSpec
+from profiler.kernels import Attention, OptimizerKernel
 from profiler.schema import fail
 from profiler.store import Profile, Profiles
 
@@ -52,11 +53,11 @@ def default_kernels(devices: list[DeviceSpec], *, attention: str | None = None,
     if attention is None:
         assumed = [CALIBRATED_ATTENTION.get(d.arch) for d in devices]
         choice = "math" if "math" in assumed else common[0]
-        return Kernels(attention=choice)  # type: ignore[arg-type]
+        return Kernels(attention=choice)  # type: ignore[arg-type]  # a member name from the registry
     if attention not in common:
         names = ", ".join(sorted({d.name for d in devices}))
         fail(where, attention, f"{names} support {', '.join(common)}")
-    return Kernels(attention=attention)  # type: ignore[arg-type]
+    return Kernels(attention=attention)  # type: ignore[arg-type]  # checked against the registry above
 
 
 def _attention_s(plan: Plan, profile: Profile, attention: str) -> float | None:
@@ -104,13 +105,14 @@ def fastest_kernels(plan: Plan, profiles: Profiles, *, keep_attention: bool = Fa
     archs = {g.device.arch for g in plan.cluster.node_groups}
     valid = [k for k in ("flash", "memory_efficient", "math")
              if all(k in ATTENTION_SUPPORT.get(a, ("math",)) for a in archs)
-             and not (k == "math" and any(s.cp > 1 for p in plan.pipelines for s in p.stages))]
+             and (Attention(k).fused or all(s.cp == 1 for p in plan.pipelines for s in p.stages))]
     if not keep_attention:
         timed = {k: t for k in valid if (t := _attention_s(plan, profile, k)) is not None}
         if timed:
-            kernels = replace(kernels, attention=min(timed, key=timed.__getitem__))
+            kernels = replace(kernels, attention=Attention(min(timed, key=timed.__getitem__)))
     timed = {k: t for k in ("fused", "foreach", "for_loop")
              if (t := _optimizer_s(plan, profile, k)) is not None}
     if timed:
-        kernels = replace(kernels, optimizer=min(timed, key=timed.__getitem__))
+        kernels = replace(kernels,
+                          optimizer=OptimizerKernel(min(timed, key=timed.__getitem__)))
     return kernels

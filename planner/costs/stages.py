@@ -48,7 +48,7 @@ from planner.specs.plan import Kernels, Plan, Sharding
 from profiler.analytic import launch_overhead_s
 from profiler.devices import arch_efficiency, device, dtype_bytes
 from profiler.schema import cached_hash, coerce_choices
-from profiler.store import Profiles
+from profiler.store import Profile, Profiles
 
 __all__ = ["BUCKET_PARAMS", "DPSync", "GRAD_BYTES", "Part", "PlacedStage", "PlanCosts",
            "RunSettings", "ShardingTerms", "StageCost", "StageSpec", "apply_sharding",
@@ -668,7 +668,7 @@ def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
     if profiles is None or not profiles.by_device:
         return {"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE}
     priced = plan_costs(plan, profiles)
-    uses = []
+    uses: list[tuple[Profile | None, Op]] = []
     for pi in priced.representatives:
         for spec in priced.specs[pi]:
             profile = profiles.get(spec.device_name)

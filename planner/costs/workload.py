@@ -19,6 +19,7 @@ from typing import Literal
 
 from planner.specs.model import ModelSpec
 from profiler.devices import dtype_bytes
+from profiler.kernels import Attention
 
 __all__ = ["Comm", "LayerWork", "Op", "Work", "WorkloadShape", "embedding_work",
            "hardware_flops_per_token", "head_work", "layer_work", "model_flops_per_token",
@@ -114,7 +115,7 @@ def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op,
     b, s, d = w.micro_batch_size, w.seq_len // w.cp, model.head_dim
     s_kv = w.seq_len  # with cp, K/V of the whole sequence pass by (ring attention)
     elem = dtype_bytes(w.dtype)
-    if w.attention == "math":
+    if not Attention(w.attention).fused:
         # Megatron's unfused path computes the full s x s matrix (Korthikanti et al. 2022 §4.1).
         # Kernels: baddbmm, fused scale-mask-softmax, dropout (mask + apply), bmm + the
         # permute copy back to [s, b, h].
@@ -242,7 +243,7 @@ def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
     ffn = model.ffn_hidden_size // t
     mlp = n * ffn * e * (3 if model.activation == "swiglu" else 2)  # gate, up, product | in, out
     selective = replicated + qkv + proj_in + mlp
-    if w.attention == "math":
+    if not Attention(w.attention).fused:
         scores = b * q_heads * s * w.seq_len
         core = scores * (e + mask + (e if model.dropout else 0))  # softmax out, mask, dropout out
     else:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 from planner.export.frameworks import FrameworkCapabilities, matches_pattern, plan_shape
+from planner.specs.choices import Recompute
 from planner.specs.layout import split_layers
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Training
+from profiler.kernels import Attention
 
 __all__ = ["nearest"]
 
@@ -31,7 +34,7 @@ def nearest(plan: Plan, caps: FrameworkCapabilities) -> tuple[Plan, list[str]]:
     return plan, changes
 
 
-def _training(plan: Plan, **kw: object) -> Plan:
+def _training(plan: Plan, **kw: Any) -> Plan:
     return replace(plan, training=replace(plan.training, **kw))
 
 
@@ -102,7 +105,7 @@ def _recompute(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> P
     if all(m == t for m, t in target.items()):
         return plan
     changes.append(f"recompute {', '.join(modes)} -> {', '.join(dict.fromkeys(target.values()))}")
-    pipes = tuple(replace(p, stages=tuple(replace(st, recompute=target[st.recompute])
+    pipes = tuple(replace(p, stages=tuple(replace(st, recompute=Recompute(target[st.recompute]))
                                           for st in p.stages)) for p in plan.pipelines)
     return replace(plan, pipelines=pipes)
 
@@ -136,5 +139,5 @@ def _kernels(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Pla
     if k.attention not in caps.attention:
         to = "flash" if "flash" in caps.attention else sorted(caps.attention)[0]
         changes.append(f"attention kernel {k.attention} -> {to}")
-        plan = replace(plan, kernels=replace(k, attention=to))
+        plan = replace(plan, kernels=replace(k, attention=Attention(to)))
     return plan

@@ -19,6 +19,7 @@ from planner.export.frameworks import (
     plan_shape,
     unsupported,
 )
+from planner.specs.choices import Recompute, Schedule
 from planner.specs.plan import Plan
 
 __all__ = ["CONFIG_FILES", "Export", "FORMATS", "export_plan", "megatron_args"]
@@ -63,10 +64,10 @@ def megatron_args(plan: Plan) -> list[str]:
     if tr.sequence_parallel:
         args.append("--sequence-parallel")
     recompute = s.recompute[0]
-    if recompute == "full":
+    if recompute == Recompute.FULL:
         args += ["--recompute-granularity full", "--recompute-method uniform",
                  "--recompute-num-layers 1"]
-    elif recompute == "selective":
+    elif recompute == Recompute.SELECTIVE:
         args.append("--recompute-granularity selective")
     args.append("--attention-backend "
                 + {"flash": "flash", "math": "unfused"}.get(plan.kernels.attention, "auto"))
@@ -117,7 +118,7 @@ def _deepspeed(plan: Plan) -> Export:
     config["zero_optimization"] = _zero(sh.params, sh.grads, sh.optim, s.dp)
     if s.tp > 1:
         config["tensor_parallel"] = {"autotp_size": s.tp}
-    full = s.recompute[0] == "full"
+    full = s.recompute[0] == Recompute.FULL
     if s.pp > 1:  # DeepSpeed's pipeline engine (PipelineModule) reads this section
         config["pipeline"] = {"stages": s.pp, "partition": "uniform",
                               "activation_checkpoint_interval": 1 if full else 0}
@@ -140,8 +141,9 @@ def _zero(params: int, grads: int, optim: int, dp: int) -> dict:
 
 
 # torch.distributed.pipelining's class names as torchtitan takes them
-_TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-                    "zb-h1": "InterleavedZeroBubble"}
+_TITAN_SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
+                    Schedule.INTERLEAVED_1F1B: "Interleaved1F1B",
+                    Schedule.ZB_H1: "InterleavedZeroBubble"}
 # presets that are torchtitan 0.2.2 llama3 flavors (models/llama3/__init__.py)
 _TITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
                   "llama3-405b": ("llama3", "405B")}
@@ -181,7 +183,7 @@ def _torchtitan(plan: Plan) -> Export:
 def _torchtitan_split(plan: Plan, s: PlanShape, issues: list[str]) -> list[str]:
     """The plan's layer split as module names per model chunk (exact, uneven too)."""
     chunks = chunk_layer_counts(s.layers, s.vp)
-    if plan.training.schedule == "zb-h1":
+    if plan.training.schedule.splits_backward:
         m = s.num_microbatches
         rounds = max(1, m // s.pp)
         if m % rounds:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from planner.specs.choices import Schedule
 from planner.specs.plan import Plan
 
 __all__ = ["CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
@@ -67,7 +68,7 @@ _MEGATRON = FrameworkCapabilities(
     # within dp / instances replicas), transformer/enums.py AttnBackend.
     name="megatron", version="megatron-core 0.16.1 (Megatron-LM core_r0.16.0)",
     parallelisms=frozenset({"tp", "pp", "dp", "cp", "vp", "ep"}),
-    schedules=frozenset({"1f1b", "interleaved-1f1b"}),
+    schedules=frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B}),
     sharding=(NO_SHARDING, ZERO1, ("1", "1", "k")),
     recompute=frozenset({"none", "selective", "full"}),
     dtypes=frozenset({"bf16", "fp16", "fp32"}),
@@ -131,7 +132,7 @@ _TORCHTITAN = FrameworkCapabilities(
     # data_parallel_replicate_degree.
     name="torchtitan", version="torchtitan 0.2.2",
     parallelisms=frozenset({"tp", "pp", "dp", "cp", "vp", "ep"}),
-    schedules=frozenset({"gpipe", "1f1b", "interleaved-1f1b"}),
+    schedules=frozenset({Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B}),
     sharding=(NO_SHARDING, ZERO3, ("k", "k", "k")),
     recompute=frozenset({"none", "full"}),
     dtypes=frozenset({"bf16", "fp32"}),
@@ -157,7 +158,7 @@ _TRAINPLAN = FrameworkCapabilities(
     # this repository's executor (executor/preflight.py says what it refuses)
     name="trainplan", version="trainplan 0.1.0 executor",
     parallelisms=frozenset({"tp", "pp", "dp", "vp"}),
-    schedules=frozenset({"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}),
+    schedules=frozenset(Schedule),
     sharding=(("*", "*", "*"),),  # AMSP at any nested sizes
     recompute=frozenset({"none", "selective", "full"}),
     dtypes=frozenset({"bf16", "fp32"}),
@@ -216,7 +217,7 @@ def plan_shape(plan: Plan) -> PlanShape:
              for d in s.devices}
 
     def key(p: object) -> list:
-        return [(s.layers, s.tp, s.cp) for s in p.stages]  # type: ignore[attr-defined]
+        return [(s.layers, s.tp, s.cp) for s in p.stages]  # type: ignore[attr-defined]  # a Pipeline's stages
 
     return PlanShape(
         tp=stages[0].tp, pp=len(stages), dp=plan.dp, cp=stages[0].cp,

@@ -168,7 +168,7 @@ def _replicated_job(plan: Plan, sec: list[NodeSlot], k: int, *, name: str) -> di
     g = plan.cluster.node_groups[sec[0].group]
     env = {"MASTER_ADDR": f"{name}-group-0-0-0.{name}",  # JobSet's pod host name
            "MASTER_PORT": str(MASTER_PORT), "CONFIG_DIR": "/config", "RUN_DIR": "/run"}
-    container = {
+    container: dict[str, object] = {
         "name": "trainer",
         "image": "REPLACE-WITH-YOUR-TRAINING-IMAGE",
         "command": ["bash", "/config/launch-node.sh", str(sec[0].node_rank)],

@@ -101,7 +101,7 @@ class Priced:
             pipelines.append(Pipeline(stages=stages, micro_batch_size=self.mbs,
                                       num_microbatches=self.microbatches[r]))
         training = Training(global_batch_size=self.mbs * sum(self.microbatches),
-                            seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
+                            seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]  # dtype checked by the search request
                             schedule=self.schedule,
                             sequence_parallel=self.template.sequence_parallel)
         plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),

@@ -62,7 +62,9 @@ def assign_islands(demand: Sequence[int], weight: Sequence[float], replicas: int
 
     nx = positions * islands  # x variables, then y (island used) variables
     c = np.concatenate([np.zeros(nx), np.repeat(np.asarray(weight, float), islands)])
-    rows, lo, hi = [], [], []
+    rows: list = []
+    lo: list[float] = []
+    hi: list[float] = []
     for k in range(positions):  # every replica of k placed
         row = np.zeros(2 * nx)
         row[k * islands:(k + 1) * islands] = 1

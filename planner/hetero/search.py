@@ -30,7 +30,9 @@ from planner.hetero.split import (
 from planner.predict.results import SimResult
 from planner.specs.choices import Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
+from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan, Sharding
+from planner.specs.rules import tp_problem
 from profiler.devices import device
 from profiler.store import Profiles
 
@@ -53,16 +55,14 @@ def _speed(gpu: str) -> float:
     return d.peak_tflops.get("bf16", d.peak_tflops.get("fp16", 0.0))
 
 
-def _tp_options(model: object, gpus_per_node: int) -> list[int]:
-    heads, kv = model.num_heads, model.kv_heads  # type: ignore[attr-defined]
-    return [t for t in (1, 2, 4, 8, 16) if t <= gpus_per_node and heads % t == 0
-            and (kv % t == 0 or t % kv == 0)]
+def _tp_options(model: ModelSpec, gpus_per_node: int) -> list[int]:
+    return [t for t in (1, 2, 4, 8, 16) if t <= gpus_per_node and tp_problem(model, t) is None]
 
 
-def templates(model: object, pools: dict[str, list[Pool]], gbs: int) -> Iterator[Template]:
+def templates(model: ModelSpec, pools: dict[str, list[Pool]], gbs: int) -> Iterator[Template]:
     """Heterogeneous templates over every combination of two or more GPU types."""
     types = sorted(pools, key=lambda g: (-device(g).memory_gib, -_speed(g)))
-    layers = model.num_layers  # type: ignore[attr-defined]
+    layers = model.num_layers
     total = {g: sum(len(p.gpus) for p in pools[g]) for g in types}
     tps = {g: _tp_options(model, min(p.gpus_per_node for p in pools[g])) for g in types}
     for size in range(2, len(types) + 1):
@@ -111,11 +111,11 @@ def sharding_options(dp: int) -> list[Sharding]:
             Sharding(params=dp, grads=dp, optim=dp)]
 
 
-def mixed_templates(model: object, cluster: ClusterSpec, gbs: int) -> list[Template]:
+def mixed_templates(model: ModelSpec, cluster: ClusterSpec, gbs: int) -> list[Template]:
     return list(templates(model, pools_by_type(cluster), gbs))
 
 
-def lower_bound_s(model: object, cluster: ClusterSpec, t: Template, *, gbs: int, seq_len: int,
+def lower_bound_s(model: ModelSpec, cluster: ClusterSpec, t: Template, *, gbs: int, seq_len: int,
                   dtype: str, kernels: Kernels, profiles: Profiles | None = None) -> float:
     """A lower bound on any candidate of template `t` (any micro-batch size, recompute,
     sharding, split). With t_k stage k's time per layer (nothing recomputed, only in-line
@@ -126,7 +126,7 @@ def lower_bound_s(model: object, cluster: ClusterSpec, t: Template, *, gbs: int,
     earlier than the T with sum_r ((T - c_r) / b_r + 1) = M (the continuous relaxation of
     the batch split). The closed form adds only non-negative terms (embedding, head,
     transfers, recompute, synchronisation, imbalance)."""
-    layers = model.num_layers  # type: ignore[attr-defined]
+    layers = model.num_layers
     best = math.inf
     for mbs in MICROBATCH_SIZES:
         if gbs % mbs:
@@ -143,7 +143,7 @@ def lower_bound_s(model: object, cluster: ClusterSpec, t: Template, *, gbs: int,
 
 
 @functools.cache
-def _layer_time_s(model: object, cluster: ClusterSpec, slot: tuple[str, int], *, mbs: int,
+def _layer_time_s(model: ModelSpec, cluster: ClusterSpec, slot: tuple[str, int], *, mbs: int,
                   seq_len: int, dtype: str, kernels: Kernels, profiles: Profiles | None) -> float:
     """One layer's forward and backward on `slot` (tp ranks inside one node of its type,
     nothing recomputed), as the cost builder prices a middle stage's layer."""
@@ -157,11 +157,11 @@ def _layer_time_s(model: object, cluster: ClusterSpec, slot: tuple[str, int], *,
     run = RunSettings(micro_batch_size=mbs, num_microbatches=1, seq_len=seq_len, dtype=dtype,
                       sequence_parallel=True, schedule=Schedule.ONE_F_ONE_B, virtual_stages=1,
                       kernels=kernels)
-    c = unsharded_cost(model, cluster, spec, run, profiles=profiles)  # type: ignore[arg-type]
+    c = unsharded_cost(model, cluster, spec, run, profiles=profiles)
     return c.layer_forward.total_s + c.layer_backward.total_s
 
 
-def hetero_candidates(model: object, cluster: ClusterSpec, chosen: Sequence[Template], *,
+def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[Template], *,
                       gbs: int, seq_len: int, dtype: str, kernels: Kernels,
                       score: Callable[[Priced], float], keep: int,
                       bound_score: Callable[[Template, float], float],
@@ -207,7 +207,7 @@ def hetero_candidates(model: object, cluster: ClusterSpec, chosen: Sequence[Temp
         options = sharding_options(p.template.dp) if p.template.dp > 1 else []
         zb, one = Schedule.ZB_H1, Schedule.ONE_F_ONE_B
         for schedule, relax in [(zb, [])] + [(one, options), (zb, options)] * (len(options) > 0):
-            q = price(model, cluster, p.template, pools=pools, mbs=p.mbs,  # type: ignore[arg-type]
+            q = price(model, cluster, p.template, pools=pools, mbs=p.mbs,
                       recompute=p.recompute, sharding=p.sharding, seq_len=seq_len,
                       dtype=dtype, gbs=gbs, kernels=kernels, layers=p.layers,
                       schedule=schedule, relax=relax, profiles=profiles, memo=memo)
@@ -232,9 +232,9 @@ def merge_candidates(parts: Sequence[tuple[list[Priced], int, dict[str, float]]]
     return best, sum(part[1] for part in parts), with_type
 
 
-def _price_one(model: object, cluster: ClusterSpec, t: Template, mbs: int, rc: Recompute,
+def _price_one(model: ModelSpec, cluster: ClusterSpec, t: Template, mbs: int, rc: Recompute,
                sh: Sharding, **kw: object) -> Priced | None:
-    return price(model, cluster, t, mbs=mbs, recompute=rc, sharding=sh, **kw)  # type: ignore[arg-type]
+    return price(model, cluster, t, mbs=mbs, recompute=rc, sharding=sh, **kw)  # type: ignore[arg-type]  # keyword arguments collected in kw
 
 
 def _cheapest_fitting(t: Template, mbs: int, price_fn: Callable) -> Iterator[Priced | None]:
@@ -255,7 +255,7 @@ def _cheapest_fitting(t: Template, mbs: int, price_fn: Callable) -> Iterator[Pri
             return
 
 
-def baselines_for(best: Priced, model: object, cluster: ClusterSpec, *, gbs: int,
+def baselines_for(best: Priced, model: ModelSpec, cluster: ClusterSpec, *, gbs: int,
                   seq_len: int, dtype: str, kernels: Kernels,
                   profiles: Profiles | None = None) -> list[tuple[str, Priced | None]]:
     """The best template split the naive ways (uniform, proportional to throughput)."""
@@ -267,7 +267,7 @@ def baselines_for(best: Priced, model: object, cluster: ClusterSpec, *, gbs: int
     def priced(**split: object) -> Priced | None:
         """The split under the best plan's schedule or 1F1B, the faster of those that fit
         (ZB-H1 holds more activations than 1F1B)."""
-        tried = [price(model, cluster, t, schedule=s, **kw, **split)  # type: ignore[arg-type]
+        tried = [price(model, cluster, t, schedule=s, **kw, **split)  # type: ignore[arg-type]  # keyword arguments collected in kw and split
                  for s in dict.fromkeys((best.schedule, Schedule.ONE_F_ONE_B))]
         fitting = [p for p in tried if p is not None and p.fits]
         return min(fitting, key=lambda p: p.iteration_s) if fitting else tried[0]

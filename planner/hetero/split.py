@@ -161,21 +161,23 @@ def layer_split_fast(num_layers: int, fixed: Sequence[float], per_layer: Sequenc
     if found is None:
         return None
     lo, caps = found
-    best = _fill_cheapest(num_layers, per_layer, caps)
-    if microbatches is None:
-        return best
+    first = _fill_cheapest(num_layers, per_layer, caps)
+    if microbatches is None or first is None:
+        return first
+    best = first
     best_cost = pipeline_cost(best, fixed, per_layer, microbatches)
     # no split's sum of stage times is below this
     floor = sum(fixed) + sum(per_layer) + (num_layers - stages) * min(per_layer)
     for z in values[lo + 1:]:
         if (microbatches - 1) * z + floor >= best_cost:
             break
-        caps = capacity(z)
-        assert caps is not None  # capacity grows with z
-        split = _fill_cheapest(num_layers, per_layer, caps)
-        cost = pipeline_cost(split, fixed, per_layer, microbatches)
+        grown = capacity(z)
+        assert grown is not None  # capacity grows with z
+        candidate = _fill_cheapest(num_layers, per_layer, grown)
+        assert candidate is not None  # the capacity grew
+        cost = pipeline_cost(candidate, fixed, per_layer, microbatches)
         if cost < best_cost - 1e-15:
-            best, best_cost = split, cost
+            best, best_cost = candidate, cost
     return best
 
 

@@ -127,7 +127,7 @@ def _paths(times: list[float], m: int, vp: int) -> list[float]:
     return paths
 
 
-def _zb_paths(costs: list[StageCost], memo: dict, m: int) -> list[float]:
+def _zb_paths(costs: Sequence[StageCost], memo: dict, m: int) -> list[float]:
     """ZB-H1 (module docstring): the path through stage k's m micro-batches and the
     drain back to stage 0, which ends with stage 0's last W; or, where that is longer,
     stage k's own work after its first forward arrives, and stage 0's after its first
@@ -159,7 +159,7 @@ def estimate(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | None = No
         virtual_stages=plan.training.virtual_stages, schedule=plan.training.schedule)
     stages = tuple(
         StageSummary(pipeline=c.pipeline, stage=c.stage, device=c.device,
-                     layers=plan.pipelines[c.pipeline].stages[c.stage].layers,  # type: ignore[arg-type]
+                     layers=plan.pipelines[c.pipeline].stages[c.stage].layers,  # type: ignore[arg-type]  # a stage's layers are a checked pair
                      forward_s=c.forward_s, backward_s=c.backward_s, memory=c.memory)
         for pc in priced.costs for c in pc)
     breakdown = Breakdown(compute_s=parts["compute"], host_overhead_s=parts["host"],

@@ -47,6 +47,7 @@ class FitResult:
 
 
 def _op(row: ProfileRow) -> Op:
+    assert row.kind != "collective", "op rows only"
     return Op(row.name, row.kind, row.flops, row.bytes, row.shape, row.kernels,
               variant=row.variant)
 

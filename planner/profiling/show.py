@@ -73,7 +73,7 @@ def _size(b: float) -> str:
 def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
     m = profile.meta
     dev = device(m.device)
-    peak = dev.peak_tflops.get(m.dtype, dev.peak_tflops.get("fp32", 0.0)) * 1e12  # type: ignore[call-overload]
+    peak = dev.peak_tflops.get(m.dtype, dev.peak_tflops.get("fp32", 0.0)) * 1e12
     dram = dev.memory_bandwidth_bytes_per_s
     lines = [f"{profile.path}: {m.device} ({m.device_detail}), {m.dtype}, torch {m.torch_version}"
              f"{', CUDA ' + m.cuda_version if m.cuda_version else ''}, {m.num_threads} "
@@ -112,7 +112,7 @@ def _plot(profile: Profile, path: str) -> None:
     panels = [bool(profile.op_rows), bool(profile.op_rows), bool(profile.collective_rows)]
     fig, used = plt.subplots(1, sum(panels), figsize=(5.5 * sum(panels), 4.5), squeeze=False)
     slots = iter(used[0])
-    axes = [next(slots) if shown else None for shown in panels]
+    axes: list = [next(slots) if shown else None for shown in panels]
     for (kind, name, variant, ranks), rows in series.items():
         rows = sorted(rows, key=lambda r: r.size)
         label = f"{name} {variant or ''}".strip()

@@ -132,7 +132,8 @@ class LayoutModel:
     def option(self, sharding: Sharding) -> ShardingOption:
         """A sharding's model-state bytes and time terms per stage kind (a micro-batch
         setting changes neither)."""
-        memory, times = [], []
+        memory: list[float] = []
+        times: list[float] = []
         for k in range(len(self.kind_specs)):
             t = self.terms(k, sharding)
             memory.append(sum(t.states_bytes))

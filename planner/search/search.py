@@ -99,7 +99,7 @@ class Ranked:
     def run_cost_usd(self, tokens: float | None) -> float | None:
         """GPU-hours at the cluster's prices plus egress, for `tokens`."""
         gpu = self.gpu_cost_usd(tokens)
-        return None if gpu is None else gpu + self.egress_usd(tokens)  # type: ignore[operator]
+        return None if gpu is None else gpu + self.egress_usd(tokens)  # type: ignore[operator]  # egress is known when tokens are
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def _gpu_counts(cluster: ClusterSpec, objective: str) -> tuple[int, ...]:
 
 def _price(cluster: ClusterSpec) -> float | None:
     prices = {g.price_per_gpu_hour_usd for g in cluster.node_groups}
-    return None if None in prices else max(prices)  # type: ignore[type-var]
+    return None if None in prices else max(prices)  # type: ignore[type-var]  # None excluded on this branch
 
 
 def usd_per_hour(cluster: ClusterSpec, devices: list[int]) -> float | None:
@@ -231,7 +231,7 @@ def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sh
     cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp, mbs=mi.mbs,
                          gbs=req.gbs, seq_len=req.seq_len, recompute=mi.recompute,
                          sequence_parallel=mi.sequence_parallel, sharding=sharding,
-                         dtype=req.dtype, schedule=mi.schedule)  # type: ignore[arg-type]
+                         dtype=req.dtype, schedule=mi.schedule)  # type: ignore[arg-type]  # dtype checked by the search request
     sub = cluster.take(lo.num_gpus, where="search")
     return homogeneous_plan(req.model, sub, cfg, kernels=_kernels(req, cluster))
 
@@ -356,7 +356,7 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     per_type: dict[str, list[tuple[float, Ranked]]] = {}
     for cluster, evaluated in zip(subclusters, outputs, strict=False):
         found, count, ok, layouts_n, near = _homogeneous(req, cluster, simulate_fn,
-                                                         evaluated)  # type: ignore[arg-type]
+                                                         evaluated)  # type: ignore[arg-type]  # outputs of homogeneous tasks
         per_type[cluster.node_groups[0].gpu] = sorted(found, key=lambda sr: sr[0])
         ranked += found
         total, fitting, n_layouts = total + count, fitting + ok, n_layouts + layouts_n
@@ -364,7 +364,7 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     baselines: list[Baseline] = []
     with_type: dict[str, float] = {}
     if len(subclusters) > 1:
-        merged = merge_candidates(outputs[len(subclusters):],  # type: ignore[arg-type]
+        merged = merge_candidates(outputs[len(subclusters):],  # type: ignore[arg-type]  # outputs of mixed tasks
                                   functools.partial(_priced_score, req),
                                   max(req.confirm, req.top))
         mixed, baselines = _mixed(req, per_type, merged, simulate_fn)
@@ -441,10 +441,10 @@ def _refine(req: SearchRequest, p: Priced, kernels: Kernels, simulate_fn: Callab
         for k in edges:
             for src, dst in ((k, k + 1), (k + 1, k)):
                 if best[src] > 1:
-                    layers = list(best)
-                    layers[src] -= 1
-                    layers[dst] += 1
-                    moves.append(tuple(layers))
+                    moved = list(best)
+                    moved[src] -= 1
+                    moved[dst] += 1
+                    moves.append(tuple(moved))
         for layers in moves:
             if layers not in seen:
                 seen[layers] = rated(layers)

@@ -84,7 +84,7 @@ def _stage_summaries(sim: Simulation) -> tuple[StageSummary, ...]:
             layers = sim.in_flight_layers[(sim.representative[pi], si)]
             memory = cost.memory.with_layers_in_flight(layers)
             out.append(StageSummary(pipeline=pi, stage=si, device=cost.device,
-                                    layers=stage.layers,  # type: ignore[arg-type]
+                                    layers=stage.layers,  # type: ignore[arg-type]  # a stage's layers are a checked pair
                                     forward_s=cost.forward_s, backward_s=cost.backward_s,
                                     memory=memory))
     return tuple(out)
@@ -112,7 +112,8 @@ def write_trace(sim: Simulation, path: str) -> None:
                        "args": {"name": f"pipeline {pi}"}})
     for t in range(len(g)):
         meta: TaskMeta = g.meta[t]
-        args = {"stage": meta.stage, "chunk": meta.chunk, "microbatch": meta.microbatch}
+        args: dict[str, float] = {"stage": meta.stage, "chunk": meta.chunk,
+                                  "microbatch": meta.microbatch}
         if meta.part is not None:
             args.update(compute_ms=meta.part.compute_s * 1e3, tp_comm_ms=meta.part.tp_s * 1e3,
                         cp_comm_ms=meta.part.cp_s * 1e3)
@@ -154,6 +155,7 @@ def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
     fig, ax = plt.subplots(figsize=(14, 0.45 * rows + 1.8))
     shades = {"F": plt.cm.Blues, "B": plt.cm.Greens, "W": plt.cm.Purples}
     for (stage, kind, chunk), spans in bars.items():
+        colour: object
         if kind in shades:
             colour, y, h = shades[kind](0.45 + 0.4 * chunk / max(vp - 1, 1)), stage - 0.4, 0.8
         elif kind == "optimizer":

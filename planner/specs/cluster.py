@@ -75,7 +75,7 @@ class NodeGroup:
             self,
             gpu=dev.name,
             gpus_per_node=self.gpus_per_node or node.gpus_per_node,
-            intra_node_link=self.intra_node_link or dev.intra_node_link,  # type: ignore[arg-type]
+            intra_node_link=self.intra_node_link or dev.intra_node_link,  # type: ignore[arg-type]  # resolved from the catalog's link name
             intra_node_bandwidth_gb_per_s=(self.intra_node_bandwidth_gb_per_s
                                            or dev.intra_node_bandwidth_gb_per_s),
             nic=self.nic or node.nic,
@@ -238,4 +238,4 @@ def parse_gpus_arg(text: str) -> ClusterSpec:
     return homogeneous_cluster(gpu, int(count))
 
 
-assert set(NIC_KINDS) == set(NicName.__args__)  # type: ignore[attr-defined]
+assert set(NIC_KINDS) == set(NicName.__args__)  # type: ignore[attr-defined]  # Literal's args at runtime

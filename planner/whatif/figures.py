@@ -34,9 +34,9 @@ def draw_all(rows: Sequence[Row], out_dir: str, *, profiles: Profiles | None = N
 def _save(fig: object, path: str) -> bool:
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()  # type: ignore[attr-defined]
-    fig.savefig(path, dpi=110)  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[arg-type]
+    fig.tight_layout()  # type: ignore[attr-defined]  # matplotlib's Figure
+    fig.savefig(path, dpi=110)  # type: ignore[attr-defined]  # matplotlib's Figure
+    plt.close(fig)  # type: ignore[arg-type]  # matplotlib's Figure
     return True
 
 
@@ -55,11 +55,11 @@ def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
     if not planned:
         return False
     fig, (ax, key) = plt.subplots(1, 2, figsize=(12, 5.5), gridspec_kw={"width_ratios": [3, 1]})
-    days = [r.time_to_train_s / 86400 for _, r in planned]  # type: ignore[operator]
+    days = [r.time_to_train_s / 86400 for _, r in planned]  # type: ignore[operator]  # planned rows have a time
     costs = [None if r.total_usd is None else r.total_usd / 1e3 for _, r in planned]
     if all(c is not None for c in costs):
         pts = list(zip(days, costs, strict=True))
-        front = sorted(_pareto(pts), key=lambda j: pts[j][0])  # type: ignore[arg-type]
+        front = sorted(_pareto(pts), key=lambda j: pts[j][0])  # type: ignore[arg-type]  # points of planned rows
         ax.plot([pts[j][0] for j in front], [pts[j][1] for j in front], "--o", color="tab:red",
                 markersize=4, label="Pareto front (no scenario both cheaper and faster)")
         ax.scatter(days, costs, s=160, color=["tab:red" if j in front else "tab:blue"
@@ -68,7 +68,7 @@ def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
             ax.annotate(str(i), (x, y), ha="center", va="center", color="white", fontsize=8,
                         fontweight="bold", zorder=4)
         ax.set_ylabel("total cost (thousand $)")
-        if max(costs) / min(costs) > 5:  # type: ignore[type-var, operator]
+        if max(costs) / min(costs) > 5:  # type: ignore[type-var, operator]  # priced rows only
             ax.set_yscale("log")
         ax.legend(fontsize=8, loc="upper left")
     else:  # some scenario has no prices: time only
@@ -101,7 +101,7 @@ def _breakdown(rows: Sequence[Row], path: str) -> bool:
     labels = [r.label for r in planned]
     left = [0.0] * len(planned)
     for name, field, colour in _PARTS:
-        widths = [getattr(r.result.breakdown, field) for r in planned]  # type: ignore[union-attr]
+        widths = [getattr(r.result.breakdown, field) for r in planned]  # type: ignore[union-attr]  # planned rows have a result
         if any(widths):
             ax.barh(labels, widths, left=left, color=colour, label=name)
             left = [a + b for a, b in zip(left, widths, strict=True)]
@@ -118,8 +118,8 @@ def _memory(rows: Sequence[Row], path: str) -> bool:
     best = best_row(rows)
     if best is None:
         return False
-    firsts = {first: n for first, n, _ in replica_kinds(best.ranked.plan)}  # type: ignore[union-attr]
-    stages = [s for s in best.result.stages if s.pipeline in firsts]  # type: ignore[union-attr]
+    firsts = {first: n for first, n, _ in replica_kinds(best.ranked.plan)}  # type: ignore[union-attr]  # the best row is planned
+    stages = [s for s in best.result.stages if s.pipeline in firsts]  # type: ignore[union-attr]  # the best row is planned
     kinds = [("params", "params_bytes"), ("grads", "grads_bytes"),
              ("optimizer", "optimizer_bytes"), ("activations", "activations_bytes"),
              ("buffers", "buffers_bytes"), ("reserve", "reserve_bytes")]
@@ -154,6 +154,6 @@ def _gantt(rows: Sequence[Row], path: str, *, profiles: Profiles | None = None) 
     best = best_row(rows)
     if best is None:
         return False
-    _, sim = simulate_detailed(best.ranked.plan, profiles=profiles)  # type: ignore[union-attr]
+    _, sim = simulate_detailed(best.ranked.plan, profiles=profiles)  # type: ignore[union-attr]  # the best row is planned
     write_gantt(sim, path)
     return True

@@ -72,7 +72,7 @@ class Row:
 
     @property
     def bottleneck(self) -> str:
-        return "-" if self.result is None else bottleneck(self.ranked.plan, self.result)  # type: ignore[union-attr]
+        return "-" if self.result is None else bottleneck(self.ranked.plan, self.result)  # type: ignore[union-attr]  # ranked is set whenever result is
 
 
 def bottleneck(plan: Plan, result: SimResult) -> str:
@@ -116,7 +116,7 @@ def request_for(setting: Setting, *, gbs: int, seq_len: int | None, objective: s
 
 
 def _plan_one(setting: Setting, **kw: object) -> Row:
-    req = request_for(setting, **kw)  # type: ignore[arg-type]
+    req = request_for(setting, **kw)  # type: ignore[arg-type]  # keyword arguments collected in kw
     try:
         found = search(req)
     except InfeasiblePlan as err:
@@ -208,7 +208,7 @@ def write_report(rows: Sequence[Row], out_dir: str, *, title: str, command: str,
     best = best_row(rows)
     if best is not None:
         paths["plan"] = os.path.join(out_dir, "best-plan.yaml")
-        save_plan(best.ranked.plan, paths["plan"])  # type: ignore[union-attr]
+        save_plan(best.ranked.plan, paths["plan"])  # type: ignore[union-attr]  # best rows are planned
     paths["md"] = os.path.join(out_dir, "report.md")
     with open(paths["md"], "w", encoding="utf-8") as fh:
         fh.write(_markdown(rows, paths, title=title, command=command))
@@ -242,7 +242,7 @@ def best_row(rows: Sequence[Row]) -> Row | None:
     planned = [r for r in rows if r.ranked is not None]
     if not planned:
         return None
-    return min(planned, key=lambda r: (r.total_usd is None, r.time_to_train_s))  # type: ignore[arg-type, return-value]
+    return min(planned, key=lambda r: (r.total_usd is None, r.time_to_train_s or 0.0))
 
 
 FIGURES = [("cost_vs_time", "Cost against time to train; the Pareto front (no scenario both "
@@ -257,15 +257,16 @@ def _summary(rows: Sequence[Row]) -> list[str]:
     base = rows[0]
     lines = []
     best = best_row(rows)
-    if best is not None and base.time_to_train_s is not None and best is not base:
+    if (best is not None and best.time_to_train_s is not None
+            and base.time_to_train_s is not None and best is not base):
         lines.append(f"Fastest scenario: **{best.label}**, {best.time_to_train_s / 86400:.2f} "
                      f"days against {base.time_to_train_s / 86400:.2f} for the baseline.")
     priced = [r for r in rows if r.total_usd is not None]
     if priced:
-        cheap = min(priced, key=lambda r: r.total_usd)  # type: ignore[arg-type, return-value]
+        cheap = min(priced, key=lambda r: r.total_usd)  # type: ignore[arg-type, return-value]  # rows with a total only
         if cheap is not best:
             lines.append(f"Cheapest scenario: **{cheap.label}**, ${cheap.total_usd:,.0f} in "
-                         f"{cheap.time_to_train_s / 86400:.2f} days.")  # type: ignore[operator]
+                         f"{cheap.time_to_train_s / 86400:.2f} days.")  # type: ignore[operator]  # priced rows are planned
     for r in rows:
         if r.ranked is None:
             lines.append(f"**{r.label}**: {r.note}")
@@ -291,7 +292,7 @@ def _sources_md(rows: Sequence[Row]) -> str:
     r = next((r for r in rows if r.result is not None), None)
     if r is None:
         return ""
-    items = "".join(f"- {k}: {v}\n" for k, v in r.result.sources.items())  # type: ignore[union-attr]
+    items = "".join(f"- {k}: {v}\n" for k, v in r.result.sources.items())  # type: ignore[union-attr]  # planned rows have a result
     return ("## Where the numbers come from\n\n" + items + "- cost: GPU-hours at the node "
             "groups' prices for the token budget; egress: bytes crossing priced island "
             "links at their price (an estimate, planner/costs/egress.py)\n")
@@ -312,7 +313,7 @@ def _html(rows: Sequence[Row], paths: dict[str, str], *, title: str, command: st
     r = next((r for r in rows if r.result is not None), None)
     sources = "" if r is None else "<ul>" + "".join(
         f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>"
-        for k, v in r.result.sources.items()) + "</ul>"  # type: ignore[union-attr]
+        for k, v in r.result.sources.items()) + "</ul>"  # type: ignore[union-attr]  # planned rows have a result
     style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}"
              "table{border-collapse:collapse;font-size:12px}"
              "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.specs.cluster import ClusterSpec, NodeGroup
@@ -171,7 +172,7 @@ def _scale_nic(s: Setting, what: str, factor: str) -> Setting:
     hit = [g for g in s.cluster.node_groups if what in (g.name, g.gpu)]
     if not hit:
         fail("scale-nic", what, "a node group name or GPU type of the cluster")
-    groups = tuple(replace(g, nic_bandwidth_gbit_per_s=g.nic_bandwidth_gbit_per_s * f)  # type: ignore[operator]
+    groups = tuple(replace(g, nic_bandwidth_gbit_per_s=g.nic_bandwidth_gbit_per_s * f)  # type: ignore[operator]  # resolved clusters have NIC bandwidths
                    if g in hit else g for g in s.cluster.node_groups)
     return _with_groups(s, groups)
 
@@ -224,6 +225,6 @@ def _with_groups(s: Setting, groups: tuple[NodeGroup, ...]) -> Setting:
     return replace(s, cluster=cluster)
 
 
-_APPLY = {"add": _add, "remove": _remove, "swap": _swap, "scale-nic": _scale_nic,
+_APPLY: dict[str, Callable[..., Setting]] = {"add": _add, "remove": _remove, "swap": _swap, "scale-nic": _scale_nic,
           "scale-link": _scale_link, "price": _price, "egress-price": _egress,
           "model": _model, "tokens": _tokens}
