@@ -66,6 +66,8 @@ def simulate(plan_cmd, r, mbs, tmp):
         args += ["--vp", r["vp"]]
     if r.get("seq_par") == "1":
         args += ["--sequence-parallel"]
+    if r.get("attention"):  # this project's annotation of the runs' kernel (README)
+        args += ["--attention", r["attention"]]
     p = subprocess.run(args, capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         return None, (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]

@@ -8,10 +8,9 @@ once, the batch adds up); these are the executor's own limits and this host's.
 
 from __future__ import annotations
 
-from planner.costs.kernels import ATTENTION_SUPPORT
+from planner.costs.kernels import supported_attention
 from planner.specs.choices import Recompute
 from planner.specs.plan import Plan
-from profiler.kernels import Attention
 from profiler.schema import at, fail
 
 __all__ = ["check_runnable", "device_kind"]
@@ -86,6 +85,10 @@ def _check_pipeline_stages(plan: Plan, pi: int, where: str) -> None:
         if tr.sequence_parallel and nxt.tp != s.tp and (si + 1 < len(stages) or tr.virtual_stages > 1):
             fail(at(path, "tp"), s.tp, f"sequence parallelism needs equal tp on neighbouring "
                  f"stages (the next has {nxt.tp})")
+    if any(s.num_layers == 0 for s in stages):
+        fail(at(where, f"pipelines[{pi}].stages"), [list(s.layers) for s in stages],
+             "the executor runs stages of at least one layer (no embedding- or head-only "
+             "stage)")
     if m.tied_embeddings and len(stages) > 1 and stages[0].tp != stages[-1].tp:
         fail(at(where, f"pipelines[{pi}].stages"), [s.tp for s in stages],
              "tied embeddings need the same tp on the first and the last stage")
@@ -119,23 +122,29 @@ def _check_zero_bubble(plan: Plan, where: str) -> None:
 
 
 def _check_kernels(plan: Plan, kind: str, where: str) -> None:
-    m, tr, k = plan.model, plan.training, plan.kernels
+    m, tr = plan.model, plan.training
+    if not m.lm_head:
+        fail(at(where, "model.lm_head"), False, "the executor's models end in an output "
+             "projection")
     if m.position_embedding == "alibi":
         fail(at(where, "model.position_embedding"), "alibi",
              "the executor model has learned and rope positions")
     if tr.dtype == "fp16":
         fail(at(where, "training.dtype"), "fp16", "the executor trains in fp32 or bf16 "
              "(fp16 needs loss scaling)")
-    archs = {g.device.arch for g in plan.cluster.node_groups}
-    for arch in sorted(archs):
-        if k.attention not in ATTENTION_SUPPORT.get(arch, ("math",)):
-            fail(at(where, "kernels.attention"), k.attention,
-                 f"{arch} runs {', '.join(ATTENTION_SUPPORT.get(arch, ('math',)))}")
-    if k.attention.fused and m.dropout and kind == "cpu":
-        fail(at(where, "kernels.attention"), k.attention,
-             "fused attention with dropout does not run on the CPU (use math)")
-    if k.attention == Attention.FLASH and tr.dtype == "fp32" and kind == "cuda":
-        fail(at(where, "kernels.attention"), "flash", "flash attention needs bf16 on GPUs")
+    slots, groups = plan.cluster.slots, plan.cluster.node_groups
+    for pi, pipe in enumerate(plan.pipelines):
+        for si, stage in enumerate(pipe.stages):
+            dev = groups[slots[stage.devices[0]].group].device
+            attention = plan.attention_of(stage)
+            path = (at(where, f"pipelines[{pi}].stages[{si}].attention") if stage.attention
+                    else at(where, "kernels.attention"))
+            if attention not in supported_attention(dev, tr.dtype):
+                fail(path, attention, f"{dev.name} runs "
+                     f"{', '.join(supported_attention(dev, tr.dtype))} in {tr.dtype}")
+            if attention.fused and m.dropout and kind == "cpu":
+                fail(path, attention, "fused attention with dropout does not run on the CPU "
+                     "(use math)")
 
 
 def check_runnable(plan: Plan, *, cuda_devices: int, where: str = "plan:",

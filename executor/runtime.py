@@ -97,7 +97,7 @@ def _module(plan: Plan, topo: Topology, rank: int, c: int, device: torch.device,
     role = topo.roles[rank]
     stage = plan.pipelines[role.pipeline].stages[role.stage]
     k, num_chunks = c * topo.pp + role.stage, topo.pp * topo.vp
-    module = GPT(plan.model, attention=plan.kernels.attention, seed=seed,
+    module = GPT(plan.model, attention=plan.attention_of(stage), seed=seed,
                  layers=topo.layers[role.stage][c], embedding=k == 0, head=k == num_chunks - 1,
                  recompute=stage.recompute).to(device=device, dtype=dtype).train()
     if stage.tp > 1:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from profiler.devices import ArchEfficiency, DeviceSpec, arch_efficiency
+from profiler.devices import ArchEfficiency, DeviceSpec, device_efficiency
 
 __all__ = ["attention_time_s", "gemm_efficiency", "gemm_time_s", "kernel_gap_s",
            "launch_overhead_s", "math_dtype", "memory_time_s"]
@@ -43,7 +43,7 @@ def gemm_efficiency(batch: int, m: int, n: int, k: int, *, device: DeviceSpec,
                     eff: ArchEfficiency | None = None) -> float:
     """Fraction of peak FLOP/s a [m,k]x[k,n] GEMM (batched `batch` times) reaches, with the
     best tile for its shape."""
-    eff = eff or arch_efficiency(device.arch)
+    eff = eff or device_efficiency(device)
     units = device.num_compute_units
     best = 0.0
     for tm, tn, tile_eff in _tiles(eff):
@@ -57,7 +57,7 @@ def gemm_efficiency(batch: int, m: int, n: int, k: int, *, device: DeviceSpec,
 
 def gemm_time_s(batch: int, m: int, n: int, k: int, *, device: DeviceSpec, dtype: str,
                 elem_bytes: int) -> float:
-    eff = arch_efficiency(device.arch)
+    eff = device_efficiency(device)
     flops = 2.0 * batch * m * n * k
     peak = device.peak_flops(math_dtype(device, dtype))
     compute = flops / (peak * gemm_efficiency(batch, m, n, k, device=device, eff=eff))
@@ -68,7 +68,7 @@ def gemm_time_s(batch: int, m: int, n: int, k: int, *, device: DeviceSpec, dtype
 
 def attention_time_s(flops: float, io_bytes: float, *, device: DeviceSpec, dtype: str) -> float:
     """A fused (flash) attention kernel: a fixed fraction of peak, or its I/O if slower."""
-    eff = arch_efficiency(device.arch)
+    eff = device_efficiency(device)
     peak = device.peak_flops(math_dtype(device, dtype))
     compute = flops / (peak * eff.attention_efficiency)
     memory = io_bytes / (device.memory_bandwidth_bytes_per_s * eff.memory_efficiency)
@@ -77,16 +77,16 @@ def attention_time_s(flops: float, io_bytes: float, *, device: DeviceSpec, dtype
 
 def memory_time_s(io_bytes: float, *, device: DeviceSpec, kernels: int = 1) -> float:
     """A bandwidth-bound op (norms, activations, softmax, optimizer)."""
-    eff = arch_efficiency(device.arch)
+    eff = device_efficiency(device)
     return (io_bytes / (device.memory_bandwidth_bytes_per_s * eff.memory_efficiency)
             + kernels * eff.kernel_overhead_s)
 
 
 def kernel_gap_s(device: DeviceSpec) -> float:
     """GPU idle time a kernel costs besides its work (launch latency, tail)."""
-    return arch_efficiency(device.arch).kernel_overhead_s
+    return device_efficiency(device).kernel_overhead_s
 
 
 def launch_overhead_s(device: DeviceSpec) -> float:
     """Host time to dispatch one kernel (framework, autograd and driver together)."""
-    return arch_efficiency(device.arch).launch_overhead_us * 1e-6
+    return device_efficiency(device).launch_overhead_us * 1e-6

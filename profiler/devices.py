@@ -16,7 +16,8 @@ from functools import cache
 from importlib import resources
 from typing import Literal
 
-from profiler.schema import SpecError, fail, load_yaml_text, parse, spec_field
+from profiler.kernels import ARCH_ATTENTION, Attention
+from profiler.schema import SpecError, at, fail, load_yaml_text, parse, spec_field
 
 __all__ = [
     "DTYPES",
@@ -28,6 +29,7 @@ __all__ = [
     "NodeTemplate",
     "arch_efficiency",
     "catalog",
+    "device_efficiency",
     "device",
     "dtype_bytes",
     "link_kind",
@@ -65,6 +67,26 @@ class NodeTemplate:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ArchEfficiency:
+    """Parameters of the analytic device model for one architecture (profiler/analytic.py)."""
+
+    gemm_efficiency: float = spec_field(gt=0, max=1)
+    gemm_tile_m: int = spec_field(min=1)
+    gemm_tile_n: int = spec_field(min=1)
+    gemm_k_half: float = spec_field(min=0)
+    small_tile_penalty: float = spec_field(min=0)
+    attention_efficiency: float = spec_field(gt=0, max=1)
+    memory_efficiency: float = spec_field(gt=0, max=1)
+    kernel_overhead_us: float = spec_field(min=0)
+    launch_overhead_us: float = spec_field(min=0)
+    tp_comm_overlap: float = spec_field(default=0.0, min=0, max=1)
+
+    @property
+    def kernel_overhead_s(self) -> float:
+        return self.kernel_overhead_us * 1e-6
+
+
+@dataclass(frozen=True, kw_only=True)
 class DeviceSpec:
     """One GPU type (or the local CPU) with datasheet numbers."""
 
@@ -80,6 +102,11 @@ class DeviceSpec:
                                                       help="per GPU, per direction")
     node: NodeTemplate = spec_field()
     source: str = spec_field()
+    attention: tuple[Attention, ...] | None = spec_field(
+        default=None, help="attention backends it runs (default: its architecture's)")
+    efficiency: ArchEfficiency | None = spec_field(
+        default=None, help="analytic-model parameters of this device (default: its "
+        "architecture's in profiler/data/efficiency.yaml), e.g. from `plan profile fit`")
 
     def check(self, where: str) -> None:
         if not self.peak_tflops:
@@ -87,6 +114,20 @@ class DeviceSpec:
         for dtype, value in self.peak_tflops.items():
             if value <= 0:
                 fail(f"{where}.peak_tflops.{dtype}", value, "must be > 0")
+        if self.efficiency is None and self.arch not in _efficiencies():
+            fail(at(where, "arch"), self.arch, "a known architecture ("
+                 + ", ".join(_efficiencies()) + ") or an `efficiency:` of its own")
+
+    def __hash__(self) -> int:  # a cache key of the cost model (peak_tflops is a dict)
+        return hash((self.name, self.arch, self.memory_gib, self.memory_bandwidth_gb_per_s,
+                     self.num_compute_units, tuple(sorted(self.peak_tflops.items())),
+                     self.intra_node_link, self.intra_node_bandwidth_gb_per_s, self.attention,
+                     self.efficiency))
+
+    @property
+    def attention_kernels(self) -> tuple[Attention, ...]:
+        """The attention backends it runs, fastest first."""
+        return self.attention or ARCH_ATTENTION.get(self.arch, (Attention.MATH,))
 
     @property
     def memory_bytes(self) -> int:
@@ -119,26 +160,6 @@ class LinkKind:
     @property
     def latency_s(self) -> float:
         return self.latency_us * 1e-6
-
-
-@dataclass(frozen=True, kw_only=True)
-class ArchEfficiency:
-    """Parameters of the analytic device model for one architecture (profiler/analytic.py)."""
-
-    gemm_efficiency: float = spec_field(gt=0, max=1)
-    gemm_tile_m: int = spec_field(min=1)
-    gemm_tile_n: int = spec_field(min=1)
-    gemm_k_half: float = spec_field(min=0)
-    small_tile_penalty: float = spec_field(min=0)
-    attention_efficiency: float = spec_field(gt=0, max=1)
-    memory_efficiency: float = spec_field(gt=0, max=1)
-    kernel_overhead_us: float = spec_field(min=0)
-    launch_overhead_us: float = spec_field(min=0)
-    tp_comm_overlap: float = spec_field(default=0.0, min=0, max=1)
-
-    @property
-    def kernel_overhead_s(self) -> float:
-        return self.kernel_overhead_us * 1e-6
 
 
 def _data(name: str) -> object:
@@ -246,6 +267,13 @@ def _efficiencies() -> dict[str, ArchEfficiency]:
     raw = _data("efficiency.yaml")
     assert isinstance(raw, dict)
     return {k: parse(ArchEfficiency, v, where=f"efficiency.{k}") for k, v in raw.items()}
+
+
+def device_efficiency(dev: DeviceSpec) -> ArchEfficiency:
+    """The analytic-model parameters of one device: its own, else its architecture's."""
+    if dev.arch in _OVERRIDES["arch"]:
+        return _OVERRIDES["arch"][dev.arch]
+    return dev.efficiency or arch_efficiency(dev.arch)
 
 
 def arch_efficiency(arch: str) -> ArchEfficiency:

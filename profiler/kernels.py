@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Attention", "OptimizerKernel"]
+__all__ = ["ARCH_ATTENTION", "Attention", "OptimizerKernel"]
 
 
 class Attention(StrEnum):
@@ -28,3 +28,22 @@ class OptimizerKernel(StrEnum):
     FUSED = "fused"
     FOREACH = "foreach"
     FOR_LOOP = "for_loop"
+
+
+# The backends PyTorch's scaled_dot_product_attention runs on each architecture, fastest
+# first (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: flash on sm80 and newer,
+# memory-efficient on sm50 and newer; FlashAttention gives Turing no kernels, Dao-AILab
+# flash-attention PR #2379). A device may name its own (DeviceSpec.attention).
+ARCH_ATTENTION: dict[str, tuple[Attention, ...]] = {
+    "pascal": (Attention.MEMORY_EFFICIENT, Attention.MATH),
+    "volta": (Attention.MEMORY_EFFICIENT, Attention.MATH),
+    "turing": (Attention.MEMORY_EFFICIENT, Attention.MATH),
+    "ampere": (Attention.FLASH, Attention.MEMORY_EFFICIENT, Attention.MATH),
+    "ada": (Attention.FLASH, Attention.MEMORY_EFFICIENT, Attention.MATH),
+    "hopper": (Attention.FLASH, Attention.MEMORY_EFFICIENT, Attention.MATH),
+    "blackwell": (Attention.FLASH, Attention.MEMORY_EFFICIENT, Attention.MATH),
+    "rdna2": (Attention.MATH,),
+    "cdna2": (Attention.MEMORY_EFFICIENT, Attention.MATH),
+    "cdna3": (Attention.FLASH, Attention.MEMORY_EFFICIENT, Attention.MATH),
+    "cpu": (Attention.FLASH, Attention.MATH),
+}

@@ -20,7 +20,6 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from planner.costs.kernels import default_kernels
 from planner.costs.workload import WorkloadShape
 from planner.predict.results import SimResult
 from planner.specs.choices import Recompute
@@ -96,7 +95,7 @@ def _try_plan(model: ModelSpec, gpus: str, cfg: ParallelConfig,
     cluster = parse_gpus_arg(gpus)
     try:
         check_parallel(cfg, model, cluster)
-        kernels = kernels or default_kernels([g.device for g in cluster.node_groups])
+        kernels = kernels or Kernels()
         return homogeneous_plan(model, cluster, cfg, kernels=kernels)
     except SpecError:
         return None
@@ -123,7 +122,8 @@ def published_cases(path: str | None = None) -> list[Case]:
                 recompute=Recompute(r["recompute"]), sequence_parallel=r["seq_par"] == "1",
                 sharding=sharding_preset(r["sharding"] or "none", dp),
                 dtype=r["dtype"])  # type: ignore[arg-type]  # a published dtype name
-            plan = _try_plan(model, f"{r['gpu']}:{r['gpus']}", cfg)
+            plan = _try_plan(model, f"{r['gpu']}:{r['gpus']}", cfg,
+                             Kernels(attention=Attention(r["attention"])))
             if plan is not None:
                 plans.append(plan)
         cases.append(Case(r["id"], tuple(plans), published_measured_s(r)))
@@ -185,13 +185,14 @@ def layer_errors(cases: Iterable[LayerCase]) -> dict[str, float]:
     from planner.costs.comm import group_tiers
     from planner.costs.stages import layer_parts
     from planner.specs.model import preset
+    from profiler.devices import device
 
     model = preset(LAYER_MODEL)
     cluster = parse_gpus_arg("A100-80GB-SXM:8")
     tiers = (("tp", group_tiers(cluster, tuple(range(8)))), ("cp", ()))
     out = {}
     for c in cases:
-        fwd, bwd = layer_parts(model, c.shape, "A100-80GB-SXM", tiers, c.recompute)
+        fwd, bwd = layer_parts(model, c.shape, device("A100-80GB-SXM"), tiers, c.recompute)
         out[f"{c.id} forward"] = fwd.total_s / c.forward_s - 1
         out[f"{c.id} backward"] = bwd.total_s / c.backward_s - 1
     return out

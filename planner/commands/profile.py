@@ -30,7 +30,6 @@ from planner.commands.args import (
     non_negative_int,
     positive_int,
 )
-from planner.costs.kernels import ATTENTION_SUPPORT
 from planner.profiling.cases import OPTIMIZERS, op_cases
 from planner.specs.layout import check_tp
 from planner.specs.model import ModelSpec, load_model, preset
@@ -173,7 +172,7 @@ def _check(req: MeasureRequest) -> None:
 
 
 def _attentions(req: MeasureRequest, dev: DeviceSpec) -> tuple[str, ...]:
-    supported = ATTENTION_SUPPORT.get(dev.arch, ("math",))
+    supported = tuple(str(k) for k in dev.attention_kernels)
     chosen = req.attention or supported
     bad = [a for a in chosen if a not in supported]
     if bad:

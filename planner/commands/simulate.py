@@ -158,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
         cluster = cluster.take(cfg.num_gpus)
     check_parallel(cfg, model, cluster)
     _check_dtype(cluster, cfg.dtype)
-    kernels = default_kernels([g.device for g in cluster.node_groups], attention=args.attention)
+    kernels = default_kernels([g.device for g in cluster.node_groups], dtype=cfg.dtype,
+                              attention=args.attention)
     if not kernels.attention.fused and cfg.cp > 1:
         fail("--attention", "math", "context parallelism needs a fused attention kernel")
     plan = homogeneous_plan(model, cluster, cfg, kernels=kernels)

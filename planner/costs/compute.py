@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from functools import cache
 
 from planner.costs.workload import Op
+from planner.specs.choices import DType
 from profiler import analytic
-from profiler.devices import device, dtype_bytes
+from profiler.devices import DeviceSpec
 from profiler.store import Profile
 
 __all__ = ["ANALYTIC_SOURCE", "ComputeCosts", "clear_op_cache", "compute_source",
@@ -24,17 +25,24 @@ __all__ = ["ANALYTIC_SOURCE", "ComputeCosts", "clear_op_cache", "compute_source"
 ANALYTIC_SOURCE = "analytic device model (datasheet peak x efficiency, profiler/data/efficiency.yaml)"
 
 
+def gemm_precision(dtype: str, op: Op) -> DType:
+    """What a GEMM runs in: FP8 only for linear layers (Transformer Engine keeps the
+    attention GEMMs and the logits in bf16); TF32 for every fp32 matmul under tf32."""
+    dt = DType(dtype)
+    return dt if dt is not DType.FP8 or op.low_precision else dt.storage
+
+
 @cache
-def _analytic_op_time_s(device_name: str, dtype: str, op: Op) -> float:
-    dev = device(device_name)
-    elem = dtype_bytes(dtype)
+def _analytic_op_time_s(dev: DeviceSpec, dtype: str, op: Op) -> float:
     extra = analytic.kernel_gap_s(dev) * (op.kernels - 1)  # small launches beside the main one
     if op.kind == "gemm":
         batch, m, n, k = op.shape
-        return analytic.gemm_time_s(batch, m, n, k, device=dev, dtype=dtype,
-                                    elem_bytes=elem) + extra
-    if op.kind == "attention":
-        return analytic.attention_time_s(op.flops, op.bytes, device=dev, dtype=dtype) + extra
+        precision = gemm_precision(dtype, op)
+        return analytic.gemm_time_s(batch, m, n, k, device=dev, dtype=precision,
+                                    elem_bytes=precision.gemm_operand_bytes) + extra
+    if op.kind == "attention":  # fused attention kernels run at the storage precision
+        return analytic.attention_time_s(op.flops, op.bytes, device=dev,
+                                         dtype=DType(dtype).storage) + extra
     return analytic.memory_time_s(op.bytes, device=dev, kernels=op.kernels)
 
 
@@ -51,7 +59,7 @@ class ComputeCosts:
     """Op times for one device type and training dtype, from `profile` first (one of
     this device type, measured in this dtype) and the analytic model for the rest."""
 
-    device_name: str
+    device: DeviceSpec
     dtype: str
     profile: Profile | None = None
 
@@ -60,7 +68,7 @@ class ComputeCosts:
             measured = measured_op_time_s(self.profile, op)
             if measured is not None:
                 return measured
-        return _analytic_op_time_s(self.device_name, self.dtype, op)
+        return _analytic_op_time_s(self.device, self.dtype, op)
 
     def total_s(self, ops: tuple) -> float:
         """Sum over the compute ops of a sequence (collectives are skipped)."""

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from planner.costs.memory import rank_param_count
 from planner.costs.stages import GRAD_BYTES
+from planner.specs.choices import DType
 from planner.specs.plan import Plan
-from profiler.devices import dtype_bytes
 
 __all__ = ["egress_usd_per_iteration"]
 
@@ -42,7 +42,7 @@ def egress_usd_per_iteration(plan: Plan) -> float:
 
     usd = 0.0
     for pipe in plan.pipelines:
-        act = pipe.micro_batch_size * tr.seq_len * m.hidden_size * dtype_bytes(tr.dtype)
+        act = pipe.micro_batch_size * tr.seq_len * m.hidden_size * DType(tr.dtype).element_bytes
         for a, b in zip(pipe.stages, pipe.stages[1:], strict=False):
             pair = {island(a.devices[0]), island(b.devices[0])}
             if len(pair) > 1:
@@ -62,7 +62,7 @@ def egress_usd_per_iteration(plan: Plan) -> float:
         if sh.params > 1:  # each parameter-sharding group gathers its own copy
             for i in range(0, len(per_replica), sh.params):
                 group = set(per_replica[i:i + sh.params])
-                usd += (2 * microbatches * params * dtype_bytes(tr.dtype) * _cut(group)
+                usd += (2 * microbatches * params * DType(tr.dtype).element_bytes * _cut(group)
                         / 1e9 * price(group))
     return usd
 

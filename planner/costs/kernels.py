@@ -1,18 +1,17 @@
 """Kernel selection: which attention and optimizer implementation a plan uses.
 
-`--attention` (or a measured profile) decides. With a profile that measured several
-attention backends or AdamW implementations, `fastest_kernels` picks the fastest of those
-the plan's GPUs can run and the profile holds (priced with the same cost model the
-simulation uses), and the plan records it for the executor. Without either, the analytic model
-assumes the attention kernel of the published runs it was calibrated against on that
-GPU generation (docs/calibration.md): Megatron-LM's fused softmax around two batched
-GEMMs ("math") on Volta and Ampere, as in the Megatron-LM and Korthikanti et al. runs
-and vTrain's A100 measurements; fused flash attention on Hopper and newer, as
-Megatron-Core with Transformer Engine runs there. The fused AdamW everywhere.
+Each GPU type runs its own attention kernel: the fastest its PyTorch runs for the
+training dtype (flash where supported, memory-efficient elsewhere; FlashAttention needs
+16-bit inputs on GPUs; math, Megatron-LM's unfused softmax between two batched GEMMs,
+only when asked). `--attention` asks for one kernel everywhere; a measured profile
+(`fastest_kernels`) picks the fastest it timed. The fused AdamW everywhere unless a
+profile says otherwise. The published runs the analytic model was calibrated against
+name their own kernels (planner/calibration/published.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from planner.costs.compute import ComputeCosts, measured_op_time_s
@@ -24,40 +23,37 @@ from profiler.kernels import Attention, OptimizerKernel
 from profiler.schema import fail
 from profiler.store import Profile, Profiles
 
-__all__ = ["ATTENTION_SUPPORT", "CALIBRATED_ATTENTION", "default_kernels", "fastest_kernels"]
-
-# Attention backends each architecture can run (PyTorch SDPA: flash needs sm80+).
-ATTENTION_SUPPORT: dict[str, tuple[str, ...]] = {
-    "volta": ("memory_efficient", "math"),
-    "turing": ("memory_efficient", "math"),
-    "ampere": ("flash", "memory_efficient", "math"),
-    "ada": ("flash", "memory_efficient", "math"),
-    "hopper": ("flash", "memory_efficient", "math"),
-    "blackwell": ("flash", "memory_efficient", "math"),
-    "cdna2": ("memory_efficient", "math"),
-    "cdna3": ("flash", "memory_efficient", "math"),
-    "cpu": ("flash", "math"),
-}
+__all__ = ["attention_for", "default_kernels", "fastest_kernels", "supported_attention"]
 
 
-# The attention kernel the calibration data of each generation used (see module doc).
-CALIBRATED_ATTENTION: dict[str, str] = {"volta": "math", "turing": "math", "ampere": "math"}
+def supported_attention(dev: DeviceSpec, dtype: str) -> tuple[Attention, ...]:
+    """The attention kernels `dev` runs in `dtype`, fastest first."""
+    kernels = dev.attention_kernels
+    if dev.vendor != "cpu" and dtype in ("fp32", "tf32"):  # FlashAttention: fp16/bf16 only
+        kernels = tuple(k for k in kernels if k is not Attention.FLASH)
+    return kernels or (Attention.MATH,)
 
 
-def default_kernels(devices: list[DeviceSpec], *, attention: str | None = None,
+def attention_for(dev: DeviceSpec, dtype: str, asked: Attention | str | None = None, *,
+                  where: str = "--attention") -> Attention:
+    """The kernel `dev` runs: the one asked for if it can, else its fastest (an asked
+    kernel it cannot run is a SpecError naming the device)."""
+    kernels = supported_attention(dev, dtype)
+    if asked is None:
+        return next(k for k in kernels if k is not Attention.MATH or len(kernels) == 1)
+    if asked not in kernels:
+        fail(where, asked, f"{dev.name} runs {', '.join(kernels)} in {dtype}")
+    return Attention(asked)
+
+
+def default_kernels(devices: Sequence[DeviceSpec], *, dtype: str = "bf16",
+                    attention: Attention | str | None = None,
                     where: str = "--attention") -> Kernels:
-    """The kernels a plan uses: the one asked for if every device supports it, else the
-    calibrated assumption for the plan's GPUs (see the module doc)."""
-    common = [k for k in ("flash", "memory_efficient", "math")
-              if all(k in ATTENTION_SUPPORT.get(d.arch, ("math",)) for d in devices)]
-    if attention is None:
-        assumed = [CALIBRATED_ATTENTION.get(d.arch) for d in devices]
-        choice = "math" if "math" in assumed else common[0]
-        return Kernels(attention=choice)  # type: ignore[arg-type]  # a member name from the registry
-    if attention not in common:
-        names = ", ".join(sorted({d.name for d in devices}))
-        fail(where, attention, f"{names} support {', '.join(common)}")
-    return Kernels(attention=attention)  # type: ignore[arg-type]  # checked against the registry above
+    """The kernels of a plan on `devices`: the attention asked for (every device must run
+    it), else the first device's own (a mixed plan gives each stage its own:
+    `attention_for`)."""
+    chosen = [attention_for(d, dtype, attention, where=where) for d in devices]
+    return Kernels(attention=chosen[0])
 
 
 def _attention_s(plan: Plan, profile: Profile, attention: str) -> float | None:
@@ -74,7 +70,7 @@ def _attention_s(plan: Plan, profile: Profile, attention: str) -> float | None:
     core = [op for op in work.selective_recompute if isinstance(op, Op)]  # the backend's ops
     if any(measured_op_time_s(profile, op) is None for op in core):
         return None
-    costs = ComputeCosts(_first_device(plan).name, shape.dtype, profile)
+    costs = ComputeCosts(_first_device(plan), shape.dtype, profile)
     return sum(costs.time_s(op) for op in ops)
 
 
@@ -102,17 +98,15 @@ def fastest_kernels(plan: Plan, profiles: Profiles, *, keep_attention: bool = Fa
     kernels = plan.kernels
     if profile is None:
         return kernels
-    archs = {g.device.arch for g in plan.cluster.node_groups}
-    valid = [k for k in ("flash", "memory_efficient", "math")
-             if all(k in ATTENTION_SUPPORT.get(a, ("math",)) for a in archs)
-             and (Attention(k).fused or all(s.cp == 1 for p in plan.pipelines for s in p.stages))]
+    valid = [k for k in Attention
+             if all(k in supported_attention(g.device, plan.training.dtype)
+                    for g in plan.cluster.node_groups)
+             and (k.fused or all(s.cp == 1 for p in plan.pipelines for s in p.stages))]
     if not keep_attention:
-        timed = {k: t for k in valid if (t := _attention_s(plan, profile, k)) is not None}
-        if timed:
-            kernels = replace(kernels, attention=Attention(min(timed, key=timed.__getitem__)))
-    timed = {k: t for k in ("fused", "foreach", "for_loop")
-             if (t := _optimizer_s(plan, profile, k)) is not None}
-    if timed:
-        kernels = replace(kernels,
-                          optimizer=OptimizerKernel(min(timed, key=timed.__getitem__)))
+        attention = {k: t for k in valid if (t := _attention_s(plan, profile, k)) is not None}
+        if attention:
+            kernels = replace(kernels, attention=min(attention, key=attention.__getitem__))
+    optimizer = {k: t for k in OptimizerKernel if (t := _optimizer_s(plan, profile, k)) is not None}
+    if optimizer:
+        kernels = replace(kernels, optimizer=min(optimizer, key=optimizer.__getitem__))
     return kernels

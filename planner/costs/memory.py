@@ -19,10 +19,10 @@ import math
 from dataclasses import dataclass, replace
 
 from planner.costs.workload import WorkloadShape, head_work, layer_work
-from planner.specs.choices import Recompute, Schedule
+from planner.specs.choices import DType, Recompute, Schedule
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Sharding
-from profiler.devices import DeviceSpec, dtype_bytes
+from profiler.devices import DeviceSpec
 
 __all__ = ["MEMORY_SOURCE", "StageMemory", "activation_memory", "in_flight_chunks",
            "model_state_bytes", "rank_param_count", "rank_param_tensors",
@@ -105,7 +105,7 @@ def rank_param_tensors(model: ModelSpec, *, num_layers: int, first: bool, last: 
         tensors.extend(norm)
         # An untied head has its own weights; a tied one needs a copy when the embedding
         # lives on another stage (Megatron keeps it and all-reduces its gradient).
-        if not model.tied_embeddings or (pp > 1):
+        if model.lm_head and (not model.tied_embeddings or pp > 1):
             tensors.append(vocab_local)
     return tuple(tensors)
 
@@ -145,9 +145,12 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     rank holding `params` parameters: 16-bit weights (fp32 when training in fp32), fp32
     gradients, fp32 master weights (mixed precision) and Adam's two moments, each divided
     by its sharding group; sharded parameters need the layer in use and the next one
-    gathered."""
-    low = dtype_bytes(dtype)
-    master = 0 if dtype == "fp32" else 4
+    gathered. FP8 training (Transformer Engine, fp8_model_params off) also caches each
+    weight's FP8 cast and its transpose for the backward: 2 bytes per parameter held
+    whole, beside the bf16 weights."""
+    dt = DType(dtype)
+    low = dt.element_bytes + (2 if dt is DType.FP8 else 0)
+    master = 4 if dt.master_weights else 0
     gathered = 0.0
     if sharding.params > 1:
         layer = rank_param_count(model, num_layers=1, first=False, last=False, tp=tp, pp=pp)

@@ -41,12 +41,13 @@ from planner.costs.workload import (
     layer_work,
     optimizer_work,
 )
-from planner.specs.choices import Recompute, Schedule
+from planner.specs.choices import DType, Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan, Sharding
 from profiler.analytic import launch_overhead_s
-from profiler.devices import arch_efficiency, device, dtype_bytes
+from profiler.devices import DeviceSpec, device_efficiency
+from profiler.kernels import Attention
 from profiler.schema import cached_hash, coerce_choices
 from profiler.store import Profile, Profiles
 
@@ -108,6 +109,7 @@ class PlacedStage:
     cp: int
     num_layers: int
     recompute: Recompute
+    attention: Attention | None = None  # None: the run's kernels.attention
 
     def __post_init__(self) -> None:
         coerce_choices(self)
@@ -137,7 +139,7 @@ class StageSpec:
     """Everything a stage's cost depends on besides the model and the run: its GPUs and
     whom it talks to (built by `replica_specs`)."""
 
-    device_name: str
+    device: DeviceSpec
     placed: PlacedStage
     index: int  # position in its pipeline
     pp: int
@@ -145,6 +147,10 @@ class StageSpec:
     dp_group: tuple[int, ...]  # this stage position's first GPU in every replica it syncs with
     concurrency: int  # GPUs whose data-parallel traffic crosses links at the same time
     sharding: Sharding
+
+    @property
+    def device_name(self) -> str:
+        return self.device.name
 
     @property
     def first(self) -> bool:
@@ -238,7 +244,7 @@ def replica_specs(cluster: ClusterSpec, stages: Sequence[PlacedStage], *,
     for k, placed in enumerate(stages):
         nxt = stages[(k + 1) % pp]
         out.append(StageSpec(
-            device_name=node_groups[slots[placed.devices[0]].group].device.name, placed=placed,
+            device=node_groups[slots[placed.devices[0]].group].device, placed=placed,
             index=k, pp=pp, next_device=None if nxt is placed else nxt.devices[0],
             dp_group=groups[k] if groups is not None else (placed.devices[0],),
             concurrency=concurrency, sharding=shardings[k]))
@@ -259,8 +265,9 @@ def stage_key(cluster: ClusterSpec, spec: StageSpec) -> tuple:
     """Stages with equal keys have equal pass times, transfers and data-parallel traffic
     at any sharding (they differ at most in position, which only memory depends on)."""
     p = spec.placed
-    return (spec.device_name, p.tp, p.cp, p.num_layers, p.recompute, spec.first, spec.last,
-            spec.pp, group_tiers(cluster, spec.tp_group), group_tiers(cluster, spec.cp_group),
+    return (spec.device, p.tp, p.cp, p.num_layers, p.recompute, p.attention, spec.first,
+            spec.last, spec.pp, group_tiers(cluster, spec.tp_group),
+            group_tiers(cluster, spec.cp_group),
             None if spec.next_device is None
             else group_tiers(cluster, (p.devices[0], spec.next_device)),
             group_signature(cluster, spec.dp_group), spec.concurrency)
@@ -314,8 +321,8 @@ def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[T
     return Part(compute, tp, cp, max(0.0, wall - compute - tp - cp))
 
 
-def _compute_costs(device_name: str, dtype: str, profiles: Profiles | None) -> ComputeCosts:
-    return ComputeCosts(device_name, dtype, profiles.get(device_name) if profiles else None)
+def _compute_costs(dev: DeviceSpec, dtype: str, profiles: Profiles | None) -> ComputeCosts:
+    return ComputeCosts(dev, dtype, profiles.get(dev.name) if profiles else None)
 
 
 def _recomputed(work: LayerWork, recompute: Recompute) -> tuple[Work, ...]:
@@ -325,16 +332,15 @@ def _recomputed(work: LayerWork, recompute: Recompute) -> tuple[Work, ...]:
 
 
 @cache
-def layer_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
+def layer_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_key: tuple,
                 recompute: Recompute, profiles: Profiles | None = None) -> tuple[Part, Part]:
     """Forward and backward (with recomputation first) of one layer for one micro-batch,
     in the steady state of a pass over many layers. `profiles` is part of the cache key,
     so costs with and without a profile never mix."""
     tiers = dict(tiers_key)
-    costs = _compute_costs(device_name, shape.dtype, profiles)
-    dev = device(device_name)
+    costs = _compute_costs(dev, shape.dtype, profiles)
     launch_s = launch_overhead_s(dev)
-    hidden = arch_efficiency(dev.arch).tp_comm_overlap
+    hidden = device_efficiency(dev).tp_comm_overlap
     work = layer_work(model, shape)
     again = _recomputed(work, recompute)
     fwd = _part(work.forward, costs, tiers, launch_s, steady=True, tp_hidden=hidden,
@@ -345,29 +351,29 @@ def layer_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_
 
 
 @cache
-def _layer_weight_grad(model: ModelSpec, shape: WorkloadShape, device_name: str,
+def _layer_weight_grad(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec,
                        tiers_key: tuple, recompute: Recompute,
                        profiles: Profiles | None = None) -> Part:
     """The weight-gradient share of one layer's backward (`layer_parts`): its `.wgrad`
     GEMMs, priced as the backward prices them, with no collectives (Qi et al. 2024 §2:
     W needs only the saved input and the output gradient). Its host wait is at most the
     backward's, so the rest of the backward (B) never goes negative."""
-    costs = _compute_costs(device_name, shape.dtype, profiles)
-    launch_s = launch_overhead_s(device(device_name))
+    costs = _compute_costs(dev, shape.dtype, profiles)
+    launch_s = launch_overhead_s(dev)
     wgrad = tuple(op for op in layer_work(model, shape).backward
                   if isinstance(op, Op) and op.name.endswith(".wgrad"))
     part = _part(wgrad, costs, {}, launch_s, steady=True, profiles=profiles)
-    bwd = layer_parts(model, shape, device_name, tiers_key, recompute, profiles)[1]
+    bwd = layer_parts(model, shape, dev, tiers_key, recompute, profiles)[1]
     return replace(part, host_s=min(part.host_s, bwd.host_s))
 
 
 @cache
-def _extra_parts(model: ModelSpec, shape: WorkloadShape, device_name: str, tiers_key: tuple,
+def _extra_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_key: tuple,
                  which: str, profiles: Profiles | None) -> tuple[Part, Part]:
     """Forward and backward of the embedding ("embed") or the head ("head")."""
     tiers = dict(tiers_key)
-    costs = _compute_costs(device_name, shape.dtype, profiles)
-    launch_s = launch_overhead_s(device(device_name))
+    costs = _compute_costs(dev, shape.dtype, profiles)
+    launch_s = launch_overhead_s(dev)
     fwd, bwd = embedding_work(model, shape) if which == "embed" else head_work(model, shape)[:2]
     return (_part(fwd, costs, tiers, launch_s, profiles=profiles),
             _part(bwd, costs, tiers, launch_s, profiles=profiles))
@@ -395,7 +401,7 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
     dp = len(group)
     if dp == 1:
         return DPSync()
-    low = dtype_bytes(dtype)
+    low = DType(dtype).element_bytes
     grad_bytes = params * GRAD_BYTES
 
     def time_s(kind: str, size: float, members: int, stride: int) -> float:
@@ -431,7 +437,7 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
     p = spec.placed
     return WorkloadShape(micro_batch_size=run.micro_batch_size, seq_len=run.seq_len, tp=p.tp,
                          cp=p.cp, sequence_parallel=run.sequence_parallel and p.tp > 1,
-                         dtype=run.dtype, attention=run.kernels.attention)
+                         dtype=run.dtype, attention=p.attention or run.kernels.attention)
 
 
 def _p2p_s(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: WorkloadShape,
@@ -441,7 +447,7 @@ def _p2p_s(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: Workl
     if spec.next_device is None:
         return 0.0
     size = (shape.micro_batch_size * shape.seq_len // shape.cp * model.hidden_size
-            * dtype_bytes(shape.dtype) / shape.tp)
+            * DType(shape.dtype).element_bytes / shape.tp)
     return collective_time_s("send_recv", size,
                              group_tiers(cluster, (spec.placed.devices[0], spec.next_device)),
                              profiles=profiles)
@@ -461,25 +467,25 @@ def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     shape = workload_shape(spec, run)
     tiers_key = (("tp", group_tiers(cluster, spec.tp_group)),
                  ("cp", group_tiers(cluster, spec.cp_group)))
-    name, recompute = spec.device_name, spec.placed.recompute
-    layer_fwd, layer_bwd = layer_parts(model, shape, name, tiers_key, recompute, profiles)
+    dev, recompute = spec.device, spec.placed.recompute
+    layer_fwd, layer_bwd = layer_parts(model, shape, dev, tiers_key, recompute, profiles)
     zero = (Part(), Part())
-    embed = _extra_parts(model, shape, name, tiers_key, "embed", profiles) if spec.first else zero
-    head = _extra_parts(model, shape, name, tiers_key, "head", profiles) if spec.last else zero
+    embed = _extra_parts(model, shape, dev, tiers_key, "embed", profiles) if spec.first else zero
+    head = _extra_parts(model, shape, dev, tiers_key, "head", profiles) if spec.last else zero
     n = spec.placed.num_layers
     params = stage_params(model, spec)
     in_flight = in_flight_chunks(schedule=run.schedule, stage=spec.index, pp=spec.pp,
                                  num_microbatches=run.num_microbatches,
                                  virtual_stages=run.virtual_stages)
-    memory = activation_memory(model, device=device(name), shape=shape, num_layers=n,
+    memory = activation_memory(model, device=dev, shape=shape, num_layers=n,
                                last=spec.last, recompute=recompute,
                                layers_in_flight=in_flight * n / run.virtual_stages)
-    return StageCost(pipeline=pipeline, stage=spec.index, device=name, num_layers=n,
+    return StageCost(pipeline=pipeline, stage=spec.index, device=dev.name, num_layers=n,
                      num_params=params, layer_forward=layer_fwd, layer_backward=layer_bwd,
                      embed_forward=embed[0], embed_backward=embed[1], head_forward=head[0],
                      head_backward=head[1], p2p_s=_p2p_s(cluster, model, spec, shape, profiles),
                      dp=DPSync(), optimizer_s=0.0, memory=memory,
-                     layer_weight_grad=_layer_weight_grad(model, shape, name, tiers_key,
+                     layer_weight_grad=_layer_weight_grad(model, shape, dev, tiers_key,
                                                           recompute, profiles))
 
 
@@ -506,7 +512,7 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
                          num_tensors=max(1, 6 * spec.placed.num_layers))
     states = model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
                                tp=spec.placed.tp, pp=spec.pp)
-    return ShardingTerms(sync, _compute_costs(spec.device_name, dtype, profiles).time_s(opt),
+    return ShardingTerms(sync, _compute_costs(spec.device, dtype, profiles).time_s(opt),
                          states)
 
 
@@ -541,7 +547,8 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: Run
 
 def plan_replicas(plan: Plan) -> list[list[PlacedStage]]:
     return [[PlacedStage(devices=s.devices, tp=s.tp, cp=s.cp, num_layers=s.num_layers,
-                         recompute=s.recompute) for s in pipe.stages] for pipe in plan.pipelines]
+                         recompute=s.recompute, attention=plan.attention_of(s))
+             for s in pipe.stages] for pipe in plan.pipelines]
 
 
 def plan_runs(plan: Plan) -> list[RunSettings]:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
+from planner.specs.choices import DType
 from planner.specs.model import ModelSpec
-from profiler.devices import dtype_bytes
 from profiler.kernels import Attention
 
 __all__ = ["Comm", "LayerWork", "Op", "Work", "WorkloadShape", "embedding_work",
@@ -46,6 +46,7 @@ class Op:
     kernels: int = 1
     backward_kernels: int | None = None  # launches of its backward (default: `kernels`)
     variant: str | None = None  # the implementation, where there are alternatives
+    low_precision: bool = False  # a linear layer's GEMM: FP8 under fp8 training (TE Linear)
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,10 @@ class LayerWork:
     input_bytes: float  # the layer input, all that full recompute keeps
 
 
-def _gemm(name: str, m: int, n: int, k: int, elem: int, batch: int = 1, kernels: int = 1) -> Op:
+def _gemm(name: str, m: int, n: int, k: int, elem: int, batch: int = 1, kernels: int = 1,
+          low_precision: bool = False) -> Op:
     return Op(name, "gemm", 2.0 * batch * m * n * k, float(elem * batch * (m * k + k * n + m * n)),
-              (batch, m, n, k), kernels)
+              (batch, m, n, k), kernels, low_precision=low_precision)
 
 
 def _elementwise(name: str, elements: float, elem: int, *, reads: float, writes: float,
@@ -100,8 +102,10 @@ def _backward_of(op: Op) -> tuple[Op, ...]:
     bwd_kernels = op.backward_kernels or op.kernels
     if op.kind == "gemm":  # dgrad, and wgrad with whatever the forward added (bias grad)
         batch, m, n, k = op.shape
-        return (Op(op.name + ".dgrad", "gemm", op.flops, op.bytes, (batch, m, k, n)),
-                Op(op.name + ".wgrad", "gemm", op.flops, op.bytes, (batch, k, n, m), bwd_kernels))
+        return (Op(op.name + ".dgrad", "gemm", op.flops, op.bytes, (batch, m, k, n),
+                   low_precision=op.low_precision),
+                Op(op.name + ".wgrad", "gemm", op.flops, op.bytes, (batch, k, n, m), bwd_kernels,
+                   low_precision=op.low_precision))
     if op.kind == "attention":
         # FlashAttention-2 backward recomputes the scores: 2.5x the forward FLOPs (Dao 2023).
         return (Op(op.name + ".bwd", "attention", 2.5 * op.flops, 2.0 * op.bytes, op.shape,
@@ -114,7 +118,7 @@ def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op,
     """Scores, softmax and weighted sum for `heads` local query heads."""
     b, s, d = w.micro_batch_size, w.seq_len // w.cp, model.head_dim
     s_kv = w.seq_len  # with cp, K/V of the whole sequence pass by (ring attention)
-    elem = dtype_bytes(w.dtype)
+    elem = DType(w.dtype).element_bytes
     if not Attention(w.attention).fused:
         # Megatron's unfused path computes the full s x s matrix (Korthikanti et al. 2022 §4.1).
         # Kernels: baddbmm, fused scale-mask-softmax, dropout (mask + apply), bmm + the
@@ -139,7 +143,8 @@ def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op,
 def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
     """Ops of one transformer layer for one micro-batch on one tp/cp rank."""
     b, s, h, t = w.micro_batch_size, w.seq_len // w.cp, model.hidden_size, w.tp
-    elem = dtype_bytes(w.dtype)
+    elem = DType(w.dtype).element_bytes
+    linear = DType(w.dtype).gemm_operand_bytes  # what a linear layer's GEMM reads
     n = b * s  # tokens on this rank
     n_sp = n // t if w.sequence_parallel else n  # tokens the norms and dropouts see
     q_heads = model.num_heads // t
@@ -194,10 +199,11 @@ def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
     mlp_out, mlp_out_bwd = block_out("mlp.reduce")
     attn_norm, mlp_norm = norm("attn.norm"), norm("mlp.norm")
     # The QKV GEMM brings its bias add and the copies that split heads (4 launches).
-    qkv = _gemm("attn.qkv", n, (q_heads + 2 * kv_heads) * d, h, elem, kernels=4)
-    proj = _gemm("attn.proj", n, h, q_heads * d, elem)
-    fc1 = _gemm("mlp.fc1", n, model.mlp_in_width // t, h, elem)
-    fc2 = _gemm("mlp.fc2", n, h, ffn_local, elem)
+    qkv = _gemm("attn.qkv", n, (q_heads + 2 * kv_heads) * d, h, linear, kernels=4,
+                low_precision=True)
+    proj = _gemm("attn.proj", n, h, q_heads * d, linear, low_precision=True)
+    fc1 = _gemm("mlp.fc1", n, model.mlp_in_width // t, h, linear, low_precision=True)
+    fc2 = _gemm("mlp.fc2", n, h, ffn_local, linear, low_precision=True)
     attn_res, mlp_res = residual("attn.residual"), residual("mlp.residual")
     forward: tuple[Work, ...] = (
         attn_norm, *attn_in, qkv, *cp_comm, *core, proj, *attn_out, attn_res,
@@ -230,24 +236,28 @@ def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
     parallel, and sbh(10 + 24/t + 5as/(ht)) without it.
     """
     b, s, h, t = w.micro_batch_size, w.seq_len // w.cp, model.hidden_size, w.tp
-    e = dtype_bytes(w.dtype)
+    e = DType(w.dtype).element_bytes
+    g = DType(w.dtype).gemm_operand_bytes  # inputs a linear layer saves (TE saves FP8 casts)
     n = b * s
     n_rep = n // t if w.sequence_parallel else n  # tensors not split by tp unless sp
     d = model.head_dim
     mask = 1 if model.dropout else 0  # one byte per element
     # Replicated across tp (split by sp): two norm inputs, QKV input, MLP input, two masks.
-    replicated = n_rep * h * (2 * e + e + e + 2 * mask)
-    # Split by tp: Q, K, V; the output-projection input; the MLP activations.
+    replicated = n_rep * h * (2 * e + g + g + 2 * mask)
+    # Split by tp: Q, K, V; the output-projection input; the MLP activations (gate and up
+    # kept for the activation's backward, its output as fc2's input).
     qkv = n * d * (q_heads + 2 * kv_heads) * e
-    proj_in = n * q_heads * d * e
+    proj_in = n * q_heads * d * g
     ffn = model.ffn_hidden_size // t
-    mlp = n * ffn * e * (3 if model.activation == "swiglu" else 2)  # gate, up, product | in, out
+    mlp = n * ffn * (e * (2 if model.activation == "swiglu" else 1) + g)
     selective = replicated + qkv + proj_in + mlp
     if not Attention(w.attention).fused:
         scores = b * q_heads * s * w.seq_len
         core = scores * (e + mask + (e if model.dropout else 0))  # softmax out, mask, dropout out
     else:
         core = b * q_heads * s * 4  # fp32 log-sum-exp per row; the output is proj_in
+    if g != e:  # the attention output is saved at full precision beside its FP8 cast
+        core += n * q_heads * d * e
     return float(selective + core), float(selective)
 
 
@@ -255,7 +265,7 @@ def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
 def embedding_work(model: ModelSpec, w: WorkloadShape) -> tuple[tuple[Work, ...], tuple[Work, ...]]:
     """Forward and backward of the vocab-parallel embedding on the first stage."""
     n = w.micro_batch_size * w.seq_len // w.cp
-    elem = dtype_bytes(w.dtype)
+    elem = DType(w.dtype).element_bytes
     h = model.hidden_size
     lookup = _elementwise("embed.lookup", n * h, elem, reads=1, writes=1, flops_per_elem=0)
     comm: tuple[Comm, ...] = ()
@@ -271,15 +281,19 @@ def embedding_work(model: ModelSpec, w: WorkloadShape) -> tuple[tuple[Work, ...]
 @cache
 def head_work(model: ModelSpec, w: WorkloadShape) -> tuple[tuple[Work, ...], tuple[Work, ...], float]:
     """Forward and backward of final norm, logits and loss on the last stage, and the
-    bytes they keep for backward (the fp32 logits dominate)."""
+    bytes they keep for backward (the fp32 logits dominate). Without an LM head the loss
+    runs on the final norm's output (each tp rank on its replicated copy)."""
     n = w.micro_batch_size * w.seq_len // w.cp
-    elem = dtype_bytes(w.dtype)
-    h, v_local = model.hidden_size, -(-model.vocab_size // w.tp)
+    elem = DType(w.dtype).element_bytes
+    h = model.hidden_size
+    v_local = -(-model.vocab_size // w.tp) if model.lm_head else h
     n_sp = n // w.tp if w.sequence_parallel else n
     norm = _elementwise("head.norm", n_sp * h, elem, reads=1.5, writes=1, flops_per_elem=5)
     gather: tuple[Comm, ...] = ()
     if w.sequence_parallel and w.tp > 1:
         gather = (Comm("head.allgather", "all_gather", n * h * elem, "tp"),)
+    if not model.lm_head:
+        return _hidden_state_loss(n, h, elem, norm, gather)
     logits = _gemm("head.logits", n, v_local, h, elem)
     # Megatron's vocab-parallel cross entropy on fp32 logits, per logit element: convert
     # (read 2, write 4), max (read 4), subtract (8), exp (8), sum (4), normalise (8) =
@@ -303,6 +317,17 @@ def head_work(model: ModelSpec, w: WorkloadShape) -> tuple[tuple[Work, ...], tup
     return forward, tuple(backward), saved
 
 
+def _hidden_state_loss(n: int, h: int, elem: int, norm: Op, gather: tuple[Comm, ...]
+                       ) -> tuple[tuple[Work, ...], tuple[Work, ...], float]:
+    """The head of a model without an output projection: cross entropy straight on the
+    [n, h] final hidden states (the same per-element cost as over logits)."""
+    loss = Op("head.loss", "elementwise", 5.0 * n * h, 38.0 * n * h, (n * h,), 7)
+    grad = Op("head.loss.bwd", "elementwise", 2.0 * n * h, 14.0 * n * h, (n * h,), 3)
+    bwd_gather = tuple(Comm(c.name + ".bwd", "reduce_scatter", c.bytes, c.axis) for c in gather)
+    return ((norm, *gather, loss), (grad, *bwd_gather, *_backward_of(norm)),
+            float(n * h * 4 + n * h * elem))
+
+
 def optimizer_work(num_params: float, *, dtype: str, implementation: str = "fused",
                    num_tensors: int = 1) -> Op:
     """One optimizer step over `num_params` local parameters, as Megatron-LM's
@@ -310,8 +335,8 @@ def optimizer_work(num_params: float, *, dtype: str, implementation: str = "fuse
     inf/NaN (read 4 B), take their norm for clipping (read 4 B), AdamW (read grad, master
     weight, m, v; write master, m, v: 28 B), copy the master weight into the 16-bit model
     weight (write 2 B) and zero the gradient buffer (write 4 B)."""
-    low = dtype_bytes(dtype)
-    master = 0 if dtype == "fp32" else 4
+    low = DType(dtype).element_bytes
+    master = 4 if DType(dtype).master_weights else 0
     adam = 4 + (master + 4 + 4) * 2
     per_param = 4 + 4 + adam + (low if master else 0) + 4
     kernels = {"fused": 4, "foreach": max(4, num_tensors // 16), "for_loop": 8 * num_tensors}
@@ -326,7 +351,7 @@ def _forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, flo
     per_layer = 2 * (h * (model.num_heads + 2 * model.kv_heads) * d + model.num_heads * d * h
                      + h * model.mlp_in_width + model.ffn_hidden_size * h)
     attention = 2 * 2 * seq_len * model.num_heads * d
-    return per_layer, attention, 2.0 * h * model.vocab_size
+    return per_layer, attention, 2.0 * h * model.vocab_size if model.lm_head else 0.0
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:

@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from planner.costs.kernels import attention_for
 from planner.costs.memory import in_flight_chunks
 from planner.costs.stages import (
     PlacedStage,
@@ -35,6 +36,7 @@ from planner.specs.choices import Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Stage, Training
+from profiler.kernels import Attention
 from profiler.store import Profiles
 
 __all__ = ["Priced", "Template", "batch_split_fast", "price"]
@@ -67,7 +69,6 @@ class Template:
     def gpus_of(self, gpu: str) -> int:
         return sum(tp for rep in self.replicas for t, tp in rep if t == gpu)
 
-
     @property
     def sequence_parallel(self) -> bool:
         """Megatron-style sequence parallelism wherever a stage splits tensors."""
@@ -87,16 +88,21 @@ class Priced:
     fits: bool
     schedule: Schedule = Schedule.ONE_F_ONE_B  # or zb-h1 (every replica runs the same one)
     stage_sharding: tuple[Sharding, ...] | None = None  # per position, where they differ
+    attention: Attention | None = None  # asked for everywhere; else each GPU type's own
 
     def plan(self, model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, dtype: str,
              kernels: Kernels) -> Plan:
+        """The Plan; a stage whose GPU type runs another attention kernel than
+        `kernels.attention` names its own."""
         bounds = [0]
         for n in self.layers:
             bounds.append(bounds[-1] + n)
         pipelines = []
         for r, rep in enumerate(self.template.replicas):
+            own = [attention_for(cluster.device_of(gpu), dtype, self.attention) for gpu, _ in rep]
             stages = tuple(Stage(layers=(bounds[k], bounds[k + 1]), devices=self.devices[r][k],
-                                 tp=tp, recompute=self.recompute)
+                                 tp=tp, recompute=self.recompute,
+                                 attention=None if own[k] == kernels.attention else own[k])
                            for k, (_, tp) in enumerate(rep))
             pipelines.append(Pipeline(stages=stages, micro_batch_size=self.mbs,
                                       num_microbatches=self.microbatches[r]))
@@ -144,6 +150,7 @@ class _Context:
     gbs: int
     kernels: Kernels
     profiles: Profiles | None
+    attention: Attention | None = None  # asked for everywhere; else each GPU type's own
 
 
 @dataclass(frozen=True)
@@ -167,8 +174,10 @@ def _layout(ctx: _Context, t: Template, devices: Sequence[Sequence[tuple[int, ..
     """Stage kinds are numbered across every template priced with `memo` (like stages of
     different templates share their costs), and their specs kept in memo["kind_specs"]."""
     replicas = [[PlacedStage(devices=devices[r][k], tp=tp, cp=1, num_layers=1,
-                             recompute=Recompute.NONE) for k, (_, tp) in enumerate(rep)]
-                for r, rep in enumerate(t.replicas)]
+                             recompute=Recompute.NONE,
+                             attention=attention_for(ctx.cluster.device_of(gpu), ctx.dtype,
+                                                     ctx.attention))
+                 for k, (gpu, tp) in enumerate(rep)] for r, rep in enumerate(t.replicas)]
     groups = position_groups(replicas)
     kind_of: dict[tuple, int] = memo.setdefault("kind_ids", {})
     specs: list[StageSpec] = memo.setdefault("kind_specs", [])
@@ -266,6 +275,7 @@ def _cost(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int,
 def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *,
           pools: dict[str, list[Pool]], mbs: int, recompute: Recompute, sharding: Sharding,
           seq_len: int, dtype: str, gbs: int, kernels: Kernels,
+          attention: Attention | None = None,
           layers: Sequence[int] | None = None, microbatches: Sequence[int] | None = None,
           schedule: Schedule = Schedule.ONE_F_ONE_B, relax: Sequence[Sharding] = (),
           stage_sharding: Sequence[Sharding] | None = None, profiles: Profiles | None = None,
@@ -277,7 +287,7 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *,
     takes the option, among those its memory allows, that shortens the iteration most
     (layers as split under `sharding`). `memo` keeps placements and stage costs across
     calls on the same model, cluster, dtype, kernels, profiles."""
-    ctx = _Context(model, cluster, seq_len, dtype, gbs, kernels, profiles)
+    ctx = _Context(model, cluster, seq_len, dtype, gbs, kernels, profiles, attention)
     schedule, recompute = Schedule(schedule), Recompute(recompute)
     memo = {} if memo is None else memo
     lay = _placed(ctx, template, pools, memo)
@@ -317,7 +327,7 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *,
     times = [finish[(q, mb)] for q, mb in zip(lay.kind_of_replica, microbatches, strict=True)]
     return Priced(template, mbs, recompute, sharding, tuple(layers), tuple(microbatches),
                   lay.devices, max(times), fits, schedule,
-                  tuple(per_stage) if len(set(per_stage)) > 1 else None)
+                  tuple(per_stage) if len(set(per_stage)) > 1 else None, attention)
 
 
 def _split_layers(pr: _Pricing, t: Template, recompute: Recompute, sharding: Sharding,

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from planner.costs.kernels import attention_for
 from planner.costs.stages import PlacedStage, RunSettings, StageSpec, unsharded_cost
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import Pool, pools_by_type
@@ -34,6 +35,7 @@ from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan, Sharding
 from planner.specs.rules import tp_problem
 from profiler.devices import device
+from profiler.kernels import Attention
 from profiler.store import Profiles
 
 __all__ = ["Baseline", "baselines_for", "hetero_candidates", "merge_candidates",
@@ -116,7 +118,8 @@ def mixed_templates(model: ModelSpec, cluster: ClusterSpec, gbs: int) -> list[Te
 
 
 def lower_bound_s(model: ModelSpec, cluster: ClusterSpec, t: Template, *, gbs: int, seq_len: int,
-                  dtype: str, kernels: Kernels, profiles: Profiles | None = None) -> float:
+                  dtype: str, kernels: Kernels, profiles: Profiles | None = None,
+                  attention: Attention | None = None) -> float:
     """A lower bound on any candidate of template `t` (any micro-batch size, recompute,
     sharding, split). With t_k stage k's time per layer (nothing recomputed, only in-line
     collectives) and layers balanced perfectly (fractionally), replica r's slowest stage
@@ -134,7 +137,8 @@ def lower_bound_s(model: ModelSpec, cluster: ClusterSpec, t: Template, *, gbs: i
         inv_b = extra = 0.0  # sum_r 1/b_r and sum_r c_r/b_r
         for rep in t.replicas:
             times = [_layer_time_s(model, cluster, slot, mbs=mbs, seq_len=seq_len, dtype=dtype,
-                                   kernels=kernels, profiles=profiles) for slot in rep]
+                                   kernels=kernels, profiles=profiles, attention=attention)
+                     for slot in rep]
             b = layers / sum(1.0 / x for x in times)
             inv_b += 1.0 / b
             extra += layers * min(times) / b
@@ -144,14 +148,17 @@ def lower_bound_s(model: ModelSpec, cluster: ClusterSpec, t: Template, *, gbs: i
 
 @functools.cache
 def _layer_time_s(model: ModelSpec, cluster: ClusterSpec, slot: tuple[str, int], *, mbs: int,
-                  seq_len: int, dtype: str, kernels: Kernels, profiles: Profiles | None) -> float:
+                  seq_len: int, dtype: str, kernels: Kernels, profiles: Profiles | None,
+                  attention: Attention | None) -> float:
     """One layer's forward and backward on `slot` (tp ranks inside one node of its type,
     nothing recomputed), as the cost builder prices a middle stage's layer."""
     gpu, tp = slot
     first = next(s.index for s in cluster.slots if cluster.node_groups[s.group].gpu == gpu)
+    dev = cluster.node_groups[cluster.slots[first].group].device
     placed = PlacedStage(devices=tuple(range(first, first + tp)), tp=tp, cp=1, num_layers=1,
-                         recompute=Recompute.NONE)
-    spec = StageSpec(device_name=cluster.node_groups[cluster.slots[first].group].device.name,
+                         recompute=Recompute.NONE,
+                         attention=attention_for(dev, dtype, attention))
+    spec = StageSpec(device=dev,
                      placed=placed, index=1, pp=3, next_device=None, dp_group=(first,),
                      concurrency=tp, sharding=Sharding())
     run = RunSettings(micro_batch_size=mbs, num_microbatches=1, seq_len=seq_len, dtype=dtype,
@@ -165,7 +172,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
                       gbs: int, seq_len: int, dtype: str, kernels: Kernels,
                       score: Callable[[Priced], float], keep: int,
                       bound_score: Callable[[Template, float], float],
-                      profiles: Profiles | None = None
+                      profiles: Profiles | None = None,
+                      attention: Attention | None = None
                       ) -> tuple[list[Priced], int, dict[str, float]]:
     """Of the `chosen` templates' candidates: the `keep` best that fit by `score`, how many
     were priced, and for each GPU type the best score of a plan using it (or a lower bound
@@ -177,7 +185,7 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
     pools = pools_by_type(cluster)
     bounded = sorted(((bound_score(t, lower_bound_s(model, cluster, t, gbs=gbs, seq_len=seq_len,
                                                     dtype=dtype, kernels=kernels,
-                                                    profiles=profiles)), i, t)
+                                                    profiles=profiles, attention=attention)), i, t)
                       for i, t in enumerate(chosen)), key=lambda x: (x[0], x[1]))
     best: list[Priced] = []
     with_type: dict[str, float] = {}
@@ -192,7 +200,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
         for mbs in MICROBATCH_SIZES:
             for p in _cheapest_fitting(t, mbs, functools.partial(
                     _price_one, model, cluster, t, pools=pools, seq_len=seq_len, dtype=dtype,
-                    gbs=gbs, kernels=kernels, profiles=profiles, memo=memo)):
+                    gbs=gbs, kernels=kernels, profiles=profiles, memo=memo,
+                    attention=attention)):
                 count += 1
                 if p is None or not p.fits:
                     continue
@@ -209,7 +218,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
         for schedule, relax in [(zb, [])] + [(one, options), (zb, options)] * (len(options) > 0):
             q = price(model, cluster, p.template, pools=pools, mbs=p.mbs,
                       recompute=p.recompute, sharding=p.sharding, seq_len=seq_len,
-                      dtype=dtype, gbs=gbs, kernels=kernels, layers=p.layers,
+                      dtype=dtype, gbs=gbs, kernels=kernels, attention=p.attention,
+                      layers=p.layers,
                       schedule=schedule, relax=relax, profiles=profiles, memo=memo)
             count += 1
             if q is not None and q.fits:
@@ -262,7 +272,8 @@ def baselines_for(best: Priced, model: ModelSpec, cluster: ClusterSpec, *, gbs: 
     pools = pools_by_type(cluster)
     t = best.template
     kw = dict(pools=pools, mbs=best.mbs, recompute=best.recompute, sharding=best.sharding,
-              seq_len=seq_len, dtype=dtype, gbs=gbs, kernels=kernels, profiles=profiles)
+              seq_len=seq_len, dtype=dtype, gbs=gbs, kernels=kernels, profiles=profiles,
+              attention=best.attention)
 
     def priced(**split: object) -> Priced | None:
         """The split under the best plan's schedule or 1F1B, the faster of those that fit

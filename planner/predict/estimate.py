@@ -160,7 +160,8 @@ def estimate(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | None = No
     stages = tuple(
         StageSummary(pipeline=c.pipeline, stage=c.stage, device=c.device,
                      layers=plan.pipelines[c.pipeline].stages[c.stage].layers,  # type: ignore[arg-type]  # a stage's layers are a checked pair
-                     forward_s=c.forward_s, backward_s=c.backward_s, memory=c.memory)
+                     forward_s=c.forward_s, backward_s=c.backward_s, memory=c.memory,
+                     attention=str(plan.attention_of(plan.pipelines[c.pipeline].stages[c.stage])))
         for pc in priced.costs for c in pc)
     breakdown = Breakdown(compute_s=parts["compute"], host_overhead_s=parts["host"],
                           tp_comm_s=parts["tp"],

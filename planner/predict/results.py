@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from planner.costs.memory import StageMemory
 from planner.costs.workload import hardware_flops_per_token, model_flops_per_token
+from planner.specs.choices import DType
 from planner.specs.plan import Plan
 from profiler.analytic import math_dtype
-from profiler.devices import device
 
 __all__ = ["Breakdown", "SimResult", "StageSummary", "make_result"]
 
@@ -45,6 +45,7 @@ class StageSummary:
     forward_s: float  # per micro-batch
     backward_s: float  # per micro-batch, with recomputation
     memory: StageMemory
+    attention: str = ""  # the attention kernel it runs
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ def _stage_dict(s: StageSummary) -> dict:
     m = s.memory
     return {
         "pipeline": s.pipeline, "stage": s.stage, "device": s.device, "layers": list(s.layers),
+        "attention": s.attention,
         "forward_s": s.forward_s, "backward_s": s.backward_s,
         "memory": {
             "params_bytes": int(m.params_bytes), "grads_bytes": int(m.grads_bytes),
@@ -102,6 +104,12 @@ def _stage_dict(s: StageSummary) -> dict:
             "shortfall_bytes": int(m.shortfall_bytes),
         },
     }
+
+
+def mfu_dtype(dtype: str) -> str:
+    """The peak MFU is counted against: the training dtype's, but bf16's for fp8 training
+    (as FP8 training reports do, e.g. DeepSeek-V3's and Megatron-Core's)."""
+    return str(DType(dtype).storage) if DType(dtype) is DType.FP8 else dtype
 
 
 def make_result(plan: Plan, *, method: str, iteration_s: float, breakdown: Breakdown,
@@ -120,8 +128,8 @@ def make_result(plan: Plan, *, method: str, iteration_s: float, breakdown: Break
     peak = 0.0
     for pipe in plan.pipelines:
         for s in pipe.stages:
-            dev = device(plan.cluster.node_groups[slots[s.devices[0]].group].gpu)
-            peak += dev.peak_flops(math_dtype(dev, tr.dtype)) * len(s.devices)
+            dev = plan.cluster.node_groups[slots[s.devices[0]].group].device
+            peak += dev.peak_flops(math_dtype(dev, mfu_dtype(tr.dtype))) * len(s.devices)
     return SimResult(
         method=method, iteration_time_s=iteration_s, tokens_per_s=tokens / iteration_s,
         samples_per_s=tr.global_batch_size / iteration_s,

@@ -53,7 +53,7 @@ def _op(row: ProfileRow) -> Op:
 
 
 def _error(profile: Profile, rows_by_kind: dict[str, list[ProfileRow]]) -> float:
-    costs = ComputeCosts(profile.meta.device, profile.meta.dtype)
+    costs = ComputeCosts(device(profile.meta.device), profile.meta.dtype)
     per_kind = [statistics.mean(abs(math.log(costs.time_s(_op(r)) / r.time_s)) for r in rows)
                 for rows in rows_by_kind.values()]
     return statistics.mean(per_kind)

@@ -39,6 +39,7 @@ from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan, Sharding
 from profiler.devices import device
+from profiler.kernels import Attention
 from profiler.schema import fail
 from profiler.store import Profiles
 
@@ -193,7 +194,8 @@ def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
 
 def _kernels(req: SearchRequest, cluster: ClusterSpec) -> Kernels:
     """The kernels every candidate on `cluster` is priced with and its Plan records."""
-    return default_kernels([g.device for g in cluster.node_groups], attention=req.attention)
+    return default_kernels([g.device for g in cluster.node_groups], dtype=req.dtype,
+                           attention=req.attention)
 
 
 def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace
@@ -295,7 +297,8 @@ def _evaluate_task(req: SearchRequest, task: tuple) -> object:
                              kernels=_kernels(req, req.cluster),
                              score=functools.partial(_priced_score, req),
                              bound_score=functools.partial(_bound_score, req),
-                             keep=max(req.confirm, req.top), profiles=req.profiles)
+                             keep=max(req.confirm, req.top), profiles=req.profiles,
+                             attention=Attention(req.attention) if req.attention else None)
 
 
 def _bound_score(req: SearchRequest, t: Template, bound_s: float) -> float:
@@ -417,7 +420,8 @@ def _refine(req: SearchRequest, p: Priced, kernels: Kernels, simulate_fn: Callab
     def rated(layers: tuple[int, ...]) -> tuple[float, Priced | None]:
         q = price(req.model, req.cluster, p.template, pools=pools, mbs=p.mbs,
                   recompute=p.recompute, sharding=p.sharding, seq_len=req.seq_len,
-                  dtype=req.dtype, gbs=req.gbs, kernels=kernels, layers=layers,
+                  dtype=req.dtype, gbs=req.gbs, kernels=kernels, attention=p.attention,
+                  layers=layers,
                   microbatches=p.microbatches, schedule=p.schedule, profiles=req.profiles,
                   stage_sharding=p.stage_sharding)
         if q is None or not q.fits:

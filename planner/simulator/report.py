@@ -86,7 +86,7 @@ def _stage_summaries(sim: Simulation) -> tuple[StageSummary, ...]:
             out.append(StageSummary(pipeline=pi, stage=si, device=cost.device,
                                     layers=stage.layers,  # type: ignore[arg-type]  # a stage's layers are a checked pair
                                     forward_s=cost.forward_s, backward_s=cost.backward_s,
-                                    memory=memory))
+                                    memory=memory, attention=str(plan.attention_of(stage))))
     return tuple(out)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Recompute", "Schedule", "ShardingPreset", "values"]
+__all__ = ["DType", "Recompute", "Schedule", "ShardingPreset", "values"]
 
 
 class Schedule(StrEnum):
@@ -82,3 +82,39 @@ class ShardingPreset(StrEnum):
     def group_sizes(self, dp: int) -> tuple[int, int, int]:
         return {ShardingPreset.NONE: (1, 1, 1), ShardingPreset.ZERO1: (1, 1, dp),
                 ShardingPreset.ZERO2: (1, dp, dp), ShardingPreset.ZERO3: (dp, dp, dp)}[self]
+
+
+class DType(StrEnum):
+    """Training precisions: how weights and activations are stored, what GEMMs run in.
+
+    `fp32` is what PyTorch does by default since 1.12: fp32 matmuls do NOT use TF32
+    (torch.backends.cuda.matmul.allow_tf32 = False, pytorch/pytorch#77114); `tf32` is fp32
+    storage with TF32 tensor-core GEMMs where the device has them (allow_tf32 = True, or
+    NVIDIA's containers with TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1). `fp8` is Transformer
+    Engine style: FP8 GEMMs with per-tensor scaling, bf16 weights and activations, fp32
+    master weights."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+    @property
+    def storage(self) -> DType:
+        """The dtype of weights and activations."""
+        return {DType.TF32: DType.FP32, DType.FP8: DType.BF16}.get(self, self)
+
+    @property
+    def element_bytes(self) -> int:
+        return 4 if self.storage is DType.FP32 else 2
+
+    @property
+    def gemm_operand_bytes(self) -> int:
+        """Bytes a GEMM reads per input element (FP8 GEMMs read their 1-byte casts)."""
+        return 1 if self is DType.FP8 else self.element_bytes
+
+    @property
+    def master_weights(self) -> bool:
+        """Mixed precision keeps an fp32 copy of the weights for the optimizer."""
+        return self.storage is not DType.FP32

@@ -198,6 +198,10 @@ class ClusterSpec:
         return replace(self, name=f"{self.name} (first {num_gpus} GPUs)",
                        node_groups=tuple(groups), island_links=links)
 
+    def device_of(self, gpu: str) -> DeviceSpec:
+        """The device of the node groups of GPU type `gpu`."""
+        return next(g.device for g in self.node_groups if g.gpu == gpu)
+
     @functools.cached_property
     def slots(self) -> tuple[GpuSlot, ...]:
         """Every GPU in global order (computed once per cluster)."""

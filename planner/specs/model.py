@@ -41,6 +41,9 @@ class ModelSpec:
     position_embedding: Literal["learned", "rope", "alibi"] = "rope"
     # Megatron-LM's default (attention and hidden dropout 0.1); Llama-style presets set false.
     dropout: bool = spec_field(default=True, help="dropout on attention probs and outputs")
+    lm_head: bool = spec_field(default=True, help="false: no output projection, the loss "
+                               "runs on the final hidden states (Megatron-DeepSpeed's "
+                               "GPTNeoModelPipe)")
 
     def check(self, where: str) -> None:
         if self.hidden_size % self.num_heads:
@@ -82,9 +85,10 @@ class ModelSpec:
         return self.vocab_size * self.hidden_size + positions
 
     def head_params(self) -> int:
-        """Final norm plus the output projection, unless tied to the embedding."""
+        """Final norm plus the output projection, unless tied to the embedding or absent."""
         final_norm = self.hidden_size * (2 if self.norm == "layernorm" else 1)
-        return final_norm + (0 if self.tied_embeddings else self.vocab_size * self.hidden_size)
+        own = self.lm_head and not self.tied_embeddings
+        return final_norm + (self.vocab_size * self.hidden_size if own else 0)
 
     def num_params(self) -> int:
         return (self.num_layers * self.params_per_layer() + self.embedding_params()

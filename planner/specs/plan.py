@@ -41,10 +41,13 @@ class Stage:
     tp: int = spec_field(default=1, min=1)
     cp: int = spec_field(default=1, min=1)
     recompute: Recompute = Recompute.NONE
+    attention: Attention | None = spec_field(
+        default=None, help="this stage's attention kernel (default: kernels.attention); a "
+        "mixed plan runs each GPU type's own")
 
     def check(self, where: str) -> None:
-        if len(self.layers) != 2 or self.layers[0] >= self.layers[1]:
-            fail(at(where, "layers"), list(self.layers), "[first, last) with first < last")
+        if len(self.layers) != 2 or self.layers[0] > self.layers[1]:
+            fail(at(where, "layers"), list(self.layers), "[first, last) with first ≤ last")
         if len(self.devices) != self.tp * self.cp:
             fail(at(where, "devices"), list(self.devices),
                  f"tp*cp = {self.tp * self.cp} GPU indices")
@@ -208,6 +211,10 @@ class Plan:
         first = [s.layers for s in self.pipelines[0].stages]
         return all([s.layers for s in p.stages] == first for p in self.pipelines[1:])
 
+    def attention_of(self, stage: Stage) -> Attention:
+        """The attention kernel a stage runs."""
+        return stage.attention or self.kernels.attention
+
     def sharding_of(self, stage: int) -> Sharding:
         """The model-state sharding of stage position `stage`."""
         return self.sharding if self.stage_sharding is None else self.stage_sharding[stage]
@@ -246,7 +253,12 @@ class Plan:
                     fail(at(path, "layers"), list(stage.layers),
                          f"stages must cover layers in order; this one must start at {expect}")
                 expect = stage.layers[1]
-                if stage.num_layers < self.training.virtual_stages:
+                ends = len(pipe.stages) > 1 and si in (0, len(pipe.stages) - 1)
+                if stage.num_layers == 0 and not (ends and self.training.virtual_stages == 1):
+                    fail(at(path, "layers"), list(stage.layers), "no layers only for a first "
+                         "stage (the embedding alone) or a last one (the head alone) of a "
+                         "pipeline without interleaving")
+                if 0 < stage.num_layers < self.training.virtual_stages:
                     fail(at(path, "layers"), list(stage.layers),
                          f"at least virtual_stages = {self.training.virtual_stages} layers")
                 self._check_stage_parallel(stage, path)

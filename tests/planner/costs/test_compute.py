@@ -8,6 +8,7 @@ from planner.costs.workload import Op, WorkloadShape, layer_work
 from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
+from profiler.devices import device
 from profiler.store import load_profile, load_profiles
 from tests.planner.profile_helpers import op_row, write_profile
 
@@ -22,15 +23,15 @@ def _ops():
 
 def _gemm_profile(tmp_path, factor=3.0):
     """Every GEMM of the layer measured at `factor` x its analytic time."""
-    analytic = ComputeCosts("CPU", "fp32")
+    analytic = ComputeCosts(device("CPU"), "fp32")
     rows = [op_row(op, factor * analytic.time_s(op)) for op in _ops() if op.kind == "gemm"]
     return write_profile(tmp_path / "cpu.csv", rows)
 
 
 def test_profile_answers_what_it_has_and_analytic_the_rest(tmp_path):
     profile = load_profile(_gemm_profile(tmp_path))
-    analytic = ComputeCosts("CPU", "fp32")
-    measured = ComputeCosts("CPU", "fp32", profile)
+    analytic = ComputeCosts(device("CPU"), "fp32")
+    measured = ComputeCosts(device("CPU"), "fp32", profile)
     for op in _ops():
         factor = 3.0 if op.kind == "gemm" else 1.0
         assert measured.time_s(op) == analytic.time_s(op) * factor
@@ -44,26 +45,26 @@ def test_other_sizes_interpolate_along_the_ops_series(tmp_path):
     profile = load_profile(_gemm_profile(tmp_path))
     bigger = layer_work(MODEL, WorkloadShape(micro_batch_size=12, seq_len=64, dtype="fp32"))
     fc1 = next(op for op in bigger.forward if getattr(op, "name", "") == "mlp.fc1")
-    measured = ComputeCosts("CPU", "fp32", profile).time_s(fc1)
+    measured = ComputeCosts(device("CPU"), "fp32", profile).time_s(fc1)
     measured_8 = next(r.time_s for r in profile.rows if r.name == "mlp.fc1")
     assert measured == pytest.approx(measured_8 * 12 / 8)  # above: the largest point's rate
     far = layer_work(MODEL, WorkloadShape(micro_batch_size=64, seq_len=64, dtype="fp32"))
     fc1_far = next(op for op in far.forward if getattr(op, "name", "") == "mlp.fc1")
-    assert ComputeCosts("CPU", "fp32", profile).time_s(fc1_far) == \
-        ComputeCosts("CPU", "fp32").time_s(fc1_far)  # too far outside: analytic
+    assert ComputeCosts(device("CPU"), "fp32", profile).time_s(fc1_far) == \
+        ComputeCosts(device("CPU"), "fp32").time_s(fc1_far)  # too far outside: analytic
 
 
 def test_cost_caches_keep_profiled_and_analytic_apart(tmp_path):
     profiles = load_profiles([_gemm_profile(tmp_path)], devices=["CPU"], dtype="fp32")
     tiers = (("tp", ()), ("cp", ()))
     clear_cost_caches()
-    plain = layer_parts(MODEL, SHAPE, "CPU", tiers, "none")
-    profiled = layer_parts(MODEL, SHAPE, "CPU", tiers, "none", profiles)
+    plain = layer_parts(MODEL, SHAPE, device("CPU"), tiers, "none")
+    profiled = layer_parts(MODEL, SHAPE, device("CPU"), tiers, "none", profiles)
     assert profiled[0].compute_s > plain[0].compute_s * 1.5
-    assert layer_parts(MODEL, SHAPE, "CPU", tiers, "none") == plain  # no mixing
+    assert layer_parts(MODEL, SHAPE, device("CPU"), tiers, "none") == plain  # no mixing
     other = load_profiles([_gemm_profile(tmp_path / "..", factor=2.0)], devices=["CPU"],
                           dtype="fp32")
-    assert layer_parts(MODEL, SHAPE, "CPU", tiers, "none", other) != profiled
+    assert layer_parts(MODEL, SHAPE, device("CPU"), tiers, "none", other) != profiled
 
 
 def test_plan_costs_and_sources_use_the_profile(tmp_path):

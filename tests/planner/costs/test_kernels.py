@@ -9,6 +9,7 @@ from planner.costs.workload import Op, WorkloadShape, layer_work, optimizer_work
 from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
+from profiler.devices import device
 from profiler.store import load_profiles
 from tests.planner.profile_helpers import op_row, write_profile
 
@@ -27,7 +28,7 @@ def _rows(attention, core_scale=1.0):
     """The layer's ops at analytic times, its attention-core ops `core_scale` x slower."""
     work = layer_work(MODEL, WorkloadShape(micro_batch_size=8, seq_len=64, dtype="fp32",
                                            attention=attention))
-    costs = ComputeCosts("CPU", "fp32")
+    costs = ComputeCosts(device("CPU"), "fp32")
     return [op_row(op, costs.time_s(op) * (core_scale if op.name.startswith(_CORE) else 1.0))
             for op in (*work.forward, *work.backward) if isinstance(op, Op)]
 
@@ -65,3 +66,65 @@ def test_a_profile_of_other_gpus_changes_nothing(tmp_path):
     rows = _optimizer_rows({"foreach": 1e-3})
     plan = dataclasses.replace(_plan())
     assert fastest_kernels(plan, _profiles(tmp_path, rows, device="A100-80GB-SXM")) == plan.kernels
+
+
+def test_each_gpu_type_runs_its_own_attention_kernel():
+    """PyTorch SDPA: flash on sm80+ in 16-bit, memory-efficient elsewhere (sdp_utils.cpp),
+    math only when asked."""
+    import pytest
+
+    from planner.costs.kernels import attention_for
+    from profiler.schema import SpecError
+
+    a100, v100, t4 = device("A100-80GB-SXM"), device("V100-32GB-SXM2"), device("T4-16GB")
+    assert attention_for(a100, "bf16") == "flash"
+    assert attention_for(a100, "fp32") == "memory_efficient"  # flash takes 16-bit inputs
+    assert attention_for(v100, "fp16") == "memory_efficient"
+    assert attention_for(t4, "fp16") == "memory_efficient"
+    assert attention_for(a100, "bf16", "math") == "math"
+    with pytest.raises(SpecError, match="V100-32GB-SXM2 runs memory_efficient, math"):
+        attention_for(v100, "fp16", "flash")
+
+
+def test_a_mixed_a100_v100_search_gives_each_stage_its_kernel(tmp_path):
+    """The mixed search prices and writes flash on the A100 stages and memory-efficient
+    attention on the V100 stages; `plan simulate --json` names the kernel per stage."""
+    import json
+
+    from planner.cli import main
+    from planner.search import SearchRequest, search
+    from planner.specs.cluster import ClusterSpec, NodeGroup
+    from planner.specs.plan import save_plan
+
+    cluster = ClusterSpec(name="a100+v100", node_groups=(
+        NodeGroup(name="a", gpu="A100-80GB-SXM", num_nodes=2),
+        NodeGroup(name="v", gpu="V100-32GB-SXM2", num_nodes=2))).resolved()
+    found = search(SearchRequest(model=preset("llama2-7b"), cluster=cluster, gbs=64,
+                                 seq_len=4096, dtype="fp16", top=8))
+    mixed = [r.plan for r in found.ranked
+             if len({g for g in _gpus(r.plan)}) == 2]
+    assert mixed, "a plan using both GPU types"
+    plan = mixed[0]
+    groups, slots = plan.cluster.node_groups, plan.cluster.slots
+    for pipe in plan.pipelines:
+        for s in pipe.stages:
+            gpu = groups[slots[s.devices[0]].group].gpu
+            assert plan.attention_of(s) == ("flash" if gpu.startswith("A100")
+                                            else "memory_efficient"), gpu
+    path = tmp_path / "mixed.yaml"
+    save_plan(plan, str(path))
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["simulate", "--plan", str(path), "--json"]) == 0
+    stages = json.loads(out.getvalue())["stages"]
+    assert {(s["device"], s["attention"]) for s in stages} == {
+        ("A100-80GB-SXM", "flash"), ("V100-32GB-SXM2", "memory_efficient")}
+
+
+def _gpus(plan):
+    groups, slots = plan.cluster.node_groups, plan.cluster.slots
+    return {groups[slots[d].group].gpu for p in plan.pipelines for s in p.stages
+            for d in s.devices}

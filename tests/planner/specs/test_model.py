@@ -44,3 +44,20 @@ def test_model_file_errors(tmp_path):
                  "num_heads: 4\nnum_kv_heads: 3\nvocab_size: 100\nseq_len: 32\n")
     with pytest.raises(SpecError, match="num_kv_heads: 3 is not allowed"):
         load_model(str(f))
+
+
+def test_a_model_without_lm_head_computes_its_loss_on_hidden_states():
+    """Megatron-DeepSpeed's GPTNeoModelPipe (Sailor's GPT-Neo runs) ends in a LayerNorm:
+    no output projection, no logits GEMM, no head weights."""
+    import dataclasses
+
+    from planner.costs.workload import Op, WorkloadShape, head_work, model_flops_per_token
+
+    m = preset("gpt3-1.3b")
+    headless = dataclasses.replace(m, lm_head=False, tied_embeddings=False)
+    assert headless.head_params() == m.hidden_size * 2  # the final LayerNorm only
+    shape = WorkloadShape(micro_batch_size=1, seq_len=2048)
+    fwd, _, saved = head_work(headless, shape)
+    assert not any(isinstance(op, Op) and op.kind == "gemm" for op in fwd)
+    assert saved < head_work(m, shape)[2] / 10
+    assert model_flops_per_token(headless, 2048) < model_flops_per_token(m, 2048)

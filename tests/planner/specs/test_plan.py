@@ -143,3 +143,21 @@ def test_stage_sharding_needs_aligned_replicas():
                                          "same boundaries"):
         plan_from_dict(data)
 
+
+
+def test_a_first_or_last_stage_may_hold_no_layer():
+    """DeepSpeed-style partitions put the embedding (or the head) alone on a stage; a
+    middle stage without layers, or one under interleaving, is refused."""
+    data = plan_to_dict(_homogeneous())
+    for pipe in data["pipelines"]:
+        first, last = pipe["stages"]
+        n = last["layers"][1]
+        first["layers"], last["layers"] = [0, 0], [0, n]
+    plan = plan_from_dict(data)
+    assert [s.num_layers for s in plan.pipelines[0].stages] == [0, n]
+    from planner.predict.estimate import estimate
+
+    assert estimate(plan).iteration_time_s > 0
+    data["training"].update(schedule="interleaved-1f1b", virtual_stages=2)
+    with pytest.raises(SpecError, match=r"no layers only for a first stage"):
+        plan_from_dict(data)
