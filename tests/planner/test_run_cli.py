@@ -50,7 +50,7 @@ def no_launch(monkeypatch):
 
 
 def _stages_edit(data):
-    data["pipelines"][0]["stages"][1]["layers"] = [1, 1]
+    data["pipelines"][0]["stages"][1]["layers"] = [1, 0]
 
 
 def _replicas_edit(data):  # two replicas, split at different boundaries
@@ -69,11 +69,11 @@ def _cp_edit(data):
 
 
 @pytest.mark.parametrize(("edit", "needle"), [
-    (_stages_edit, "pipelines[0].stages[1].layers: [1, 1] is not allowed"),
+    (_stages_edit, "pipelines[0].stages[1].layers: [1, 0] is not allowed"),
     (_replicas_edit, "the executor needs every replica to split the layers at the same"),
     (_cp_edit, "context parallelism is not implemented by the executor"),
     (lambda d: d["kernels"].update(attention="memory_efficient"),
-     "kernels.attention: 'memory_efficient' is not allowed (cpu runs flash, math)"),
+     "kernels.attention: 'memory_efficient' is not allowed (CPU runs flash, math in fp32)"),
     (lambda d: d["training"].update(dtype="fp16"), "fp16 needs loss scaling"),
 ])
 def test_bad_plans_are_refused_before_any_process_starts(tmp_path, capsys, no_launch, edit,
