@@ -17,7 +17,7 @@ from importlib import resources
 from typing import Literal
 
 from profiler.kernels import ARCH_ATTENTION, Attention
-from profiler.schema import SpecError, at, fail, load_yaml_text, parse, spec_field
+from profiler.schema import SpecError, at, fail, load_yaml, load_yaml_text, parse, spec_field
 
 __all__ = [
     "DTYPES",
@@ -33,8 +33,10 @@ __all__ = [
     "device",
     "dtype_bytes",
     "link_kind",
+    "load_catalog",
     "match_device",
     "parameter_overrides",
+    "parse_catalog",
 ]
 
 DTypeName = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
@@ -100,8 +102,10 @@ class DeviceSpec:
     intra_node_link: LinkName = "nvswitch"
     intra_node_bandwidth_gb_per_s: float = spec_field(default=100.0, gt=0,
                                                       help="per GPU, per direction")
-    node: NodeTemplate = spec_field()
-    source: str = spec_field()
+    node: NodeTemplate | None = spec_field(
+        default=None, help="the standard node `--gpus TYPE:N` expands to (a cluster's node "
+        "groups of a type without one must give their node fields)")
+    source: str = spec_field(default="user-defined", help="where the numbers come from")
     attention: tuple[Attention, ...] | None = spec_field(
         default=None, help="attention backends it runs (default: its architecture's)")
     efficiency: ArchEfficiency | None = spec_field(
@@ -162,6 +166,22 @@ class LinkKind:
         return self.latency_us * 1e-6
 
 
+def parse_catalog(raw: object, *, where: str) -> dict[str, DeviceSpec]:
+    """Device types from a mapping in the catalog's format (name -> fields)."""
+    if not isinstance(raw, Mapping):
+        fail(where.rstrip(":"), raw, "a mapping of GPU type names to their fields "
+             "(the format of profiler/data/devices.yaml)")
+    return {str(name): parse(DeviceSpec, {"name": str(name), **entry}
+                             if isinstance(entry, Mapping) else entry, where=at(where, str(name)))
+            for name, entry in raw.items()}
+
+
+def load_catalog(path: str) -> dict[str, DeviceSpec]:
+    """A catalog file (`--catalog FILE`, or what `plan profile fit` writes): device types
+    that add to the shipped catalog or override its entries of the same name."""
+    return parse_catalog(load_yaml(path), where=f"{path}:")
+
+
 def _data(name: str) -> object:
     text = resources.files("profiler").joinpath("data", name).read_text(encoding="utf-8")
     return load_yaml_text(text, where=f"profiler/data/{name}")
@@ -170,10 +190,7 @@ def _data(name: str) -> object:
 @cache
 def catalog() -> dict[str, DeviceSpec]:
     """All device types by name, in catalog order (CPU is one core of this host)."""
-    raw = _data("devices.yaml")
-    assert isinstance(raw, dict)
-    out = {name: parse(DeviceSpec, {"name": name, **entry}, where=f"devices.{name}")
-           for name, entry in raw.items()}
+    out = parse_catalog(_data("devices.yaml"), where="devices")
     out["CPU"] = _local_cpu(out["CPU"])
     return out
 

@@ -9,7 +9,7 @@ import re
 import sys
 from typing import NoReturn
 
-__all__ = ["Parser", "add_cluster_args", "add_model_args", "bytes_arg", "int_list",
+__all__ = ["Parser", "add_catalog_arg", "add_cluster_args", "add_model_args", "bytes_arg", "int_list",
            "name_list", "non_negative_int", "positive_int", "print_json"]
 
 
@@ -53,6 +53,13 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
     g.add_argument("--gpus", metavar="TYPE:COUNT",
                    help="a homogeneous cluster of standard nodes, e.g. A100-80GB-SXM:64")
     g.add_argument("--cluster", metavar="FILE", help="a ClusterSpec YAML file")
+    add_catalog_arg(p)
+
+
+def add_catalog_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--catalog", metavar="FILE", help="GPU types to add to the catalog or "
+                   "override in it (the format of `plan gpus --json`; `plan profile fit -o` "
+                   "writes one)")
 
 
 _UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from planner.commands.args import print_json
+from planner.commands.args import add_catalog_arg, print_json
+from planner.commands.inputs import extra_catalog
 from profiler.devices import catalog
 from profiler.schema import dump
 
@@ -14,19 +15,24 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gpus", help="list the device catalog")
     p.add_argument("--json", action="store_true")
+    add_catalog_arg(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    devices = catalog()
-    if args.json:
-        print_json({name: dump(d) for name, d in devices.items()})
+    devices = {**catalog(), **(extra_catalog(args) or {})}
+    if args.json:  # the catalog file format (--catalog reads it back)
+        print_json({name: {k: v for k, v in dump(d).items() if k != "name"}
+                    for name, d in devices.items()})
         return 0
     print(f"{'name':16} {'memory':>9} {'bf16/fp16':>10} {'fp32':>7} {'HBM':>9}  standard node")
     for name, d in devices.items():
         half = d.peak_tflops.get("bf16", d.peak_tflops.get("fp16", 0.0))
         n = d.node
-        print(f"{name:16} {d.memory_gib:6.1f}GiB {half:7.1f}TF/s {d.peak_tflops['fp32']:5.1f}TF "
-              f"{d.memory_bandwidth_gb_per_s:6.0f}GB/s  {n.name}: {n.gpus_per_node} GPUs on "
-              f"{d.intra_node_link} ({d.intra_node_bandwidth_gb_per_s:g} GB/s), "
-              f"{n.nics_per_node}x {n.nic_bandwidth_gbit_per_s:g} Gb/s {n.nic}")
+        node = ("none (a cluster file gives its nodes)" if n is None else
+                f"{n.name}: {n.gpus_per_node} GPUs on {d.intra_node_link} "
+                f"({d.intra_node_bandwidth_gb_per_s:g} GB/s), {n.nics_per_node}x "
+                f"{n.nic_bandwidth_gbit_per_s:g} Gb/s {n.nic}")
+        print(f"{name:16} {d.memory_gib:6.1f}GiB {half:7.1f}TF/s "
+              f"{d.peak_tflops.get('fp32', 0.0):5.1f}TF "
+              f"{d.memory_bandwidth_gb_per_s:6.0f}GB/s  {node}")
     return 0

@@ -12,14 +12,25 @@ from planner.predict.results import SimResult
 from planner.specs.cluster import ClusterSpec, load_cluster, parse_gpus_arg
 from planner.specs.model import ModelSpec, load_model, preset
 from planner.specs.plan import Plan, Predicted, Provenance
+from profiler.devices import DeviceSpec, load_catalog
 from profiler.store import Profiles, load_profiles
 
-__all__ = ["load_inputs", "profiles_for", "with_prediction"]
+__all__ = ["extra_catalog", "load_inputs", "profiles_for", "with_prediction"]
+
+
+def extra_catalog(args: argparse.Namespace) -> dict[str, DeviceSpec] | None:
+    """The device types of `--catalog FILE` (None without it)."""
+    path = getattr(args, "catalog", None)
+    return load_catalog(path) if path else None
+
 
 def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec]:
     model = load_model(args.model_file) if args.model_file else preset(args.model)
-    cluster = load_cluster(args.cluster) if args.cluster else parse_gpus_arg(args.gpus)
+    catalog = extra_catalog(args)
+    cluster = (load_cluster(args.cluster, catalog=catalog) if args.cluster
+               else parse_gpus_arg(args.gpus, catalog=catalog))
     return model, cluster
+
 
 def profiles_for(args: argparse.Namespace, cluster: ClusterSpec, dtype: str) -> Profiles | None:
     """The measured profiles (`--profile FILE|DIR`, repeatable) for the cluster's GPUs."""
@@ -27,6 +38,7 @@ def profiles_for(args: argparse.Namespace, cluster: ClusterSpec, dtype: str) -> 
         return None
     devices = sorted({g.device.name for g in cluster.node_groups})
     return load_profiles(args.profile, devices=devices, dtype=dtype)
+
 
 def with_prediction(plan: Plan, result: SimResult, *, command: list[str],
                     profiles: Profiles | None = None) -> Plan:

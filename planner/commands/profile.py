@@ -61,6 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("file", metavar="FILE")
     fit.add_argument("--iterations", type=positive_int, default=400, metavar="N",
                      help="Nelder-Mead evaluations (default 400)")
+    fit.add_argument("-o", "--output", metavar="FILE", help="write the GPU type with the "
+                     "fitted parameters as a catalog file (for --catalog)")
 
 
 def _add_measure(verbs: argparse._SubParsersAction) -> None:
@@ -141,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if args.profile_command == "fit":
         from planner.profiling.fit import run_fit
 
-        return run_fit(args.file, iterations=args.iterations)
+        return run_fit(args.file, iterations=args.iterations, output=args.output)
     model = load_model(args.model_file) if args.model_file else (
         preset(args.model) if args.model else None)
     return measure(MeasureRequest(

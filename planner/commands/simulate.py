@@ -105,7 +105,7 @@ def _sharding(args: argparse.Namespace) -> Sharding:
 
 
 _LAYOUT_FLAGS = ("tp", "pp", "dp", "mbs", "gbs")  # required without --plan
-_PLAN_HAS = (*_LAYOUT_FLAGS, "gpus", "cluster", "seq", "recompute", "schedule", "sharding",
+_PLAN_HAS = (*_LAYOUT_FLAGS, "gpus", "cluster", "catalog", "seq", "recompute", "schedule", "sharding",
              "shard_params", "shard_grads", "shard_optim", "dtype", "attention")
 
 

@@ -6,7 +6,7 @@ import argparse
 import os
 import shlex
 
-from planner.commands.args import add_model_args, positive_int
+from planner.commands.args import add_catalog_arg, add_model_args, positive_int
 from planner.commands.inputs import load_inputs, profiles_for
 from planner.search.search import OBJECTIVES
 from planner.specs.plan import TRAIN_DTYPES
@@ -30,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "\"more H100: add H100-80GB-SXM 64; price H100-80GB-SXM 3\"")
     add_model_args(p)
     p.add_argument("--cluster", required=True, metavar="FILE", help="the baseline ClusterSpec")
+    add_catalog_arg(p)
     p.add_argument("--tokens", type=float, required=True, metavar="N",
                    help="tokens to train on (e.g. 2e12)")
     p.add_argument("--gbs", type=positive_int, required=True, metavar="N",

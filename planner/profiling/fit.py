@@ -13,14 +13,15 @@ step; see docs/calibration.md).
 from __future__ import annotations
 
 import math
+import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.calibration.fit import Parameter, minimize_bounded, with_values
 from planner.costs.compute import ComputeCosts, clear_op_cache
 from planner.costs.workload import Op
 from profiler.devices import device, parameter_overrides
-from profiler.schema import fail
+from profiler.schema import dump, fail
 from profiler.store import Profile, ProfileRow, load_profile
 
 __all__ = ["FitResult", "fit_profile", "run_fit"]
@@ -87,8 +88,9 @@ def fit_profile(profile: Profile, *, iterations: int = 400) -> FitResult:
                      error_before=objective(before), error_after=after, at_bounds=at_bounds)
 
 
-def run_fit(path: str, *, iterations: int) -> int:
-    """Print the fitted values in profiler/data/efficiency.yaml's terms."""
+def run_fit(path: str, *, iterations: int, output: str | None = None) -> int:
+    """Print the fitted values; with `output`, write the profiled GPU type with them as
+    its own analytic-model parameters to a catalog file (`--catalog` reads it)."""
     profile = load_profile(path)
     result = fit_profile(profile, iterations=iterations)
     m = profile.meta
@@ -99,6 +101,23 @@ def run_fit(path: str, *, iterations: int) -> int:
     for p, old, new in zip(result.params, result.before, result.after, strict=True):
         bound = "  (at its bound)" if p.field in result.at_bounds else ""
         print(f"  {result.arch}.{p.field:22} {old:9.4g} -> {new:9.4g}{bound}")
-    print(f"copy into profiler/data/efficiency.yaml under `{result.arch}` and record the "
-          "profile in docs/calibration.md")
+    if output is None:
+        print(f"write them to a catalog file with -o FILE (then --catalog FILE), or copy into "
+              f"profiler/data/efficiency.yaml under `{result.arch}` and record the profile in "
+              "docs/calibration.md")
+        return 0
+    import yaml
+
+    dev = device(m.device)
+    arch, _ = with_values(list(result.params), list(result.after))
+    fitted = replace(dev, efficiency=arch[result.arch],
+                     source=f"{dev.source}; analytic model fitted to {path} "
+                     f"({m.device_detail}, {m.dtype}, {m.created})")
+    entry = {k: v for k, v in dump(fitted).items() if k != "name"}
+    tmp = f"{output}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("# trainplan catalog file: use with --catalog\n")
+        yaml.safe_dump({dev.name: entry}, fh, sort_keys=False)
+    os.replace(tmp, output)
+    print(f"wrote {output}: {dev.name} with the fitted parameters (use --catalog {output})")
     return 0

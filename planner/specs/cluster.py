@@ -40,16 +40,13 @@ class NodeGroup:
     island: str = "island0"
     datacenter: str = "dc0"
     price_per_gpu_hour_usd: float | None = spec_field(default=None, min=0)
-
-    def check(self, where: str) -> None:
-        try:
-            device(self.gpu)
-        except SpecError as err:
-            raise SpecError(f"{at(where, 'gpu')}: {str(err).split(': ', 1)[1]}") from None
+    gpu_spec: DeviceSpec | None = spec_field(
+        default=None, help="the GPU type's numbers where they are not the shipped catalog's "
+        "(set from the cluster's `devices` or a --catalog file)")
 
     @property
     def device(self) -> DeviceSpec:
-        return device(self.gpu)
+        return self.gpu_spec or device(self.gpu)
 
     @property
     def num_gpus(self) -> int:
@@ -67,20 +64,25 @@ class NodeGroup:
         assert self.nics_per_node is not None and self.nic_bandwidth_gbit_per_s is not None
         return self.nics_per_node * self.nic_bandwidth_gbit_per_s * 1e9 / 8
 
-    def resolved(self) -> NodeGroup:
-        """This group with every default taken from the catalog's standard node."""
+    def resolved(self, where: str = "") -> NodeGroup:
+        """This group with every default taken from its GPU type's standard node."""
         dev = self.device
         node = dev.node
+        if node is None:  # a user-defined GPU without a standard node: the group says all
+            for name in ("gpus_per_node", "nic", "nics_per_node", "nic_bandwidth_gbit_per_s"):
+                if getattr(self, name) is None:
+                    raise SpecError(f"{at(where, name)}: missing (GPU type {dev.name!r} "
+                                    "defines no standard node to take it from)")
         return replace(
             self,
             gpu=dev.name,
-            gpus_per_node=self.gpus_per_node or node.gpus_per_node,
+            gpus_per_node=self.gpus_per_node or node.gpus_per_node,  # type: ignore[union-attr]  # checked above
             intra_node_link=self.intra_node_link or dev.intra_node_link,  # type: ignore[arg-type]  # resolved from the catalog's link name
             intra_node_bandwidth_gb_per_s=(self.intra_node_bandwidth_gb_per_s
                                            or dev.intra_node_bandwidth_gb_per_s),
-            nic=self.nic or node.nic,
-            nics_per_node=self.nics_per_node or node.nics_per_node,
-            nic_bandwidth_gbit_per_s=self.nic_bandwidth_gbit_per_s or node.nic_bandwidth_gbit_per_s,
+            nic=self.nic or node.nic,  # type: ignore[union-attr]  # checked above
+            nics_per_node=self.nics_per_node or node.nics_per_node,  # type: ignore[union-attr]  # checked above
+            nic_bandwidth_gbit_per_s=self.nic_bandwidth_gbit_per_s or node.nic_bandwidth_gbit_per_s,  # type: ignore[union-attr]  # checked above
         )
 
 
@@ -122,12 +124,24 @@ class GpuSlot:
 class ClusterSpec:
     name: str
     description: str | None = None
+    devices: tuple[DeviceSpec, ...] = spec_field(
+        default=(), help="GPU types defined here (the catalog's fields): they add to the "
+        "catalog, or replace its entry of the same name, for this cluster")
     node_groups: tuple[NodeGroup, ...]
     island_links: tuple[IslandLink, ...] = ()
 
     def check(self, where: str) -> None:
         if not self.node_groups:
             fail(at(where, "node_groups"), [], "at least one node group")
+        defined = {d.name for d in self.devices}
+        for i, g in enumerate(self.node_groups):
+            if g.gpu_spec is None and g.gpu not in defined:
+                try:
+                    device(g.gpu)
+                except SpecError as err:
+                    raise SpecError(f"{at(where, f'node_groups[{i}].gpu')}: "
+                                    f"{str(err).split(': ', 1)[1]} (or define it under "
+                                    "`devices:`)") from None
         names = [g.name for g in self.node_groups]
         for i, name in enumerate(names):
             if name in names[:i]:
@@ -154,8 +168,24 @@ class ClusterSpec:
                 return link
         return None
 
-    def resolved(self) -> ClusterSpec:
-        return replace(self, node_groups=tuple(g.resolved() for g in self.node_groups))
+    def resolved(self, where: str = "") -> ClusterSpec:
+        """Every node group with its GPU type's numbers (this cluster's `devices` first)
+        and its standard node's defaults."""
+        own = {d.name: d for d in self.devices}
+        groups = tuple(replace(g, gpu_spec=own[g.gpu]) if g.gpu in own and g.gpu_spec is None
+                       else g for g in self.node_groups)
+        return replace(self, node_groups=tuple(
+            g.resolved(at(where, f"node_groups[{i}]")) for i, g in enumerate(groups)))
+
+    def with_catalog(self, catalog: dict[str, DeviceSpec]) -> ClusterSpec:
+        """This cluster with the `catalog` entries its node groups use (a --catalog file)
+        defined in it, resolved."""
+        used = [catalog[g.gpu] for g in self.node_groups
+                if g.gpu in catalog and g.gpu not in {d.name for d in self.devices}]
+        groups = tuple(replace(g, gpu_spec=None) if g.gpu in catalog else g
+                       for g in self.node_groups)
+        return replace(self, devices=(*self.devices, *dict.fromkeys(used)),
+                       node_groups=groups).resolved()
 
     @property
     def num_gpus(self) -> int:
@@ -215,14 +245,23 @@ class ClusterSpec:
         return tuple(out)
 
 
-def load_cluster(path: str) -> ClusterSpec:
-    """A ClusterSpec from YAML, with the catalog's defaults filled in."""
-    return parse(ClusterSpec, load_yaml(path), where=f"{path}:").resolved()
+def load_cluster(path: str, *, catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:
+    """A ClusterSpec from YAML, with the catalog's defaults filled in (`catalog`: device
+    types of a --catalog file, which the cluster's own `devices` override)."""
+    cluster = parse(ClusterSpec, load_yaml(path), where=f"{path}:")
+    extra = {k: v for k, v in (catalog or {}).items()
+             if k not in {d.name for d in cluster.devices}}
+    return cluster.with_catalog(extra) if extra else cluster.resolved(f"{path}:")
 
 
-def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus") -> ClusterSpec:
-    """`count` GPUs of one type in the type's standard nodes (one partial node if fewer)."""
-    dev = device(gpu)
+def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus",
+                        catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:
+    """`count` GPUs of one type in the type's standard nodes (one partial node if fewer);
+    `catalog` (a --catalog file) may define the type."""
+    dev = (catalog or {}).get(gpu) or device(gpu)
+    if dev.node is None:
+        fail(where, f"{gpu}:{count}", f"{dev.name} defines no standard node: describe the "
+             "cluster in a --cluster file")
     per_node = dev.node.gpus_per_node
     if count < 1:
         fail(where, f"{gpu}:{count}", "the GPU count must be ≥ 1")
@@ -231,15 +270,17 @@ def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus") -> Clust
              f"more than one {dev.node.name} node needs a multiple of {per_node} GPUs")
     nodes, per = (1, count) if count <= per_node else (count // per_node, per_node)
     group = NodeGroup(name=dev.name.lower(), gpu=dev.name, num_nodes=nodes, gpus_per_node=per)
-    return ClusterSpec(name=f"{count}x {dev.name}", node_groups=(group,)).resolved()
+    own = (dev,) if catalog and dev.name in catalog else ()
+    return ClusterSpec(name=f"{count}x {dev.name}", devices=own,
+                       node_groups=(group,)).resolved()
 
 
-def parse_gpus_arg(text: str) -> ClusterSpec:
+def parse_gpus_arg(text: str, *, catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:
     """`TYPE:COUNT` (the CLI's --gpus) to a homogeneous cluster."""
     gpu, sep, count = text.rpartition(":")
     if not sep or not gpu or not count.strip().lstrip("-").isdigit():
         fail("--gpus", text, "expected TYPE:COUNT, e.g. A100-80GB-SXM:64")
-    return homogeneous_cluster(gpu, int(count))
+    return homogeneous_cluster(gpu, int(count), catalog=catalog)
 
 
 assert set(NIC_KINDS) == set(NicName.__args__)  # type: ignore[attr-defined]  # Literal's args at runtime

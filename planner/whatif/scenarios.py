@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from planner.specs.cluster import ClusterSpec, NodeGroup
 from planner.specs.model import ModelSpec, preset
-from profiler.devices import device
+from profiler.devices import DeviceSpec, device
 from profiler.schema import SpecError, fail
 
 __all__ = ["Scenario", "Setting", "apply", "parse_scenario"]
@@ -102,9 +102,24 @@ def _factor(text: str) -> float:
     return value
 
 
+def _device(s: Setting, gpu: str, where: str = "gpu") -> DeviceSpec:
+    """A GPU type the cluster defines, else the catalog's; one with a standard node."""
+    own = {d.name.lower(): d for d in s.cluster.devices}
+    dev = own.get(gpu.lower()) or device(gpu)
+    if dev.node is None:
+        fail(where, gpu, f"{dev.name} defines no standard node to add or swap in")
+    return dev
+
+
+def _device_name(s: Setting, gpu: str) -> str:
+    own = {d.name.lower(): d.name for d in s.cluster.devices}
+    return own.get(gpu.lower()) or device(gpu).name
+
+
 def _add(s: Setting, gpu: str, count: str, island: str | None = None) -> Setting:
-    dev = device(gpu)
+    dev = _device(s, gpu)
     n = _count(count, "count")
+    assert dev.node is not None
     per_node = dev.node.gpus_per_node
     if n % per_node:
         fail("count", n, f"whole {dev.node.name} nodes: a multiple of {per_node}")
@@ -122,7 +137,7 @@ def _add(s: Setting, gpu: str, count: str, island: str | None = None) -> Setting
 
 
 def _remove(s: Setting, gpu: str, count: str) -> Setting:
-    name = device(gpu).name
+    name = _device_name(s, gpu)
     left = _count(count, "count")
     kept: list[NodeGroup] = []
     for g in reversed(s.cluster.node_groups):  # the last nodes of that type first
@@ -145,7 +160,8 @@ def _remove(s: Setting, gpu: str, count: str) -> Setting:
 
 
 def _swap(s: Setting, old: str, new: str) -> Setting:
-    o, n = device(old).name, device(new)
+    o, n = _device_name(s, old), _device(s, new, "swap")
+    assert n.node is not None
     if not any(g.gpu == o for g in s.cluster.node_groups):
         fail("swap", old, "a GPU type of the cluster")
     groups = []
@@ -188,7 +204,7 @@ def _scale_link(s: Setting, a: str, b: str, factor: str) -> Setting:
 
 
 def _price(s: Setting, gpu: str, usd: str) -> Setting:
-    name = device(gpu).name
+    name = _device_name(s, gpu)
     value = _factor(usd)
     if not any(g.gpu == name for g in s.cluster.node_groups):
         fail("price", gpu, "a GPU type of the cluster")

@@ -1,0 +1,99 @@
+"""GPUs outside the catalog: defined inline in a cluster file, or in a --catalog file that
+adds to the catalog or overrides its entries; a plan carries the numbers it was made with."""
+
+import pytest
+
+from planner.specs.cluster import load_cluster
+from planner.specs.plan import load_plan
+from profiler.schema import SpecError
+from tests.planner.cli_helpers import run_cli
+
+LAB = """name: lab
+devices:
+  - name: Lab-GPU-24GB
+    vendor: nvidia
+    arch: ampere
+    memory_gib: 24
+    memory_bandwidth_gb_per_s: 900
+    num_compute_units: 80
+    peak_tflops: {fp32: 30, tf32: 30, fp16: 70, bf16: 70}
+    intra_node_link: pcie
+    intra_node_bandwidth_gb_per_s: 16
+node_groups:
+  - {name: lab, gpu: Lab-GPU-24GB, num_nodes: 2, gpus_per_node: 4, nic: ethernet,
+     nics_per_node: 1, nic_bandwidth_gbit_per_s: 10}
+"""
+FLAGS = ["--tp", "1", "--pp", "2", "--dp", "4", "--mbs", "2", "--gbs", "64", "--json"]
+
+
+def _iteration(out):
+    import json
+
+    return json.loads(out)["iteration_time_s"]
+
+
+def test_a_cluster_file_defines_its_own_gpu(tmp_path, capsys):
+    path = tmp_path / "lab.yaml"
+    path.write_text(LAB)
+    cluster = load_cluster(str(path))
+    assert cluster.node_groups[0].device.memory_gib == 24
+    plan_path = tmp_path / "plan.yaml"
+    code, out, err = run_cli(["simulate", "--model", "gpt3-350m", "--cluster", str(path),
+                              *FLAGS, "-o", str(plan_path)], capsys)
+    assert code == 0, err
+    plan = load_plan(str(plan_path))  # the plan carries the GPU's numbers
+    assert plan.cluster.node_groups[0].device.peak_tflops["bf16"] == 70
+    code, again, err = run_cli(["simulate", "--plan", str(plan_path), "--json"], capsys)
+    assert code == 0 and _iteration(again) == _iteration(out), err
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace("gpu: Lab-GPU-24GB", "gpu: Lab-GPU-48GB"),
+     r"node_groups\[0\].gpu: 'Lab-GPU-48GB' is not a known GPU type .*define it under"),
+    (lambda t: t.replace(" nic_bandwidth_gbit_per_s: 10", ""),
+     r"node_groups\[0\].nic_bandwidth_gbit_per_s: missing \(GPU type 'Lab-GPU-24GB' "
+     "defines no standard node"),
+    (lambda t: t.replace("arch: ampere", "arch: quantum"),
+     r"devices\[0\].arch: 'quantum' is not allowed \(a known architecture"),
+    (lambda t: t.replace("memory_gib: 24", "memory_gib: -1"), r"devices\[0\].memory_gib"),
+])
+def test_a_bad_definition_is_one_line(tmp_path, edit, message):
+    path = tmp_path / "lab.yaml"
+    path.write_text(edit(LAB))
+    with pytest.raises(SpecError, match=message):
+        load_cluster(str(path))
+
+
+def test_a_catalog_file_overrides_an_entry_for_every_command(tmp_path, capsys):
+    """`--catalog` with a slower A100 (half the tensor peak) predicts a slower step."""
+    import yaml
+
+    from profiler.devices import device
+    from profiler.schema import dump
+
+    entry = {k: v for k, v in dump(device("A100-80GB-SXM")).items() if k != "name"}
+    entry["peak_tflops"] = {k: v / 2 for k, v in entry["peak_tflops"].items()}
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"A100-80GB-SXM": entry}))
+    argv = ["simulate", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8", "--tp", "1",
+            "--pp", "2", "--dp", "4", "--mbs", "2", "--gbs", "64", "--json"]
+    code, shipped, _ = run_cli(argv, capsys)
+    code2, slower, err = run_cli([*argv, "--catalog", str(catalog)], capsys)
+    assert code == code2 == 0, err
+    assert _iteration(slower) > 1.3 * _iteration(shipped)
+    code, listing, _ = run_cli(["gpus", "--catalog", str(catalog)], capsys)
+    assert "A100-80GB-SXM      80.0GiB   156.0TF/s" in listing
+
+
+def test_profile_fit_writes_a_catalog_file(tmp_path, capsys):
+    """`plan profile fit -o` writes the profiled type with its fitted parameters, which
+    --catalog then uses (no editing of package data)."""
+    from profiler.devices import load_catalog
+
+    out = tmp_path / "cpu.yaml"
+    code, text, err = run_cli(["profile", "fit", "profiles/cpu-debug-tiny.csv",
+                               "--iterations", "30", "-o", str(out)], capsys)
+    assert code == 0, err
+    fitted = load_catalog(str(out))["CPU"]
+    assert fitted.efficiency is not None and "fitted to profiles/cpu-debug-tiny.csv" in \
+        fitted.source
