@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from planner.specs.limits import MAX_GPUS
 from profiler.devices import NIC_KINDS, DeviceSpec, device
 from profiler.schema import SpecError, at, fail, load_yaml, parse, spec_field
 
-__all__ = ["ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup", "homogeneous_cluster",
-           "load_cluster", "parse_gpus_arg"]
+__all__ = ["TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup",
+           "check_train_dtype", "homogeneous_cluster", "load_cluster", "parse_gpus_arg"]
 
+TRAIN_DTYPES = ("bf16", "fp16", "fp32")  # what a model trains in (Plan.training.dtype)
 LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "loopback"]
 NicName = Literal["infiniband", "roce", "ethernet"]
 
@@ -29,17 +33,19 @@ class NodeGroup:
 
     name: str
     gpu: str
-    num_nodes: int = spec_field(min=1)
-    gpus_per_node: int | None = spec_field(default=None, min=1)
+    # Bounds: generous physical limits, so every derived time and price stays finite.
+    num_nodes: int = spec_field(min=1, max=65_536)
+    gpus_per_node: int | None = spec_field(default=None, min=1, max=256)
     intra_node_link: LinkName | None = None
-    intra_node_bandwidth_gb_per_s: float | None = spec_field(default=None, gt=0,
-                                                             help="per GPU, per direction")
+    intra_node_bandwidth_gb_per_s: float | None = spec_field(
+        default=None, min=0.1, max=100_000, help="per GPU, per direction; 0.1 to 100,000")
     nic: NicName | None = None
-    nics_per_node: int | None = spec_field(default=None, min=1)
-    nic_bandwidth_gbit_per_s: float | None = spec_field(default=None, gt=0, help="per NIC")
+    nics_per_node: int | None = spec_field(default=None, min=1, max=64)
+    nic_bandwidth_gbit_per_s: float | None = spec_field(default=None, min=0.1, max=100_000,
+                                                        help="per NIC; 0.1 to 100,000")
     island: str = "island0"
     datacenter: str = "dc0"
-    price_per_gpu_hour_usd: float | None = spec_field(default=None, min=0)
+    price_per_gpu_hour_usd: float | None = spec_field(default=None, min=0, max=10_000)
 
     def check(self, where: str) -> None:
         try:
@@ -89,10 +95,12 @@ class IslandLink:
     """The link joining two islands (e.g. two datacenters); shared by all traffic on it."""
 
     islands: tuple[str, ...]
-    bandwidth_gbit_per_s: float = spec_field(gt=0, help="aggregate, per direction")
-    latency_ms: float = spec_field(default=0.01, min=0)
+    bandwidth_gbit_per_s: float = spec_field(min=0.1, max=1_000_000,
+                                             help="aggregate, per direction; 0.1 to 1e6")
+    latency_ms: float = spec_field(default=0.01, min=0, max=10_000, help="0 to 10 s")
     kind: NicName = "ethernet"
-    price_per_gb_usd: float = spec_field(default=0.0, min=0, help="egress price of traffic")
+    price_per_gb_usd: float = spec_field(default=0.0, min=0, max=1_000,
+                                         help="egress price of traffic")
 
     def check(self, where: str) -> None:
         if len(self.islands) != 2 or self.islands[0] == self.islands[1]:
@@ -117,6 +125,10 @@ class GpuSlot:
     local: int
 
 
+MAX_NODE_GROUPS = 256
+MAX_ISLANDS = 32  # each pair of islands needs a link
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
     name: str
@@ -127,16 +139,23 @@ class ClusterSpec:
     def check(self, where: str) -> None:
         if not self.node_groups:
             fail(at(where, "node_groups"), [], "at least one node group")
-        names = [g.name for g in self.node_groups]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                fail(at(where, f"node_groups[{i}].name"), name, "names must be unique")
+        if len(self.node_groups) > MAX_NODE_GROUPS:
+            fail(at(where, "node_groups"), f"{len(self.node_groups)} groups",
+                 f"at most {MAX_NODE_GROUPS}")
+        names: set[str] = set()
+        for i, g in enumerate(self.node_groups):
+            if g.name in names:
+                fail(at(where, f"node_groups[{i}].name"), g.name, "names must be unique")
+            names.add(g.name)
+        self._check_size(where)
         dc_of: dict[str, str] = {}
         for i, g in enumerate(self.node_groups):
             if dc_of.setdefault(g.island, g.datacenter) != g.datacenter:
                 fail(at(where, f"node_groups[{i}].datacenter"), g.datacenter,
                      f"island {g.island!r} is already in datacenter {dc_of[g.island]!r}")
         islands = set(dc_of)
+        if len(islands) > MAX_ISLANDS:
+            fail(at(where, "node_groups"), f"{len(islands)} islands", f"at most {MAX_ISLANDS}")
         for i, link in enumerate(self.island_links):
             for name in link.islands:
                 if name not in islands:
@@ -147,6 +166,15 @@ class ClusterSpec:
                 raise SpecError(f"{at(where, 'island_links')}: islands {a!r} and {b!r} "
                                 "have no link (add one with their bandwidth and latency)")
 
+    def _check_size(self, where: str) -> None:
+        """At most MAX_GPUS GPUs (the catalog's node size where a group leaves it out)."""
+        total = 0
+        for g in self.node_groups:
+            per_node = g.gpus_per_node or (_standard_gpus_per_node(g.gpu) or 1)
+            total += g.num_nodes * per_node
+        if total > MAX_GPUS:
+            fail(at(where, "node_groups"), f"{total:,} GPUs", f"at most {MAX_GPUS:,} in a cluster")
+
     def island_link(self, a: str, b: str) -> IslandLink | None:
         for link in self.island_links:
             if set(link.islands) == {a, b}:
@@ -155,6 +183,14 @@ class ClusterSpec:
 
     def resolved(self) -> ClusterSpec:
         return replace(self, node_groups=tuple(g.resolved() for g in self.node_groups))
+
+    @property
+    def is_resolved(self) -> bool:
+        """Whether every node field the catalog can default is filled in."""
+        return all(g.gpus_per_node is not None and g.intra_node_link is not None
+                   and g.intra_node_bandwidth_gb_per_s is not None and g.nic is not None
+                   and g.nics_per_node is not None and g.nic_bandwidth_gbit_per_s is not None
+                   for g in self.node_groups)
 
     @property
     def num_gpus(self) -> int:
@@ -210,6 +246,23 @@ class ClusterSpec:
         return tuple(out)
 
 
+def _standard_gpus_per_node(gpu: str) -> int | None:
+    try:
+        return device(gpu).node.gpus_per_node
+    except SpecError:
+        return None
+
+
+def check_train_dtype(gpus: Iterable[str], dtype: str, *, where: str) -> None:
+    """The one rule for a training dtype, for every command and every Plan: each GPU type
+    that trains must offer it (a V100 has no bf16: fp16 or fp32 there)."""
+    for gpu in dict.fromkeys(gpus):
+        dev = device(gpu)
+        if dtype not in dev.peak_tflops:
+            fail(where, dtype, f"{dev.name} has no {dtype}; it offers "
+                 f"{', '.join(d for d in dev.peak_tflops if d in TRAIN_DTYPES)}")
+
+
 def load_cluster(path: str) -> ClusterSpec:
     """A ClusterSpec from YAML, with the catalog's defaults filled in."""
     return parse(ClusterSpec, load_yaml(path), where=f"{path}:").resolved()
@@ -221,6 +274,8 @@ def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus") -> Clust
     per_node = dev.node.gpus_per_node
     if count < 1:
         fail(where, f"{gpu}:{count}", "the GPU count must be ≥ 1")
+    if count > MAX_GPUS:
+        fail(where, f"{gpu}:{count}", f"the GPU count must be ≤ {MAX_GPUS:,}")
     if count > per_node and count % per_node:
         fail(where, f"{gpu}:{count}",
              f"more than one {dev.node.name} node needs a multiple of {per_node} GPUs")
@@ -232,7 +287,7 @@ def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus") -> Clust
 def parse_gpus_arg(text: str) -> ClusterSpec:
     """`TYPE:COUNT` (the CLI's --gpus) to a homogeneous cluster."""
     gpu, sep, count = text.rpartition(":")
-    if not sep or not gpu or not count.strip().lstrip("-").isdigit():
+    if not sep or not gpu or not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", count):  # ASCII digits
         fail("--gpus", text, "expected TYPE:COUNT, e.g. A100-80GB-SXM:64")
     return homogeneous_cluster(gpu, int(count))
 

@@ -15,7 +15,9 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from planner.specs.cluster import ClusterSpec
+from planner.outputs import PLAN_SUFFIXES, atomic_path
+from planner.specs.cluster import ClusterSpec, check_train_dtype
+from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec
 from profiler.schema import SpecError, at, dump, fail, load_yaml, parse, spec_field
 
@@ -33,10 +35,10 @@ TrainDType = Literal["bf16", "fp16", "fp32"]
 class Stage:
     """Layers [first, last) of the model on `tp * cp` GPUs (index = cp_rank * tp + tp_rank)."""
 
-    layers: tuple[int, ...] = spec_field(min=0, help="[first, last) layer range")
-    devices: tuple[int, ...] = spec_field(min=0, help="global GPU indices")
-    tp: int = spec_field(default=1, min=1)
-    cp: int = spec_field(default=1, min=1)
+    layers: tuple[int, ...] = spec_field(min=0, max=1024, help="[first, last) layer range")
+    devices: tuple[int, ...] = spec_field(min=0, max=MAX_GPUS - 1, help="global GPU indices")
+    tp: int = spec_field(default=1, min=1, max=16_384)
+    cp: int = spec_field(default=1, min=1, max=16_384)
     recompute: Recompute = "none"
 
     def check(self, where: str) -> None:
@@ -56,8 +58,8 @@ class Pipeline:
     """One data-parallel replica: its stages in order and its share of the global batch."""
 
     stages: tuple[Stage, ...]
-    micro_batch_size: int = spec_field(min=1)
-    num_microbatches: int = spec_field(min=1)
+    micro_batch_size: int = spec_field(min=1, max=MAX_GLOBAL_BATCH)
+    num_microbatches: int = spec_field(min=1, max=MAX_GLOBAL_BATCH)
 
     def check(self, where: str) -> None:
         if not self.stages:
@@ -77,9 +79,9 @@ class Sharding:
     so that the groups nest.
     """
 
-    params: int = spec_field(default=1, min=1)
-    grads: int = spec_field(default=1, min=1)
-    optim: int = spec_field(default=1, min=1)
+    params: int = spec_field(default=1, min=1, max=MAX_GPUS)
+    grads: int = spec_field(default=1, min=1, max=MAX_GPUS)
+    optim: int = spec_field(default=1, min=1, max=MAX_GPUS)
 
     def check(self, where: str) -> None:
         if self.grads % self.params:
@@ -90,12 +92,14 @@ class Sharding:
 
 @dataclass(frozen=True, kw_only=True)
 class Training:
-    global_batch_size: int = spec_field(min=1)
-    seq_len: int = spec_field(min=1)
+    global_batch_size: int = spec_field(min=1, max=MAX_GLOBAL_BATCH, help="sequences; at "
+                                        f"most {MAX_GLOBAL_BATCH:,}")
+    seq_len: int = spec_field(min=1, max=MAX_SEQ_LEN)
     dtype: TrainDType = "bf16"
     sequence_parallel: bool = False
     schedule: Schedule = "1f1b"
-    virtual_stages: int = spec_field(default=1, min=1, help="interleaved chunks per stage (vp)")
+    virtual_stages: int = spec_field(default=1, min=1, max=1024,
+                                     help="interleaved chunks per stage (vp)")
     optimizer: Literal["adamw"] = "adamw"
 
     def check(self, where: str) -> None:
@@ -147,6 +151,12 @@ class Plan:
     predicted: Predicted | None = None
     provenance: Provenance | None = None
 
+    def __post_init__(self) -> None:
+        # A plan file may leave node fields to the catalog's standard node, as a cluster
+        # file may: fill them in, so that every consumer reads a resolved cluster.
+        if not self.cluster.is_resolved:
+            object.__setattr__(self, "cluster", self.cluster.resolved())
+
     def check(self, where: str) -> None:
         if self.schema_version != SCHEMA_VERSION:
             fail(at(where, "schema_version"), self.schema_version,
@@ -155,6 +165,10 @@ class Plan:
             fail(at(where, "pipelines"), [], "at least one pipeline")
         self._check_batch(where)
         self._check_stages(where)
+        slots, groups = self.cluster.slots, self.cluster.node_groups
+        check_train_dtype((groups[slots[s.devices[0]].group].gpu
+                           for p in self.pipelines for s in p.stages),
+                          self.training.dtype, where=at(where, "training.dtype"))
         if self.training.schedule == "zb-h1" and any(len(p.stages) < 2 for p in self.pipelines):
             fail(at(where, "training.schedule"), "zb-h1",
                  "a zero-bubble schedule needs every pipeline to have at least 2 stages; "
@@ -288,19 +302,21 @@ def plan_from_dict(data: object, *, where: str = "plan") -> Plan:
 
 
 def save_plan(plan: Plan, path: str) -> None:
-    """Write YAML (.yaml/.yml) or JSON (.json); reading it back gives an equal Plan."""
-    data = plan_to_dict(plan)
+    """Write YAML (.yaml/.yml) or JSON (.json); reading it back gives an equal Plan. The
+    extension is checked before anything is written, and the file is written atomically
+    (an existing file stays whole until the new one is)."""
     ext = os.path.splitext(path)[1].lower()
-    with open(path, "w", encoding="utf-8") as fh:
+    if ext not in PLAN_SUFFIXES:
+        raise SpecError(f"-o: {path!r} is not allowed (use a .yaml, .yml or .json file)")
+    data = plan_to_dict(plan)
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         if ext == ".json":
             json.dump(data, fh, indent=1)
             fh.write("\n")
-        elif ext in (".yaml", ".yml"):
+        else:
             import yaml
 
             yaml.safe_dump(data, fh, sort_keys=False, default_flow_style=None, width=100)
-        else:
-            raise SpecError(f"-o: {path!r} is not allowed (use a .yaml, .yml or .json file)")
 
 
 def load_plan(path: str) -> Plan:

@@ -6,6 +6,7 @@ import functools
 import os
 from collections.abc import Sequence
 
+from planner.outputs import atomic_path
 from planner.whatif.report import Row, best_row, replica_kinds
 from profiler.store import Profiles
 
@@ -35,8 +36,11 @@ def _save(fig: object, path: str) -> bool:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()  # type: ignore[attr-defined]
-    fig.savefig(path, dpi=110)  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[arg-type]
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110)  # type: ignore[attr-defined]
+    finally:
+        plt.close(fig)  # type: ignore[arg-type]
     return True
 
 
@@ -155,5 +159,6 @@ def _gantt(rows: Sequence[Row], path: str, *, profiles: Profiles | None = None) 
     if best is None:
         return False
     _, sim = simulate_detailed(best.ranked.plan, profiles=profiles)  # type: ignore[union-attr]
-    write_gantt(sim, path)
+    with atomic_path(path) as tmp:
+        write_gantt(sim, tmp)
     return True
