@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from planner.commands.args import path_arg
 from planner.export.formats import FORMATS, export_plan
+from planner.outputs import check_distinct, check_output_file, write_text
 from planner.specs.plan import load_plan
 
 __all__ = ["add_parser", "run"]
@@ -16,16 +18,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Write a Plan as Megatron-LM command-line arguments, a "
                        "DeepSpeed config JSON or a torchtitan TOML, and list what the "
                        "framework cannot express.")
-    p.add_argument("plan", metavar="PLAN", help="a Plan file (.yaml/.json)")
+    p.add_argument("plan", type=path_arg, metavar="PLAN", help="a Plan file (.yaml/.json)")
     p.add_argument("--format", choices=sorted(FORMATS), required=True)
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("-o", "--output", type=path_arg, metavar="FILE", help="write here instead of stdout")
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.output, flag="-o")
+    check_distinct({"PLAN": args.plan, "-o": args.output})
     out = export_plan(load_plan(args.plan), args.format)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(out.text)
+    if args.output is not None:
+        write_text(args.output, out.text)
     else:
         sys.stdout.write(out.text)
     for item in out.unsupported:

@@ -14,12 +14,25 @@ from planner.specs.model import ModelSpec, load_model, preset
 from planner.specs.plan import Plan, Predicted, Provenance
 from profiler.store import Profiles, load_profiles
 
-__all__ = ["load_inputs", "profiles_for", "with_prediction"]
+__all__ = ["load_cluster_arg", "load_inputs", "load_model_arg", "profiles_for",
+           "with_prediction"]
 
 def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec]:
-    model = load_model(args.model_file) if args.model_file else preset(args.model)
-    cluster = load_cluster(args.cluster) if args.cluster else parse_gpus_arg(args.gpus)
-    return model, cluster
+    """The model (--model or --model-file) and cluster (--gpus or --cluster) flags; an
+    empty file name is a file name (and refused as one), not a missing flag."""
+    return load_model_arg(args), load_cluster_arg(args)
+
+
+def load_model_arg(args: argparse.Namespace) -> ModelSpec:
+    if args.model_file is not None:
+        return load_model(args.model_file)
+    return preset(args.model)
+
+
+def load_cluster_arg(args: argparse.Namespace) -> ClusterSpec:
+    if args.cluster is not None:
+        return load_cluster(args.cluster)
+    return parse_gpus_arg(args.gpus)
 
 def profiles_for(args: argparse.Namespace, cluster: ClusterSpec, dtype: str) -> Profiles | None:
     """The measured profiles (`--profile FILE|DIR`, repeatable) for the cluster's GPUs."""

@@ -28,9 +28,12 @@ from planner.commands.args import (
     int_list,
     name_list,
     non_negative_int,
+    path_arg,
     positive_int,
 )
 from planner.costs.kernels import ATTENTION_SUPPORT
+from planner.errors import INTERRUPTED
+from planner.outputs import check_output_file
 from planner.profiling.cases import OPTIMIZERS, op_cases
 from planner.specs.layout import check_tp
 from planner.specs.model import ModelSpec, load_model, preset
@@ -43,8 +46,6 @@ from profiler.store import PROFILE_SCHEMA_VERSION, ProfileMeta, ProfileRow, save
 
 __all__ = ["MeasureRequest", "add_parser", "default_verb", "measure", "run"]
 
-INTERRUPTED = 130  # the shell's code for a process stopped by Ctrl-C
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """`plan profile [measure|show|fit]` (measure when no verb is given)."""
@@ -55,11 +56,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     verbs = prof.add_subparsers(dest="profile_command", required=True, parser_class=Parser)
     _add_measure(verbs)
     show = verbs.add_parser("show", help="achieved FLOP/s and bandwidth per op")
-    show.add_argument("file", metavar="FILE")
-    show.add_argument("--plot", metavar="PNG", help="also draw them")
+    show.add_argument("file", type=path_arg, metavar="FILE")
+    show.add_argument("--plot", type=path_arg, metavar="PNG", help="also draw them")
     show.add_argument("--json", action="store_true")
     fit = verbs.add_parser("fit", help="fit the analytic model of the profiled GPU type")
-    fit.add_argument("file", metavar="FILE")
+    fit.add_argument("file", type=path_arg, metavar="FILE")
     fit.add_argument("--iterations", type=positive_int, default=400, metavar="N",
                      help="Nelder-Mead evaluations (default 400)")
 
@@ -95,7 +96,7 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
     m.add_argument("--nprocs", type=positive_int, default=2, metavar="N")
     m.add_argument("--min-bytes", type=bytes_arg, default=1024, metavar="SIZE")
     m.add_argument("--max-bytes", type=bytes_arg, default=256 * 1024**2, metavar="SIZE")
-    m.add_argument("-o", "--output", required=True, metavar="FILE", help="the profile (.csv)")
+    m.add_argument("-o", "--output", required=True, type=path_arg, metavar="FILE", help="the profile (.csv)")
 
 
 def default_verb(argv: list[str]) -> list[str]:
@@ -143,8 +144,8 @@ def run(args: argparse.Namespace) -> int:
         from planner.profiling.fit import run_fit
 
         return run_fit(args.file, iterations=args.iterations)
-    model = load_model(args.model_file) if args.model_file else (
-        preset(args.model) if args.model else None)
+    model = load_model(args.model_file) if args.model_file is not None else (
+        preset(args.model) if args.model is not None else None)
     return measure(MeasureRequest(
         model=model, output=args.output, command=shlex.join(["plan", *args.argv]),
         device=args.device, device_name=args.device_name, tp=args.tp, mbs=args.mbs,
@@ -165,8 +166,7 @@ def _check(req: MeasureRequest) -> None:
     bad = [o for o in req.optimizer if o not in OPTIMIZERS]
     if bad:
         fail("--optimizer", bad[0], "allowed: " + ", ".join(OPTIMIZERS))
-    if not req.output.endswith(".csv"):
-        fail("-o", req.output, "a .csv file")
+    check_output_file(req.output, flag="-o", suffixes=(".csv",))
     if req.model is not None:
         for tp in req.tp:
             check_tp(req.model, tp)

@@ -6,13 +6,29 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from planner.commands.args import add_cluster_args, add_model_args, positive_int, print_json
+from planner.commands.args import (
+    add_cluster_args,
+    add_model_args,
+    gbs_arg,
+    int_in,
+    path_arg,
+    positive_int,
+    print_json,
+    seq_arg,
+)
 from planner.commands.inputs import load_inputs, profiles_for, with_prediction
 from planner.costs.kernels import default_kernels, fastest_kernels
+from planner.outputs import (
+    PICTURE_SUFFIXES,
+    PLAN_SUFFIXES,
+    atomic_path,
+    check_distinct,
+    check_output_file,
+)
 from planner.predict.estimate import estimate
 from planner.predict.results import SimResult
 from planner.simulator import simulate_detailed, write_gantt, write_trace
-from planner.specs.cluster import ClusterSpec
+from planner.specs.cluster import check_train_dtype
 from planner.specs.layout import (
     SCHEDULES,
     ParallelConfig,
@@ -20,6 +36,7 @@ from planner.specs.layout import (
     homogeneous_plan,
     sharding_preset,
 )
+from planner.specs.limits import MAX_GPUS
 from planner.specs.model import ModelSpec
 from planner.specs.plan import (
     Plan,
@@ -28,7 +45,6 @@ from planner.specs.plan import (
     load_plan,
     save_plan,
 )
-from profiler.analytic import math_dtype
 from profiler.schema import SpecError, fail
 from profiler.store import Profiles
 
@@ -51,9 +67,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                 ("--vp", 1, "interleaved chunks per stage (interleaved 1F1B)"),
                                 ("--mbs", None, "micro-batch size"),
                                 ("--gbs", None, "global batch size (sequences)")):
-        sim.add_argument(flag, type=positive_int, default=default, metavar="N",
+        sim.add_argument(flag, type=gbs_arg if flag in ("--gbs", "--mbs") else
+                         int_in(1, MAX_GPUS if flag != "--vp" else 1024),
+                         default=default, metavar="N",
                          help=text + (" (required without --plan)" if default is None else ""))
-    sim.add_argument("--seq", type=positive_int, metavar="N",
+    sim.add_argument("--seq", type=seq_arg, metavar="N",
                      help="sequence length (default: the model's)")
     sim.add_argument("--recompute", choices=("none", "selective", "full"),
                      help="activation recomputation (default none)")
@@ -73,18 +91,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default bf16")
     sim.add_argument("--attention", choices=("flash", "memory_efficient", "math"),
                      help="attention kernel (default: the fastest the device supports)")
-    sim.add_argument("--profile", metavar="FILE|DIR", action="append",
+    sim.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",
                      help="measured profile (`plan profile`), or a folder of them matched by "
                      "device name; repeatable. It answers the ops and collectives it has, the "
                      "analytic models the rest")
     sim.add_argument("--method", choices=("simulate", "estimate"), default="simulate",
                      help="event simulation of the task graph (default) or the closed-form "
                      "estimate")
-    sim.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON of the "
+    sim.add_argument("--trace", type=path_arg, metavar="FILE", help="write a Chrome-trace JSON of the "
                      "simulated timeline (open in Perfetto)")
-    sim.add_argument("--gantt", metavar="PNG", help="write a picture of the pipeline schedule")
+    sim.add_argument("--gantt", type=path_arg, metavar="PNG", help="write a picture of the pipeline schedule")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
-    sim.add_argument("-o", "--output", metavar="PLAN", help="also write the Plan (.yaml/.json)")
+    sim.add_argument("-o", "--output", type=path_arg, metavar="PLAN", help="also write the Plan (.yaml/.json)")
 
 
 
@@ -109,7 +127,7 @@ _PLAN_HAS = (*_LAYOUT_FLAGS, "gpus", "cluster", "seq", "recompute", "schedule", 
 
 def _require_configuration(args: argparse.Namespace) -> None:
     missing = [f"--{f}" for f in ("gpus", *_LAYOUT_FLAGS) if getattr(args, f) is None]
-    if args.cluster and missing[:1] == ["--gpus"]:
+    if args.cluster is not None and missing[:1] == ["--gpus"]:
         missing.pop(0)
     if missing:
         raise SpecError(f"{missing[0]}: required (or --plan FILE); a configuration needs "
@@ -136,26 +154,29 @@ def _plan_from_args(args: argparse.Namespace) -> Plan:
     return replace(load_plan(args.plan), predicted=None, provenance=None)
 
 
-def _check_dtype(cluster: ClusterSpec, dtype: str) -> None:
-    for g in cluster.node_groups:
-        if math_dtype(g.device, dtype) != dtype and dtype != "bf16":
-            fail("--dtype", dtype, f"{g.gpu} offers {', '.join(g.device.peak_tflops)}")
-        if dtype == "bf16" and "bf16" not in g.device.peak_tflops:
-            fail("--dtype", dtype, f"{g.gpu} has no bf16; use fp16")
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every file this run would write, checked before any work."""
+    check_output_file(args.output, flag="-o", suffixes=PLAN_SUFFIXES)
+    check_output_file(args.trace, flag="--trace", suffixes=(".json",))
+    check_output_file(args.gantt, flag="--gantt", suffixes=PICTURE_SUFFIXES)
+    check_distinct({"-o": args.output, "--trace": args.trace, "--gantt": args.gantt})
+    if (args.trace or args.gantt) and args.method != "simulate":
+        fail("--method", args.method, "--trace and --gantt need the event simulation")
 
 
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.plan:
+    _check_outputs(args)
+    if args.plan is not None:
         return _simulate_plan(args, _plan_from_args(args))
     _require_configuration(args)
     model, cluster = load_inputs(args)
     cfg = config_from_args(args, model)
-    if args.cluster:  # a configuration may use the first part of a larger cluster
+    if args.cluster is not None:  # a configuration may use the first part of a larger cluster
         cluster = cluster.take(cfg.num_gpus)
     check_parallel(cfg, model, cluster)
-    _check_dtype(cluster, cfg.dtype)
+    check_train_dtype((g.gpu for g in cluster.node_groups), cfg.dtype, where="--dtype")
     kernels = default_kernels([g.device for g in cluster.node_groups], attention=args.attention)
     if kernels.attention == "math" and cfg.cp > 1:
         fail("--attention", "math", "context parallelism needs a fused attention kernel")
@@ -170,18 +191,18 @@ def run(args: argparse.Namespace) -> int:
 def _simulate_plan(args: argparse.Namespace, plan: Plan, *, profiles: Profiles | None = None,
                    layout: str | None = None) -> int:
     """Predict `plan`, write what was asked for, print the summary (or JSON)."""
-    if args.plan:
+    if args.plan is not None:
         profiles = profiles_for(args, plan.cluster, plan.training.dtype)
-    if (args.trace or args.gantt) and args.method != "simulate":
-        fail("--method", args.method, "--trace and --gantt need the event simulation")
     if args.method == "estimate":
         result = estimate(plan, profiles=profiles)
     else:
         result, sim = simulate_detailed(plan, profiles=profiles)
         if args.trace:
-            write_trace(sim, args.trace)
+            with atomic_path(args.trace) as tmp:
+                write_trace(sim, tmp)
         if args.gantt:
-            write_gantt(sim, args.gantt)
+            with atomic_path(args.gantt) as tmp:
+                write_gantt(sim, tmp)
     if args.output:
         save_plan(with_prediction(plan, result, command=["plan", *args.argv],
                                   profiles=profiles), args.output)
