@@ -51,6 +51,9 @@ from profiler.store import Profiles
 __all__ = ["add_parser", "config_from_args", "run", "summary"]
 
 GIB = 1024**3
+# The event simulation schedules every pass of every distinct pipeline, about 30,000 a
+# CPU-second: past this it would take minutes, where the closed form takes milliseconds.
+MAX_SIMULATED_PASSES = 262_144
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -196,6 +199,7 @@ def _simulate_plan(args: argparse.Namespace, plan: Plan, *, profiles: Profiles |
     if args.method == "estimate":
         result = estimate(plan, profiles=profiles)
     else:
+        _check_simulation_size(plan)
         result, sim = simulate_detailed(plan, profiles=profiles)
         if args.trace:
             with atomic_path(args.trace) as tmp:
@@ -215,6 +219,26 @@ def _simulate_plan(args: argparse.Namespace, plan: Plan, *, profiles: Profiles |
     return 0
 
 
+
+
+def simulated_passes(plan: Plan) -> int:
+    """Forward and backward passes the event simulation schedules: identical replicas
+    are simulated once (the simulator's own test is finer; this one never undercounts
+    by more than the number of GPU types)."""
+    slots, groups = plan.cluster.slots, plan.cluster.node_groups
+    distinct = {(p.micro_batch_size, p.num_microbatches,
+                 tuple((s.layers, s.tp, s.cp, s.recompute, groups[slots[s.devices[0]].group].gpu)
+                       for s in p.stages)): 2 * len(p.stages) * p.num_microbatches
+                for p in plan.pipelines}
+    return sum(distinct.values()) * plan.training.virtual_stages
+
+
+def _check_simulation_size(plan: Plan) -> None:
+    passes = simulated_passes(plan)
+    if passes > MAX_SIMULATED_PASSES:
+        fail("--method", "simulate", f"{passes:,} passes to schedule (at most "
+             f"{MAX_SIMULATED_PASSES:,}, minutes of event simulation): use --method estimate, "
+             "or fewer micro-batches per pipeline")
 
 
 def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:

@@ -115,3 +115,15 @@ def test_bf16_on_v100_one_rule_for_flags_and_plans(tmp_path, capsys):
               f"{path}:training.dtype: " + rule)
     _one_line(*run_cli(["search", "--model", "gpt3-1.3b", "--gpus", "V100-32GB-SXM2:8",
                         "--gbs", "64"], capsys), "--dtype: " + rule)
+
+
+def test_an_event_simulation_of_minutes_is_refused_with_the_way_out(capsys):
+    """gbs 65,536 on 8 pipeline stages: a million passes to schedule (minutes, gigabytes);
+    the closed form answers at once."""
+    argv = ["simulate", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8", "--tp", "1",
+            "--pp", "8", "--dp", "1", "--mbs", "1", "--gbs", "65536"]
+    _one_line(*run_cli(argv, capsys), "--method: 'simulate' is not allowed (1,048,576 passes "
+              "to schedule (at most 262,144, minutes of event simulation): use --method "
+              "estimate")
+    code, out, err = run_cli([*argv, "--method", "estimate", "--json"], capsys)
+    assert code == 0 and json.loads(out)["iteration_time_s"] > 0, err
