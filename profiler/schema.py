@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any, Literal, TypeVar
 
-__all__ = ["MAX_FILE_BYTES", "MAX_YAML_NODES", "SpecError", "at", "dump", "fail", "load_yaml",
-           "load_yaml_text", "parse", "read_text", "short_repr", "spec_field"]
+__all__ = ["MAX_FILE_BYTES", "MAX_YAML_NODES", "SpecError", "at", "dump", "fail",
+           "load_json_text", "load_yaml", "load_yaml_text", "parse", "read_text", "short_repr", "spec_field"]
 
 T = TypeVar("T")
 
@@ -346,6 +346,24 @@ def read_text(path: str) -> str:
                         f"{err.start})") from None
 
 
+def load_json_text(text: str, *, where: str) -> Any:
+    """JSON text to plain data. Not through the YAML loader: YAML 1.1 reads a JSON number
+    without a dot (`1e-05`, `5e-324`) as a string, so a JSON file we wrote would not read
+    back. NaN and Infinity become floats here and are refused where a number is read."""
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{where}: line {err.lineno}: malformed JSON ({err.msg})") from None
+    except (ValueError, RecursionError) as err:  # a 5,000-digit integer, deep nesting
+        raise SpecError(f"{where}: unreadable JSON value "
+                        f"({short_repr(str(err).splitlines()[0])[1:-1]})") from None
+
+
 def load_yaml(path: str) -> Any:
-    """Read a YAML file; a missing file or malformed YAML is a SpecError."""
+    """Read a YAML file (or a JSON file, by its .json extension); a missing file or
+    malformed content is a SpecError."""
+    if path.lower().endswith(".json"):
+        return load_json_text(read_text(path), where=path)
     return load_yaml_text(read_text(path), where=path)

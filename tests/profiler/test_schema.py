@@ -160,3 +160,17 @@ def test_read_text_refuses_what_is_not_a_utf8_file(tmp_path, monkeypatch):
     big.write_text("x" * 11)
     with pytest.raises(SpecError, match=r"big.yaml: larger than"):
         read_text(str(big))
+
+
+def test_json_files_are_read_as_json(tmp_path):
+    """A JSON plan we wrote with a price of 1e-05 did not read back: YAML 1.1 reads a
+    number without a dot as a string."""
+    path = tmp_path / "p.json"
+    path.write_text('{"price": 1e-05, "tiny": 5e-324}')
+    assert schema.load_yaml(str(path)) == {"price": 1e-05, "tiny": 5e-324}
+    for text, message in (("{", "line 1: malformed JSON"),
+                          ("[" * 100_000 + "]" * 100_000, "unreadable JSON value"),
+                          ('{"a": ' + "1" * 5000 + "}", "unreadable JSON value")):
+        path.write_text(text)
+        with pytest.raises(SpecError, match=message):
+            schema.load_yaml(str(path))

@@ -183,3 +183,13 @@ def test_bf16_on_a_gpu_without_it_is_refused_in_the_plan():
     data["pipelines"] = data["pipelines"][:1]  # only the A100 pipeline trains
     data["training"]["global_batch_size"] = 40
     assert plan_from_dict(data).training.dtype == "bf16"
+
+
+def test_a_json_plan_with_small_numbers_round_trips(tmp_path):
+    plan = _homogeneous()
+    groups = tuple(dataclasses.replace(g, price_per_gpu_hour_usd=1e-05)
+                   for g in plan.cluster.node_groups)
+    plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster,
+                                                                 node_groups=groups))
+    save_plan(plan, str(tmp_path / "p.json"))
+    assert load_plan(str(tmp_path / "p.json")) == plan
