@@ -99,6 +99,9 @@ def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, 
              f"allowed here: {'1f1b' if cfg.vp > 1 else '1f1b, gpipe'}")
     if cfg.vp > 1 and (cfg.pp == 1 or cfg.schedule != "1f1b"):
         fail(at(where, "vp"), cfg.vp, "interleaving needs pp > 1 and the 1f1b schedule")
+    if cfg.vp > 1 and not cfg.gbs % (cfg.mbs * cfg.dp) and (cfg.gbs // (cfg.mbs * cfg.dp)) % cfg.pp:
+        fail(at(where, "vp"), cfg.vp, f"interleaving needs micro-batches per pipeline "
+             f"(gbs/(mbs*dp) = {cfg.gbs // (cfg.mbs * cfg.dp)}) to be a multiple of pp = {cfg.pp}")
     for name in ("params", "grads", "optim"):
         size = getattr(cfg.sharding, name)
         if cfg.dp % size:

@@ -169,6 +169,7 @@ class Plan:
         check_train_dtype((groups[slots[s.devices[0]].group].gpu
                            for p in self.pipelines for s in p.stages),
                           self.training.dtype, where=at(where, "training.dtype"))
+        self._check_interleaving(where)
         if self.training.schedule == "zb-h1" and any(len(p.stages) < 2 for p in self.pipelines):
             fail(at(where, "training.schedule"), "zb-h1",
                  "a zero-bubble schedule needs every pipeline to have at least 2 stages; "
@@ -224,6 +225,17 @@ class Plan:
     def shardings(self) -> tuple[Sharding, ...]:
         """The distinct shardings the plan uses (one unless stage_sharding differs)."""
         return tuple(dict.fromkeys(self.stage_sharding or (self.sharding,)))
+
+    def _check_interleaving(self, where: str) -> None:
+        """Interleaved 1F1B runs micro-batches in groups of pp (Narayanan et al. 2021,
+        §2.2): each pipeline's count must be a multiple of its stages."""
+        if self.training.schedule != "interleaved-1f1b":
+            return
+        for pi, p in enumerate(self.pipelines):
+            if p.num_microbatches % len(p.stages):
+                fail(at(where, f"pipelines[{pi}].num_microbatches"), p.num_microbatches,
+                     f"interleaved-1f1b needs a multiple of the pipeline's {len(p.stages)} "
+                     "stages")
 
     def _check_batch(self, where: str) -> None:
         total = sum(p.samples for p in self.pipelines)

@@ -74,6 +74,10 @@ LAYOUT = CONFIG[4:]  # without --model and --gpus
      "argument --gbs: 1000000000 is not allowed (must be ≤ 65,536)"),
     ([*CONFIG, "--tp", "99999999999"],
      "argument --tp: 99999999999 is not allowed (must be ≤ 131,072)"),
+    (["--model", "gpt3-125m", "--gpus", "CPU:2", "--tp", "1", "--pp", "2", "--dp", "1",
+      "--mbs", "1", "--gbs", "1", "--vp", "2"],  # was the simulator's AssertionError
+     "--vp: 2 is not allowed (interleaving needs micro-batches per pipeline (gbs/(mbs*dp) = 1) "
+     "to be a multiple of pp = 2)"),
 ])
 def test_bad_flags_are_one_line(capsys, argv, needle):
     _one_line(*run_cli(["simulate", *argv], capsys), needle)

@@ -94,6 +94,10 @@ def test_homogeneous_layout_is_megatron_order():
     (lambda d: d.update(schema_version=7), "this trainplan reads version 1"),
     (lambda d: d["training"].update(virtual_stages=2), "exactly when schedule is interleaved-1f1b"),
     (lambda d: d["training"].update(schedule="zb-h2"), "'zb-h2' is not allowed"),
+    (lambda d: d["training"].update(schedule="interleaved-1f1b", virtual_stages=2)
+     or d["pipelines"][0].update(num_microbatches=3) or d["pipelines"][1].update(
+         num_microbatches=5), r"pipelines\[0\].num_microbatches: 3 is not allowed "
+     r"\(interleaved-1f1b needs a multiple of the pipeline's 2 stages\)"),
     (lambda d: d.update(training={**d["training"], "schedule": "zb-h1"}, pipelines=[
         {**d["pipelines"][0], "stages": [{**d["pipelines"][0]["stages"][0], "layers": [0, 4]}]},
         d["pipelines"][1]]),
