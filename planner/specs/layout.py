@@ -68,11 +68,14 @@ def sharding_preset(name: str, dp: int) -> Sharding:
 
 def check_tp(model: ModelSpec, tp: int, *, where: str = "--tp") -> None:
     """Tensor parallelism splits the heads: tp must divide them (and the K/V heads, or be
-    a multiple of them, which are then replicated)."""
+    a multiple of them, which are then replicated), and the MLP's inner size (Megatron-LM's
+    column-parallel fc1; the vocabulary is padded instead)."""
     if model.num_heads % tp:
         fail(where, tp, f"must divide num_heads {model.num_heads}")
     if model.kv_heads % tp and tp % model.kv_heads:
         fail(where, tp, f"must divide num_kv_heads {model.kv_heads} or be a multiple of it")
+    if model.ffn_hidden_size % tp:
+        fail(where, tp, f"must divide ffn_hidden_size {model.ffn_hidden_size}")
 
 
 def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, *,

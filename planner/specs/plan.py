@@ -276,6 +276,8 @@ class Plan:
         if m.kv_heads % stage.tp and stage.tp % m.kv_heads:
             fail(at(path, "tp"), stage.tp,
                  f"must divide num_kv_heads {m.kv_heads} or be a multiple of it")
+        if m.ffn_hidden_size % stage.tp:
+            fail(at(path, "tp"), stage.tp, f"must divide ffn_hidden_size {m.ffn_hidden_size}")
         if self.training.seq_len % (stage.cp * (2 if stage.cp > 1 else 1)):
             fail(at(path, "cp"), stage.cp,
                  f"2*cp must divide seq_len {self.training.seq_len} (load-balanced chunks)")

@@ -131,3 +131,14 @@ def test_an_event_simulation_of_minutes_is_refused_with_the_way_out(capsys):
               "estimate")
     code, out, err = run_cli([*argv, "--method", "estimate", "--json"], capsys)
     assert code == 0 and json.loads(out)["iteration_time_s"] > 0, err
+
+
+def test_tp_must_divide_the_mlp(tmp_path, capsys):
+    """ffn_hidden_size 1 at tp 2 made a GEMM of width 0: ZeroDivisionError in the analytic
+    device model (found by the property tests)."""
+    path = tmp_path / "m.yaml"
+    path.write_text("{name: m, num_layers: 1, hidden_size: 2, ffn_hidden_size: 1, num_heads: 2,"
+                    " num_kv_heads: 1, vocab_size: 1, seq_len: 1}\n")
+    _one_line(*run_cli(["simulate", "--model-file", str(path), "--gpus", "CPU:2", "--tp", "2",
+                        "--pp", "1", "--dp", "1", "--mbs", "1", "--gbs", "1", "--seq", "64"],
+                       capsys), "--tp: 2 is not allowed (must divide ffn_hidden_size 1)")
