@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from planner.commands import export, gpus, models, profile, run, search, simulate, whatif
 from planner.commands.args import Parser
 from planner.errors import INTERRUPTED, Interrupted
-from profiler.schema import SpecError
+from profiler.schema import SpecError, one_line
 
 __all__ = ["main"]
 
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = f"plan {args.command}"
             return COMMANDS[args.command].run(args)
         except SpecError as err:
-            print(f"{command}: error: {err}", file=sys.stderr)
+            print(f"{command}: error: {one_line(str(err))}", file=sys.stderr)
             return 2
         except BrokenPipeError:
             return 0

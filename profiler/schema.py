@@ -26,7 +26,8 @@ from functools import cache
 from typing import Any, Literal, TypeVar
 
 __all__ = ["MAX_FILE_BYTES", "MAX_YAML_NODES", "SpecError", "at", "dump", "fail",
-           "load_json_text", "load_yaml", "load_yaml_text", "parse", "read_text", "short_repr", "spec_field"]
+           "load_json_text", "load_yaml", "load_yaml_text", "one_line", "parse", "read_text",
+           "short_repr", "spec_field"]
 
 T = TypeVar("T")
 
@@ -87,9 +88,19 @@ def _repr_into(value: object, parts: list[str], budget: list[int], *, depth: int
     budget[0] -= len(text)
 
 
+def one_line(text: str) -> str:
+    """`text` with control and format characters escaped (a newline, a carriage return or
+    a right-to-left override from a file's key or name never breaks or disguises a
+    message)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def fail(where: str, value: object, allowed: str) -> typing.NoReturn:
     """Raise a SpecError in the one format every message uses."""
-    raise SpecError(f"{where}: {short_repr(value)} is not allowed ({allowed})")
+    raise SpecError(f"{one_line(where)}: {short_repr(value)} is not allowed ({allowed})")
 
 
 def at(where: str, name: str) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TOKENS, MAX_USD
-from profiler.schema import short_repr
+from profiler.schema import one_line, short_repr
 
 __all__ = ["Parser", "add_cluster_args", "add_model_args", "budget_arg", "bytes_arg", "gbs_arg",
            "int_in", "int_list", "name_list", "non_negative_int", "number_in", "path_arg",
@@ -23,7 +23,7 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit 2)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
 MAX_INT_FLAG = 2**31 - 1  # the largest integer any flag takes

@@ -22,6 +22,7 @@ from planner.outputs import PLAN_SUFFIXES, check_output_file
 from planner.search import Ranked, SearchRequest, SearchResult, search
 from planner.specs.cluster import check_train_dtype
 from planner.specs.plan import save_plan
+from profiler.schema import one_line
 
 __all__ = ["add_parser", "run"]
 
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = search(req)
     except InfeasiblePlan as err:
-        print(f"plan search: no plan: {err}", file=sys.stderr)
+        print(f"plan search: no plan: {one_line(str(err))}", file=sys.stderr)
         return 1
     best = result.ranked[0]
     if args.output:

@@ -142,3 +142,15 @@ def test_tp_must_divide_the_mlp(tmp_path, capsys):
     _one_line(*run_cli(["simulate", "--model-file", str(path), "--gpus", "CPU:2", "--tp", "2",
                         "--pp", "1", "--dp", "1", "--mbs", "1", "--gbs", "1", "--seq", "64"],
                        capsys), "--tp: 2 is not allowed (must divide ffn_hidden_size 1)")
+
+
+def test_a_key_or_name_with_control_characters_stays_one_line(tmp_path, capsys):
+    """A plan with a key "\\r" gave a message that a terminal shows as two lines (found by
+    the property tests); a right-to-left override could disguise one."""
+    path = tmp_path / "p.yaml"
+    path.write_text('"\\r": 1\n"\\u202e": 2\n')
+    _one_line(*run_cli(["simulate", "--plan", str(path)], capsys), ":\\r: 1 is not allowed")
+    odd = tmp_path / "a\nb.yaml"
+    odd.write_text("{}")
+    code, out, err = run_cli(["simulate", "--plan", str(odd)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "a\\nb.yaml" in err, err
