@@ -19,3 +19,55 @@ def test_search_skips_tp_that_does_not_divide_the_mlp():
     found = search(SearchRequest(model=model, cluster=parse_gpus_arg("A100-80GB-SXM:4"),
                                  gbs=8, seq_len=64, top=1))
     assert all(s.tp == 1 for p in found.ranked[0].plan.pipelines for s in p.stages)
+
+
+def _outcome(model: ModelSpec, cluster, gbs: int) -> None:
+    """A search that ends in plans or in InfeasiblePlan / SpecError (one line at the CLI)."""
+    from planner.errors import InfeasiblePlan, SpecError
+
+    try:
+        search(SearchRequest(model=model, cluster=cluster, gbs=gbs, seq_len=model.seq_len,
+                             top=1))
+    except (InfeasiblePlan, SpecError):
+        pass
+
+
+def _two_a100_types():
+    from planner.specs.cluster import ClusterSpec, NodeGroup
+
+    return ClusterSpec(name="c", node_groups=(
+        NodeGroup(name="g0", gpu="A100-40GB-PCIe", num_nodes=1, island="ib-a"),
+        NodeGroup(name="g1", gpu="A100-40GB-SXM", num_nodes=1, island="ib-a"),
+    )).resolved()
+
+
+@pytest.mark.xfail(strict=True, raises=ZeroDivisionError, reason="planner/search/space.py's "
+                   "tp rule lets tp exceed ffn_hidden_size; planner/search/evaluate.py prices "
+                   "the candidate without a Plan, a GEMM of width 0 divides by zero in "
+                   "profiler/analytic.py (plan search ... ZeroDivisionError)")
+def test_search_of_an_mlp_narrower_than_tp():
+    model = ModelSpec(name="m", num_layers=4, hidden_size=2, ffn_hidden_size=1, num_heads=2,
+                      num_kv_heads=1, vocab_size=1, seq_len=1, position_embedding="learned",
+                      dropout=False)
+    _outcome(model, parse_gpus_arg("A100-40GB-PCIe:8"), gbs=1)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason="planner/simulator/build.py "
+                   "_stage_passes: max() arg is an empty sequence while the mixed search "
+                   "rates a baseline (planner/search/search.py _rate_baseline); the crash of "
+                   "issue 15 on a three-type cluster, here on two A100 types")
+def test_mixed_search_baseline_of_a_small_model():
+    model = ModelSpec(name="m", num_layers=7, hidden_size=120, ffn_hidden_size=48,
+                      num_heads=24, num_kv_heads=3, vocab_size=2203, seq_len=18,
+                      norm="rmsnorm", position_embedding="learned", dropout=False)
+    _outcome(model, _two_a100_types(), gbs=24)
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError, reason="planner/search/search.py _explain "
+                   "formats None ('unsupported format string passed to NoneType.__format__') "
+                   "when it explains why nothing fits for gbs 1 on a mixed cluster")
+def test_mixed_search_explains_nothing_fits():
+    model = ModelSpec(name="m", num_layers=4, hidden_size=816, ffn_hidden_size=48,
+                      num_heads=24, num_kv_heads=3, vocab_size=798, seq_len=1069,
+                      norm="rmsnorm", position_embedding="learned")
+    _outcome(model, _two_a100_types(), gbs=1)
