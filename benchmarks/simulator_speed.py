@@ -4,7 +4,8 @@ A100s, tp 8, pp 16, dp 8, 192 micro-batches per pipeline; vTrain takes ~2 s per 
     python benchmarks/simulator_speed.py [--repeats N]
 
 The first case's budget is 0.2 s (best of the repeats); the script exits 1 over it (the
-test suite holds no wall-clock bounds). Each simulation starts from empty cost caches (a new configuration), so the time includes
+test suite holds no wall-clock bounds). Each simulation starts from empty cost caches (a
+new configuration), so the time includes
 pricing every op and collective, building the task graph and scheduling it.
 """
 

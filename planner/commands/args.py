@@ -91,7 +91,8 @@ def add_model_args(p: argparse.ArgumentParser, *, required: bool = True,
     g.add_argument("--model", metavar="NAME", help="a preset (see `plan models`)")
     g.add_argument("--model-file", type=path_arg, metavar="FILE", help="a ModelSpec YAML file")
     if plan:
-        g.add_argument("--plan", type=path_arg, metavar="FILE", help="a Plan (.yaml/.json) to predict as it "
+        g.add_argument("--plan", type=path_arg, metavar="FILE",
+                       help="a Plan (.yaml/.json) to predict as it "
                        "is (heterogeneous ones too); it brings its model, cluster and layout")
 
 

@@ -20,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "framework cannot express.")
     p.add_argument("plan", type=path_arg, metavar="PLAN", help="a Plan file (.yaml/.json)")
     p.add_argument("--format", choices=sorted(FORMATS), required=True)
-    p.add_argument("-o", "--output", type=path_arg, metavar="FILE", help="write here instead of stdout")
+    p.add_argument("-o", "--output", type=path_arg, metavar="FILE",
+                   help="write here instead of stdout")
 
 
 def run(args: argparse.Namespace) -> int:

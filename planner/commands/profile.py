@@ -96,7 +96,8 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
     m.add_argument("--nprocs", type=positive_int, default=2, metavar="N")
     m.add_argument("--min-bytes", type=bytes_arg, default=1024, metavar="SIZE")
     m.add_argument("--max-bytes", type=bytes_arg, default=256 * 1024**2, metavar="SIZE")
-    m.add_argument("-o", "--output", required=True, type=path_arg, metavar="FILE", help="the profile (.csv)")
+    m.add_argument("-o", "--output", required=True, type=path_arg, metavar="FILE",
+                   help="the profile (.csv)")
 
 
 def default_verb(argv: list[str]) -> list[str]:

@@ -65,11 +65,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--plan", type=path_arg, metavar="FILE", help="a Plan (.yaml/.json)")
     what.add_argument("--model", metavar="NAME", help="search for this preset, then run")
-    what.add_argument("--model-file", type=path_arg, metavar="FILE", help="search for this ModelSpec")
+    what.add_argument("--model-file", type=path_arg, metavar="FILE",
+                      help="search for this ModelSpec")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--gpus", metavar="TYPE:COUNT", help="with --model: a homogeneous "
                        "cluster (CPU:N: N CPU ranks on this host)")
-    where.add_argument("--cluster", type=path_arg, metavar="FILE", help="with --model: a ClusterSpec file")
+    where.add_argument("--cluster", type=path_arg, metavar="FILE",
+                       help="with --model: a ClusterSpec file")
     p.add_argument("--gbs", type=gbs_arg, metavar="N", help="with --model: global batch")
     p.add_argument("--seq", type=seq_arg, metavar="N", help="with --model: sequence "
                    "length (default: the model's)")
@@ -87,9 +89,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="training steps (default 10)")
     p.add_argument("--warmup", type=non_negative_int, default=2, metavar="N",
                    help="first steps left out of the measured time (default 2)")
-    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, metavar="N", help="weights and data seed")
-    p.add_argument("--lr", type=number_in(gt=0, high=10), metavar="X", help="AdamW learning rate (default 3e-4)")
-    p.add_argument("--checkpoint-dir", type=path_arg, metavar="DIR", help="distributed checkpoints go here")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, metavar="N",
+                   help="weights and data seed")
+    p.add_argument("--lr", type=number_in(gt=0, high=10), metavar="X",
+                   help="AdamW learning rate (default 3e-4)")
+    p.add_argument("--checkpoint-dir", type=path_arg, metavar="DIR",
+                   help="distributed checkpoints go here")
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                    help="save a checkpoint every N steps")
     p.add_argument("--resume", action="store_true",

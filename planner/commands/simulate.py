@@ -101,11 +101,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--method", choices=("simulate", "estimate"), default="simulate",
                      help="event simulation of the task graph (default) or the closed-form "
                      "estimate")
-    sim.add_argument("--trace", type=path_arg, metavar="FILE", help="write a Chrome-trace JSON of the "
+    sim.add_argument("--trace", type=path_arg, metavar="FILE",
+                     help="write a Chrome-trace JSON of the "
                      "simulated timeline (open in Perfetto)")
-    sim.add_argument("--gantt", type=path_arg, metavar="PNG", help="write a picture of the pipeline schedule")
+    sim.add_argument("--gantt", type=path_arg, metavar="PNG",
+                     help="write a picture of the pipeline schedule")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
-    sim.add_argument("-o", "--output", type=path_arg, metavar="PLAN", help="also write the Plan (.yaml/.json)")
+    sim.add_argument("-o", "--output", type=path_arg, metavar="PLAN",
+                     help="also write the Plan (.yaml/.json)")
 
 
 

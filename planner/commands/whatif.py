@@ -28,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "egress-price USD_PER_GB; model NAME; tokens N.  Example: --scenario "
         "\"more H100: add H100-80GB-SXM 64; price H100-80GB-SXM 3\"")
     add_model_args(p)
-    p.add_argument("--cluster", required=True, type=path_arg, metavar="FILE", help="the baseline ClusterSpec")
+    p.add_argument("--cluster", required=True, type=path_arg, metavar="FILE",
+                   help="the baseline ClusterSpec")
     p.add_argument("--tokens", type=tokens_arg, required=True, metavar="N",
                    help="tokens to train on (e.g. 2e12)")
     p.add_argument("--gbs", type=gbs_arg, required=True, metavar="N",

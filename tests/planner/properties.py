@@ -133,7 +133,8 @@ def layouts(draw: st.DrawFn, *, heads: int = 8, kv_heads: int = 8, layers: int =
         dp, mbs = draw(st.integers(1, 8)), draw(st.integers(1, 8))
         gbs = draw(st.integers(1, 4096))
     else:
-        tps = [t for t in (1, 2, 4, 8) if heads % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)]
+        tps = [t for t in (1, 2, 4, 8)
+               if heads % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)]
         tp = draw(st.sampled_from(tps))
         pp = draw(st.integers(1, max(1, min(8, layers))))
         vp = draw(st.sampled_from([v for v in (1, 1, 2, 3) if pp > 1 and pp * v <= layers] or [1]))

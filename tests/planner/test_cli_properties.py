@@ -7,7 +7,8 @@ objectives, budgets and what-if scenarios drive `plan simulate`, `search`, `what
 (tests/planner/properties.py).
 
 A quick profile runs with the suite (derandomized: the same examples every run); the long
-one is marked `fuzz` and deselected by default: `pytest -m fuzz tests/planner/test_cli_properties.py`.
+one is marked `fuzz` and deselected by default:
+`pytest -m fuzz tests/planner/test_cli_properties.py`.
 """
 
 from __future__ import annotations

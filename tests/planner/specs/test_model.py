@@ -47,8 +47,10 @@ def test_model_file_errors(tmp_path):
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("num_layers", 10**26, "num_layers: 100000000000000000000000000 is not allowed (must be ≤ 1024)"),
-    ("hidden_size", 10**26, "hidden_size: 100000000000000000000000000 is not allowed (must be ≤ 262144)"),
+    ("num_layers", 10**26,
+     "num_layers: 100000000000000000000000000 is not allowed (must be ≤ 1024)"),
+    ("hidden_size", 10**26,
+     "hidden_size: 100000000000000000000000000 is not allowed (must be ≤ 262144)"),
     ("vocab_size", 10**9, "must be ≤ 1.67772e+07"),
     ("seq_len", 2**30, "must be ≤ 1.67772e+07"),
     ("num_heads", 0, "must be ≥ 1"),

@@ -124,7 +124,8 @@ def test_cli_bad_scenario_exits_2_with_one_line(tmp_path: object) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "planner.cli", "what-if", "--model", "llama2-7b", "--cluster",
          MIXED, "--tokens", "1e12", "--gbs", "256", "--dtype", "fp16",
-         "--scenario", "add H100-80GB-SXM 12", "-o", str(tmp_path)], capture_output=True, text=True, timeout=60)
+         "--scenario", "add H100-80GB-SXM 12", "-o", str(tmp_path)],
+        capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
