@@ -15,7 +15,7 @@ from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TOKENS, MAX_
 from profiler.schema import one_line, short_repr
 
 __all__ = ["Parser", "add_cluster_args", "add_model_args", "budget_arg", "bytes_arg", "gbs_arg",
-           "int_in", "int_list", "name_list", "non_negative_int", "number_in", "path_arg",
+           "int_in", "int_list", "int_list_in", "name_list", "non_negative_int", "number_in", "path_arg",
            "positive_int", "print_json", "seq_arg", "tokens_arg"]
 
 
@@ -114,15 +114,29 @@ def bytes_arg(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
-def int_list(text: str) -> tuple[int, ...]:
-    words = text.split(",")
-    if len(words) > 64 or not all(re.fullmatch(r"\s*[+-]?[0-9]{1,9}\s*", w) for w in words):
-        raise argparse.ArgumentTypeError(f"{short_repr(text)} is not a comma-separated list of "
-                                         "at most 64 integers")
-    values = tuple(int(v) for v in words)
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"{short_repr(text)} is not allowed (each must be ≥ 1)")
-    return values
+def int_list_in(high: int) -> Callable[[str], tuple[int, ...]]:
+    """An argparse type: up to 64 comma-separated ASCII integers, each in [1, high]."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        words = text.split(",")
+        if len(words) > 64 or not all(re.fullmatch(r"\s*[+-]?[0-9]{1,9}\s*", w)
+                                      for w in words):
+            raise argparse.ArgumentTypeError(f"{short_repr(text)} is not a comma-separated "
+                                             "list of at most 64 integers")
+        values = tuple(int(v) for v in words)
+        if any(v < 1 for v in values):
+            raise argparse.ArgumentTypeError(f"{short_repr(text)} is not allowed (each must be "
+                                             "≥ 1)")
+        if any(v > high for v in values):
+            raise argparse.ArgumentTypeError(f"{short_repr(text)} is not allowed (each must be "
+                                             f"≤ {high:,})")
+        return values
+
+    parse.__name__ = "list"
+    return parse
+
+
+int_list = int_list_in(MAX_INT_FLAG)
 
 
 def name_list(text: str) -> tuple[str, ...]:

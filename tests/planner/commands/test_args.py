@@ -47,3 +47,17 @@ def test_integers_and_names(parse, text, message):
 
 def test_int_in_keeps_good_values():
     assert int_in(1, 8)(" 8 ") == 8 and gbs_arg("65536") == 65536
+
+
+def test_profile_sizes_are_bounded(capsys):
+    """`plan profile --collectives --nprocs 100000` would have spawned 100,000 processes."""
+    from tests.planner.cli_helpers import run_cli
+
+    for flags, needle in ((["--collectives", "--nprocs", "100000"],
+                           "argument --nprocs: 100000 is not allowed (must be ≤ 256)"),
+                          (["--model", "debug-tiny", "--mbs", "1,999999"],
+                           "argument --mbs: '1,999999' is not allowed (each must be ≤ 65,536)"),
+                          (["--model", "debug-tiny", "--repeats", "10000000"],
+                           "must be ≤ 100,000")):
+        code, out, err = run_cli(["profile", *flags, "-o", "p.csv"], capsys)
+        assert code == 2 and needle in err and err.count("\n") == 1, err
