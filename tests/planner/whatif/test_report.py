@@ -112,3 +112,15 @@ def test_table_rows_have_a_cell_per_column() -> None:
                    1e9)
     rows = plan_scenarios(base, [], gbs=8, seq_len=512, objective="throughput")
     assert all(len(r) == len(COLUMNS) for r in table_rows(rows))
+
+
+def test_free_gpus_make_a_report(tmp_path) -> None:
+    """A cluster priced at $0 per GPU-hour divided by zero while choosing the cost axis
+    (found by the property tests)."""
+    cluster = tmp_path / "free.yaml"
+    cluster.write_text("name: free\nnode_groups:\n  - {name: a, gpu: A100-40GB-PCIe, "
+                       "num_nodes: 1, price_per_gpu_hour_usd: 0.0}\n")
+    proc = _plan("what-if", "--model", "debug-tiny", "--cluster", str(cluster), "--tokens", "1e9",
+                 "--gbs", "1", "-o", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "r" / "cost_vs_time.png").stat().st_size > 0
