@@ -42,8 +42,9 @@ def _two_a100_types():
 
 
 @pytest.mark.xfail(strict=True, raises=ZeroDivisionError, reason="planner/search/space.py's "
-                   "tp rule lets tp exceed ffn_hidden_size; planner/search/evaluate.py prices "
-                   "the candidate without a Plan, a GEMM of width 0 divides by zero in "
+                   "tp rule lets tp exceed ffn_hidden_size; planner/search/evaluate.py (and "
+                   "planner/hetero/search.py's lower bound on a mixed cluster) price the "
+                   "candidate without a Plan, a GEMM of width 0 divides by zero in "
                    "profiler/analytic.py (plan search ... ZeroDivisionError)")
 def test_search_of_an_mlp_narrower_than_tp():
     model = ModelSpec(name="m", num_layers=4, hidden_size=2, ffn_hidden_size=1, num_heads=2,
