@@ -140,7 +140,7 @@ def test_simulate_quick(data, tmp_path, capsys):
 
 
 @pytest.mark.fuzz
-@long(1500)
+@long(4000)
 @given(data=st.data())
 def test_simulate_long(data, tmp_path, capsys):
     _simulate(data, tmp_path, capsys, big_models=data.draw(st.booleans(), label="big"))
@@ -152,14 +152,15 @@ SMALL_MODELS = models(max_layers=8, max_kv_heads=4, max_head_dim=64, max_vocab=3
                       max_seq=2048)
 
 
-def _search(data, tmp_path, capsys, *, max_nodes: int) -> None:
+def _search(data, tmp_path, capsys, *, max_types: int, max_nodes: int) -> None:
     folder = _scratch(tmp_path)
     argv = ["search", *_model_flags(data, folder, SMALL_MODELS)[0]]
     if data.draw(st.booleans(), label="--gpus"):
         argv += ["--gpus", f"{data.draw(st.sampled_from(GPU_TYPES))}:"
                            f"{data.draw(st.sampled_from((1, 2, 4, 8, 16)))}"]
     else:
-        spec = data.draw(clusters(max_types=2, max_nodes=max_nodes, max_gpus_per_node=8))
+        spec = data.draw(clusters(max_types=max_types, max_nodes=max_nodes,
+                                  max_gpus_per_node=8))
         argv += ["--cluster", write_yaml(folder / "cluster.yaml", spec)]
     argv += ["--gbs", str(data.draw(st.integers(1, 256), label="gbs"))]
     if data.draw(st.booleans(), label="seq"):
@@ -176,14 +177,14 @@ def _search(data, tmp_path, capsys, *, max_nodes: int) -> None:
 @quick(60)
 @given(data=st.data())
 def test_search_quick(data, tmp_path, capsys):
-    _search(data, tmp_path, capsys, max_nodes=1)
+    _search(data, tmp_path, capsys, max_types=2, max_nodes=1)
 
 
 @pytest.mark.fuzz
-@long(300)
+@long(600)
 @given(data=st.data())
 def test_search_long(data, tmp_path, capsys):
-    _search(data, tmp_path, capsys, max_nodes=2)
+    _search(data, tmp_path, capsys, max_types=3, max_nodes=4)
 
 
 # --- what-if ------------------------------------------------------------------------------
@@ -197,7 +198,8 @@ def _what_if(data, tmp_path, capsys) -> None:
             "--tokens", data.draw(st.sampled_from(("1e9", "2e12", "nan", "0")), label="tokens"),
             "--dtype", data.draw(st.sampled_from(("bf16", "fp16"))),
             "-o", str(folder / "report")]
-    for text in data.draw(st.lists(scenarios(), max_size=2), label="scenarios"):
+    for text in data.draw(st.lists(scenarios(), max_size=2) if data.draw(st.booleans())
+                          else st.just([]), label="scenarios"):
         argv += ["--scenario", text]
     if data.draw(st.booleans(), label="budget"):
         argv += ["--max-budget", data.draw(st.sampled_from(("1e3", "1e7", "-3")))]
@@ -214,7 +216,7 @@ def test_what_if_quick(data, tmp_path, capsys):
 
 
 @pytest.mark.fuzz
-@long(100)
+@long(200)
 @given(data=st.data())
 def test_what_if_long(data, tmp_path, capsys):
     _what_if(data, tmp_path, capsys)
@@ -306,7 +308,7 @@ def test_plan_load_save_quick(data, tmp_path, capsys, plan_data):
 
 
 @pytest.mark.fuzz
-@long(2000)
+@long(4000)
 @given(data=st.data())
 def test_plan_load_save_long(data, tmp_path, capsys, plan_data):
     _load_save(data, tmp_path, capsys, plan_data)
