@@ -140,6 +140,7 @@ def test_simulate_quick(data, tmp_path, capsys):
 
 
 @pytest.mark.fuzz
+@pytest.mark.timeout(3600)  # minutes, not the suite's 300 s per test
 @long(4000)
 @given(data=st.data())
 def test_simulate_long(data, tmp_path, capsys):
@@ -181,6 +182,7 @@ def test_search_quick(data, tmp_path, capsys):
 
 
 @pytest.mark.fuzz
+@pytest.mark.timeout(3600)  # minutes, not the suite's 300 s per test
 @long(600)
 @given(data=st.data())
 def test_search_long(data, tmp_path, capsys):
@@ -216,6 +218,7 @@ def test_what_if_quick(data, tmp_path, capsys):
 
 
 @pytest.mark.fuzz
+@pytest.mark.timeout(3600)  # minutes, not the suite's 300 s per test
 @long(200)
 @given(data=st.data())
 def test_what_if_long(data, tmp_path, capsys):
@@ -308,6 +311,7 @@ def test_plan_load_save_quick(data, tmp_path, capsys, plan_data):
 
 
 @pytest.mark.fuzz
+@pytest.mark.timeout(3600)  # minutes, not the suite's 300 s per test
 @long(4000)
 @given(data=st.data())
 def test_plan_load_save_long(data, tmp_path, capsys, plan_data):
