@@ -35,7 +35,7 @@ lint: $(BIN)/plan
 # The example what-if report committed under reports/ (about a minute).
 report: $(BIN)/plan
 	$(BIN)/plan what-if --model llama2-13b --cluster cluster_specs/mixed-a100-v100.yaml \
-		--tokens 1e12 --gbs 256 --seq 4096 \
+		--tokens 1e12 --gbs 256 --seq 4096 --dtype fp16 \
 		--scenario "add 8 H100 nodes: add H100-80GB-SXM 64; price H100-80GB-SXM 3.0" \
 		--scenario "retire the V100s: remove V100-32GB-SXM2 128" \
 		--scenario "V100s swapped for A100s: swap V100-32GB-SXM2 A100-80GB-SXM" \

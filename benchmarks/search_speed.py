@@ -2,8 +2,12 @@
 A100-80GB, gbs 1536: <= 10 s; Llama-3-405B on 16,384 H100, gbs 2048, seq 8192: <= 60 s).
 
     python benchmarks/search_speed.py
+
+Exits 1 when a case runs over its budget, searches fewer than 1,000 candidates or finds no
+plan that fits (wall-clock bounds live here, not in the test suite).
 """
 
+import sys
 import time
 
 from planner.search import SearchRequest, search
@@ -17,6 +21,7 @@ CASES = [
 
 
 def main() -> None:
+    ok = True
     for model, gpus, gbs, seq, budget_s in CASES:
         start = time.perf_counter()
         result = search(SearchRequest(model=preset(model), cluster=parse_gpus_arg(gpus),
@@ -29,6 +34,10 @@ def main() -> None:
               f"tp {stage.tp} pp {len(best.plan.pipelines[0].stages)} dp {best.plan.dp} "
               f"cp {stage.cp}: {best.result.iteration_time_s:.2f} s/iter, "
               f"MFU {best.result.mfu * 100:.1f}%")
+        if elapsed > budget_s or result.num_candidates <= 1000 or not best.result.fits:
+            print("  OVER BUDGET, too few candidates or not fitting")
+            ok = False
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

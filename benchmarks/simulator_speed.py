@@ -3,12 +3,15 @@ A100s, tp 8, pp 16, dp 8, 192 micro-batches per pipeline; vTrain takes ~2 s per 
 
     python benchmarks/simulator_speed.py [--repeats N]
 
-Each simulation starts from empty cost caches (a new configuration), so the time includes
+The first case's budget is 0.2 s (best of the repeats); the script exits 1 over it (the
+test suite holds no wall-clock bounds). Each simulation starts from empty cost caches (a
+new configuration), so the time includes
 pricing every op and collective, building the task graph and scheduling it.
 """
 
 import argparse
 import statistics
+import sys
 import time
 
 from planner.costs.stages import clear_cost_caches
@@ -16,6 +19,8 @@ from planner.simulator import simulate
 from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
+
+BUDGET_S = 0.2  # the first case, best of the repeats
 
 CASES = {
     "gpt3-175b, 1024x A100, tp8 pp16 dp8, 192 mb": (
@@ -47,11 +52,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    for name, (model, gpus, cfg) in CASES.items():
+    ok = True
+    for i, (name, (model, gpus, cfg)) in enumerate(CASES.items()):
         times = time_case(model, gpus, cfg, args.repeats)
         best, median = min(times), statistics.median(times)
         print(f"{name:45s} best {best * 1e3:7.1f} ms  median {median * 1e3:7.1f} ms  "
               f"{1 / median:6.1f} simulations/s")
+        if i == 0 and best > BUDGET_S:
+            print(f"  OVER BUDGET: best {best:.3f} s > {BUDGET_S} s")
+            ok = False
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

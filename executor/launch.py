@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 from planner.export.launch import MASTER_PORT, plan_nodes
 from planner.specs.plan import Plan
 
-__all__ = ["MASTER_PORT", "NodeLaunch", "first_failure", "node_launches", "run_local"]
+__all__ = ["MASTER_PORT", "NodeLaunch", "first_failure", "node_launches", "run_local",
+           "stop_torchrun"]
 
 WORKER = ["-m", "executor.worker"]
 
@@ -57,13 +59,35 @@ def node_launches(plan: Plan, worker_argv: list[str]) -> list[NodeLaunch]:
     return out
 
 
+STOP_GRACE_S = 45.0  # torchrun gives its ranks 30 s after SIGTERM before it kills them
+
+
 def run_local(launch: NodeLaunch, *, cpu: bool) -> int:
     """Run one node's torchrun here (the same torch as this Python); its exit code."""
     env = dict(os.environ)
     if cpu:
         env["OMP_NUM_THREADS"] = "1"  # one core per rank (the workers pin torch too)
+    env.setdefault("LOGLEVEL", "ERROR")  # torchrun's warnings (e.g. stopping on SIGTERM)
     cmd = [sys.executable, "-m", "executor.torchrun", *launch.argv]
-    return subprocess.run(cmd, env=env, check=False).returncode
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except BaseException:  # Ctrl-C or SIGTERM (planner/cli.py): no rank may outlive us
+        stop_torchrun(proc)
+        raise
+
+
+def stop_torchrun(proc: subprocess.Popen, *, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to torchrun, which stops its ranks (each in a session of its own, so only
+    torchrun can reach them) and exits; SIGKILL if it has not within `grace_s`."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def first_failure(run_dir: str) -> str | None:

@@ -1,18 +1,27 @@
 """`torchrun`, as `plan run` starts it: the same entry point and arguments, without the
 launcher's traceback when a rank fails (the ranks have said which and why; `plan run`
-repeats the first in one line). Exit code 1 then, as torchrun's."""
+repeats the first in one line). Exit code 1 then, as torchrun's. Stopped by SIGTERM or
+Ctrl-C (`plan run` interrupted), it stops the ranks as torchrun does and exits 128 + the
+signal, without a traceback."""
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main
 
 __all__: list[str] = []  # a program, not a library
 
 if __name__ == "__main__":
+    # its warnings (the ranks it stops, the signal it got) are `plan run`'s to say
+    logging.getLogger("torch.distributed.elastic").setLevel(os.environ.get("LOGLEVEL", "ERROR"))
     try:
         main(sys.argv[1:])
     except ChildFailedError:
         sys.exit(1)
+    except SignalException as stop:  # the ranks are stopped by now
+        sys.exit(128 + int(stop.sigval))

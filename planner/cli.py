@@ -3,18 +3,23 @@
 pandas) so it starts fast.
 
 Bad input exits with code 2 and one line naming the field, the value and what is
-allowed; nothing a user can cause prints a traceback.
+allowed; nothing a user can cause prints a traceback. Ctrl-C or SIGTERM exits 130 with one
+line saying what was kept (outputs are written whole or not at all: planner/outputs.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 from planner.commands import export, gpus, models, profile, replan, run, search, simulate, whatif
 from planner.commands.args import Parser
-from profiler.schema import SpecError
+from planner.errors import INTERRUPTED, Interrupted
+from profiler.schema import SpecError, one_line
 
 __all__ = ["main"]
 
@@ -35,16 +40,49 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    argv = profile.default_verb(argv)
-    args = build_parser().parse_args(argv)
-    args.argv = argv
+    command = "plan"
+    with _interrupts_on_sigterm():
+        try:
+            argv = profile.default_verb(argv)
+            args = build_parser().parse_args(argv)
+            args.argv = argv
+            command = f"plan {args.command}"
+            return COMMANDS[args.command].run(args)
+        except SpecError as err:
+            print(f"{command}: error: {one_line(str(err))}", file=sys.stderr)
+            return 2
+        except BrokenPipeError:
+            return 0
+        except Interrupted as stop:
+            _say_interrupted(command, stop.kept)
+            return INTERRUPTED
+        except KeyboardInterrupt:
+            _say_interrupted(command, "nothing written")
+            return INTERRUPTED
+
+
+def _say_interrupted(command: str, kept: str) -> None:
+    lead = "\n" if sys.stderr.isatty() else ""  # after a progress bar or the echoed ^C
+    print(f"{lead}{command}: interrupted; {kept}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _interrupts_on_sigterm() -> Iterator[None]:
+    """SIGTERM stops a command as Ctrl-C does (KeyboardInterrupt): each command and the
+    process pools clean up the same way, then `main` says so in one line and exits 130.
+    Only in the main thread (where Python delivers signals); the old handler comes back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
-        return COMMANDS[args.command].run(args)
-    except SpecError as err:
-        print(f"plan {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        return 0
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

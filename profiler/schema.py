@@ -8,32 +8,101 @@ with a `SpecError` that names the field path, the value and what is allowed.
 
 Cross-field rules live in a spec's `check(self, where)` method, which `parse` calls
 after the fields are valid. Validation is pure: it never touches a device.
+
+Nothing read is trusted: every number must be finite (NaN and ±inf are refused wherever a
+number is expected), a file is read only up to `MAX_FILE_BYTES` and must be UTF-8, and
+YAML whose aliases would expand past `MAX_YAML_NODES` nodes is refused before it is
+built. Values quoted in messages are cut to `MAX_REPR_CHARS`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
-__all__ = ["SpecError", "at", "cached_hash", "coerce_choices", "dump", "fail", "load_yaml", "load_yaml_text", "parse", "read_text",
-           "spec_field"]
+__all__ = ["MAX_FILE_BYTES", "MAX_YAML_NODES", "SpecError", "at", "cached_hash", "coerce_choices",
+           "dump", "fail", "load_json_text", "load_yaml", "load_yaml_text", "one_line", "parse",
+           "read_text", "short_repr", "spec_field"]
 
 T = TypeVar("T")
+
+MAX_FILE_BYTES = 64 * 1024**2  # a spec, plan or profile is kilobytes; refuse more than 64 MiB
+MAX_YAML_NODES = 1_000_000  # values after alias expansion ("billion laughs" stops here)
+MAX_REPR_CHARS = 120  # of a value quoted in an error message
 
 
 class SpecError(ValueError):
     """Bad input a user can fix: the message names the field, the value and what is allowed."""
 
 
+def short_repr(value: object, limit: int = MAX_REPR_CHARS) -> str:
+    """repr(value), cut to `limit` characters. It stops formatting once it has `limit`
+    characters, so a huge (or alias-expanded, or self-containing) value costs nothing."""
+    parts: list[str] = []
+    _repr_into(value, parts, [limit + 1], depth=0)
+    text = "".join(parts)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _repr_into(value: object, parts: list[str], budget: list[int], *, depth: int) -> None:
+    """Append the repr of `value` to `parts` until `budget[0]` characters are spent."""
+    if budget[0] <= 0:
+        return
+    if depth > 20:
+        text = "..."
+    elif isinstance(value, list | tuple | dict):
+        items = value.items() if isinstance(value, dict) else value
+        opening, closing = ("{}" if isinstance(value, dict) else
+                            "()" if isinstance(value, tuple) else "[]")
+        parts.append(opening)
+        budget[0] -= 1
+        for i, item in enumerate(items):
+            if budget[0] <= 0:
+                return
+            if i:
+                parts.append(", ")
+                budget[0] -= 2
+            if isinstance(value, dict):
+                key, val = item
+                _repr_into(key, parts, budget, depth=depth + 1)
+                parts.append(": ")
+                budget[0] -= 2
+                _repr_into(val, parts, budget, depth=depth + 1)
+            else:
+                _repr_into(item, parts, budget, depth=depth + 1)
+        parts.append(closing)
+        budget[0] -= 1
+        return
+    elif isinstance(value, str):
+        text = repr(value[:budget[0]])
+    elif isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        text = f"<an integer of {value.bit_length()} bits>"
+    else:
+        text = repr(value)[:budget[0] + 1]
+    parts.append(text)
+    budget[0] -= len(text)
+
+
+def one_line(text: str) -> str:
+    """`text` with control and format characters escaped (a newline, a carriage return or
+    a right-to-left override from a file's key or name never breaks or disguises a
+    message)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def fail(where: str, value: object, allowed: str) -> typing.NoReturn:
     """Raise a SpecError in the one format every message uses."""
     if isinstance(value, enum.Enum):  # a choice reads as the user wrote it
         value = value.value
-    raise SpecError(f"{where}: {value!r} is not allowed ({allowed})")
+    raise SpecError(f"{one_line(where)}: {short_repr(value)} is not allowed ({allowed})")
 
 
 def at(where: str, name: str) -> str:
@@ -173,7 +242,13 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             fail(where, value, "expected a number")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            fail(where, value, "expected a finite number")
+        if not math.isfinite(number):
+            fail(where, value, "expected a finite number")
+        return number
     if tp is str:
         if not isinstance(value, str) or not value:
             fail(where, value, "expected a non-empty string")
@@ -184,6 +259,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
 def _check_bounds(meta: Mapping[str, Any], value: Any, where: str) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool):
         return
+    if isinstance(value, float) and not math.isfinite(value):
+        fail(where, value, "expected a finite number")
     if meta.get("min") is not None and value < meta["min"]:
         fail(where, value, f"must be ≥ {meta['min']:g}")
     if meta.get("gt") is not None and value <= meta["gt"]:
@@ -243,28 +320,107 @@ def dump(obj: Any) -> Any:
 
 
 def load_yaml_text(text: str, *, where: str) -> Any:
-    """YAML text to plain data; malformed YAML is a SpecError naming the line."""
+    """YAML text to plain data (safe tags only); malformed YAML, a python tag, or aliases
+    that would expand past `MAX_YAML_NODES` values are a SpecError naming the file."""
     import yaml
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is 5x faster
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)  # the C loader is 5x faster
     try:
-        return yaml.load(text, Loader=loader)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expanded_size(node, where)
+        return loader.construct_document(node)
+    except SpecError:
+        raise
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError(f"{where}:{line}: malformed YAML ({problem})") from None
+        raise SpecError(f"{where}:{line}: malformed YAML ({short_repr(problem)[1:-1]})"
+                        ) from None
+    except (ValueError, OverflowError, RecursionError) as err:  # e.g. a 5,000-digit integer
+        raise SpecError(f"{where}: unreadable YAML value "
+                        f"({short_repr(str(err).splitlines()[0])[1:-1]})") from None
+    finally:
+        loader.dispose()
+
+
+def _check_expanded_size(root: Any, where: str) -> None:
+    """Refuse YAML whose aliases expand to more than MAX_YAML_NODES values, or to a
+    value that contains itself, before anything is built (each node is sized once)."""
+    size: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            open_nodes.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            if size[key] > MAX_YAML_NODES:
+                raise SpecError(f"{where}: YAML aliases expand to more than "
+                                f"{MAX_YAML_NODES:,} values (not allowed)")
+            continue
+        if key in size:
+            continue
+        if key in open_nodes:
+            raise SpecError(f"{where}: a YAML alias refers to a value that contains it "
+                            "(not allowed)")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in size)
+
+
+def _children(node: Any) -> list[Any]:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def read_text(path: str) -> str:
-    """A text file's contents; one that cannot be read is a SpecError naming it."""
+    """A UTF-8 text file's contents (at most MAX_FILE_BYTES); one that cannot be read, is
+    too large or is not UTF-8 is a SpecError naming it."""
+    if not path:
+        raise SpecError("'': not allowed (an empty file name)")
     try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
     except OSError as err:
-        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+        raise SpecError(f"{path}: cannot read ({err.strerror or err})") from None
+    except ValueError as err:  # e.g. a NUL byte in the name
+        raise SpecError(f"{short_repr(path)}: cannot read ({err})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SpecError(f"{path}: larger than {MAX_FILE_BYTES // 1024**2} MiB (not allowed)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
+                        f"{err.start})") from None
+
+
+def load_json_text(text: str, *, where: str) -> Any:
+    """JSON text to plain data. Not through the YAML loader: YAML 1.1 reads a JSON number
+    without a dot (`1e-05`, `5e-324`) as a string, so a JSON file we wrote would not read
+    back. NaN and Infinity become floats here and are refused where a number is read."""
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{where}: line {err.lineno}: malformed JSON ({err.msg})") from None
+    except (ValueError, RecursionError) as err:  # a 5,000-digit integer, deep nesting
+        raise SpecError(f"{where}: unreadable JSON value "
+                        f"({short_repr(str(err).splitlines()[0])[1:-1]})") from None
 
 
 def load_yaml(path: str) -> Any:
-    """Read a YAML file; a missing file or malformed YAML is a SpecError."""
+    """Read a YAML file (or a JSON file, by its .json extension); a missing file or
+    malformed content is a SpecError."""
+    if path.lower().endswith(".json"):
+        return load_json_text(read_text(path), where=path)
     return load_yaml_text(read_text(path), where=path)

@@ -76,17 +76,22 @@ class ProfileRow:
     name: str = spec_field(help="the planner's op name (planner/costs/workload.py) or collective")
     variant: str | None = spec_field(default=None, help="attention backend / optimizer "
                                      "implementation; empty for ops without alternatives")
-    shape: tuple[int, ...] = spec_field(min=0, help="the planner's op shape; (bytes,) for "
-                                        "collectives")
-    flops: float = spec_field(min=0)
-    bytes: float = spec_field(min=0, help="DRAM traffic; the per-rank buffer for collectives")
-    kernels: int = spec_field(default=1, min=1, help="launches the planner counts for it")
-    ranks: int = spec_field(default=1, min=1, help="group size of a collective; 1 for ops")
-    time_s: float = spec_field(gt=0, help="median seconds per call")
-    p10_s: float = spec_field(min=0)
-    p90_s: float = spec_field(min=0)
-    samples: int = spec_field(min=1)
-    calls: int = spec_field(min=1, help="back-to-back calls per timed sample")
+    # Bounds: finite (no NaN: a NaN time would price a plan at NaN), and far past anything
+    # one op measures (a day per call, 1e24 FLOPs, an exabyte).
+    shape: tuple[int, ...] = spec_field(min=0, max=2**40, help="the planner's op shape; "
+                                        "(bytes,) for collectives")
+    flops: float = spec_field(min=0, max=1e24)
+    bytes: float = spec_field(min=0, max=1e18, help="DRAM traffic; the per-rank buffer for "
+                              "collectives")
+    kernels: int = spec_field(default=1, min=1, max=1_000_000,
+                              help="launches the planner counts for it")
+    ranks: int = spec_field(default=1, min=1, max=131_072,
+                            help="group size of a collective; 1 for ops")
+    time_s: float = spec_field(gt=0, max=86_400, help="median seconds per call")
+    p10_s: float = spec_field(min=0, max=86_400)
+    p90_s: float = spec_field(min=0, max=86_400)
+    samples: int = spec_field(min=1, max=1_000_000_000)
+    calls: int = spec_field(min=1, max=1_000_000_000, help="back-to-back calls per timed sample")
 
     @property
     def size(self) -> float:

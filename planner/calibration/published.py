@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from planner.costs.workload import WorkloadShape
 from planner.predict.results import SimResult
-from planner.specs.choices import Recompute
+from planner.specs.choices import DType, Recompute
 from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
 from planner.specs.model import ModelSpec
@@ -144,7 +144,7 @@ def vtrain_cases(path: str | None = None) -> list[Case]:
                           norm="layernorm", position_embedding="learned", tied_embeddings=True,
                           dropout=True)
         cfg = ParallelConfig(tp=int(tp), pp=int(pp), dp=int(dp), mbs=int(mbs), gbs=int(gbs),
-                             seq_len=int(seq), recompute=Recompute.FULL, dtype="fp16")
+                             seq_len=int(seq), recompute=Recompute.FULL, dtype=DType.FP16)
         plan = _try_plan(model, f"A100-80GB-SXM:{int(gpus)}", cfg,
                          Kernels(attention=Attention.MATH))
         cases.append(Case(f"vtrain-{i:04d}", (plan,) if plan else (), ms / 1e3))

@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from planner.commands.args import path_arg
 from planner.export.approximate import nearest
 from planner.export.formats import FORMATS, export_plan
 from planner.export.frameworks import CAPABILITIES, FRAMEWORKS, unsupported
+from planner.outputs import check_distinct, check_output_file, write_text
 from planner.specs.plan import Plan, load_plan, plan_to_dict
 
 __all__ = ["add_parser", "run"]
@@ -28,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "sbatch script, a Kubernetes JobSet) that run it with a framework. "
                        "Exits 2, naming each setting, when the framework cannot express the "
                        "plan exactly.")
-    p.add_argument("plan", metavar="PLAN", help="a Plan file (.yaml/.json)")
+    p.add_argument("plan", type=path_arg, metavar="PLAN", help="a Plan file (.yaml/.json)")
     p.add_argument("--format", choices=(*sorted(FORMATS), *LAUNCH_FORMATS), required=True)
     p.add_argument("--framework", choices=FRAMEWORKS,
                    help="with --format slurm|kubernetes: what the nodes run (default trainplan, "
@@ -36,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--approximate", action="store_true",
                    help="write the nearest plan the framework expresses, and print its "
                    "simulated iteration time beside the plan's")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("-o", "--output", type=path_arg, metavar="FILE",
+                   help="write here instead of stdout")
 
 
 def _framework(args: argparse.Namespace) -> str:
@@ -98,6 +101,8 @@ def _text(plan: Plan, args: argparse.Namespace, framework: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.output, flag="-o")
+    check_distinct({"PLAN": args.plan, "-o": args.output})
     framework = _framework(args)
     plan = load_plan(args.plan)
     issues = _issues(plan, framework)
@@ -112,9 +117,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
         plan = approx
     text = _text(plan, args, framework)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
+    if args.output is not None:
+        write_text(args.output, text)
     else:
         sys.stdout.write(text)
     return 0

@@ -15,21 +15,34 @@ from planner.specs.plan import Plan, Predicted, Provenance
 from profiler.devices import DeviceSpec, load_catalog
 from profiler.store import Profiles, load_profiles
 
-__all__ = ["extra_catalog", "load_inputs", "profiles_for", "with_prediction"]
+__all__ = ["extra_catalog", "load_cluster_arg", "load_inputs", "load_model_arg", "profiles_for",
+           "with_prediction"]
 
 
 def extra_catalog(args: argparse.Namespace) -> dict[str, DeviceSpec] | None:
     """The device types of `--catalog FILE` (None without it)."""
     path = getattr(args, "catalog", None)
-    return load_catalog(path) if path else None
+    return load_catalog(path) if path is not None else None
 
 
 def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec]:
-    model = load_model(args.model_file) if args.model_file else preset(args.model)
+    """The model (--model or --model-file) and cluster (--gpus or --cluster, with
+    --catalog) flags; an empty file name is a file name (and refused as one), not a
+    missing flag."""
+    return load_model_arg(args), load_cluster_arg(args)
+
+
+def load_model_arg(args: argparse.Namespace) -> ModelSpec:
+    if args.model_file is not None:
+        return load_model(args.model_file)
+    return preset(args.model)
+
+
+def load_cluster_arg(args: argparse.Namespace) -> ClusterSpec:
     catalog = extra_catalog(args)
-    cluster = (load_cluster(args.cluster, catalog=catalog) if args.cluster
-               else parse_gpus_arg(args.gpus, catalog=catalog))
-    return model, cluster
+    if args.cluster is not None:
+        return load_cluster(args.cluster, catalog=catalog)
+    return parse_gpus_arg(args.gpus, catalog=catalog)
 
 
 def profiles_for(args: argparse.Namespace, cluster: ClusterSpec, dtype: str) -> Profiles | None:

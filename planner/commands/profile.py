@@ -25,13 +25,16 @@ from planner.commands.args import (
     Parser,
     add_model_args,
     bytes_arg,
-    int_list,
+    int_in,
+    int_list_in,
     name_list,
-    non_negative_int,
-    positive_int,
+    path_arg,
 )
+from planner.errors import INTERRUPTED
+from planner.outputs import check_output_file
 from planner.profiling.cases import OPTIMIZERS, op_cases
 from planner.specs.layout import check_tp
+from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec, load_model, preset
 from profiler.devices import DeviceSpec
 from profiler.host import LocalDevice, local_device, runtime
@@ -41,8 +44,6 @@ from profiler.schema import SpecError, fail
 from profiler.store import PROFILE_SCHEMA_VERSION, ProfileMeta, ProfileRow, save_profile
 
 __all__ = ["MeasureRequest", "add_parser", "default_verb", "measure", "run"]
-
-INTERRUPTED = 130  # the shell's code for a process stopped by Ctrl-C
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -54,14 +55,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     verbs = prof.add_subparsers(dest="profile_command", required=True, parser_class=Parser)
     _add_measure(verbs)
     show = verbs.add_parser("show", help="achieved FLOP/s and bandwidth per op")
-    show.add_argument("file", metavar="FILE")
-    show.add_argument("--plot", metavar="PNG", help="also draw them")
+    show.add_argument("file", type=path_arg, metavar="FILE")
+    show.add_argument("--plot", type=path_arg, metavar="PNG", help="also draw them")
     show.add_argument("--json", action="store_true")
     fit = verbs.add_parser("fit", help="fit the analytic model of the profiled GPU type")
-    fit.add_argument("file", metavar="FILE")
-    fit.add_argument("--iterations", type=positive_int, default=400, metavar="N",
+    fit.add_argument("file", type=path_arg, metavar="FILE")
+    fit.add_argument("--iterations", type=int_in(1, 1_000_000), default=400, metavar="N",
                      help="Nelder-Mead evaluations (default 400)")
-    fit.add_argument("-o", "--output", metavar="FILE", help="write the GPU type with the "
+    fit.add_argument("-o", "--output", type=path_arg, metavar="FILE", help="write the GPU type with the "
                      "fitted parameters as a catalog file (for --catalog)")
 
 
@@ -73,11 +74,11 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
     m.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     m.add_argument("--device-name", metavar="GPU", help="the catalog type it is (default: "
                    "recognised from the driver's name; `plan gpus`)")
-    m.add_argument("--tp", type=int_list, default=(1,), metavar="N,N", help="tensor-parallel "
+    m.add_argument("--tp", type=int_list_in(MAX_GPUS), default=(1,), metavar="N,N", help="tensor-parallel "
                    "degrees (default 1)")
-    m.add_argument("--mbs", type=int_list, default=(1,), metavar="N,N",
+    m.add_argument("--mbs", type=int_list_in(MAX_GLOBAL_BATCH), default=(1,), metavar="N,N",
                    help="micro-batch sizes (default 1)")
-    m.add_argument("--seq", type=int_list, metavar="N,N",
+    m.add_argument("--seq", type=int_list_in(MAX_SEQ_LEN), metavar="N,N",
                    help="sequence lengths (default: the model's)")
     m.add_argument("--dtype", choices=("fp32", "bf16", "fp16"),
                    help="default fp32 on cpu, bf16 on cuda")
@@ -86,17 +87,18 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
     m.add_argument("--optimizer", type=name_list, default=("fused", "foreach", "for_loop"),
                    metavar="K,K", help="AdamW implementations (default fused,foreach,for_loop)")
     m.add_argument("--sequence-parallel", action="store_true")
-    m.add_argument("--threads", type=positive_int, default=1, metavar="N",
+    m.add_argument("--threads", type=int_in(1, 1024), default=1, metavar="N",
                    help="torch threads (default 1: one CPU rank is one core)")
-    m.add_argument("--warmup", type=non_negative_int, default=3, metavar="N")
-    m.add_argument("--repeats", type=positive_int, default=15, metavar="N",
+    m.add_argument("--warmup", type=int_in(0, 100_000), default=3, metavar="N")
+    m.add_argument("--repeats", type=int_in(1, 100_000), default=15, metavar="N",
                    help="timed samples per row")
     m.add_argument("--collectives", action="store_true",
                    help="also measure collectives across --nprocs local processes")
-    m.add_argument("--nprocs", type=positive_int, default=2, metavar="N")
+    m.add_argument("--nprocs", type=int_in(1, 256), default=2, metavar="N")
     m.add_argument("--min-bytes", type=bytes_arg, default=1024, metavar="SIZE")
     m.add_argument("--max-bytes", type=bytes_arg, default=256 * 1024**2, metavar="SIZE")
-    m.add_argument("-o", "--output", required=True, metavar="FILE", help="the profile (.csv)")
+    m.add_argument("-o", "--output", required=True, type=path_arg, metavar="FILE",
+                   help="the profile (.csv)")
 
 
 def default_verb(argv: list[str]) -> list[str]:
@@ -144,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
         from planner.profiling.fit import run_fit
 
         return run_fit(args.file, iterations=args.iterations, output=args.output)
-    model = load_model(args.model_file) if args.model_file else (
-        preset(args.model) if args.model else None)
+    model = load_model(args.model_file) if args.model_file is not None else (
+        preset(args.model) if args.model is not None else None)
     return measure(MeasureRequest(
         model=model, output=args.output, command=shlex.join(["plan", *args.argv]),
         device=args.device, device_name=args.device_name, tp=args.tp, mbs=args.mbs,
@@ -166,8 +168,7 @@ def _check(req: MeasureRequest) -> None:
     bad = [o for o in req.optimizer if o not in OPTIMIZERS]
     if bad:
         fail("--optimizer", bad[0], "allowed: " + ", ".join(OPTIMIZERS))
-    if not req.output.endswith(".csv"):
-        fail("-o", req.output, "a .csv file")
+    check_output_file(req.output, flag="-o", suffixes=(".csv",))
     if req.model is not None:
         for tp in req.tp:
             check_tp(req.model, tp)

@@ -19,14 +19,27 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
 import tempfile
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from planner.commands.args import positive_int, print_json
+from planner.commands.args import (
+    gbs_arg,
+    int_in,
+    non_negative_int,
+    number_in,
+    path_arg,
+    positive_int,
+    print_json,
+    seq_arg,
+)
 from planner.commands.inputs import profiles_for, with_prediction
+from planner.errors import Interrupted
+from planner.outputs import check_output_dir, write_text
 from planner.predict.results import SimResult
+from planner.specs.choices import DType
 from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster, parse_gpus_arg
 from planner.specs.model import ModelSpec, load_model, preset
 from planner.specs.plan import Plan, load_plan, save_plan
@@ -51,20 +64,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "prediction. With --model instead of --plan: search first, then run the best plan "
         "the executor can run (report in reports/<name>/).")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--plan", metavar="FILE", help="a Plan (.yaml/.json)")
+    what.add_argument("--plan", type=path_arg, metavar="FILE", help="a Plan (.yaml/.json)")
     what.add_argument("--model", metavar="NAME", help="search for this preset, then run")
-    what.add_argument("--model-file", metavar="FILE", help="search for this ModelSpec")
+    what.add_argument("--model-file", type=path_arg, metavar="FILE",
+                      help="search for this ModelSpec")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--gpus", metavar="TYPE:COUNT", help="with --model: a homogeneous "
                        "cluster (CPU:N: N CPU ranks on this host)")
-    where.add_argument("--cluster", metavar="FILE", help="with --model: a ClusterSpec file")
-    p.add_argument("--gbs", type=positive_int, metavar="N", help="with --model: global batch")
-    p.add_argument("--seq", type=positive_int, metavar="N", help="with --model: sequence "
+    where.add_argument("--cluster", type=path_arg, metavar="FILE",
+                       help="with --model: a ClusterSpec file")
+    p.add_argument("--gbs", type=gbs_arg, metavar="N", help="with --model: global batch")
+    p.add_argument("--seq", type=seq_arg, metavar="N", help="with --model: sequence "
                    "length (default: the model's)")
     p.add_argument("--dtype", choices=("bf16", "fp32"),
                    help="with --model (default: fp32 on CPU ranks, bf16 on GPUs)")
     measured = p.add_mutually_exclusive_group()
-    measured.add_argument("--profile", metavar="FILE|DIR", action="append",
+    measured.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",
                           help="measured profile(s) that price the search and the prediction "
                           "(default with --model on CPU ranks: measure one here first, into "
                           "the report folder's profiles/)")
@@ -73,20 +88,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "device model instead of measuring a profile first")
     p.add_argument("--steps", type=positive_int, default=10, metavar="N",
                    help="training steps (default 10)")
-    p.add_argument("--warmup", type=int, default=2, metavar="N",
+    p.add_argument("--warmup", type=non_negative_int, default=2, metavar="N",
                    help="first steps left out of the measured time (default 2)")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="weights and data seed")
-    p.add_argument("--lr", type=float, metavar="X", help="AdamW learning rate (default 3e-4)")
-    p.add_argument("--checkpoint-dir", metavar="DIR", help="distributed checkpoints go here")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, metavar="N",
+                   help="weights and data seed")
+    p.add_argument("--lr", type=number_in(gt=0, high=10), metavar="X",
+                   help="AdamW learning rate (default 3e-4)")
+    p.add_argument("--checkpoint-dir", type=path_arg, metavar="DIR",
+                   help="distributed checkpoints go here")
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                    help="save a checkpoint every N steps")
     p.add_argument("--resume", action="store_true",
                    help="continue from the last complete checkpoint in --checkpoint-dir")
-    p.add_argument("--hang-timeout", type=float, default=30.0, metavar="S",
+    p.add_argument("--hang-timeout", type=number_in(gt=0, high=86_400), default=30.0, metavar="S",
                    help="stop every rank when one makes no progress for S seconds "
                    "(default 30)")
     p.add_argument("--name", metavar="NAME", help="report name (folder reports/NAME/)")
-    p.add_argument("--report", metavar="DIR", help="write the report (and the run's "
+    p.add_argument("--report", type=path_arg, metavar="DIR", help="write the report (and the run's "
                    "metrics) to DIR")
     p.add_argument("--dry-run", action="store_true",
                    help="print the torchrun command lines and stop")
@@ -96,7 +114,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _check_flags(args: argparse.Namespace) -> None:
     auto = args.plan is None
-    if auto and not (args.gpus or args.cluster):
+    if auto and args.gpus is None and args.cluster is None:
         raise SpecError("--gpus: --model needs --gpus TYPE:COUNT or --cluster FILE")
     if auto and args.gbs is None:
         raise SpecError("--gbs: --model needs the global batch size")
@@ -111,8 +129,12 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise SpecError("--checkpoint-dir: --resume and --checkpoint-every need it")
     if not 0 <= args.warmup < args.steps:
         fail("--warmup", args.warmup, f"0 ≤ warmup < --steps {args.steps}")
-    if args.hang_timeout <= 0:
-        fail("--hang-timeout", args.hang_timeout, "must be > 0")
+    if args.name is not None and (not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.name)
+                                  or ".." in args.name):
+        fail("--name", args.name, "a folder name under reports/: letters, digits, '.', '_', "
+             "'-' (no path)")
+    check_output_dir(args.report, flag="--report")
+    check_output_dir(args.checkpoint_dir, flag="--checkpoint-dir")
     if args.inject_fault and not re.fullmatch(r"\d+:\d+:(kill|hang|freeze|error)",
                                               args.inject_fault):
         fail("--inject-fault", args.inject_fault, "RANK:STEP:kill|hang|freeze|error")
@@ -120,10 +142,11 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 def _cluster(args: argparse.Namespace) -> ClusterSpec:
     """The cluster of the automatic mode; `--gpus CPU:N` is N CPU ranks on this host."""
-    if args.cluster:
+    if args.cluster is not None:
         return load_cluster(args.cluster)
     gpu, _, count = args.gpus.rpartition(":")
-    if gpu and count.isdigit() and int(count) > 0 and device(gpu).vendor == "cpu":
+    if (gpu and re.fullmatch(r"[0-9]{1,3}", count) and int(count) > 0
+            and device(gpu).vendor == "cpu"):
         return ClusterSpec(name=f"{count} CPU rank{'s' if int(count) > 1 else ''}", node_groups=(NodeGroup(
             name="host", gpu=device(gpu).name, num_nodes=1, gpus_per_node=int(count),
             intra_node_link="loopback", island="local"),)).resolved()
@@ -148,7 +171,7 @@ def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
     from planner.errors import InfeasiblePlan
     from planner.search import SearchRequest, search
 
-    model = load_model(args.model_file) if args.model_file else preset(args.model)
+    model = load_model(args.model_file) if args.model_file is not None else preset(args.model)
     cluster = _cluster(args)
     cpu = all(g.device.vendor == "cpu" for g in cluster.node_groups)
     dtype = args.dtype or ("fp32" if cpu else "bf16")
@@ -156,7 +179,7 @@ def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
         args.profile = [_profile_here(args, model, cluster, dtype)]
     profiles = profiles_for(args, cluster, dtype)
     req = SearchRequest(model=model, cluster=cluster, gbs=args.gbs,
-                        seq_len=args.seq or model.seq_len, dtype=dtype, top=SEARCH_TOP,
+                        seq_len=args.seq or model.seq_len, dtype=DType(dtype), top=SEARCH_TOP,
                         attention="math" if cpu and model.dropout else None,
                         profiles=profiles)
     try:
@@ -277,10 +300,8 @@ def _write_report(folder: str, keep: bool, report: RunReport, as_json: bool) -> 
 
     text = to_markdown(report)
     if keep:
-        with open(os.path.join(folder, "report.md"), "w", encoding="utf-8") as fh:
-            fh.write(text)
-        with open(os.path.join(folder, "report.json"), "w", encoding="utf-8") as fh:
-            json.dump(report.to_dict(), fh, indent=1)
+        write_text(os.path.join(folder, "report.md"), text)
+        write_text(os.path.join(folder, "report.json"), json.dumps(report.to_dict(), indent=1))
     if as_json:
         print_json(report.to_dict())
     else:
@@ -323,12 +344,9 @@ def run(args: argparse.Namespace) -> int:
     _check_flags(args)
     if importlib.util.find_spec("torch") is None and not args.dry_run:
         fail("plan run", "torch", "not installed: pip install 'trainplan[torch]'")
-    from executor.launch import node_launches
     from executor.preflight import check_runnable, device_kind
-    from executor.report import make_report
-    from executor.worker import worker_args
 
-    if args.plan:
+    if args.plan is not None:
         plan = load_plan(args.plan)
         # a dry run prints the launch lines of any plan on any host: plan checks only
         check_runnable(plan, where=f"{args.plan}:", host=not args.dry_run,
@@ -338,10 +356,29 @@ def run(args: argparse.Namespace) -> int:
         plan, prediction, source = _search(args)
     folder, name, keep = _report_dir(args, plan.model.name, plan.cluster.name,
                                      plan.training.global_batch_size)
+    try:
+        return _launch(args, plan, prediction, source, folder=folder, name=name, keep=keep)
+    except KeyboardInterrupt:
+        kept = [f"checkpoints in {args.checkpoint_dir}"] if args.checkpoint_dir else []
+        kept += [f"the run folder {folder}"] if keep else []
+        raise Interrupted("kept " + " and ".join(kept) if kept else "nothing kept") from None
+    finally:
+        if not keep:  # a temporary folder for the ranks' metrics: nothing in it is wanted
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _launch(args: argparse.Namespace, plan: Plan, prediction: SimResult | None, source: str, *,
+            folder: str, name: str, keep: bool) -> int:
+    """Run (or print the torchrun lines of) `plan`, with `folder` for the ranks' files."""
+    from executor.launch import node_launches
+    from executor.preflight import device_kind
+    from executor.report import make_report
+    from executor.worker import worker_args
+
     os.makedirs(folder, exist_ok=True)
     _clean(folder)
     plan_path = args.plan or os.path.join(folder, "plan.yaml")
-    if not args.plan:
+    if args.plan is None:
         save_plan(plan, plan_path)
     launches = node_launches(plan, worker_args(
         plan=os.path.abspath(plan_path), steps=args.steps, run_dir=os.path.abspath(folder),

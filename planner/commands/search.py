@@ -5,15 +5,27 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.commands.args import add_cluster_args, add_model_args, positive_int, print_json
+from planner.commands.args import (
+    add_cluster_args,
+    add_model_args,
+    budget_arg,
+    gbs_arg,
+    int_in,
+    path_arg,
+    print_json,
+    seq_arg,
+    tokens_arg,
+)
 from planner.commands.inputs import load_inputs, profiles_for, with_prediction
 from planner.errors import InfeasiblePlan
+from planner.outputs import PLAN_SUFFIXES, check_output_file
 from planner.search import Ranked, SearchRequest, SearchResult, search
 from planner.search.search import OBJECTIVES
 from planner.specs.choices import Schedule, values
+from planner.specs.cluster import train_dtype
 from planner.specs.plan import TRAIN_DTYPES, save_plan
 from profiler.kernels import Attention
-from profiler.schema import fail
+from profiler.schema import one_line
 
 __all__ = ["add_parser", "run"]
 
@@ -29,42 +41,42 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "estimate, confirm the leaders with the event simulator.")
     add_model_args(p)
     add_cluster_args(p)
-    p.add_argument("--gbs", type=positive_int, required=True, metavar="N",
+    p.add_argument("--gbs", type=gbs_arg, required=True, metavar="N",
                    help="global batch size (sequences)")
-    p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length (default: "
+    p.add_argument("--seq", type=seq_arg, metavar="N", help="sequence length (default: "
                    "the model's)")
-    p.add_argument("--dtype", choices=TRAIN_DTYPES, default="bf16")
+    p.add_argument("--dtype", choices=TRAIN_DTYPES,
+                   help="training dtype (default: bf16 where every GPU type has it, else fp16)")
     p.add_argument("--objective", choices=OBJECTIVES,
                    default="throughput", help="what to optimise (cost and time-to-train may "
                    "use fewer GPUs)")
-    p.add_argument("--tokens", type=float, metavar="N", help="tokens to train on (for "
+    p.add_argument("--tokens", type=tokens_arg, metavar="N", help="tokens to train on (for "
                    "time-to-train and the budget)")
-    p.add_argument("--max-budget", type=float, metavar="USD", help="cap on the run's cost")
-    p.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list")
+    p.add_argument("--max-budget", type=budget_arg, metavar="USD", help="cap on the run's cost")
+    p.add_argument("--top", type=int_in(1, 1000), default=5, metavar="K", help="plans to list")
     p.add_argument("--attention", choices=values(Attention))
-    p.add_argument("--profile", metavar="FILE|DIR", action="append",
+    p.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",
                    help="measured profile (`plan profile`), or a folder of them matched by "
                    "device name; repeatable")
-    p.add_argument("-o", "--output", metavar="PLAN", help="write the best plan (.yaml/.json)")
+    p.add_argument("-o", "--output", type=path_arg, metavar="PLAN",
+                   help="write the best plan (.yaml/.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.tokens is not None and args.tokens <= 0:
-        fail("--tokens", args.tokens, "must be > 0")
-    if args.max_budget is not None and args.max_budget <= 0:
-        fail("--max-budget", args.max_budget, "must be > 0")
+    check_output_file(args.output, flag="-o", suffixes=PLAN_SUFFIXES)
     model, cluster = load_inputs(args)
-    profiles = profiles_for(args, cluster, args.dtype)
+    dtype = train_dtype((g.device for g in cluster.node_groups), args.dtype, where="--dtype")
+    profiles = profiles_for(args, cluster, dtype)
     req = SearchRequest(model=model, cluster=cluster, gbs=args.gbs,
-                        seq_len=args.seq or model.seq_len, dtype=args.dtype,
+                        seq_len=args.seq or model.seq_len, dtype=dtype,
                         objective=args.objective, tokens=args.tokens,
                         max_budget_usd=args.max_budget, top=args.top, attention=args.attention,
                         profiles=profiles)
     try:
         result = search(req)
     except InfeasiblePlan as err:
-        print(f"plan search: no plan: {err}", file=sys.stderr)
+        print(f"plan search: no plan: {one_line(str(err))}", file=sys.stderr)
         return 1
     best = result.ranked[0]
     if args.output:

@@ -6,20 +6,37 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from planner.commands.args import add_cluster_args, add_model_args, positive_int, print_json
+from planner.commands.args import (
+    add_cluster_args,
+    add_model_args,
+    gbs_arg,
+    int_in,
+    path_arg,
+    positive_int,
+    print_json,
+    seq_arg,
+)
 from planner.commands.inputs import load_inputs, profiles_for, with_prediction
 from planner.costs.kernels import default_kernels, fastest_kernels
+from planner.outputs import (
+    PICTURE_SUFFIXES,
+    PLAN_SUFFIXES,
+    atomic_path,
+    check_distinct,
+    check_output_file,
+)
 from planner.predict.estimate import estimate
 from planner.predict.results import SimResult
 from planner.simulator import simulate_detailed, write_gantt, write_trace
 from planner.specs.choices import Recompute, Schedule, ShardingPreset, values
-from planner.specs.cluster import ClusterSpec
+from planner.specs.cluster import train_dtype
 from planner.specs.layout import (
     ParallelConfig,
     check_parallel,
     homogeneous_plan,
     sharding_preset,
 )
+from planner.specs.limits import MAX_GPUS
 from planner.specs.model import ModelSpec
 from planner.specs.plan import (
     TRAIN_DTYPES,
@@ -29,7 +46,6 @@ from planner.specs.plan import (
     load_plan,
     save_plan,
 )
-from profiler.analytic import math_dtype
 from profiler.kernels import Attention
 from profiler.schema import SpecError, fail
 from profiler.store import Profiles
@@ -37,6 +53,9 @@ from profiler.store import Profiles
 __all__ = ["add_parser", "config_from_args", "run", "summary"]
 
 GIB = 1024**3
+# The event simulation schedules every pass of every distinct pipeline, about 30,000 a
+# CPU-second: past this it would take minutes, where the closed form takes milliseconds.
+MAX_SIMULATED_PASSES = 262_144
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -53,9 +72,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                 ("--vp", 1, "interleaved chunks per stage (interleaved 1F1B)"),
                                 ("--mbs", None, "micro-batch size"),
                                 ("--gbs", None, "global batch size (sequences)")):
-        sim.add_argument(flag, type=positive_int, default=default, metavar="N",
+        sim.add_argument(flag, type=gbs_arg if flag in ("--gbs", "--mbs") else
+                         int_in(1, MAX_GPUS if flag != "--vp" else 1024),
+                         default=default, metavar="N",
                          help=text + (" (required without --plan)" if default is None else ""))
-    sim.add_argument("--seq", type=positive_int, metavar="N",
+    sim.add_argument("--seq", type=seq_arg, metavar="N",
                      help="sequence length (default: the model's)")
     sim.add_argument("--recompute", choices=values(Recompute),
                      help="activation recomputation (default none)")
@@ -72,21 +93,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="replicas sharing one copy of the gradients")
     sim.add_argument("--shard-optim", type=positive_int, metavar="N",
                      help="replicas sharing one copy of the optimizer states")
-    sim.add_argument("--dtype", choices=TRAIN_DTYPES, help="default bf16")
+    sim.add_argument("--dtype", choices=TRAIN_DTYPES,
+                     help="training dtype (default: bf16 where every GPU type has it, else fp16)")
     sim.add_argument("--attention", choices=values(Attention),
                      help="attention kernel (default: the fastest the device supports)")
-    sim.add_argument("--profile", metavar="FILE|DIR", action="append",
+    sim.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",
                      help="measured profile (`plan profile`), or a folder of them matched by "
                      "device name; repeatable. It answers the ops and collectives it has, the "
                      "analytic models the rest")
     sim.add_argument("--method", choices=("simulate", "estimate"), default="simulate",
                      help="event simulation of the task graph (default) or the closed-form "
                      "estimate")
-    sim.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON of the "
+    sim.add_argument("--trace", type=path_arg, metavar="FILE",
+                     help="write a Chrome-trace JSON of the "
                      "simulated timeline (open in Perfetto)")
-    sim.add_argument("--gantt", metavar="PNG", help="write a picture of the pipeline schedule")
+    sim.add_argument("--gantt", type=path_arg, metavar="PNG",
+                     help="write a picture of the pipeline schedule")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
-    sim.add_argument("-o", "--output", metavar="PLAN", help="also write the Plan (.yaml/.json)")
+    sim.add_argument("-o", "--output", type=path_arg, metavar="PLAN",
+                     help="also write the Plan (.yaml/.json)")
 
 
 
@@ -111,7 +136,7 @@ _PLAN_HAS = (*_LAYOUT_FLAGS, "gpus", "cluster", "catalog", "seq", "recompute", "
 
 def _require_configuration(args: argparse.Namespace) -> None:
     missing = [f"--{f}" for f in ("gpus", *_LAYOUT_FLAGS) if getattr(args, f) is None]
-    if args.cluster and missing[:1] == ["--gpus"]:
+    if args.cluster is not None and missing[:1] == ["--gpus"]:
         missing.pop(0)
     if missing:
         raise SpecError(f"{missing[0]}: required (or --plan FILE); a configuration needs "
@@ -123,7 +148,7 @@ def config_from_args(args: argparse.Namespace, model: ModelSpec) -> ParallelConf
         tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, vp=args.vp, mbs=args.mbs, gbs=args.gbs,
         seq_len=args.seq or model.seq_len, recompute=Recompute(args.recompute or "none"),
         sequence_parallel=args.sequence_parallel, sharding=_sharding(args),
-        dtype=args.dtype or "bf16", schedule=Schedule(args.schedule or "1f1b"),
+        schedule=Schedule(args.schedule or "1f1b"),
     )
 
 
@@ -138,26 +163,30 @@ def _plan_from_args(args: argparse.Namespace) -> Plan:
     return replace(load_plan(args.plan), predicted=None, provenance=None)
 
 
-def _check_dtype(cluster: ClusterSpec, dtype: str) -> None:
-    for g in cluster.node_groups:
-        if math_dtype(g.device, dtype) != dtype and dtype != "bf16":
-            fail("--dtype", dtype, f"{g.gpu} offers {', '.join(g.device.peak_tflops)}")
-        if dtype == "bf16" and "bf16" not in g.device.peak_tflops:
-            fail("--dtype", dtype, f"{g.gpu} has no bf16; use fp16")
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every file this run would write, checked before any work."""
+    check_output_file(args.output, flag="-o", suffixes=PLAN_SUFFIXES)
+    check_output_file(args.trace, flag="--trace", suffixes=(".json",))
+    check_output_file(args.gantt, flag="--gantt", suffixes=PICTURE_SUFFIXES)
+    check_distinct({"-o": args.output, "--trace": args.trace, "--gantt": args.gantt})
+    if (args.trace or args.gantt) and args.method != "simulate":
+        fail("--method", args.method, "--trace and --gantt need the event simulation")
 
 
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.plan:
+    _check_outputs(args)
+    if args.plan is not None:
         return _simulate_plan(args, _plan_from_args(args))
     _require_configuration(args)
     model, cluster = load_inputs(args)
     cfg = config_from_args(args, model)
-    if args.cluster:  # a configuration may use the first part of a larger cluster
+    if args.cluster is not None:  # a configuration may use the first part of a larger cluster
         cluster = cluster.take(cfg.num_gpus)
+    cfg = replace(cfg, dtype=train_dtype((g.device for g in cluster.node_groups), args.dtype,
+                                         where="--dtype"))
     check_parallel(cfg, model, cluster)
-    _check_dtype(cluster, cfg.dtype)
     kernels = default_kernels([g.device for g in cluster.node_groups], dtype=cfg.dtype,
                               attention=args.attention)
     if not kernels.attention.fused and cfg.cp > 1:
@@ -173,18 +202,19 @@ def run(args: argparse.Namespace) -> int:
 def _simulate_plan(args: argparse.Namespace, plan: Plan, *, profiles: Profiles | None = None,
                    layout: str | None = None) -> int:
     """Predict `plan`, write what was asked for, print the summary (or JSON)."""
-    if args.plan:
+    if args.plan is not None:
         profiles = profiles_for(args, plan.cluster, plan.training.dtype)
-    if (args.trace or args.gantt) and args.method != "simulate":
-        fail("--method", args.method, "--trace and --gantt need the event simulation")
     if args.method == "estimate":
         result = estimate(plan, profiles=profiles)
     else:
+        _check_simulation_size(plan)
         result, sim = simulate_detailed(plan, profiles=profiles)
         if args.trace:
-            write_trace(sim, args.trace)
+            with atomic_path(args.trace) as tmp:
+                write_trace(sim, tmp)
         if args.gantt:
-            write_gantt(sim, args.gantt)
+            with atomic_path(args.gantt) as tmp:
+                write_gantt(sim, tmp)
     if args.output:
         save_plan(with_prediction(plan, result, command=["plan", *args.argv],
                                   profiles=profiles), args.output)
@@ -197,6 +227,26 @@ def _simulate_plan(args: argparse.Namespace, plan: Plan, *, profiles: Profiles |
     return 0
 
 
+
+
+def simulated_passes(plan: Plan) -> int:
+    """Forward and backward passes the event simulation schedules: identical replicas
+    are simulated once (the simulator's own test is finer; this one never undercounts
+    by more than the number of GPU types)."""
+    slots, groups = plan.cluster.slots, plan.cluster.node_groups
+    distinct = {(p.micro_batch_size, p.num_microbatches,
+                 tuple((s.layers, s.tp, s.cp, s.recompute, groups[slots[s.devices[0]].group].gpu)
+                       for s in p.stages)): 2 * len(p.stages) * p.num_microbatches
+                for p in plan.pipelines}
+    return sum(distinct.values()) * plan.training.virtual_stages
+
+
+def _check_simulation_size(plan: Plan) -> None:
+    passes = simulated_passes(plan)
+    if passes > MAX_SIMULATED_PASSES:
+        fail("--method", "simulate", f"{passes:,} passes to schedule (at most "
+             f"{MAX_SIMULATED_PASSES:,}, minutes of event simulation): use --method estimate, "
+             "or fewer micro-batches per pipeline")
 
 
 def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:

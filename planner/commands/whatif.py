@@ -6,13 +6,22 @@ import argparse
 import os
 import shlex
 
-from planner.commands.args import add_catalog_arg, add_model_args, positive_int
+from planner.commands.args import (
+    add_catalog_arg,
+    add_model_args,
+    budget_arg,
+    gbs_arg,
+    path_arg,
+    seq_arg,
+    tokens_arg,
+)
 from planner.commands.inputs import load_inputs, profiles_for
+from planner.outputs import check_output_dir
 from planner.search.search import OBJECTIVES
+from planner.specs.cluster import train_dtype
 from planner.specs.plan import TRAIN_DTYPES
 from planner.whatif.report import plan_scenarios, write_report
 from planner.whatif.scenarios import Setting, parse_scenario
-from profiler.schema import fail
 
 __all__ = ["add_parser", "run"]
 
@@ -29,36 +38,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "egress-price USD_PER_GB; model NAME; tokens N.  Example: --scenario "
         "\"more H100: add H100-80GB-SXM 64; price H100-80GB-SXM 3\"")
     add_model_args(p)
-    p.add_argument("--cluster", required=True, metavar="FILE", help="the baseline ClusterSpec")
+    p.add_argument("--cluster", required=True, type=path_arg, metavar="FILE",
+                   help="the baseline ClusterSpec")
     add_catalog_arg(p)
-    p.add_argument("--tokens", type=float, required=True, metavar="N",
+    p.add_argument("--tokens", type=tokens_arg, required=True, metavar="N",
                    help="tokens to train on (e.g. 2e12)")
-    p.add_argument("--gbs", type=positive_int, required=True, metavar="N",
+    p.add_argument("--gbs", type=gbs_arg, required=True, metavar="N",
                    help="global batch size (sequences)")
-    p.add_argument("--seq", type=positive_int, metavar="N", help="sequence length (default: "
+    p.add_argument("--seq", type=seq_arg, metavar="N", help="sequence length (default: "
                    "the model's)")
-    p.add_argument("--dtype", choices=TRAIN_DTYPES, default="bf16")
+    p.add_argument("--dtype", choices=TRAIN_DTYPES,
+                   help="training dtype (default: bf16 where every GPU type has it, else fp16)")
     p.add_argument("--scenario", action="append", default=[], metavar="CHANGES",
                    help="a scenario (repeatable); the baseline is always the first row")
     p.add_argument("--objective", choices=OBJECTIVES,
                    default="time-to-train")
-    p.add_argument("--max-budget", type=float, metavar="USD", help="cap on each run's cost")
-    p.add_argument("--profile", metavar="FILE|DIR", action="append",
+    p.add_argument("--max-budget", type=budget_arg, metavar="USD", help="cap on each run's cost")
+    p.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",
                    help="measured profile(s) for the cluster's GPU types")
-    p.add_argument("-o", "--output", required=True, metavar="DIR",
+    p.add_argument("-o", "--output", required=True, type=path_arg, metavar="DIR",
                    help="report folder (e.g. reports/my-cluster/)")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.tokens <= 0:
-        fail("--tokens", args.tokens, "must be > 0")
+    check_output_dir(args.output, flag="-o")
     args.gpus = None  # load_inputs reads --model/--model-file and --cluster
     model, cluster = load_inputs(args)
+    dtype = train_dtype((g.device for g in cluster.node_groups), args.dtype, where="--dtype")
     scenarios = [parse_scenario(text) for text in args.scenario]
     base = Setting(label="baseline", model=model, cluster=cluster, tokens=args.tokens)
-    profiles = profiles_for(args, cluster, args.dtype)
+    profiles = profiles_for(args, cluster, dtype)
     rows = plan_scenarios(base, scenarios, gbs=args.gbs, seq_len=args.seq,
-                          objective=args.objective, dtype=args.dtype,
+                          objective=args.objective, dtype=dtype,
                           max_budget_usd=args.max_budget, profiles=profiles)
     title = f"What if: {model.name} on {cluster.name}, {args.tokens:.3g} tokens"
     paths = write_report(rows, args.output, title=title,

@@ -163,10 +163,11 @@ def estimate(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | None = No
                      forward_s=c.forward_s, backward_s=c.backward_s, memory=c.memory,
                      attention=str(plan.attention_of(plan.pipelines[c.pipeline].stages[c.stage])))
         for pc in priced.costs for c in pc)
-    breakdown = Breakdown(compute_s=parts["compute"], host_overhead_s=parts["host"],
-                          tp_comm_s=parts["tp"],
-                          cp_comm_s=parts["cp"], pp_comm_s=parts["pp"], dp_comm_s=parts["dp"],
-                          bubble_s=max(parts["bubble"], 0.0), optimizer_s=parts["opt"])
+    # exposed parts are differences of sums: round-off below zero reads as zero
+    part = {k: max(v, 0.0) for k, v in parts.items()}
+    breakdown = Breakdown(compute_s=part["compute"], host_overhead_s=part["host"],
+                          tp_comm_s=part["tp"], cp_comm_s=part["cp"], pp_comm_s=part["pp"],
+                          dp_comm_s=part["dp"], bubble_s=part["bubble"], optimizer_s=part["opt"])
     return make_result(plan, method="analytic estimate", iteration_s=iteration_s,
                        breakdown=breakdown, stages=stages,
                        sources={**cost_sources(plan, profiles), "memory": MEMORY_SOURCE,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from planner.outputs import PICTURE_SUFFIXES, atomic_path, check_output_file
 from profiler.devices import device
 from profiler.store import Profile, ProfileRow, load_profile
 
@@ -139,11 +140,15 @@ def _plot(profile: Profile, path: str) -> None:
     m = profile.meta
     fig.suptitle(f"{m.device} ({m.device_detail}), {m.dtype}, torch {m.torch_version}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110)
+    finally:
+        plt.close(fig)
 
 
 def show_profile(path: str, *, plot: str | None = None, as_json: bool = False) -> int:
+    check_output_file(plot, flag="--plot", suffixes=PICTURE_SUFFIXES)
     profile = load_profile(path)
     summaries = summarise(profile)
     if as_json:

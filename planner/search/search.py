@@ -34,7 +34,8 @@ from planner.search.parallel import parallel_map
 from planner.search.sharding import sharding_options, solve_ilp
 from planner.search.space import Layout, Micro, SearchSpace, candidates, default_space, layouts
 from planner.simulator import simulate
-from planner.specs.cluster import ClusterSpec
+from planner.specs.choices import DType
+from planner.specs.cluster import ClusterSpec, check_train_dtype
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan, Sharding
@@ -58,7 +59,7 @@ class SearchRequest:
     cluster: ClusterSpec
     gbs: int
     seq_len: int
-    dtype: str = "bf16"
+    dtype: DType = DType.BF16
     objective: str = "throughput"  # throughput | cost | time-to-train
     tokens: float | None = None
     max_budget_usd: float | None = None
@@ -190,6 +191,7 @@ def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
     if (req.objective == "cost" or req.max_budget_usd is not None) and _price(cluster) is None:
         fail("--objective" if req.objective == "cost" else "--max-budget", req.objective,
              "needs prices: a --cluster spec with price_per_gpu_hour_usd on every node group")
+    check_train_dtype((g.device for g in cluster.node_groups), req.dtype, where="--dtype")
 
 
 def _kernels(req: SearchRequest, cluster: ClusterSpec) -> Kernels:
@@ -233,7 +235,7 @@ def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sh
     cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp, mbs=mi.mbs,
                          gbs=req.gbs, seq_len=req.seq_len, recompute=mi.recompute,
                          sequence_parallel=mi.sequence_parallel, sharding=sharding,
-                         dtype=req.dtype, schedule=mi.schedule)  # type: ignore[arg-type]  # dtype checked by the search request
+                         dtype=req.dtype, schedule=mi.schedule)
     sub = cluster.take(lo.num_gpus, where="search")
     return homogeneous_plan(req.model, sub, cfg, kernels=_kernels(req, cluster))
 
@@ -524,8 +526,12 @@ def _explain(req: SearchRequest, closest: list[Evaluation], total: int) -> str:
         if total == 0:
             return (f"no configuration divides gbs {req.gbs} over these GPUs "
                     "(try a gbs that is a multiple of the GPU count)")
-        return (f"every configuration that fits in memory exceeds the budget of "
-                f"${req.max_budget_usd:,.0f} for {req.tokens:.3g} tokens")
+        if req.max_budget_usd is not None:
+            return (f"every configuration that fits in memory exceeds the budget of "
+                    f"${req.max_budget_usd:,.0f} for {req.tokens:.3g} tokens")
+        return (f"none of the {total} mixed-cluster candidates fits in memory with a "
+                f"micro-batch for every replica of gbs {req.gbs} (try a larger gbs, or "
+                f"--gpus of one type)")
     e = min(closest, key=lambda e: e.peak_memory_bytes / e.capacity_bytes)
     lo, mi, sh = e.layout, e.micro, e.sharding
     short = (e.peak_memory_bytes - e.capacity_bytes) / GIB

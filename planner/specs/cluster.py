@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from planner.specs.choices import DType, values
+from planner.specs.limits import MAX_GPUS
 from profiler.devices import NIC_KINDS, DeviceSpec, device
 from profiler.schema import SpecError, at, cached_hash, fail, load_yaml, parse, spec_field
 
-__all__ = ["ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup", "homogeneous_cluster",
-           "load_cluster", "parse_gpus_arg"]
+__all__ = ["TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup",
+           "check_train_dtype", "homogeneous_cluster", "train_dtype", "load_cluster", "parse_gpus_arg"]
 
+TRAIN_DTYPES = values(DType)  # what a model trains in (Plan.training.dtype)
 LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "loopback"]
 NicName = Literal["infiniband", "roce", "ethernet"]
 
@@ -29,17 +34,19 @@ class NodeGroup:
 
     name: str
     gpu: str
-    num_nodes: int = spec_field(min=1)
-    gpus_per_node: int | None = spec_field(default=None, min=1)
+    # Bounds: generous physical limits, so every derived time and price stays finite.
+    num_nodes: int = spec_field(min=1, max=65_536)
+    gpus_per_node: int | None = spec_field(default=None, min=1, max=256)
     intra_node_link: LinkName | None = None
-    intra_node_bandwidth_gb_per_s: float | None = spec_field(default=None, gt=0,
-                                                             help="per GPU, per direction")
+    intra_node_bandwidth_gb_per_s: float | None = spec_field(
+        default=None, min=0.1, max=100_000, help="per GPU, per direction; 0.1 to 100,000")
     nic: NicName | None = None
-    nics_per_node: int | None = spec_field(default=None, min=1)
-    nic_bandwidth_gbit_per_s: float | None = spec_field(default=None, gt=0, help="per NIC")
+    nics_per_node: int | None = spec_field(default=None, min=1, max=64)
+    nic_bandwidth_gbit_per_s: float | None = spec_field(default=None, min=0.1, max=100_000,
+                                                        help="per NIC; 0.1 to 100,000")
     island: str = "island0"
     datacenter: str = "dc0"
-    price_per_gpu_hour_usd: float | None = spec_field(default=None, min=0)
+    price_per_gpu_hour_usd: float | None = spec_field(default=None, min=0, max=10_000)
     gpu_spec: DeviceSpec | None = spec_field(
         default=None, help="the GPU type's numbers where they are not the shipped catalog's "
         "(set from the cluster's `devices` or a --catalog file)")
@@ -91,10 +98,12 @@ class IslandLink:
     """The link joining two islands (e.g. two datacenters); shared by all traffic on it."""
 
     islands: tuple[str, ...]
-    bandwidth_gbit_per_s: float = spec_field(gt=0, help="aggregate, per direction")
-    latency_ms: float = spec_field(default=0.01, min=0)
+    bandwidth_gbit_per_s: float = spec_field(min=0.1, max=1_000_000,
+                                             help="aggregate, per direction; 0.1 to 1e6")
+    latency_ms: float = spec_field(default=0.01, min=0, max=10_000, help="0 to 10 s")
     kind: NicName = "ethernet"
-    price_per_gb_usd: float = spec_field(default=0.0, min=0, help="egress price of traffic")
+    price_per_gb_usd: float = spec_field(default=0.0, min=0, max=1_000,
+                                         help="egress price of traffic")
 
     def check(self, where: str) -> None:
         if len(self.islands) != 2 or self.islands[0] == self.islands[1]:
@@ -119,6 +128,10 @@ class GpuSlot:
     local: int
 
 
+MAX_NODE_GROUPS = 256
+MAX_ISLANDS = 32  # each pair of islands needs a link
+
+
 @cached_hash
 @dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
@@ -133,8 +146,15 @@ class ClusterSpec:
     def check(self, where: str) -> None:
         if not self.node_groups:
             fail(at(where, "node_groups"), [], "at least one node group")
+        if len(self.node_groups) > MAX_NODE_GROUPS:
+            fail(at(where, "node_groups"), f"{len(self.node_groups)} groups",
+                 f"at most {MAX_NODE_GROUPS}")
         defined = {d.name for d in self.devices}
+        names: set[str] = set()
         for i, g in enumerate(self.node_groups):
+            if g.name in names:
+                fail(at(where, f"node_groups[{i}].name"), g.name, "names must be unique")
+            names.add(g.name)
             if g.gpu_spec is None and g.gpu not in defined:
                 try:
                     device(g.gpu)
@@ -142,16 +162,15 @@ class ClusterSpec:
                     raise SpecError(f"{at(where, f'node_groups[{i}].gpu')}: "
                                     f"{str(err).split(': ', 1)[1]} (or define it under "
                                     "`devices:`)") from None
-        names = [g.name for g in self.node_groups]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                fail(at(where, f"node_groups[{i}].name"), name, "names must be unique")
+        self._check_size(where)
         dc_of: dict[str, str] = {}
         for i, g in enumerate(self.node_groups):
             if dc_of.setdefault(g.island, g.datacenter) != g.datacenter:
                 fail(at(where, f"node_groups[{i}].datacenter"), g.datacenter,
                      f"island {g.island!r} is already in datacenter {dc_of[g.island]!r}")
         islands = set(dc_of)
+        if len(islands) > MAX_ISLANDS:
+            fail(at(where, "node_groups"), f"{len(islands)} islands", f"at most {MAX_ISLANDS}")
         for i, link in enumerate(self.island_links):
             for name in link.islands:
                 if name not in islands:
@@ -161,6 +180,15 @@ class ClusterSpec:
             if self.island_link(a, b) is None:
                 raise SpecError(f"{at(where, 'island_links')}: islands {a!r} and {b!r} "
                                 "have no link (add one with their bandwidth and latency)")
+
+    def _check_size(self, where: str) -> None:
+        """At most MAX_GPUS GPUs (the catalog's node size where a group leaves it out)."""
+        total = 0
+        for g in self.node_groups:
+            per_node = g.gpus_per_node or (_standard_gpus_per_node(g.gpu) or 1)
+            total += g.num_nodes * per_node
+        if total > MAX_GPUS:
+            fail(at(where, "node_groups"), f"{total:,} GPUs", f"at most {MAX_GPUS:,} in a cluster")
 
     def island_link(self, a: str, b: str) -> IslandLink | None:
         for link in self.island_links:
@@ -186,6 +214,14 @@ class ClusterSpec:
                        for g in self.node_groups)
         return replace(self, devices=(*self.devices, *dict.fromkeys(used)),
                        node_groups=groups).resolved()
+
+    @property
+    def is_resolved(self) -> bool:
+        """Whether every node field the catalog can default is filled in."""
+        return all(g.gpus_per_node is not None and g.intra_node_link is not None
+                   and g.intra_node_bandwidth_gb_per_s is not None and g.nic is not None
+                   and g.nics_per_node is not None and g.nic_bandwidth_gbit_per_s is not None
+                   for g in self.node_groups)
 
     @property
     def num_gpus(self) -> int:
@@ -245,6 +281,42 @@ class ClusterSpec:
         return tuple(out)
 
 
+def _standard_gpus_per_node(gpu: str) -> int | None:
+    try:
+        node = device(gpu).node
+    except SpecError:
+        return None
+    return node.gpus_per_node if node is not None else None
+
+
+def check_train_dtype(devices: Iterable[DeviceSpec], dtype: str, *, where: str) -> None:
+    """The one rule for a training dtype, for every command and every Plan (`DType`):
+    each GPU type that trains must run it: bf16, fp16 and fp8 need the device's own peak
+    for them (a V100 has no bf16: fp16 or fp32 there; FP8 needs Hopper, Ada or newer);
+    tf32 runs TF32 tensor cores where the device has them and fp32 elsewhere."""
+    if dtype not in TRAIN_DTYPES:
+        fail(where, dtype, "allowed: " + ", ".join(TRAIN_DTYPES))
+    need = DType(dtype)
+    for dev in dict.fromkeys(devices):
+        if need is not DType.TF32 and str(need) not in dev.peak_tflops:
+            offers = [d for d in TRAIN_DTYPES if d in dev.peak_tflops]
+            fail(where, dtype, f"{dev.name} has no {dtype}; it offers {', '.join(offers)}")
+
+
+def train_dtype(devices: Iterable[DeviceSpec], asked: str | None, *, where: str) -> DType:
+    """The training dtype a command runs: `asked` when given (checked against every GPU
+    type), else the default, bf16 where every type has it and fp16 otherwise (mixed
+    precision as on a V100 or T4; fp32 only on a type with neither)."""
+    devices = list(dict.fromkeys(devices))
+    if asked is not None:
+        check_train_dtype(devices, asked, where=where)
+        return DType(asked)
+    for default in (DType.BF16, DType.FP16):
+        if all(str(default) in dev.peak_tflops for dev in devices):
+            return default
+    return DType.FP32
+
+
 def load_cluster(path: str, *, catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:
     """A ClusterSpec from YAML, with the catalog's defaults filled in (`catalog`: device
     types of a --catalog file, which the cluster's own `devices` override)."""
@@ -265,6 +337,8 @@ def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus",
     per_node = dev.node.gpus_per_node
     if count < 1:
         fail(where, f"{gpu}:{count}", "the GPU count must be ≥ 1")
+    if count > MAX_GPUS:
+        fail(where, f"{gpu}:{count}", f"the GPU count must be ≤ {MAX_GPUS:,}")
     if count > per_node and count % per_node:
         fail(where, f"{gpu}:{count}",
              f"more than one {dev.node.name} node needs a multiple of {per_node} GPUs")
@@ -278,7 +352,7 @@ def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus",
 def parse_gpus_arg(text: str, *, catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:
     """`TYPE:COUNT` (the CLI's --gpus) to a homogeneous cluster."""
     gpu, sep, count = text.rpartition(":")
-    if not sep or not gpu or not count.strip().lstrip("-").isdigit():
+    if not sep or not gpu or not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", count):  # ASCII digits
         fail("--gpus", text, "expected TYPE:COUNT, e.g. A100-80GB-SXM:64")
     return homogeneous_cluster(gpu, int(count), catalog=catalog)
 

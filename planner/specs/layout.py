@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.specs.choices import Recompute, Schedule, ShardingPreset
+from planner.specs.choices import DType, Recompute, Schedule, ShardingPreset
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import (
@@ -18,7 +18,6 @@ from planner.specs.plan import (
     Plan,
     Sharding,
     Stage,
-    TrainDType,
     Training,
 )
 from planner.specs.rules import (
@@ -50,7 +49,7 @@ class ParallelConfig:
     recompute: Recompute = Recompute.NONE
     sequence_parallel: bool = False
     sharding: Sharding = Sharding()
-    dtype: TrainDType = "bf16"
+    dtype: DType = DType.BF16
     schedule: Schedule = Schedule.ONE_F_ONE_B  # with vp > 1: interleaved 1F1B
 
     @property
@@ -87,7 +86,9 @@ def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, 
     require(at(where, "gbs"), cfg.gbs, batch_problem(cfg.gbs, cfg.mbs, cfg.dp))
     require(at(where, "cp"), cfg.cp, cp_problem(cfg.seq_len, cfg.cp))
     require(at(where, "schedule"), cfg.schedule, schedule_problem(cfg.schedule, cfg.pp, cfg.vp))
-    require(at(where, "vp"), cfg.vp, interleaving_problem(cfg.pp, cfg.vp, cfg.schedule))
+    require(at(where, "vp"), cfg.vp, interleaving_problem(
+        cfg.pp, cfg.vp, cfg.schedule,
+        cfg.gbs // (cfg.mbs * cfg.dp) if not cfg.gbs % (cfg.mbs * cfg.dp) else None))
     for name in ("params", "grads", "optim"):
         size = getattr(cfg.sharding, name)
         require(at(where, f"shard_{name}"), size, sharding_problem(size, cfg.dp))

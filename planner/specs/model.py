@@ -8,6 +8,7 @@ from functools import cache
 from importlib import resources
 from typing import Literal
 
+from planner.specs.limits import MAX_SEQ_LEN
 from profiler.schema import (
     SpecError,
     at,
@@ -28,13 +29,17 @@ class ModelSpec:
     """A GPT / Llama-style decoder. Field names are the YAML keys (tools rely on them)."""
 
     name: str
-    num_layers: int = spec_field(min=1)
-    hidden_size: int = spec_field(min=1)
-    ffn_hidden_size: int = spec_field(min=1, help="MLP inner size (per gate for swiglu)")
-    num_heads: int = spec_field(min=1)
-    num_kv_heads: int | None = spec_field(default=None, min=1, help="GQA; default num_heads")
-    vocab_size: int = spec_field(min=1)
-    seq_len: int = spec_field(min=1, help="default training sequence length")
+    # Bounds are generous physical limits (several times the largest published models):
+    # they keep every derived size finite and every search bounded.
+    num_layers: int = spec_field(min=1, max=1024)
+    hidden_size: int = spec_field(min=1, max=262_144)
+    ffn_hidden_size: int = spec_field(min=1, max=1_048_576,
+                                      help="MLP inner size (per gate for swiglu)")
+    num_heads: int = spec_field(min=1, max=16_384)
+    num_kv_heads: int | None = spec_field(default=None, min=1, max=16_384,
+                                          help="GQA; default num_heads")
+    vocab_size: int = spec_field(min=1, max=16_777_216)
+    seq_len: int = spec_field(min=1, max=MAX_SEQ_LEN, help="default training sequence length")
     activation: Literal["gelu", "swiglu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     tied_embeddings: bool = False

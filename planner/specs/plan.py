@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import typing
 from dataclasses import dataclass
 from typing import Literal
 
-from planner.specs.choices import Recompute, Schedule
-from planner.specs.cluster import ClusterSpec
+from planner.outputs import PLAN_SUFFIXES, atomic_path
+from planner.specs.choices import DType, Recompute, Schedule
+from planner.specs.cluster import TRAIN_DTYPES, ClusterSpec, check_train_dtype
+from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec
 from planner.specs.rules import cp_problem, require, sharding_problem, tp_problem
 from profiler.kernels import Attention, OptimizerKernel
@@ -28,18 +29,16 @@ __all__ = ["SCHEMA_VERSION", "TRAIN_DTYPES", "Kernels", "Pipeline", "Plan", "Pre
            "plan_from_dict", "plan_to_dict", "save_plan"]
 
 SCHEMA_VERSION = 1
-TrainDType = Literal["bf16", "fp16", "fp32"]
-TRAIN_DTYPES: tuple[str, ...] = typing.get_args(TrainDType)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Stage:
     """Layers [first, last) of the model on `tp * cp` GPUs (index = cp_rank * tp + tp_rank)."""
 
-    layers: tuple[int, ...] = spec_field(min=0, help="[first, last) layer range")
-    devices: tuple[int, ...] = spec_field(min=0, help="global GPU indices")
-    tp: int = spec_field(default=1, min=1)
-    cp: int = spec_field(default=1, min=1)
+    layers: tuple[int, ...] = spec_field(min=0, max=1024, help="[first, last) layer range")
+    devices: tuple[int, ...] = spec_field(min=0, max=MAX_GPUS - 1, help="global GPU indices")
+    tp: int = spec_field(default=1, min=1, max=16_384)
+    cp: int = spec_field(default=1, min=1, max=16_384)
     recompute: Recompute = Recompute.NONE
     attention: Attention | None = spec_field(
         default=None, help="this stage's attention kernel (default: kernels.attention); a "
@@ -65,8 +64,8 @@ class Pipeline:
     """One data-parallel replica: its stages in order and its share of the global batch."""
 
     stages: tuple[Stage, ...]
-    micro_batch_size: int = spec_field(min=1)
-    num_microbatches: int = spec_field(min=1)
+    micro_batch_size: int = spec_field(min=1, max=MAX_GLOBAL_BATCH)
+    num_microbatches: int = spec_field(min=1, max=MAX_GLOBAL_BATCH)
 
     def check(self, where: str) -> None:
         if not self.stages:
@@ -86,9 +85,9 @@ class Sharding:
     so that the groups nest.
     """
 
-    params: int = spec_field(default=1, min=1)
-    grads: int = spec_field(default=1, min=1)
-    optim: int = spec_field(default=1, min=1)
+    params: int = spec_field(default=1, min=1, max=MAX_GPUS)
+    grads: int = spec_field(default=1, min=1, max=MAX_GPUS)
+    optim: int = spec_field(default=1, min=1, max=MAX_GPUS)
 
     def check(self, where: str) -> None:
         if self.grads % self.params:
@@ -99,12 +98,14 @@ class Sharding:
 
 @dataclass(frozen=True, kw_only=True)
 class Training:
-    global_batch_size: int = spec_field(min=1)
-    seq_len: int = spec_field(min=1)
-    dtype: TrainDType = "bf16"
+    global_batch_size: int = spec_field(min=1, max=MAX_GLOBAL_BATCH, help="sequences; at "
+                                        f"most {MAX_GLOBAL_BATCH:,}")
+    seq_len: int = spec_field(min=1, max=MAX_SEQ_LEN)
+    dtype: DType = DType.BF16
     sequence_parallel: bool = False
     schedule: Schedule = Schedule.ONE_F_ONE_B
-    virtual_stages: int = spec_field(default=1, min=1, help="interleaved chunks per stage (vp)")
+    virtual_stages: int = spec_field(default=1, min=1, max=1024,
+                                     help="interleaved chunks per stage (vp)")
     optimizer: Literal["adamw"] = "adamw"
 
     def check(self, where: str) -> None:
@@ -161,6 +162,12 @@ class Plan:
     predicted: Predicted | None = None
     provenance: Provenance | None = None
 
+    def __post_init__(self) -> None:
+        # A plan file may leave node fields to the catalog's standard node, as a cluster
+        # file may: fill them in, so that every consumer reads a resolved cluster.
+        if not self.cluster.is_resolved:
+            object.__setattr__(self, "cluster", self.cluster.resolved())
+
     def check(self, where: str) -> None:
         if self.schema_version != SCHEMA_VERSION:
             fail(at(where, "schema_version"), self.schema_version,
@@ -169,6 +176,11 @@ class Plan:
             fail(at(where, "pipelines"), [], "at least one pipeline")
         self._check_batch(where)
         self._check_stages(where)
+        slots, groups = self.cluster.slots, self.cluster.node_groups
+        check_train_dtype((groups[slots[s.devices[0]].group].device
+                           for p in self.pipelines for s in p.stages),
+                          self.training.dtype, where=at(where, "training.dtype"))
+        self._check_interleaving(where)
         schedule = self.training.schedule
         if any(len(p.stages) < schedule.min_stages for p in self.pipelines):
             allowed = ", ".join(s for s in Schedule if s.min_stages == 1)
@@ -229,6 +241,17 @@ class Plan:
     def shardings(self) -> tuple[Sharding, ...]:
         """The distinct shardings the plan uses (one unless stage_sharding differs)."""
         return tuple(dict.fromkeys(self.stage_sharding or (self.sharding,)))
+
+    def _check_interleaving(self, where: str) -> None:
+        """Interleaved 1F1B runs micro-batches in groups of pp (Narayanan et al. 2021,
+        §2.2): each pipeline's count must be a multiple of its stages."""
+        if not self.training.schedule.interleaved:
+            return
+        for pi, p in enumerate(self.pipelines):
+            if p.num_microbatches % len(p.stages):
+                fail(at(where, f"pipelines[{pi}].num_microbatches"), p.num_microbatches,
+                     f"interleaved-1f1b needs a multiple of the pipeline's {len(p.stages)} "
+                     "stages")
 
     def _check_batch(self, where: str) -> None:
         for pi, pipe in enumerate(self.pipelines):
@@ -310,19 +333,21 @@ def plan_from_dict(data: object, *, where: str = "plan") -> Plan:
 
 
 def save_plan(plan: Plan, path: str) -> None:
-    """Write YAML (.yaml/.yml) or JSON (.json); reading it back gives an equal Plan."""
-    data = plan_to_dict(plan)
+    """Write YAML (.yaml/.yml) or JSON (.json); reading it back gives an equal Plan. The
+    extension is checked before anything is written, and the file is written atomically
+    (an existing file stays whole until the new one is)."""
     ext = os.path.splitext(path)[1].lower()
-    with open(path, "w", encoding="utf-8") as fh:
+    if ext not in PLAN_SUFFIXES:
+        raise SpecError(f"-o: {path!r} is not allowed (use a .yaml, .yml or .json file)")
+    data = plan_to_dict(plan)
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         if ext == ".json":
             json.dump(data, fh, indent=1)
             fh.write("\n")
-        elif ext in (".yaml", ".yml"):
+        else:
             import yaml
 
             yaml.safe_dump(data, fh, sort_keys=False, default_flow_style=None, width=100)
-        else:
-            raise SpecError(f"-o: {path!r} is not allowed (use a .yaml, .yml or .json file)")
 
 
 def load_plan(path: str) -> Plan:

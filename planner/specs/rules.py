@@ -25,11 +25,14 @@ def require(where: str, value: object, problem: str | None) -> None:
 
 def tp_problem(model: ModelSpec, tp: int) -> str | None:
     """Tensor parallelism splits the heads (Shoeybi et al. 2019): tp must divide them, and
-    divide the K/V heads or be a multiple of them (which are then replicated)."""
+    divide the K/V heads or be a multiple of them (which are then replicated), and the
+    MLP's inner size (Megatron-LM's column-parallel fc1; the vocabulary is padded instead)."""
     if model.num_heads % tp:
         return f"must divide num_heads {model.num_heads}"
     if model.kv_heads % tp and tp % model.kv_heads:
         return f"must divide num_kv_heads {model.kv_heads} or be a multiple of it"
+    if model.ffn_hidden_size % tp:
+        return f"must divide ffn_hidden_size {model.ffn_hidden_size}"
     return None
 
 
@@ -77,7 +80,8 @@ def interleaving_problem(pp: int, vp: int, schedule: Schedule,
     if pp == 1 or schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B):
         return "interleaving needs pp > 1 and the 1f1b schedule"
     if num_microbatches is not None and num_microbatches % pp:
-        return f"interleaved 1F1B needs micro-batches in multiples of the {pp} stages"
+        return (f"interleaving needs micro-batches per pipeline (gbs/(mbs*dp) = "
+                f"{num_microbatches}) to be a multiple of pp = {pp}")
     return None
 
 

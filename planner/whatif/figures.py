@@ -6,6 +6,7 @@ import functools
 import os
 from collections.abc import Sequence
 
+from planner.outputs import atomic_path
 from planner.whatif.report import Row, best_row, replica_kinds
 from profiler.store import Profiles
 
@@ -21,13 +22,18 @@ def draw_all(rows: Sequence[Row], out_dir: str, *, profiles: Profiles | None = N
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     paths = {}
     for name, draw in (("cost_vs_time", _cost_vs_time), ("breakdown", _breakdown),
                        ("memory", _memory),
                        ("gantt", functools.partial(_gantt, profiles=profiles))):
         path = os.path.join(out_dir, f"{name}.png")
-        if draw(rows, path):
-            paths[name] = path
+        try:
+            if draw(rows, path):
+                paths[name] = path
+        finally:
+            plt.close("all")  # a figure left open by an error is not kept
     return paths
 
 
@@ -35,9 +41,18 @@ def _save(fig: object, path: str) -> bool:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()  # type: ignore[attr-defined]  # matplotlib's Figure
-    fig.savefig(path, dpi=110)  # type: ignore[attr-defined]  # matplotlib's Figure
-    plt.close(fig)  # type: ignore[arg-type]  # matplotlib's Figure
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110)  # type: ignore[attr-defined]  # matplotlib's Figure
+    finally:
+        plt.close(fig)  # type: ignore[arg-type]  # matplotlib's Figure
     return True
+
+
+def _wide(values: Sequence[float]) -> bool:
+    """Whether values span more than 5x (a log axis); never with a zero (free GPUs cost
+    $0, and a log axis has no 0)."""
+    return min(values) > 0 and max(values) / min(values) > 5
 
 
 def _pareto(points: list[tuple[float, float]]) -> list[int]:
@@ -68,13 +83,13 @@ def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
             ax.annotate(str(i), (x, y), ha="center", va="center", color="white", fontsize=8,
                         fontweight="bold", zorder=4)
         ax.set_ylabel("total cost (thousand $)")
-        if max(costs) / min(costs) > 5:  # type: ignore[type-var, operator]  # priced rows only
+        if _wide(costs):  # type: ignore[arg-type]  # priced rows only
             ax.set_yscale("log")
         ax.legend(fontsize=8, loc="upper left")
     else:  # some scenario has no prices: time only
         ax.barh([str(i) for i, _ in planned], days)
         ax.invert_yaxis()
-    if max(days) / min(days) > 5:
+    if _wide(days):
         ax.set_xscale("log")
     ax.set_xlabel("time to train (days)")
     ax.set_title(f"Cost against time to train ({planned[0][1].setting.tokens:.3g} tokens)")
@@ -155,5 +170,6 @@ def _gantt(rows: Sequence[Row], path: str, *, profiles: Profiles | None = None) 
     if best is None:
         return False
     _, sim = simulate_detailed(best.ranked.plan, profiles=profiles)  # type: ignore[union-attr]  # the best row is planned
-    write_gantt(sim, path)
+    with atomic_path(path) as tmp:
+        write_gantt(sim, tmp)
     return True

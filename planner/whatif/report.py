@@ -15,12 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.errors import InfeasiblePlan
+from planner.outputs import atomic_path, write_text
 from planner.predict.results import SimResult
 from planner.search import Ranked, SearchRequest, search
+from planner.specs.choices import DType
+from planner.specs.cluster import check_train_dtype
 from planner.specs.plan import Plan, save_plan
 from planner.whatif.scenarios import Scenario, Setting, apply
 from profiler.progress import ProgressBar
-from profiler.schema import dump
+from profiler.schema import SpecError, dump
 from profiler.store import Profiles
 
 __all__ = ["COLUMNS", "Row", "best_row", "bottleneck",
@@ -107,7 +110,7 @@ def plan_scenarios(base: Setting, scenarios: Sequence[Scenario], *, gbs: int, se
     return rows
 
 
-def request_for(setting: Setting, *, gbs: int, seq_len: int | None, objective: str, dtype: str,
+def request_for(setting: Setting, *, gbs: int, seq_len: int | None, objective: str, dtype: DType,
                 max_budget_usd: float | None, profiles: Profiles | None) -> SearchRequest:
     return SearchRequest(model=setting.model, cluster=setting.cluster, gbs=gbs,
                          seq_len=seq_len or setting.model.seq_len, dtype=dtype,
@@ -118,8 +121,10 @@ def request_for(setting: Setting, *, gbs: int, seq_len: int | None, objective: s
 def _plan_one(setting: Setting, **kw: object) -> Row:
     req = request_for(setting, **kw)  # type: ignore[arg-type]  # keyword arguments collected in kw
     try:
+        check_train_dtype((g.device for g in setting.cluster.node_groups), req.dtype,
+                          where="--dtype")
         found = search(req)
-    except InfeasiblePlan as err:
+    except (InfeasiblePlan, SpecError) as err:
         return Row(setting, None, f"no plan: {err}")
     best = found.ranked[0]
     notes = list(found.notes)
@@ -199,7 +204,7 @@ def write_report(rows: Sequence[Row], out_dir: str, *, title: str, command: str,
 
     os.makedirs(out_dir, exist_ok=True)
     paths = {"csv": os.path.join(out_dir, "table.csv")}
-    with open(paths["csv"], "w", newline="", encoding="utf-8") as fh:
+    with atomic_path(paths["csv"]) as tmp, open(tmp, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(COLUMNS)
         writer.writerows(table_rows(rows))
@@ -210,11 +215,9 @@ def write_report(rows: Sequence[Row], out_dir: str, *, title: str, command: str,
         paths["plan"] = os.path.join(out_dir, "best-plan.yaml")
         save_plan(best.ranked.plan, paths["plan"])  # type: ignore[union-attr]  # best rows are planned
     paths["md"] = os.path.join(out_dir, "report.md")
-    with open(paths["md"], "w", encoding="utf-8") as fh:
-        fh.write(_markdown(rows, paths, title=title, command=command))
+    write_text(paths["md"], _markdown(rows, paths, title=title, command=command))
     paths["html"] = os.path.join(out_dir, "report.html")
-    with open(paths["html"], "w", encoding="utf-8") as fh:
-        fh.write(_html(rows, paths, title=title, command=command))
+    write_text(paths["html"], _html(rows, paths, title=title, command=command))
     return paths
 
 
@@ -231,10 +234,10 @@ def _write_clusters(rows: Sequence[Row], folder: str) -> str:
 
     os.makedirs(folder, exist_ok=True)
     for i, r in enumerate(rows, 1):
-        with open(os.path.join(folder, cluster_file(i, r)), "w", encoding="utf-8") as fh:
-            fh.write(f"# what-if scenario {i}: {r.label} (model {r.setting.model.name}, "
-                     f"{r.setting.tokens:.3g} tokens)\n")
-            yaml.safe_dump(dump(r.setting.cluster), fh, sort_keys=False, width=100)
+        text = (f"# what-if scenario {i}: {r.label} (model {r.setting.model.name}, "
+                f"{r.setting.tokens:.3g} tokens)\n"
+                + yaml.safe_dump(dump(r.setting.cluster), sort_keys=False, width=100))
+        write_text(os.path.join(folder, cluster_file(i, r)), text)
     return folder
 
 

@@ -21,14 +21,16 @@ Errors name the scenario and the word that is wrong, in one line.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.specs.cluster import ClusterSpec, NodeGroup
+from planner.specs.limits import MAX_TOKENS
 from planner.specs.model import ModelSpec, preset
 from profiler.devices import DeviceSpec, device
-from profiler.schema import SpecError, fail
+from profiler.schema import SpecError, dump, fail, parse
 
 __all__ = ["Scenario", "Setting", "apply", "parse_scenario"]
 
@@ -60,7 +62,10 @@ def parse_scenario(text: str, *, where: str = "--scenario") -> Scenario:
         label, body = "", text  # no label: the changes name the scenario
     changes = []
     for part in body.split(";"):
-        words = shlex.split(part)
+        try:
+            words = shlex.split(part)
+        except ValueError as err:  # an unbalanced quote
+            fail(where, text, f"{err}".lower())
         if not words:
             continue
         verb, args = words[0], words[1:]
@@ -87,18 +92,26 @@ def apply(scenario: Scenario, base: Setting, *, where: str = "--scenario") -> Se
 
 
 def _count(text: str, what: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not re.fullmatch(r"[0-9]{1,9}", text) or int(text) < 1:  # ASCII digits only
         fail(what, text, "a positive whole number")
     return int(text)
 
 
-def _factor(text: str) -> float:
+def _number(text: str, what: str, rule: str) -> float:
+    """A finite ASCII number, or a SpecError naming `what`."""
     try:
-        value = float(text)
+        value = float(text) if text.isascii() else math.nan
     except ValueError:
-        fail("factor", text, "a positive number")
-    if not math.isfinite(value) or value <= 0:
-        fail("factor", text, "a positive number")
+        value = math.nan
+    if not math.isfinite(value):
+        fail(what, text, rule)
+    return value
+
+
+def _factor(text: str, what: str = "factor") -> float:
+    value = _number(text, what, "a positive number")
+    if value <= 0:
+        fail(what, text, "a positive number")
     return value
 
 
@@ -200,12 +213,12 @@ def _scale_link(s: Setting, a: str, b: str, factor: str) -> Setting:
         fail("scale-link", f"{a} {b}", "two islands the cluster links")
     links = tuple(replace(k, bandwidth_gbit_per_s=k.bandwidth_gbit_per_s * f) if k is link else k
                   for k in s.cluster.island_links)
-    return replace(s, cluster=replace(s.cluster, island_links=links))
+    return replace(s, cluster=_checked(replace(s.cluster, island_links=links)))
 
 
 def _price(s: Setting, gpu: str, usd: str) -> Setting:
     name = _device_name(s, gpu)
-    value = _factor(usd)
+    value = _factor(usd, "price")
     if not any(g.gpu == name for g in s.cluster.node_groups):
         fail("price", gpu, "a GPU type of the cluster")
     groups = tuple(replace(g, price_per_gpu_hour_usd=value) if g.gpu == name else g
@@ -214,11 +227,11 @@ def _price(s: Setting, gpu: str, usd: str) -> Setting:
 
 
 def _egress(s: Setting, usd: str) -> Setting:
-    value = _factor(usd)
+    value = _factor(usd, "egress-price")
     if not s.cluster.island_links:
         fail("egress-price", usd, "the cluster has no links between islands")
     links = tuple(replace(k, price_per_gb_usd=value) for k in s.cluster.island_links)
-    return replace(s, cluster=replace(s.cluster, island_links=links))
+    return replace(s, cluster=_checked(replace(s.cluster, island_links=links)))
 
 
 def _model(s: Setting, name: str) -> Setting:
@@ -226,19 +239,22 @@ def _model(s: Setting, name: str) -> Setting:
 
 
 def _tokens(s: Setting, text: str) -> Setting:
-    try:
-        value = float(text)
-    except ValueError:
-        fail("tokens", text, "a number of tokens, e.g. 3e11")
+    value = _number(text, "tokens", "a number of tokens, e.g. 3e11")
     if value <= 0:
         fail("tokens", text, "must be > 0")
+    if value > MAX_TOKENS:
+        fail("tokens", text, f"must be ≤ {MAX_TOKENS:g}")
     return replace(s, tokens=value)
 
 
 def _with_groups(s: Setting, groups: tuple[NodeGroup, ...]) -> Setting:
-    cluster = replace(s.cluster, node_groups=groups)
-    cluster.check("cluster")
-    return replace(s, cluster=cluster)
+    return replace(s, cluster=_checked(replace(s.cluster, node_groups=groups)))
+
+
+def _checked(cluster: ClusterSpec) -> ClusterSpec:
+    """The edited cluster validated as a cluster file is (every field in its range, the
+    cluster's own rules), so a scenario is exactly a cluster file."""
+    return parse(ClusterSpec, dump(cluster), where="cluster")
 
 
 _APPLY: dict[str, Callable[..., Setting]] = {"add": _add, "remove": _remove, "swap": _swap, "scale-nic": _scale_nic,

@@ -37,9 +37,12 @@ def test_tensor_parallel_limits():
 
 
 def test_interleaving_needs_micro_batches_in_multiples_of_the_stages():
+    """Refused by the Plan itself (Plan.check: the simulator needs it too), before the
+    executor sees it."""
     stages = [(0, 2, [0], 1, "none"), (2, 4, [1], 1, "none")]
-    _refused(explicit(SMALL, world=2, schedule="interleaved-1f1b", vp=2,
-                      pipelines=[(1, 3, stages)]), "a multiple of the 2 stages")
+    with pytest.raises(SpecError, match=r"pipelines\[0\].num_microbatches: 3 is not allowed "
+                       r"\(interleaved-1f1b needs a multiple of the pipeline's 2 stages\)"):
+        explicit(SMALL, world=2, schedule="interleaved-1f1b", vp=2, pipelines=[(1, 3, stages)])
     check_runnable(explicit(SMALL, world=2, schedule="interleaved-1f1b", vp=2,
                             pipelines=[(1, 4, stages)]), cuda_devices=0)
 

@@ -9,7 +9,6 @@ bound is not loosened.
 """
 
 import json
-import time
 
 import pytest
 
@@ -24,12 +23,10 @@ ATTEMPTS = 3
 
 
 def _profile(path, capsys):
-    start = time.perf_counter()
     code = main(["profile", "--device", "cpu", "--model", MODEL, "--mbs", str(MBS), "--seq",
                  str(SEQ), "--dtype", "fp32", "--threads", "1", "-o", str(path)])
     capsys.readouterr()
     assert code == 0
-    return time.perf_counter() - start
 
 
 def _predict(path, capsys):
@@ -46,8 +43,7 @@ def test_predicted_step_matches_the_measured_step(tmp_path, capsys):
     errors = []
     for attempt in range(ATTEMPTS):
         path = tmp_path / f"cpu-{attempt}.csv"
-        elapsed = _profile(path, capsys)
-        assert elapsed < 120, f"profiling {MODEL} took {elapsed:.0f} s"
+        _profile(path, capsys)  # its wall time: benchmarks/profile_vs_step.py
         result = _predict(path, capsys)
         assert result["sources"]["compute"].startswith(f"measured profile {path}")
         kernels = result["kernels"]

@@ -1,11 +1,21 @@
 """The one spec loader: every error names the field, the value and what is allowed."""
 
+import time
 from dataclasses import dataclass
 from typing import Literal
 
 import pytest
 
-from profiler.schema import SpecError, dump, load_yaml_text, parse, spec_field
+from profiler import schema
+from profiler.schema import (
+    SpecError,
+    dump,
+    load_yaml_text,
+    parse,
+    read_text,
+    short_repr,
+    spec_field,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,3 +76,101 @@ def test_file_paths_prefix_fields():
 def test_malformed_yaml_names_the_line():
     with pytest.raises(SpecError, match=r"^f.yaml: line 2: malformed YAML"):
         load_yaml_text("a: 1\nb: c: d\n", where="f.yaml")
+
+
+# --- nothing read is trusted (issue 15) ------------------------------------------------
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_nan_and_inf_are_refused_wherever_a_number_is_expected(value):
+    with pytest.raises(SpecError, match=r"^ratio: .* is not allowed \(expected a finite number\)"):
+        parse(Outer, {**GOOD, "ratio": value})
+    with pytest.raises(SpecError, match=r"^table.k: .*finite"):
+        parse(Outer, {**GOOD, "table": {"k": value}})
+
+
+def test_an_integer_too_large_for_a_float_is_refused():
+    with pytest.raises(SpecError, match=r"^ratio: <an integer of \d+ bits> is not allowed"):
+        parse(Outer, {**GOOD, "ratio": 10**400})
+
+
+def test_a_huge_value_is_cut_in_the_message():
+    with pytest.raises(SpecError) as err:
+        parse(Outer, {**GOOD, "name": ["x" * 10**6] * 10**3})
+    assert len(str(err.value)) < 300 and "expected a non-empty string" in str(err.value)
+
+
+def test_short_repr_stops_early_on_nested_and_self_containing_values():
+    deep = ["lol"] * 9
+    for _ in range(20):
+        deep = [deep] * 9  # 9**21 leaves: formatting it whole would never end
+    assert len(short_repr(deep)) <= 120
+    loop = []
+    loop.append(loop)
+    assert short_repr(loop).startswith("[[")
+    assert short_repr(10**5000) == "<an integer of 16610 bits>"
+
+
+BILLION_LAUGHS = "\n".join(  # 9**9 "lol"s in a few hundred bytes
+    ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    + [f"{b}: &{b} [{', '.join(['*' + a] * 9)}]"
+       for a, b in zip("abcdefgh", "bcdefghi", strict=True)]
+    + ["name: *i"])
+
+
+def test_billion_laughs_is_refused_before_it_is_built():
+    assert len(BILLION_LAUGHS) < 600
+    start = time.process_time()
+    with pytest.raises(SpecError, match=r"^f.yaml: YAML aliases expand to more than 1,000,000"):
+        load_yaml_text(BILLION_LAUGHS, where="f.yaml")
+    assert time.process_time() - start < 5  # CPU time: refused long before expanding
+
+
+def test_a_few_aliases_are_fine():
+    data = load_yaml_text("base: &b {x: 1}\nother: *b\nmerged: {<<: *b, y: 2}\n", where="f")
+    assert data == {"base": {"x": 1}, "other": {"x": 1}, "merged": {"x": 1, "y": 2}}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a: &a [*a]\n", "a YAML alias refers to a value that contains it"),
+    ("x: !!python/object/apply:os.system ['true']\n", "malformed YAML (could not determine a "
+     "constructor for the tag 'tag:yaml.org,2002:python/object/apply:os.system')"),
+    ("x: " + "9" * 5000 + "\n", "unreadable YAML value (Exceeds the limit"),
+    ("[" * 100_000 + "]" * 100_000, "malformed YAML"),
+    ("a: 1\x00\n", "malformed YAML"),
+])
+def test_hostile_yaml_is_one_line(text, message):
+    with pytest.raises(SpecError) as err:
+        load_yaml_text(text, where="f.yaml")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_read_text_refuses_what_is_not_a_utf8_file(tmp_path, monkeypatch):
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"name: \xff\xfe\x00garbage")
+    with pytest.raises(SpecError, match=r"bin.yaml: not UTF-8 text \(byte 0xff at offset 6\)"):
+        read_text(str(binary))
+    with pytest.raises(SpecError, match=r": cannot read \(Is a directory\)"):
+        read_text(str(tmp_path))
+    with pytest.raises(SpecError, match=r"no.yaml: cannot read \(No such file or directory\)"):
+        read_text(str(tmp_path / "no.yaml"))
+    with pytest.raises(SpecError, match=r"an empty file name"):
+        read_text("")
+    monkeypatch.setattr(schema, "MAX_FILE_BYTES", 10)
+    big = tmp_path / "big.yaml"
+    big.write_text("x" * 11)
+    with pytest.raises(SpecError, match=r"big.yaml: larger than"):
+        read_text(str(big))
+
+
+def test_json_files_are_read_as_json(tmp_path):
+    """A JSON plan we wrote with a price of 1e-05 did not read back: YAML 1.1 reads a
+    number without a dot as a string."""
+    path = tmp_path / "p.json"
+    path.write_text('{"price": 1e-05, "tiny": 5e-324}')
+    assert schema.load_yaml(str(path)) == {"price": 1e-05, "tiny": 5e-324}
+    for text, message in (("{", "line 1: malformed JSON"),
+                          ("[" * 100_000 + "]" * 100_000, "unreadable JSON value"),
+                          ('{"a": ' + "1" * 5000 + "}", "unreadable JSON value")):
+        path.write_text(text)
+        with pytest.raises(SpecError, match=message):
+            schema.load_yaml(str(path))

@@ -119,6 +119,15 @@ def _write(tmp_path, text, name="p.csv"):
      "p.csv:row 1:shape: '1xAx256x64' is not allowed (expected integers joined by x)"),
     (lambda t: t.replace("gemm,mlp.fc1", "matmul,mlp.fc1", 1),
      "p.csv:row 1:kind: 'matmul' is not allowed (allowed: gemm, attention"),
+    # issue 15: NaN times priced a plan at NaN; one NaN row was skipped without a word
+    (lambda t: t.replace(",0.0001,", ",nan,", 1),
+     "p.csv:row 1:time_s: nan is not allowed (expected a finite number)"),
+    (lambda t: t.replace(",0.0011,", ",inf,", 1),
+     "p.csv:row 3:time_s: inf is not allowed (expected a finite number)"),
+    (lambda t: t.replace(",0.0001,", ",1e300,", 1), "p.csv:row 1:time_s: 1e+300 is not allowed"),
+    (lambda t: t.replace("1x64x256x64", "1x" + "9" * 30 + "x256x64", 1),
+     "p.csv:row 1:shape[1]: 999999999999999999999999999999 is not allowed "
+     "(must be ≤ 1.09951e+12)"),
 ])
 def test_bad_files_get_one_line_errors(tmp_path, edit, needle):
     text = profile_text(META, ROWS)

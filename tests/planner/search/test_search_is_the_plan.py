@@ -20,8 +20,8 @@ from planner.search.evaluate import LayoutModel
 from planner.search.sharding import sharding_options
 from planner.search.space import Layout, Micro, SearchSpace
 from planner.simulator import simulate
-from planner.specs.choices import Recompute, Schedule
-from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster
+from planner.specs.choices import DType, Recompute, Schedule
+from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster, train_dtype
 from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Sharding, load_plan, save_plan
@@ -69,6 +69,11 @@ def clusters(draw: st.DrawFn, *, types: int) -> ClusterSpec:
     return parse(ClusterSpec, data, where="random:").resolved()
 
 
+def _dtype(cluster: ClusterSpec) -> DType:
+    """What `plan search` trains in by default: bf16, or fp16 with a V100 in the cluster."""
+    return train_dtype((g.device for g in cluster.node_groups), None, where="--dtype")
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -92,18 +97,19 @@ def homogeneous_candidate_is_its_plan(model, cluster, data):
     cfg = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, mbs=mbs, gbs=gbs,
                          seq_len=model.seq_len, recompute=micro.recompute,
                          sequence_parallel=micro.sequence_parallel, schedule=schedule)
+    dtype = _dtype(cluster)
     try:
         check_parallel(cfg, model, cluster)
-        kernels = default_kernels([cluster.node_groups[0].device],
+        kernels = default_kernels([cluster.node_groups[0].device], dtype=dtype,
                                   attention="flash" if cp > 1 else None)
     except SpecError:  # an invalid draw (the rules are tested on their own)
         assume(False)
-    lm = LayoutModel(model, cluster, layout, dtype="bf16", seq_len=model.seq_len, gbs=gbs,
+    lm = LayoutModel(model, cluster, layout, dtype=dtype, seq_len=model.seq_len, gbs=gbs,
                      kernels=kernels)
     sharding = data.draw(st.sampled_from(sharding_options(lm.levels)))
     costs = lm.sharded(lm.stage_costs(micro), sharding)
-    plan = homogeneous_plan(model, cluster,
-                            ParallelConfig(**{**cfg.__dict__, "sharding": sharding}),
+    plan = homogeneous_plan(model, cluster, ParallelConfig(
+                                **{**cfg.__dict__, "sharding": sharding, "dtype": dtype}),
                             kernels=kernels)
     result = estimate(plan)
     assert math.isclose(lm.iteration_s(costs, micro), result.iteration_time_s, rel_tol=EXACT)
@@ -157,7 +163,8 @@ def search_writes_what_it_ranked(model, types, data, tmp_path):
                             **SMALL_SPACE)
     try:
         found = search(SearchRequest(model=model, cluster=cluster, gbs=gbs,
-                                     seq_len=model.seq_len, top=3, confirm=3, space=space))
+                                     seq_len=model.seq_len, top=3, confirm=3, space=space,
+                                     dtype=_dtype(cluster)))
     except (SpecError, InfeasiblePlan):  # nothing to write (tested elsewhere)
         assume(False)
     _check_written(found, tmp_path)
@@ -190,9 +197,11 @@ test_long_searches = pytest.mark.fuzz(examples(400)(SEARCHES(search_writes_what_
 def test_shipped_clusters_write_what_they_ranked(name, path, gbs, tmp_path):
     from planner.specs.model import preset
 
-    found = search(SearchRequest(model=preset(name), cluster=load_cluster(path), gbs=gbs,
+    cluster = load_cluster(path)
+    found = search(SearchRequest(model=preset(name), cluster=cluster, gbs=gbs,
                                  seq_len=min(4096, preset(name).seq_len) if name.startswith(
-                                     "debug") else 4096, top=2, confirm=2))
+                                     "debug") else 4096, top=2, confirm=2,
+                                 dtype=_dtype(cluster)))
     _check_written(found, tmp_path)
 
 
@@ -207,7 +216,7 @@ def test_three_types_on_one_fabric(tmp_path):
         NodeGroup(name="v", gpu="V100-32GB-SXM2", num_nodes=16, island="ib"),
         NodeGroup(name="h", gpu="H100-80GB-SXM", num_nodes=8, island="ib"))).resolved()
     found = search(SearchRequest(model=preset("llama2-7b"), cluster=cluster, gbs=512,
-                                 seq_len=4096, top=1))
+                                 seq_len=4096, top=1, dtype=_dtype(cluster)))
     _check_written(found, tmp_path)
     assert all(b.result is None or all(p.num_microbatches >= 1 for p in b.plan.pipelines)
                for b in found.baselines)

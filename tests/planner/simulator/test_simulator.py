@@ -1,11 +1,9 @@
 """The event simulator: exact schedule arithmetic, overlap, trace and picture outputs."""
 
 import json
-import time
 
 import pytest
 
-from planner.costs.stages import clear_cost_caches
 from planner.predict.estimate import estimate
 from planner.simulator import simulate, simulate_detailed, write_gantt, write_trace
 from planner.simulator.build import simulate_graph
@@ -123,21 +121,6 @@ def test_trace_and_gantt(tmp_path):
     end_us = max(e["ts"] + e["dur"] for e in slices)
     assert end_us == pytest.approx(result.iteration_time_s * 1e6)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-
-
-def test_speed_of_a_large_simulation():
-    """GPT-3 175B on 1,024 A100s (tp 8, pp 16, dp 8, 192 micro-batches), from empty cost
-    caches: at most 0.2 s (best of three; benchmarks/simulator_speed.py prints the rate)."""
-    cfg = ParallelConfig(tp=8, pp=16, dp=8, mbs=1, gbs=1536, seq_len=2048, recompute="full")
-    plan = homogeneous_plan(preset("gpt3-175b"), parse_gpus_arg("A100-80GB-SXM:1024"), cfg)
-    simulate(plan)
-    best = float("inf")
-    for _ in range(3):
-        clear_cost_caches()
-        start = time.perf_counter()
-        simulate(plan)
-        best = min(best, time.perf_counter() - start)
-    assert best <= 0.2, best
 
 
 def test_each_stage_priced_at_its_own_sharding():

@@ -61,3 +61,27 @@ def test_a_model_without_lm_head_computes_its_loss_on_hidden_states():
     assert not any(isinstance(op, Op) and op.kind == "gemm" for op in fwd)
     assert saved < head_work(m, shape)[2] / 10
     assert model_flops_per_token(headless, 2048) < model_flops_per_token(m, 2048)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_layers", 10**26,
+     "num_layers: 100000000000000000000000000 is not allowed (must be ≤ 1024)"),
+    ("hidden_size", 10**26,
+     "hidden_size: 100000000000000000000000000 is not allowed (must be ≤ 262144)"),
+    ("vocab_size", 10**9, "must be ≤ 1.67772e+07"),
+    ("seq_len", 2**30, "must be ≤ 1.67772e+07"),
+    ("num_heads", 0, "must be ≥ 1"),
+    ("num_layers", 1e3, "expected an integer"),
+])
+def test_model_numbers_are_bounded(tmp_path, field, value, message):
+    """1e26 layers overflowed and a 1e26 hidden size ran out of memory after minutes:
+    both are refused where the file is read."""
+    import yaml
+
+    data = {"name": "m", "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 256,
+            "num_heads": 4, "vocab_size": 1000, "seq_len": 128, field: value}
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as err:
+        load_model(str(path))
+    assert str(err.value).startswith(f"{path}:{field}") and message in str(err.value)

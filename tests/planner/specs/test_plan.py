@@ -94,6 +94,10 @@ def test_homogeneous_layout_is_megatron_order():
     (lambda d: d.update(schema_version=7), "this trainplan reads version 1"),
     (lambda d: d["training"].update(virtual_stages=2), "exactly when schedule is interleaved-1f1b"),
     (lambda d: d["training"].update(schedule="zb-h2"), "'zb-h2' is not allowed"),
+    (lambda d: d["training"].update(schedule="interleaved-1f1b", virtual_stages=2)
+     or d["pipelines"][0].update(num_microbatches=3) or d["pipelines"][1].update(
+         num_microbatches=5), r"pipelines\[0\].num_microbatches: 3 is not allowed "
+     r"\(interleaved-1f1b needs a multiple of the pipeline's 2 stages\)"),
     (lambda d: d.update(training={**d["training"], "schedule": "zb-h1"}, pipelines=[
         {**d["pipelines"][0], "stages": [{**d["pipelines"][0]["stages"][0], "layers": [0, 4]}]},
         d["pipelines"][1]]),
@@ -161,3 +165,53 @@ def test_a_first_or_last_stage_may_hold_no_layer():
     data["training"].update(schedule="interleaved-1f1b", virtual_stages=2)
     with pytest.raises(SpecError, match=r"no layers only for a first stage"):
         plan_from_dict(data)
+
+
+def test_a_plan_whose_cluster_leaves_node_fields_to_the_catalog_loads_resolved(tmp_path):
+    """`plan simulate --plan FILE` ended in `AssertionError: resolve the cluster first` when
+    the plan's cluster left gpus_per_node (and the NICs) to the catalog's standard node."""
+    data = plan_to_dict(_homogeneous())
+    data["cluster"]["node_groups"] = [{"name": "a100", "gpu": "A100-80GB-SXM", "num_nodes": 1}]
+    plan = plan_from_dict(data)
+    (g,) = plan.cluster.node_groups
+    assert (g.gpus_per_node, g.nic, g.nics_per_node) == (8, "infiniband", 8)
+    assert plan.cluster.num_gpus == 8 and plan.cluster.is_resolved
+    path = str(tmp_path / "p.yaml")
+    save_plan(plan, path)
+    assert load_plan(path) == plan
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["training"].update(global_batch_size=10**9), "must be ≤ 65536"),
+    (lambda d: d["pipelines"][0].update(num_microbatches=10**9), "must be ≤ 65536"),
+    (lambda d: d["training"].update(seq_len=float("nan")), "expected an integer"),
+    (lambda d: d["pipelines"][0]["stages"][0].update(tp=10**20), "must be ≤ 16384"),
+])
+def test_plan_numbers_are_bounded(mutate, message):
+    data = plan_to_dict(_homogeneous())
+    mutate(data)
+    with pytest.raises(SpecError, match=message):
+        plan_from_dict(data)
+
+
+def test_bf16_on_a_gpu_without_it_is_refused_in_the_plan():
+    """One rule (check_train_dtype) for `simulate --dtype`, `search`, `what-if` and a Plan:
+    a plan that trains in bf16 on V100s is refused where it is loaded."""
+    data = plan_to_dict(_heterogeneous())
+    data["training"]["dtype"] = "bf16"
+    with pytest.raises(SpecError, match=r"^plan.training.dtype: 'bf16' is not allowed "
+                       r"\(V100-32GB-SXM2 has no bf16; it offers fp32, fp16\)"):
+        plan_from_dict(data)
+    data["pipelines"] = data["pipelines"][:1]  # only the A100 pipeline trains
+    data["training"]["global_batch_size"] = 40
+    assert plan_from_dict(data).training.dtype == "bf16"
+
+
+def test_a_json_plan_with_small_numbers_round_trips(tmp_path):
+    plan = _homogeneous()
+    groups = tuple(dataclasses.replace(g, price_per_gpu_hour_usd=1e-05)
+                   for g in plan.cluster.node_groups)
+    plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster,
+                                                                 node_groups=groups))
+    save_plan(plan, str(tmp_path / "p.json"))
+    assert load_plan(str(tmp_path / "p.json")) == plan

@@ -89,6 +89,19 @@ def test_model_and_tokens() -> None:
     ("model gpt-5", ["gpt-5"]),
     ("tokens lots", ["tokens", "lots"]),
     ("label only:", ["no change given"]),
+    # issue 15: unicode digits, quotes, NaN and sizes past the limits
+    ("add H100-80GB-SXM ²", ["count", "'²'", "a positive whole number"]),
+    ("add H100-80GB-SXM ١٦", ["count", "a positive whole number"]),
+    ("price A100-80GB-SXM ٣", ["price", "a positive number"]),
+    ('add "H100-80GB-SXM 8', ["no closing quotation"]),
+    ("tokens nan", ["tokens", "'nan'"]),
+    ("tokens inf", ["tokens", "'inf'"]),
+    ("tokens 1e30", ["tokens", "must be ≤ 1e+17"]),
+    ("add H100-80GB-SXM 800000", ["num_nodes", "must be ≤ 65536"]),
+    ("add H100-80GB-SXM 400000", ["at most 131,072 in a cluster"]),
+    ("scale-nic a100 1e300", ["nic_bandwidth_gbit_per_s", "must be ≤ 100000"]),
+    ("scale-nic a100 1e-300", ["nic_bandwidth_gbit_per_s", "must be ≥ 0.1"]),
+    ("price A100-80GB-SXM 1e9", ["price_per_gpu_hour_usd", "must be ≤ 10000"]),
 ])
 def test_bad_scenarios_are_one_line_errors(text: str, words: list[str]) -> None:
     with pytest.raises(SpecError) as err:
@@ -99,11 +112,20 @@ def test_bad_scenarios_are_one_line_errors(text: str, words: list[str]) -> None:
         assert w in message, message
 
 
+def test_scale_link_and_egress_price_stay_in_range() -> None:
+    for text, words in (("scale-link east west 1e300", ["bandwidth_gbit_per_s", "≤ 1e+06"]),
+                        ("egress-price 1e9", ["price_per_gb_usd", "must be ≤ 1000"])):
+        with pytest.raises(SpecError) as err:
+            apply(parse_scenario(text), _base(TWO_DC))
+        assert all(w in str(err.value) for w in words), str(err.value)
+
+
 def test_cli_bad_scenario_exits_2_with_one_line(tmp_path: object) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "planner.cli", "what-if", "--model", "llama2-7b", "--cluster",
-         MIXED, "--tokens", "1e12", "--gbs", "256", "--scenario", "add H100-80GB-SXM 12",
-         "-o", str(tmp_path)], capture_output=True, text=True, timeout=60)
+         MIXED, "--tokens", "1e12", "--gbs", "256", "--dtype", "fp16",
+         "--scenario", "add H100-80GB-SXM 12", "-o", str(tmp_path)],
+        capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr

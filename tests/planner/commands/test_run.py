@@ -1,0 +1,56 @@
+"""`plan run`: flags checked before anything starts; no folder left behind; nothing
+written outside the report folder."""
+
+import tempfile
+
+import pytest
+
+from planner.specs.cluster import ClusterSpec, NodeGroup
+from planner.specs.layout import ParallelConfig, homogeneous_plan
+from planner.specs.model import preset
+from planner.specs.plan import Kernels, save_plan
+from tests.planner.cli_helpers import run_cli
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    cpu = ClusterSpec(name="cpu", node_groups=(NodeGroup(
+        name="host", gpu="CPU", num_nodes=2, gpus_per_node=1,
+        intra_node_link="loopback"),)).resolved()
+    plan = homogeneous_plan(preset("debug-tiny"), cpu, ParallelConfig(
+        pp=2, mbs=1, gbs=4, seq_len=32, dtype="fp32"),
+        kernels=Kernels(attention="math", optimizer="foreach"))
+    path = tmp_path / "plan.yaml"
+    save_plan(plan, str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--hang-timeout", "nan"], "argument --hang-timeout: 'nan' is not allowed (a finite number)"),
+    (["--hang-timeout", "0"], "argument --hang-timeout: 0.0 is not allowed (must be > 0)"),
+    (["--lr", "inf"], "argument --lr: 'inf' is not allowed"),
+    (["--seed", "-1"], "argument --seed: -1 is not allowed (must be ≥ 0)"),
+    (["--name", "../../x"], "--name: '../../x' is not allowed (a folder name under reports/"),
+    (["--name", "/tmp/x"], "--name: '/tmp/x' is not allowed"),
+    (["--name", ".."], "--name: '..' is not allowed"),
+    (["--report", "plan.yaml"], "--report: 'plan.yaml' is not allowed (a folder, not a file)"),
+    (["--checkpoint-dir", "plan.yaml"], "--checkpoint-dir: 'plan.yaml' is not allowed"),
+])
+def test_bad_flags_before_anything_starts(tmp_path, monkeypatch, capsys, plan_file, flags,
+                                          needle):
+    pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["run", "--plan", "plan.yaml", *flags], capsys)
+    assert code == 2 and needle in err and err.count("\n") == 1, err
+    assert not (tmp_path / "reports").exists()
+
+
+def test_no_temporary_folder_is_left(tmp_path, monkeypatch, capsys, plan_file):
+    """Every `plan run --plan` left an empty trainplan-run-* folder in /tmp."""
+    pytest.importorskip("torch")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    code, out, err = run_cli(["run", "--plan", plan_file, "--dry-run"], capsys)
+    assert code == 0 and "torchrun" in out, err
+    assert list(scratch.iterdir()) == []

@@ -1,0 +1,32 @@
+"""`plan what-if`: bad numbers and outputs refused in one line before any planning."""
+
+import pathlib
+
+import pytest
+
+from tests.planner.cli_helpers import run_cli
+
+DGX = pathlib.Path(__file__).resolve().parents[3] / "cluster_specs" / "dgx-h100.yaml"
+WHATIF = ["what-if", "--model", "gpt3-1.3b", "--gbs", "64"]
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--tokens", "nan", "-o", "r"], "argument --tokens: 'nan' is not allowed (a finite number)"),
+    (["--tokens", "1e9", "--max-budget", "-3", "-o", "r"],
+     "argument --max-budget: -3.0 is not allowed (must be > 0)"),  # search refused it; now both
+    (["--tokens", "1e9", "-o", "notes.txt"], "-o: 'notes.txt' is not allowed (a folder, not a "
+     "file)"),
+    (["--tokens", "1e9", "-o", "notes.txt/sub"], "is a file, not a folder"),
+    (["--tokens", "1e9", "--scenario", 'add "H100-80GB-SXM 8', "-o", "r"],
+     "no closing quotation"),
+    (["--tokens", "1e9", "--scenario", "add H100-80GB-SXM ²", "-o", "r"],
+     "count: '²' is not allowed (a positive whole number)"),
+])
+def test_refused_before_planning(tmp_path, monkeypatch, capsys, flags, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("my notes")
+    code, out, err = run_cli([*WHATIF, "--cluster", str(DGX), *flags], capsys)
+    assert code == 2 and needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert (tmp_path / "notes.txt").read_text() == "my notes"
+    assert not (tmp_path / "r").exists()

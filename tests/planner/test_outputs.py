@@ -1,0 +1,67 @@
+"""Outputs are checked before work starts and written whole or not at all."""
+
+import os
+
+import pytest
+
+from planner.outputs import (
+    PLAN_SUFFIXES,
+    atomic_path,
+    check_distinct,
+    check_output_dir,
+    check_output_file,
+    write_text,
+)
+from profiler.schema import SpecError
+
+
+@pytest.mark.parametrize("name, suffixes, message", [
+    ("notes.txt", PLAN_SUFFIXES, "'notes.txt' is not allowed (a .yaml, .yml, .json file)"),
+    ("missing/p.yaml", PLAN_SUFFIXES, "(folder 'missing' does not exist)"),
+    ("folder", None, "(a file, not a folder)"),
+    ("folder.yaml", PLAN_SUFFIXES, "(a file, not a folder)"),
+    ("", None, "'' is not allowed (a file name)"),
+])
+def test_bad_output_files_are_refused(tmp_path, monkeypatch, name, suffixes, message):
+    monkeypatch.chdir(tmp_path)
+    os.mkdir("folder")
+    os.mkdir("folder.yaml")
+    with pytest.raises(SpecError) as err:
+        check_output_file(name, flag="-o", suffixes=suffixes)
+    assert str(err.value).startswith("-o: ") and message in str(err.value)
+
+
+def test_a_special_file_is_not_an_output(tmp_path):
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling.json")
+    with pytest.raises(SpecError, match="a regular file"):
+        check_output_file(str(tmp_path / "dangling.json"), flag="--trace")
+    with pytest.raises(SpecError, match="a regular file"):
+        check_output_file("/dev/null", flag="-o")
+
+
+def test_output_folders(tmp_path):
+    (tmp_path / "file").write_text("x")
+    check_output_dir(str(tmp_path / "new" / "deeper"), flag="-o")  # created later
+    with pytest.raises(SpecError, match=r"-o: .* is not allowed \(a folder, not a file\)"):
+        check_output_dir(str(tmp_path / "file"), flag="-o")
+    with pytest.raises(SpecError, match=r"is a file, not a folder"):
+        check_output_dir(str(tmp_path / "file" / "sub"), flag="-o")
+
+
+def test_two_outputs_may_not_be_one_file(tmp_path):
+    with pytest.raises(SpecError, match=r"--trace: .* \(the same file as -o\)"):
+        check_distinct({"-o": str(tmp_path / "a.json"), "--trace": str(tmp_path / "a.json")})
+    check_distinct({"-o": str(tmp_path / "a.json"), "--trace": None})
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "out.yaml"
+    path.write_text("old")
+    with pytest.raises(RuntimeError), atomic_path(str(path)) as tmp:
+        assert tmp.endswith(".yaml") and os.path.dirname(tmp) == str(tmp_path)
+        with open(tmp, "w") as fh:
+            fh.write("half")
+        raise RuntimeError("interrupted")
+    assert path.read_text() == "old" and os.listdir(tmp_path) == ["out.yaml"]
+    write_text(str(path), "new")
+    assert path.read_text() == "new" and os.listdir(tmp_path) == ["out.yaml"]
