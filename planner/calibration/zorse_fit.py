@@ -53,7 +53,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # its GEMMs sustain (clocks under the card's power cap included) and the fraction of
 # its DRAM bandwidth streaming kernels reach. Fitting attention_efficiency,
 # small_tile_penalty or gemm_k_half as well lowered no held-out error by more than 1.4
-# points, with values at their bounds; P40's fit lowered none, so it keeps Pascal's.
+# points, most of them ending at their bounds; P40's fit lowered none, so it keeps Pascal's.
 _TWO = ("gemm_efficiency", "memory_efficiency")
 FITTED: dict[str, tuple[str, ...]] = {
     "a10g": _TWO, "a6000": _TWO, "h100-nvl": _TWO, "l4": _TWO, "p100": _TWO, "t4": _TWO,
