@@ -25,7 +25,7 @@ follows Megatron-LM's fused kernels; `harness_terms` prices the difference with 
 device's own streaming bandwidth (no fitted factor; bytes counted from the sources named
 at _LAYER_EXTRA): HuggingFace's unfused fp32 norms, autocast's casts, unfused rotary
 embeddings and activations, the eager attention paths, and the gradient accumulation into
-fp32 `.grad` after every backward. Without them the A100 layers run 16-20% faster than
+fp32 `.grad` after every backward. Without them the A100 layers run 12-20% faster than
 measured; with them, 1-6% slower, on the parameters calibrated to Megatron runs.
 
 Families (MODELS): Llama (HF LlamaDecoderLayer; MHA: the LlamaConfig has no
