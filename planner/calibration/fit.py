@@ -152,12 +152,13 @@ def _from_unit(p: Parameter, u: float) -> float:
 
 
 def minimize_bounded(params: list[Parameter], f: Callable[[list[float]], float], *,
-                     iterations: int) -> tuple[list[float], float]:
-    """Nelder-Mead over `params` from their current values, each kept inside its bounds
-    by a logit transform; the best values and f there."""
+                     iterations: int, start: list[float] | None = None
+                     ) -> tuple[list[float], float]:
+    """Nelder-Mead over `params` from `start` (default their current values), each kept
+    inside its bounds by a logit transform; the best values and f there."""
     from scipy.optimize import minimize
 
-    start = [p.current() for p in params]
+    start = start if start is not None else [p.current() for p in params]
 
     def g(units: list[float]) -> float:
         return f([_from_unit(p, u) for p, u in zip(params, units, strict=True)])
