@@ -129,17 +129,6 @@ def _error(predicted: float | None, measured: float | None) -> float | None:
     return round(predicted / measured - 1, 4)
 
 
-def _analytic_dtype(profile_dtype: str, name: str) -> str:
-    """The dtype the analytic model prices a row of an fp8 profile in (FP8 GEMMs, bf16
-    elsewhere, as planner/profiling/cases.py measured them); the profile's otherwise."""
-    from planner.profiling.cases import FP8_GEMMS
-
-    if profile_dtype != "fp8":
-        return profile_dtype
-    base = name.rsplit(".", 1)[0] if name.endswith((".dgrad", ".wgrad", ".bwd")) else name
-    return "fp8" if base in FP8_GEMMS else "bf16"
-
-
 def _skips(work: str, dtype: str) -> list[str]:
     path = os.path.join(work, f"profile-{dtype}.err")
     if not os.path.exists(path):
@@ -153,13 +142,14 @@ def _profile_summary(path: str, work: str) -> dict:
     median |analytic / measured - 1| per op kind."""
     from planner.costs.compute import ComputeCosts
     from planner.costs.workload import Op
+    from planner.profiling.cases import op_dtype
     from profiler.store import load_profile
 
     profile = load_profile(path)
     meta = profile.meta
     rows, errors = [], {}
     for r in profile.op_rows:
-        dtype = _analytic_dtype(meta.dtype, r.name)
+        dtype = op_dtype(meta.dtype, r.name)  # fp8 profiles: FP8 GEMMs, bf16 elsewhere
         op = Op(name=r.name, kind=r.kind, flops=r.flops, bytes=r.bytes, shape=r.shape,
                 kernels=r.kernels, variant=r.variant)
         analytic = ComputeCosts(meta.device, dtype).time_s(op)

@@ -18,7 +18,7 @@
 #                 there: the device tool's $OUT, whose files come back
 #
 # Settings (environment): GPU_CHECK_MODEL (gpt3-1.3b; dry run debug-tiny), GPU_CHECK_MBS
-# (4; 8), GPU_CHECK_SEQ (2048; 64), GPU_CHECK_GBS per replica (16), GPU_CHECK_STEPS (12; 4),
+# (4; 8), GPU_CHECK_SEQ (2048; 64), GPU_CHECK_GBS per replica (16), GPU_CHECK_STEPS (20; 4),
 # GPU_CHECK_RANKS (all GPUs; dry run 2), GPU_CHECK_GPU_TYPE (the catalog type, if the
 # driver's GPU name is not recognised), GPU_CHECK_PYTHON (python3), GPU_CHECK_BUDGET_S.
 #
@@ -64,7 +64,7 @@ if [[ $DRY_RUN == 1 ]]; then
   MIN_BYTES=64KB MAX_BYTES=1MB  # debug-tiny's gradients: 0.5 MB
 else
   DEVICE=cuda MODEL=${GPU_CHECK_MODEL:-gpt3-1.3b} MBS=${GPU_CHECK_MBS:-4}
-  SEQ=${GPU_CHECK_SEQ:-2048} STEPS=${GPU_CHECK_STEPS:-12} WARMUP=2 RUN_DTYPE=bf16
+  SEQ=${GPU_CHECK_SEQ:-2048} STEPS=${GPU_CHECK_STEPS:-20} WARMUP=3 RUN_DTYPE=bf16
   PROFILE_DTYPES=(bf16 tf32 fp8) PROFILE_FLAGS=()
   MIN_BYTES=1MB MAX_BYTES=4GB
 fi

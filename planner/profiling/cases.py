@@ -24,7 +24,7 @@ from planner.costs.workload import (
 from planner.specs.model import ModelSpec
 from profiler.measure import GradOf, OpCase
 
-__all__ = ["FP8_GEMMS", "OPTIMIZERS", "op_cases", "optimizer_cases", "step_bytes"]
+__all__ = ["FP8_GEMMS", "OPTIMIZERS", "op_cases", "op_dtype", "optimizer_cases", "step_bytes"]
 
 OPTIMIZERS = ("fused", "foreach", "for_loop")
 # The GEMMs an fp8 run computes in FP8 (with their .dgrad / .wgrad / .bwd): the layers'
@@ -77,6 +77,15 @@ def _forward_impl(model: ModelSpec, w: WorkloadShape, op: Op) -> tuple[str, tupl
 def _in_fp8(impl: str, name: str, dtype: str) -> str:
     """The FP8 impl of a GEMM an fp8 run computes in FP8; `impl` otherwise."""
     return _FP8_IMPLS[impl] if dtype == "fp8" and name in FP8_GEMMS else impl
+
+
+def op_dtype(dtype: str, name: str) -> str:
+    """The dtype an op (forward or backward, by name) of a `dtype` profile ran in: in an
+    fp8 profile fp8 for FP8_GEMMS and bf16 for the rest; `dtype` otherwise."""
+    if dtype != "fp8":
+        return dtype
+    forward = _forward_name(name)
+    return "fp8" if (forward[0] if forward else name) in FP8_GEMMS else "bf16"
 
 
 def _forward_name(name: str) -> tuple[str, GradOf] | None:

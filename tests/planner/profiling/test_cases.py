@@ -91,3 +91,12 @@ def test_fp8_runs_the_layers_gemms_in_fp8_and_the_rest_in_bf16(model):
         assert fp8[name].impl == "fp8_" + bf16[name].impl and fp8[name].dims == bf16[name].dims
     assert fp8["head.logits"].impl == "linear" and fp8["head.logits.wgrad"].impl == "linear"
     assert not any(c.impl.startswith("fp8_") for c in bf16.values())
+
+
+def test_each_op_of_a_profile_has_the_dtype_it_ran_in():
+    from planner.profiling.cases import op_dtype
+
+    assert [op_dtype("fp8", n) for n in ("mlp.fc1", "attn.qkv.dgrad", "mlp.fc2.wgrad",
+                                         "head.logits", "attn.core.bwd", "optimizer.adamw")] \
+        == ["fp8", "fp8", "fp8", "bf16", "bf16", "bf16"]
+    assert op_dtype("tf32", "mlp.fc1") == "tf32" and op_dtype("bf16", "head.logits") == "bf16"
