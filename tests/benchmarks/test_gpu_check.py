@@ -53,7 +53,7 @@ def test_without_cuda_it_stops_in_one_line(tmp_path):
 def test_the_dry_run_exercises_every_step_but_the_cuda_ones(tmp_path):
     """debug-tiny on the CPU: profiled in fp32 (tf32 and fp8 refused, as on a GPU without
     them), collectives over two processes, predicted and run on one and two CPU ranks,
-    then summarized; about a minute on an idle 2-core machine."""
+    then summarized: 2 minutes on the shared 2-core machine (45 s of CPU time)."""
     pytest.importorskip("torch")
     out = tmp_path / "out"
     done = _run(["--dry-run", "--results", str(tmp_path / "results"), "--copy-to", str(out)],
