@@ -34,6 +34,7 @@ from torch import nn
 from executor.checkpoint_layout import ParamPlace, Piece, state_pieces
 from executor.sharding import ShardLayout
 from executor.train import empty_adamw_state
+from profiler.torch_compat import all_gather_single, reduce_scatter_single
 
 __all__ = ["ModelState", "ShardedState", "local_grad", "local_tensor"]
 
@@ -139,8 +140,7 @@ class ShardedState:
         storage = self.full.untyped_storage()
         if storage.size() == 0:
             storage.resize_(self.numel * self.full.element_size())
-            dist.all_gather_single(self.full, self.pshard,
-                                        group=self._group(self.layout.param_group))
+            all_gather_single(self.full, self.pshard, group=self._group(self.layout.param_group))
 
     def reshard(self) -> None:
         """Free the full parameters (p > 1); this rank keeps its shard."""
@@ -169,7 +169,7 @@ class ShardedState:
                 if g is not None:
                     packed[at:at + n].copy_(g.reshape(-1))
             shard = torch.empty_like(self.grad)
-            dist.reduce_scatter_single(shard, packed, group=self._group(self.layout.grad_group))
+            reduce_scatter_single(shard, packed, group=self._group(self.layout.grad_group))
             self.grad.add_(shard)
 
     def tied_grads(self) -> list[torch.Tensor]:
@@ -183,7 +183,7 @@ class ShardedState:
         out = self.master.grad
         assert out is not None
         if len(lay.grad_reduce_group) > 1:
-            dist.reduce_scatter_single(out, self.grad, group=self._group(lay.grad_reduce_group))
+            reduce_scatter_single(out, self.grad, group=self._group(lay.grad_reduce_group))
         else:
             out.copy_(self.grad)
         if len(lay.replica_group) > 1:

@@ -53,6 +53,8 @@ def _ops(kind: str, size: int, rank: int, world: int, device: str) -> Callable[[
     import torch
     import torch.distributed as dist
 
+    from profiler.torch_compat import all_gather_single, reduce_scatter_single
+
     numel = max(size // _ELEM_BYTES, world)
     numel -= numel % world  # shards must be equal
     full = torch.ones(numel, device=device)
@@ -60,9 +62,9 @@ def _ops(kind: str, size: int, rank: int, world: int, device: str) -> Callable[[
     if kind == "all_reduce":
         return lambda: dist.all_reduce(full)
     if kind == "all_gather":
-        return lambda: dist.all_gather_single(full, shard)
+        return lambda: all_gather_single(full, shard)
     if kind == "reduce_scatter":
-        return lambda: dist.reduce_scatter_single(shard, full)
+        return lambda: reduce_scatter_single(shard, full)
     if kind == "all_to_all":
         out = torch.empty_like(full)
         return lambda: dist.all_to_all_single(out, full)

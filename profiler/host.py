@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from profiler.devices import DeviceSpec, device, match_device
 from profiler.schema import fail
 
-__all__ = ["LocalDevice", "Runtime", "cuda_device_count", "local_device", "runtime"]
+__all__ = ["DTYPE_CAPABILITY", "LocalDevice", "Runtime", "check_dtype", "cuda_device_count",
+           "local_device", "runtime"]
+
+# The NVIDIA compute capability a profile dtype needs, what for, and the dtype to profile
+# elsewhere: TF32 tensor cores from Ampere (8.0), FP8 ones from Ada (8.9) and Hopper (9.0).
+DTYPE_CAPABILITY = {"tf32": ((8, 0), "TF32 tensor cores", "fp32"),
+                    "fp8": ((8, 9), "FP8 tensor cores", "bf16")}
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,30 @@ def local_device(where: str, *, device_name: str | None = None) -> LocalDevice:
     return LocalDevice(spec, detail)
 
 
+def check_dtype(where: str, dtype: str) -> None:
+    """Refuse, in one line, a profile dtype the device `where` cannot run: tf32 and fp8
+    are measured on NVIDIA GPUs of the compute capability in DTYPE_CAPABILITY (fp8 also
+    needs a torch with `torch._scaled_mm`). The CPU has neither: a "tf32" profile there
+    would be an fp32 one under another name."""
+    if dtype not in DTYPE_CAPABILITY:
+        return
+    import torch
+
+    (major, minor), what, instead = DTYPE_CAPABILITY[dtype]
+    if not where.startswith("cuda"):
+        fail("--dtype", dtype, f"{what} are on NVIDIA GPUs of compute capability "
+             f"{major}.{minor} or newer; profile {instead} on the CPU")
+    if torch.version.hip:
+        fail("--dtype", dtype, "measured on NVIDIA GPUs only; this torch is ROCm's")
+    have = torch.cuda.get_device_capability(torch.device(where))
+    if have < (major, minor):
+        name = torch.cuda.get_device_name(torch.device(where))
+        fail("--dtype", dtype, f"{what} need compute capability {major}.{minor} or newer; "
+             f"{name} is {have[0]}.{have[1]}")
+    if dtype == "fp8" and not (hasattr(torch, "_scaled_mm") and hasattr(torch, "float8_e5m2")):
+        fail("--dtype", dtype, f"torch {torch.__version__} has no FP8 GEMM (torch._scaled_mm)")
+
+
 def runtime(where: str) -> Runtime:
     """torch, CUDA and driver versions and torch's thread count, for a profile's metadata."""
     import torch
@@ -71,10 +101,19 @@ def runtime(where: str) -> Runtime:
 
 
 def _driver_version() -> str | None:
+    """The NVIDIA driver's version, from NVML's Python bindings or else nvidia-smi."""
     try:
         import pynvml  # optional NVML bindings
 
         pynvml.nvmlInit()
         return str(pynvml.nvmlSystemGetDriverVersion())
     except Exception:  # optional: not every CUDA machine has NVML bindings
+        pass
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
         return None
+    return out.splitlines()[0].strip() if out.strip() else None

@@ -10,26 +10,35 @@ Forward ops run with autograd recording, as in training. A backward is timed as
 `autograd.grad` call (measured on a one-element graph) is subtracted, because a training
 step pays it once per backward, not once per op. On CUDA the events time the device, which
 runs ahead of that host cost.
+
+Dtypes: `tf32` is fp32 storage with matmuls on TF32 tensor cores
+(`torch.set_float32_matmul_precision("high")`), and `fp32` on CUDA sets "highest" (no
+TF32), whatever the process had set; `fp8` runs the cases whose impl is an FP8 one
+(profiler/torch_ops.py: `fp8_linear`, `fp8_qkv`) in FP8 and everything else in bf16.
+Which dtypes a device can run is profiler/host.py's `check_dtype`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import platform
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from profiler.store import ProfileRow
 from profiler.timing import Timing, time_calls
 
-__all__ = ["MeasureSettings", "Measured", "OpCase", "cache_bytes", "device_description",
-           "measure_ops", "torch_dtype"]
+__all__ = ["MATMUL_PRECISION", "MeasureSettings", "Measured", "OpCase", "cache_bytes",
+           "device_description", "measure_ops", "torch_dtype"]
 
 GradOf = Literal["input", "weight", "all"]
 MAX_COPIES = 64  # rotating copies of one op's tensors
+# torch.set_float32_matmul_precision per profile dtype, on CUDA (TF32 or not)
+MATMUL_PRECISION = {"fp32": "highest", "tf32": "high"}
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ def torch_dtype(name: str) -> object:
     import torch
 
     table = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-             "fp16": torch.float16}
+             "fp16": torch.float16, "fp8": torch.bfloat16}  # fp8: bf16 but the FP8 GEMMs
     return table[name]
 
 
@@ -122,36 +131,51 @@ def _adamw_step(case: OpCase, s: MeasureSettings) -> tuple[Call, int]:
     return opt.step, 16 * sum(case.dims)  # weight, grad and two moments in fp32
 
 
+def _fragment(case: OpCase, s: MeasureSettings, *, frozen_weights: bool = False) -> Any:
+    """The case's torch fragment; `frozen_weights`: its weights need no gradient."""
+    from profiler import torch_ops
+
+    frag = torch_ops.build(case.impl, case.dims, variant=case.variant,
+                           dtype=torch_dtype(s.dtype), device=s.device)
+    for w in frag.weights if frozen_weights else ():
+        w.requires_grad_(False)
+    return frag
+
+
+def _backward(outputs: Sequence[Any], leaves: Sequence[Any]) -> Call:
+    import torch
+
+    grads = tuple(torch.randn_like(o) for o in outputs)
+    return lambda: torch.autograd.grad(outputs, leaves, grads, retain_graph=True)
+
+
 def _runners(case: OpCase, s: MeasureSettings) -> tuple[Call, Call | None, int]:
     """The callable whose time is the op's (a forward, a backward, an optimizer step);
     for a weight gradient, a baseline whose time is subtracted: the backward with respect
     to the input alone (the difference is what the weight gradient adds to a backward
     that runs anyway; layout copies before the GEMM belong to `.dgrad`); and the bytes
-    the op touches."""
-    import torch
-
-    from profiler import torch_ops
-
+    the op touches. A fragment that does not prune its backward (the FP8 GEMM) is built
+    with frozen weights where only the input gradient is wanted."""
     if case.impl == "adamw":
         step, footprint = _adamw_step(case, s)
         return step, None, footprint
-    frag = torch_ops.build(case.impl, case.dims, variant=case.variant,
-                           dtype=torch_dtype(s.dtype), device=s.device)
+    frag = _fragment(case, s)
+    if not frag.prunes_backward and case.grad_of == "input":
+        frag = _fragment(case, s, frozen_weights=True)
     outputs = frag.forward()
     footprint = sum(t.numel() * t.element_size()
                     for t in (*frag.inputs, *frag.weights, *outputs))
     if case.grad_of is None:
         return frag.forward, None, footprint
-    grads = tuple(torch.randn_like(o) for o in outputs)
-
-    def backward(leaves: tuple[torch.Tensor, ...]) -> Call:
-        return lambda: torch.autograd.grad(outputs, leaves, grads, retain_graph=True)
-
     if case.grad_of == "input":
-        return backward(frag.inputs), None, footprint
+        return _backward(outputs, frag.inputs), None, footprint
+    both = _backward(outputs, frag.inputs + frag.weights)
     if case.grad_of == "weight" and frag.inputs:
-        return backward(frag.inputs + frag.weights), backward(frag.inputs), footprint
-    return backward(frag.inputs + frag.weights), None, footprint
+        if frag.prunes_backward:
+            return both, _backward(outputs, frag.inputs), footprint
+        base = _fragment(case, s, frozen_weights=True)
+        return both, _backward(base.forward(), base.inputs), footprint
+    return both, None, footprint
 
 
 def _rotating(calls: Sequence[Call]) -> Call:
@@ -221,6 +245,24 @@ def _measure_case(case: OpCase, s: MeasureSettings, autograd_call_s: float,
     return _row(case, t, autograd_call_s if case.grad_of else 0.0)
 
 
+@contextlib.contextmanager
+def _on_device(s: MeasureSettings) -> Iterator[None]:
+    """On CUDA: the measured GPU as the current device (scalars and generators land on
+    it) and the matmul precision of the dtype (TF32 or not), restored afterwards."""
+    if not s.device.startswith("cuda"):
+        yield
+        return
+    import torch
+
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(MATMUL_PRECISION.get(s.dtype, saved))
+    try:
+        with torch.cuda.device(torch.device(s.device)):
+            yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
+
+
 @dataclass(frozen=True)
 class Measured:
     rows: tuple[ProfileRow, ...]
@@ -237,17 +279,21 @@ def measure_ops(cases: Sequence[OpCase], settings: MeasureSettings,
 
     rows: list[ProfileRow] = []
     skipped: list[tuple[OpCase, str]] = []
+    cuda = settings.device.startswith("cuda")
     try:
-        overhead_s = _autograd_call_s(settings)
-        rotate_bytes = cache_bytes(settings.device)
-        for i, case in enumerate(cases):
-            if progress is not None:
-                progress(i, case.name)
-            try:
-                rows.append(_measure_case(case, settings, overhead_s, rotate_bytes))
-            except (RuntimeError, ValueError) as err:
-                skipped.append((case, str(err).strip().splitlines()[0]))
-        if settings.device.startswith("cuda"):
+        with _on_device(settings):
+            overhead_s = _autograd_call_s(settings)
+            rotate_bytes = cache_bytes(settings.device)
+            for i, case in enumerate(cases):
+                if progress is not None:
+                    progress(i, case.name)
+                try:
+                    rows.append(_measure_case(case, settings, overhead_s, rotate_bytes))
+                except (RuntimeError, ValueError) as err:
+                    skipped.append((case, str(err).strip().splitlines()[0]))
+                    if cuda:  # an out-of-memory case leaves the cache fragmented
+                        torch.cuda.empty_cache()
+        if cuda:
             torch.cuda.empty_cache()
     except KeyboardInterrupt:
         return Measured(tuple(rows), tuple(skipped), interrupted=True)

@@ -52,7 +52,10 @@ class ProfileMeta:
     schema_version: int = spec_field(min=1, help="PROFILE_SCHEMA_VERSION of the writer")
     device: str = spec_field(help="device catalog name (`plan gpus`) the profile stands for")
     device_detail: str = spec_field(help="what the hardware calls itself")
-    dtype: Literal["fp32", "tf32", "fp16", "bf16"] = spec_field(help="op dtype")
+    dtype: Literal["fp32", "tf32", "fp16", "bf16", "fp8"] = spec_field(help="op dtype")
+    precision: str | None = spec_field(default=None, help="how the dtype ran where it is not "
+                                       "plain: TF32 or not, which GEMMs ran in FP8 (files "
+                                       "written before it read as null)")
     torch_version: str = spec_field()
     cuda_version: str | None = spec_field(default=None, help="CUDA runtime; null on CPU")
     driver: str | None = spec_field(default=None, help="GPU driver; null on CPU")

@@ -49,13 +49,17 @@ def _sampler(device: str) -> Callable[[Callable[[], object], int], float]:
     if device.startswith("cuda"):
         import torch
 
+        # the stream torch launches this device's kernels on (not the current device's:
+        # with --device cuda:1 that may be GPU 0's, whose events would time nothing)
+        stream = torch.cuda.current_stream(torch.device(device))
+
         def cuda_sample(fn: Callable[[], object], calls: int) -> float:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(stream)
             for _ in range(calls):
                 fn()
-            end.record()
+            end.record(stream)
             end.synchronize()
             return start.elapsed_time(end) * 1e-3
 

@@ -7,7 +7,12 @@ An op's backward is the autograd backward of its fragment with respect to its in
 executor model (executor/model.py) runs for that op: the same torch calls, layouts
 and copies, so that measured ops add up to a measured training step.
 
-Dimension tuples per impl are listed in `IMPLS`.
+Dimension tuples per impl are listed in `IMPLS`. `fp8_linear` and `fp8_qkv` are `linear`
+and `qkv` with the GEMM in FP8 (`torch._scaled_mm`), as Transformer Engine's `te.Linear`
+runs it: e4m3 activations and weights, e5m2 output gradients, one scale per tensor, bf16
+output. Their operands are cast to FP8 when the fragment is built, not in the timed call
+(Transformer Engine fuses the casts into the neighbouring norm, activation and
+cast-transpose kernels), so an FP8 row is the GEMM alone.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["IMPLS", "ROPE_BASE", "Fragment", "apply_rope", "build", "rope_tables",
+__all__ = ["IMPLS", "ROPE_BASE", "Fragment", "apply_rope", "build", "fp8_mm", "rope_tables",
            "sdpa_backend"]
 
 DROPOUT_P = 0.1  # Megatron-LM's attention and hidden dropout
@@ -33,6 +40,10 @@ class Fragment:
     inputs: tuple[torch.Tensor, ...]
     weights: tuple[torch.Tensor, ...]
     forward: Callable[[], tuple[torch.Tensor, ...]]
+    # torch's own ops compute only the gradients `autograd.grad` asks for; a custom
+    # autograd Function (the FP8 GEMM) computes those its leaves require at forward time,
+    # so a measurement freezes the leaves it does not differentiate
+    prunes_backward: bool = True
 
 
 def sdpa_backend(name: str) -> object:
@@ -74,19 +85,103 @@ class _Maker:
         return t.requires_grad_(grad)
 
 
-def _linear(t: _Maker, m: int, n: int, k: int) -> Fragment:
+def fp8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+           *, fast_accum: bool) -> torch.Tensor:
+    """a [m, k] x b [k, n] in FP8 with per-tensor scales, output bf16. FP8 tensor cores take
+    `a` row-major and `b` column-major with every dimension a multiple of 16 (cuBLASLt);
+    checked here so that the CPU, whose `_scaled_mm` is laxer, catches a wrong layout."""
+    if not a.is_contiguous() or not b.t().is_contiguous():
+        raise ValueError("FP8 GEMM operands must be row-major x column-major")
+    (m, k), n = a.shape, b.shape[1]
+    if m % 16 or n % 16 or k % 16:
+        raise ValueError(f"FP8 GEMMs need dimensions divisible by 16, not {m}x{n}x{k}")
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16,
+                            use_fast_accum=fast_accum)
+
+
+def _to_fp8(t: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`t` in an FP8 format, scaled so that its largest magnitude maps to the format's
+    largest value, and the float32 scale that undoes it (what `_scaled_mm` multiplies by)."""
+    dtype = getattr(torch, fmt)
+    scale = t.detach().abs().amax().float().clamp(min=1e-12) / torch.finfo(dtype).max
+    return (t.detach().float() / scale).to(dtype), scale
+
+
+@dataclass
+class _Fp8Operands:
+    """One GEMM's FP8 operands: x [m, k] and w [n, k] in e4m3, the output gradient g
+    [m, n] in e5m2 (Transformer Engine's HYBRID recipe), and the transposed copies the
+    backward GEMMs take (Hopper's FP8 GEMMs run only with both operands K-major, so
+    Transformer Engine keeps transposes)."""
+
+    x: torch.Tensor
+    x_t: torch.Tensor
+    x_scale: torch.Tensor
+    w: torch.Tensor
+    w_t: torch.Tensor
+    w_scale: torch.Tensor
+    g: torch.Tensor
+    g_t: torch.Tensor
+    g_scale: torch.Tensor
+
+    @classmethod
+    def of(cls, x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> _Fp8Operands:
+        (x8, xs), (w8, ws), (g8, gs) = (_to_fp8(x, "float8_e4m3fn"),
+                                        _to_fp8(w, "float8_e4m3fn"), _to_fp8(g, "float8_e5m2"))
+        return cls(x=x8, x_t=x8.t().contiguous(), x_scale=xs, w=w8, w_t=w8.t().contiguous(),
+                   w_scale=ws, g=g8, g_t=g8.t().contiguous(), g_scale=gs)
+
+
+class _Fp8Linear(torch.autograd.Function):
+    """y = x w^T from the prepared FP8 operands (their values stand in for x's and the
+    incoming gradient's: this times the GEMMs, it is not a numerics model). Forward with
+    fast accumulation, gradients without, as Transformer Engine does on Hopper."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, ops: _Fp8Operands
+                ) -> torch.Tensor:
+        ctx.ops = ops
+        y = fp8_mm(ops.x, ops.w.t(), ops.x_scale, ops.w_scale, fast_accum=True)  # [m, n]
+        return y.view(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        ops = ctx.ops
+        dx = dw = None
+        if ctx.needs_input_grad[0]:  # [m, n] x [n, k]
+            dx = fp8_mm(ops.g, ops.w_t.t(), ops.g_scale, ops.w_scale, fast_accum=False)
+            dx = dx.view(*grad.shape[:-1], ops.w.shape[1])
+        if ctx.needs_input_grad[1]:  # [n, m] x [m, k]
+            dw = fp8_mm(ops.g_t, ops.x_t.t(), ops.g_scale, ops.x_scale, fast_accum=False)
+        return dx, dw, None
+
+
+def _projection(t: _Maker, x: torch.Tensor, w: torch.Tensor, *, fp8: bool
+                ) -> Callable[[], torch.Tensor]:
+    """x [..., k] -> [..., n] through w [n, k], in the leaves' dtype or in FP8."""
+    if not fp8:
+        return lambda: F.linear(x, w)
+    tokens = x.numel() // x.size(-1)
+    ops = _Fp8Operands.of(x.reshape(tokens, -1), w, t(tokens, w.size(0), grad=False))
+    return lambda: _Fp8Linear.apply(x, w, ops)
+
+
+def _linear(t: _Maker, m: int, n: int, k: int, *, fp8: bool = False) -> Fragment:
     x, w = t(m, k), t(n, k)  # [m, k] x [n, k]^T -> [m, n], as nn.Linear stores weights
-    return Fragment((x,), (w,), lambda: (F.linear(x, w),))
+    project = _projection(t, x, w, fp8=fp8)
+    return Fragment((x,), (w,), lambda: (project(),), prunes_backward=not fp8)
 
 
 def _qkv(t: _Maker, b: int, s: int, h: int, heads: int, kv_heads: int, d: int,
-         rope: int) -> Fragment:
+         rope: int, *, fp8: bool = False) -> Fragment:
     """The QKV projection, the head split and (for rope models) the rotation."""
     x, w = t(b, s, h), t((heads + 2 * kv_heads) * d, h)
     tables = rope_tables(s, d, device=t.device) if rope else None
+    project = _projection(t, x, w, fp8=fp8)
 
     def forward() -> tuple[torch.Tensor, ...]:
-        q, k, v = F.linear(x, w).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+        q, k, v = project().split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
         q = q.view(b, s, -1, d).transpose(1, 2)  # [b, a, s, d]
         k = k.view(b, s, -1, d).transpose(1, 2)
         v = v.view(b, s, -1, d).transpose(1, 2)
@@ -94,7 +189,7 @@ def _qkv(t: _Maker, b: int, s: int, h: int, heads: int, kv_heads: int, d: int,
             q, k = apply_rope(q, *tables), apply_rope(k, *tables)
         return q, k, v
 
-    return Fragment((x,), (w,), forward)
+    return Fragment((x,), (w,), forward, prunes_backward=not fp8)
 
 
 def _sdpa(t: _Maker, b: int, heads: int, kv_heads: int, s_q: int, s_kv: int, d: int,
@@ -211,6 +306,8 @@ def _cross_entropy(t: _Maker, n: int, vocab: int) -> Fragment:
 IMPLS: dict[str, tuple[Callable[..., Fragment], tuple[str, ...]]] = {
     "linear": (_linear, ("m", "n", "k")),
     "qkv": (_qkv, ("b", "s", "h", "heads", "kv_heads", "d", "rope")),
+    "fp8_linear": (partial(_linear, fp8=True), ("m", "n", "k")),
+    "fp8_qkv": (partial(_qkv, fp8=True), ("b", "s", "h", "heads", "kv_heads", "d", "rope")),
     "sdpa": (_sdpa, ("b", "heads", "kv_heads", "s_q", "s_kv", "d", "dropout")),
     "scores": (_scores, ("b", "heads", "kv_heads", "s_q", "s_kv", "d")),
     "causal_softmax": (_causal_softmax, ("batch", "s_q", "s_kv")),

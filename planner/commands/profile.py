@@ -32,18 +32,20 @@ from planner.commands.args import (
 )
 from planner.errors import INTERRUPTED
 from planner.outputs import check_output_file
-from planner.profiling.cases import OPTIMIZERS, op_cases
+from planner.profiling.cases import FP8_GEMMS, OPTIMIZERS, op_cases
 from planner.specs.layout import check_tp
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec, load_model, preset
 from profiler.devices import DeviceSpec
-from profiler.host import LocalDevice, local_device, runtime
-from profiler.measure import Measured, MeasureSettings
+from profiler.host import LocalDevice, check_dtype, local_device, runtime
+from profiler.measure import MATMUL_PRECISION, Measured, MeasureSettings
 from profiler.progress import ProgressBar
 from profiler.schema import SpecError, fail
 from profiler.store import PROFILE_SCHEMA_VERSION, ProfileMeta, ProfileRow, save_profile
 
 __all__ = ["MeasureRequest", "add_parser", "default_verb", "measure", "run"]
+
+PROFILE_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -80,8 +82,10 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
                    help="micro-batch sizes (default 1)")
     m.add_argument("--seq", type=int_list_in(MAX_SEQ_LEN), metavar="N,N",
                    help="sequence lengths (default: the model's)")
-    m.add_argument("--dtype", choices=("fp32", "bf16", "fp16"),
-                   help="default fp32 on cpu, bf16 on cuda")
+    m.add_argument("--dtype", choices=PROFILE_DTYPES,
+                   help="default fp32 on cpu, bf16 on cuda; tf32 (fp32 storage, TF32 "
+                   "matmuls) and fp8 (the layers' GEMMs in FP8, bf16 elsewhere) on GPUs "
+                   "that have them")
     m.add_argument("--attention", type=name_list, metavar="K,K", help="attention backends "
                    "(default: all the device supports; those torch cannot run are skipped)")
     m.add_argument("--optimizer", type=name_list, default=("fused", "foreach", "for_loop"),
@@ -183,11 +187,25 @@ def _attentions(req: MeasureRequest, dev: DeviceSpec) -> tuple[str, ...]:
     return tuple(chosen)
 
 
+def _precision(device: str, dtype: str) -> str | None:
+    """What the profile's `precision` records: how the dtype ran, where it is not plain."""
+    if dtype == "fp8":
+        return (f"FP8 GEMMs for {', '.join(FP8_GEMMS)} and their gradients (torch._scaled_mm, "
+                "per-tensor scales, e4m3 activations and weights, e5m2 output gradients, "
+                "operands cast before the timed call); every other op in bf16")
+    if device.startswith("cuda") and dtype in MATMUL_PRECISION:
+        tf32 = "TF32 tensor cores" if dtype == "tf32" else "full fp32, no TF32"
+        return (f"fp32 storage, matmuls on {tf32} (torch.set_float32_matmul_precision"
+                f"('{MATMUL_PRECISION[dtype]}'))")
+    return None
+
+
 def _meta(req: MeasureRequest, local: LocalDevice, dtype: str, world_size: int) -> ProfileMeta:
     rt = runtime(req.device)
     return ProfileMeta(
         schema_version=PROFILE_SCHEMA_VERSION, device=local.spec.name,
         device_detail=local.detail, dtype=dtype,  # type: ignore[arg-type]  # dtype checked against the device above
+        precision=_precision(req.device, dtype) if req.model is not None else None,
         torch_version=rt.torch_version, cuda_version=rt.cuda_version, driver=rt.driver,
         host=platform.node() or "unknown",
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -205,6 +223,7 @@ def measure(req: MeasureRequest) -> int:
     local = local_device(req.device, device_name=req.device_name)
     dev = local.spec
     dtype = req.dtype or ("fp32" if req.device == "cpu" else "bf16")
+    check_dtype(req.device, dtype)
     if dtype not in dev.peak_tflops:
         fail("--dtype", dtype, f"{dev.name} offers {', '.join(dev.peak_tflops)}")
     start = time.perf_counter()

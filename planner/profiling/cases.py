@@ -24,9 +24,14 @@ from planner.costs.workload import (
 from planner.specs.model import ModelSpec
 from profiler.measure import GradOf, OpCase
 
-__all__ = ["OPTIMIZERS", "op_cases", "optimizer_cases", "step_bytes"]
+__all__ = ["FP8_GEMMS", "OPTIMIZERS", "op_cases", "op_dtype", "optimizer_cases", "step_bytes"]
 
 OPTIMIZERS = ("fused", "foreach", "for_loop")
+# The GEMMs an fp8 run computes in FP8 (with their .dgrad / .wgrad / .bwd): the layers'
+# linear layers, Transformer Engine's te.Linear in Megatron-LM. The LM head stays bf16
+# (Megatron-LM's output layer is not a Transformer Engine module), as does everything else.
+FP8_GEMMS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+_FP8_IMPLS = {"linear": "fp8_linear", "qkv": "fp8_qkv"}  # profiler/torch_ops.py
 # Backward op name suffix -> which leaves of the forward fragment it differentiates.
 _BACKWARD: dict[str, GradOf] = {".dgrad": "input", ".wgrad": "weight", ".bwd": "all"}
 _LINEARS = ("attn.proj", "mlp.fc1", "mlp.fc2", "head.logits")
@@ -45,7 +50,7 @@ def _forward_impl(model: ModelSpec, w: WorkloadShape, op: Op) -> tuple[str, tupl
         return model.norm, (elements // h, h)
     if name in _LINEARS:
         _, m, n, k = op.shape
-        return "linear", (m, n, k)
+        return _in_fp8("linear", name, w.dtype), (m, n, k)
     table: dict[str, tuple[str, tuple[int, ...]]] = {
         "attn.qkv": ("qkv", (b, s, h, heads, kv_heads, d,
                              int(model.position_embedding == "rope"))),
@@ -65,7 +70,22 @@ def _forward_impl(model: ModelSpec, w: WorkloadShape, op: Op) -> tuple[str, tupl
     }
     if name not in table:
         raise ValueError(f"no torch implementation for workload op {name!r}")
-    return table[name]
+    impl, dims = table[name]
+    return _in_fp8(impl, name, w.dtype), dims
+
+
+def _in_fp8(impl: str, name: str, dtype: str) -> str:
+    """The FP8 impl of a GEMM an fp8 run computes in FP8; `impl` otherwise."""
+    return _FP8_IMPLS[impl] if dtype == "fp8" and name in FP8_GEMMS else impl
+
+
+def op_dtype(dtype: str, name: str) -> str:
+    """The dtype an op (forward or backward, by name) of a `dtype` profile ran in: in an
+    fp8 profile fp8 for FP8_GEMMS and bf16 for the rest; `dtype` otherwise."""
+    if dtype != "fp8":
+        return dtype
+    forward = _forward_name(name)
+    return "fp8" if (forward[0] if forward else name) in FP8_GEMMS else "bf16"
 
 
 def _forward_name(name: str) -> tuple[str, GradOf] | None:

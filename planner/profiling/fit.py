@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from planner.calibration.fit import Parameter, minimize_bounded, with_values
 from planner.costs.compute import ComputeCosts, clear_op_cache
 from planner.costs.workload import Op
+from planner.profiling.cases import op_dtype
 from profiler.devices import device, parameter_overrides
 from profiler.schema import dump, fail
 from profiler.store import Profile, ProfileRow, load_profile
@@ -54,8 +55,12 @@ def _op(row: ProfileRow) -> Op:
 
 
 def _error(profile: Profile, rows_by_kind: dict[str, list[ProfileRow]]) -> float:
-    costs = ComputeCosts(device(profile.meta.device), profile.meta.dtype)
-    per_kind = [statistics.mean(abs(math.log(costs.time_s(_op(r)) / r.time_s)) for r in rows)
+    m = profile.meta
+
+    def analytic_s(r: ProfileRow) -> float:  # an fp8 profile's ops ran in fp8 or bf16
+        return ComputeCosts(device(m.device), op_dtype(m.dtype, r.name)).time_s(_op(r))
+
+    per_kind = [statistics.mean(abs(math.log(analytic_s(r) / r.time_s)) for r in rows)
                 for rows in rows_by_kind.values()]
     return statistics.mean(per_kind)
 
@@ -101,6 +106,9 @@ def run_fit(path: str, *, iterations: int, output: str | None = None) -> int:
     for p, old, new in zip(result.params, result.before, result.after, strict=True):
         bound = "  (at its bound)" if p.field in result.at_bounds else ""
         print(f"  {result.arch}.{p.field:22} {old:9.4g} -> {new:9.4g}{bound}")
+    if m.dtype in ("tf32", "fp8"):
+        print(f"note: fitted to {m.dtype} ops; the analytic model has one GEMM efficiency per "
+              "architecture for every dtype (fit a bf16 profile for a catalog entry)")
     if output is None:
         print(f"write them to a catalog file with -o FILE (then --catalog FILE), or copy into "
               f"profiler/data/efficiency.yaml under `{result.arch}` and record the profile in "

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from planner.outputs import PICTURE_SUFFIXES, atomic_path, check_output_file
+from planner.profiling.cases import op_dtype
 from profiler.devices import device
 from profiler.store import Profile, ProfileRow, load_profile
 
@@ -74,7 +75,11 @@ def _size(b: float) -> str:
 def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
     m = profile.meta
     dev = device(m.device)
-    peak = dev.peak_tflops.get(m.dtype, dev.peak_tflops.get("fp32", 0.0)) * 1e12
+    peaks: dict[str, float] = {str(k): v for k, v in dev.peak_tflops.items()}
+
+    def peak(name: str) -> float:  # an fp8 profile's ops ran in fp8 or bf16
+        return peaks.get(op_dtype(m.dtype, name), peaks.get("fp32", 0.0)) * 1e12
+
     dram = dev.memory_bandwidth_bytes_per_s
     lines = [f"{profile.path}: {m.device} ({m.device_detail}), {m.dtype}, torch {m.torch_version}"
              f"{', CUDA ' + m.cuda_version if m.cuda_version else ''}, {m.num_threads} "
@@ -85,8 +90,8 @@ def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
     for s in summaries:
         if s.kind == "collective":
             continue
-        flops = (f"{s.best_flops_per_s / 1e9:8.1f} G ({s.best_flops_per_s / peak:4.0%})"
-                 if s.best_flops_per_s and peak else "")
+        flops = (f"{s.best_flops_per_s / 1e9:8.1f} G ({s.best_flops_per_s / peak(s.name):4.0%})"
+                 if s.best_flops_per_s and peak(s.name) else "")
         bw = f"{s.best_bytes_per_s / 1e9:8.2f} G ({s.best_bytes_per_s / dram:4.0%})"
         times = f"{s.min_time_s * 1e3:.3g}..{s.max_time_s * 1e3:.3g} ms"
         lines.append(f"{s.name:22} {s.variant:9} {s.rows:4d} {times:>19}  {flops:>18}  {bw:>18}")

@@ -27,6 +27,12 @@ from tests.planner.cli_helpers import run_cli as _run
      "--attention: 'memory_efficient' is not allowed (CPU supports flash, math)"),
     (["--model", "debug-tiny", "--device", "cuda", "-o", "p.csv"],
      "--device: 'cuda' is not allowed (torch sees no CUDA device here)"),
+    (["--model", "debug-tiny", "--dtype", "tf32", "-o", "p.csv"],
+     "--dtype: 'tf32' is not allowed (TF32 tensor cores are on NVIDIA GPUs of compute "
+     "capability 8.0 or newer; profile fp32 on the CPU)"),
+    (["--model", "debug-tiny", "--dtype", "fp8", "-o", "p.csv"],
+     "--dtype: 'fp8' is not allowed (FP8 tensor cores are on NVIDIA GPUs of compute "
+     "capability 8.9 or newer; profile bf16 on the CPU)"),
 ])
 def test_bad_flags(argv, needle, capsys, tmp_path, monkeypatch):
     pytest.importorskip("torch")
@@ -91,3 +97,14 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path, capsys, monkeypatch):
     from profiler.store import load_profile
 
     assert len(load_profile(str(path)).rows) == 2
+
+
+def test_the_profile_says_how_its_dtype_ran():
+    from planner.commands.profile import _precision
+
+    assert _precision("cpu", "fp32") is None and _precision("cuda", "bf16") is None
+    assert "no TF32" in _precision("cuda:0", "fp32")
+    assert "TF32 tensor cores" in _precision("cuda", "tf32")
+    assert "('high')" in _precision("cuda", "tf32")
+    fp8 = _precision("cuda", "fp8")
+    assert "attn.qkv, attn.proj, mlp.fc1, mlp.fc2" in fp8 and "bf16" in fp8

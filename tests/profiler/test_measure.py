@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from profiler import torch_ops  # noqa: E402
-from profiler.measure import MeasureSettings, OpCase, measure_ops  # noqa: E402
+from profiler.measure import MeasureSettings, OpCase, measure_ops, torch_dtype  # noqa: E402
 from profiler.progress import QUIET_S, ProgressBar  # noqa: E402
 from profiler.timing import time_calls  # noqa: E402
 
@@ -17,13 +17,15 @@ SMALL = {  # impl -> small dimensions
     "context": (2, 4, 2, 8, 8, 4), "layernorm": (8, 16), "rmsnorm": (8, 16),
     "residual": (8, 16, 1), "gelu": (8, 16), "swiglu": (8, 16),
     "embedding": (2, 8, 32, 16, 8, 1), "cross_entropy": (8, 32),
+    "fp8_linear": (16, 32, 48), "fp8_qkv": (2, 8, 16, 2, 1, 8, 1),  # FP8: multiples of 16
 }
 
 
 def test_every_impl_runs_forward_and_backward():
     assert set(SMALL) == set(torch_ops.IMPLS)
     for impl, dims in SMALL.items():
-        frag = torch_ops.build(impl, dims, variant="math", dtype=torch.float32, device="cpu")
+        dtype = torch.bfloat16 if impl.startswith("fp8") else torch.float32
+        frag = torch_ops.build(impl, dims, variant="math", dtype=dtype, device="cpu")
         outputs = frag.forward()
         leaves = frag.inputs + frag.weights
         grads = torch.autograd.grad(outputs, leaves, [torch.ones_like(o) for o in outputs])
@@ -97,3 +99,76 @@ def test_progress_bar_off_a_terminal_prints_tenths_of_long_work_only(monkeypatch
     bar.close()
     lines = out.getvalue().splitlines()
     assert 10 <= len(lines) <= 11 and lines[-1].startswith("ops: 20/20")
+
+
+# FP8 GEMMs (torch._scaled_mm also runs on the CPU, so the code CUDA runs is checked here)
+
+def test_fp8_linear_is_the_bf16_linear_within_fp8_rounding():
+    frag = torch_ops.build("fp8_linear", (32, 48, 64), variant=None, dtype=torch.bfloat16,
+                           device="cpu")
+    (y,) = frag.forward()
+    (x,), (w,) = frag.inputs, frag.weights
+    exact = x.float() @ w.float().t()
+    assert y.dtype == torch.bfloat16 and y.shape == (32, 48)
+    assert (y.float() - exact).norm() / exact.norm() < 0.1  # e4m3: 3 mantissa bits
+    dx, dw = torch.autograd.grad((y,), (x, w), (torch.ones_like(y),))
+    assert dx.shape == x.shape and dw.shape == w.shape and dx.dtype == dw.dtype == torch.bfloat16
+
+
+def test_fp8_gemms_take_the_layouts_and_sizes_cuda_takes():
+    a = torch.randn(32, 64).to(torch.float8_e4m3fn)
+    b = torch.randn(48, 64).to(torch.float8_e4m3fn)
+    one = torch.ones(())
+    assert torch_ops.fp8_mm(a, b.t(), one, one, fast_accum=True).shape == (32, 48)
+    with pytest.raises(ValueError, match="row-major x column-major"):
+        torch_ops.fp8_mm(a, b.t().contiguous(), one, one, fast_accum=True)
+    with pytest.raises(ValueError, match="divisible by 16, not 32x48x40"):
+        torch_ops.fp8_mm(a[:, :40].contiguous(), b[:, :40].contiguous().t(), one, one,
+                         fast_accum=True)
+
+
+def _count_fp8_gemms(monkeypatch):
+    calls = []
+    real = torch_ops.fp8_mm
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["fast_accum"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch_ops, "fp8_mm", counting)
+    return calls
+
+
+@pytest.mark.parametrize("grad_of, gemms, baseline_gemms", [
+    ("input", 1, None), ("weight", 2, 1), ("all", 2, None)])
+def test_fp8_backward_runs_the_gemms_of_its_gradient(grad_of, gemms, baseline_gemms, monkeypatch):
+    """A custom autograd Function computes the gradients its leaves require, not those
+    autograd.grad asks for: .dgrad freezes the weight, .wgrad's baseline is the backward
+    of a frozen-weight copy (dgrad alone), so each times its own GEMMs."""
+    from profiler.measure import _runners
+
+    case = _case("mlp.fc1.x", "fp8_linear", (32, 48, 64), grad_of, kind="gemm")
+    fn, baseline, _ = _runners(case, MeasureSettings(dtype="fp8"))
+    calls = _count_fp8_gemms(monkeypatch)
+    fn()
+    assert calls == [False] * gemms  # gradients without fast accumulation
+    if baseline_gemms is None:
+        assert baseline is None
+    else:
+        calls.clear()
+        baseline()
+        assert calls == [False] * baseline_gemms
+
+
+def test_fp8_cases_measure_on_the_cpu():
+    cases = [_case("attn.qkv", "fp8_qkv", (2, 8, 16, 2, 1, 8, 1), kind="gemm"),
+             _case("attn.qkv.wgrad", "fp8_qkv", (2, 8, 16, 2, 1, 8, 1), "weight", kind="gemm"),
+             _case("mlp.fc2.dgrad", "fp8_linear", (16, 32, 48), "input", kind="gemm"),
+             _case("mlp.gelu", "gelu", (16, 16)),
+             _case("mlp.fc2.odd", "fp8_linear", (16, 32, 40), kind="gemm")]
+    measured = measure_ops(cases, MeasureSettings(dtype="fp8", warmup=1, repeats=3,
+                                                  min_sample_s=2e-4))
+    assert [r.name for r in measured.rows] == [c.name for c in cases[:4]]
+    (case, reason), = measured.skipped
+    assert case is cases[4] and "divisible by 16" in reason
+    assert torch_dtype("fp8") == torch.bfloat16 and torch_dtype("tf32") == torch.float32

@@ -173,3 +173,23 @@ def test_the_example_profiles_load():
         assert profile.meta.device == "CPU" and profile.rows
     merged = load_profiles(["profiles"], devices=["CPU"], dtype="fp32").get("CPU")
     assert merged is not None and merged.op_rows and merged.collective_rows
+
+
+def test_fp8_and_tf32_profiles_answer_plans_of_their_dtype(tmp_path):
+    """Profiles are per dtype: a folder's tf32 and fp8 files answer plans in that dtype,
+    and say how the dtype ran (`precision`); files written before that field read as null."""
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    h200 = {**META.__dict__, "device": "H200-141GB-SXM", "cuda_version": "13.0"}
+    for dtype, precision in (("bf16", None), ("tf32", "fp32 storage, matmuls on TF32"),
+                             ("fp8", "FP8 GEMMs for attn.qkv")):
+        meta = ProfileMeta(**{**h200, "dtype": dtype, "precision": precision})
+        save_profile(str(folder / f"h200-{dtype}.csv"), meta, ROWS[:4])
+        assert load_profile(str(folder / f"h200-{dtype}.csv")).meta == meta
+    for dtype in ("bf16", "tf32", "fp8"):
+        chosen = load_profiles([str(folder)], devices=["H200-141GB-SXM"], dtype=dtype)
+        profile = chosen.get("H200-141GB-SXM")
+        assert profile is not None and profile.meta.dtype == dtype
+    old = (tmp_path / "old.csv")
+    old.write_text(profile_text(META, ROWS).replace("precision: null\n", ""))
+    assert "precision" not in old.read_text() and load_profile(str(old)).meta == META

@@ -72,3 +72,31 @@ def test_step_traffic_grows_with_the_batch():
     small, big = (step_bytes(m, WorkloadShape(micro_batch_size=b, seq_len=64, dtype="fp32"))
                   for b in (1, 8))
     assert 0 < small < big
+
+
+@pytest.mark.parametrize("model", MODELS[:2], ids=lambda m: m.name)
+def test_fp8_runs_the_layers_gemms_in_fp8_and_the_rest_in_bf16(model):
+    """Transformer Engine's te.Linear in Megatron-LM: the layers' linear layers in FP8,
+    the LM head (not a TE module) and everything else in bf16."""
+    from planner.profiling.cases import FP8_GEMMS
+
+    fp8 = {c.name: c for c in op_cases(model, tps=(1,), micro_batch_sizes=(2,),
+                                       seq_lens=(32,), dtype="fp8", attentions=("flash",))}
+    bf16 = {c.name: c for c in op_cases(model, tps=(1,), micro_batch_sizes=(2,),
+                                        seq_lens=(32,), dtype="bf16", attentions=("flash",))}
+    assert fp8.keys() == bf16.keys()
+    in_fp8 = {name for name, c in fp8.items() if c.impl.startswith("fp8_")}
+    assert in_fp8 == {f"{g}{suffix}" for g in FP8_GEMMS for suffix in ("", ".dgrad", ".wgrad")}
+    for name in in_fp8:
+        assert fp8[name].impl == "fp8_" + bf16[name].impl and fp8[name].dims == bf16[name].dims
+    assert fp8["head.logits"].impl == "linear" and fp8["head.logits.wgrad"].impl == "linear"
+    assert not any(c.impl.startswith("fp8_") for c in bf16.values())
+
+
+def test_each_op_of_a_profile_has_the_dtype_it_ran_in():
+    from planner.profiling.cases import op_dtype
+
+    assert [op_dtype("fp8", n) for n in ("mlp.fc1", "attn.qkv.dgrad", "mlp.fc2.wgrad",
+                                         "head.logits", "attn.core.bwd", "optimizer.adamw")] \
+        == ["fp8", "fp8", "fp8", "bf16", "bf16", "bf16"]
+    assert op_dtype("tf32", "mlp.fc1") == "tf32" and op_dtype("bf16", "head.logits") == "bf16"
