@@ -9,7 +9,9 @@ import re
 import sys
 from typing import NoReturn
 
-__all__ = ["Parser", "add_cluster_args", "add_model_args", "bytes_arg", "int_list",
+from planner.export.frameworks import CAPABILITIES
+
+__all__ = ["Parser", "add_cluster_args", "add_framework_arg", "add_model_args", "bytes_arg", "int_list",
            "name_list", "non_negative_int", "positive_int", "print_json"]
 
 
@@ -53,6 +55,15 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
     g.add_argument("--gpus", metavar="TYPE:COUNT",
                    help="a homogeneous cluster of standard nodes, e.g. A100-80GB-SXM:64")
     g.add_argument("--cluster", metavar="FILE", help="a ClusterSpec YAML file")
+
+
+def add_framework_arg(p: argparse.ArgumentParser) -> None:
+    """--framework: plan only what that framework, at the version trainplan targets, runs."""
+    p.add_argument("--framework", choices=tuple(CAPABILITIES), default="trainplan",
+                   help="plan only what this framework runs, at the version named in "
+                   "planner/export/frameworks.py: " + "; ".join(
+                       f"{c.name}: {c.version}" for c in CAPABILITIES.values())
+                   + " (default trainplan, this project's executor)")
 
 
 _UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}

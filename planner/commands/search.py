@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.commands.args import add_cluster_args, add_model_args, positive_int, print_json
+from planner.commands.args import (
+    add_cluster_args,
+    add_framework_arg,
+    add_model_args,
+    positive_int,
+    print_json,
+)
 from planner.commands.inputs import load_inputs, profiles_for, with_prediction
 from planner.errors import InfeasiblePlan
 from planner.search import Ranked, SearchRequest, SearchResult, search
@@ -42,6 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-budget", type=float, metavar="USD", help="cap on the run's cost")
     p.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list")
     p.add_argument("--attention", choices=values(Attention))
+    add_framework_arg(p)
     p.add_argument("--profile", metavar="FILE|DIR", action="append",
                    help="measured profile (`plan profile`), or a folder of them matched by "
                    "device name; repeatable")
@@ -60,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                         seq_len=args.seq or model.seq_len, dtype=args.dtype,
                         objective=args.objective, tokens=args.tokens,
                         max_budget_usd=args.max_budget, top=args.top, attention=args.attention,
-                        profiles=profiles)
+                        profiles=profiles, framework=args.framework)
     try:
         result = search(req)
     except InfeasiblePlan as err:

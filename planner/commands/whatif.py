@@ -6,7 +6,7 @@ import argparse
 import os
 import shlex
 
-from planner.commands.args import add_model_args, positive_int
+from planner.commands.args import add_framework_arg, add_model_args, positive_int
 from planner.commands.inputs import load_inputs, profiles_for
 from planner.search.search import OBJECTIVES
 from planner.specs.plan import TRAIN_DTYPES
@@ -42,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--objective", choices=OBJECTIVES,
                    default="time-to-train")
     p.add_argument("--max-budget", type=float, metavar="USD", help="cap on each run's cost")
+    add_framework_arg(p)
     p.add_argument("--profile", metavar="FILE|DIR", action="append",
                    help="measured profile(s) for the cluster's GPU types")
     p.add_argument("-o", "--output", required=True, metavar="DIR",
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     profiles = profiles_for(args, cluster, args.dtype)
     rows = plan_scenarios(base, scenarios, gbs=args.gbs, seq_len=args.seq,
                           objective=args.objective, dtype=args.dtype,
-                          max_budget_usd=args.max_budget, profiles=profiles)
+                          max_budget_usd=args.max_budget, profiles=profiles,
+                          framework=args.framework)
     title = f"What if: {model.name} on {cluster.name}, {args.tokens:.3g} tokens"
     paths = write_report(rows, args.output, title=title,
                          command=shlex.join(["plan", *args.argv]), profiles=profiles)

@@ -202,7 +202,9 @@ def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
         fail("--framework", req.framework, "allowed: " + ", ".join(FRAMEWORKS))
     caps = req.capabilities
     if req.dtype not in caps.dtypes:
-        fail("--dtype", req.dtype, f"{caps.version} trains in {', '.join(sorted(caps.dtypes))}")
+        others = [c.name for c in CAPABILITIES.values() if req.dtype in c.dtypes]
+        fail("--dtype", req.dtype, f"{caps.version} trains in {', '.join(sorted(caps.dtypes))}"
+             + (f"; --framework {' or '.join(others)} plans {req.dtype}" if others else ""))
     if req.attention is not None and req.attention not in caps.attention:
         fail("--attention", req.attention,
              f"{caps.version} has {', '.join(sorted(caps.attention))}")
