@@ -11,11 +11,12 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from planner.export.frameworks import CAPABILITIES
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TOKENS, MAX_USD
 from profiler.schema import one_line, short_repr
 
-__all__ = ["Parser", "add_catalog_arg", "add_cluster_args", "add_model_args", "budget_arg",
-           "bytes_arg", "gbs_arg", "int_in", "int_list", "int_list_in", "name_list",
+__all__ = ["Parser", "add_catalog_arg", "add_cluster_args", "add_framework_arg", "add_model_args",
+           "budget_arg", "bytes_arg", "gbs_arg", "int_in", "int_list", "int_list_in", "name_list",
            "non_negative_int", "number_in", "path_arg", "positive_int", "print_json", "seq_arg",
            "tokens_arg"]
 
@@ -109,6 +110,15 @@ def add_catalog_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catalog", type=path_arg, metavar="FILE", help="GPU types to add to the "
                    "catalog or override in it (the format of `plan gpus --json`; `plan profile "
                    "fit -o` writes one)")
+
+
+def add_framework_arg(p: argparse.ArgumentParser) -> None:
+    """--framework: plan only what that framework, at the version trainplan targets, runs."""
+    p.add_argument("--framework", choices=tuple(CAPABILITIES), default="trainplan",
+                   help="plan only what this framework runs, at the version named in "
+                   "planner/export/frameworks.py: " + "; ".join(
+                       f"{c.name}: {c.version}" for c in CAPABILITIES.values())
+                   + " (default trainplan, this project's executor)")
 
 
 _UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}

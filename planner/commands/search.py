@@ -7,6 +7,7 @@ import sys
 
 from planner.commands.args import (
     add_cluster_args,
+    add_framework_arg,
     add_model_args,
     budget_arg,
     gbs_arg,
@@ -55,6 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-budget", type=budget_arg, metavar="USD", help="cap on the run's cost")
     p.add_argument("--top", type=int_in(1, 1000), default=5, metavar="K", help="plans to list")
     p.add_argument("--attention", choices=values(Attention))
+    add_framework_arg(p)
     p.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",
                    help="measured profile (`plan profile`), or a folder of them matched by "
                    "device name; repeatable")
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                         seq_len=args.seq or model.seq_len, dtype=dtype,
                         objective=args.objective, tokens=args.tokens,
                         max_budget_usd=args.max_budget, top=args.top, attention=args.attention,
-                        profiles=profiles)
+                        profiles=profiles, framework=args.framework)
     try:
         result = search(req)
     except InfeasiblePlan as err:

@@ -8,6 +8,7 @@ import shlex
 
 from planner.commands.args import (
     add_catalog_arg,
+    add_framework_arg,
     add_model_args,
     budget_arg,
     gbs_arg,
@@ -54,6 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--objective", choices=OBJECTIVES,
                    default="time-to-train")
     p.add_argument("--max-budget", type=budget_arg, metavar="USD", help="cap on each run's cost")
+    add_framework_arg(p)
     p.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",
                    help="measured profile(s) for the cluster's GPU types")
     p.add_argument("-o", "--output", required=True, type=path_arg, metavar="DIR",
@@ -70,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     profiles = profiles_for(args, cluster, dtype)
     rows = plan_scenarios(base, scenarios, gbs=args.gbs, seq_len=args.seq,
                           objective=args.objective, dtype=dtype,
-                          max_budget_usd=args.max_budget, profiles=profiles)
+                          max_budget_usd=args.max_budget, profiles=profiles,
+                          framework=args.framework)
     title = f"What if: {model.name} on {cluster.name}, {args.tokens:.3g} tokens"
     paths = write_report(rows, args.output, title=title,
                          command=shlex.join(["plan", *args.argv]), profiles=profiles)

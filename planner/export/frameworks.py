@@ -4,8 +4,9 @@ A `FrameworkCapabilities` lists a framework's parallelisms, pipeline schedules, 
 sharding patterns, recompute modes and the structural freedoms a heterogeneous plan needs
 (unlike stages, mixed GPU types, tp per stage, unequal micro-batch counts).
 `unsupported(plan, capabilities)` names, one line each, the settings of a Plan that the
-framework cannot express; `plan export` refuses on them and the search (later) prunes on
-them. The facts come from the pinned releases' own code, cited per entry; tests load the
+framework cannot express; `plan export` refuses on them, and `plan search --framework`
+searches only what the capabilities allow (planner/search/space.py `for_framework`,
+planner/hetero/search.py `MixedSpace.for_framework`). The facts come from the pinned releases' own code, cited per entry; tests load the
 exported configs with those releases' parsers (tests/planner/export/test_frameworks_*.py).
 """
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from planner.specs.choices import Schedule
 from planner.specs.plan import Plan
 
-__all__ = ["CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
+__all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
            "chunk_layer_counts", "in_rank_order", "matches_pattern", "plan_shape", "unsupported"]
 
 # A model-state sharding pattern: one entry per (params, grads, optim), each "1"
@@ -31,6 +32,7 @@ NO_SHARDING: ShardPattern = ("1", "1", "1")
 ZERO1: ShardPattern = ("1", "1", "dp")
 ZERO2: ShardPattern = ("1", "dp", "dp")
 ZERO3: ShardPattern = ("dp", "dp", "dp")
+ANY_SHARDING: ShardPattern = ("*", "*", "*")  # AMSP: any nested group sizes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +161,7 @@ _TRAINPLAN = FrameworkCapabilities(
     name="trainplan", version="trainplan 0.1.0 executor",
     parallelisms=frozenset({"tp", "pp", "dp", "vp"}),
     schedules=frozenset(Schedule),
-    sharding=(("*", "*", "*"),),  # AMSP at any nested sizes
+    sharding=(ANY_SHARDING,),
     recompute=frozenset({"none", "selective", "full"}),
     dtypes=frozenset({"bf16", "fp32"}),
     attention=frozenset({"flash", "memory_efficient", "math"}),

@@ -9,6 +9,10 @@ priced with the closed form; the leaders are confirmed by the event simulator.
 Baselines, each a planner behind the same interface and rated by the same simulator:
 the fastest GPU type alone, the best heterogeneous template with layers (or micro-batches)
 split uniformly, and with them split in proportion to throughput (Metis/Zorse heuristic).
+
+What is searched is data, `MixedSpace` (template families, tp per type, schedules,
+recompute, sharding patterns, per-stage sharding); `MixedSpace.for_framework` narrows it to
+what a training framework runs (none of it, for a framework that runs one GPU type).
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ from dataclasses import dataclass
 
 from planner.costs.kernels import attention_for
 from planner.costs.stages import PlacedStage, RunSettings, StageSpec, unsharded_cost
+from planner.export.frameworks import (
+    ANY_SHARDING,
+    FrameworkCapabilities,
+    ShardPattern,
+    matches_pattern,
+)
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import Pool, pools_by_type
 from planner.hetero.split import (
@@ -38,10 +48,75 @@ from profiler.devices import device
 from profiler.kernels import Attention
 from profiler.store import Profiles
 
-__all__ = ["Baseline", "baselines_for", "hetero_candidates", "merge_candidates",
+__all__ = ["Baseline", "MixedSpace", "baselines_for", "hetero_candidates", "merge_candidates",
            "mixed_templates", "templates"]
 
 MICROBATCH_SIZES = (1, 2, 4)
+FAMILIES = ("mixed-stages", "mixed-replicas")
+
+
+@dataclass(frozen=True)
+class MixedSpace:
+    """The heterogeneous candidates searched: template families, the tp a type's stages
+    may take, whether unlike types may differ in tp (in one pipeline: `per_stage_tp`;
+    between replicas: also `unlike_replicas`), the schedules (1F1B is branched on, ZB-H1
+    is a variant of the leaders), recompute modes, sharding patterns over (P, G, OS), and
+    whether stage positions may shard differently (the leaders' AMSP-per-stage variant)."""
+
+    families: tuple[str, ...] = FAMILIES
+    tp: tuple[int, ...] = (1, 2, 4, 8, 16)
+    per_stage_tp: bool = True
+    unlike_replicas: bool = True
+    schedules: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.ZB_H1)
+    recompute: tuple[Recompute, ...] = tuple(Recompute)
+    sharding: tuple[ShardPattern, ...] = (ANY_SHARDING,)
+    sharding_with_pp: tuple[ShardPattern, ...] | None = None  # replaces it where pp > 1
+    per_stage_sharding: bool = True
+    why_none: str = ""  # when `families` is empty: what the framework lacks
+
+    @classmethod
+    def for_framework(cls, caps: FrameworkCapabilities) -> MixedSpace:
+        """What of the space `caps` runs. Every template mixes GPU types, splits layers
+        and micro-batches by speed (uneven stages, unequal counts) and places stages by
+        island (not in a fixed rank order), and is branched on under 1F1B."""
+        lacks = [what for what, ok in (
+            ("mixed GPU types in one job", caps.mixed_gpu_types),
+            ("uneven stages", caps.uneven_stages),
+            ("unequal micro-batch counts", caps.unequal_microbatches),
+            ("placement by island (it fixes the rank order)", caps.rank_order is None),
+            ("the 1f1b schedule", Schedule.ONE_F_ONE_B in caps.schedules)) if not ok]
+        if lacks:
+            return cls(families=(), why_none=f"{caps.version} lacks {', '.join(lacks)}")
+        # Template.sequence_parallel is on wherever tp > 1
+        split_tensors = ("tp" in caps.parallelisms and caps.tp_with_pp
+                         and caps.sequence_parallel != "never")
+        return cls(
+            families=FAMILIES if "pp" in caps.parallelisms else ("mixed-replicas",),
+            tp=cls.tp if split_tensors else (1,), per_stage_tp=caps.per_stage_tp,
+            unlike_replicas=caps.unlike_replicas,
+            schedules=tuple(s for s in cls.schedules if s in caps.schedules),
+            recompute=tuple(r for r in Recompute if r in caps.recompute),
+            sharding=caps.sharding, sharding_with_pp=caps.sharding_with_pp,
+            per_stage_sharding=caps.per_stage_sharding)
+
+    def tp_allowed(self, family: str, tps: tuple[int, ...]) -> bool:
+        """Whether unlike types may take tps `tps` (one per type) in a `family` template."""
+        if len(set(tps)) == 1:
+            return True
+        return self.per_stage_tp and (family == "mixed-stages" or self.unlike_replicas)
+
+    def shardings(self, dp: int, pp: int) -> tuple[list[Sharding], list[Sharding]]:
+        """The shardings searched for `dp` replicas of `pp` stages among replicated,
+        ZeRO-1, 2, 3 that the patterns allow: the cheap ones (replicated, ZeRO-1) and the
+        rest."""
+        patterns = self.sharding_with_pp if pp > 1 and self.sharding_with_pp else self.sharding
+
+        def ok(sh: Sharding) -> bool:
+            return any(matches_pattern((sh.params, sh.grads, sh.optim), p, dp)
+                       for p in patterns)
+
+        options = sharding_options(dp)
+        return [sh for sh in options[:2] if ok(sh)], [sh for sh in options[2:] if ok(sh)]
 
 
 @dataclass(frozen=True)
@@ -57,22 +132,25 @@ def _speed(gpu: str) -> float:
     return d.peak_tflops.get("bf16", d.peak_tflops.get("fp16", 0.0))
 
 
-def _tp_options(model: ModelSpec, gpus_per_node: int) -> list[int]:
-    return [t for t in (1, 2, 4, 8, 16) if t <= gpus_per_node and tp_problem(model, t) is None]
+def _tp_options(model: ModelSpec, gpus_per_node: int, space: MixedSpace) -> list[int]:
+    return [t for t in space.tp if t <= gpus_per_node and tp_problem(model, t) is None]
 
 
-def templates(model: ModelSpec, pools: dict[str, list[Pool]], gbs: int) -> Iterator[Template]:
-    """Heterogeneous templates over every combination of two or more GPU types."""
+def templates(model: ModelSpec, pools: dict[str, list[Pool]], gbs: int,
+              space: MixedSpace = MixedSpace()) -> Iterator[Template]:
+    """Heterogeneous templates of `space` over every combination of two or more GPU types."""
     types = sorted(pools, key=lambda g: (-device(g).memory_gib, -_speed(g)))
     layers = model.num_layers
     total = {g: sum(len(p.gpus) for p in pools[g]) for g in types}
-    tps = {g: _tp_options(model, min(p.gpus_per_node for p in pools[g])) for g in types}
+    tps = {g: _tp_options(model, min(p.gpus_per_node for p in pools[g]), space) for g in types}
+    families = {"mixed-stages": _mixed_stages, "mixed-replicas": _mixed_replicas}
     for size in range(2, len(types) + 1):
         for subset in itertools.combinations(types, size):
             for tp in itertools.product(*(tps[g] for g in subset)):
                 units = {g: total[g] // t for g, t in zip(subset, tp, strict=True)}
-                yield from _mixed_stages(subset, tp, units, layers, gbs)
-                yield from _mixed_replicas(subset, tp, units, layers)
+                for family in space.families:
+                    if space.tp_allowed(family, tp):
+                        yield from families[family](subset, tp, units, layers, gbs)
 
 
 def _mixed_stages(subset: tuple[str, ...], tp: tuple[int, ...], units: dict[str, int],
@@ -94,7 +172,7 @@ def _mixed_stages(subset: tuple[str, ...], tp: tuple[int, ...], units: dict[str,
 
 
 def _mixed_replicas(subset: tuple[str, ...], tp: tuple[int, ...], units: dict[str, int],
-                    layers: int) -> Iterator[Template]:
+                    layers: int, gbs: int) -> Iterator[Template]:
     """Replicas of each type, all with pp stages (so layer boundaries align)."""
     for pp in (1, 2, 4, 8, 16, 32):
         if pp > layers or any(units[g] < pp for g in subset):
@@ -113,8 +191,9 @@ def sharding_options(dp: int) -> list[Sharding]:
             Sharding(params=dp, grads=dp, optim=dp)]
 
 
-def mixed_templates(model: ModelSpec, cluster: ClusterSpec, gbs: int) -> list[Template]:
-    return list(templates(model, pools_by_type(cluster), gbs))
+def mixed_templates(model: ModelSpec, cluster: ClusterSpec, gbs: int,
+                    space: MixedSpace = MixedSpace()) -> list[Template]:
+    return list(templates(model, pools_by_type(cluster), gbs, space))
 
 
 def lower_bound_s(model: ModelSpec, cluster: ClusterSpec, t: Template, *, gbs: int, seq_len: int,
@@ -173,7 +252,7 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
                       score: Callable[[Priced], float], keep: int,
                       bound_score: Callable[[Template, float], float],
                       profiles: Profiles | None = None,
-                      attention: Attention | None = None
+                      attention: Attention | None = None, space: MixedSpace = MixedSpace()
                       ) -> tuple[list[Priced], int, dict[str, float]]:
     """Of the `chosen` templates' candidates: the `keep` best that fit by `score`, how many
     were priced, and for each GPU type the best score of a plan using it (or a lower bound
@@ -198,7 +277,7 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
                 with_type[g] = min(with_type.get(g, math.inf), bound)
             continue
         for mbs in MICROBATCH_SIZES:
-            for p in _cheapest_fitting(t, mbs, functools.partial(
+            for p in _cheapest_fitting(t, mbs, space, functools.partial(
                     _price_one, model, cluster, t, pools=pools, seq_len=seq_len, dtype=dtype,
                     gbs=gbs, kernels=kernels, profiles=profiles, memo=memo,
                     attention=attention)):
@@ -213,9 +292,7 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
     # with one sharding, so these are not branched on): ZB-H1, and AMSP per stage, each
     # position at the sharding its memory allows that shortens the iteration most.
     for p in [p for p in best if p.template.pp > 1]:
-        options = sharding_options(p.template.dp) if p.template.dp > 1 else []
-        zb, one = Schedule.ZB_H1, Schedule.ONE_F_ONE_B
-        for schedule, relax in [(zb, [])] + [(one, options), (zb, options)] * (len(options) > 0):
+        for schedule, relax in _variants(space, p.template):
             q = price(model, cluster, p.template, pools=pools, mbs=p.mbs,
                       recompute=p.recompute, sharding=p.sharding, seq_len=seq_len,
                       dtype=dtype, gbs=gbs, kernels=kernels, attention=p.attention,
@@ -247,14 +324,27 @@ def _price_one(model: ModelSpec, cluster: ClusterSpec, t: Template, mbs: int, rc
     return price(model, cluster, t, mbs=mbs, recompute=rc, sharding=sh, **kw)  # type: ignore[arg-type]  # keyword arguments collected in kw
 
 
-def _cheapest_fitting(t: Template, mbs: int, price_fn: Callable) -> Iterator[Priced | None]:
+def _variants(space: MixedSpace, t: Template) -> list[tuple[Schedule, list[Sharding]]]:
+    """(schedule, sharding options per stage position) of a leader's variants: ZB-H1 alone,
+    then AMSP per stage position under 1F1B and ZB-H1, as far as `space` allows."""
+    cheap, rest = space.shardings(t.dp, t.pp)
+    options = cheap + rest if t.dp > 1 and space.per_stage_sharding else []
+    zb, one = Schedule.ZB_H1, Schedule.ONE_F_ONE_B
+    wanted: list[tuple[Schedule, list[Sharding]]] = [(zb, [])]
+    wanted += [(one, options), (zb, options)] * (len(options) > 0)
+    return [(schedule, relax) for schedule, relax in wanted if schedule in space.schedules]
+
+
+def _cheapest_fitting(t: Template, mbs: int, space: MixedSpace, price_fn: Callable
+                      ) -> Iterator[Priced | None]:
     """Candidates of one template and micro-batch size, in order of what they cost: no
     recompute before selective before full, replicated states before ZeRO-1 before
-    ZeRO-2/3. Once one fits, the costlier ones can only be slower (they add recomputation
-    or communication to save memory that is not needed), so they are skipped."""
-    for rc in Recompute:  # cheapest first
+    ZeRO-2/3 (of those `space` holds). Once one fits, the costlier ones can only be slower
+    (they add recomputation or communication to save memory that is not needed), so they
+    are skipped."""
+    for rc in space.recompute:  # cheapest first
         fitted = False
-        for shardings in (sharding_options(t.dp)[:2], sharding_options(t.dp)[2:]):
+        for shardings in space.shardings(t.dp, t.pp):
             for sh in shardings:
                 p = price_fn(mbs, rc, sh)
                 fitted = fitted or (p is not None and p.fits)

@@ -28,12 +28,13 @@ from planner.costs.stages import (
     stage_params,
     unsharded_cost,
 )
+from planner.export.frameworks import ANY_SHARDING, ShardPattern
 from planner.predict.estimate import iteration_time
 from planner.search.sharding import (
     ShardingOption,
+    allowed_options,
     pareto_options,
     sharding_levels,
-    sharding_options,
 )
 from planner.search.space import Layout, Micro
 from planner.specs.choices import Recompute
@@ -68,7 +69,8 @@ class LayoutModel:
     and which kind each stage is)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, dtype: str,
-                 seq_len: int, gbs: int, kernels: Kernels, profiles: Profiles | None = None):
+                 seq_len: int, gbs: int, kernels: Kernels, profiles: Profiles | None = None,
+                 sharding: tuple[ShardPattern, ...] = (ANY_SHARDING,)):
         self.model, self.layout, self.profiles = model, layout, profiles
         self.cluster = cluster.take(layout.num_gpus, where="search")
         self.dtype, self.seq_len, self.gbs, self.kernels = dtype, seq_len, gbs, kernels
@@ -97,6 +99,8 @@ class LayoutModel:
             if tuple(kinds) not in self.replica_kinds:
                 self.replica_kinds.append(tuple(kinds))
         self.levels = sharding_levels(lo.dp, max(1, group.gpus_per_node // (lo.tp * lo.cp)))
+        # the shardings this layout may take (`sharding`: the framework's patterns)
+        self.choices = allowed_options(self.levels, dp=lo.dp, patterns=sharding)
 
     def run(self, micro: Micro) -> RunSettings:
         return RunSettings(micro_batch_size=micro.mbs,
@@ -127,7 +131,7 @@ class LayoutModel:
     @cached_property
     def options(self) -> list[ShardingOption]:
         """Sharding options not dominated in memory or in any time term (per stage kind)."""
-        return pareto_options([self.option(sh) for sh in sharding_options(self.levels)])
+        return pareto_options([self.option(sh) for sh in self.choices])
 
     def option(self, sharding: Sharding) -> ShardingOption:
         """A sharding's model-state bytes and time terms per stage kind (a micro-batch

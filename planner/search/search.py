@@ -1,7 +1,8 @@
 """`plan search`: the best homogeneous plans for a model, a cluster and a batch.
 
 1. Enumerate layouts and candidates (planner/search/space.py) for each GPU count the
-   objective allows.
+   objective allows, within what the request's framework runs (`for_framework`, from its
+   FrameworkCapabilities; mixed-type templates likewise, `MixedSpace.for_framework`).
 2. Price every candidate with the closed-form estimate and its best AMSP sharding among
    the undominated options (planner/search/evaluate.py); drop those that do not fit.
 3. Rank by the objective; for the leaders, re-solve the sharding choice over all options
@@ -17,12 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.costs.egress import egress_usd_per_iteration
-from planner.costs.kernels import default_kernels, fastest_kernels
+from planner.costs.kernels import default_kernels, fastest_kernels, supported_attention
 from planner.errors import InfeasiblePlan
+from planner.export.frameworks import CAPABILITIES, FRAMEWORKS, FrameworkCapabilities
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import pools_by_type
 from planner.hetero.search import (
     Baseline,
+    MixedSpace,
     baselines_for,
     hetero_candidates,
     merge_candidates,
@@ -31,8 +34,17 @@ from planner.hetero.search import (
 from planner.predict.results import SimResult
 from planner.search.evaluate import Evaluation, LayoutModel
 from planner.search.parallel import parallel_map
-from planner.search.sharding import sharding_options, solve_ilp
-from planner.search.space import Layout, Micro, SearchSpace, candidates, default_space, layouts
+from planner.search.sharding import solve_ilp
+from planner.search.space import (
+    Layout,
+    Micro,
+    SearchSpace,
+    candidates,
+    default_space,
+    for_framework,
+    layouts,
+    missing_for,
+)
 from planner.simulator import simulate
 from planner.specs.choices import DType
 from planner.specs.cluster import ClusterSpec, check_train_dtype
@@ -48,7 +60,8 @@ __all__ = ["OBJECTIVES", "Ranked", "SearchRequest", "SearchResult", "search"]
 
 GIB = 1024**3
 OBJECTIVES = ("throughput", "cost", "time-to-train")
-SOLVER_SOURCE = "sharding chosen by integer program (pulp/CBC) over all AMSP options"
+SOLVER_SOURCE = ("sharding chosen by integer program (pulp/CBC) over every AMSP option the "
+                 "framework runs")
 MIXED_SOURCE = ("mixed GPU types: layers split by exact min-bottleneck search, micro-batches "
                 "split so replicas finish together, stages placed by island (planner/hetero)")
 
@@ -68,6 +81,13 @@ class SearchRequest:
     confirm: int = 8  # leaders confirmed by the event simulator
     space: SearchSpace | None = None
     profiles: Profiles | None = None  # measured op/collective times (plan profile)
+    # what runs the plan (planner/export/frameworks.py): the search keeps to what it can
+    # run; "trainplan" is this project's executor
+    framework: str = "trainplan"
+
+    @property
+    def capabilities(self) -> FrameworkCapabilities:
+        return CAPABILITIES[self.framework]
 
 
 @dataclass(frozen=True)
@@ -128,13 +148,11 @@ def _subclusters(cluster: ClusterSpec) -> list[ClusterSpec]:
     return out
 
 
-def _gpu_counts(cluster: ClusterSpec, objective: str) -> tuple[int, ...]:
-    """All GPUs for throughput; for cost or time to train also 1/2, 1/4, ... of them
-    (in whole nodes), since fewer GPUs may be cheaper or fit a budget."""
-    n = cluster.num_gpus
+def _gpu_counts(n: int, per_node: int, objective: str) -> tuple[int, ...]:
+    """All `n` GPUs for throughput; for cost or time to train also 1/2, 1/4, ... of them
+    (in whole nodes of `per_node`), since fewer GPUs may be cheaper or fit a budget."""
     if objective == "throughput":
         return (n,)
-    per_node = cluster.node_groups[0].gpus_per_node or 1
     counts, k = [], n
     while k >= 1 and (k % per_node == 0 or k < per_node):
         counts.append(k)
@@ -182,6 +200,16 @@ def _within_budget(req: SearchRequest, iteration_s: float, usd_hour: float | Non
 
 
 def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
+    if req.framework not in CAPABILITIES:
+        fail("--framework", req.framework, "allowed: " + ", ".join(FRAMEWORKS))
+    caps = req.capabilities
+    if req.dtype not in caps.dtypes:
+        others = [c.name for c in CAPABILITIES.values() if req.dtype in c.dtypes]
+        fail("--dtype", req.dtype, f"{caps.version} trains in {', '.join(sorted(caps.dtypes))}"
+             + (f"; --framework {' or '.join(others)} plans {req.dtype}" if others else ""))
+    if req.attention is not None and req.attention not in caps.attention:
+        fail("--attention", req.attention,
+             f"{caps.version} has {', '.join(sorted(caps.attention))}")
     if req.objective not in OBJECTIVES:
         fail("--objective", req.objective, "allowed: " + ", ".join(OBJECTIVES))
     if req.objective == "time-to-train" and req.tokens is None:
@@ -195,9 +223,19 @@ def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
 
 
 def _kernels(req: SearchRequest, cluster: ClusterSpec) -> Kernels:
-    """The kernels every candidate on `cluster` is priced with and its Plan records."""
-    return default_kernels([g.device for g in cluster.node_groups], dtype=req.dtype,
-                           attention=req.attention)
+    """The kernels every candidate on `cluster` is priced with and its Plan records: the
+    calibrated default where the framework has it, else the first it has that the GPUs run."""
+    devices = [g.device for g in cluster.node_groups]
+    kernels = default_kernels(devices, dtype=req.dtype, attention=req.attention)
+    allowed = req.capabilities.attention
+    if kernels.attention in allowed:
+        return kernels
+    runnable = [k for k in Attention if k in allowed
+                and all(k in supported_attention(d, req.dtype) for d in devices)]
+    if not runnable:
+        fail("--framework", req.framework, f"{req.capabilities.version} has no attention "
+             f"kernel these GPUs run in {req.dtype} ({', '.join(sorted(allowed))})")
+    return default_kernels(devices, dtype=req.dtype, attention=runnable[0])
 
 
 def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace
@@ -211,7 +249,8 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace
         if lo not in models:
             models[lo] = LayoutModel(req.model, cluster, lo, dtype=req.dtype,
                                      seq_len=req.seq_len, gbs=req.gbs, kernels=kernels,
-                                     profiles=req.profiles)
+                                     profiles=req.profiles,
+                                     sharding=space.sharding_patterns(lo.pp))
         evaluations.append(models[lo].evaluate(mi))
     return evaluations, models, len(work)
 
@@ -221,7 +260,7 @@ def _ilp_sharding(lm: LayoutModel, micro: Micro) -> tuple[Sharding, float]:
     program (the search loop scanned only the undominated ones), and its estimate."""
     base = lm.stage_costs(micro)
     rest = [c.memory.total_bytes for c in base]  # no model states in the unsharded costs
-    options = [lm.option(sh) for sh in sharding_options(lm.levels)]
+    options = [lm.option(sh) for sh in lm.choices]
     times = [lm.iteration_s(lm.sharded(base, o.sharding), micro) for o in options]
     memory = [[r + m for r, m in zip(rest, o.memory_bytes, strict=True)] for o in options]
     chosen = solve_ilp(times, memory, [lm.capacity] * len(rest))
@@ -256,10 +295,36 @@ def _egress_of(req: SearchRequest, cluster: ClusterSpec) -> Callable[[Evaluation
     return egress
 
 
-def _space(req: SearchRequest, cluster: ClusterSpec) -> SearchSpace:
-    return req.space or default_space(
-        req.model, num_gpus=_gpu_counts(cluster, req.objective),
-        gpus_per_node=cluster.node_groups[0].gpus_per_node or 1, seq_len=req.seq_len)
+def _space(req: SearchRequest, cluster: ClusterSpec) -> tuple[SearchSpace, str | None]:
+    """The request's space (or the default one) within what its framework runs. Where
+    the framework has no layout of all the GPUs that the full space has (the cluster
+    needs what it lacks: uneven stages, tp with pp, ...), the default space of the most
+    whole nodes it can use, and a note saying so."""
+    caps = req.capabilities
+    if req.space is not None:
+        return for_framework(req.space, caps), None
+    per_node = cluster.node_groups[0].gpus_per_node or 1
+
+    def space_of(n: int) -> SearchSpace:
+        return default_space(req.model, num_gpus=_gpu_counts(n, per_node, req.objective),
+                             gpus_per_node=per_node, seq_len=req.seq_len)
+
+    def first_layout(space: SearchSpace) -> Layout | None:
+        return next(layouts(space, req.model, gbs=req.gbs, seq_len=req.seq_len), None)
+
+    n = cluster.num_gpus
+    full, space = space_of(n), for_framework(space_of(n), caps)
+    if first_layout(space) is not None or first_layout(full) is None:
+        return space, None
+    missing = sorted({what for lo in layouts(full, req.model, gbs=req.gbs, seq_len=req.seq_len)
+                      for what in missing_for(space, req.model, lo)})
+    for fewer in range(n - per_node, 0, -per_node):
+        space = for_framework(space_of(fewer), caps)
+        if first_layout(space) is not None:
+            return space, (f"{caps.version} cannot use all {n} {cluster.node_groups[0].gpu} "
+                           f"GPUs at gbs {req.gbs} (that needs {' or '.join(missing)}): "
+                           f"planned on {fewer}")
+    return for_framework(full, caps), None
 
 
 def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable,
@@ -293,14 +358,15 @@ def _evaluate_task(req: SearchRequest, task: tuple) -> object:
     candidates of one GPU type, or a chunk of mixed-type templates."""
     kind, payload = task
     if kind == "homogeneous":
-        return _evaluate_all(req, payload, _space(req, payload))
+        return _evaluate_all(req, *payload)
     return hetero_candidates(req.model, req.cluster, payload, gbs=req.gbs,
                              seq_len=req.seq_len, dtype=req.dtype,
                              kernels=_kernels(req, req.cluster),
                              score=functools.partial(_priced_score, req),
                              bound_score=functools.partial(_bound_score, req),
                              keep=max(req.confirm, req.top), profiles=req.profiles,
-                             attention=Attention(req.attention) if req.attention else None)
+                             attention=Attention(req.attention) if req.attention else None,
+                             space=MixedSpace.for_framework(req.capabilities))
 
 
 def _bound_score(req: SearchRequest, t: Template, bound_s: float) -> float:
@@ -321,7 +387,10 @@ def _confirm(req: SearchRequest, plan: Plan, estimate_s: float, simulate_fn: Cal
     """Simulate a leader (with the fastest kernels a profile measured); None if its
     simulated run breaks the budget or memory."""
     if req.profiles is not None:
-        plan = replace(plan, kernels=fastest_kernels(plan, req.profiles))
+        kernels = fastest_kernels(plan, req.profiles)
+        if kernels.attention not in req.capabilities.attention:  # not the framework's
+            kernels = fastest_kernels(plan, req.profiles, keep_attention=True)
+        plan = replace(plan, kernels=kernels)
     result = simulate_fn(plan)
     result = replace(result, sources={**result.sources, "choice": how})
     devices = [d for p in plan.pipelines for s in p.stages for d in s.devices]
@@ -338,22 +407,28 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     """The best plans on `req.cluster`; raise InfeasiblePlan if nothing fits.
 
     A cluster of one GPU type is searched as a homogeneous space. A mixed one is searched
-    per GPU type and with heterogeneous templates (planner/hetero), and the answer is
-    compared with the baselines."""
+    per GPU type and, where the framework runs them, with heterogeneous templates
+    (planner/hetero), and the answer is compared with the baselines. Every plan is one
+    the request's framework runs (`unsupported(plan, req.capabilities)` is empty)."""
     start = time.perf_counter()
     if simulate_fn is None:
         simulate_fn = functools.partial(simulate, profiles=req.profiles)
     subclusters = _subclusters(req.cluster)
     for cluster in subclusters:
         _check(req, cluster)
+    spaces = [_space(req, c) for c in subclusters]
+    mixed_space = MixedSpace.for_framework(req.capabilities)
+    mixes = len(subclusters) > 1 and bool(mixed_space.families)
     # Mixed templates go in one task (branch and bound prunes against the best so far);
     # first, so the longest task starts first; the GPU types' own spaces beside it.
-    tasks: list[tuple] = [("homogeneous", c) for c in subclusters]
-    if len(subclusters) > 1:
-        tasks.insert(0, ("mixed", mixed_templates(req.model, req.cluster, req.gbs)))
+    tasks: list[tuple] = [("homogeneous", (c, space)) for c, (space, _) in
+                          zip(subclusters, spaces, strict=True)]
+    if mixes:
+        tasks.insert(0, ("mixed", mixed_templates(req.model, req.cluster, req.gbs,
+                                                  mixed_space)))
     outputs = parallel_map(functools.partial(_evaluate_task, req), tasks,
                            title=f"searching {req.cluster.name}")
-    if len(subclusters) > 1:
+    if mixes:
         outputs = outputs[1:] + outputs[:1]
     ranked: list[tuple[float, Ranked]] = []
     total = fitting = n_layouts = 0
@@ -368,7 +443,7 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
         closest += near
     baselines: list[Baseline] = []
     with_type: dict[str, float] = {}
-    if len(subclusters) > 1:
+    if mixes:
         merged = merge_candidates(outputs[len(subclusters):],  # type: ignore[arg-type]  # outputs of mixed tasks
                                   functools.partial(_priced_score, req),
                                   max(req.confirm, req.top))
@@ -379,7 +454,13 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     if not ranked:
         raise InfeasiblePlan(_explain(req, closest, total))
     ranked.sort(key=lambda sr: sr[0])
-    notes = _idle_notes(req, ranked, per_type, with_type) if len(per_type) > 1 else []
+    notes = []  # what the framework could not do here, then which GPUs idle and why
+    if len(per_type) > 1 and not mixes:
+        notes.append(f"mixed GPU types not planned: {mixed_space.why_none}; each of "
+                     f"{', '.join(per_type)} planned alone (--framework trainplan mixes them)")
+    notes += [note for _, note in spaces if note]
+    if len(per_type) > 1:
+        notes += _idle_notes(req, ranked, per_type, with_type, mixes)
     return SearchResult([r for _, r in ranked[:req.top]], total, fitting, n_layouts,
                         time.perf_counter() - start, notes, baselines)
 
@@ -488,7 +569,8 @@ def _gpus_of(plan: Plan) -> set[str]:
 
 
 def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
-                per_type: dict[str, list], with_type: dict[str, float]) -> list[str]:
+                per_type: dict[str, list], with_type: dict[str, float], mixed: bool
+                ) -> list[str]:
     """Which GPUs the best plan (`ranked[0]`) leaves idle, and why."""
     slots, groups = req.cluster.slots, req.cluster.node_groups
     best = ranked[0][1]
@@ -513,7 +595,8 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
                    f"form (a lower bound where pruned), not among the leaders simulated; "
                    f"the best simulates at {best_s:.3g}")
         elif per_type.get(gpu):
-            why = "plans on them alone are slower, and no mixed plan with them fits"
+            why = "plans on them alone are slower" + (
+                ", and no mixed plan with them fits" if mixed else "")
         else:
             why = "no plan using them fits in memory (or divides the batch)"
         notes.append(f"{idle} of {len(mine)} {gpu} GPUs idle: {why}")
@@ -524,7 +607,7 @@ def _explain(req: SearchRequest, closest: list[Evaluation], total: int) -> str:
     """Why nothing fits, how close the nearest candidate came, what would help."""
     if not closest:
         if total == 0:
-            return (f"no configuration divides gbs {req.gbs} over these GPUs "
+            return (f"no configuration divides gbs {req.gbs} over these GPUs{_within(req)} "
                     "(try a gbs that is a multiple of the GPU count)")
         if req.max_budget_usd is not None:
             return (f"every configuration that fits in memory exceeds the budget of "
@@ -542,7 +625,17 @@ def _explain(req: SearchRequest, closest: list[Evaluation], total: int) -> str:
         f"{mi.schedule.for_chunks(mi.vp)} schedule, sharding P/G/OS "
         f"{sh.params}/{sh.grads}/{sh.optim}: {need:.1f} GiB per GPU, {short:.1f} GiB over "
         f"the {e.capacity_bytes / GIB:.1f} GiB available. Recompute and sharding up to the "
-        f"whole data-parallel group were already tried; it would fit with GPUs of at least "
-        f"{need:.0f} GiB, or with more GPUs (about {need / (e.capacity_bytes / GIB):.1f}x as "
-        f"many, so deeper pipelines or more sharding spread the model states)")
+        f"whole data-parallel group were already tried{_within(req)}; it would fit with GPUs "
+        f"of at least {need:.0f} GiB, or with more GPUs (about "
+        f"{need / (e.capacity_bytes / GIB):.1f}x as many, so deeper pipelines or more "
+        f"sharding spread the model states)")
+
+
+def _within(req: SearchRequest) -> str:
+    """What the search was limited to, for a framework other than trainplan's executor."""
+    caps = req.capabilities
+    if caps.name == "trainplan":
+        return ""
+    return (f" (within what {caps.version} runs; --framework trainplan searches every "
+            "AMSP sharding, schedule and stage split)")
 

@@ -2,7 +2,8 @@
 
 Parameters, gradients and optimizer states each get a sharding group size from the
 levels of the data-parallel group: replicated (1), the replicas inside a node, those on
-2, 4, … nodes, and the whole group. ZeRO-1/2/3 and MiCS are points of this space.
+2, 4, … nodes, and the whole group. ZeRO-1/2/3 and MiCS are points of this space; a
+framework runs only some of them (`allowed_options`, its patterns over (P, G, OS)).
 
 The choice under a memory cap is a small integer program: one binary per option, exactly
 one chosen, every stage within its memory, minimal iteration time. `solve_ilp` solves it
@@ -16,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from planner.export.frameworks import ShardPattern, matches_pattern
 from planner.specs.plan import Sharding
 
-__all__ = ["ShardingOption", "choose", "pareto_options", "sharding_levels",
+__all__ = ["ShardingOption", "allowed_options", "choose", "pareto_options", "sharding_levels",
            "sharding_options", "solve_ilp"]
 
 
@@ -46,6 +48,14 @@ def sharding_options(levels: Sequence[int]) -> list[Sharding]:
                 if os_ % g == 0:
                     out.append(Sharding(params=p, grads=g, optim=os_))
     return out
+
+
+def allowed_options(levels: Sequence[int], *, dp: int,
+                    patterns: Sequence[ShardPattern]) -> list[Sharding]:
+    """The nested choices of `levels` that are an instance of one of `patterns` at `dp`
+    replicas (a framework's sharding: ZeRO-1 only, MiCS, ...)."""
+    return [sh for sh in sharding_options(levels)
+            if any(matches_pattern((sh.params, sh.grads, sh.optim), p, dp) for p in patterns)]
 
 
 @dataclass(frozen=True)

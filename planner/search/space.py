@@ -2,15 +2,18 @@
 
 A *layout* fixes how GPUs are split (tp, cp, pp, dp); a *candidate* adds what runs on
 it (interleaving, micro-batch size, recompute, sequence parallel, pipeline schedule). The
-sharding of model states is chosen per candidate (planner/search/sharding.py).
+sharding of model states is chosen per candidate (planner/search/sharding.py) among the
+patterns the space allows. `for_framework` narrows a space to what one training framework
+runs, from its `FrameworkCapabilities` (planner/export/frameworks.py).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from planner.export.frameworks import ANY_SHARDING, FrameworkCapabilities, ShardPattern
 from planner.specs.choices import Recompute, Schedule
 from planner.specs.model import ModelSpec
 from planner.specs.rules import (
@@ -23,7 +26,8 @@ from planner.specs.rules import (
 )
 from profiler.schema import coerce_choices
 
-__all__ = ["Layout", "Micro", "SearchSpace", "candidates", "default_space", "layouts"]
+__all__ = ["Layout", "Micro", "SearchSpace", "candidates", "default_space", "for_framework",
+           "layouts", "missing_for"]
 
 
 @dataclass(frozen=True)
@@ -61,11 +65,21 @@ class SearchSpace:
     vp: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
     mbs: tuple[int, ...] = (1, 2, 4, 8, 16)
     recompute: tuple[Recompute, ...] = tuple(Recompute)
-    sequence_parallel: tuple[bool, ...] = (False, True)
+    sequence_parallel: tuple[bool, ...] = (False, True)  # where tp > 1 (off at tp 1)
     # ZB-H1 (Qi et al. 2024) defers weight gradients into the drain bubble: faster than
     # 1F1B, with more activations held on later stages (GPipe is never faster than 1F1B
     # and holds more, so it is not searched)
     schedule: tuple[Schedule, ...] = (Schedule.ONE_F_ONE_B, Schedule.ZB_H1)
+    # model-state sharding patterns over (P, G, OS) (planner/export/frameworks.py); the
+    # second set, when given, replaces the first where pp > 1
+    sharding: tuple[ShardPattern, ...] = (ANY_SHARDING,)
+    sharding_with_pp: tuple[ShardPattern, ...] | None = None
+    tp_with_pp: bool = True  # tp > 1 and pp > 1 in one layout
+    uneven_stages: bool = True  # stages (and chunks) of different layer counts
+
+    def sharding_patterns(self, pp: int) -> tuple[ShardPattern, ...]:
+        """The sharding patterns a layout of `pp` stages may take."""
+        return self.sharding_with_pp if pp > 1 and self.sharding_with_pp else self.sharding
 
     @property
     def size(self) -> int:
@@ -89,6 +103,31 @@ def default_space(model: ModelSpec, *, num_gpus: tuple[int, ...], gpus_per_node:
         cp=tuple(c for c in _powers_of_two(16) if c == 1 or seq_len // c >= 2048),
         pp=tuple(p for p in range(1, min(model.num_layers, most) + 1) if most % p == 0),
     )
+
+
+def for_framework(space: SearchSpace, caps: FrameworkCapabilities) -> SearchSpace:
+    """The part of `space` that the framework `caps` runs: its parallelisms, schedules
+    (interleaving only where it has interleaved 1F1B), recompute modes, sequence
+    parallelism, sharding patterns, tp with pp, uneven stages."""
+    def within(values: tuple, allowed: object) -> tuple:
+        return tuple(v for v in values if v in allowed)  # type: ignore[operator]  # a set or tuple
+
+    def degrees(axis: str, values: tuple[int, ...]) -> tuple[int, ...]:
+        return values if axis in caps.parallelisms else within(values, (1,))
+
+    interleaves = "vp" in caps.parallelisms and Schedule.INTERLEAVED_1F1B in caps.schedules
+    sequence_parallel = {"optional": space.sequence_parallel, "never": (False,),
+                         "with tp": (True,)}[caps.sequence_parallel]
+    return replace(
+        space, tp=degrees("tp", space.tp), cp=degrees("cp", space.cp), pp=degrees("pp", space.pp),
+        vp=space.vp if interleaves else within(space.vp, (1,)),
+        recompute=within(space.recompute, caps.recompute),
+        sequence_parallel=sequence_parallel,
+        schedule=(within(space.schedule, caps.schedules)
+                  or within(Schedule.chosen(), caps.schedules)),
+        sharding=caps.sharding, sharding_with_pp=caps.sharding_with_pp,
+        tp_with_pp=space.tp_with_pp and caps.tp_with_pp,
+        uneven_stages=space.uneven_stages and caps.uneven_stages)
 
 
 # Named predicates: a layout or candidate is kept when every one holds (the rules are
@@ -123,14 +162,37 @@ def schedule_valid(layout: Layout, micro: Micro) -> bool:
     return schedule_problem(micro.schedule, layout.pp, micro.vp) is None
 
 
-def sequence_parallel_meaningful(layout: Layout, micro: Micro) -> bool:
-    return layout.tp > 1 or not micro.sequence_parallel
+def tp_with_pp_allowed(space: SearchSpace, tp: int, pp: int) -> bool:
+    return space.tp_with_pp or tp == 1 or pp == 1
+
+
+def stages_even_where_needed(space: SearchSpace, model: ModelSpec, pp: int, vp: int = 1) -> bool:
+    """Every stage (and every interleaved chunk) the same number of layers, where the
+    space takes no uneven ones."""
+    return space.uneven_stages or model.num_layers % (pp * vp) == 0
+
+
+def sequence_parallel_values(space: SearchSpace, layout: Layout) -> tuple[bool, ...]:
+    """Sequence parallelism splits what tensor parallelism splits: off at tp 1."""
+    return space.sequence_parallel if layout.tp > 1 else (False,)
+
+
+def missing_for(space: SearchSpace, model: ModelSpec, layout: Layout) -> list[str]:
+    """What `layout` needs that `space` (a framework's) does not take, by the predicates
+    `layouts` prunes with."""
+    checks = (("tp", layout.tp in space.tp), ("context parallelism", layout.cp in space.cp),
+              ("pp", layout.pp in space.pp),
+              ("tp with pp", tp_with_pp_allowed(space, layout.tp, layout.pp)),
+              ("uneven stages", stages_even_where_needed(space, model, layout.pp)))
+    return [what for what, ok in checks if not ok]
 
 
 def layouts(space: SearchSpace, model: ModelSpec, *, gbs: int, seq_len: int) -> Iterator[Layout]:
     for n, tp, cp, pp in itertools.product(space.num_gpus, space.tp, space.cp, space.pp):
         if not (split_fits_gpus(n, tp, cp, pp) and tp_fits_heads(model, tp)
-                and cp_fits_sequence(seq_len, cp) and pp_fits_layers(model, pp)):
+                and cp_fits_sequence(seq_len, cp) and pp_fits_layers(model, pp)
+                and tp_with_pp_allowed(space, tp, pp)
+                and stages_even_where_needed(space, model, pp)):
             continue
         dp = n // (tp * cp * pp)
         if gbs % dp:  # not even one sequence per replica and micro-batch
@@ -140,10 +202,11 @@ def layouts(space: SearchSpace, model: ModelSpec, *, gbs: int, seq_len: int) -> 
 
 def candidates(space: SearchSpace, model: ModelSpec, layout: Layout, *, gbs: int
                ) -> Iterator[Micro]:
-    for vp, mbs, rc, sp, schedule in itertools.product(space.vp, space.mbs, space.recompute,
-                                                        space.sequence_parallel, space.schedule):
+    for vp, mbs, rc, sp, schedule in itertools.product(
+            space.vp, space.mbs, space.recompute, sequence_parallel_values(space, layout),
+            space.schedule):
         micro = Micro(vp, mbs, rc, sp, schedule)
         if (batch_divides(gbs, layout.dp, mbs) and pp_fits_layers(model, layout.pp, vp)
                 and interleaving_valid(layout, micro, gbs) and schedule_valid(layout, micro)
-                and sequence_parallel_meaningful(layout, micro)):
+                and stages_even_where_needed(space, model, layout.pp, vp)):
             yield micro

@@ -96,26 +96,29 @@ def bottleneck(plan: Plan, result: SimResult) -> str:
 
 def plan_scenarios(base: Setting, scenarios: Sequence[Scenario], *, gbs: int, seq_len: int | None,
                    objective: str, dtype: str = "bf16", max_budget_usd: float | None = None,
-                   profiles: Profiles | None = None) -> list[Row]:
+                   profiles: Profiles | None = None, framework: str = "trainplan") -> list[Row]:
     """The baseline first, then each scenario: its best plan by `objective` (the search
-    of `plan search`), or why there is none."""
+    of `plan search`, within what `framework` runs), or why there is none."""
     settings = [base] + [apply(s, base) for s in scenarios]
     bar = ProgressBar(len(settings), title="planning scenarios")
     rows = []
     for i, setting in enumerate(settings, 1):
         rows.append(_plan_one(setting, gbs=gbs, seq_len=seq_len, objective=objective,
-                              dtype=dtype, max_budget_usd=max_budget_usd, profiles=profiles))
+                              dtype=dtype, max_budget_usd=max_budget_usd, profiles=profiles,
+                              framework=framework))
         bar(i, setting.label)
     bar.close()
     return rows
 
 
 def request_for(setting: Setting, *, gbs: int, seq_len: int | None, objective: str, dtype: DType,
-                max_budget_usd: float | None, profiles: Profiles | None) -> SearchRequest:
+                max_budget_usd: float | None, profiles: Profiles | None,
+                framework: str = "trainplan") -> SearchRequest:
     return SearchRequest(model=setting.model, cluster=setting.cluster, gbs=gbs,
                          seq_len=seq_len or setting.model.seq_len, dtype=dtype,
                          objective=objective, tokens=setting.tokens,
-                         max_budget_usd=max_budget_usd, top=1, profiles=profiles)
+                         max_budget_usd=max_budget_usd, top=1, profiles=profiles,
+                         framework=framework)
 
 
 def _plan_one(setting: Setting, **kw: object) -> Row:

@@ -1,24 +1,27 @@
-"""Exhaustive oracle for the search: every candidate with every sharding option, each
-simulated one by one (only feasible for small spaces)."""
+"""Exhaustive oracle for the search: every candidate with every sharding option the
+framework runs, each simulated one by one (only feasible for small spaces)."""
 
 from planner.costs.kernels import default_kernels
-from planner.search.sharding import sharding_levels, sharding_options
-from planner.search.space import candidates, default_space, layouts
+from planner.export.frameworks import CAPABILITIES
+from planner.search.sharding import allowed_options, sharding_levels
+from planner.search.space import candidates, default_space, for_framework, layouts
 from planner.simulator import simulate
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 
 
-def exhaustive_best(model, cluster, *, gbs, seq_len, dtype="bf16"):
+def exhaustive_best(model, cluster, *, gbs, seq_len, dtype="bf16", framework="trainplan"):
     """(best simulated iteration time, its plan, number simulated)."""
     group = cluster.node_groups[0]
-    space = default_space(model, num_gpus=(cluster.num_gpus,),
-                          gpus_per_node=group.gpus_per_node, seq_len=seq_len)
+    space = for_framework(default_space(model, num_gpus=(cluster.num_gpus,),
+                                        gpus_per_node=group.gpus_per_node, seq_len=seq_len),
+                          CAPABILITIES[framework])
     kernels = default_kernels([group.device])
     best, best_plan, count = float("inf"), None, 0
     for lo in layouts(space, model, gbs=gbs, seq_len=seq_len):
         levels = sharding_levels(lo.dp, max(1, group.gpus_per_node // (lo.tp * lo.cp)))
         for mi in candidates(space, model, lo, gbs=gbs):
-            for sh in sharding_options(levels):
+            for sh in allowed_options(levels, dp=lo.dp,
+                                      patterns=space.sharding_patterns(lo.pp)):
                 cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp,
                                      mbs=mi.mbs, gbs=gbs, seq_len=seq_len,
                                      recompute=mi.recompute,

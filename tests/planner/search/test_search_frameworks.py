@@ -1,0 +1,191 @@
+"""`plan search --framework`: the search explores only what the framework, at the version
+planner/export/frameworks.py names, runs; every plan it returns is one the framework
+expresses exactly (`unsupported(plan, caps) == []`), on homogeneous and mixed clusters."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner.errors import InfeasiblePlan
+from planner.export.formats import FORMATS, export_plan
+from planner.export.frameworks import CAPABILITIES, FRAMEWORKS, chunk_layer_counts, unsupported
+from planner.hetero.search import MixedSpace
+from planner.predict.estimate import estimate
+from planner.search import SearchRequest, search
+from planner.search.sharding import allowed_options
+from planner.search.space import SearchSpace, candidates, default_space, for_framework, layouts
+from planner.specs.cluster import load_cluster, parse_gpus_arg
+from planner.specs.layout import split_layers
+from planner.specs.model import preset
+from planner.specs.plan import Sharding
+from profiler.schema import SpecError
+from tests.planner.search.test_search_is_the_plan import EXACT, clusters, examples, models
+
+
+def _gpu_types(plan):
+    groups, slots = plan.cluster.node_groups, plan.cluster.slots
+    return {groups[slots[d].group].gpu for p in plan.pipelines for s in p.stages
+            for d in s.devices}
+
+
+def _candidates(framework, model, *, n=64, gbs=128, seq_len=4096):
+    space = default_space(model, num_gpus=(n,), gpus_per_node=8, seq_len=seq_len)
+    if framework is not None:
+        space = for_framework(space, CAPABILITIES[framework])
+    return [(lo, mi) for lo in layouts(space, model, gbs=gbs, seq_len=seq_len)
+            for mi in candidates(space, model, lo, gbs=gbs)]
+
+
+def test_each_frameworks_space_holds_what_it_runs_and_no_more():
+    model = preset("llama2-13b")  # 40 layers, 40 heads
+    found = {fw: _candidates(fw, model) for fw in FRAMEWORKS}
+    everything = set(_candidates(None, model))
+
+    def seen(fw, what):
+        return {what(lo, mi) for lo, mi in found[fw]}
+
+    # megatron-core 0.16.1: cp, interleaving, selective recompute; no ZB-H1
+    assert seen("megatron", lambda lo, mi: mi.schedule) == {"1f1b"}
+    assert seen("megatron", lambda lo, mi: lo.cp) == {1, 2}
+    assert max(seen("megatron", lambda lo, mi: mi.vp)) > 1
+    assert seen("megatron", lambda lo, mi: mi.recompute) == {"none", "selective", "full"}
+    # deepspeed 0.19.6: no cp, no interleaving, no tp with pp, no sequence parallelism,
+    # full recompute only, even stages only
+    assert seen("deepspeed", lambda lo, mi: (lo.cp, mi.vp, mi.sequence_parallel)) == {
+        (1, 1, False)}
+    assert not any(lo.tp > 1 and lo.pp > 1 for lo, _ in found["deepspeed"])
+    assert seen("deepspeed", lambda lo, mi: mi.recompute) == {"none", "full"}
+    assert all(model.num_layers % lo.pp == 0 for lo, _ in found["deepspeed"])
+    assert {lo.pp for lo, _ in found["deepspeed"]} >= {1, 2, 4, 8}
+    # torchtitan 0.2.2: sequence parallel exactly where tp > 1, no selective recompute
+    assert all(mi.sequence_parallel == (lo.tp > 1) for lo, mi in found["torchtitan"])
+    assert seen("torchtitan", lambda lo, mi: mi.recompute) == {"none", "full"}
+    assert seen("torchtitan", lambda lo, mi: mi.schedule) == {"1f1b"}
+    # trainplan's executor: ZB-H1 and selective recompute, no context parallelism
+    assert seen("trainplan", lambda lo, mi: mi.schedule) == {"1f1b", "zb-h1"}
+    assert seen("trainplan", lambda lo, mi: lo.cp) == {1}
+    for fw in FRAMEWORKS:
+        assert found[fw] and set(found[fw]) <= everything
+
+
+def test_uneven_stages_only_where_the_framework_takes_them():
+    model = preset("gpt3-175b")  # 96 layers
+    for fw in FRAMEWORKS:
+        uneven = [(lo, mi) for lo, mi in _candidates(fw, model, n=256, gbs=256, seq_len=2048)
+                  if len(set(chunk_layer_counts(tuple(split_layers(96, lo.pp)), mi.vp))) > 1]
+        assert bool(uneven) == CAPABILITIES[fw].uneven_stages, fw
+
+
+@pytest.mark.parametrize("framework, expected", [
+    ("megatron", {(1, 1, 1), (1, 1, 2), (1, 1, 4), (1, 1, 8), (1, 1, 16)}),
+    ("deepspeed", {(1, 1, 1), (1, 1, 16), (1, 16, 16), (16, 16, 16), (2, 2, 2), (4, 4, 4),
+                   (8, 8, 8)}),
+    ("torchtitan", {(1, 1, 1), (16, 16, 16), (2, 2, 2), (4, 4, 4), (8, 8, 8)}),
+])
+def test_sharding_options_are_the_frameworks_patterns(framework, expected):
+    caps = CAPABILITIES[framework]
+    got = {(s.params, s.grads, s.optim)
+           for s in allowed_options((1, 2, 4, 8, 16), dp=16, patterns=caps.sharding)}
+    assert got == expected
+    trainplan = allowed_options((1, 2, 4, 8, 16), dp=16,
+                                patterns=CAPABILITIES["trainplan"].sharding)
+    assert Sharding(params=2, grads=4, optim=16) in trainplan and len(trainplan) > len(got)
+
+
+def test_deepspeed_pipelines_shard_at_most_the_optimizer():
+    space = for_framework(SearchSpace(num_gpus=(16,), tp=(1,), cp=(1,), pp=(1, 2)),
+                          CAPABILITIES["deepspeed"])
+    with_pp = allowed_options((1, 2, 4, 8), dp=8, patterns=space.sharding_patterns(2))
+    assert {(s.params, s.grads, s.optim) for s in with_pp} == {(1, 1, 1), (1, 1, 8)}
+    alone = allowed_options((1, 2, 4, 8), dp=8, patterns=space.sharding_patterns(1))
+    assert Sharding(params=8, grads=8, optim=8) in alone
+
+
+def test_mixed_space_per_framework():
+    assert MixedSpace.for_framework(CAPABILITIES["trainplan"]) == MixedSpace()
+    for fw in ("megatron", "deepspeed", "torchtitan"):
+        space = MixedSpace.for_framework(CAPABILITIES[fw])
+        assert space.families == () and "mixed GPU types in one job" in space.why_none
+
+
+SMALL = SearchSpace(num_gpus=(), tp=(1, 2), cp=(1, 2), pp=(1, 2, 4), vp=(1, 2), mbs=(1, 2))
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@examples(15)
+@given(model=models(), types=st.integers(1, 2), data=st.data())
+def test_every_searched_plan_runs_on_its_framework(framework, model, types, data):
+    """Random small models on random clusters of one or two GPU types: every plan listed
+    is one the framework expresses exactly, and its estimate is that of its Plan."""
+    caps = CAPABILITIES[framework]
+    cluster = data.draw(clusters(types=types))
+    gbs = data.draw(st.sampled_from((16, 32, 64)))
+    dtype = data.draw(st.sampled_from(sorted(caps.dtypes & {"bf16", "fp16"})))
+    space = None
+    if types == 1:
+        space = SearchSpace(**{**SMALL.__dict__, "num_gpus": (cluster.num_gpus,),
+                               "pp": tuple(p for p in SMALL.pp if p <= model.num_layers)})
+    req = SearchRequest(model=model, cluster=cluster, gbs=gbs, seq_len=model.seq_len,
+                        dtype=dtype, top=3, confirm=3, space=space, framework=framework)
+    try:
+        found = search(req)
+    except InfeasiblePlan:
+        return
+    for r in found.ranked:
+        assert unsupported(r.plan, caps) == [], (framework, r.plan.sharding_label)
+        if framework in FORMATS:
+            assert export_plan(r.plan, framework).unsupported == ()
+        assert math.isclose(r.estimate_s, estimate(r.plan).iteration_time_s, rel_tol=EXACT)
+    if types > 1 and not caps.mixed_gpu_types:
+        assert all(len(_gpu_types(r.plan)) == 1 for r in found.ranked)
+        assert found.notes[0].startswith("mixed GPU types not planned: ")
+
+
+def test_a_mixed_cluster_with_megatron_is_planned_on_one_type_and_says_so():
+    found = search(SearchRequest(model=preset("llama2-7b"),
+                                 cluster=load_cluster("cluster_specs/mixed-a100-v100.yaml"),
+                                 gbs=128, seq_len=4096, framework="megatron"))
+    caps = CAPABILITIES["megatron"]
+    assert found.notes[0] == (
+        f"mixed GPU types not planned: {caps.version} lacks mixed GPU types in one job, "
+        "unequal micro-batch counts, placement by island (it fixes the rank order); each of "
+        "A100-80GB-SXM, V100-32GB-SXM2 planned alone (--framework trainplan mixes them)")
+    assert found.baselines == []
+    assert _gpu_types(found.ranked[0].plan) == {"A100-80GB-SXM"}  # the faster type
+    assert all(unsupported(r.plan, caps) == [] for r in found.ranked)
+    assert any("V100-32GB-SXM2 GPUs idle" in n for n in found.notes)
+
+
+def test_gpus_the_framework_cannot_use_are_left_out_and_named():
+    """40 GPUs at gbs 64 need 5 pipeline stages (uneven over 24 layers) or tp with pp;
+    DeepSpeed's pipeline engine has neither, so it plans on 4 nodes and says why."""
+    found = search(SearchRequest(model=preset("gpt3-1.3b"),
+                                 cluster=parse_gpus_arg("A100-80GB-SXM:40"), gbs=64,
+                                 seq_len=2048, framework="deepspeed"))
+    assert found.notes == ["deepspeed 0.19.6 cannot use all 40 A100-80GB-SXM GPUs at gbs 64 "
+                           "(that needs tp with pp or uneven stages): planned on 32"]
+    assert {r.result.num_gpus for r in found.ranked} == {32}
+    assert all(unsupported(r.plan, CAPABILITIES["deepspeed"]) == [] for r in found.ranked)
+    everything = search(SearchRequest(model=preset("gpt3-1.3b"),
+                                      cluster=parse_gpus_arg("A100-80GB-SXM:40"), gbs=64,
+                                      seq_len=2048, framework="megatron"))
+    assert everything.notes == [] and everything.ranked[0].result.num_gpus == 40
+
+
+def test_requests_the_framework_cannot_run_are_refused():
+    cluster = parse_gpus_arg("A100-80GB-SXM:8")
+    base = dict(model=preset("gpt3-1.3b"), cluster=cluster, gbs=16, seq_len=2048)
+    with pytest.raises(SpecError, match="--framework: 'nemo'.*allowed: megatron"):
+        search(SearchRequest(**base, framework="nemo"))
+    with pytest.raises(SpecError, match="--dtype: 'fp16'.*trainplan"):
+        search(SearchRequest(**base, dtype="fp16"))  # the executor trains in bf16 or fp32
+    with pytest.raises(SpecError, match="--attention: 'memory_efficient'.*megatron"):
+        search(SearchRequest(**base, attention="memory_efficient", framework="megatron"))
+
+
+def test_nothing_fits_names_the_framework():
+    with pytest.raises(InfeasiblePlan, match="within what deepspeed 0.19.6 runs"):
+        search(SearchRequest(model=preset("gpt3-175b"), cluster=parse_gpus_arg("A100-80GB-SXM:8"),
+                             gbs=8, seq_len=2048, framework="deepspeed"))
