@@ -255,15 +255,18 @@ def group_signature(cluster: ClusterSpec, group: tuple[int, ...]) -> tuple:
     return tuple((slots[d].group, slots[d].node - node0) for d in group)
 
 
-def stage_key(cluster: ClusterSpec, spec: StageSpec) -> tuple:
+def stage_key(cluster: ClusterSpec, spec: StageSpec, *, dp_signature: object = None) -> tuple:
     """Stages with equal keys have equal pass times, transfers and data-parallel traffic
-    at any sharding (they differ at most in position, which only memory depends on)."""
+    at any sharding (they differ at most in position, which only memory depends on).
+    `dp_signature` stands for `group_signature(cluster, spec.dp_group)` where the caller
+    numbered the signatures once (a group of thousands of GPUs is slow to hash)."""
     p = spec.placed
     return (spec.device_name, p.tp, p.cp, p.num_layers, p.recompute, spec.first, spec.last,
             spec.pp, group_tiers(cluster, spec.tp_group), group_tiers(cluster, spec.cp_group),
             None if spec.next_device is None
             else group_tiers(cluster, (p.devices[0], spec.next_device)),
-            group_signature(cluster, spec.dp_group), spec.concurrency)
+            group_signature(cluster, spec.dp_group) if dp_signature is None else dp_signature,
+            spec.concurrency)
 
 
 def replica_key(cluster: ClusterSpec, specs: Sequence[StageSpec], run: RunSettings) -> tuple:
