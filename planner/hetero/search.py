@@ -132,12 +132,17 @@ def lower_bound_s(model: ModelSpec, cluster: ClusterSpec, t: Template, *, gbs: i
         if gbs % mbs:
             continue
         inv_b = extra = 0.0  # sum_r 1/b_r and sum_r c_r/b_r
+        per_replica: dict[tuple, tuple[float, float]] = {}  # replicas of one shape alike
         for rep in t.replicas:
-            times = [_layer_time_s(model, cluster, slot, mbs=mbs, seq_len=seq_len, dtype=dtype,
-                                   kernels=kernels, profiles=profiles) for slot in rep]
-            b = layers / sum(1.0 / x for x in times)
+            if rep not in per_replica:
+                times = [_layer_time_s(model, cluster, slot, mbs=mbs, seq_len=seq_len,
+                                       dtype=dtype, kernels=kernels, profiles=profiles)
+                         for slot in rep]
+                b = layers / sum(1.0 / x for x in times)
+                per_replica[rep] = (b, min(times))
+            b, fastest = per_replica[rep]
             inv_b += 1.0 / b
-            extra += layers * min(times) / b
+            extra += layers * fastest / b
         best = min(best, (gbs // mbs - t.dp + extra) / inv_b)
     return best
 
@@ -175,6 +180,7 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
     lower bound, `lower_bound_s`); once a template's bound is worse than the `keep`-th best
     score found, so are all the rest, and they are skipped."""
     pools = pools_by_type(cluster)
+    score = _remembered(score)
     bounded = sorted(((bound_score(t, lower_bound_s(model, cluster, t, gbs=gbs, seq_len=seq_len,
                                                     dtype=dtype, kernels=kernels,
                                                     profiles=profiles)), i, t)
@@ -218,6 +224,18 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
                     with_type[g] = min(with_type.get(g, math.inf), score(q))
     best = sorted(dict.fromkeys(best), key=score)[:keep]  # two leaders may relax alike
     return best, count, with_type
+
+
+def _remembered(score: Callable[[Priced], float]) -> Callable[[Priced], float]:
+    """`score`, computed once per candidate (the leaders are sorted after every template)."""
+    seen: dict[int, tuple[Priced, float]] = {}  # id -> (the candidate, kept alive; score)
+
+    def remembered(p: Priced) -> float:
+        hit = seen.get(id(p))
+        if hit is None or hit[0] is not p:
+            hit = seen[id(p)] = (p, score(p))
+        return hit[1]
+    return remembered
 
 
 def merge_candidates(parts: Sequence[tuple[list[Priced], int, dict[str, float]]],

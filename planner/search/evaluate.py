@@ -32,7 +32,7 @@ from planner.costs.stages import (
     stage_params,
     unsharded_cost,
 )
-from planner.predict.estimate import critical_path_s, iteration_time
+from planner.predict.estimate import critical_path_s, iteration_end_s
 from planner.search.sharding import (
     ShardingOption,
     pareto_options,
@@ -52,7 +52,8 @@ __all__ = ["Evaluation", "LayoutModel"]
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One candidate with its best sharding: estimated time and peak memory."""
+    """One candidate with its best sharding: estimated time (infinite when no sharding
+    fits: such a candidate is never ranked) and peak memory."""
 
     layout: Layout
     micro: Micro
@@ -108,6 +109,7 @@ class LayoutModel:
                 kinds.append(kind_of[key])
             if tuple(kinds) not in self.replica_kinds:
                 self.replica_kinds.append(tuple(kinds))
+        self.memo: dict[tuple, object] = {}  # what later steps work out for this layout
         self.levels = sharding_levels(lo.dp, max(1, group.gpus_per_node // (lo.tp * lo.cp)))
 
     def _representatives(self, devices: list[list[tuple[int, ...]]]) -> list[int]:
@@ -185,13 +187,13 @@ class LayoutModel:
         `costs` (what `estimate` of the Plan gives)."""
         m = micro.num_microbatches(self.gbs, self.layout.dp)
         replicas = [[costs[k] for k in kinds] for kinds in self.replica_kinds]
-        return iteration_time(replicas, [m] * len(replicas), virtual_stages=micro.vp,
-                              schedule=micro.schedule.for_chunks(micro.vp))[0]
+        return iteration_end_s(replicas, [m] * len(replicas), virtual_stages=micro.vp,
+                               schedule=micro.schedule.for_chunks(micro.vp))
 
     def evaluate(self, micro: Micro) -> Evaluation:
         """The candidate's best sharding (exact over the undominated options): fastest
         estimated iteration among those whose every stage fits, the first of equals; if
-        none fits, the first closest to fitting. Options that fit are priced in order of a
+        none fits, the first closest to fitting (not timed). Options that fit are priced in order of a
         lower bound on their iteration (`_lower_bounds`) until the bound exceeds the best
         found: those left cannot be as fast."""
         base = self.stage_costs(micro)
@@ -200,9 +202,10 @@ class LayoutModel:
         memory, _ = self._option_table
         peaks = (memory + np.array(rest)).max(axis=1)  # [options]
         fitting = np.flatnonzero(peaks <= self.capacity)
-        if not len(fitting):
+        if not len(fitting):  # only its memory explains anything (`search._explain`)
             i = int(np.argmin(peaks))
-            return self._evaluation(base, micro, i, float(peaks[i]))
+            return Evaluation(self.layout, micro, self.options[i].sharding, math.inf,
+                              float(peaks[i]), self.capacity)
         bounds = self._lower_bounds(base, micro)[fitting] * (1 - 1e-9)  # rounding to spare
         best: Evaluation | None = None
         best_index = 0

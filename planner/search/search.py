@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.costs.egress import egress_usd_per_iteration
 from planner.costs.kernels import default_kernels, fastest_kernels
+from planner.costs.stages import on_clear_cost_caches
 from planner.errors import InfeasiblePlan
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import pools_by_type
@@ -214,7 +216,14 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace
 
 def _ilp_sharding(lm: LayoutModel, micro: Micro) -> tuple[Sharding, float]:
     """The sharding of one candidate re-chosen over every AMSP option as an integer
-    program (the search loop scanned only the undominated ones), and its estimate."""
+    program (the search loop scanned only the undominated ones), and its estimate
+    (remembered with the layout: searches of this process that share it share this)."""
+    if ("ilp", micro) not in lm.memo:
+        lm.memo[("ilp", micro)] = _solve_sharding(lm, micro)
+    return lm.memo[("ilp", micro)]  # type: ignore[return-value]  # stored just above
+
+
+def _solve_sharding(lm: LayoutModel, micro: Micro) -> tuple[Sharding, float]:
     base = lm.stage_costs(micro)
     rest = [c.memory.total_bytes for c in base]  # no model states in the unsharded costs
     options = [lm.option(sh) for sh in sharding_options(lm.levels)]
@@ -328,6 +337,74 @@ def _confirm(req: SearchRequest, plan: Plan, estimate_s: float, simulate_fn: Cal
             Ranked(plan, result, estimate_s, cost, egress))
 
 
+# What searches in this process already worked out, by what it depends on: a what-if
+# report plans scenarios that share GPU types, models and batches (and a leader of one
+# scenario is often another's). Cleared with the cost caches (`clear_cost_caches`).
+_KEPT = 64
+_evaluated: OrderedDict[tuple, object] = OrderedDict()
+_simulated: OrderedDict[tuple, SimResult] = OrderedDict()
+
+
+def _forget() -> None:
+    _evaluated.clear()
+    _simulated.clear()
+
+
+on_clear_cost_caches(_forget)
+
+
+def _keep(cache: OrderedDict, key: tuple, value: object) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > _KEPT:
+        cache.popitem(last=False)
+
+
+def _cost_view(cluster: ClusterSpec, *, prices: bool) -> ClusterSpec:
+    """The cluster as costs see it: no name, and prices only where the answer depends on
+    them (`prices`)."""
+    if prices:
+        return replace(cluster, name="", description=None)
+    return replace(cluster, name="", description=None,
+                   node_groups=tuple(replace(g, price_per_gpu_hour_usd=None)
+                                     for g in cluster.node_groups),
+                   island_links=tuple(replace(k, price_per_gb_usd=0.0)
+                                      for k in cluster.island_links))
+
+
+def _task_key(req: SearchRequest, task: tuple) -> tuple:
+    """What one unit of the search's pure work (`_evaluate_task`) depends on."""
+    kind, payload = task
+    common = (kind, req.model, req.gbs, req.seq_len, req.dtype, req.attention, req.profiles)
+    if kind == "homogeneous":
+        return (*common, _cost_view(payload, prices=False), _space(req, payload))
+    # mixed candidates are ranked by time, or by GPU cost for the cost objective
+    return (*common, _cost_view(req.cluster, prices=req.objective == "cost"), req.objective,
+            max(req.confirm, req.top), tuple(payload))
+
+
+def _evaluate_tasks(req: SearchRequest, tasks: list[tuple]) -> list[object]:
+    """`_evaluate_task` of each task, over all cores; work an earlier search of this
+    process already did is taken from it."""
+    keys = [_task_key(req, t) for t in tasks]
+    todo = [i for i, k in enumerate(keys) if k not in _evaluated]
+    done = parallel_map(functools.partial(_evaluate_task, req), [tasks[i] for i in todo],
+                        title=f"searching {req.cluster.name}")
+    for i, out in zip(todo, done, strict=True):
+        _keep(_evaluated, keys[i], out)
+    return [_evaluated[k] for k in keys]
+
+
+def _simulator(profiles: Profiles | None) -> Callable[[Plan], SimResult]:
+    """The event simulator, remembering each plan's result (by the plan as costs see it)."""
+    def simulate_once(plan: Plan) -> SimResult:
+        key = (replace(plan, cluster=_cost_view(plan.cluster, prices=False)), profiles)
+        if key not in _simulated:
+            _keep(_simulated, key, simulate(plan, profiles=profiles))
+        return _simulated[key]
+    return simulate_once
+
+
 def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | None = None
            ) -> SearchResult:
     """The best plans on `req.cluster`; raise InfeasiblePlan if nothing fits.
@@ -337,7 +414,7 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     compared with the baselines."""
     start = time.perf_counter()
     if simulate_fn is None:
-        simulate_fn = functools.partial(simulate, profiles=req.profiles)
+        simulate_fn = _simulator(req.profiles)
     subclusters = _subclusters(req.cluster)
     for cluster in subclusters:
         _check(req, cluster)
@@ -346,8 +423,7 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     tasks: list[tuple] = [("homogeneous", c) for c in subclusters]
     if len(subclusters) > 1:
         tasks.insert(0, ("mixed", mixed_templates(req.model, req.cluster, req.gbs)))
-    outputs = parallel_map(functools.partial(_evaluate_task, req), tasks,
-                           title=f"searching {req.cluster.name}")
+    outputs = _evaluate_tasks(req, tasks)
     if len(subclusters) > 1:
         outputs = outputs[1:] + outputs[:1]
     ranked: list[tuple[float, Ranked]] = []
