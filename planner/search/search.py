@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from planner.costs.egress import egress_usd_per_iteration
@@ -41,10 +41,10 @@ from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan, Sharding
 from profiler.devices import device
-from profiler.schema import fail
+from profiler.schema import SpecError, fail
 from profiler.store import Profiles
 
-__all__ = ["OBJECTIVES", "Ranked", "SearchRequest", "SearchResult", "search"]
+__all__ = ["OBJECTIVES", "Ranked", "SearchRequest", "SearchResult", "prepare", "search"]
 
 GIB = 1024**3
 OBJECTIVES = ("throughput", "cost", "time-to-train")
@@ -395,6 +395,46 @@ def _evaluate_tasks(req: SearchRequest, tasks: list[tuple]) -> list[object]:
     return [_evaluated[k] for k in keys]
 
 
+def _tasks(req: SearchRequest) -> list[tuple]:
+    """The search's pure work: each GPU type's homogeneous space, and on a mixed cluster
+    the mixed templates, in one task (branch and bound prunes against the best so far),
+    first (the longest starts first)."""
+    subclusters = _subclusters(req.cluster)
+    for cluster in subclusters:
+        _check(req, cluster)
+    tasks: list[tuple] = [("homogeneous", c) for c in subclusters]
+    if len(subclusters) > 1:
+        tasks.insert(0, ("mixed", mixed_templates(req.model, req.cluster, req.gbs)))
+    return tasks
+
+
+def _evaluate_item(item: tuple[SearchRequest, tuple]) -> object:
+    return _evaluate_task(*item)
+
+
+def prepare(requests: Sequence[SearchRequest], *, title: str) -> None:
+    """Do the pure work of several searches together, over all cores, for their `search`
+    calls to take from this process's memory: a what-if report's scenarios share GPU
+    types and models, and together their tasks keep the cores busier than one search's
+    few. Requests `search` would refuse are left to it."""
+    work: dict[tuple, tuple[SearchRequest, tuple]] = {}
+    for req in requests:
+        try:
+            tasks = _tasks(req)
+        except SpecError:
+            continue
+        for task in tasks:
+            key = _task_key(req, task)
+            if key not in _evaluated:
+                work.setdefault(key, (req, task))
+    # the mixed searches first, then the larger clusters: the longest tasks start first
+    keys = sorted(work, key=lambda k: (work[k][1][0] != "mixed",
+                                       -work[k][0].cluster.num_gpus))[:_KEPT]
+    done = parallel_map(_evaluate_item, [work[k] for k in keys], title=title)
+    for key, out in zip(keys, done, strict=True):
+        _keep(_evaluated, key, out)
+
+
 def _simulator(profiles: Profiles | None) -> Callable[[Plan], SimResult]:
     """The event simulator, remembering each plan's result (by the plan as costs see it)."""
     def simulate_once(plan: Plan) -> SimResult:
@@ -416,14 +456,7 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     if simulate_fn is None:
         simulate_fn = _simulator(req.profiles)
     subclusters = _subclusters(req.cluster)
-    for cluster in subclusters:
-        _check(req, cluster)
-    # Mixed templates go in one task (branch and bound prunes against the best so far);
-    # first, so the longest task starts first; the GPU types' own spaces beside it.
-    tasks: list[tuple] = [("homogeneous", c) for c in subclusters]
-    if len(subclusters) > 1:
-        tasks.insert(0, ("mixed", mixed_templates(req.model, req.cluster, req.gbs)))
-    outputs = _evaluate_tasks(req, tasks)
+    outputs = _evaluate_tasks(req, _tasks(req))
     if len(subclusters) > 1:
         outputs = outputs[1:] + outputs[:1]
     ranked: list[tuple[float, Ranked]] = []

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from planner.errors import InfeasiblePlan
 from planner.predict.results import SimResult
-from planner.search import Ranked, SearchRequest, search
+from planner.search import Ranked, SearchRequest, prepare, search
 from planner.specs.plan import Plan, save_plan
 from planner.whatif.scenarios import Scenario, Setting, apply
 from profiler.progress import ProgressBar
@@ -97,11 +97,15 @@ def plan_scenarios(base: Setting, scenarios: Sequence[Scenario], *, gbs: int, se
     """The baseline first, then each scenario: its best plan by `objective` (the search
     of `plan search`), or why there is none."""
     settings = [base] + [apply(s, base) for s in scenarios]
+    kw = dict(gbs=gbs, seq_len=seq_len, objective=objective, dtype=dtype,
+              max_budget_usd=max_budget_usd, profiles=profiles)
+    # every scenario's pure search work at once (shared where scenarios share it)
+    prepare([request_for(s, **kw) for s in settings],  # type: ignore[arg-type]  # keyword arguments collected in kw
+            title="searching every scenario")
     bar = ProgressBar(len(settings), title="planning scenarios")
     rows = []
     for i, setting in enumerate(settings, 1):
-        rows.append(_plan_one(setting, gbs=gbs, seq_len=seq_len, objective=objective,
-                              dtype=dtype, max_budget_usd=max_budget_usd, profiles=profiles))
+        rows.append(_plan_one(setting, **kw))
         bar(i, setting.label)
     bar.close()
     return rows
