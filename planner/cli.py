@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from planner.commands import export, gpus, models, profile, replan, run, search, simulate, whatif
 from planner.commands.args import Parser
+from profiler import progress
 from profiler.schema import SpecError
 
 __all__ = ["main"]
@@ -38,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = profile.default_verb(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
+    if getattr(args, "json", False):
+        progress.silence()  # stdout is one JSON object; nothing on stderr either
     try:
         return COMMANDS[args.command].run(args)
     except SpecError as err:

@@ -9,7 +9,7 @@ import re
 import sys
 from typing import NoReturn
 
-__all__ = ["Parser", "add_cluster_args", "add_model_args", "bytes_arg", "int_list",
+__all__ = ["Parser", "add_cluster_args", "add_model_args", "bytes_arg", "gib_arg", "int_list",
            "name_list", "non_negative_int", "positive_int", "print_json"]
 
 
@@ -36,6 +36,17 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0)
+
+
+def gib_arg(text: str) -> float:
+    """A finite amount of memory in GiB, ≥ 0 (as bytes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
+    if not 0 <= value <= 1e6:
+        raise argparse.ArgumentTypeError(f"{text} is not allowed (GiB from 0 to 1e6)")
+    return value * 1024**3
 
 
 def add_model_args(p: argparse.ArgumentParser, *, required: bool = True,

@@ -170,7 +170,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
                       gbs: int, seq_len: int, dtype: str, kernels: Kernels,
                       score: Callable[[Priced], float], keep: int,
                       bound_score: Callable[[Template, float], float],
-                      profiles: Profiles | None = None
+                      profiles: Profiles | None = None,
+                      progress: Callable[[], None] | None = None
                       ) -> tuple[list[Priced], int, dict[str, float]]:
     """Of the `chosen` templates' candidates: the `keep` best that fit by `score`, how many
     were priced, and for each GPU type the best score of a plan using it (or a lower bound
@@ -178,7 +179,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
 
     Branch and bound: templates are priced in order of `bound_score` (the score of their
     lower bound, `lower_bound_s`); once a template's bound is worse than the `keep`-th best
-    score found, so are all the rest, and they are skipped."""
+    score found, so are all the rest, and they are skipped. `progress()` is called once
+    per template."""
     pools = pools_by_type(cluster)
     score = _remembered(score)
     bounded = sorted(((bound_score(t, lower_bound_s(model, cluster, t, gbs=gbs, seq_len=seq_len,
@@ -190,6 +192,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
     count = 0
     memo: dict = {}  # placements and stage costs shared by candidates
     for bound, _, t in bounded:
+        if progress is not None:
+            progress()
         types = {g for g, _ in t.replicas[0]} | {rep[0][0] for rep in t.replicas}
         if len(best) >= keep and bound > score(best[keep - 1]):
             for g in types:  # pruned: no plan with them beats this bound

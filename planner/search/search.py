@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from planner.costs.egress import egress_usd_per_iteration
 from planner.costs.kernels import default_kernels, fastest_kernels
 from planner.costs.stages import on_clear_cost_caches
+from planner.describe import shape_key
 from planner.errors import InfeasiblePlan
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import pools_by_type
@@ -32,7 +33,7 @@ from planner.hetero.search import (
 )
 from planner.predict.results import SimResult
 from planner.search.evaluate import Evaluation, LayoutModel
-from planner.search.parallel import parallel_map
+from planner.search.parallel import parallel_map, tick
 from planner.search.sharding import sharding_options, solve_ilp
 from planner.search.space import Layout, Micro, SearchSpace, candidates, default_space, layouts
 from planner.simulator import simulate
@@ -41,12 +42,16 @@ from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan, Sharding
 from profiler.devices import device
+from profiler.progress import ProgressBar
 from profiler.schema import SpecError, fail
 from profiler.store import Profiles
 
-__all__ = ["OBJECTIVES", "Ranked", "SearchRequest", "SearchResult", "prepare", "search"]
+__all__ = ["DEFAULT_HEADROOM_BYTES", "OBJECTIVES", "Ranked", "SearchRequest", "SearchResult", "prepare", "search"]
 
 GIB = 1024**3
+# beyond the memory model's own runtime reserve (planner/costs/memory.py): PyTorch's
+# caching allocator fragments memory as a run goes on, and the peak varies by a few GiB
+DEFAULT_HEADROOM_BYTES = 2 * GIB
 OBJECTIVES = ("throughput", "cost", "time-to-train")
 SOLVER_SOURCE = "sharding chosen by integer program (pulp/CBC) over all AMSP options"
 MIXED_SOURCE = ("mixed GPU types: layers split by exact min-bottleneck search, micro-batches "
@@ -68,6 +73,9 @@ class SearchRequest:
     confirm: int = 8  # leaders confirmed by the event simulator
     space: SearchSpace | None = None
     profiles: Profiles | None = None  # measured op/collective times (plan profile)
+    # GPU memory a plan should leave free at its peak (allocator fragmentation, other
+    # processes); plans with less are flagged (`plan search --memory-headroom`)
+    memory_headroom_bytes: float = DEFAULT_HEADROOM_BYTES
 
 
 @dataclass(frozen=True)
@@ -203,15 +211,17 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace
     models: dict[Layout, LayoutModel] = {}
     evaluations: list[Evaluation] = []
     kernels = _kernels(req, cluster)
-    work = [(lo, mi) for lo in layouts(space, req.model, gbs=req.gbs, seq_len=req.seq_len)
-            for mi in candidates(space, req.model, lo, gbs=req.gbs)]
-    for lo, mi in work:
-        if lo not in models:
+    count = 0
+    for lo in layouts(space, req.model, gbs=req.gbs, seq_len=req.seq_len):
+        micros = list(candidates(space, req.model, lo, gbs=req.gbs))
+        if micros:
             models[lo] = LayoutModel(req.model, cluster, lo, dtype=req.dtype,
                                      seq_len=req.seq_len, gbs=req.gbs, kernels=kernels,
                                      profiles=req.profiles)
-        evaluations.append(models[lo].evaluate(mi))
-    return evaluations, models, len(work)
+            evaluations.extend(models[lo].evaluate(mi) for mi in micros)
+            count += len(micros)
+        tick()  # progress: one layout
+    return evaluations, models, count
 
 
 def _ilp_sharding(lm: LayoutModel, micro: Micro) -> tuple[Sharding, float]:
@@ -286,11 +296,27 @@ def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable
         evals, key=lambda e: e.peak_memory_bytes / e.capacity_bytes)[:1]
     ok.sort(key=lambda e: _score(req, e.iteration_s, usd_hour(e), egress(e)))
     ranked = []
-    for ev in ok[:max(req.confirm, req.top)]:
+    for ev in _leaders(ok, confirm=max(req.confirm, req.top), shapes=req.top):
         sharding, estimate_s = _ilp_sharding(models[ev.layout], ev.micro)
         plan = _plan(req, cluster, ev, sharding)
         ranked.append(_confirm(req, plan, estimate_s, simulate_fn, SOLVER_SOURCE))
     return [r for r in ranked if r is not None], count, len(ok), len(models), closest
+
+
+def _leaders(ranked: list[Evaluation], *, confirm: int, shapes: int) -> list[Evaluation]:
+    """The first `confirm` candidates, and after them the best of each further layout
+    shape (tp, cp, pp: what `describe.shape_key` compares) until `shapes` shapes are in:
+    the list shows different layouts, not one at several micro-batch settings."""
+    out: list[Evaluation] = []
+    seen: set[tuple[int, int, int]] = set()
+    for i, ev in enumerate(ranked):
+        shape = (ev.layout.tp, ev.layout.cp, ev.layout.pp)
+        if i < confirm or shape not in seen:
+            out.append(ev)
+            seen.add(shape)
+        if i + 1 >= confirm and len(seen) >= shapes:
+            break
+    return out
 
 
 def _evaluate_task(req: SearchRequest, task: tuple) -> object:
@@ -304,7 +330,17 @@ def _evaluate_task(req: SearchRequest, task: tuple) -> object:
                              kernels=_kernels(req, req.cluster),
                              score=functools.partial(_priced_score, req),
                              bound_score=functools.partial(_bound_score, req),
-                             keep=max(req.confirm, req.top), profiles=req.profiles)
+                             keep=max(req.confirm, req.top), profiles=req.profiles,
+                             progress=tick)
+
+
+def _units(req: SearchRequest, task: tuple) -> int:
+    """The progress units of a task: layouts, or templates (`tick`)."""
+    kind, payload = task
+    if kind == "homogeneous":
+        return sum(1 for _ in layouts(_space(req, payload), req.model, gbs=req.gbs,
+                                      seq_len=req.seq_len))
+    return len(payload)
 
 
 def _bound_score(req: SearchRequest, t: Template, bound_s: float) -> float:
@@ -389,7 +425,8 @@ def _evaluate_tasks(req: SearchRequest, tasks: list[tuple]) -> list[object]:
     keys = [_task_key(req, t) for t in tasks]
     todo = [i for i, k in enumerate(keys) if k not in _evaluated]
     done = parallel_map(functools.partial(_evaluate_task, req), [tasks[i] for i in todo],
-                        title=f"searching {req.cluster.name}")
+                        title=f"searching {req.model.name} on {req.cluster.name}",
+                        units=[_units(req, tasks[i]) for i in todo], unit="layout")
     for i, out in zip(todo, done, strict=True):
         _keep(_evaluated, keys[i], out)
     return [_evaluated[k] for k in keys]
@@ -430,7 +467,8 @@ def prepare(requests: Sequence[SearchRequest], *, title: str) -> None:
     # the mixed searches first, then the larger clusters: the longest tasks start first
     keys = sorted(work, key=lambda k: (work[k][1][0] != "mixed",
                                        -work[k][0].cluster.num_gpus))[:_KEPT]
-    done = parallel_map(_evaluate_item, [work[k] for k in keys], title=title)
+    done = parallel_map(_evaluate_item, [work[k] for k in keys], title=title,
+                        units=[_units(*work[k]) for k in keys], unit="layout")
     for key, out in zip(keys, done, strict=True):
         _keep(_evaluated, key, out)
 
@@ -443,6 +481,15 @@ def _simulator(profiles: Profiles | None) -> Callable[[Plan], SimResult]:
             _keep(_simulated, key, simulate(plan, profiles=profiles))
         return _simulated[key]
     return simulate_once
+
+
+def _counted(simulate_fn: Callable[[Plan], SimResult], bar: ProgressBar
+             ) -> Callable[[Plan], SimResult]:
+    def counted(plan: Plan) -> SimResult:
+        result = simulate_fn(plan)
+        bar.advance()
+        return result
+    return counted
 
 
 def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | None = None
@@ -459,6 +506,23 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     outputs = _evaluate_tasks(req, _tasks(req))
     if len(subclusters) > 1:
         outputs = outputs[1:] + outputs[:1]
+    with ProgressBar(None, title="simulating the leaders", unit="plans") as bar:
+        ranked, counts, closest, per_type, with_type, baselines = _confirmed(
+            req, subclusters, outputs, _counted(simulate_fn, bar))
+    total, fitting, n_layouts = counts
+    if not ranked:
+        raise InfeasiblePlan(_explain(req, closest, total))
+    ranked.sort(key=lambda sr: sr[0])
+    notes = _idle_notes(req, ranked, per_type, with_type) if len(per_type) > 1 else []
+    return SearchResult(_distinct(ranked, req.top), total, fitting, n_layouts,
+                        time.perf_counter() - start, notes, baselines)
+
+
+def _confirmed(req: SearchRequest, subclusters: list[ClusterSpec], outputs: list[object],
+               simulate_fn: Callable[[Plan], SimResult]) -> tuple:
+    """The leaders of each GPU type (and of the mixed templates) confirmed by simulation:
+    (scored plans, (candidates, fitting, layouts), closest misfits, per type's plans, best
+    score with each type, baselines)."""
     ranked: list[tuple[float, Ranked]] = []
     total = fitting = n_layouts = 0
     closest: list[Evaluation] = []
@@ -480,12 +544,23 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
         ranked += mixed
         total, fitting = total + merged[1], fitting + len(mixed)
         with_type = merged[2]
-    if not ranked:
-        raise InfeasiblePlan(_explain(req, closest, total))
-    ranked.sort(key=lambda sr: sr[0])
-    notes = _idle_notes(req, ranked, per_type, with_type) if len(per_type) > 1 else []
-    return SearchResult([r for _, r in ranked[:req.top]], total, fitting, n_layouts,
-                        time.perf_counter() - start, notes, baselines)
+    return ranked, (total, fitting, n_layouts), closest, per_type, with_type, baselines
+
+
+def _distinct(ranked: list[tuple[float, Ranked]], top: int) -> list[Ranked]:
+    """The best `top` plans of different layouts (`describe.shape_key`: a plan at another
+    GPU count, micro-batch size, recompute, schedule or sharding of a layout above it is
+    left out)."""
+    out: list[Ranked] = []
+    seen: set[tuple] = set()
+    for _, r in ranked:
+        shape = shape_key(r.plan)
+        if shape not in seen:
+            seen.add(shape)
+            out.append(r)
+        if len(out) == top:
+            break
+    return out
 
 
 def _mixed(req: SearchRequest, per_type: dict[str, list[tuple[float, Ranked]]],
