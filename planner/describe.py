@@ -11,9 +11,10 @@ from collections.abc import Sequence
 
 from planner.predict.results import SimResult
 from planner.specs.choices import Recompute, Schedule
-from planner.specs.plan import Plan, Sharding
+from planner.specs.plan import Plan, Sharding, Stage
 
-__all__ = ["GIB", "GLOSSARY", "headroom_bytes", "is_mixed", "layout_cell", "recompute_words",
+__all__ = ["GIB", "GLOSSARY", "headroom_bytes", "is_mixed", "layout_cell", "plan_words",
+           "recompute_words", "schedule_words",
            "render_table", "replica_lines", "shape_key", "sharding_cell", "sharding_words",
            "wrapped"]
 
@@ -98,6 +99,54 @@ def recompute_words(recompute: Recompute | str) -> str:
             "full recomputation"}[Recompute(recompute)]
 
 
+def schedule_words(plan: Plan) -> str:
+    """The pipeline schedule in words (nothing for a plan without a pipeline)."""
+    tr = plan.training
+    if max(len(p.stages) for p in plan.pipelines) == 1:
+        return ""
+    if tr.virtual_stages > 1:
+        return f"interleaved 1F1B schedule ({tr.virtual_stages} chunks per stage)"
+    return {Schedule.ONE_F_ONE_B: "1F1B schedule", Schedule.GPIPE: "GPipe schedule",
+            Schedule.ZB_H1: "zero-bubble schedule (ZB-H1)"}.get(tr.schedule, f"{tr.schedule}")
+
+
+def plan_words(plan: Plan) -> str:
+    """The whole plan in a sentence: its replicas and stages, micro-batches, schedule,
+    recomputation and sharding, e.g. '32 replicas, each 4 pipeline stages: A100 tp2 x2
+    (10/10 layers) -> V100 tp2 x2 (10/10); micro-batches of 1 sequence; zero-bubble
+    schedule (ZB-H1); no recomputation; optimizer states split over 32 replicas'."""
+    kinds: dict[tuple[str, int], int] = {}
+    for pipe in plan.pipelines:
+        key = (_stages_words(plan, pipe.stages), len(pipe.stages))
+        kinds[key] = kinds.get(key, 0) + 1
+    parts = []
+    for (stages, pp), n in kinds.items():
+        what = f"{pp} pipeline stages" if pp > 1 else "one stage"
+        parts.append(f"{n} replica{'s' if n > 1 else ''}, each {what}: {stages}")
+    mbs = sorted({p.micro_batch_size for p in plan.pipelines})
+    words = [" + ".join(parts),
+             f"micro-batches of {'/'.join(map(str, mbs))} sequence{'s' if max(mbs) > 1 else ''}"]
+    if plan.training.sequence_parallel:
+        words.append("sequence parallel")
+    words += [schedule_words(plan), recompute_words(plan.pipelines[0].stages[0].recompute),
+              sharding_words(plan)]
+    return "; ".join(w for w in words if w)
+
+
+def _stages_words(plan: Plan, stages: Sequence[Stage]) -> str:
+    runs: list[tuple[str, list[int]]] = []
+    for s in stages:
+        cp = f" cp{s.cp}" if s.cp > 1 else ""
+        what = f"{_gpu_short(_stage_gpu(plan, s.devices))} tp{s.tp}{cp}"
+        if runs and runs[-1][0] == what:
+            runs[-1][1].append(s.num_layers)
+        else:
+            runs.append((what, [s.num_layers]))
+    return " -> ".join(f"{what}{f' x{len(ls)}' if len(ls) > 1 else ''} "
+                       f"({'/'.join(map(str, ls))}{' layers' if k == 0 else ''})"
+                       for k, (what, ls) in enumerate(runs))
+
+
 def _gpu_short(name: str) -> str:
     return name.split("-")[0]
 
@@ -138,22 +187,9 @@ def replica_lines(plan: Plan, width: int = 94) -> list[str]:
     1', wrapped to `width` columns."""
     kinds: dict[str, int] = {}
     for pipe in plan.pipelines:
-        runs: list[tuple[str, list[int]]] = []
-        for s in pipe.stages:
-            cp = f" cp{s.cp}" if s.cp > 1 else ""
-            what = f"{_gpu_short(_stage_gpu(plan, s.devices))} tp{s.tp}{cp}"
-            if runs and runs[-1][0] == what:
-                runs[-1][1].append(s.num_layers)
-            else:
-                runs.append((what, [s.num_layers]))
-        parts = []
-        for k, (what, layers) in enumerate(runs):
-            count = f" x{len(layers)}" if len(layers) > 1 else ""
-            unit = " layers" if k == 0 else ""
-            parts.append(f"{what}{count} ({'/'.join(map(str, layers))}{unit})")
         m = pipe.num_microbatches
-        text = (" -> ".join(parts) + f"; {m} micro-batch{'es' if m > 1 else ''} of "
-                f"{pipe.micro_batch_size}")
+        text = (_stages_words(plan, pipe.stages) + f"; {m} micro-batch{'es' if m > 1 else ''}"
+                f" of {pipe.micro_batch_size}")
         kinds[text] = kinds.get(text, 0) + 1
     out = []
     for text, n in kinds.items():

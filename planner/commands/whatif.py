@@ -6,9 +6,9 @@ import argparse
 import os
 import shlex
 
-from planner.commands.args import add_model_args, positive_int
+from planner.commands.args import add_cluster_args, add_model_args, gib_arg, positive_int
 from planner.commands.inputs import load_inputs, profiles_for
-from planner.search.search import OBJECTIVES
+from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES
 from planner.specs.plan import TRAIN_DTYPES
 from planner.whatif.report import plan_scenarios, write_report
 from planner.whatif.scenarios import Setting, parse_scenario
@@ -24,12 +24,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "scale a NIC or link, change prices, the model or the token budget) with the same "
         "search as `plan search`, and write report.html, report.md, table.csv and figures.",
         epilog="Scenario changes (join several with ';', prefix a label with 'label:'): "
-        "add TYPE COUNT [ISLAND]; remove TYPE COUNT; swap OLD NEW; scale-nic TYPE|GROUP "
-        "FACTOR; scale-link ISLAND ISLAND FACTOR; price TYPE USD_PER_GPU_HOUR; "
+        "add TYPE COUNT [ISLAND]; add TYPE COUNT island NEW link GBPS [latency MS] [price "
+        "USD] (a new island, e.g. rented GPUs over a WAN); remove TYPE COUNT; swap OLD NEW; "
+        "scale-nic TYPE|GROUP FACTOR; scale-link ISLAND ISLAND FACTOR; price TYPE USD_PER_GPU_HOUR; "
         "egress-price USD_PER_GB; model NAME; tokens N.  Example: --scenario "
         "\"more H100: add H100-80GB-SXM 64; price H100-80GB-SXM 3\"")
     add_model_args(p)
-    p.add_argument("--cluster", required=True, metavar="FILE", help="the baseline ClusterSpec")
+    add_cluster_args(p)  # the baseline: --cluster FILE or --gpus TYPE:COUNT
     p.add_argument("--tokens", type=float, required=True, metavar="N",
                    help="tokens to train on (e.g. 2e12)")
     p.add_argument("--gbs", type=positive_int, required=True, metavar="N",
@@ -44,6 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-budget", type=float, metavar="USD", help="cap on each run's cost")
     p.add_argument("--profile", metavar="FILE|DIR", action="append",
                    help="measured profile(s) for the cluster's GPU types")
+    p.add_argument("--memory-headroom", type=gib_arg, default=DEFAULT_HEADROOM_BYTES,
+                   metavar="GIB", help="GPU memory a plan should leave free at its peak; "
+                   f"plans with less are flagged (default {DEFAULT_HEADROOM_BYTES / 1024**3:g})")
     p.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="report folder (e.g. reports/my-cluster/)")
 
@@ -51,13 +55,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.tokens <= 0:
         fail("--tokens", args.tokens, "must be > 0")
-    args.gpus = None  # load_inputs reads --model/--model-file and --cluster
     model, cluster = load_inputs(args)
     scenarios = [parse_scenario(text) for text in args.scenario]
     base = Setting(label="baseline", model=model, cluster=cluster, tokens=args.tokens)
     profiles = profiles_for(args, cluster, args.dtype)
     rows = plan_scenarios(base, scenarios, gbs=args.gbs, seq_len=args.seq,
                           objective=args.objective, dtype=args.dtype,
+                          memory_headroom_bytes=args.memory_headroom,
                           max_budget_usd=args.max_budget, profiles=profiles)
     title = f"What if: {model.name} on {cluster.name}, {args.tokens:.3g} tokens"
     paths = write_report(rows, args.output, title=title,

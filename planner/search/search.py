@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from planner.costs.egress import egress_usd_per_iteration
 from planner.costs.kernels import default_kernels, fastest_kernels
 from planner.costs.stages import on_clear_cost_caches
-from planner.describe import shape_key
+from planner.describe import recompute_words, shape_key, sharding_cell
 from planner.errors import InfeasiblePlan
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import pools_by_type
@@ -670,12 +670,17 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
     """Which GPUs the best plan (`ranked[0]`) leaves idle, and why."""
     slots, groups = req.cluster.slots, req.cluster.node_groups
     best = ranked[0][1]
-    used = {d for p in best.plan.pipelines for s in p.stages for d in s.devices}
+    # GPUs of each type the plan uses (a plan of one type numbers its own cluster's GPUs)
+    plan_groups, plan_slots = best.plan.cluster.node_groups, best.plan.cluster.slots
+    used: dict[str, int] = {}
+    for d in {d for p in best.plan.pipelines for s in p.stages for d in s.devices}:
+        gpu = plan_groups[plan_slots[d].group].gpu
+        used[gpu] = used.get(gpu, 0) + 1
     best_s = best.result.iteration_time_s
     notes = []
     for gpu in dict.fromkeys(g.gpu for g in groups):
         mine = [s.index for s in slots if groups[s.group].gpu == gpu]
-        idle = sum(1 for d in mine if d not in used)
+        idle = len(mine) - used.get(gpu, 0)
         if not idle:
             continue
         if idle < len(mine):
@@ -710,11 +715,12 @@ def _explain(req: SearchRequest, closest: list[Evaluation], total: int) -> str:
     lo, mi, sh = e.layout, e.micro, e.sharding
     short = (e.peak_memory_bytes - e.capacity_bytes) / GIB
     need = e.peak_memory_bytes / GIB
+    schedule = mi.schedule.for_chunks(mi.vp)
     return (
         f"nothing fits in memory among {total} candidates. Closest: tp {lo.tp}, pp {lo.pp}, "
-        f"dp {lo.dp}, cp {lo.cp}, mbs {mi.mbs}, {mi.recompute} recompute, "
-        f"{mi.schedule.for_chunks(mi.vp)} schedule, sharding P/G/OS "
-        f"{sh.params}/{sh.grads}/{sh.optim}: {need:.1f} GiB per GPU, {short:.1f} GiB over "
+        f"dp {lo.dp}, cp {lo.cp}, micro-batches of {mi.mbs}, {recompute_words(mi.recompute)}, "
+        f"{schedule.described}, sharding {sharding_cell(sh, lo.dp)}: {need:.1f} GiB per GPU, "
+        f"{short:.1f} GiB over "
         f"the {e.capacity_bytes / GIB:.1f} GiB available. Recompute and sharding up to the "
         f"whole data-parallel group were already tried; it would fit with GPUs of at least "
         f"{need:.0f} GiB, or with more GPUs (about {need / (e.capacity_bytes / GIB):.1f}x as "
