@@ -20,8 +20,15 @@ $(VENV)/.frameworks: $(BIN)/plan
 
 .PHONY: demo test lint report
 demo: $(BIN)/plan
+	mkdir -p scratch
 	$(BIN)/plan search --model gpt3-175b --cluster cluster_specs/selene-a100.yaml \
-		--gbs 1536 --tokens 300e9 -o plan.yaml
+		--gbs 1536 --tokens 300e9 -o scratch/plan.yaml
+	@echo
+	@echo "wrote scratch/plan.yaml: the best plan above, as the executor reads it. Next:"
+	@echo "  . .venv/bin/activate"
+	@echo "  plan simulate --plan scratch/plan.yaml --gantt scratch/gantt.png   # its timeline"
+	@echo "  plan export scratch/plan.yaml --format megatron   # Megatron-LM arguments for it"
+	@echo "  make report   # what-if scenarios of a mixed cluster: reports/mixed-a100-v100/"
 
 test: $(VENV)/.frameworks
 	$(BIN)/ruff check .
@@ -32,10 +39,10 @@ lint: $(BIN)/plan
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# The example what-if report committed under reports/ (about a minute).
+# The example what-if report committed under reports/ (about 15 seconds).
 report: $(BIN)/plan
 	$(BIN)/plan what-if --model llama2-13b --cluster cluster_specs/mixed-a100-v100.yaml \
-		--tokens 1e12 --gbs 256 --seq 4096 \
+		--tokens 1e12 --gbs 256 --seq 4096 --dtype fp16 \
 		--scenario "add 8 H100 nodes: add H100-80GB-SXM 64; price H100-80GB-SXM 3.0" \
 		--scenario "retire the V100s: remove V100-32GB-SXM2 128" \
 		--scenario "V100s swapped for A100s: swap V100-32GB-SXM2 A100-80GB-SXM" \
