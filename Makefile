@@ -27,7 +27,7 @@ demo: $(BIN)/plan
 	@echo "wrote scratch/plan.yaml: the best plan above, as the executor reads it. Next:"
 	@echo "  . .venv/bin/activate"
 	@echo "  plan simulate --plan scratch/plan.yaml --gantt scratch/gantt.png   # its timeline"
-	@echo "  plan export scratch/plan.yaml --format megatron   # Megatron-LM arguments for it"
+	@echo "  plan export scratch/plan.yaml --format megatron --approximate   # Megatron-LM flags"
 	@echo "  make report   # what-if scenarios of a mixed cluster: reports/mixed-a100-v100/"
 
 test: $(VENV)/.frameworks

@@ -36,8 +36,10 @@ class ProgressBar:
     `bar.advance(n)` adds n; `bar.close()` ends the line."""
 
     def __init__(self, total: int | None, *, title: str, unit: str = "it",
-                 stream: TextIO | None = None) -> None:
-        """`total` None: a count without an end (work whose size is not known ahead)."""
+                 stream: TextIO | None = None, delay_s: float | None = None) -> None:
+        """`total` None: a count without an end (work whose size is not known ahead);
+        `delay_s`: how long before the bar shows (default DELAY_S; 0 for steps that are
+        each slow, so the step under way is named at once)."""
         self.total = None if total is None else max(total, 1)
         self.done = 0
         self._bar: Any = None
@@ -49,7 +51,8 @@ class ProgressBar:
                      "[{elapsed}<{remaining}] {postfix}" if self.total is not None else
                      "{desc}: {n_fmt} {unit} [{elapsed}] {postfix}")
             self._bar = tqdm(total=self.total, desc=title, unit=unit, file=stream,
-                             delay=DELAY_S, dynamic_ncols=True, leave=False, bar_format=shape)
+                             delay=DELAY_S if delay_s is None else delay_s,
+                             dynamic_ncols=True, leave=False, bar_format=shape)
 
     def __call__(self, done: int, label: str = "") -> None:
         if self.total is not None:
@@ -58,6 +61,8 @@ class ProgressBar:
             if label:
                 self._bar.set_postfix_str(label[:40], refresh=False)
             self._bar.update(max(0, done - self.done))
+            if label and done == self.done:
+                self._bar.refresh()  # a new step's name, before it runs
         self.done = done
 
     def advance(self, n: int = 1, label: str = "") -> None:

@@ -31,6 +31,7 @@ from planner.specs.plan import (
 )
 from profiler.analytic import math_dtype
 from profiler.kernels import Attention
+from profiler.progress import ProgressBar
 from profiler.schema import SpecError, fail
 from profiler.store import Profiles
 
@@ -179,11 +180,18 @@ def _simulate_plan(args: argparse.Namespace, plan: Plan, *, profiles: Profiles |
     if args.method == "estimate":
         result = estimate(plan, profiles=profiles)
     else:
-        result, sim = simulate_detailed(plan, profiles=profiles)
-        if args.trace:
-            write_trace(sim, args.trace)
-        if args.gantt:
-            write_gantt(sim, args.gantt)
+        # a timeline of many stages takes seconds to draw: say which step is under way
+        steps = 1 + bool(args.trace) + bool(args.gantt)
+        with ProgressBar(steps, title="plan simulate", unit="steps",
+                         delay_s=0 if args.gantt else None) as bar:
+            bar(0, "simulating one iteration")
+            result, sim = simulate_detailed(plan, profiles=profiles)
+            if args.trace:
+                bar(bar.done + 1, "writing the trace")
+                write_trace(sim, args.trace)
+            if args.gantt:
+                bar(bar.done + 1, "drawing the timeline")
+                write_gantt(sim, args.gantt)
     if args.output:
         save_plan(with_prediction(plan, result, command=["plan", *args.argv],
                                   profiles=profiles), args.output)

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.calibration.fit import Parameter, minimize_bounded, with_values
 from planner.costs.compute import ComputeCosts, clear_op_cache
 from planner.costs.workload import Op
 from profiler.devices import device, parameter_overrides
+from profiler.progress import ProgressBar
 from profiler.schema import fail
 from profiler.store import Profile, ProfileRow, load_profile
 
@@ -59,8 +61,10 @@ def _error(profile: Profile, rows_by_kind: dict[str, list[ProfileRow]]) -> float
     return statistics.mean(per_kind)
 
 
-def fit_profile(profile: Profile, *, iterations: int = 400) -> FitResult:
-    """Fit the profile's architecture parameters to its op rows."""
+def fit_profile(profile: Profile, *, iterations: int = 400,
+                progress: Callable[[], None] | None = None) -> FitResult:
+    """Fit the profile's architecture parameters to its op rows (`progress()` after each
+    evaluation of the error, at most `iterations` of them)."""
     arch = device(profile.meta.device).arch
     rows_by_kind: dict[str, list[ProfileRow]] = {}
     for r in profile.op_rows:
@@ -77,6 +81,8 @@ def fit_profile(profile: Profile, *, iterations: int = 400) -> FitResult:
             clear_op_cache()
             err = _error(profile, rows_by_kind)
         clear_op_cache()
+        if progress is not None:
+            progress()
         return err
 
     before = [p.current() for p in params]
@@ -90,7 +96,8 @@ def fit_profile(profile: Profile, *, iterations: int = 400) -> FitResult:
 def run_fit(path: str, *, iterations: int) -> int:
     """Print the fitted values in profiler/data/efficiency.yaml's terms."""
     profile = load_profile(path)
-    result = fit_profile(profile, iterations=iterations)
+    with ProgressBar(iterations, title="fitting", unit="evaluations") as bar:
+        result = fit_profile(profile, iterations=iterations, progress=bar.advance)
     m = profile.meta
     print(f"{path}: {m.device} ({m.device_detail}), {m.dtype}: {len(profile.op_rows)} op rows")
     print(f"mean |log(analytic / measured)|: {result.error_before:.3f} -> "
