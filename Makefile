@@ -20,8 +20,15 @@ $(VENV)/.frameworks: $(BIN)/plan
 
 .PHONY: demo test lint report
 demo: $(BIN)/plan
+	mkdir -p scratch
 	$(BIN)/plan search --model gpt3-175b --cluster cluster_specs/selene-a100.yaml \
-		--gbs 1536 --tokens 300e9 -o plan.yaml
+		--gbs 1536 --tokens 300e9 -o scratch/plan.yaml
+	@echo
+	@echo "wrote scratch/plan.yaml: the best plan above, as the executor reads it. Next:"
+	@echo "  . .venv/bin/activate"
+	@echo "  plan simulate --plan scratch/plan.yaml --gantt scratch/gantt.png   # its timeline"
+	@echo "  plan export scratch/plan.yaml --format megatron --approximate   # Megatron-LM flags"
+	@echo "  make report   # what-if scenarios of a mixed cluster: reports/mixed-a100-v100/"
 
 test: $(VENV)/.frameworks
 	$(BIN)/ruff check .
@@ -32,7 +39,7 @@ lint: $(BIN)/plan
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# The example what-if report committed under reports/ (about a minute).
+# The example what-if report committed under reports/ (about 15 seconds).
 report: $(BIN)/plan
 	$(BIN)/plan what-if --model llama2-13b --cluster cluster_specs/mixed-a100-v100.yaml \
 		--tokens 1e12 --gbs 256 --seq 4096 --dtype fp16 \

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from planner.commands import export, gpus, models, profile, replan, run, search, simulate, whatif
 from planner.commands.args import Parser
 from planner.errors import INTERRUPTED, Interrupted
+from profiler import progress
 from profiler.schema import SpecError, one_line
 
 __all__ = ["main"]
@@ -46,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             argv = profile.default_verb(argv)
             args = build_parser().parse_args(argv)
             args.argv = argv
+            progress.silence(bool(getattr(args, "json", False)))  # stdout is one JSON object
             command = f"plan {args.command}"
             return COMMANDS[args.command].run(args)
         except SpecError as err:

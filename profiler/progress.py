@@ -1,50 +1,81 @@
-"""A progress bar on stderr for long measurements (no dependencies).
+"""Progress of long work on stderr, drawn by tqdm (pinned in pyproject.toml).
 
-On a terminal it redraws one line; elsewhere (CI logs, pipes) it prints a line at every
-tenth of the work, once the work has run for a few seconds, so logs stay short.
-TRAINPLAN_PROGRESS=always prints those lines from the start, =never silences the bar.
+Shown only on a terminal, and only once the work has run for a second (short commands
+stay quiet); never under `--json` (`silence`), in pipes or CI logs.
+TRAINPLAN_PROGRESS=always draws it anywhere (tqdm's plain lines off a terminal),
+=never silences it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
-from typing import TextIO
+from typing import Any, TextIO
 
-__all__ = ["ProgressBar"]
+__all__ = ["ProgressBar", "silence"]
 
-QUIET_S = 2.0  # off a terminal, say nothing about work shorter than this
+DELAY_S = 1.0  # work shorter than this shows no bar
+_silenced = False
+
+
+def silence(on: bool = True) -> None:
+    """No progress from here on (a command printing JSON); `silence(False)` undoes it
+    (the next command of the same process, e.g. in tests)."""
+    global _silenced
+    _silenced = on
+
+
+def _shown(stream: TextIO) -> bool:
+    mode = os.environ.get("TRAINPLAN_PROGRESS", "auto")
+    if mode == "never" or (_silenced and mode != "always"):
+        return False
+    return mode == "always" or stream.isatty()
 
 
 class ProgressBar:
-    """`bar(done, label)` reports progress out of `total`; `bar.close()` ends the line."""
+    """`bar(done, label)` reports `done` of `total` units (`label`: what is being done);
+    `bar.advance(n)` adds n; `bar.close()` ends the line."""
 
-    def __init__(self, total: int, *, title: str, stream: TextIO | None = None,
-                 width: int = 30) -> None:
-        self.total, self.title, self.width = max(total, 1), title, width
-        self.stream = stream or sys.stderr
-        self.mode = os.environ.get("TRAINPLAN_PROGRESS", "auto")
-        self.tty = self.stream.isatty() and self.mode != "always"
-        self.start = time.perf_counter()
-        self.last_tenth = -1
+    def __init__(self, total: int | None, *, title: str, unit: str = "it",
+                 stream: TextIO | None = None, delay_s: float | None = None) -> None:
+        """`total` None: a count without an end (work whose size is not known ahead);
+        `delay_s`: how long before the bar shows (default DELAY_S; 0 for steps that are
+        each slow, so the step under way is named at once)."""
+        self.total = None if total is None else max(total, 1)
+        self.done = 0
+        self._bar: Any = None
+        stream = stream or sys.stderr
+        if _shown(stream):
+            from tqdm import tqdm
 
-    def __call__(self, done: int, label: str) -> None:
-        if self.mode == "never":
-            return
-        frac = min(done / self.total, 1.0)
-        elapsed = time.perf_counter() - self.start
-        if self.tty:
-            filled = int(frac * self.width)
-            bar = "#" * filled + "." * (self.width - filled)
-            self.stream.write(f"\r{self.title} [{bar}] {done}/{self.total} {elapsed:5.1f}s "
-                              f"{label[:28]:28}")
-            self.stream.flush()
-        elif int(frac * 10) > self.last_tenth and (elapsed >= QUIET_S or self.mode == "always"):
-            self.last_tenth = int(frac * 10)
-            self.stream.write(f"{self.title}: {done}/{self.total} ({elapsed:.1f}s) {label}\n")
+            shape = ("{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit} "
+                     "[{elapsed}<{remaining}] {postfix}" if self.total is not None else
+                     "{desc}: {n_fmt} {unit} [{elapsed}] {postfix}")
+            self._bar = tqdm(total=self.total, desc=title, unit=unit, file=stream,
+                             delay=DELAY_S if delay_s is None else delay_s,
+                             dynamic_ncols=True, leave=False, bar_format=shape)
+
+    def __call__(self, done: int, label: str = "") -> None:
+        if self.total is not None:
+            done = min(done, self.total)
+        if self._bar is not None:
+            if label:
+                self._bar.set_postfix_str(label[:40], refresh=False)
+            self._bar.update(max(0, done - self.done))
+            if label and done == self.done:
+                self._bar.refresh()  # a new step's name, before it runs
+        self.done = done
+
+    def advance(self, n: int = 1, label: str = "") -> None:
+        self(self.done + n, label)
 
     def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -139,11 +139,21 @@ def cached_hash(cls: type[T]) -> type[T]:
 def coerce_choices(obj: object) -> None:
     """In a frozen dataclass's `__post_init__`: turn strings given for its enum fields
     into the enum's members (code and tests may write `schedule="zb-h1"`)."""
-    for name, tp in _hints(type(obj)).items():
-        if isinstance(tp, type) and issubclass(tp, enum.Enum):
-            value = getattr(obj, name)
-            if not isinstance(value, tp):
-                object.__setattr__(obj, name, tp(value))
+    for name, tp in _enum_fields(type(obj)):
+        value = getattr(obj, name)
+        if not isinstance(value, tp):
+            object.__setattr__(obj, name, tp(value))
+
+
+_ENUM_FIELDS: dict[Any, tuple[tuple[str, type], ...]] = {}
+
+
+def _enum_fields(cls: Any) -> tuple[tuple[str, type], ...]:
+    """A class's enum-typed fields (asked for every stage a search builds)."""
+    if cls not in _ENUM_FIELDS:
+        _ENUM_FIELDS[cls] = tuple((name, tp) for name, tp in _hints(cls).items()
+                                  if isinstance(tp, type) and issubclass(tp, enum.Enum))
+    return _ENUM_FIELDS[cls]
 
 
 def spec_field(

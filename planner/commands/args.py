@@ -16,9 +16,9 @@ from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TOKENS, MAX_
 from profiler.schema import one_line, short_repr
 
 __all__ = ["Parser", "add_catalog_arg", "add_cluster_args", "add_framework_arg", "add_model_args",
-           "budget_arg", "bytes_arg", "gbs_arg", "int_in", "int_list", "int_list_in", "name_list",
-           "non_negative_int", "number_in", "path_arg", "positive_int", "print_json", "seq_arg",
-           "tokens_arg"]
+           "budget_arg", "bytes_arg", "gbs_arg", "gib_arg", "int_in", "int_list", "int_list_in",
+           "name_list", "non_negative_int", "number_in", "path_arg", "positive_int", "print_json",
+           "seq_arg", "tokens_arg"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -85,6 +85,17 @@ gbs_arg = int_in(1, MAX_GLOBAL_BATCH)
 seq_arg = int_in(1, MAX_SEQ_LEN)
 tokens_arg = number_in(gt=0, high=MAX_TOKENS)
 budget_arg = number_in(gt=0, high=MAX_USD)
+
+
+def gib_arg(text: str) -> float:
+    """A finite amount of memory in GiB, ≥ 0 (as bytes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
+    if not 0 <= value <= 1e6:
+        raise argparse.ArgumentTypeError(f"{text} is not allowed (GiB from 0 to 1e6)")
+    return value * 1024**3
 
 
 def add_model_args(p: argparse.ArgumentParser, *, required: bool = True,

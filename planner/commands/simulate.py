@@ -47,6 +47,7 @@ from planner.specs.plan import (
     save_plan,
 )
 from profiler.kernels import Attention
+from profiler.progress import ProgressBar
 from profiler.schema import SpecError, fail
 from profiler.store import Profiles
 
@@ -208,13 +209,20 @@ def _simulate_plan(args: argparse.Namespace, plan: Plan, *, profiles: Profiles |
         result = estimate(plan, profiles=profiles)
     else:
         _check_simulation_size(plan)
-        result, sim = simulate_detailed(plan, profiles=profiles)
-        if args.trace:
-            with atomic_path(args.trace) as tmp:
-                write_trace(sim, tmp)
-        if args.gantt:
-            with atomic_path(args.gantt) as tmp:
-                write_gantt(sim, tmp)
+        # a timeline of many stages takes seconds to draw: say which step is under way
+        steps = 1 + bool(args.trace) + bool(args.gantt)
+        with ProgressBar(steps, title="plan simulate", unit="steps",
+                         delay_s=0 if args.gantt else None) as bar:
+            bar(0, "simulating one iteration")
+            result, sim = simulate_detailed(plan, profiles=profiles)
+            if args.trace:
+                bar(bar.done + 1, "writing the trace")
+                with atomic_path(args.trace) as tmp:
+                    write_trace(sim, tmp)
+            if args.gantt:
+                bar(bar.done + 1, "drawing the timeline")
+                with atomic_path(args.gantt) as tmp:
+                    write_gantt(sim, tmp)
     if args.output:
         save_plan(with_prediction(plan, result, command=["plan", *args.argv],
                                   profiles=profiles), args.output)

@@ -7,18 +7,19 @@ import os
 import shlex
 
 from planner.commands.args import (
-    add_catalog_arg,
+    add_cluster_args,
     add_framework_arg,
     add_model_args,
     budget_arg,
     gbs_arg,
+    gib_arg,
     path_arg,
     seq_arg,
     tokens_arg,
 )
 from planner.commands.inputs import load_inputs, profiles_for
 from planner.outputs import check_output_dir
-from planner.search.search import OBJECTIVES
+from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES
 from planner.specs.cluster import train_dtype
 from planner.specs.plan import TRAIN_DTYPES
 from planner.whatif.report import plan_scenarios, write_report
@@ -34,14 +35,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "scale a NIC or link, change prices, the model or the token budget) with the same "
         "search as `plan search`, and write report.html, report.md, table.csv and figures.",
         epilog="Scenario changes (join several with ';', prefix a label with 'label:'): "
-        "add TYPE COUNT [ISLAND]; remove TYPE COUNT; swap OLD NEW; scale-nic TYPE|GROUP "
-        "FACTOR; scale-link ISLAND ISLAND FACTOR; price TYPE USD_PER_GPU_HOUR; "
+        "add TYPE COUNT [ISLAND]; add TYPE COUNT island NEW link GBPS [latency MS] [price "
+        "USD] (a new island, e.g. rented GPUs over a WAN); remove TYPE COUNT; swap OLD NEW; "
+        "scale-nic TYPE|GROUP FACTOR; scale-link ISLAND ISLAND FACTOR; price TYPE USD_PER_GPU_HOUR; "
         "egress-price USD_PER_GB; model NAME; tokens N.  Example: --scenario "
         "\"more H100: add H100-80GB-SXM 64; price H100-80GB-SXM 3\"")
     add_model_args(p)
-    p.add_argument("--cluster", required=True, type=path_arg, metavar="FILE",
-                   help="the baseline ClusterSpec")
-    add_catalog_arg(p)
+    add_cluster_args(p)  # the baseline: --cluster FILE or --gpus TYPE:COUNT
     p.add_argument("--tokens", type=tokens_arg, required=True, metavar="N",
                    help="tokens to train on (e.g. 2e12)")
     p.add_argument("--gbs", type=gbs_arg, required=True, metavar="N",
@@ -58,13 +58,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_framework_arg(p)
     p.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",
                    help="measured profile(s) for the cluster's GPU types")
+    p.add_argument("--memory-headroom", type=gib_arg, default=DEFAULT_HEADROOM_BYTES,
+                   metavar="GIB", help="GPU memory a plan should leave free at its peak; "
+                   f"plans with less are flagged (default {DEFAULT_HEADROOM_BYTES / 1024**3:g})")
     p.add_argument("-o", "--output", required=True, type=path_arg, metavar="DIR",
                    help="report folder (e.g. reports/my-cluster/)")
 
 
 def run(args: argparse.Namespace) -> int:
     check_output_dir(args.output, flag="-o")
-    args.gpus = None  # load_inputs reads --model/--model-file and --cluster
     model, cluster = load_inputs(args)
     dtype = train_dtype((g.device for g in cluster.node_groups), args.dtype, where="--dtype")
     scenarios = [parse_scenario(text) for text in args.scenario]
@@ -72,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     profiles = profiles_for(args, cluster, dtype)
     rows = plan_scenarios(base, scenarios, gbs=args.gbs, seq_len=args.seq,
                           objective=args.objective, dtype=dtype,
+                          memory_headroom_bytes=args.memory_headroom,
                           max_budget_usd=args.max_budget, profiles=profiles,
                           framework=args.framework)
     title = f"What if: {model.name} on {cluster.name}, {args.tokens:.3g} tokens"

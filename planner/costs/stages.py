@@ -14,12 +14,11 @@ same `StageCost`s, so the search ranks what `plan simulate` predicts.
 
 from __future__ import annotations
 
-import copy
-import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
+from typing import Any, Generic, TypeVar
 
 from planner.costs.comm import COMM_SOURCE, Tier, collective_time_s, group_tiers
 from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, clear_op_cache, compute_source
@@ -54,10 +53,11 @@ from profiler.store import Profile, Profiles
 __all__ = ["BUCKET_PARAMS", "DPSync", "GRAD_BYTES", "Part", "PlacedStage", "PlanCosts",
            "RunSettings", "ShardingTerms", "StageCost", "StageSpec", "apply_sharding",
            "clear_cost_caches", "cost_sources", "dp_sync", "exposed_s", "group_signature",
-           "layer_parts", "plan_costs", "plan_replicas", "plan_runs", "position_groups",
-           "replica_key", "replica_specs", "sharding_terms", "stage_cost", "stage_params", "stage_key",
-           "unsharded_cost", "with_sharding", "workload_shape"]
+           "layer_parts", "on_clear_cost_caches", "plan_costs", "plan_replicas", "plan_runs",
+           "position_groups", "replica_key", "replica_specs", "sharding_terms", "stage_cost",
+           "stage_key", "stage_params", "unsharded_cost", "with_sharding", "workload_shape"]
 
+T = TypeVar("T")
 GRAD_BYTES = 4  # gradients are reduced in fp32 (Megatron main_grad)
 BUCKET_PARAMS = 40e6  # gradient bucket size in parameters (Megatron DDP default)
 
@@ -169,6 +169,21 @@ class StageSpec:
         return self.placed.devices[::self.placed.tp]
 
 
+class _once(Generic[T]):
+    """functools.cached_property without the lock Python 3.11 takes on every first access
+    (a search computes millions of them): the value is kept in the instance's __dict__,
+    which later lookups find first."""
+
+    def __init__(self, fn: Callable[[Any], T]) -> None:
+        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __get__(self, obj: object, owner: type | None = None) -> T:
+        if obj is None:
+            return self  # type: ignore[return-value]  # the descriptor, asked on the class
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
 @dataclass(frozen=True)
 class StageCost:
     """One stage of one pipeline; times are per micro-batch unless named per iteration."""
@@ -192,28 +207,28 @@ class StageCost:
     # zero-bubble schedules run apart from the rest (W); embedding and head stay whole.
     layer_weight_grad: Part = Part()
 
-    @functools.cached_property
+    @_once
     def forward(self) -> Part:
         return self.layer_forward * self.num_layers + self.embed_forward + self.head_forward
 
-    @functools.cached_property
+    @_once
     def backward(self) -> Part:
         return self.layer_backward * self.num_layers + self.embed_backward + self.head_backward
 
-    @functools.cached_property
+    @_once
     def weight_grad(self) -> Part:
         """The W part of `backward` (its layers' weight gradients)."""
         return self.layer_weight_grad * self.num_layers
 
-    @functools.cached_property
+    @_once
     def weight_grad_s(self) -> float:
         return self.weight_grad.total_s
 
-    @functools.cached_property
+    @_once
     def forward_s(self) -> float:
         return self.forward.total_s
 
-    @functools.cached_property
+    @_once
     def backward_s(self) -> float:
         return self.backward.total_s
 
@@ -261,16 +276,19 @@ def group_signature(cluster: ClusterSpec, group: tuple[int, ...]) -> tuple:
     return tuple((slots[d].group, slots[d].node - node0) for d in group)
 
 
-def stage_key(cluster: ClusterSpec, spec: StageSpec) -> tuple:
+def stage_key(cluster: ClusterSpec, spec: StageSpec, *, dp_signature: object = None) -> tuple:
     """Stages with equal keys have equal pass times, transfers and data-parallel traffic
-    at any sharding (they differ at most in position, which only memory depends on)."""
+    at any sharding (they differ at most in position, which only memory depends on).
+    `dp_signature` stands for `group_signature(cluster, spec.dp_group)` where the caller
+    numbered the signatures once (a group of thousands of GPUs is slow to hash)."""
     p = spec.placed
     return (spec.device, p.tp, p.cp, p.num_layers, p.recompute, p.attention, spec.first,
             spec.last, spec.pp, group_tiers(cluster, spec.tp_group),
             group_tiers(cluster, spec.cp_group),
             None if spec.next_device is None
             else group_tiers(cluster, (p.devices[0], spec.next_device)),
-            group_signature(cluster, spec.dp_group), spec.concurrency)
+            group_signature(cluster, spec.dp_group) if dp_signature is None else dp_signature,
+            spec.concurrency)
 
 
 def replica_key(cluster: ClusterSpec, specs: Sequence[StageSpec], run: RunSettings) -> tuple:
@@ -453,6 +471,7 @@ def _p2p_s(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: Workl
                              profiles=profiles)
 
 
+@cache
 def stage_params(model: ModelSpec, spec: StageSpec) -> float:
     """Parameters one rank of the stage holds, before sharding."""
     return rank_param_count(model, num_layers=spec.placed.num_layers, first=spec.first,
@@ -465,6 +484,31 @@ def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     optimizer step yet): `with_sharding` completes it. Op and collective times come from
     `profiles` where they have them."""
     shape = workload_shape(spec, run)
+    passes = _passes(model, cluster, spec, shape, profiles)
+    n = spec.placed.num_layers
+    in_flight = in_flight_chunks(schedule=run.schedule, stage=spec.index, pp=spec.pp,
+                                 num_microbatches=run.num_microbatches,
+                                 virtual_stages=run.virtual_stages)
+    # the pass times (and their sums) as computed once, with this run's activations
+    return _clone(passes, pipeline=pipeline, memory=passes.memory.with_layers_in_flight(
+        in_flight * n / run.virtual_stages))
+
+
+def _clone(cost: StageCost, **fields: object) -> StageCost:
+    """A copy of `cost` with `fields` changed that keeps its computed sums (copy.copy,
+    faster: a search makes millions)."""
+    out = object.__new__(StageCost)
+    out.__dict__.update(cost.__dict__)
+    out.__dict__.update(fields)
+    return out
+
+
+@cache
+def _passes(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, shape: WorkloadShape,
+            profiles: Profiles | None) -> StageCost:
+    """What a stage costs that does not depend on the schedule or on how many
+    micro-batches it runs (all but the activations in flight: none here), with the pass
+    totals computed: candidates that differ only in those share them."""
     tiers_key = (("tp", group_tiers(cluster, spec.tp_group)),
                  ("cp", group_tiers(cluster, spec.cp_group)))
     dev, recompute = spec.device, spec.placed.recompute
@@ -472,21 +516,20 @@ def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     zero = (Part(), Part())
     embed = _extra_parts(model, shape, dev, tiers_key, "embed", profiles) if spec.first else zero
     head = _extra_parts(model, shape, dev, tiers_key, "head", profiles) if spec.last else zero
-    n = spec.placed.num_layers
-    params = stage_params(model, spec)
-    in_flight = in_flight_chunks(schedule=run.schedule, stage=spec.index, pp=spec.pp,
-                                 num_microbatches=run.num_microbatches,
-                                 virtual_stages=run.virtual_stages)
-    memory = activation_memory(model, device=dev, shape=shape, num_layers=n,
-                               last=spec.last, recompute=recompute,
-                               layers_in_flight=in_flight * n / run.virtual_stages)
-    return StageCost(pipeline=pipeline, stage=spec.index, device=dev.name, num_layers=n,
-                     num_params=params, layer_forward=layer_fwd, layer_backward=layer_bwd,
-                     embed_forward=embed[0], embed_backward=embed[1], head_forward=head[0],
-                     head_backward=head[1], p2p_s=_p2p_s(cluster, model, spec, shape, profiles),
-                     dp=DPSync(), optimizer_s=0.0, memory=memory,
+    cost = StageCost(pipeline=0, stage=spec.index, device=dev.name,
+                     num_layers=spec.placed.num_layers, num_params=stage_params(model, spec),
+                     layer_forward=layer_fwd, layer_backward=layer_bwd, embed_forward=embed[0],
+                     embed_backward=embed[1], head_forward=head[0], head_backward=head[1],
+                     p2p_s=_p2p_s(cluster, model, spec, shape, profiles), dp=DPSync(),
+                     optimizer_s=0.0,
+                     memory=activation_memory(model, device=dev, shape=shape,
+                                              num_layers=spec.placed.num_layers,
+                                              last=spec.last, recompute=recompute,
+                                              layers_in_flight=0.0),
                      layer_weight_grad=_layer_weight_grad(model, shape, dev, tiers_key,
                                                           recompute, profiles))
+    _ = cost.forward_s, cost.backward_s, cost.weight_grad_s
+    return cost
 
 
 @dataclass(frozen=True)
@@ -520,11 +563,8 @@ def apply_sharding(cost: StageCost, terms: ShardingTerms) -> StageCost:
     """`cost` (from `unsharded_cost`) with a sharding's terms. (A shallow copy keeps the
     cached pass times, computed first so that every copy shares them.)"""
     _ = cost.forward_s, cost.backward_s, cost.weight_grad_s
-    out = copy.copy(cost)
-    object.__setattr__(out, "dp", terms.dp)
-    object.__setattr__(out, "optimizer_s", terms.optimizer_s)
-    object.__setattr__(out, "memory", cost.memory.with_states(*terms.states_bytes))
-    return out
+    return _clone(cost, dp=terms.dp, optimizer_s=terms.optimizer_s,
+                  memory=cost.memory.with_states(*terms.states_bytes))
 
 
 def with_sharding(cost: StageCost, model: ModelSpec, cluster: ClusterSpec, spec: StageSpec,
@@ -607,8 +647,20 @@ def plan_costs(plan: Plan, profiles: Profiles | None = None) -> PlanCosts:
     return PlanCosts(costs, representative, all_specs, runs)
 
 
+_DERIVED_CACHES: list[Callable[[], None]] = []
+
+
+def on_clear_cost_caches(clear: Callable[[], None]) -> None:
+    """Have `clear_cost_caches` also call `clear` (a cache of results built from costs,
+    such as the search's evaluations)."""
+    _DERIVED_CACHES.append(clear)
+
+
 def clear_cost_caches() -> None:
-    """Forget cached op, layer and link costs (after the model's parameters changed)."""
+    """Forget cached op, layer and link costs (after the model's parameters changed), and
+    what was built from them."""
+    for clear in _DERIVED_CACHES:
+        clear()
     clear_op_cache()
     group_tiers.cache_clear()
     layer_parts.cache_clear()
@@ -616,6 +668,8 @@ def clear_cost_caches() -> None:
     _extra_parts.cache_clear()
     dp_sync.cache_clear()
     group_signature.cache_clear()
+    stage_params.cache_clear()
+    _passes.cache_clear()
 
 
 # -- where the numbers came from ----------------------------------------------------------

@@ -24,10 +24,11 @@ from planner.costs.stages import (
     RunSettings,
     StageCost,
     StageSpec,
-    position_groups,
+    apply_sharding,
     replica_specs,
-    stage_cost,
+    sharding_terms,
     stage_key,
+    unsharded_cost,
 )
 from planner.hetero.placement import Pool, place
 from planner.hetero.split import layer_split_fast, least_feasible
@@ -123,7 +124,7 @@ def batch_split_fast(total: int, fill: Sequence[float], step: Sequence[float]
     sum_r floor((T - fill_r) / step_r) >= total, every replica at least one."""
     if total < len(step):
         return None
-    values = sorted({f + s * m for f, s in zip(fill, step, strict=True)
+    values = sorted({f + s * m for f, s in set(zip(fill, step, strict=True))
                      for m in range(1, total + 1)})
 
     def shares(t: float) -> list[int] | None:
@@ -173,31 +174,48 @@ def _layout(ctx: _Context, t: Template, devices: Sequence[Sequence[tuple[int, ..
             memo: dict) -> _Layout:
     """Stage kinds are numbered across every template priced with `memo` (like stages of
     different templates share their costs), and their specs kept in memo["kind_specs"]."""
-    replicas = [[PlacedStage(devices=devices[r][k], tp=tp, cp=1, num_layers=1,
-                             recompute=Recompute.NONE,
-                             attention=attention_for(ctx.cluster.device_of(gpu), ctx.dtype,
-                                                     ctx.attention))
-                 for k, (gpu, tp) in enumerate(rep)] for r, rep in enumerate(t.replicas)]
-    groups = position_groups(replicas)
+    # every replica splits the layers alike (one layer per stage here): stage k of each
+    # syncs over the same group (`position_groups`)
+    groups = ([tuple(devices[r][k][0] for r in range(t.dp)) for k in range(t.pp)]
+              if t.dp > 1 else None)
     kind_of: dict[tuple, int] = memo.setdefault("kind_ids", {})
     specs: list[StageSpec] = memo.setdefault("kind_specs", [])
     seen: dict[tuple[int, ...], int] = {}
     positions: dict[int, tuple[int, ...]] = {}
     representative = []
-    for r, stages in enumerate(replicas):
-        row = []
-        for spec in replica_specs(ctx.cluster, stages, groups=groups,
-                                  shardings=[Sharding()] * t.pp):
-            key = stage_key(ctx.cluster, spec)
-            if key not in kind_of:
-                kind_of[key] = len(specs)
-                specs.append(spec)
-            row.append(kind_of[key])
-        rep = seen.setdefault(tuple(row), r)
+    rows: dict[tuple, tuple[int, ...]] = {}  # placement pattern -> stage kinds
+    for r, rep_slots in enumerate(t.replicas):
+        pattern = _pattern(ctx.cluster, devices[r])
+        if pattern not in rows:
+            stages = [PlacedStage(devices=devices[r][k], tp=tp, cp=1, num_layers=1,
+                                  recompute=Recompute.NONE,
+                                  attention=attention_for(ctx.cluster.device_of(gpu), ctx.dtype,
+                                                          ctx.attention))
+                      for k, (gpu, tp) in enumerate(rep_slots)]
+            row = []
+            for spec in replica_specs(ctx.cluster, stages, groups=groups,
+                                      shardings=[Sharding()] * t.pp):
+                key = stage_key(ctx.cluster, spec)
+                if key not in kind_of:
+                    kind_of[key] = len(specs)
+                    specs.append(spec)
+                row.append(kind_of[key])
+            rows[pattern] = tuple(row)
+        rep = seen.setdefault(rows[pattern], r)
         representative.append(rep)
-        positions.setdefault(rep, tuple(row))
+        positions.setdefault(rep, rows[pattern])
     return _Layout(tuple(tuple(d) for d in devices), tuple(positions), tuple(representative),
                    positions)
+
+
+def _pattern(cluster: ClusterSpec, replica: Sequence[tuple[int, ...]]) -> tuple:
+    """Where a replica's GPUs are: each one's node group and node, counted from the
+    replica's first node. Replicas of one pattern have the same stage keys (links are found
+    from node groups and shared nodes; every replica's stage k syncs over one group)."""
+    slots = cluster.slots
+    node0 = slots[replica[0][0]].node
+    return tuple(tuple((slots[g].group, slots[g].node - node0) for g in stage)
+                 for stage in replica)
 
 
 def _run(ctx: _Context, t: Template, *, mbs: int, microbatches: int,
@@ -264,11 +282,22 @@ def _cost(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int,
     """The cost of a stage kind holding `layers` (the cost builder's)."""
     key = ("cost", kind, pr.run, recompute, sharding, layers)
     if key not in pr.memo:
-        spec = pr.memo["kind_specs"][kind]
-        spec = replace(spec, placed=replace(spec.placed, num_layers=layers, recompute=recompute),
-                       sharding=sharding)
-        pr.memo[key] = stage_cost(pr.ctx.model, pr.ctx.cluster, spec, pr.run,
-                                  profiles=pr.ctx.profiles)
+        ctx = pr.ctx
+        base_key = ("unsharded", kind, pr.run, recompute, layers)
+        if base_key not in pr.memo:
+            spec = pr.memo["kind_specs"][kind]
+            spec = replace(spec, placed=replace(spec.placed, num_layers=layers,
+                                                recompute=recompute))
+            pr.memo[base_key] = (spec, unsharded_cost(ctx.model, ctx.cluster, spec, pr.run,
+                                                      profiles=ctx.profiles))
+        spec, base = pr.memo[base_key]
+        # a sharding's terms depend on the stage and the run's dtype and optimizer kernel,
+        # which every call with this memo shares (`price`), not on micro-batches
+        terms_key = ("terms", kind, recompute, layers, sharding)
+        if terms_key not in pr.memo:
+            pr.memo[terms_key] = sharding_terms(ctx.model, ctx.cluster, spec, pr.run, sharding,
+                                                base.num_params, profiles=ctx.profiles)
+        pr.memo[key] = apply_sharding(base, pr.memo[terms_key])
     return pr.memo[key]
 
 

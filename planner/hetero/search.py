@@ -214,13 +214,18 @@ def lower_bound_s(model: ModelSpec, cluster: ClusterSpec, t: Template, *, gbs: i
         if gbs % mbs:
             continue
         inv_b = extra = 0.0  # sum_r 1/b_r and sum_r c_r/b_r
+        per_replica: dict[tuple, tuple[float, float]] = {}  # replicas of one shape alike
         for rep in t.replicas:
-            times = [_layer_time_s(model, cluster, slot, mbs=mbs, seq_len=seq_len, dtype=dtype,
-                                   kernels=kernels, profiles=profiles, attention=attention)
-                     for slot in rep]
-            b = layers / sum(1.0 / x for x in times)
+            if rep not in per_replica:
+                times = [_layer_time_s(model, cluster, slot, mbs=mbs, seq_len=seq_len,
+                                       dtype=dtype, kernels=kernels, profiles=profiles,
+                                       attention=attention)
+                         for slot in rep]
+                b = layers / sum(1.0 / x for x in times)
+                per_replica[rep] = (b, min(times))
+            b, fastest = per_replica[rep]
             inv_b += 1.0 / b
-            extra += layers * min(times) / b
+            extra += layers * fastest / b
         best = min(best, (gbs // mbs - t.dp + extra) / inv_b)
     return best
 
@@ -252,7 +257,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
                       score: Callable[[Priced], float], keep: int,
                       bound_score: Callable[[Template, float], float],
                       profiles: Profiles | None = None,
-                      attention: Attention | None = None, space: MixedSpace = MixedSpace()
+                      attention: Attention | None = None, space: MixedSpace = MixedSpace(),
+                      progress: Callable[[], None] | None = None
                       ) -> tuple[list[Priced], int, dict[str, float]]:
     """Of the `chosen` templates' candidates: the `keep` best that fit by `score`, how many
     were priced, and for each GPU type the best score of a plan using it (or a lower bound
@@ -260,8 +266,10 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
 
     Branch and bound: templates are priced in order of `bound_score` (the score of their
     lower bound, `lower_bound_s`); once a template's bound is worse than the `keep`-th best
-    score found, so are all the rest, and they are skipped."""
+    score found, so are all the rest, and they are skipped. `progress()` is called once
+    per template."""
     pools = pools_by_type(cluster)
+    score = _remembered(score)
     bounded = sorted(((bound_score(t, lower_bound_s(model, cluster, t, gbs=gbs, seq_len=seq_len,
                                                     dtype=dtype, kernels=kernels,
                                                     profiles=profiles, attention=attention)), i, t)
@@ -271,6 +279,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
     count = 0
     memo: dict = {}  # placements and stage costs shared by candidates
     for bound, _, t in bounded:
+        if progress is not None:
+            progress()
         types = {g for g, _ in t.replicas[0]} | {rep[0][0] for rep in t.replicas}
         if len(best) >= keep and bound > score(best[keep - 1]):
             for g in types:  # pruned: no plan with them beats this bound
@@ -305,6 +315,18 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
                     with_type[g] = min(with_type.get(g, math.inf), score(q))
     best = sorted(dict.fromkeys(best), key=score)[:keep]  # two leaders may relax alike
     return best, count, with_type
+
+
+def _remembered(score: Callable[[Priced], float]) -> Callable[[Priced], float]:
+    """`score`, computed once per candidate (the leaders are sorted after every template)."""
+    seen: dict[int, tuple[Priced, float]] = {}  # id -> (the candidate, kept alive; score)
+
+    def remembered(p: Priced) -> float:
+        hit = seen.get(id(p))
+        if hit is None or hit[0] is not p:
+            hit = seen[id(p)] = (p, score(p))
+        return hit[1]
+    return remembered
 
 
 def merge_candidates(parts: Sequence[tuple[list[Priced], int, dict[str, float]]],

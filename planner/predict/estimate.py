@@ -28,7 +28,8 @@ from planner.specs.choices import Schedule
 from planner.specs.plan import Plan
 from profiler.store import Profiles
 
-__all__ = ["ESTIMATE_SOURCE", "estimate", "iteration_time", "pipeline_time", "sends_s"]
+__all__ = ["ESTIMATE_SOURCE", "critical_path_s", "estimate", "iteration_end_s", "iteration_time",
+           "pipeline_time", "sends_s"]
 
 ESTIMATE_SOURCE = "analytic pipeline estimate (closed form, planner/predict/estimate.py)"
 
@@ -57,34 +58,7 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
     """End time of one pipeline's iteration (its stages' costs in order) under `schedule`
     and the critical stage's breakdown. Stages that are the same object are priced once."""
     m, vp, pp = num_microbatches, virtual_stages, len(costs)
-    zb = Schedule(schedule).splits_backward
-    # id -> (micro-batch, tail, drain step, forward step, deferred W)
-    memo: dict[int, tuple[float, float, float, float, float]] = {}
-    for c in costs:
-        if id(c) not in memo:
-            w = c.weight_grad_s if zb else 0.0
-            last_grads = c.dp.grad_microbatch_s + c.dp.grad_iteration_s
-            # buckets are cut from the last gradient pass: the backward, or ZB-H1's last W
-            window = w if zb else c.backward_s
-            grad = exposed_s(last_grads, window, c.num_params) if last_grads else 0.0
-            gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.num_params)
-                      if c.dp.param_iteration_s else 0.0)
-            half = sends_s(c, pp, vp) / 2
-            memo[id(c)] = (_microbatch_s(c, pp, vp), grad + c.optimizer_s + gather,
-                           c.backward_s - w + half, c.forward_s + half, w)
-    times = [memo[id(c)][0] for c in costs]
-    paths = _zb_paths(costs, memo, m) if zb else _paths(times, m, vp)
-    slow = max(range(len(costs)), key=paths.__getitem__)
-    pipe_s = paths[slow]
-    end, opt_s, drain = pipe_s, 0.0, 0.0
-    w0 = memo[id(costs[0])][4]
-    for s, c in enumerate(costs):  # stage s finishes its last backward `drain` before stage 0
-        _, tail, step, _, w = memo[id(c)]
-        # under ZB-H1 its last B, then its last min(s + 1, m) W's
-        stage_end = pipe_s - drain + tail + (min(s + 1, m) * w - w0 if zb else 0.0)
-        if stage_end > end:
-            end, opt_s = stage_end, c.optimizer_s
-        drain += step
+    end, pipe_s, opt_s, slow, times = _pipeline_end(costs, m, vp, Schedule(schedule))
     after = end - pipe_s  # what sticks out after the pipeline drains
     opt_s = min(opt_s, after)
     c = costs[slow]
@@ -101,6 +75,67 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
     }
     parts["bubble"] = end - sum(parts.values())
     return end, parts
+
+
+def _pipeline_end(costs: Sequence[StageCost], m: int, vp: int, schedule: Schedule
+                  ) -> tuple[float, float, float, int, list[float]]:
+    """The iteration's end; the critical path before gradients and the optimizer; the
+    optimizer step of the stage that ends last; the critical stage; micro-batch times."""
+    zb = schedule.splits_backward
+    memo, times, paths = _critical_paths(costs, m, vp, zb)
+    slow = max(range(len(costs)), key=paths.__getitem__)
+    pipe_s = paths[slow]
+    end, opt_s, drain = pipe_s, 0.0, 0.0
+    w0 = memo[id(costs[0])][4]
+    for s, c in enumerate(costs):  # stage s finishes its last backward `drain` before stage 0
+        _, tail, step, _, w = memo[id(c)]
+        # under ZB-H1 its last B, then its last min(s + 1, m) W's
+        stage_end = pipe_s - drain + tail + (min(s + 1, m) * w - w0 if zb else 0.0)
+        if stage_end > end:
+            end, opt_s = stage_end, c.optimizer_s
+        drain += step
+    return end, pipe_s, opt_s, slow, times
+
+
+def iteration_end_s(costs: Sequence[Sequence[StageCost]], microbatches: Sequence[int], *,
+                    virtual_stages: int, schedule: Schedule) -> float:
+    """`iteration_time`'s time alone (what the search ranks by), without the breakdown."""
+    schedule = Schedule(schedule)
+    return max(_pipeline_end(pc, m, virtual_stages, schedule)[0]
+               for pc, m in zip(costs, microbatches, strict=True))
+
+
+def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, zb: bool
+                    ) -> tuple[dict[int, tuple[float, float, float, float, float]],
+                               list[float], list[float]]:
+    """Per distinct stage object its (micro-batch, tail, drain step, forward step,
+    deferred W); each stage's micro-batch time; the critical path through each stage."""
+    pp = len(costs)
+    memo: dict[int, tuple[float, float, float, float, float]] = {}
+    for c in costs:
+        if id(c) not in memo:
+            w = c.weight_grad_s if zb else 0.0
+            last_grads = c.dp.grad_microbatch_s + c.dp.grad_iteration_s
+            # buckets are cut from the last gradient pass: the backward, or ZB-H1's last W
+            window = w if zb else c.backward_s
+            grad = exposed_s(last_grads, window, c.num_params) if last_grads else 0.0
+            gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.num_params)
+                      if c.dp.param_iteration_s else 0.0)
+            half = sends_s(c, pp, vp) / 2
+            memo[id(c)] = (_microbatch_s(c, pp, vp), grad + c.optimizer_s + gather,
+                           c.backward_s - w + half, c.forward_s + half, w)
+    times = [memo[id(c)][0] for c in costs]
+    return memo, times, _zb_paths(costs, memo, m) if zb else _paths(times, m, vp)
+
+
+def critical_path_s(costs: Sequence[StageCost], *, num_microbatches: int,
+                    virtual_stages: int, schedule: Schedule) -> tuple[float, int]:
+    """The pipeline's longest path through a stage's micro-batches (what `pipeline_time`
+    adds gradient reduction and the optimizer to), and that stage."""
+    _, _, paths = _critical_paths(costs, num_microbatches, virtual_stages,
+                                  Schedule(schedule).splits_backward)
+    slow = max(range(len(costs)), key=paths.__getitem__)
+    return paths[slow], slow
 
 
 def iteration_time(costs: Sequence[Sequence[StageCost]], microbatches: Sequence[int], *,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.calibration.fit import Parameter, minimize_bounded, with_values
@@ -22,6 +23,7 @@ from planner.costs.compute import ComputeCosts, clear_op_cache
 from planner.costs.workload import Op
 from planner.profiling.cases import op_dtype
 from profiler.devices import device, parameter_overrides
+from profiler.progress import ProgressBar
 from profiler.schema import dump, fail
 from profiler.store import Profile, ProfileRow, load_profile
 
@@ -65,8 +67,10 @@ def _error(profile: Profile, rows_by_kind: dict[str, list[ProfileRow]]) -> float
     return statistics.mean(per_kind)
 
 
-def fit_profile(profile: Profile, *, iterations: int = 400) -> FitResult:
-    """Fit the profile's architecture parameters to its op rows."""
+def fit_profile(profile: Profile, *, iterations: int = 400,
+                progress: Callable[[], None] | None = None) -> FitResult:
+    """Fit the profile's architecture parameters to its op rows (`progress()` after each
+    evaluation of the error, at most `iterations` of them)."""
     arch = device(profile.meta.device).arch
     rows_by_kind: dict[str, list[ProfileRow]] = {}
     for r in profile.op_rows:
@@ -83,6 +87,8 @@ def fit_profile(profile: Profile, *, iterations: int = 400) -> FitResult:
             clear_op_cache()
             err = _error(profile, rows_by_kind)
         clear_op_cache()
+        if progress is not None:
+            progress()
         return err
 
     before = [p.current() for p in params]
@@ -97,7 +103,8 @@ def run_fit(path: str, *, iterations: int, output: str | None = None) -> int:
     """Print the fitted values; with `output`, write the profiled GPU type with them as
     its own analytic-model parameters to a catalog file (`--catalog` reads it)."""
     profile = load_profile(path)
-    result = fit_profile(profile, iterations=iterations)
+    with ProgressBar(iterations, title="fitting", unit="evaluations") as bar:
+        result = fit_profile(profile, iterations=iterations, progress=bar.advance)
     m = profile.meta
     print(f"{path}: {m.device} ({m.device_detail}), {m.dtype}: {len(profile.op_rows)} op rows")
     print(f"mean |log(analytic / measured)|: {result.error_before:.3f} -> "

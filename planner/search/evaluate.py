@@ -11,17 +11,21 @@ candidate is therefore exactly `estimate` of the Plan it becomes.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+import numpy as np
+
 from planner.costs.stages import (
+    BUCKET_PARAMS,
     PlacedStage,
     RunSettings,
     ShardingTerms,
     StageCost,
     StageSpec,
     apply_sharding,
-    position_groups,
+    group_signature,
     replica_specs,
     sharding_terms,
     stage_key,
@@ -29,7 +33,7 @@ from planner.costs.stages import (
     unsharded_cost,
 )
 from planner.export.frameworks import ANY_SHARDING, ShardPattern
-from planner.predict.estimate import iteration_time
+from planner.predict.estimate import critical_path_s, iteration_end_s
 from planner.search.sharding import (
     ShardingOption,
     allowed_options,
@@ -49,7 +53,8 @@ __all__ = ["Evaluation", "LayoutModel"]
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One candidate with its best sharding: estimated time and peak memory."""
+    """One candidate with its best sharding: estimated time (infinite when no sharding
+    fits: such a candidate is never ranked) and peak memory."""
 
     layout: Layout
     micro: Micro
@@ -80,27 +85,50 @@ class LayoutModel:
         self.counts = split_layers(model.num_layers, layout.pp)
         lo = layout
         devices = megatron_devices(tp=lo.tp, cp=lo.cp, dp=lo.dp, pp=lo.pp)
-        replicas = [[PlacedStage(devices=devices[d][k], tp=lo.tp, cp=lo.cp,
-                                 num_layers=self.counts[k], recompute=Recompute.NONE)
-                     for k in range(lo.pp)] for d in range(lo.dp)]
-        groups = position_groups(replicas)
+        # position k's data-parallel group (`position_groups`: replicas split alike)
+        groups = ([tuple(devices[d][k][0] for d in range(lo.dp)) for k in range(lo.pp)]
+                  if lo.dp > 1 else None)
         unsharded = [Sharding()] * lo.pp
         self.kind_specs: list[StageSpec] = []  # a representative spec of each stage kind
         self.replica_kinds: list[tuple[int, ...]] = []  # each distinct replica's stage kinds
         kind_of: dict[tuple, int] = {}
-        for stages in replicas:
+        # Every replica's stage k syncs over the same group (up to thousands of GPUs): its
+        # signature is found once per position and stands in the keys as a small number.
+        signatures: dict[tuple, int] = {}
+        dp_token = [signatures.setdefault(group_signature(self.cluster, g), len(signatures))
+                    for g in (groups or [])]
+        for d in self._representatives(devices):
+            stages = [PlacedStage(devices=devices[d][k], tp=lo.tp, cp=lo.cp,
+                                  num_layers=self.counts[k], recompute=Recompute.NONE)
+                      for k in range(lo.pp)]
             kinds = []
             for spec in replica_specs(self.cluster, stages, groups=groups, shardings=unsharded):
-                key = stage_key(self.cluster, spec)
+                key = stage_key(self.cluster, spec,
+                                dp_signature=dp_token[spec.index] if groups else None)
                 if key not in kind_of:
                     kind_of[key] = len(self.kind_specs)
                     self.kind_specs.append(spec)
                 kinds.append(kind_of[key])
             if tuple(kinds) not in self.replica_kinds:
                 self.replica_kinds.append(tuple(kinds))
+        self.memo: dict[tuple, object] = {}  # what later steps work out for this layout
         self.levels = sharding_levels(lo.dp, max(1, group.gpus_per_node // (lo.tp * lo.cp)))
         # the shardings this layout may take (`sharding`: the framework's patterns)
         self.choices = allowed_options(self.levels, dp=lo.dp, patterns=sharding)
+
+    def _representatives(self, devices: list[list[tuple[int, ...]]]) -> list[int]:
+        """The first replica of each placement pattern: the node group of every GPU and
+        which node it is on, counted from the replica's first node. Replicas of one pattern
+        have the same stage keys (links are found from node groups and shared nodes, and
+        every replica's stage k syncs over the same group), so the rest are skipped."""
+        slots = self.cluster.slots
+        seen: dict[tuple, int] = {}
+        for d, replica in enumerate(devices):
+            node0 = slots[replica[0][0]].node
+            pattern = tuple((slots[g].group, slots[g].node - node0)
+                            for stage in replica for g in stage)
+            seen.setdefault(pattern, d)
+        return sorted(seen.values())
 
     def run(self, micro: Micro) -> RunSettings:
         return RunSettings(micro_batch_size=micro.mbs,
@@ -133,6 +161,15 @@ class LayoutModel:
         """Sharding options not dominated in memory or in any time term (per stage kind)."""
         return pareto_options([self.option(sh) for sh in self.choices])
 
+    @cached_property
+    def _option_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """The options' model-state bytes per stage kind [options, kinds] and their time
+        terms [options, kinds, (gradients per iteration, per micro-batch, parameters per
+        iteration, per micro-batch, optimizer)] (`option`)."""
+        memory = np.array([o.memory_bytes for o in self.options], dtype=float)
+        terms = np.array([o.costs_s for o in self.options], dtype=float)
+        return memory, terms.reshape(len(self.options), len(self.kind_specs), 5)
+
     def option(self, sharding: Sharding) -> ShardingOption:
         """A sharding's model-state bytes and time terms per stage kind (a micro-batch
         setting changes neither)."""
@@ -154,39 +191,74 @@ class LayoutModel:
         `costs` (what `estimate` of the Plan gives)."""
         m = micro.num_microbatches(self.gbs, self.layout.dp)
         replicas = [[costs[k] for k in kinds] for kinds in self.replica_kinds]
-        return iteration_time(replicas, [m] * len(replicas), virtual_stages=micro.vp,
-                              schedule=micro.schedule.for_chunks(micro.vp))[0]
+        return iteration_end_s(replicas, [m] * len(replicas), virtual_stages=micro.vp,
+                               schedule=micro.schedule.for_chunks(micro.vp))
 
     def evaluate(self, micro: Micro) -> Evaluation:
         """The candidate's best sharding (exact over the undominated options): fastest
-        estimated iteration among those whose every stage fits; if none fits, the one
-        closest to fitting."""
+        estimated iteration among those whose every stage fits, the first of equals; if
+        none fits, the first closest to fitting (not timed). Options that fit are priced in order of a
+        lower bound on their iteration (`_lower_bounds`) until the bound exceeds the best
+        found: those left cannot be as fast."""
         base = self.stage_costs(micro)
         rest = [c.memory.total_bytes - c.memory.model_states_bytes - c.memory.gathered_bytes
                 for c in base]
+        memory, _ = self._option_table
+        peaks = (memory + np.array(rest)).max(axis=1)  # [options]
+        fitting = np.flatnonzero(peaks <= self.capacity)
+        if not len(fitting):  # only its memory explains anything (`search._explain`)
+            i = int(np.argmin(peaks))
+            return Evaluation(self.layout, micro, self.options[i].sharding, math.inf,
+                              float(peaks[i]), self.capacity)
+        bounds = self._lower_bounds(base, micro)[fitting] * (1 - 1e-9)  # rounding to spare
         best: Evaluation | None = None
-        for opt in self.options:
-            peak = max(r + m for r, m in zip(rest, opt.memory_bytes, strict=True))
-            if best is not None and best.fits and peak > self.capacity:
-                continue
-            if best is not None and not best.fits and peak >= best.peak_memory_bytes:
-                continue
-            time_s = self.iteration_s(self.sharded(base, opt.sharding), micro)
-            cand = Evaluation(self.layout, micro, opt.sharding, time_s, peak, self.capacity)
-            if best is None or _better(cand, best):
-                best = cand
+        best_index = 0
+        for j in np.argsort(bounds, kind="stable"):
+            if best is not None and bounds[j] > best.iteration_s:
+                break
+            i = int(fitting[j])
+            cand = self._evaluation(base, micro, i, float(peaks[i]))
+            if (best is None or cand.iteration_s < best.iteration_s
+                    or (cand.iteration_s == best.iteration_s and i < best_index)):
+                best, best_index = cand, i
         assert best is not None
         return best
+
+    def _lower_bounds(self, base: list[StageCost], micro: Micro) -> np.ndarray:
+        """A lower bound on each option's iteration (`iteration_s`) of the first replica:
+        its first stage ends no earlier than the pipeline's critical path with each
+        micro-batch lengthened by what the option adds to the slowest stage's
+        (`estimate._microbatch_s`), plus the first stage's exposed gradient reduction,
+        optimizer step and parameter gather (`estimate.pipeline_time`'s tail, by
+        `exposed_s`). The iteration time only grows with these terms."""
+        kinds = self.replica_kinds[0]
+        schedule = micro.schedule.for_chunks(micro.vp)
+        m = micro.num_microbatches(self.gbs, self.layout.dp)
+        path_s, slow = critical_path_s([base[k] for k in kinds], num_microbatches=m,
+                                       virtual_stages=micro.vp, schedule=schedule)
+        _, terms = self._option_table
+        grad_it, grad_mb, param_it, param_mb, optimizer = (terms[:, :, j] for j in range(5))
+        s, f = kinds[slow], kinds[0]
+        c, first = base[s], base[f]
+        work = c.forward.compute_s + c.backward.compute_s
+        extra = (np.where(param_mb[:, s] > 0, np.maximum(param_mb[:, s] / max(c.num_layers, 1),
+                                                        param_mb[:, s] - work), 0.0)
+                 + np.maximum(0.0, grad_mb[:, s] - work))
+        buckets = max(1, math.ceil(first.num_params / BUCKET_PARAMS))
+        window = first.weight_grad_s if schedule.splits_backward else first.backward_s
+        grads = grad_mb[:, f] + grad_it[:, f]
+        tail = (np.maximum(grads / buckets, grads - window) + optimizer[:, f]
+                + np.maximum(param_it[:, f] / buckets, param_it[:, f] - first.forward_s))
+        return path_s + m * extra + tail
+
+    def _evaluation(self, base: list[StageCost], micro: Micro, index: int,
+                    peak: float) -> Evaluation:
+        sharding = self.options[index].sharding
+        time_s = self.iteration_s(self.sharded(base, sharding), micro)
+        return Evaluation(self.layout, micro, sharding, time_s, peak, self.capacity)
 
 
 # Model states, data-parallel traffic and the optimizer step do not depend on the
 # micro-batch setting: sharding options are compared at this one.
 _ANY_MICRO = Micro(vp=1, mbs=1, recompute=Recompute.NONE, sequence_parallel=False)
 
-
-def _better(a: Evaluation, b: Evaluation) -> bool:
-    if a.fits != b.fits:
-        return a.fits
-    if a.fits:
-        return a.iteration_s < b.iteration_s
-    return a.peak_memory_bytes < b.peak_memory_bytes

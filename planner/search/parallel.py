@@ -4,6 +4,8 @@ Results come back in the order of the items, so a parallel search returns exactl
 sequential one would. No worker outlives the search: Ctrl-C or SIGTERM in the parent (a
 KeyboardInterrupt, planner/cli.py), or any error, terminates the pool before it is raised
 on, and a worker whose parent dies is killed by the kernel (Linux: PR_SET_PDEATHSIG).
+Progress is counted in units finer than items where the work says how many it has
+(`units`, `tick`): a worker counts into a shared counter the parent draws from.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from typing import Any, TypeVar
 
 from profiler.progress import ProgressBar
 
-__all__ = ["cores", "parallel_map"]
+__all__ = ["cores", "parallel_map", "tick"]
 
 T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+_counter: Any = None  # units done, shared with the workers of the running parallel_map
+_bar: ProgressBar | None = None  # the bar, where the work runs in the drawing process
 
 
 def cores() -> int:
@@ -31,35 +36,70 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
+def tick(n: int = 1) -> None:
+    """Count `n` units of the running `parallel_map`'s work as done (from any of its
+    processes; nothing outside one)."""
+    if _counter is None:
+        return
+    with _counter.get_lock():
+        _counter.value += n
+    if _bar is not None:
+        _bar(_counter.value)
+
+
 def parallel_map(fn: Callable[[Any], T], items: Sequence[Any], *, title: str,
-                 workers: int | None = None) -> list[T]:
+                 workers: int | None = None, units: Sequence[int] | None = None,
+                 unit: str = "task") -> list[T]:
     """[fn(x) for x in items], over up to `workers` forked processes (all cores by
-    default) with a progress bar per finished item. `fn` must be a module-level function
-    (or a partial of one)."""
+    default), with a progress bar: of items, or of `units[i]` units per item that `fn`
+    reports with `tick`. `fn` must be a module-level function (or a partial of one)."""
+    global _counter, _bar
     n = min(workers or cores(), len(items))
-    bar = ProgressBar(len(items), title=title)
-    if n <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        out = []
-        for i, x in enumerate(items, 1):
-            out.append(fn(x))
-            bar(i, "")
-        bar.close()
-        return out
-    results: list[Any] = [None] * len(items)
-    pool = multiprocessing.get_context("fork").Pool(n, initializer=_worker_init,
-                                                    initargs=(os.getpid(),))
+    counted = units is not None
+    total = sum(units) if units is not None else len(items)
+    bar = ProgressBar(total, title=title, unit=unit if counted else "task")
+    forking = n > 1 and "fork" in multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if forking else None)
+    _counter = context.Value("q", 0)
     try:
-        tasks = ((fn, i, x) for i, x in enumerate(items))
-        for done, (i, value) in enumerate(pool.imap_unordered(_call, tasks), 1):
+        if not forking:
+            _bar = bar if counted else None
+            out = []
+            for x in items:
+                out.append(fn(x))
+                if not counted:
+                    tick()
+                    bar(_counter.value)
+            return out
+        return _in_pool(fn, items, n, context, bar, counted)
+    finally:
+        _counter, _bar = None, None
+        bar.close()
+
+
+def _in_pool(fn: Callable[[Any], T], items: Sequence[Any], n: int, context: Any,
+             bar: ProgressBar, counted: bool) -> list[T]:
+    results: list[Any] = [None] * len(items)
+    pool = context.Pool(n, initializer=_worker_init, initargs=(os.getpid(),))
+    try:
+        done = pool.imap_unordered(_call, ((fn, i, x) for i, x in enumerate(items)))
+        for _ in items:
+            while True:  # redraw the bar while the workers count
+                try:
+                    i, value = done.next(timeout=0.25)
+                    break
+                except multiprocessing.TimeoutError:
+                    bar(_counter.value)
             results[i] = value
-            bar(done, "")
+            if not counted:
+                tick()
+            bar(_counter.value)
         pool.close()
     except BaseException:
         pool.terminate()  # SIGTERM to every worker, whatever it is doing
         raise
     finally:
         pool.join()
-        bar.close()
     return results
 
 

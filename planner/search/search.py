@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from planner.costs.egress import egress_usd_per_iteration
 from planner.costs.kernels import default_kernels, fastest_kernels, supported_attention
+from planner.costs.stages import on_clear_cost_caches
+from planner.describe import recompute_words, shape_key, sharding_cell
 from planner.errors import InfeasiblePlan
 from planner.export.frameworks import CAPABILITIES, FRAMEWORKS, FrameworkCapabilities
 from planner.hetero.candidates import Priced, Template, price
@@ -33,7 +36,7 @@ from planner.hetero.search import (
 )
 from planner.predict.results import SimResult
 from planner.search.evaluate import Evaluation, LayoutModel
-from planner.search.parallel import parallel_map
+from planner.search.parallel import parallel_map, tick
 from planner.search.sharding import solve_ilp
 from planner.search.space import (
     Layout,
@@ -53,12 +56,16 @@ from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan, Sharding
 from profiler.devices import device
 from profiler.kernels import Attention
-from profiler.schema import fail
+from profiler.progress import ProgressBar
+from profiler.schema import SpecError, fail
 from profiler.store import Profiles
 
-__all__ = ["OBJECTIVES", "Ranked", "SearchRequest", "SearchResult", "search"]
+__all__ = ["DEFAULT_HEADROOM_BYTES", "OBJECTIVES", "Ranked", "SearchRequest", "SearchResult", "prepare", "search"]
 
 GIB = 1024**3
+# beyond the memory model's own runtime reserve (planner/costs/memory.py): PyTorch's
+# caching allocator fragments memory as a run goes on, and the peak varies by a few GiB
+DEFAULT_HEADROOM_BYTES = 2 * GIB
 OBJECTIVES = ("throughput", "cost", "time-to-train")
 SOLVER_SOURCE = ("sharding chosen by integer program (pulp/CBC) over every AMSP option the "
                  "framework runs")
@@ -84,6 +91,9 @@ class SearchRequest:
     # what runs the plan (planner/export/frameworks.py): the search keeps to what it can
     # run; "trainplan" is this project's executor
     framework: str = "trainplan"
+    # GPU memory a plan should leave free at its peak (allocator fragmentation, other
+    # processes); plans with less are flagged (`plan search --memory-headroom`)
+    memory_headroom_bytes: float = DEFAULT_HEADROOM_BYTES
 
     @property
     def capabilities(self) -> FrameworkCapabilities:
@@ -243,21 +253,30 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace
     models: dict[Layout, LayoutModel] = {}
     evaluations: list[Evaluation] = []
     kernels = _kernels(req, cluster)
-    work = [(lo, mi) for lo in layouts(space, req.model, gbs=req.gbs, seq_len=req.seq_len)
-            for mi in candidates(space, req.model, lo, gbs=req.gbs)]
-    for lo, mi in work:
-        if lo not in models:
+    count = 0
+    for lo in layouts(space, req.model, gbs=req.gbs, seq_len=req.seq_len):
+        micros = list(candidates(space, req.model, lo, gbs=req.gbs))
+        if micros:
             models[lo] = LayoutModel(req.model, cluster, lo, dtype=req.dtype,
                                      seq_len=req.seq_len, gbs=req.gbs, kernels=kernels,
                                      profiles=req.profiles,
                                      sharding=space.sharding_patterns(lo.pp))
-        evaluations.append(models[lo].evaluate(mi))
-    return evaluations, models, len(work)
+            evaluations.extend(models[lo].evaluate(mi) for mi in micros)
+            count += len(micros)
+        tick()  # progress: one layout
+    return evaluations, models, count
 
 
 def _ilp_sharding(lm: LayoutModel, micro: Micro) -> tuple[Sharding, float]:
     """The sharding of one candidate re-chosen over every AMSP option as an integer
-    program (the search loop scanned only the undominated ones), and its estimate."""
+    program (the search loop scanned only the undominated ones), and its estimate
+    (remembered with the layout: searches of this process that share it share this)."""
+    if ("ilp", micro) not in lm.memo:
+        lm.memo[("ilp", micro)] = _solve_sharding(lm, micro)
+    return lm.memo[("ilp", micro)]  # type: ignore[return-value]  # stored just above
+
+
+def _solve_sharding(lm: LayoutModel, micro: Micro) -> tuple[Sharding, float]:
     base = lm.stage_costs(micro)
     rest = [c.memory.total_bytes for c in base]  # no model states in the unsharded costs
     options = [lm.option(sh) for sh in lm.choices]
@@ -346,11 +365,27 @@ def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable
         evals, key=lambda e: e.peak_memory_bytes / e.capacity_bytes)[:1]
     ok.sort(key=lambda e: _score(req, e.iteration_s, usd_hour(e), egress(e)))
     ranked = []
-    for ev in ok[:max(req.confirm, req.top)]:
+    for ev in _leaders(ok, confirm=max(req.confirm, req.top), shapes=req.top):
         sharding, estimate_s = _ilp_sharding(models[ev.layout], ev.micro)
         plan = _plan(req, cluster, ev, sharding)
         ranked.append(_confirm(req, plan, estimate_s, simulate_fn, SOLVER_SOURCE))
     return [r for r in ranked if r is not None], count, len(ok), len(models), closest
+
+
+def _leaders(ranked: list[Evaluation], *, confirm: int, shapes: int) -> list[Evaluation]:
+    """The first `confirm` candidates, and after them the best of each further layout
+    shape (tp, cp, pp: what `describe.shape_key` compares) until `shapes` shapes are in:
+    the list shows different layouts, not one at several micro-batch settings."""
+    out: list[Evaluation] = []
+    seen: set[tuple[int, int, int]] = set()
+    for i, ev in enumerate(ranked):
+        shape = (ev.layout.tp, ev.layout.cp, ev.layout.pp)
+        if i < confirm or shape not in seen:
+            out.append(ev)
+            seen.add(shape)
+        if i + 1 >= confirm and len(seen) >= shapes:
+            break
+    return out
 
 
 def _evaluate_task(req: SearchRequest, task: tuple) -> object:
@@ -358,7 +393,7 @@ def _evaluate_task(req: SearchRequest, task: tuple) -> object:
     candidates of one GPU type, or a chunk of mixed-type templates."""
     kind, payload = task
     if kind == "homogeneous":
-        return _evaluate_all(req, *payload)
+        return _evaluate_all(req, payload, _space(req, payload)[0])
     return hetero_candidates(req.model, req.cluster, payload, gbs=req.gbs,
                              seq_len=req.seq_len, dtype=req.dtype,
                              kernels=_kernels(req, req.cluster),
@@ -366,7 +401,16 @@ def _evaluate_task(req: SearchRequest, task: tuple) -> object:
                              bound_score=functools.partial(_bound_score, req),
                              keep=max(req.confirm, req.top), profiles=req.profiles,
                              attention=Attention(req.attention) if req.attention else None,
-                             space=MixedSpace.for_framework(req.capabilities))
+                             space=MixedSpace.for_framework(req.capabilities), progress=tick)
+
+
+def _units(req: SearchRequest, task: tuple) -> int:
+    """The progress units of a task: layouts, or templates (`tick`)."""
+    kind, payload = task
+    if kind == "homogeneous":
+        return sum(1 for _ in layouts(_space(req, payload)[0], req.model, gbs=req.gbs,
+                                      seq_len=req.seq_len))
+    return len(payload)
 
 
 def _bound_score(req: SearchRequest, t: Template, bound_s: float) -> float:
@@ -402,6 +446,133 @@ def _confirm(req: SearchRequest, plan: Plan, estimate_s: float, simulate_fn: Cal
             Ranked(plan, result, estimate_s, cost, egress))
 
 
+# What searches in this process already worked out, by what it depends on: a what-if
+# report plans scenarios that share GPU types, models and batches (and a leader of one
+# scenario is often another's). Cleared with the cost caches (`clear_cost_caches`).
+_KEPT = 64
+_evaluated: OrderedDict[tuple, object] = OrderedDict()
+_simulated: OrderedDict[tuple, SimResult] = OrderedDict()
+
+
+def _forget() -> None:
+    _evaluated.clear()
+    _simulated.clear()
+
+
+on_clear_cost_caches(_forget)
+
+
+def _keep(cache: OrderedDict, key: tuple, value: object) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > _KEPT:
+        cache.popitem(last=False)
+
+
+def _cost_view(cluster: ClusterSpec, *, prices: bool) -> ClusterSpec:
+    """The cluster as costs see it: no name, and prices only where the answer depends on
+    them (`prices`)."""
+    if prices:
+        return replace(cluster, name="", description=None)
+    return replace(cluster, name="", description=None,
+                   node_groups=tuple(replace(g, price_per_gpu_hour_usd=None)
+                                     for g in cluster.node_groups),
+                   island_links=tuple(replace(k, price_per_gb_usd=0.0)
+                                      for k in cluster.island_links))
+
+
+def _task_key(req: SearchRequest, task: tuple) -> tuple:
+    """What one unit of the search's pure work (`_evaluate_task`) depends on."""
+    kind, payload = task
+    common = (kind, req.model, req.gbs, req.seq_len, req.dtype, req.attention, req.profiles,
+              req.framework)
+    if kind == "homogeneous":
+        return (*common, _cost_view(payload, prices=False), _space(req, payload))
+    # mixed candidates are ranked by time, or by GPU cost for the cost objective
+    return (*common, _cost_view(req.cluster, prices=req.objective == "cost"), req.objective,
+            max(req.confirm, req.top), tuple(payload))
+
+
+def _evaluate_tasks(req: SearchRequest, tasks: list[tuple]) -> list[object]:
+    """`_evaluate_task` of each task, over all cores; work an earlier search of this
+    process already did is taken from it."""
+    keys = [_task_key(req, t) for t in tasks]
+    todo = [i for i, k in enumerate(keys) if k not in _evaluated]
+    done = parallel_map(functools.partial(_evaluate_task, req), [tasks[i] for i in todo],
+                        title=f"searching {req.model.name} on {req.cluster.name}",
+                        units=[_units(req, tasks[i]) for i in todo], unit="layout")
+    for i, out in zip(todo, done, strict=True):
+        _keep(_evaluated, keys[i], out)
+    return [_evaluated[k] for k in keys]
+
+
+def _tasks(req: SearchRequest) -> list[tuple]:
+    """The search's pure work: each GPU type's homogeneous space, and on a mixed cluster
+    the mixed templates, in one task (branch and bound prunes against the best so far),
+    first (the longest starts first)."""
+    subclusters = _subclusters(req.cluster)
+    for cluster in subclusters:
+        _check(req, cluster)
+    tasks: list[tuple] = [("homogeneous", c) for c in subclusters]
+    if _mixes(req, subclusters):
+        tasks.insert(0, ("mixed", mixed_templates(req.model, req.cluster, req.gbs,
+                                                  MixedSpace.for_framework(req.capabilities))))
+    return tasks
+
+
+def _mixes(req: SearchRequest, subclusters: list[ClusterSpec]) -> bool:
+    """Whether the search plans mixed GPU types: a cluster of several and a framework
+    that runs them."""
+    return len(subclusters) > 1 and bool(MixedSpace.for_framework(req.capabilities).families)
+
+
+def _evaluate_item(item: tuple[SearchRequest, tuple]) -> object:
+    return _evaluate_task(*item)
+
+
+def prepare(requests: Sequence[SearchRequest], *, title: str) -> None:
+    """Do the pure work of several searches together, over all cores, for their `search`
+    calls to take from this process's memory: a what-if report's scenarios share GPU
+    types and models, and together their tasks keep the cores busier than one search's
+    few. Requests `search` would refuse are left to it."""
+    work: dict[tuple, tuple[SearchRequest, tuple]] = {}
+    for req in requests:
+        try:
+            tasks = _tasks(req)
+        except SpecError:
+            continue
+        for task in tasks:
+            key = _task_key(req, task)
+            if key not in _evaluated:
+                work.setdefault(key, (req, task))
+    # the mixed searches first, then the larger clusters: the longest tasks start first
+    keys = sorted(work, key=lambda k: (work[k][1][0] != "mixed",
+                                       -work[k][0].cluster.num_gpus))[:_KEPT]
+    done = parallel_map(_evaluate_item, [work[k] for k in keys], title=title,
+                        units=[_units(*work[k]) for k in keys], unit="layout")
+    for key, out in zip(keys, done, strict=True):
+        _keep(_evaluated, key, out)
+
+
+def _simulator(profiles: Profiles | None) -> Callable[[Plan], SimResult]:
+    """The event simulator, remembering each plan's result (by the plan as costs see it)."""
+    def simulate_once(plan: Plan) -> SimResult:
+        key = (replace(plan, cluster=_cost_view(plan.cluster, prices=False)), profiles)
+        if key not in _simulated:
+            _keep(_simulated, key, simulate(plan, profiles=profiles))
+        return _simulated[key]
+    return simulate_once
+
+
+def _counted(simulate_fn: Callable[[Plan], SimResult], bar: ProgressBar
+             ) -> Callable[[Plan], SimResult]:
+    def counted(plan: Plan) -> SimResult:
+        result = simulate_fn(plan)
+        bar.advance()
+        return result
+    return counted
+
+
 def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | None = None
            ) -> SearchResult:
     """The best plans on `req.cluster`; raise InfeasiblePlan if nothing fits.
@@ -412,24 +583,36 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     the request's framework runs (`unsupported(plan, req.capabilities)` is empty)."""
     start = time.perf_counter()
     if simulate_fn is None:
-        simulate_fn = functools.partial(simulate, profiles=req.profiles)
+        simulate_fn = _simulator(req.profiles)
     subclusters = _subclusters(req.cluster)
-    for cluster in subclusters:
-        _check(req, cluster)
-    spaces = [_space(req, c) for c in subclusters]
-    mixed_space = MixedSpace.for_framework(req.capabilities)
-    mixes = len(subclusters) > 1 and bool(mixed_space.families)
-    # Mixed templates go in one task (branch and bound prunes against the best so far);
-    # first, so the longest task starts first; the GPU types' own spaces beside it.
-    tasks: list[tuple] = [("homogeneous", (c, space)) for c, (space, _) in
-                          zip(subclusters, spaces, strict=True)]
-    if mixes:
-        tasks.insert(0, ("mixed", mixed_templates(req.model, req.cluster, req.gbs,
-                                                  mixed_space)))
-    outputs = parallel_map(functools.partial(_evaluate_task, req), tasks,
-                           title=f"searching {req.cluster.name}")
+    mixes = _mixes(req, subclusters)
+    outputs = _evaluate_tasks(req, _tasks(req))
     if mixes:
         outputs = outputs[1:] + outputs[:1]
+    with ProgressBar(None, title="simulating the leaders", unit="plans") as bar:
+        ranked, counts, closest, per_type, with_type, baselines = _confirmed(
+            req, subclusters, outputs, _counted(simulate_fn, bar), mixes)
+    total, fitting, n_layouts = counts
+    if not ranked:
+        raise InfeasiblePlan(_explain(req, closest, total))
+    ranked.sort(key=lambda sr: sr[0])
+    notes = []  # what the framework could not do here, then which GPUs idle and why
+    if len(per_type) > 1 and not mixes:
+        why = MixedSpace.for_framework(req.capabilities).why_none
+        notes.append(f"mixed GPU types not planned: {why}; each of {', '.join(per_type)} "
+                     "planned alone (--framework trainplan mixes them)")
+    notes += [note for c in subclusters if (note := _space(req, c)[1])]
+    if len(per_type) > 1:
+        notes += _idle_notes(req, ranked, per_type, with_type, mixes)
+    return SearchResult(_distinct(ranked, req.top), total, fitting, n_layouts,
+                        time.perf_counter() - start, notes, baselines)
+
+
+def _confirmed(req: SearchRequest, subclusters: list[ClusterSpec], outputs: list[object],
+               simulate_fn: Callable[[Plan], SimResult], mixes: bool) -> tuple:
+    """The leaders of each GPU type (and of the mixed templates) confirmed by simulation:
+    (scored plans, (candidates, fitting, layouts), closest misfits, per type's plans, best
+    score with each type, baselines)."""
     ranked: list[tuple[float, Ranked]] = []
     total = fitting = n_layouts = 0
     closest: list[Evaluation] = []
@@ -451,18 +634,23 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
         ranked += mixed
         total, fitting = total + merged[1], fitting + len(mixed)
         with_type = merged[2]
-    if not ranked:
-        raise InfeasiblePlan(_explain(req, closest, total))
-    ranked.sort(key=lambda sr: sr[0])
-    notes = []  # what the framework could not do here, then which GPUs idle and why
-    if len(per_type) > 1 and not mixes:
-        notes.append(f"mixed GPU types not planned: {mixed_space.why_none}; each of "
-                     f"{', '.join(per_type)} planned alone (--framework trainplan mixes them)")
-    notes += [note for _, note in spaces if note]
-    if len(per_type) > 1:
-        notes += _idle_notes(req, ranked, per_type, with_type, mixes)
-    return SearchResult([r for _, r in ranked[:req.top]], total, fitting, n_layouts,
-                        time.perf_counter() - start, notes, baselines)
+    return ranked, (total, fitting, n_layouts), closest, per_type, with_type, baselines
+
+
+def _distinct(ranked: list[tuple[float, Ranked]], top: int) -> list[Ranked]:
+    """The best `top` plans of different layouts (`describe.shape_key`: a plan at another
+    GPU count, micro-batch size, recompute, schedule or sharding of a layout above it is
+    left out)."""
+    out: list[Ranked] = []
+    seen: set[tuple] = set()
+    for _, r in ranked:
+        shape = shape_key(r.plan)
+        if shape not in seen:
+            seen.add(shape)
+            out.append(r)
+        if len(out) == top:
+            break
+    return out
 
 
 def _mixed(req: SearchRequest, per_type: dict[str, list[tuple[float, Ranked]]],
@@ -574,12 +762,17 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
     """Which GPUs the best plan (`ranked[0]`) leaves idle, and why."""
     slots, groups = req.cluster.slots, req.cluster.node_groups
     best = ranked[0][1]
-    used = {d for p in best.plan.pipelines for s in p.stages for d in s.devices}
+    # GPUs of each type the plan uses (a plan of one type numbers its own cluster's GPUs)
+    plan_groups, plan_slots = best.plan.cluster.node_groups, best.plan.cluster.slots
+    used: dict[str, int] = {}
+    for d in {d for p in best.plan.pipelines for s in p.stages for d in s.devices}:
+        gpu = plan_groups[plan_slots[d].group].gpu
+        used[gpu] = used.get(gpu, 0) + 1
     best_s = best.result.iteration_time_s
     notes = []
     for gpu in dict.fromkeys(g.gpu for g in groups):
         mine = [s.index for s in slots if groups[s.group].gpu == gpu]
-        idle = sum(1 for d in mine if d not in used)
+        idle = len(mine) - used.get(gpu, 0)
         if not idle:
             continue
         if idle < len(mine):
@@ -619,11 +812,12 @@ def _explain(req: SearchRequest, closest: list[Evaluation], total: int) -> str:
     lo, mi, sh = e.layout, e.micro, e.sharding
     short = (e.peak_memory_bytes - e.capacity_bytes) / GIB
     need = e.peak_memory_bytes / GIB
+    schedule = mi.schedule.for_chunks(mi.vp)
     return (
         f"nothing fits in memory among {total} candidates. Closest: tp {lo.tp}, pp {lo.pp}, "
-        f"dp {lo.dp}, cp {lo.cp}, mbs {mi.mbs}, {mi.recompute} recompute, "
-        f"{mi.schedule.for_chunks(mi.vp)} schedule, sharding P/G/OS "
-        f"{sh.params}/{sh.grads}/{sh.optim}: {need:.1f} GiB per GPU, {short:.1f} GiB over "
+        f"dp {lo.dp}, cp {lo.cp}, micro-batches of {mi.mbs}, {recompute_words(mi.recompute)}, "
+        f"{schedule.described}, sharding {sharding_cell(sh, lo.dp)}: {need:.1f} GiB per GPU, "
+        f"{short:.1f} GiB over "
         f"the {e.capacity_bytes / GIB:.1f} GiB available. Recompute and sharding up to the "
         f"whole data-parallel group were already tried{_within(req)}; it would fit with GPUs "
         f"of at least {need:.0f} GiB, or with more GPUs (about "

@@ -70,12 +70,15 @@ class ShardingOption:
 def pareto_options(options: Sequence[ShardingOption]) -> list[ShardingOption]:
     """Drop options another one beats in every memory and every time term (they can never
     be optimal, whatever the activations and the cap)."""
-    def dominates(a: ShardingOption, b: ShardingOption) -> bool:
-        return (all(x <= y for x, y in zip(a.memory_bytes, b.memory_bytes, strict=True))
-                and all(x <= y for x, y in zip(a.costs_s, b.costs_s, strict=True))
-                and (a.memory_bytes, a.costs_s) != (b.memory_bytes, b.costs_s))
+    import numpy as np
 
-    return [b for b in options if not any(dominates(a, b) for a in options)]
+    if not options:
+        return []
+    values = np.array([(*o.memory_bytes, *o.costs_s) for o in options], dtype=float)
+    no_worse = (values[:, None, :] <= values[None, :, :]).all(axis=2)  # [a, b]: a <= b
+    same = (values[:, None, :] == values[None, :, :]).all(axis=2)
+    beaten = (no_worse & ~same).any(axis=0)
+    return [o for o, out in zip(options, beaten, strict=True) if not out]
 
 
 def choose(times_s: Sequence[float], memory_bytes: Sequence[Sequence[float]],

@@ -32,6 +32,8 @@ def draw_all(rows: Sequence[Row], out_dir: str, *, profiles: Profiles | None = N
         try:
             if draw(rows, path):
                 paths[name] = path
+            elif os.path.exists(path):  # an earlier report's figure would not be this one's
+                os.remove(path)
         finally:
             plt.close("all")  # a figure left open by an error is not kept
     return paths
@@ -61,6 +63,18 @@ def _pareto(points: list[tuple[float, float]]) -> list[int]:
             if not any(a <= x and b <= y and (a, b) != (x, y) for a, b in points)]
 
 
+def _plain_log_ticks(axis: object) -> None:
+    """A log axis labelled with plain numbers (20, 30, 100), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    def plain(value: float, _pos: object) -> str:
+        return f"{value:,.0f}" if value >= 10 else f"{value:g}"
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))  # type: ignore[attr-defined]  # a matplotlib Axis
+    axis.set_major_formatter(FuncFormatter(plain))  # type: ignore[attr-defined]  # a matplotlib Axis
+    axis.set_minor_formatter(FuncFormatter(lambda *_: ""))  # type: ignore[attr-defined]  # a matplotlib Axis
+
+
 def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
     """Each planned scenario as a numbered point (the key lists the numbers), the Pareto
     front dashed; log axes when the scenarios span a wide range."""
@@ -75,35 +89,43 @@ def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
     if all(c is not None for c in costs):
         pts = list(zip(days, costs, strict=True))
         front = sorted(_pareto(pts), key=lambda j: pts[j][0])  # type: ignore[arg-type]  # points of planned rows
-        ax.plot([pts[j][0] for j in front], [pts[j][1] for j in front], "--o", color="tab:red",
-                markersize=4, label="Pareto front (no scenario both cheaper and faster)")
-        ax.scatter(days, costs, s=160, color=["tab:red" if j in front else "tab:blue"
+        ax.plot([pts[j][0] for j in front], [pts[j][1] for j in front], "--", color="tab:red",
+                label="no other scenario is both faster and cheaper", zorder=2)
+        ax.scatter(days, costs, s=220, color=["tab:red" if j in front else "tab:blue"
                                               for j in range(len(pts))], zorder=3)
         for (i, _), x, y in zip(planned, days, costs, strict=True):
-            ax.annotate(str(i), (x, y), ha="center", va="center", color="white", fontsize=8,
+            ax.annotate(str(i), (x, y), ha="center", va="center", color="white", fontsize=9,
                         fontweight="bold", zorder=4)
         ax.set_ylabel("total cost (thousand $)")
         if _wide(costs):  # type: ignore[arg-type]  # priced rows only
             ax.set_yscale("log")
-        ax.legend(fontsize=8, loc="upper left")
+            _plain_log_ticks(ax.yaxis)
+        ax.margins(0.08)
+        ax.legend(fontsize=8, loc="best", framealpha=0.9)
     else:  # some scenario has no prices: time only
         ax.barh([str(i) for i, _ in planned], days)
         ax.invert_yaxis()
     if _wide(days):
         ax.set_xscale("log")
+        _plain_log_ticks(ax.xaxis)
     ax.set_xlabel("time to train (days)")
     ax.set_title(f"Cost against time to train ({planned[0][1].setting.tokens:.3g} tokens)")
     ax.grid(alpha=0.3, which="both")
     key.axis("off")
-    key.text(0, 1, "\n".join(f"{i}  {r.label}" for i, r in enumerate(rows, 1)), va="top",
-             fontsize=8, family="monospace", wrap=True)
+    lines = [f"{i:>2}  {r.label}" + ("" if r.time_to_train_s is not None else "  (no plan)")
+             for i, r in enumerate(rows, 1)]
+    key.text(0, 1, "\n".join(lines), va="top", fontsize=8, family="monospace", wrap=True)
     return _save(fig, path)
 
 
-_PARTS = [("compute", "compute_s", "tab:blue"), ("kernel launch", "host_overhead_s", "tab:gray"),
-          ("tp comm", "tp_comm_s", "tab:orange"), ("cp comm", "cp_comm_s", "tab:brown"),
-          ("pp comm", "pp_comm_s", "tab:pink"), ("dp comm", "dp_comm_s", "tab:red"),
-          ("bubble", "bubble_s", "tab:olive"), ("optimizer", "optimizer_s", "tab:purple")]
+_PARTS = [("compute", "compute_s", "tab:blue"),
+          ("recomputation", None, "lightsteelblue"),
+          ("kernel-launch waits", "host_overhead_s", "tab:gray"),
+          ("tensor-parallel comm.", "tp_comm_s", "tab:orange"),
+          ("context-parallel comm.", "cp_comm_s", "tab:brown"),
+          ("pipeline comm.", "pp_comm_s", "tab:pink"),
+          ("data-parallel comm.", "dp_comm_s", "tab:red"),
+          ("pipeline bubble", "bubble_s", "tab:olive"), ("optimizer", "optimizer_s", "tab:purple")]
 
 
 def _breakdown(rows: Sequence[Row], path: str) -> bool:
@@ -112,19 +134,30 @@ def _breakdown(rows: Sequence[Row], path: str) -> bool:
     planned = [r for r in rows if r.result is not None]
     if not planned:
         return False
-    fig, ax = plt.subplots(figsize=(10, 0.55 * len(planned) + 2.2))
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(planned) + 2.4))
     labels = [r.label for r in planned]
     left = [0.0] * len(planned)
     for name, field, colour in _PARTS:
-        widths = [getattr(r.result.breakdown, field) for r in planned]  # type: ignore[union-attr]  # planned rows have a result
+        if field is None:  # recomputation: the part of compute spent on it
+            widths = [r.recompute_s for r in planned]
+        else:
+            widths = [getattr(r.result.breakdown, field) for r in planned]  # type: ignore[union-attr]  # planned rows have a result
+        if field == "compute_s":
+            widths = [w - r.recompute_s for w, r in zip(widths, planned, strict=True)]
         if any(widths):
             ax.barh(labels, widths, left=left, color=colour, label=name)
             left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()
-    ax.set_xlabel("seconds per iteration (event simulation)")
-    ax.set_title("Iteration time by what it is spent on")
-    ax.legend(fontsize=8, ncol=8, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    ax.set_xlabel("seconds per iteration (event simulation, slowest stage)")
+    ax.set_title("Where each scenario's iteration goes")
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.2 - 0.6 /
+                                                                        (len(planned) + 3)))
     return _save(fig, path)
+
+
+_KINDS = [("parameters", "params_bytes"), ("gradients", "grads_bytes"),
+          ("optimizer states", "optimizer_bytes"), ("activations", "activations_bytes"),
+          ("buffers", "buffers_bytes"), ("runtime reserve", "reserve_bytes")]
 
 
 def _memory(rows: Sequence[Row], path: str) -> bool:
@@ -135,39 +168,47 @@ def _memory(rows: Sequence[Row], path: str) -> bool:
         return False
     firsts = {first: n for first, n, _ in replica_kinds(best.ranked.plan)}  # type: ignore[union-attr]  # the best row is planned
     stages = [s for s in best.result.stages if s.pipeline in firsts]  # type: ignore[union-attr]  # the best row is planned
-    kinds = [("params", "params_bytes"), ("grads", "grads_bytes"),
-             ("optimizer", "optimizer_bytes"), ("activations", "activations_bytes"),
-             ("buffers", "buffers_bytes"), ("reserve", "reserve_bytes")]
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(stages) + 3), 4.5))
-    ax.set_xlim(-0.6, len(stages) - 0.4)
+    fig, ax = plt.subplots(figsize=(max(7, 0.55 * len(stages) + 4.5), 4.8))
     x = list(range(len(stages)))
+    width = 0.6 if len(stages) > 1 else 0.4
+    ax.set_xlim(-0.7, len(stages) - 0.3)
     bottom = [0.0] * len(stages)
-    for name, field in kinds:
+    for name, field in _KINDS:
         h = [getattr(s.memory, field) / GIB for s in stages]
-        ax.bar(x, h, bottom=bottom, width=0.8, label=name)
+        ax.bar(x, h, bottom=bottom, width=width, label=name)
         bottom = [a + b for a, b in zip(bottom, h, strict=True)]
-    ax.hlines([s.memory.capacity_bytes / GIB for s in stages], [i - 0.4 for i in x],
-              [i + 0.4 for i in x], color="black", linewidth=2, label="capacity", zorder=3)
-    ax.set_xticks(x, [f"stage {s.stage}\n{s.device.split('-')[0]}" for s in stages], fontsize=7)
+    caps = [s.memory.capacity_bytes / GIB for s in stages]
+    wanted = best.headroom_wanted_bytes / GIB
+    ax.hlines(caps, [i - 0.45 for i in x], [i + 0.45 for i in x], color="black", linewidth=2,
+              label="GPU memory", zorder=3)
+    if wanted > 0:
+        ax.hlines([c - wanted for c in caps], [i - 0.45 for i in x], [i + 0.45 for i in x],
+                  color="black", linestyle="--", linewidth=1,
+                  label=f"less {wanted:g} GiB headroom", zorder=3)
+    ax.set_ylim(0, max(caps) * 1.08)
+    ax.set_xticks(x, [f"stage {s.stage}\n{s.device.split('-')[0]}" for s in stages],
+                  fontsize=8)
     if len(firsts) > 1:
         starts = [i for i, s in enumerate(stages) if s.stage == 0]
         for i in starts[1:]:
             ax.axvline(i - 0.5, color="gray", linestyle=":")
-        ax.set_xlabel(f"pipeline stage (GPU type), one group per kind of replica "
+        ax.set_xlabel(f"pipeline stage and GPU type, one group per kind of replica "
                       f"({len(firsts)} kinds)")
     else:
-        ax.set_xlabel("pipeline stage (GPU type)")
-    ax.set_ylabel("GiB per GPU")
-    ax.set_title(f"Memory per stage, best plan ({best.label})")
-    ax.legend(fontsize=7, ncol=2)
+        ax.set_xlabel("pipeline stage and GPU type")
+    ax.set_ylabel("GiB per GPU at the peak")
+    ax.set_title(f"Memory per GPU, best plan ({best.label})")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return _save(fig, path)
 
 
 def _gantt(rows: Sequence[Row], path: str, *, profiles: Profiles | None = None) -> bool:
+    """The best plan's pipeline timeline; none for a plan without a pipeline (one stage
+    per replica has nothing to show)."""
     from planner.simulator import simulate_detailed, write_gantt
 
     best = best_row(rows)
-    if best is None:
+    if best is None or max(len(p.stages) for p in best.ranked.plan.pipelines) < 2:  # type: ignore[union-attr]  # the best row is planned
         return False
     _, sim = simulate_detailed(best.ranked.plan, profiles=profiles)  # type: ignore[union-attr]  # the best row is planned
     with atomic_path(path) as tmp:

@@ -7,18 +7,19 @@ GPU-hours at the cluster's prices, and the traffic billed across island links.
 
 from __future__ import annotations
 
-import base64
 import csv
-import html
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from planner.costs.stages import plan_costs
+from planner.describe import headroom_bytes, plan_words
 from planner.errors import InfeasiblePlan
 from planner.outputs import atomic_path, write_text
 from planner.predict.results import SimResult
-from planner.search import Ranked, SearchRequest, search
-from planner.specs.choices import DType
+from planner.search import Ranked, SearchRequest, prepare, search
+from planner.search.search import DEFAULT_HEADROOM_BYTES
+from planner.specs.choices import DType, Recompute
 from planner.specs.cluster import check_train_dtype
 from planner.specs.plan import Plan, save_plan
 from planner.whatif.scenarios import Scenario, Setting, apply
@@ -26,8 +27,9 @@ from profiler.progress import ProgressBar
 from profiler.schema import SpecError, dump
 from profiler.store import Profiles
 
-__all__ = ["COLUMNS", "Row", "best_row", "bottleneck",
-           "cluster_file", "plan_scenarios", "replica_kinds", "request_for", "table_rows", "write_report"]
+__all__ = ["COLUMNS", "COSTS", "Row", "best_row", "cluster_file", "csv_rows", "largest_cost",
+           "plan_scenarios", "recompute_seconds", "replica_kinds", "request_for", "table_rows",
+           "values", "write_report"]
 
 
 
@@ -36,6 +38,8 @@ class Row:
     setting: Setting
     ranked: Ranked | None
     note: str  # why there is no plan, or what to know about this one
+    headroom_wanted_bytes: float = DEFAULT_HEADROOM_BYTES  # free memory asked for
+    recompute_s: float = 0.0  # of the iteration: recomputation the plan's memory needs
 
     @property
     def label(self) -> str:
@@ -74,38 +78,82 @@ class Row:
         return self.setting.cluster.num_gpus - self.gpus_used
 
     @property
+    def memory_free_bytes(self) -> float | None:
+        return None if self.result is None else headroom_bytes(self.result)
+
+    @property
+    def tight(self) -> bool:
+        """Less memory left free than asked for (`--memory-headroom`)."""
+        free = self.memory_free_bytes
+        return free is not None and free < self.headroom_wanted_bytes
+
+    @property
     def bottleneck(self) -> str:
-        return "-" if self.result is None else bottleneck(self.ranked.plan, self.result)  # type: ignore[union-attr]  # ranked is set whenever result is
+        """The largest cost besides useful compute, and its share of the iteration."""
+        if self.result is None:
+            return "-"
+        name, seconds = largest_cost(self.result, self.recompute_s)
+        share = seconds / self.result.iteration_time_s
+        if share < 0.05:  # nothing but computing to speak of
+            return f"computing (next: {name}, {_percent(share)})"
+        return f"{name}, {_percent(share)} of the iteration"
 
 
-def bottleneck(plan: Plan, result: SimResult) -> str:
-    """What limits the iteration: the largest part after compute if it takes over 15% of
-    it (which communication, the bubble), else compute; with memory pressure noted."""
+def _percent(share: float) -> str:
+    return "<1%" if share < 0.005 else f"{share:.0%}"
+
+
+# What an iteration spends besides useful compute (the simulated breakdown of its
+# critical stage), in the report's words
+COSTS = [("exposed tensor-parallel communication", "tp_comm_s"),
+         ("exposed context-parallel communication", "cp_comm_s"),
+         ("exposed pipeline communication", "pp_comm_s"),
+         ("exposed data-parallel communication", "dp_comm_s"),
+         ("pipeline bubble", "bubble_s"), ("waiting for kernel launches", "host_overhead_s"),
+         ("optimizer step", "optimizer_s")]
+
+
+def largest_cost(result: SimResult, recompute_s: float = 0.0) -> tuple[str, float]:
+    """The largest part of the iteration that is not useful compute: exposed
+    communication of a kind, the pipeline bubble, kernel-launch waits, the optimizer, or
+    recomputation the plan needs to fit in memory (`recompute_s`, part of compute)."""
     b = result.breakdown
-    parts = {"tensor-parallel comm": b.tp_comm_s, "context-parallel comm": b.cp_comm_s,
-             "pipeline comm": b.pp_comm_s, "data-parallel comm": b.dp_comm_s,
-             "pipeline bubble": b.bubble_s, "kernel launch": b.host_overhead_s,
-             "optimizer": b.optimizer_s}
-    name, seconds = max(parts.items(), key=lambda kv: kv[1])
-    label = name if seconds > 0.15 * result.iteration_time_s else "compute"
-    recompute = {s.recompute for p in plan.pipelines for s in p.stages}
-    if "full" in recompute or any(sh.params > 1 for sh in plan.shardings):
-        label += "; memory (full recompute or sharded parameters needed)"
-    return label
+    parts = {name: getattr(b, field) for name, field in COSTS}
+    parts["recomputation (to fit in memory)"] = recompute_s
+    return max(parts.items(), key=lambda kv: kv[1])
+
+
+def recompute_seconds(plan: Plan, profiles: Profiles | None = None) -> float:
+    """Seconds per iteration a plan spends recomputing activations: on its slowest stage,
+    its backward passes with recomputation less the same without (the cost model's)."""
+    if all(s.recompute == Recompute.NONE for p in plan.pipelines for s in p.stages):
+        return 0.0
+    bare = replace(plan, pipelines=tuple(
+        replace(p, stages=tuple(replace(s, recompute=Recompute.NONE) for s in p.stages))
+        for p in plan.pipelines))
+    with_rc, without = plan_costs(plan, profiles), plan_costs(bare, profiles)
+    return max((a.backward_s - b.backward_s) * plan.pipelines[a.pipeline].num_microbatches
+               for pa, pb in zip(with_rc.costs, without.costs, strict=True)
+               for a, b in zip(pa, pb, strict=True))
 
 
 def plan_scenarios(base: Setting, scenarios: Sequence[Scenario], *, gbs: int, seq_len: int | None,
-                   objective: str, dtype: str = "bf16", max_budget_usd: float | None = None,
-                   profiles: Profiles | None = None, framework: str = "trainplan") -> list[Row]:
+                   objective: str, dtype: DType = DType.BF16, max_budget_usd: float | None = None,
+                   profiles: Profiles | None = None, framework: str = "trainplan",
+                   memory_headroom_bytes: float = DEFAULT_HEADROOM_BYTES) -> list[Row]:
     """The baseline first, then each scenario: its best plan by `objective` (the search
     of `plan search`, within what `framework` runs), or why there is none."""
     settings = [base] + [apply(s, base) for s in scenarios]
+    kw = dict(gbs=gbs, seq_len=seq_len, objective=objective, dtype=dtype,
+              max_budget_usd=max_budget_usd, profiles=profiles, framework=framework,
+              memory_headroom_bytes=memory_headroom_bytes)
+    # every scenario's pure search work at once (shared where scenarios share it)
+    prepare([request_for(s, **kw) for s in settings],  # type: ignore[arg-type]  # keyword arguments collected in kw
+            title="searching every scenario")
     bar = ProgressBar(len(settings), title="planning scenarios")
     rows = []
     for i, setting in enumerate(settings, 1):
-        rows.append(_plan_one(setting, gbs=gbs, seq_len=seq_len, objective=objective,
-                              dtype=dtype, max_budget_usd=max_budget_usd, profiles=profiles,
-                              framework=framework))
+        rows.append(_plan_one(setting, **kw))
         bar(i, setting.label)
     bar.close()
     return rows
@@ -113,12 +161,13 @@ def plan_scenarios(base: Setting, scenarios: Sequence[Scenario], *, gbs: int, se
 
 def request_for(setting: Setting, *, gbs: int, seq_len: int | None, objective: str, dtype: DType,
                 max_budget_usd: float | None, profiles: Profiles | None,
-                framework: str = "trainplan") -> SearchRequest:
+                framework: str = "trainplan",
+                memory_headroom_bytes: float = DEFAULT_HEADROOM_BYTES) -> SearchRequest:
     return SearchRequest(model=setting.model, cluster=setting.cluster, gbs=gbs,
                          seq_len=seq_len or setting.model.seq_len, dtype=dtype,
                          objective=objective, tokens=setting.tokens,
                          max_budget_usd=max_budget_usd, top=1, profiles=profiles,
-                         framework=framework)
+                         framework=framework, memory_headroom_bytes=memory_headroom_bytes)
 
 
 def _plan_one(setting: Setting, **kw: object) -> Row:
@@ -128,7 +177,7 @@ def _plan_one(setting: Setting, **kw: object) -> Row:
                           where="--dtype")
         found = search(req)
     except (InfeasiblePlan, SpecError) as err:
-        return Row(setting, None, f"no plan: {err}")
+        return Row(setting, None, f"no plan: {err}", req.memory_headroom_bytes)
     best = found.ranked[0]
     notes = list(found.notes)
     unpriced = sorted({g.gpu for g in setting.cluster.node_groups
@@ -136,14 +185,20 @@ def _plan_one(setting: Setting, **kw: object) -> Row:
     if unpriced:
         notes.append(f"no price per GPU-hour for {', '.join(unpriced)} (add 'price TYPE USD' "
                      "to the scenario)")
-    return Row(setting, best, "; ".join(notes))
+    return Row(setting, best, "; ".join(notes), req.memory_headroom_bytes,
+               recompute_seconds(best.plan, req.profiles))
 
 
 # --- output -------------------------------------------------------------------------
 
+# (header, how a value is shown in the report's tables); table.csv has the raw numbers
 COLUMNS = ["scenario", "model", "GPUs", "used", "idle", "plan", "iteration s", "tokens/s",
            "MFU %", "time to train (days)", "GPU $", "egress $", "total $", "$ per 1M tokens",
-           "bottleneck", "note"]
+           "memory free (GiB)", "bottleneck", "note"]
+_SHOWN = {"iteration s": ".3f", "tokens/s": ",.0f", "MFU %": ".1f",
+          "time to train (days)": ".2f", "GPU $": ",.0f", "egress $": ",.0f",
+          "total $": ",.0f", "$ per 1M tokens": ".3f", "memory free (GiB)": ".1f"}
+GIB = 1024**3
 
 
 def replica_kinds(plan: Plan) -> list[tuple[int, int, str]]:
@@ -164,63 +219,74 @@ def replica_kinds(plan: Plan) -> list[tuple[int, int, str]]:
     return [(ids[0], len(ids), text) for text, ids in kinds.items()]
 
 
-def _plan_text(row: Row) -> str:
-    if row.ranked is None:
-        return "-"
-    plan = row.ranked.plan
-    stages = plan.pipelines[0].stages
-    replicas = " + ".join(f"{n}x {text}" for _, n, text in replica_kinds(plan))
-    pp = len(stages)
-    schedule = f" {plan.training.schedule}" if pp > 1 else ""
-    return (f"{replicas}; {pp} stage{'s' if pp > 1 else ''}{schedule}, {stages[0].recompute} "
-            f"recompute, {plan.sharding_label}")
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+def values(row: Row) -> dict[str, object]:
+    """A row's cells as values: numbers (None where there is no plan or no price) and
+    text."""
+    res = row.result
+    ttt, free = row.time_to_train_s, row.memory_free_bytes
+    return {
+        "scenario": row.label, "model": row.setting.model.name,
+        "GPUs": row.setting.cluster.num_gpus, "used": row.gpus_used, "idle": row.gpus_idle,
+        "plan": None if row.ranked is None else plan_words(row.ranked.plan),
+        "iteration s": None if res is None else res.iteration_time_s,
+        "tokens/s": None if res is None else res.tokens_per_s,
+        "MFU %": None if res is None else res.mfu * 100,
+        "time to train (days)": None if ttt is None else ttt / 86400,
+        "GPU $": row.gpu_cost_usd, "egress $": row.egress_usd, "total $": row.total_usd,
+        "$ per 1M tokens": row.usd_per_million_tokens,
+        "memory free (GiB)": None if free is None else free / GIB,
+        "bottleneck": None if res is None else row.bottleneck, "note": row.note,
+    }
 
 
 def table_rows(rows: Sequence[Row]) -> list[list[str]]:
+    """The table as the report shows it: numbers rounded and grouped, '-' where there is
+    none, '!' after memory left free below the headroom asked for."""
     out = []
     for r in rows:
-        res = r.result
-        ttt = r.time_to_train_s
-        out.append([
-            r.label, r.setting.model.name, str(r.setting.cluster.num_gpus), str(r.gpus_used),
-            str(r.gpus_idle), _plan_text(r),
-            _fmt(None if res is None else res.iteration_time_s, ".3f"),
-            _fmt(None if res is None else res.tokens_per_s, ",.0f"),
-            _fmt(None if res is None else res.mfu * 100, ".1f"),
-            _fmt(None if ttt is None else ttt / 86400, ".2f"),
-            _fmt(r.gpu_cost_usd, ",.0f"), _fmt(r.egress_usd, ",.0f"),
-            _fmt(r.total_usd, ",.0f"), _fmt(r.usd_per_million_tokens, ".3f"),
-            r.bottleneck, r.note,
-        ])
+        cells = []
+        for column, value in values(r).items():
+            if value is None:
+                cells.append("-")
+            elif column in _SHOWN:
+                tight = " !" if column == "memory free (GiB)" and r.tight else ""
+                cells.append(format(value, _SHOWN[column]) + tight)
+            else:
+                cells.append(str(value))
+        out.append(cells)
     return out
+
+
+def csv_rows(rows: Sequence[Row]) -> list[list[object]]:
+    """table.csv: plain numbers (no grouping, no rounding beyond what float holds), an
+    empty cell where there is none."""
+    return [["" if v is None else round(v, 9) if isinstance(v, float) else v
+             for v in values(r).values()] for r in rows]
 
 
 def write_report(rows: Sequence[Row], out_dir: str, *, title: str, command: str,
                  profiles: Profiles | None = None) -> dict[str, str]:
     """report.html (self-contained), report.md, table.csv, the figures and the best
     plan; returns their paths."""
-    from planner.whatif import figures
+    from planner.whatif import document, figures
 
     os.makedirs(out_dir, exist_ok=True)
     paths = {"csv": os.path.join(out_dir, "table.csv")}
     with atomic_path(paths["csv"]) as tmp, open(tmp, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(COLUMNS)
-        writer.writerows(table_rows(rows))
+        writer.writerows(csv_rows(rows))
     paths.update(figures.draw_all(rows, out_dir, profiles=profiles))
     paths["clusters"] = _write_clusters(rows, os.path.join(out_dir, "clusters"))
     best = best_row(rows)
     if best is not None:
         paths["plan"] = os.path.join(out_dir, "best-plan.yaml")
         save_plan(best.ranked.plan, paths["plan"])  # type: ignore[union-attr]  # best rows are planned
+    blocks = document.report_blocks(rows, paths, title=title, command=command)
     paths["md"] = os.path.join(out_dir, "report.md")
-    write_text(paths["md"], _markdown(rows, paths, title=title, command=command))
+    write_text(paths["md"], document.markdown(blocks))
     paths["html"] = os.path.join(out_dir, "report.html")
-    write_text(paths["html"], _html(rows, paths, title=title, command=command))
+    write_text(paths["html"], document.html_page(blocks, title=title))
     return paths
 
 
@@ -249,85 +315,3 @@ def best_row(rows: Sequence[Row]) -> Row | None:
     if not planned:
         return None
     return min(planned, key=lambda r: (r.total_usd is None, r.time_to_train_s or 0.0))
-
-
-FIGURES = [("cost_vs_time", "Cost against time to train; the Pareto front (no scenario both "
-            "cheaper and faster) is marked."),
-           ("breakdown", "Where each scenario's iteration goes (event simulation of its best "
-            "plan)."),
-           ("memory", "Memory per stage of the overall best plan against each GPU's capacity."),
-           ("gantt", "Pipeline timeline of the overall best plan (first replica).")]
-
-
-def _summary(rows: Sequence[Row]) -> list[str]:
-    base = rows[0]
-    lines = []
-    best = best_row(rows)
-    if (best is not None and best.time_to_train_s is not None
-            and base.time_to_train_s is not None and best is not base):
-        lines.append(f"Fastest scenario: **{best.label}**, {best.time_to_train_s / 86400:.2f} "
-                     f"days against {base.time_to_train_s / 86400:.2f} for the baseline.")
-    priced = [r for r in rows if r.total_usd is not None]
-    if priced:
-        cheap = min(priced, key=lambda r: r.total_usd)  # type: ignore[arg-type, return-value]  # rows with a total only
-        if cheap is not best:
-            lines.append(f"Cheapest scenario: **{cheap.label}**, ${cheap.total_usd:,.0f} in "
-                         f"{cheap.time_to_train_s / 86400:.2f} days.")  # type: ignore[operator]  # priced rows are planned
-    for r in rows:
-        if r.ranked is None:
-            lines.append(f"**{r.label}**: {r.note}")
-    return lines
-
-
-def _markdown(rows: Sequence[Row], paths: dict[str, str], *, title: str, command: str) -> str:
-    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
-    body = "".join("| " + " | ".join(c.replace("|", "/") for c in row) + " |\n"
-                   for row in table_rows(rows))
-    figs = "".join(f"![{name}]({os.path.basename(paths[name])})\n\n{text}\n\n"
-                   for name, text in FIGURES if name in paths)
-    return (f"# {title}\n\n`{command}`\n\n" + "\n\n".join(_summary(rows)) + "\n\n" + head + body
-            + "\n" + _REPRODUCE + "\n\n" + figs + _sources_md(rows))
-
-
-_REPRODUCE = ("Each scenario's cluster is in `clusters/` (numbered as the rows); `plan search "
-              "--cluster clusters/NN-....yaml` with the same model, batch and tokens gives "
-              "that row's plan and numbers.")
-
-
-def _sources_md(rows: Sequence[Row]) -> str:
-    r = next((r for r in rows if r.result is not None), None)
-    if r is None:
-        return ""
-    items = "".join(f"- {k}: {v}\n" for k, v in r.result.sources.items())  # type: ignore[union-attr]  # planned rows have a result
-    return ("## Where the numbers come from\n\n" + items + "- cost: GPU-hours at the node "
-            "groups' prices for the token budget; egress: bytes crossing priced island "
-            "links at their price (an estimate, planner/costs/egress.py)\n")
-
-
-def _html(rows: Sequence[Row], paths: dict[str, str], *, title: str, command: str) -> str:
-    def img(name: str) -> str:
-        with open(paths[name], "rb") as fh:
-            data = base64.b64encode(fh.read()).decode("ascii")
-        return f'<img src="data:image/png;base64,{data}" alt="{name}">'
-
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                   for row in table_rows(rows))
-    figs = "".join(f"<figure>{img(name)}<figcaption>{html.escape(text)}</figcaption></figure>"
-                   for name, text in FIGURES if name in paths)
-    summary = "".join(f"<p>{html.escape(s).replace('**', '')}</p>" for s in _summary(rows))
-    r = next((r for r in rows if r.result is not None), None)
-    sources = "" if r is None else "<ul>" + "".join(
-        f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>"
-        for k, v in r.result.sources.items()) + "</ul>"  # type: ignore[union-attr]  # planned rows have a result
-    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}"
-             "table{border-collapse:collapse;font-size:12px}"
-             "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top}"
-             "th{background:#f0f0f0}tr:first-child td{background:#fbfbe8}"
-             "img{max-width:100%}figure{margin:1.5em 0}figcaption{color:#555}"
-             "code{background:#f4f4f4;padding:2px 4px}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-            f"</title><style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
-            f"<p><code>{html.escape(command)}</code></p>{summary}<table><tr>{head}</tr>{body}"
-            f"</table><p>{html.escape(_REPRODUCE)}</p>{figs}<h2>Where the numbers come from</h2>{sources}</body></html>\n")
-

@@ -5,6 +5,11 @@ A scenario is `[LABEL:] CHANGE [; CHANGE ...]`, each change one of:
     add TYPE COUNT [ISLAND]        add COUNT GPUs of a catalog TYPE in its standard nodes
                                    (to the island of that type, or the one named; at the
                                    cluster's price for TYPE)
+    add TYPE COUNT island NAME link GBPS [latency MS] [price USD]
+                                   ... on a new island NAME (its own datacenter, e.g.
+                                   rented cloud GPUs) joined to every other island by a
+                                   link of GBPS Gbit/s (Ethernet; latency in ms), and a
+                                   price per GPU-hour for these GPUs
     remove TYPE COUNT              remove COUNT GPUs of TYPE (whole nodes, last ones first)
     swap OLD NEW                   replace every OLD GPU by a NEW one (same count, NEW's
                                    standard node and NICs, the cluster's price for NEW)
@@ -15,7 +20,10 @@ A scenario is `[LABEL:] CHANGE [; CHANGE ...]`, each change one of:
     model NAME                     another model preset
     tokens N                       another token budget
 
-Errors name the scenario and the word that is wrong, in one line.
+The changes apply in order and the cluster is checked once all have applied, so
+'remove A100-80GB-SXM 128; add H100-80GB-SXM 64' works as well as the other order. A
+scenario's cluster is named after it. Errors name the scenario and the word that is
+wrong, in one line.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from planner.specs.cluster import ClusterSpec, NodeGroup
+from planner.specs.cluster import ClusterSpec, IslandLink, NodeGroup
 from planner.specs.limits import MAX_TOKENS
 from planner.specs.model import ModelSpec, preset
 from profiler.devices import DeviceSpec, device
@@ -51,7 +59,7 @@ class Scenario:
     changes: tuple[tuple[str, ...], ...]  # each: (verb, args...)
 
 
-_ARITY = {"add": (2, 3), "remove": (2, 2), "swap": (2, 2), "scale-nic": (2, 2),
+_ARITY = {"add": (2, 10), "remove": (2, 2), "swap": (2, 2), "scale-nic": (2, 2),
           "scale-link": (3, 3), "price": (2, 2), "egress-price": (1, 1), "model": (1, 1),
           "tokens": (1, 1)}
 
@@ -81,14 +89,30 @@ def parse_scenario(text: str, *, where: str = "--scenario") -> Scenario:
 
 
 def apply(scenario: Scenario, base: Setting, *, where: str = "--scenario") -> Setting:
-    """The setting after the scenario's changes, in order."""
-    s = replace(base, label=scenario.label)
-    for change in scenario.changes:
-        try:
+    """The setting after the scenario's changes, in order; its cluster (named after the
+    scenario) is checked once they all have applied. Node groups emptied on the way are
+    kept until then (a later 'add' finds their island), then dropped with the links of
+    islands left without GPUs."""
+    s = replace(base, label=scenario.label,
+                cluster=replace(base.cluster, name=f"{scenario.label} ({base.cluster.name})"))
+    try:
+        for change in scenario.changes:
             s = _APPLY[change[0]](s, *change[1:])
-        except SpecError as err:
-            raise SpecError(f"{where}: {scenario.label!r}: {err}") from None
-    return s
+        return replace(s, cluster=_final(s.cluster))
+    except SpecError as err:
+        raise SpecError(f"{where}: {scenario.label!r}: {err}") from None
+
+
+def _final(cluster: ClusterSpec) -> ClusterSpec:
+    groups = tuple(g for g in cluster.node_groups if g.num_nodes > 0)
+    if not groups:
+        fail("scenario", cluster.name, "it leaves no GPUs")
+    islands = {g.island for g in groups}
+    links = tuple(k for k in cluster.island_links if set(k.islands) <= islands)
+    # validated as a cluster file is (every field in its range, the cluster's own rules),
+    # so a scenario is exactly a cluster file
+    return parse(ClusterSpec, dump(replace(cluster, node_groups=groups, island_links=links)),
+                 where="cluster")
 
 
 def _count(text: str, what: str) -> int:
@@ -129,24 +153,55 @@ def _device_name(s: Setting, gpu: str) -> str:
     return own.get(gpu.lower()) or device(gpu).name
 
 
-def _add(s: Setting, gpu: str, count: str, island: str | None = None) -> Setting:
+_ADD_WORDS = ("island", "link", "latency", "price")
+
+
+def _add(s: Setting, gpu: str, count: str, *rest: str) -> Setting:
     dev = _device(s, gpu)
     n = _count(count, "count")
     assert dev.node is not None
     per_node = dev.node.gpus_per_node
     if n % per_node:
         fail("count", n, f"whole {dev.node.name} nodes: a multiple of {per_node}")
-    same = [g for g in s.cluster.node_groups if g.gpu == dev.name]
-    island = island or (same[0].island if same else s.cluster.node_groups[0].island)
-    if island not in {g.island for g in s.cluster.node_groups}:
-        fail("island", island, "an island of the cluster: " +
-             ", ".join(sorted({g.island for g in s.cluster.node_groups})))
-    datacenter = next(g.datacenter for g in s.cluster.node_groups if g.island == island)
-    price = same[0].price_per_gpu_hour_usd if same else None
-    group = NodeGroup(name=f"added-{dev.name.lower()}-{len(s.cluster.node_groups)}",
+    opts = _add_options(rest)
+    groups = s.cluster.node_groups
+    same = [g for g in groups if g.gpu == dev.name]
+    known = {g.island for g in groups}
+    island = opts.get("island") or (same[0].island if same else
+                                    groups[0].island if groups else "island0")
+    links = s.cluster.island_links
+    if island in known or not known:
+        if "link" in opts:
+            fail("link", opts["link"], f"only for a new island ({island!r} is the cluster's)")
+        datacenter = next((g.datacenter for g in groups if g.island == island), "dc0")
+    else:  # a new island in a datacenter of its own, linked to every other island
+        if "link" not in opts:
+            fail("island", island, "one of the cluster's (" + ", ".join(sorted(known))
+                 + "), or a new one with 'link GBPS' (its bandwidth to the others)")
+        link = IslandLink(islands=("", island), bandwidth_gbit_per_s=_factor(opts["link"],
+                                                                            "link"))
+        if "latency" in opts:
+            link = replace(link, latency_ms=_factor(opts["latency"], "latency"))
+        datacenter = island
+        links = (*links, *(replace(link, islands=(other, island)) for other in sorted(known)))
+    price = (_factor(opts["price"], "price") if "price" in opts
+             else same[0].price_per_gpu_hour_usd if same else None)
+    group = NodeGroup(name=f"added-{dev.name.lower()}-{len(groups)}",
                       gpu=dev.name, num_nodes=n // per_node, island=island,
                       datacenter=datacenter, price_per_gpu_hour_usd=price).resolved()
-    return _with_groups(s, (*s.cluster.node_groups, group))
+    return replace(s, cluster=replace(s.cluster, node_groups=(*groups, group),
+                                      island_links=links))
+
+
+def _add_options(rest: tuple[str, ...]) -> dict[str, str]:
+    """'add TYPE COUNT ISLAND' (an island of the cluster), or keyword pairs: island NAME,
+    link GBPS, latency MS, price USD."""
+    if len(rest) == 1:
+        return {"island": rest[0]}
+    if len(rest) % 2 or any(w not in _ADD_WORDS for w in rest[::2]):
+        fail("add", " ".join(rest), "TYPE COUNT [ISLAND], or then pairs of "
+             + ", ".join(f"'{w} VALUE'" for w in _ADD_WORDS))
+    return dict(zip(rest[::2], rest[1::2], strict=True))
 
 
 def _remove(s: Setting, gpu: str, count: str) -> Setting:
@@ -162,13 +217,10 @@ def _remove(s: Setting, gpu: str, count: str) -> Setting:
         if left % per and nodes * per > left:
             fail("count", count, f"whole nodes of {per} GPUs")
         left -= nodes * per
-        if nodes < g.num_nodes:
-            kept.append(replace(g, num_nodes=g.num_nodes - nodes))
+        kept.append(replace(g, num_nodes=g.num_nodes - nodes))  # empty ones go at the end
     if left > 0:
         fail("count", count, f"the cluster has fewer {name} GPUs")
     kept.reverse()
-    if not kept:
-        fail("remove", gpu, "would leave no GPUs")
     return _with_groups(s, tuple(kept))
 
 
@@ -213,7 +265,7 @@ def _scale_link(s: Setting, a: str, b: str, factor: str) -> Setting:
         fail("scale-link", f"{a} {b}", "two islands the cluster links")
     links = tuple(replace(k, bandwidth_gbit_per_s=k.bandwidth_gbit_per_s * f) if k is link else k
                   for k in s.cluster.island_links)
-    return replace(s, cluster=_checked(replace(s.cluster, island_links=links)))
+    return replace(s, cluster=replace(s.cluster, island_links=links))  # checked by `apply`
 
 
 def _price(s: Setting, gpu: str, usd: str) -> Setting:
@@ -231,7 +283,7 @@ def _egress(s: Setting, usd: str) -> Setting:
     if not s.cluster.island_links:
         fail("egress-price", usd, "the cluster has no links between islands")
     links = tuple(replace(k, price_per_gb_usd=value) for k in s.cluster.island_links)
-    return replace(s, cluster=_checked(replace(s.cluster, island_links=links)))
+    return replace(s, cluster=replace(s.cluster, island_links=links))  # checked by `apply`
 
 
 def _model(s: Setting, name: str) -> Setting:
@@ -248,13 +300,7 @@ def _tokens(s: Setting, text: str) -> Setting:
 
 
 def _with_groups(s: Setting, groups: tuple[NodeGroup, ...]) -> Setting:
-    return replace(s, cluster=_checked(replace(s.cluster, node_groups=groups)))
-
-
-def _checked(cluster: ClusterSpec) -> ClusterSpec:
-    """The edited cluster validated as a cluster file is (every field in its range, the
-    cluster's own rules), so a scenario is exactly a cluster file."""
-    return parse(ClusterSpec, dump(cluster), where="cluster")
+    return replace(s, cluster=replace(s.cluster, node_groups=groups))  # checked by `apply`
 
 
 _APPLY: dict[str, Callable[..., Setting]] = {"add": _add, "remove": _remove, "swap": _swap, "scale-nic": _scale_nic,

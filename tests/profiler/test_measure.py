@@ -1,6 +1,5 @@
 """Measuring ops with torch on the CPU: fragments, timing, rows, skips, Ctrl-C."""
 
-import io
 
 import pytest
 
@@ -8,7 +7,6 @@ torch = pytest.importorskip("torch")
 
 from profiler import torch_ops  # noqa: E402
 from profiler.measure import MeasureSettings, OpCase, measure_ops, torch_dtype  # noqa: E402
-from profiler.progress import QUIET_S, ProgressBar  # noqa: E402
 from profiler.timing import time_calls  # noqa: E402
 
 SMALL = {  # impl -> small dimensions
@@ -81,24 +79,6 @@ def test_ctrl_c_keeps_what_was_measured():
 
     measured = measure_ops(cases, FAST, progress=progress)
     assert measured.interrupted and [r.name for r in measured.rows] == ["op0", "op1"]
-
-
-def test_progress_bar_off_a_terminal_prints_tenths_of_long_work_only(monkeypatch):
-    monkeypatch.delenv("TRAINPLAN_PROGRESS", raising=False)
-    quick = io.StringIO()
-    bar = ProgressBar(20, title="ops", stream=quick)
-    for i in range(21):
-        bar(i, f"op{i}")
-    bar.close()
-    assert quick.getvalue() == ""  # short work stays silent in logs
-    out = io.StringIO()
-    bar = ProgressBar(20, title="ops", stream=out)
-    bar.start -= QUIET_S  # as if it had been running a while
-    for i in range(21):
-        bar(i, f"op{i}")
-    bar.close()
-    lines = out.getvalue().splitlines()
-    assert 10 <= len(lines) <= 11 and lines[-1].startswith("ops: 20/20")
 
 
 # FP8 GEMMs (torch._scaled_mm also runs on the CPU, so the code CUDA runs is checked here)

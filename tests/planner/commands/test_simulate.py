@@ -118,7 +118,11 @@ def test_bf16_on_v100_one_rule_for_flags_and_plans(tmp_path, capsys):
     _one_line(*run_cli(["simulate", "--plan", str(path)], capsys),
               f"{path}:training.dtype: " + rule)
     _one_line(*run_cli(["search", "--model", "gpt3-1.3b", "--gpus", "V100-32GB-SXM2:8",
-                        "--gbs", "64"], capsys), "--dtype: " + rule)
+                        "--gbs", "64", "--dtype", "bf16"], capsys), "--dtype: " + rule)
+    # without --dtype, a V100 cluster trains in fp16 (bf16 where every GPU type has it)
+    code, out, _ = run_cli(["search", "--model", "gpt3-1.3b", "--gpus", "V100-32GB-SXM2:8",
+                            "--gbs", "64"], capsys)
+    assert code == 0 and "fp16" in out.splitlines()[0]
 
 
 def test_an_event_simulation_of_minutes_is_refused_with_the_way_out(capsys):

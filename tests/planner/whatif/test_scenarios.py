@@ -79,7 +79,12 @@ def test_model_and_tokens() -> None:
 
 @pytest.mark.parametrize("text, words", [
     ("buy H100-80GB-SXM 8", ["'buy' is not a change"]),
-    ("add H100-80GB-SXM", ["add takes 2-3 arguments"]),
+    ("add H100-80GB-SXM", ["add takes 2-10 arguments"]),
+    ("add H100-80GB-SXM 8 cloud", ["island", "cloud", "link GBPS"]),
+    ("add H100-80GB-SXM 8 island ib link 100", ["link", "only for a new island"]),
+    ("add H100-80GB-SXM 8 island cloud link fast", ["link", "fast", "positive"]),
+    ("add H100-80GB-SXM 8 isle cloud", ["add", "pairs of"]),
+    ("remove A100-80GB-SXM 128; remove V100-32GB-SXM2 128", ["leaves no GPUs"]),
     ("add H100-80GB-SXM 12", ["count", "12", "multiple of 8"]),
     ("remove V100-32GB-SXM2 4096", ["fewer"]),
     ("swap P100 A100-80GB-SXM", ["P100"]),
@@ -130,3 +135,49 @@ def test_cli_bad_scenario_exits_2_with_one_line(tmp_path: object) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "count" in lines[0] and "12" in lines[0]
+
+
+@pytest.mark.parametrize("text", ["add H100-80GB-SXM 128; remove A100-80GB-SXM 128",
+                                  "remove A100-80GB-SXM 128; add H100-80GB-SXM 128"])
+def test_steps_are_checked_once_all_apply_so_order_does_not_matter(text: str) -> None:
+    s = apply(parse_scenario(text), _base())
+    assert (_count(s, "A100-80GB-SXM"), _count(s, "H100-80GB-SXM")) == (0, 128)
+    assert all(g.num_nodes > 0 for g in s.cluster.node_groups)
+    swapped = apply(parse_scenario("remove A100-80GB-SXM 128; remove V100-32GB-SXM2 128; "
+                                   "add H100-80GB-SXM 64"), _base())
+    assert swapped.cluster.num_gpus == 64 and swapped.cluster.node_groups[0].island == "ib"
+
+
+def test_add_a_new_island_over_a_wan_link() -> None:
+    s = apply(parse_scenario("rent: add H100-80GB-SXM 64 island cloud link 100 latency 5 "
+                             "price 4.5"), _base())
+    added = s.cluster.node_groups[-1]
+    assert (added.island, added.datacenter, added.price_per_gpu_hour_usd) == (
+        "cloud", "cloud", 4.5)
+    (link,) = s.cluster.island_links
+    assert set(link.islands) == {"ib", "cloud"} and link.bandwidth_gbit_per_s == 100
+    assert link.latency_ms == 5 and link.kind == "ethernet"
+    # on a cluster of two islands the new one is linked to both
+    two = apply(parse_scenario("add H100-80GB-SXM 8 island cloud link 50"), _base(TWO_DC))
+    assert {frozenset(k.islands) for k in two.cluster.island_links} >= {
+        frozenset({"east", "cloud"}), frozenset({"west", "cloud"})}
+
+
+def test_removing_an_island_drops_its_links() -> None:
+    s = apply(parse_scenario("remove A100-80GB-SXM 256"), _base(TWO_DC))
+    assert s.cluster.island_links == () and {g.island for g in s.cluster.node_groups} == {"east"}
+
+
+def test_a_scenarios_cluster_is_named_after_it() -> None:
+    s = apply(parse_scenario("more: add A100-80GB-SXM 8"), _base())
+    assert s.cluster.name == "more (mixed-a100-v100)" and s.label == "more"
+
+
+def test_what_if_takes_gpus_as_well_as_a_cluster(tmp_path: object) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner.cli", "what-if", "--model", "gpt3-125m", "--gpus",
+         "A100-80GB-SXM:16", "--tokens", "1e9", "--gbs", "16", "--scenario",
+         "half: remove A100-80GB-SXM 8", "-o", str(tmp_path)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "baseline:" in proc.stdout and "half:" in proc.stdout

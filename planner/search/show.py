@@ -1,0 +1,181 @@
+"""What `plan search` prints: the table of its best plans (different layouts, each with
+its memory headroom), and the same as JSON.
+
+The table fits 100 columns; `wide` adds throughput, the closed-form estimate, egress and
+the kernels. Plans whose stages differ in GPU type or tp get a line per kind of replica
+under their row.
+"""
+
+from __future__ import annotations
+
+from planner.describe import (
+    GIB,
+    headroom_bytes,
+    is_mixed,
+    layout_cell,
+    render_table,
+    replica_lines,
+    sharding_cell,
+    wrapped,
+)
+from planner.search.search import Ranked, SearchRequest, SearchResult
+from planner.specs.plan import Pipeline, Plan
+
+__all__ = ["search_json", "search_table"]
+
+WIDTH = 100  # a terminal's columns the table fits without `wide`
+
+
+def _row(r: Ranked, req: SearchRequest) -> dict:
+    plan, res = r.plan, r.result
+    stage = plan.pipelines[0].stages[0]
+    sh = plan.sharding
+    slots = plan.cluster.slots
+    gpus = []
+    for pipe in plan.pipelines:
+        for st in pipe.stages:
+            g = plan.cluster.node_groups[slots[st.devices[0]].group].gpu
+            gpus += [g] * len(st.devices)
+    headroom = headroom_bytes(res)
+    return {
+        "gpu_types": {g: gpus.count(g) for g in dict.fromkeys(gpus)},
+        "gpus": res.num_gpus, "tp": stage.tp, "pp": len(plan.pipelines[0].stages),
+        "dp": plan.dp, "cp": stage.cp, "vp": plan.training.virtual_stages,
+        "stages": [[{"gpu": plan.cluster.node_groups[slots[s.devices[0]].group].gpu,
+                     "tp": s.tp, "cp": s.cp, "layers": s.num_layers} for s in p.stages]
+                   for p in _distinct_pipelines(plan)],
+        "schedule": plan.training.schedule,
+        "mbs": plan.pipelines[0].micro_batch_size, "recompute": stage.recompute,
+        "sequence_parallel": plan.training.sequence_parallel,
+        "sharding": {"params": sh.params, "grads": sh.grads, "optim": sh.optim},
+        "stage_sharding": None if plan.stage_sharding is None else [
+            {"params": s.params, "grads": s.grads, "optim": s.optim}
+            for s in plan.stage_sharding],
+        "attention": plan.kernels.attention,
+        "iteration_time_s": res.iteration_time_s, "estimate_s": r.estimate_s,
+        "tokens_per_s": res.tokens_per_s, "mfu": res.mfu,
+        "peak_memory_bytes": int(res.peak_memory_bytes),
+        "memory_headroom_bytes": int(headroom),
+        "below_headroom": headroom < req.memory_headroom_bytes,
+        "usd_per_million_tokens": r.usd_per_million_tokens,
+        "time_to_train_s": r.time_to_train_s(req.tokens),
+        "run_cost_usd": r.run_cost_usd(req.tokens),
+        "egress_usd": r.egress_usd(req.tokens),
+        "sources": res.sources,
+    }
+
+
+def _distinct_pipelines(plan: Plan) -> list[Pipeline]:
+    """One pipeline of each kind (its stages' GPU types, tp, cp and layers)."""
+    groups, slots = plan.cluster.node_groups, plan.cluster.slots
+    seen: dict[tuple, Pipeline] = {}
+    for p in plan.pipelines:
+        key = tuple((groups[slots[s.devices[0]].group].gpu, s.tp, s.cp, s.num_layers)
+                    for s in p.stages)
+        seen.setdefault(key, p)
+    return list(seen.values())
+
+
+def _baselines(result: SearchResult) -> list[dict]:
+    """Each baseline's simulated iteration and how much faster the best plan is."""
+    best = result.ranked[0].result.iteration_time_s
+    out = []
+    for b in result.baselines:
+        t = b.result.iteration_time_s if b.result is not None and b.result.fits else None
+        out.append({"name": b.name, "iteration_time_s": t,
+                    "best_is_faster_by": None if t is None else t / best - 1,
+                    "note": b.note})
+    return out
+
+
+def search_json(result: SearchResult, req: SearchRequest) -> dict:
+    return {"objective": req.objective, "candidates": result.num_candidates,
+            "fitting": result.num_fitting, "layouts": result.num_layouts,
+            "search_s": result.elapsed_s, "notes": result.notes,
+            "memory_headroom_bytes": req.memory_headroom_bytes,
+            "baselines": _baselines(result),
+            "plans": [_row(r, req) for r in result.ranked]}
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / 86400:.1f} d" if seconds >= 86400 else f"{seconds / 3600:.1f} h"
+
+
+def search_table(result: SearchResult, req: SearchRequest, *, wide: bool = False) -> str:
+    """The top plans, one row each (a line per kind of replica under mixed ones), then
+    what was searched, the baselines, notes, a legend and the sources."""
+    headers = ["#", "GPUs", "layout", "mbs", "recompute", "sharding", "iter s", "MFU",
+               "mem GiB", "free GiB"]
+    priced = any(r.usd_per_million_tokens is not None for r in result.ranked)
+    if priced:
+        headers.append("$/1M tok")
+    if req.tokens:
+        headers += ["train", "run $"]
+    if wide:
+        headers += ["tokens/s", "estimate s", "egress $", "attention"]
+    rows, notes = [], []
+    flagged = False
+    for i, r in enumerate(result.ranked, 1):
+        d = _row(r, req)
+        plan = r.plan
+        low = d["below_headroom"]
+        flagged = flagged or low
+        shard = ("per stage" if plan.stage_sharding else
+                 sharding_cell(plan.sharding, plan.dp))
+        row = [str(i), str(d["gpus"]), layout_cell(plan), str(d["mbs"]), str(d["recompute"]), shard, f"{d['iteration_time_s']:.3f}",
+               f"{d['mfu'] * 100:.1f}%", f"{d['peak_memory_bytes'] / GIB:.1f}",
+               f"{d['memory_headroom_bytes'] / GIB:.1f}{' !' if low else '  '}"]
+        if priced:
+            usd = d["usd_per_million_tokens"]
+            row.append("-" if usd is None else f"{usd:.2f}")
+        if req.tokens:
+            cost = d["run_cost_usd"]
+            row += [_days(d["time_to_train_s"]), "-" if cost is None else f"{cost:,.0f}"]
+        if wide:
+            egress = d["egress_usd"]
+            row += [f"{d['tokens_per_s']:,.0f}", f"{d['estimate_s']:.3f}",
+                    "-" if egress is None else f"{egress:,.0f}", str(d["attention"])]
+        rows.append(row)
+        lines = replica_lines(plan) if is_mixed(plan) else []
+        if plan.stage_sharding:
+            lines.append("sharding per stage: " + "; ".join(
+                sharding_cell(sh, plan.dp) for sh in plan.stage_sharding))
+        notes.append(lines)
+    right = [h not in ("layout", "recompute", "sharding", "attention") for h in headers]
+    # past 100 columns without --wide: drop the cost per token where the run's cost is
+    # shown, then the memory peak (its headroom stays)
+    optional = [headers.index(h) for h in ("$/1M tok", "mem GiB") if h in headers
+                and (h != "$/1M tok" or req.tokens)]
+    out = [f"{req.model.name} on {req.cluster.name}: gbs {req.gbs}, seq {req.seq_len}, "
+           f"{req.dtype}, objective {req.objective}"]
+    out += render_table(headers, rows, right=right, width=None if wide else WIDTH,
+                        optional=optional, notes=notes)
+    out += _footer(result, req, flagged)
+    return "\n".join(out)
+
+
+def _footer(result: SearchResult, req: SearchRequest, flagged: bool) -> list[str]:
+    lines = []
+    if flagged:
+        lines.append(f"! less than the {req.memory_headroom_bytes / GIB:.1f} GiB of free "
+                     "memory asked for (--memory-headroom): it may run out of memory")
+    lines += wrapped(f"searched {result.num_candidates:,} candidates on {result.num_layouts} "
+                     f"layouts ({result.num_fitting:,} fit) in {result.elapsed_s:.1f} s; one "
+                     "row per layout, ranked by event simulation")
+    for b in _baselines(result):
+        rated = ("-" if b["iteration_time_s"] is None else
+                 f"{b['iteration_time_s']:.3f} s/iteration; the best plan is "
+                 f"{b['best_is_faster_by'] * 100:.1f}% faster")
+        lines += wrapped(f"baseline {b['name']}: {rated}"
+                         + (f" ({b['note']})" if b["note"] else ""))
+    for n in result.notes:
+        lines += wrapped(f"note: {n}")
+    lines += wrapped("layout: tp tensor, cp context, pp pipeline, vp interleaved chunks, dp "
+                     "data parallel degrees (+sp: sequence parallel; zb-h1: zero-bubble "
+                     "schedule, else 1F1B). free: GiB left at the peak. sharding: ZeRO-1 "
+                     "splits optimizer states over the replicas, ZeRO-2 also gradients, "
+                     "ZeRO-3 also parameters; 'optim 64': over 64 replicas")
+    lines.append("sources:")
+    for k, v in result.ranked[0].result.sources.items():
+        lines += wrapped(f"  {k}: {v}", indent="    ")
+    return lines
