@@ -21,7 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 
-from planner.costs.comm import COMM_SOURCE, Tier, collective_time_s, group_tiers
+from planner.costs.comm import (
+    COMM_SOURCE,
+    Tier,
+    clear_comm_caches,
+    collective_time_s,
+    group_tiers,
+)
 from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, clear_op_cache, compute_source
 from planner.costs.memory import (
     StageMemory,
@@ -603,7 +609,7 @@ def plan_costs(plan: Plan, profiles: Profiles | None = None) -> PlanCosts:
 def clear_cost_caches() -> None:
     """Forget cached op, layer and link costs (after the model's parameters changed)."""
     clear_op_cache()
-    group_tiers.cache_clear()
+    clear_comm_caches()
     layer_parts.cache_clear()
     _layer_weight_grad.cache_clear()
     _extra_parts.cache_clear()

@@ -19,7 +19,7 @@ from profiler.schema import SpecError, at, cached_hash, fail, load_yaml, parse, 
 __all__ = ["ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup", "homogeneous_cluster",
            "load_cluster", "parse_gpus_arg"]
 
-LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "loopback"]
+LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "pcie-host", "loopback"]
 NicName = Literal["infiniband", "roce", "ethernet"]
 
 
