@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Recompute", "Schedule", "ShardingPreset", "values"]
+__all__ = ["PipelineP2P", "Recompute", "Schedule", "ShardingPreset", "values"]
 
 
 class Schedule(StrEnum):
@@ -82,3 +82,23 @@ class ShardingPreset(StrEnum):
     def group_sizes(self, dp: int) -> tuple[int, int, int]:
         return {ShardingPreset.NONE: (1, 1, 1), ShardingPreset.ZERO1: (1, 1, dp),
                 ShardingPreset.ZERO2: (1, dp, dp), ShardingPreset.ZERO3: (dp, dp, dp)}[self]
+
+
+class PipelineP2P(StrEnum):
+    """How a framework moves activations and their gradients between pipeline stages.
+
+    BATCHED: Megatron-LM / Megatron-Core (`batch_p2p_comm`, default True): the sends and
+    receives of one exchange go out as one `batch_isend_irecv`, both directions at once,
+    on communication streams beside the compute (NVIDIA/Megatron-LM
+    megatron/core/model_parallel_config.py, pipeline_parallel/p2p_communication.py).
+    BLOCKING: DeepSpeed's PipelineEngine (deepspeed/runtime/pipe/p2p.py asserts
+    `async_op == False` and calls the blocking `dist.send` / `dist.recv`): each transfer
+    holds the compute of both the sender and the receiver, one direction at a time.
+    """
+
+    BATCHED = "batched"
+    BLOCKING = "blocking"
+
+    @property
+    def blocks_compute(self) -> bool:
+        return self is PipelineP2P.BLOCKING
