@@ -49,7 +49,7 @@ from profiler.schema import cached_hash
 from profiler.store import Profiles
 
 __all__ = ["ALGORITHMS", "COMM_SOURCE", "PROTOCOLS", "Choice", "Tier", "clear_comm_caches",
-           "collective_choices", "collective_time_s", "describe", "group_tiers",
+           "Transfer", "collective_choices", "collective_time_s", "group_tiers",
            "measured_collective_s"]
 
 COMM_SOURCE = ("NCCL's cost model (2.20.3: ring/tree, LL/LL128/Simple) over the cluster's links "
@@ -402,18 +402,27 @@ def _model_time_s(kind: str, size_bytes: float, tiers: tuple[Tier, ...]) -> floa
     raise ValueError(f"unknown collective {kind!r}")
 
 
-def describe(kind: str, size_bytes: float, tiers: Sequence[Tier],
-             profiles: Profiles | None = None) -> str:
-    """One line for traces: the collective, its size, the group and what NCCL runs."""
-    if not tiers or size_bytes <= 0:
-        return ""
-    n = math.prod(t.fanout for t in tiers)
-    where = "/".join(f"{t.fanout} {_TIER_WORDS[t.name]}" for t in tiers)
-    text = f"{kind} {size_bytes / 1e6:.3g} MB, {n} ranks ({where})"
-    if kind in ("all_reduce", "all_gather", "reduce_scatter"):
-        c = min(collective_choices(kind, size_bytes, tiers), key=lambda c: c.time_s)
-        text += f": {c.algorithm}/{c.protocol}"
-    return f"{text}, {collective_time_s(kind, size_bytes, tiers, profiles=profiles) * 1e3:.3g} ms"
+@cached_hash
+@dataclass(frozen=True)
+class Transfer:
+    """One collective or send as a framework issues it (`pieces` equal ones, e.g. buckets),
+    kept so that traces can say what a transfer was (`describe`) without pricing it twice."""
+
+    kind: str
+    size_bytes: float  # one piece
+    tiers: tuple[Tier, ...]
+    pieces: int = 1
+
+    def describe(self) -> str:
+        """"4 x all_gather 396 MB, 64 ranks (8 per node/8 nodes): ring/simple"."""
+        n = math.prod(t.fanout for t in self.tiers)
+        where = "/".join(f"{t.fanout} {_TIER_WORDS[t.name]}" for t in self.tiers)
+        text = f"{self.kind} {self.size_bytes / 1e6:.3g} MB, {n} ranks ({where})"
+        if self.kind in ("all_reduce", "all_gather", "reduce_scatter"):
+            c = min(collective_choices(self.kind, self.size_bytes, self.tiers),
+                    key=lambda c: c.time_s)
+            text += f": {c.algorithm}/{c.protocol}"
+        return f"{self.pieces} x {text}" if self.pieces > 1 else text
 
 
 _TIER_WORDS = {"node": "per node", "network": "nodes", "islands": "islands"}

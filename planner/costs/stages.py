@@ -24,9 +24,9 @@ from functools import cache
 from planner.costs.comm import (
     COMM_SOURCE,
     Tier,
+    Transfer,
     clear_comm_caches,
     collective_time_s,
-    describe,
     group_tiers,
 )
 from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, clear_op_cache, compute_source
@@ -113,12 +113,13 @@ class DPSync:
     overlap: bool = True  # gradient buckets reduced while the last backward runs
     gather_units: int = 0  # sharded parameters: all-gathers per forward (and per backward)
     prefetch: int = 1  # units gathered ahead of the one computing
-    # what each term runs, one piece of it described (traces): grad_microbatch,
-    # grad_iteration, param_iteration, param_microbatch -> text
-    detail: tuple[tuple[str, str], ...] = ()
+    # what each term runs (traces): grad_microbatch, grad_iteration, param_iteration,
+    # param_microbatch -> its transfers
+    detail: tuple[tuple[str, Transfer], ...] = ()
 
     def about(self, term: str) -> str:
-        return "; ".join(text for name, text in self.detail if name == term)
+        """The transfers of one term, as traces describe them."""
+        return "; ".join(t.describe() for name, t in self.detail if name == term)
 
     @property
     def gather_unit_s(self) -> float:
@@ -217,7 +218,7 @@ class StageCost:
     # Pipeline transfers hold the compute of sender and receiver (DeepSpeed's blocking
     # send/recv) instead of running beside it (Megatron's batched isend/irecv).
     p2p_blocking: bool = False
-    p2p_detail: str = ""  # the transfer as traces describe it
+    p2p_transfer: Transfer | None = None  # the send, for traces
 
     @functools.cached_property
     def forward(self) -> Part:
@@ -445,12 +446,12 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
     grad_bytes = params * dtype_bytes(comm.grad_reduce_dtype)
     buckets = max(1, math.ceil(params / bucket_params(comm, dp)))
 
-    detail: list[tuple[str, str]] = []
+    detail: list[tuple[str, Transfer]] = []
 
     def time_s(term: str, kind: str, size: float, members: int, stride: int,
                pieces: int = 1) -> float:
         tiers = group_tiers(cluster, group[0:members * stride:stride], concurrency)
-        detail.append((term, f"{pieces} x {describe(kind, size / pieces, tiers, profiles)}"))
+        detail.append((term, Transfer(kind, size / pieces, tiers, pieces)))
         return pieces * collective_time_s(kind, size / pieces, tiers, profiles=profiles)
 
     g, optim, p = sharding.grads, sharding.optim, sharding.params
@@ -514,16 +515,16 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
 
 
 def _p2p(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: WorkloadShape,
-         profiles: Profiles | None) -> tuple[float, str]:
-    """Send one activation to the next stage over the link joining them (and describe it).
-    Megatron scatters it over the tp ranks; each sends a slice."""
+         profiles: Profiles | None) -> tuple[float, Transfer | None]:
+    """Send one activation to the next stage over the link joining them. Megatron
+    scatters it over the tp ranks; each sends a slice."""
     if spec.next_device is None:
-        return 0.0, ""
+        return 0.0, None
     size = (shape.micro_batch_size * shape.seq_len // shape.cp * model.hidden_size
             * dtype_bytes(shape.dtype) / shape.tp)
     tiers = group_tiers(cluster, (spec.placed.devices[0], spec.next_device))
     return (collective_time_s("send_recv", size, tiers, profiles=profiles),
-            describe("send_recv", size, tiers, profiles))
+            Transfer("send_recv", size, tiers))
 
 
 def shard_units(spec: StageSpec) -> int:
@@ -559,7 +560,7 @@ def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     memory = activation_memory(model, device=device(name), shape=shape, num_layers=n,
                                last=spec.last, recompute=recompute,
                                layers_in_flight=in_flight * n / run.virtual_stages)
-    p2p_s, p2p_detail = _p2p(cluster, model, spec, shape, profiles)
+    p2p_s, p2p_transfer = _p2p(cluster, model, spec, shape, profiles)
     return StageCost(pipeline=pipeline, stage=spec.index, device=name, num_layers=n,
                      num_params=params, layer_forward=layer_fwd, layer_backward=layer_bwd,
                      embed_forward=embed[0], embed_backward=embed[1], head_forward=head[0],
@@ -567,7 +568,8 @@ def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
                      dp=DPSync(), optimizer_s=0.0, memory=memory,
                      layer_weight_grad=_layer_weight_grad(model, shape, name, tiers_key,
                                                           recompute, profiles),
-                     p2p_blocking=run.comm.pipeline_p2p.blocks_compute, p2p_detail=p2p_detail)
+                     p2p_blocking=run.comm.pipeline_p2p.blocks_compute,
+                     p2p_transfer=p2p_transfer)
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,8 @@ class _Builder:
                       _comm_stream(self.g, self.plan, pi, src, devices, "pipeline sends"))
             forward = dst == (src + 1) % len(pipe.stages)
             link = self.costs[pi][src if forward else dst]
-            self.links[key] = (stream, link.p2p_s, link.p2p_detail)
+            about = link.p2p_transfer.describe() if link.p2p_transfer else ""
+            self.links[key] = (stream, link.p2p_s, about)
         stream, dur, detail = self.links[key]
         if not blocking:
             return self.g.add(f"send {label} p{pi} s{src}->s{dst}", "send", stream, dur,
