@@ -74,6 +74,17 @@ def _microbatch_s(c: StageCost, pp: int, vp: int, receives: float = 0.0) -> floa
     return c.forward_s + c.backward_s + sends_s(c, pp, vp) + receives + extra
 
 
+def _backlog_s(c: StageCost, m: int, schedule: Schedule) -> float:
+    """Sharded gradients: how much of the previous micro-batch's reduce-scatter is still
+    running when the last gradient pass starts (one forward after it under 1F1B, the
+    forward and B under ZB-H1, none under GPipe's back-to-back backwards)."""
+    if m < 2 or not c.dp.grad_microbatch_s:
+        return 0.0
+    gap = {Schedule.GPIPE: 0.0, Schedule.ZB_H1: c.forward_s + c.backward_s - c.weight_grad_s
+           }.get(Schedule(schedule), c.forward_s)
+    return max(0.0, c.dp.grad_microbatch_s - gap)
+
+
 def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_stages: int,
                   schedule: Schedule = Schedule.ONE_F_ONE_B) -> tuple[float, dict[str, float]]:
     """End time of one pipeline's iteration (its stages' costs in order) under `schedule`
@@ -87,9 +98,10 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
         if key not in memo:
             w = c.weight_grad_s if zb else 0.0
             last_grads = c.dp.grad_microbatch_s + c.dp.grad_iteration_s
-            # buckets are cut from the last gradient pass: the backward, or ZB-H1's last W
-            window = w if zb else c.backward_s
-            grad = exposed_s(last_grads, window, c.dp) if last_grads else 0.0
+            # buckets are cut from the last gradient pass: the backward, or ZB-H1's last W,
+            # less what the previous micro-batch's reduce-scatter still holds of the stream
+            window = (w if zb else c.backward_s) - _backlog_s(c, m, schedule)
+            grad = exposed_s(last_grads, max(window, 0.0), c.dp) if last_grads else 0.0
             gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.dp)
                       if c.dp.param_iteration_s else 0.0)
             half = (sends_s(c, pp, vp) + key[1]) / 2
