@@ -143,6 +143,19 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
                      "(use math)")
 
 
+def _check_comm(plan: Plan, where: str) -> None:
+    """The executor communicates as Megatron-LM does (`Communication`'s defaults):
+    non-blocking pipeline sends, gradients reduced in fp32. Other settings describe
+    other frameworks for prediction."""
+    comm = plan.training.comm
+    if comm.pipeline_p2p.blocks_compute:
+        fail(at(where, "training.comm.pipeline_p2p"), comm.pipeline_p2p,
+             "the executor's pipeline sends are non-blocking (batched)")
+    if comm.grad_reduce_dtype != "fp32":
+        fail(at(where, "training.comm.grad_reduce_dtype"), comm.grad_reduce_dtype,
+             "the executor reduces gradients in fp32")
+
+
 def check_runnable(plan: Plan, *, cuda_devices: int, where: str = "plan:",
                    host: bool = True) -> None:
     """Refuse what the executor cannot run, or (with `host`) what this host cannot
@@ -154,3 +167,4 @@ def check_runnable(plan: Plan, *, cuda_devices: int, where: str = "plan:",
     _check_stages(plan, where)
     _check_schedule(plan, where)
     _check_kernels(plan, kind, where)
+    _check_comm(plan, where)

@@ -26,6 +26,7 @@ __all__ = [
     "ArchEfficiency",
     "DeviceSpec",
     "LinkKind",
+    "NcclTuning",
     "NodeTemplate",
     "arch_efficiency",
     "catalog",
@@ -35,17 +36,18 @@ __all__ = [
     "link_kind",
     "load_catalog",
     "match_device",
+    "nccl_tuning",
     "parameter_overrides",
     "parse_catalog",
 ]
 
 DTypeName = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
-LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "infiniband", "roce", "ethernet",
-                   "loopback"]
+LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "pcie-host", "infiniband", "roce",
+                   "ethernet", "loopback"]
 NicName = Literal["infiniband", "roce", "ethernet"]
-LINK_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "xgmi", "pcie", "infiniband", "roce",
-                               "ethernet", "loopback")
+LINK_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "xgmi", "pcie", "pcie-host", "infiniband",
+                               "roce", "ethernet", "loopback")
 NIC_KINDS: tuple[str, ...] = ("infiniband", "roce", "ethernet")
 
 _BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -154,16 +156,71 @@ class DeviceSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class LinkKind:
-    """Latency per message step and achievable bandwidth fraction of one kind of link."""
+    """What NCCL achieves over one kind of link (profiler/data/links.yaml explains each
+    field and names its source)."""
 
-    latency_us: float = spec_field(min=0)
+    nccl_hw: Literal["nvlink", "pci", "net"]
+    latency_us: float = spec_field(min=0, help="the transport's own latency per step")
     bandwidth_efficiency: float = spec_field(gt=0, max=1)
+    p2p_efficiency: float | None = spec_field(default=None, gt=0, max=1)
+    channels: int = spec_field(min=1)
     rdma: bool = spec_field()
+    shared_efficiency: float | None = spec_field(default=None, gt=0, max=1)
+    single_rank_efficiency: float | None = spec_field(default=None, gt=0, max=1)
+    nvls_efficiency: float | None = spec_field(default=None, gt=0, max=1)
+    socket_stream_gbit_per_s: float | None = spec_field(default=None, gt=0)
     source: str = spec_field()
 
     @property
     def latency_s(self) -> float:
         return self.latency_us * 1e-6
+
+    @property
+    def send_efficiency(self) -> float:
+        """Fraction of the nominal bandwidth a point-to-point transfer reaches."""
+        return self.p2p_efficiency if self.p2p_efficiency is not None else self.bandwidth_efficiency
+
+
+ProtocolTable = dict[Literal["ll", "ll128", "simple"], float]
+ArchRow = dict[str, tuple[float, float, float]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NcclTuning:
+    """NCCL's cost-model constants (profiler/data/nccl.yaml, from NCCL 2.20.3's
+    src/graph/tuning.cc): latencies in us, bandwidths in GB/s, as in the source."""
+
+    version: str
+    source: str
+    base_latency_us: dict[Literal["ring", "tree"], ProtocolTable]
+    hop_latency_us: dict[Literal["nvlink", "pci", "net"], dict[Literal["ring", "tree"], ProtocolTable]]
+    net_overhead_us: float = spec_field(min=0)
+    net_overhead_simple_factor: float = spec_field(min=1)
+    ring_ll_factor: float = spec_field(gt=0, max=1)
+    ring_ll_factor_single_node: float = spec_field(gt=0, max=1)
+    ll128_factor: float = spec_field(gt=0, max=1)
+    ll128_factor_one_rank_per_node: float = spec_field(gt=0, max=1)
+    tree_factor: float = spec_field(gt=0, max=1)
+    tree_ll_factor: float = spec_field(gt=0, max=1)
+    tree_ll128_factor_single_node: float = spec_field(gt=0, max=1)
+    tree_ll128_factor_multi_node: float = spec_field(gt=0, max=1)
+    tree_algbw_factor: float = spec_field(gt=0, max=1)
+    ll_max_bw_gb_per_s: ArchRow
+    ll128_max_bw_per_channel_gb_per_s: ArchRow
+    tree_ll128_max_bw_per_channel_gb_per_s: ArchRow
+    tree_max_bw_per_channel_gb_per_s: ArchRow
+    tree_simple_correction: tuple[float, ...]
+    ring_plateau_factor: float = spec_field(min=1)
+    ring_plateau_factor_pre_ampere: float = spec_field(min=1)
+    ring_plateau_min_bytes: float = spec_field(min=0)
+    ll128_architectures: tuple[str, ...]
+    nvls_latency_us: float = spec_field(min=0)
+    architecture_rows: dict[str, str]
+
+    def arch_row(self, arch: str | None) -> str:
+        """The row of the per-architecture tables NCCL uses for `arch` (None: mixed
+        architectures, whose lowest NCCL cannot know here: Volta's, the most cautious)."""
+        return self.architecture_rows.get(arch or "", "volta")
 
 
 def parse_catalog(raw: object, *, where: str) -> dict[str, DeviceSpec]:
@@ -268,6 +325,12 @@ def parameter_overrides(*, arch: Mapping[str, ArchEfficiency] | None = None,
     finally:
         for k, v in saved.items():
             _OVERRIDES[k] = v
+
+
+@cache
+def nccl_tuning() -> NcclTuning:
+    """NCCL's tuner constants (profiler/data/nccl.yaml)."""
+    return parse(NcclTuning, _data("nccl.yaml"), where="nccl")
 
 
 def link_kind(name: str) -> LinkKind:

@@ -72,8 +72,8 @@ SPACES: dict[str, list[Parameter]] = {
         Parameter("arch:ampere", "kernel_overhead_us", 0.5, 20),
         Parameter("arch:ampere", "launch_overhead_us", 5, 120),
         Parameter("arch:ampere", "tp_comm_overlap", 0.0, 1.0),
+        # NCCL's per-hop latencies are its own constants (profiler/data/nccl.yaml), not fitted
         Parameter("link:nvswitch", "bandwidth_efficiency", 0.4, 0.95),
-        Parameter("link:nvswitch", "latency_us", 1, 40),
     ],
     # 4 rows: the GEMM rate only; HBM2 streaming stays at its STREAM-measured ~0.9.
     "volta": [

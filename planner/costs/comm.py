@@ -1,21 +1,39 @@
-"""Collective times over the real path: a hierarchical alpha-beta model.
+"""Collective and point-to-point times as NCCL runs them.
 
 A group of ranks is seen as tiers: ranks inside a node (NVLink / NVSwitch / PCIe), nodes
-inside an island (the NICs), and islands (the links between them, e.g. two datacenters).
-Collectives run hierarchically, as NCCL does across nodes: a reduce-scatter inside each
-tier, then the next tier works on the shard, so slow tiers carry the least data
-(Thakur et al. 2005 for the per-phase costs; hierarchical NCCL rings and trees).
-Each phase over f participants costs (f-1)/f * bytes / bandwidth plus its latency
-steps (a ring's f-1 or a tree's 2*log2 f, whichever is fewer).
+inside an island (the NICs: RDMA, or TCP sockets on Ethernet), and islands (the links
+between them, e.g. two datacenters).
+
+Collectives follow NCCL's own cost model (NCCL 2.20.3 src/graph/tuning.cc, constants in
+profiler/data/nccl.yaml, formulas in planner/data/reference/nccl_tuner.md): for every
+enabled (algorithm, protocol) pair NCCL predicts latency + bytes / bandwidth and runs the
+fastest (getAlgoInfo in src/enqueue.cc); so does `collective_time_s`.
+
+* Algorithms: ring (every collective; a ring crosses each node boundary once per
+  channel, so it is hierarchical in bandwidth), tree (all-reduce only: a chain inside
+  each node, a binary tree across nodes) and, inside one Hopper-or-later NVSwitch node,
+  NVLS (all-reduce in the switch).
+* Protocols: LL (lowest latency, a quarter of the bandwidth, capped per architecture),
+  LL128 (NVLink inside nodes and RDMA between them only; 92% of the bandwidth, capped
+  per channel) and Simple (all the bandwidth, the highest latency).
+* Latency grows with the steps: a ring all-reduce takes 2(n-1) steps, each one hop
+  over NVLink, PCIe or the network (NCCL's hwLat, plus the NIC's or socket's own
+  latency, links.yaml); a tree 2((ranks per node - 1) + log2 nodes) hops.
+* Bus bandwidth is the slowest tier a ring crosses: a rank's achievable NVLink/PCIe
+  bandwidth inside a node, the node's NICs shared by all its GPUs across nodes (every
+  GPU of a node communicates at once in data-parallel sync), an island link shared by
+  every group crossing it (`concurrency`). On Ethernet NCCL moves data through TCP
+  sockets, which reach a measured fraction of the line rate and no more than a socket
+  stream carries per NIC.
+* Members on different rails (local GPU index) need an NVLink hop to the right NIC
+  (NCCL's PXN) on every network step.
+
+Point-to-point sends (pipeline activations, ring attention) take one Simple step over
+the link joining the two ranks at its point-to-point bandwidth.
 
 A measured collective profile of a device type (`plan profile --collectives`, N processes
 on one host) answers the collectives of groups of N ranks inside one node of that type;
 the model answers the rest.
-
-Bandwidth per rank is the achievable fraction of the nominal one (profiler/data/links.yaml).
-Across nodes every GPU of a node is assumed to communicate at once, so a rank gets the
-node's NIC bandwidth divided by its GPUs; an island link is shared by every rank of every
-group that crosses it at the same time (`concurrency` groups).
 """
 
 from __future__ import annotations
@@ -25,92 +43,325 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from planner.specs.cluster import ClusterSpec, GpuSlot
-from profiler.devices import link_kind
+from planner.specs.cluster import ClusterSpec, GpuSlot, NodeGroup
+from profiler.devices import NcclTuning, link_kind, nccl_tuning
+from profiler.schema import cached_hash
 from profiler.store import Profiles
 
-__all__ = ["COMM_SOURCE", "Tier", "collective_time_s", "group_tiers", "measured_collective_s"]
+__all__ = ["ALGORITHMS", "COMM_SOURCE", "PROTOCOLS", "Choice", "Tier", "clear_comm_caches",
+           "Transfer", "collective_choices", "collective_time_s", "group_tiers",
+           "measured_collective_s"]
 
-COMM_SOURCE = "alpha-beta collective model over the cluster's links (profiler/data/links.yaml)"
+COMM_SOURCE = ("NCCL's cost model (2.20.3: ring/tree, LL/LL128/Simple) over the cluster's links "
+               "(profiler/data/nccl.yaml, links.yaml)")
+ALGORITHMS = ("ring", "tree", "nvls")
+PROTOCOLS = ("ll", "ll128", "simple")
+_US = 1e-6
+_GB = 1e9
 
 
+@cached_hash
 @dataclass(frozen=True)
 class Tier:
-    """One level of a group's hierarchy: `fanout` members joined at per-rank bandwidth."""
+    """One level of a group's hierarchy: `fanout` members of the level below, joined by
+    one kind of link."""
 
     name: str  # node | network | islands
     fanout: int
-    bandwidth_bytes_per_s: float
-    latency_s: float
+    bandwidth_bytes_per_s: float  # bus bandwidth a ring of the group gets across this tier
+    latency_s: float  # the transport's own latency per step (NIC, socket, island link)
+    hw: str = "net"  # NCCL's hop-latency row: nvlink | pci | net
+    p2p_bandwidth_bytes_per_s: float = math.inf  # one rank's send to a peer across it
+    channels: int = 2  # NCCL channels over the tier
+    rdma: bool = True  # false: NCCL's socket transport (or host-staged PCIe)
     device: str | None = None  # the GPU type of a node tier whose nodes are all alike
+    arch: str | None = None  # the group's GPU architecture when all alike
+    aligned: bool = True  # network tier: every node's members sit on the same rails
+    nvls_bytes_per_s: float = 0.0  # node tier: all-reduce in the NVSwitch (0: none)
 
 
-def _nic_share_bytes_per_s(cluster: ClusterSpec, group_index: int) -> float:
-    g = cluster.node_groups[group_index]
-    assert g.nic is not None and g.gpus_per_node is not None
-    return g.node_nic_bandwidth_bytes_per_s * link_kind(g.nic).bandwidth_efficiency / g.gpus_per_node
+@dataclass(frozen=True)
+class Choice:
+    """One (algorithm, protocol) NCCL could run, and its predicted time."""
+
+    algorithm: str
+    protocol: str
+    latency_s: float
+    bandwidth_bytes_per_s: float  # algorithm bandwidth: bytes / (time - latency)
+    time_s: float
+
+
+# -- the group's tiers ----------------------------------------------------------------------
+
+def _nic_rank_share(g: NodeGroup, ranks_on_node: int) -> float:
+    """What one GPU of a node of group `g` gets of its node's NICs when every GPU of the
+    node communicates at once: RDMA reaches `bandwidth_efficiency` of the line rate
+    (`single_rank_efficiency` where the group has one rank on the node); TCP sockets
+    their measured fraction (lower when several GPUs share them) and at most one socket
+    stream per NIC."""
+    assert g.nic is not None and g.gpus_per_node is not None and g.nics_per_node is not None
+    nic = link_kind(g.nic)
+    node = g.node_nic_bandwidth_bytes_per_s
+    if nic.rdma:
+        alone = ranks_on_node == 1 and nic.single_rank_efficiency is not None
+        eff = nic.single_rank_efficiency if alone else nic.bandwidth_efficiency
+        assert eff is not None
+        return node * eff / g.gpus_per_node
+    shared = g.gpus_per_node > 1 and nic.shared_efficiency is not None
+    eff = nic.shared_efficiency if shared else nic.bandwidth_efficiency
+    assert eff is not None
+    node *= eff
+    if nic.socket_stream_gbit_per_s is not None:
+        node = min(node, g.nics_per_node * nic.socket_stream_gbit_per_s * 1e9 / 8)
+    return node / g.gpus_per_node
+
+
+def _node_tier(cluster: ClusterSpec, by_node: dict[int, list[GpuSlot]], arch: str | None
+               ) -> Tier:
+    per_node = max(len(v) for v in by_node.values())
+    bw = p2p = nvls = math.inf
+    lat, channels, hw, rdma = 0.0, 1 << 30, "nvlink", True
+    gpus = set()
+    sharp_arch = nccl_tuning().arch_row(arch) == "hopper"  # NVLink SHARP: sm_90 and later
+    for node_members in by_node.values():
+        g = cluster.node_groups[node_members[0].group]
+        assert g.intra_node_link is not None
+        kind = link_kind(g.intra_node_link)
+        nominal = g.intra_node_bandwidth_bytes_per_s
+        bw = min(bw, nominal * kind.bandwidth_efficiency)
+        p2p = min(p2p, nominal * kind.send_efficiency)
+        nvls = min(nvls, nominal * (kind.nvls_efficiency or 0.0) if sharp_arch else 0.0)
+        lat = max(lat, kind.latency_s)
+        channels = min(channels, kind.channels)
+        hw = "pci" if kind.nccl_hw != "nvlink" else hw
+        rdma = rdma and kind.rdma
+        gpus.add(g.device.name)
+    return Tier("node", per_node, bw, lat, hw, p2p, channels, rdma,
+                gpus.pop() if len(gpus) == 1 else None, arch, nvls_bytes_per_s=nvls)
+
+
+def _network_tier(cluster: ClusterSpec, by_node: dict[int, list[GpuSlot]], fanout: int,
+                  arch: str | None) -> Tier:
+    bus = p2p = math.inf
+    lat, channels, rdma = 0.0, 1 << 30, True
+    for node_members in by_node.values():
+        g = cluster.node_groups[node_members[0].group]
+        share = _nic_rank_share(g, len(node_members))
+        bus = min(bus, share * len(node_members))
+        p2p = min(p2p, share)
+        nic = link_kind(g.nic)  # type: ignore[arg-type]  # nic is set once the cluster is resolved
+        lat = max(lat, nic.latency_s)
+        channels = min(channels, (g.nics_per_node or 1) * nic.channels)
+        rdma = rdma and nic.rdma
+    rails = {tuple(sorted(s.local for s in v)) for v in by_node.values()}
+    return Tier("network", fanout, bus, lat, "net", p2p, channels, rdma, None, arch,
+                aligned=len(rails) == 1)
 
 
 @cache
 def group_tiers(cluster: ClusterSpec, devices: tuple[int, ...], concurrency: int = 1
                 ) -> tuple[Tier, ...]:
-    """Tiers of the group of GPUs `devices` (global indices), innermost first."""
+    """Tiers of the group of GPUs `devices` (global indices), innermost first;
+    `concurrency` groups cross the island links at the same time."""
     slots = cluster.slots
     members = [slots[d] for d in devices]
     by_node: dict[int, list[GpuSlot]] = {}
     for s in members:
         by_node.setdefault(s.node, []).append(s)
+    archs = {cluster.node_groups[s.group].device.arch for s in members}
+    arch = archs.pop() if len(archs) == 1 else None
     tiers = []
-    per_node = max(len(v) for v in by_node.values())
-    if per_node > 1:
-        bw, lat = math.inf, 0.0
-        gpus = set()
-        for node_members in by_node.values():
-            g = cluster.node_groups[node_members[0].group]
-            assert g.intra_node_link is not None
-            kind = link_kind(g.intra_node_link)
-            bw = min(bw, g.intra_node_bandwidth_bytes_per_s * kind.bandwidth_efficiency)
-            lat = max(lat, kind.latency_s)
-            gpus.add(g.device.name)
-        tiers.append(Tier("node", per_node, bw, lat, gpus.pop() if len(gpus) == 1 else None))
-    island_of = {s.node: cluster.node_groups[s.group].island for s in members}
+    if max(len(v) for v in by_node.values()) > 1:
+        tiers.append(_node_tier(cluster, by_node, arch))
     nodes_by_island: dict[str, set[int]] = {}
-    for node, island in island_of.items():
-        nodes_by_island.setdefault(island, set()).add(node)
+    for s in members:
+        nodes_by_island.setdefault(cluster.node_groups[s.group].island, set()).add(s.node)
     nodes_per_island = max(len(v) for v in nodes_by_island.values())
-    nic_bw = min(_nic_share_bytes_per_s(cluster, s.group) for s in members)
-    nic_lat = max(link_kind(cluster.node_groups[s.group].nic).latency_s  # type: ignore[arg-type]  # nic is set once the cluster is resolved
-                  for s in members)
+    network = _network_tier(cluster, by_node, nodes_per_island, arch)
     if nodes_per_island > 1:
-        tiers.append(Tier("network", nodes_per_island, nic_bw, nic_lat))
+        tiers.append(network)
     islands = sorted(nodes_by_island)
     if len(islands) > 1:
-        bw, lat = nic_bw, 0.0
+        per_node = max(len(v) for v in by_node.values())
         ranks_per_island = max(per_node * len(v) for v in nodes_by_island.values())
+        bus, lat, channels, rdma = network.p2p_bandwidth_bytes_per_s, 0.0, 1 << 30, True
+        p2p = bus
         for i, a in enumerate(islands):
             for b in islands[i + 1:]:
                 link = cluster.island_link(a, b)
                 assert link is not None, "ClusterSpec.check guarantees island links"
-                share = (link.bandwidth_bytes_per_s * link_kind(link.kind).bandwidth_efficiency
-                         / (concurrency * ranks_per_island))
-                bw = min(bw, share)
-                lat = max(lat, link.latency_s + nic_lat)
-        tiers.append(Tier("islands", len(islands), bw, lat))
+                kind = link_kind(link.kind)
+                usable = link.bandwidth_bytes_per_s * kind.bandwidth_efficiency / concurrency
+                bus = min(bus, usable)
+                p2p = min(p2p, usable / ranks_per_island)
+                lat = max(lat, link.latency_s + network.latency_s)
+                channels = min(channels, kind.channels)
+                rdma = rdma and kind.rdma
+        tiers.append(Tier("islands", len(islands), bus, lat, "net", p2p, channels, rdma,
+                          None, arch))
     return tuple(tiers)
 
 
-def _steps(fanout: int) -> int:
-    return min(fanout - 1, 2 * math.ceil(math.log2(fanout))) if fanout > 1 else 0
+# -- NCCL's model -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Shape:
+    """What NCCL's model reads from a group: ranks, ranks per node, nodes, islands, the
+    bus bandwidth and channels, the hop kinds and whether LL128 is enabled."""
+
+    ranks: int
+    per_node: int
+    nodes: int
+    islands: int
+    bus_bytes_per_s: float
+    channels: int
+    intra_hw: str
+    net_latency_s: float  # the NIC's own latency per network step
+    island_latency_s: float
+    pxn_hops: int  # extra NVLink hops per network step (members off their rails)
+    row: str  # NCCL's architecture row
+    ll128: bool
+    nvls_bytes_per_s: float  # all-reduce algorithm bandwidth in the NVSwitch (0: none)
+
+    @property
+    def node_class(self) -> int:
+        """Index into NCCL's per-node-count tables: 1 node, 2 nodes, 3 or more."""
+        return 0 if self.nodes == 1 else 1 if self.nodes == 2 else 2
 
 
-def _phase_s(size: float, tiers: Sequence[Tier]) -> float:
-    """One reduce-scatter (or all-gather) pass through the tiers, innermost first."""
-    total = 0.0
-    for tier in tiers:
-        f = tier.fanout
-        total += (f - 1) / f * size / tier.bandwidth_bytes_per_s + _steps(f) * tier.latency_s
-        size /= f
-    return total
+def _shape(tiers: Sequence[Tier], nccl: NcclTuning) -> _Shape:
+    by_name = {t.name: t for t in tiers}
+    node, network, islands = by_name.get("node"), by_name.get("network"), by_name.get("islands")
+    per_node = node.fanout if node else 1
+    nodes = (network.fanout if network else 1) * (islands.fanout if islands else 1)
+    arch = tiers[0].arch
+    ll128 = (arch in nccl.ll128_architectures and (node is None or node.hw == "nvlink")
+             and all(t.rdma for t in tiers))
+    return _Shape(ranks=per_node * nodes, per_node=per_node, nodes=nodes,
+                  islands=islands.fanout if islands else 1,
+                  bus_bytes_per_s=min(t.bandwidth_bytes_per_s for t in tiers),
+                  channels=min(t.channels for t in tiers),
+                  intra_hw=node.hw if node else "nvlink",
+                  net_latency_s=network.latency_s if network else 0.0,
+                  island_latency_s=islands.latency_s if islands else 0.0,
+                  pxn_hops=0 if network is None or network.aligned else 1,
+                  row=nccl.arch_row(arch), ll128=ll128,
+                  nvls_bytes_per_s=node.nvls_bytes_per_s if node and nodes == 1 else 0.0)
+
+
+def _hop_s(nccl: NcclTuning, hw: str, algorithm: str, protocol: str) -> float:
+    return nccl.hop_latency_us[hw][algorithm][protocol] * _US  # type: ignore[index]  # names checked by the loader
+
+
+def _net_hop_s(nccl: NcclTuning, s: _Shape, algorithm: str, protocol: str,
+               transport_s: float) -> float:
+    """One network step: NCCL's NET hop, the transport's latency (twice for Simple: the
+    flush), and the NVLink hop to the right rail where members are off their rails."""
+    flush = 2 if protocol == "simple" else 1
+    return (_hop_s(nccl, "net", algorithm, protocol) + flush * transport_s
+            + s.pxn_hops * _hop_s(nccl, "nvlink", algorithm, protocol))
+
+
+def _ring_latency_s(nccl: NcclTuning, s: _Shape, kind: str, protocol: str,
+                    size: float) -> float:
+    reduce_twice = kind == "all_reduce"
+    steps = (2 if reduce_twice else 1) * (s.ranks - 1)
+    inter = (2 if reduce_twice else 1) * (s.nodes - 1)
+    crossing = (2 if reduce_twice else 1) * (s.islands - 1)
+    intra = _hop_s(nccl, s.intra_hw, "ring", protocol)
+    if s.nodes > 1:
+        factor = nccl.net_overhead_simple_factor if protocol == "simple" else 1.0
+        intra = max(intra, nccl.net_overhead_us * factor * _US)
+    net = _net_hop_s(nccl, s, "ring", protocol, s.net_latency_s)
+    far = _net_hop_s(nccl, s, "ring", protocol, s.island_latency_s)
+    lat = (nccl.base_latency_us["ring"][protocol] * _US  # type: ignore[index]
+           + (steps - inter) * intra + (inter - crossing) * net + crossing * far)
+    if (reduce_twice and s.nodes > 1 and protocol == "simple"
+            and size / (s.channels * s.ranks) >= nccl.ring_plateau_min_bytes):
+        lat *= (nccl.ring_plateau_factor_pre_ampere if s.row == "volta"
+                else nccl.ring_plateau_factor)
+    return lat
+
+
+def _tree_latency_s(nccl: NcclTuning, s: _Shape, protocol: str) -> float:
+    depth = int(math.log2(s.nodes)) if s.nodes > 1 else 0
+    crossing = min(depth, math.ceil(math.log2(s.islands))) if s.islands > 1 else 0
+    hops = ((s.per_node - 1) * _hop_s(nccl, s.intra_hw, "tree", protocol)
+            + (depth - crossing) * _net_hop_s(nccl, s, "tree", protocol, s.net_latency_s)
+            + crossing * _net_hop_s(nccl, s, "tree", protocol, s.island_latency_s))
+    return nccl.base_latency_us["tree"][protocol] * _US + 2 * hops  # type: ignore[index]
+
+
+def _ring_bandwidth(nccl: NcclTuning, s: _Shape, kind: str, protocol: str) -> float:
+    """Ring bus bandwidth under `protocol` (bytes/s)."""
+    bus = s.bus_bytes_per_s
+    if protocol == "simple":
+        return bus
+    if protocol == "ll128":
+        factor = nccl.ll128_factor if s.per_node > 1 else nccl.ll128_factor_one_rank_per_node
+        cap = s.channels * nccl.ll128_max_bw_per_channel_gb_per_s[s.row][s.node_class] * _GB
+        return min(bus * factor, cap)
+    factor = (nccl.ring_ll_factor if s.nodes > 1 or kind == "all_reduce"
+              else nccl.ring_ll_factor_single_node)
+    return min(bus * factor, nccl.ll_max_bw_gb_per_s[s.row][s.node_class] * _GB)
+
+
+def _tree_bandwidth(nccl: NcclTuning, s: _Shape, protocol: str, size: float) -> float:
+    """Tree bus bandwidth under `protocol` (bytes/s)."""
+    bus = min(s.bus_bytes_per_s * nccl.tree_factor,
+              s.channels * nccl.tree_max_bw_per_channel_gb_per_s[s.row][s.node_class] * _GB)
+    if protocol == "simple":
+        log_size = int(math.log2(max(size, 64) / 64))
+        table = nccl.tree_simple_correction
+        return bus * table[log_size] if log_size < len(table) else bus
+    if protocol == "ll":
+        return min(bus * nccl.tree_ll_factor,
+                   nccl.ll_max_bw_gb_per_s[s.row][s.node_class] * _GB)
+    factor = (nccl.tree_ll128_factor_single_node if s.nodes == 1
+              else nccl.tree_ll128_factor_multi_node)
+    cap = s.channels * nccl.tree_ll128_max_bw_per_channel_gb_per_s[s.row][s.node_class] * _GB
+    return min(bus * factor, cap)
+
+
+def collective_choices(kind: str, size_bytes: float, tiers: Sequence[Tier]) -> list[Choice]:
+    """Every (algorithm, protocol) NCCL would weigh for this collective, with its predicted
+    time (NCCL 2.20.3 ncclTopoGetAlgoTime); NCCL runs the fastest."""
+    nccl = nccl_tuning()
+    s = _shape(tiers, nccl)
+    out = []
+    for algorithm in ("ring", "tree") if kind == "all_reduce" else ("ring",):
+        for protocol in PROTOCOLS:
+            if protocol == "ll128" and not s.ll128:
+                continue
+            if algorithm == "ring":
+                bus = _ring_bandwidth(nccl, s, kind, protocol)
+                steps = 2 * (s.ranks - 1) if kind == "all_reduce" else s.ranks - 1
+                algbw = bus * s.ranks / steps
+                lat = _ring_latency_s(nccl, s, kind, protocol, size_bytes)
+            else:
+                algbw = _tree_bandwidth(nccl, s, protocol, size_bytes) * nccl.tree_algbw_factor
+                lat = _tree_latency_s(nccl, s, protocol)
+            out.append(Choice(algorithm, protocol, lat, algbw, lat + size_bytes / algbw))
+    if kind == "all_reduce" and s.nvls_bytes_per_s > 0:
+        lat = nccl.nvls_latency_us * _US
+        out.append(Choice("nvls", "simple", lat, s.nvls_bytes_per_s,
+                          lat + size_bytes / s.nvls_bytes_per_s))
+    return out
+
+
+def _send_s(size: float, tiers: Sequence[Tier]) -> float:
+    """One point-to-point transfer (NCCL p2p: Simple protocol, one step over the link
+    joining the two ranks, at the link's point-to-point bandwidth)."""
+    nccl = nccl_tuning()
+    s = _shape(tiers, nccl)
+    if s.islands > 1:
+        hop = _net_hop_s(nccl, s, "ring", "simple", s.island_latency_s)
+    elif s.nodes > 1:
+        hop = _net_hop_s(nccl, s, "ring", "simple", s.net_latency_s)
+    else:
+        hop = _hop_s(nccl, s.intra_hw, "ring", "simple") + tiers[0].latency_s
+    bandwidth = min(t.p2p_bandwidth_bytes_per_s for t in tiers)
+    return nccl.base_latency_us["ring"]["simple"] * _US + hop + size / bandwidth
 
 
 def measured_collective_s(kind: str, size_bytes: float, tiers: Sequence[Tier],
@@ -126,22 +377,59 @@ def measured_collective_s(kind: str, size_bytes: float, tiers: Sequence[Tier],
 
 def collective_time_s(kind: str, size_bytes: float, tiers: Sequence[Tier], *,
                       profiles: Profiles | None = None) -> float:
-    """Time of one collective whose per-rank buffer is `size_bytes`: measured where a
-    profile of the group's device type has it, else the hierarchical alpha-beta model."""
+    """Time of one collective whose per-rank buffer is `size_bytes` (all-gather and
+    reduce-scatter: the whole gathered buffer): measured where a profile of the group's
+    device type has it, else NCCL's fastest choice."""
     if not tiers or size_bytes <= 0:
         return 0.0
     measured = measured_collective_s(kind, size_bytes, tiers, profiles)
     if measured is not None:
         return measured
-    if kind == "all_reduce":
-        return 2.0 * _phase_s(size_bytes, tiers)
-    if kind in ("all_gather", "reduce_scatter"):
-        return _phase_s(size_bytes, tiers)
-    slowest = min(t.bandwidth_bytes_per_s for t in tiers)
-    latency = sum(t.latency_s for t in tiers)
+    return _model_time_s(kind, size_bytes, tuple(tiers))
+
+
+@cache
+def _model_time_s(kind: str, size_bytes: float, tiers: tuple[Tier, ...]) -> float:
+    if kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        return min(c.time_s for c in collective_choices(kind, size_bytes, tiers))
     if kind == "send_recv":
-        return size_bytes / slowest + latency
+        return _send_s(size_bytes, tiers)
     if kind == "all_to_all":
+        # each rank sends (n-1)/n of its buffer, one peer after another on its own link
+        # (alltoall cannot aggregate a node's NICs: sjeaugey, NVIDIA/nccl-tests#267)
         n = math.prod(t.fanout for t in tiers)
-        return (n - 1) / n * size_bytes / slowest + sum(_steps(t.fanout) * t.latency_s for t in tiers)
+        return _send_s((n - 1) / n * size_bytes, tiers)
     raise ValueError(f"unknown collective {kind!r}")
+
+
+@cached_hash
+@dataclass(frozen=True)
+class Transfer:
+    """One collective or send as a framework issues it (`pieces` equal ones, e.g. buckets),
+    kept so that traces can say what a transfer was (`describe`) without pricing it twice."""
+
+    kind: str
+    size_bytes: float  # one piece
+    tiers: tuple[Tier, ...]
+    pieces: int = 1
+
+    def describe(self) -> str:
+        """"4 x all_gather 396 MB, 64 ranks (8 per node/8 nodes): ring/simple"."""
+        n = math.prod(t.fanout for t in self.tiers)
+        where = "/".join(f"{t.fanout} {_TIER_WORDS[t.name]}" for t in self.tiers)
+        text = f"{self.kind} {self.size_bytes / 1e6:.3g} MB, {n} ranks ({where})"
+        if self.kind in ("all_reduce", "all_gather", "reduce_scatter"):
+            c = min(collective_choices(self.kind, self.size_bytes, self.tiers),
+                    key=lambda c: c.time_s)
+            text += f": {c.algorithm}/{c.protocol}"
+        return f"{self.pieces} x {text}" if self.pieces > 1 else text
+
+
+_TIER_WORDS = {"node": "per node", "network": "nodes", "islands": "islands"}
+
+
+def clear_comm_caches() -> None:
+    """Forget cached groups and collective times (after link parameters changed)."""
+    group_tiers.cache_clear()
+    _model_time_s.cache_clear()
+

@@ -17,7 +17,6 @@ Each crossing is billed at its link's price (the highest among the islands spann
 from __future__ import annotations
 
 from planner.costs.memory import rank_param_count
-from planner.costs.stages import GRAD_BYTES
 from planner.specs.choices import DType
 from planner.specs.plan import Plan
 
@@ -57,7 +56,8 @@ def egress_usd_per_iteration(plan: Plan) -> float:
         pp = len(plan.pipelines[0].stages)
         params = rank_param_count(m, num_layers=stage.num_layers, first=k == 0,
                                   last=k == pp - 1, tp=1, pp=pp)
-        usd += 2 * params * GRAD_BYTES * _cut(spanned) / 1e9 * price(spanned)
+        grad_bytes = DType(tr.comm.grad_reduce_dtype).element_bytes
+        usd += 2 * params * grad_bytes * _cut(spanned) / 1e9 * price(spanned)
         sh = plan.sharding_of(k)
         if sh.params > 1:  # each parameter-sharding group gathers its own copy
             for i in range(0, len(per_replica), sh.params):

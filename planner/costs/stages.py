@@ -20,7 +20,14 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any, Generic, TypeVar
 
-from planner.costs.comm import COMM_SOURCE, Tier, collective_time_s, group_tiers
+from planner.costs.comm import (
+    COMM_SOURCE,
+    Tier,
+    Transfer,
+    clear_comm_caches,
+    collective_time_s,
+    group_tiers,
+)
 from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, clear_op_cache, compute_source
 from planner.costs.memory import (
     StageMemory,
@@ -43,23 +50,27 @@ from planner.costs.workload import (
 from planner.specs.choices import DType, Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Kernels, Plan, Sharding
+from planner.specs.plan import Communication, Kernels, Plan, Sharding
 from profiler.analytic import launch_overhead_s
 from profiler.devices import DeviceSpec, device_efficiency
 from profiler.kernels import Attention
 from profiler.schema import cached_hash, coerce_choices
 from profiler.store import Profile, Profiles
 
-__all__ = ["BUCKET_PARAMS", "DPSync", "GRAD_BYTES", "Part", "PlacedStage", "PlanCosts",
+__all__ = ["DPSync", "Part", "PlacedStage", "PlanCosts",
            "RunSettings", "ShardingTerms", "StageCost", "StageSpec", "apply_sharding",
-           "clear_cost_caches", "cost_sources", "dp_sync", "exposed_s", "group_signature",
-           "layer_parts", "on_clear_cost_caches", "plan_costs", "plan_replicas", "plan_runs",
-           "position_groups", "replica_key", "replica_specs", "sharding_terms", "stage_cost",
-           "stage_key", "stage_params", "unsharded_cost", "with_sharding", "workload_shape"]
+           "bucket_params", "clear_cost_caches", "cost_sources", "dp_sync", "exposed_s",
+           "gather_stall_s", "group_signature", "layer_parts", "on_clear_cost_caches",
+           "plan_costs", "plan_replicas", "plan_runs", "position_groups", "replica_key",
+           "replica_specs", "shard_units", "sharding_terms", "stage_cost", "stage_key",
+           "stage_params", "unsharded_cost", "with_sharding", "workload_shape"]
 
 T = TypeVar("T")
-GRAD_BYTES = 4  # gradients are reduced in fp32 (Megatron main_grad)
-BUCKET_PARAMS = 40e6  # gradient bucket size in parameters (Megatron DDP default)
+# Megatron-Core DistributedDataParallelConfig: bucket_size None -> max(40e6, 1e6 x dp)
+# parameters, "larger DP sizes need larger buckets to ensure collectives do not become
+# latency-bound" (planner/data/reference/framework_defaults.md, E)
+MEGATRON_BUCKET_MIN_PARAMS = 40e6
+MEGATRON_BUCKET_PARAMS_PER_DP = 1e6
 
 
 @dataclass(frozen=True)
@@ -72,21 +83,23 @@ class Part:
     tp_s: float = 0.0
     cp_s: float = 0.0
     host_s: float = 0.0
+    dp_s: float = 0.0  # ZeRO-3 / FSDP: waiting for parameter gathers inside the pass
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.tp_s + self.cp_s + self.host_s
+        return self.compute_s + self.tp_s + self.cp_s + self.host_s + self.dp_s
 
     def __add__(self, other: Part) -> Part:
         return Part(self.compute_s + other.compute_s, self.tp_s + other.tp_s,
-                    self.cp_s + other.cp_s, self.host_s + other.host_s)
+                    self.cp_s + other.cp_s, self.host_s + other.host_s, self.dp_s + other.dp_s)
 
     def __sub__(self, other: Part) -> Part:
         return Part(self.compute_s - other.compute_s, self.tp_s - other.tp_s,
-                    self.cp_s - other.cp_s, self.host_s - other.host_s)
+                    self.cp_s - other.cp_s, self.host_s - other.host_s, self.dp_s - other.dp_s)
 
     def __mul__(self, k: float) -> Part:
-        return Part(self.compute_s * k, self.tp_s * k, self.cp_s * k, self.host_s * k)
+        return Part(self.compute_s * k, self.tp_s * k, self.cp_s * k, self.host_s * k,
+                    self.dp_s * k)
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,22 @@ class DPSync:
     grad_microbatch_s: float = 0.0  # after every backward (sharded gradients)
     param_iteration_s: float = 0.0  # after the optimizer step
     param_microbatch_s: float = 0.0  # before every forward and backward (sharded params)
+    buckets: int = 1  # the iteration's gradient reduction and parameter gather, in pieces
+    overlap: bool = True  # gradient buckets reduced while the last backward runs
+    gather_units: int = 0  # sharded parameters: all-gathers per forward (and per backward)
+    prefetch: int = 1  # units gathered ahead of the one computing
+    # what each term runs (traces): grad_microbatch, grad_iteration, param_iteration,
+    # param_microbatch -> its transfers
+    detail: tuple[tuple[str, Transfer], ...] = ()
+
+    def about(self, term: str) -> str:
+        """The transfers of one term, as traces describe them."""
+        return "; ".join(t.describe() for name, t in self.detail if name == term)
+
+    @property
+    def gather_unit_s(self) -> float:
+        """One unit's all-gather (sharded parameters)."""
+        return self.param_microbatch_s / (2 * self.gather_units) if self.gather_units else 0.0
 
 
 @cached_hash
@@ -128,6 +157,7 @@ class RunSettings:
     schedule: Schedule
     virtual_stages: int
     kernels: Kernels
+    comm: Communication = Communication()  # how the framework communicates (Training.comm)
 
     def __post_init__(self) -> None:
         coerce_choices(self)
@@ -206,6 +236,10 @@ class StageCost:
     # The weight-gradient GEMMs of one layer's backward (a share of `layer_backward`), which
     # zero-bubble schedules run apart from the rest (W); embedding and head stay whole.
     layer_weight_grad: Part = Part()
+    # Pipeline transfers hold the compute of sender and receiver (DeepSpeed's blocking
+    # send/recv) instead of running beside it (Megatron's batched isend/irecv).
+    p2p_blocking: bool = False
+    p2p_transfer: Transfer | None = None  # the send, for traces
 
     @_once
     def forward(self) -> Part:
@@ -397,57 +431,103 @@ def _extra_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_
             _part(bwd, costs, tiers, launch_s, profiles=profiles))
 
 
+def bucket_params(comm: Communication, dp: int) -> float:
+    """Parameters per gradient bucket: the setting, else Megatron's max(4e7, 1e6 x dp)."""
+    if comm.grad_bucket_params is not None:
+        return comm.grad_bucket_params
+    return max(MEGATRON_BUCKET_MIN_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP * dp)
+
+
 @cache
 def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurrency: int,
-            sharding: Sharding, dtype: str, profiles: Profiles | None = None) -> DPSync:
+            sharding: Sharding, dtype: str, profiles: Profiles | None = None, *,
+            comm: Communication, units: int = 1) -> DPSync:
     """Traffic of the data-parallel group `group` (one GPU per replica, in replica order)
     holding `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP),
     with gradients sharded over g replicas, optimizer states over os and parameters over p
-    (p | g | os | dp):
+    (p | g | os | dp), as the framework issues it (`comm`): gradients in
+    `comm.grad_reduce_dtype`, each collective cut into buckets or units that each pay the
+    group's latency:
 
+    * sharded parameters (p > 1, ZeRO-3 / FSDP) are all-gathered unit by unit (one
+      transformer layer per unit unless `comm.shard_unit_params` says otherwise; `units`
+      is the stage's layer count) before every forward, and again before every backward;
     * sharded gradients (g > 1) are reduce-scattered inside their g-group after every
-      micro-batch's backward, so only the 1/g shard is kept;
+      micro-batch's backward, unit by unit (p > 1) or bucket by bucket, so only the 1/g
+      shard is kept;
     * once per iteration each optimizer shard needs its gradients reduced over all
-      replicas: a reduce-scatter over the os/g groups sharing an optimizer group (of the
-      1/g shard), then an all-reduce over the dp/os optimizer groups (of the 1/os shard).
-      Plain data parallelism is the all-reduce alone; ZeRO-1 (Megatron's distributed
-      optimizer) the reduce-scatter alone;
+      replicas, bucket by bucket: a reduce-scatter over the os/g groups sharing an
+      optimizer group (of the 1/g shard), then an all-reduce over the dp/os optimizer
+      groups (of the 1/os shard). Plain data parallelism is the all-reduce alone; ZeRO-1
+      (Megatron's distributed optimizer) the reduce-scatter alone;
     * after the step, parameters are all-gathered from the 1/os shard back to the 1/p
-      the model keeps;
-    * sharded parameters (p > 1) are all-gathered before every forward and backward.
+      the model keeps, bucket by bucket.
     """
     dp = len(group)
     if dp == 1:
         return DPSync()
     low = DType(dtype).element_bytes
-    grad_bytes = params * GRAD_BYTES
+    grad_bytes = params * DType(comm.grad_reduce_dtype).element_bytes
+    buckets = max(1, math.ceil(params / bucket_params(comm, dp)))
 
-    def time_s(kind: str, size: float, members: int, stride: int) -> float:
+    detail: list[tuple[str, Transfer]] = []
+
+    def time_s(term: str, kind: str, size: float, members: int, stride: int,
+               pieces: int = 1) -> float:
         tiers = group_tiers(cluster, group[0:members * stride:stride], concurrency)
-        return collective_time_s(kind, size, tiers, profiles=profiles)
+        detail.append((term, Transfer(kind, size / pieces, tiers, pieces)))
+        return pieces * collective_time_s(kind, size / pieces, tiers, profiles=profiles)
 
     g, optim, p = sharding.grads, sharding.optim, sharding.params
-    grad_mb = time_s("reduce_scatter", grad_bytes, g, 1) if g > 1 else 0.0
+    gather_units = 0
+    if p > 1:
+        gather_units = (max(1, math.ceil(params / comm.shard_unit_params))
+                        if comm.shard_unit_params else max(1, units))
+    grad_pieces = gather_units or buckets
+    grad_mb = 0.0
+    if g > 1:
+        grad_mb = time_s("grad_microbatch", "reduce_scatter", grad_bytes, g, 1, grad_pieces)
     grad_it = 0.0
     if optim > g:
-        grad_it += time_s("reduce_scatter", grad_bytes / g, optim // g, g)
+        grad_it += time_s("grad_iteration", "reduce_scatter", grad_bytes / g, optim // g, g,
+                          buckets)
     if dp > optim:
-        grad_it += time_s("all_reduce", grad_bytes / optim, dp // optim, optim)
+        grad_it += time_s("grad_iteration", "all_reduce", grad_bytes / optim, dp // optim,
+                          optim, buckets)
     param_it = 0.0
     if optim > p:
-        param_it = time_s("all_gather", params * low / p, optim // p, p)
+        param_it = time_s("param_iteration", "all_gather", params * low / p, optim // p, p,
+                          buckets)
     param_mb = 0.0
     if p > 1:
-        param_mb = 2 * time_s("all_gather", params * low, p, 1)
-    return DPSync(grad_it, grad_mb, param_it, param_mb)
+        param_mb = 2 * time_s("param_microbatch", "all_gather", params * low, p, 1,
+                              gather_units)
+    return DPSync(grad_it, grad_mb, param_it, param_mb, buckets=buckets,
+                  overlap=comm.overlap_grad_reduce, gather_units=gather_units,
+                  prefetch=comm.shard_prefetch, detail=tuple(detail))
 
 
-def exposed_s(comm_s: float, window_s: float, num_params: float) -> float:
+def exposed_s(comm_s: float, window_s: float, sync: DPSync) -> float:
     """Communication overlapped with `window_s` of compute bucket by bucket (PyTorch DDP,
     Megatron): only what outlasts the window is exposed, and never less than the last
-    bucket."""
-    buckets = max(1, math.ceil(num_params / BUCKET_PARAMS))
-    return max(comm_s / buckets, comm_s - window_s)
+    bucket; all of it where the framework reduces after the backward."""
+    if not sync.overlap:
+        return comm_s
+    return max(comm_s / sync.buckets, comm_s - window_s)
+
+
+def gather_stall_s(sync: DPSync, compute_s: float, units: float) -> float:
+    """ZeRO-3 / FSDP: how long a pass of `compute_s` over `units` parameter units waits
+    for their all-gathers beyond the first unit's (which the simulator gathers one pass
+    ahead). With prefetch each gather runs under the previous unit's compute, so the
+    pass is gather-bound only where a unit gathers slower than it computes; without it
+    every gather is exposed."""
+    if not sync.gather_units or units <= 1:
+        return 0.0
+    g = sync.gather_unit_s
+    if sync.prefetch < 1:
+        return (units - 1) * g
+    return max(0.0, (units - 1) * (g - compute_s / units))
 
 
 def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
@@ -458,17 +538,23 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
                          dtype=run.dtype, attention=p.attention or run.kernels.attention)
 
 
-def _p2p_s(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: WorkloadShape,
-           profiles: Profiles | None) -> float:
-    """Send one activation to the next stage. Megatron scatters it over the tp ranks;
-    each sends a slice."""
+def _p2p(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: WorkloadShape,
+         profiles: Profiles | None) -> tuple[float, Transfer | None]:
+    """Send one activation to the next stage over the link joining them. Megatron
+    scatters it over the tp ranks; each sends a slice."""
     if spec.next_device is None:
-        return 0.0
+        return 0.0, None
     size = (shape.micro_batch_size * shape.seq_len // shape.cp * model.hidden_size
             * DType(shape.dtype).element_bytes / shape.tp)
-    return collective_time_s("send_recv", size,
-                             group_tiers(cluster, (spec.placed.devices[0], spec.next_device)),
-                             profiles=profiles)
+    tiers = group_tiers(cluster, (spec.placed.devices[0], spec.next_device))
+    return (collective_time_s("send_recv", size, tiers, profiles=profiles),
+            Transfer("send_recv", size, tiers))
+
+
+def shard_units(spec: StageSpec) -> int:
+    """ZeRO-3 / FSDP units of a stage, one per transformer layer and one for the
+    embedding and for the head (FSDP2's fully_shard per block, the root last)."""
+    return spec.placed.num_layers + int(spec.first) + int(spec.last)
 
 
 @cache
@@ -489,9 +575,10 @@ def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     in_flight = in_flight_chunks(schedule=run.schedule, stage=spec.index, pp=spec.pp,
                                  num_microbatches=run.num_microbatches,
                                  virtual_stages=run.virtual_stages)
-    # the pass times (and their sums) as computed once, with this run's activations
+    # the pass times (and their sums) as computed once, with this run's activations and
+    # the framework's pipeline sends
     return _clone(passes, pipeline=pipeline, memory=passes.memory.with_layers_in_flight(
-        in_flight * n / run.virtual_stages))
+        in_flight * n / run.virtual_stages), p2p_blocking=run.comm.pipeline_p2p.blocks_compute)
 
 
 def _clone(cost: StageCost, **fields: object) -> StageCost:
@@ -516,12 +603,12 @@ def _passes(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, shape: Work
     zero = (Part(), Part())
     embed = _extra_parts(model, shape, dev, tiers_key, "embed", profiles) if spec.first else zero
     head = _extra_parts(model, shape, dev, tiers_key, "head", profiles) if spec.last else zero
+    p2p_s, p2p_transfer = _p2p(cluster, model, spec, shape, profiles)
     cost = StageCost(pipeline=0, stage=spec.index, device=dev.name,
                      num_layers=spec.placed.num_layers, num_params=stage_params(model, spec),
                      layer_forward=layer_fwd, layer_backward=layer_bwd, embed_forward=embed[0],
                      embed_backward=embed[1], head_forward=head[0], head_backward=head[1],
-                     p2p_s=_p2p_s(cluster, model, spec, shape, profiles), dp=DPSync(),
-                     optimizer_s=0.0,
+                     p2p_s=p2p_s, p2p_transfer=p2p_transfer, dp=DPSync(), optimizer_s=0.0,
                      memory=activation_memory(model, device=dev, shape=shape,
                                               num_layers=spec.placed.num_layers,
                                               last=spec.last, recompute=recompute,
@@ -549,7 +636,7 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     micro-batches: the search computes them once per stage kind)."""
     dtype = run.dtype
     sync = dp_sync(cluster, spec.dp_group, num_params, spec.concurrency, sharding, dtype,
-                   profiles)
+                   profiles, comm=run.comm, units=shard_units(spec))
     opt = optimizer_work(num_params / sharding.optim, dtype=dtype,
                          implementation=run.kernels.optimizer,
                          num_tensors=max(1, 6 * spec.placed.num_layers))
@@ -596,7 +683,7 @@ def plan_runs(plan: Plan) -> list[RunSettings]:
     return [RunSettings(micro_batch_size=p.micro_batch_size,
                         num_microbatches=p.num_microbatches, seq_len=tr.seq_len, dtype=tr.dtype,
                         sequence_parallel=tr.sequence_parallel, schedule=tr.schedule,
-                        virtual_stages=tr.virtual_stages, kernels=plan.kernels)
+                        virtual_stages=tr.virtual_stages, kernels=plan.kernels, comm=tr.comm)
             for p in plan.pipelines]
 
 
@@ -662,7 +749,7 @@ def clear_cost_caches() -> None:
     for clear in _DERIVED_CACHES:
         clear()
     clear_op_cache()
-    group_tiers.cache_clear()
+    clear_comm_caches()
     layer_parts.cache_clear()
     _layer_weight_grad.cache_clear()
     _extra_parts.cache_clear()

@@ -22,14 +22,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from planner.costs.memory import MEMORY_SOURCE
-from planner.costs.stages import PlanCosts, StageCost, cost_sources, exposed_s, plan_costs
+from planner.costs.stages import (
+    PlanCosts,
+    StageCost,
+    cost_sources,
+    exposed_s,
+    gather_stall_s,
+    plan_costs,
+)
 from planner.predict.results import Breakdown, SimResult, StageSummary, make_result
 from planner.specs.choices import Schedule
 from planner.specs.plan import Plan
 from profiler.store import Profiles
 
 __all__ = ["ESTIMATE_SOURCE", "critical_path_s", "estimate", "iteration_end_s", "iteration_time",
-           "pipeline_time", "sends_s"]
+           "pipeline_time", "receives_s", "sends_s"]
 
 ESTIMATE_SOURCE = "analytic pipeline estimate (closed form, planner/predict/estimate.py)"
 
@@ -40,17 +47,42 @@ def sends_s(c: StageCost, pp: int, vp: int) -> float:
     return 2 * c.p2p_s if (c.stage < pp - 1 or vp > 1) else 0.0
 
 
-def _microbatch_s(c: StageCost, pp: int, vp: int) -> float:
+def receives_s(costs: Sequence[StageCost], stage: int, vp: int) -> float:
+    """Blocking pipelines (DeepSpeed): the transfers over the link from the previous stage
+    that also hold this stage's compute, one activation in and its gradient out per
+    micro-batch (the previous stage's `p2p_s` each; stage 0 only when interleaving wraps
+    the last stage around to it)."""
+    c = costs[stage]
+    if not c.p2p_blocking or (stage == 0 and vp == 1) or len(costs) == 1:
+        return 0.0
+    return 2 * costs[stage - 1].p2p_s
+
+
+def _microbatch_s(c: StageCost, pp: int, vp: int, receives: float = 0.0) -> float:
     """One micro-batch on a stage: compute, its collectives, the transfers, the ZeRO-3
-    parameter gathers that one layer's compute cannot hide, and sharded-gradient
-    reduce-scatters that outlast the next micro-batch's work."""
+    parameter gathers its compute cannot hide (the first unit of each pass, and what a
+    gather-bound pass waits for), and sharded-gradient reduce-scatters that outlast the
+    next micro-batch's work."""
     work = c.forward.compute_s + c.backward.compute_s
     extra = 0.0
-    if c.dp.param_microbatch_s:
-        layers = max(c.num_layers, 1)
-        extra += max(c.dp.param_microbatch_s / layers, c.dp.param_microbatch_s - work)
+    if c.dp.gather_units:
+        units = c.dp.gather_units / vp
+        extra += 2 * c.dp.gather_unit_s + vp * (
+            gather_stall_s(c.dp, c.forward.compute_s / vp, units)
+            + gather_stall_s(c.dp, c.backward.compute_s / vp, units))
     extra += max(0.0, c.dp.grad_microbatch_s - work)
-    return c.forward_s + c.backward_s + sends_s(c, pp, vp) + extra
+    return c.forward_s + c.backward_s + sends_s(c, pp, vp) + receives + extra
+
+
+def _backlog_s(c: StageCost, m: int, schedule: Schedule) -> float:
+    """Sharded gradients: how much of the previous micro-batch's reduce-scatter is still
+    running when the last gradient pass starts (one forward after it under 1F1B, the
+    forward and B under ZB-H1, none under GPipe's back-to-back backwards)."""
+    if m < 2 or not c.dp.grad_microbatch_s:
+        return 0.0
+    gap = {Schedule.GPIPE: 0.0, Schedule.ZB_H1: c.forward_s + c.backward_s - c.weight_grad_s
+           }.get(Schedule(schedule), c.forward_s)
+    return max(0.0, c.dp.grad_microbatch_s - gap)
 
 
 def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_stages: int,
@@ -58,12 +90,12 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
     """End time of one pipeline's iteration (its stages' costs in order) under `schedule`
     and the critical stage's breakdown. Stages that are the same object are priced once."""
     m, vp, pp = num_microbatches, virtual_stages, len(costs)
-    end, pipe_s, opt_s, slow, times = _pipeline_end(costs, m, vp, Schedule(schedule))
+    end, pipe_s, opt_s, slow, times, keys = _pipeline_end(costs, m, vp, Schedule(schedule))
     after = end - pipe_s  # what sticks out after the pipeline drains
     opt_s = min(opt_s, after)
     c = costs[slow]
     work = c.forward + c.backward
-    sends = sends_s(c, pp, vp)
+    sends = sends_s(c, pp, vp) + keys[slow][1]
     parts = {
         "compute": m * work.compute_s,
         "host": m * work.host_s,
@@ -78,23 +110,24 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
 
 
 def _pipeline_end(costs: Sequence[StageCost], m: int, vp: int, schedule: Schedule
-                  ) -> tuple[float, float, float, int, list[float]]:
+                  ) -> tuple[float, float, float, int, list[float], list[tuple[int, float]]]:
     """The iteration's end; the critical path before gradients and the optimizer; the
-    optimizer step of the stage that ends last; the critical stage; micro-batch times."""
+    optimizer step of the stage that ends last; the critical stage; micro-batch times;
+    each stage's key (its cost object, the blocking receives it waits for)."""
     zb = schedule.splits_backward
-    memo, times, paths = _critical_paths(costs, m, vp, zb)
+    memo, keys, times, paths = _critical_paths(costs, m, vp, schedule)
     slow = max(range(len(costs)), key=paths.__getitem__)
     pipe_s = paths[slow]
     end, opt_s, drain = pipe_s, 0.0, 0.0
-    w0 = memo[id(costs[0])][4]
+    w0 = memo[keys[0]][4]
     for s, c in enumerate(costs):  # stage s finishes its last backward `drain` before stage 0
-        _, tail, step, _, w = memo[id(c)]
+        _, tail, step, _, w = memo[keys[s]]
         # under ZB-H1 its last B, then its last min(s + 1, m) W's
         stage_end = pipe_s - drain + tail + (min(s + 1, m) * w - w0 if zb else 0.0)
         if stage_end > end:
             end, opt_s = stage_end, c.optimizer_s
         drain += step
-    return end, pipe_s, opt_s, slow, times
+    return end, pipe_s, opt_s, slow, times, keys
 
 
 def iteration_end_s(costs: Sequence[Sequence[StageCost]], microbatches: Sequence[int], *,
@@ -105,35 +138,42 @@ def iteration_end_s(costs: Sequence[Sequence[StageCost]], microbatches: Sequence
                for pc, m in zip(costs, microbatches, strict=True))
 
 
-def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, zb: bool
-                    ) -> tuple[dict[int, tuple[float, float, float, float, float]],
-                               list[float], list[float]]:
-    """Per distinct stage object its (micro-batch, tail, drain step, forward step,
-    deferred W); each stage's micro-batch time; the critical path through each stage."""
-    pp = len(costs)
-    memo: dict[int, tuple[float, float, float, float, float]] = {}
-    for c in costs:
-        if id(c) not in memo:
+_Key = tuple[int, float]  # a stage's cost object, and the blocking receives it waits for
+
+
+def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Schedule
+                    ) -> tuple[dict[_Key, tuple[float, float, float, float, float]],
+                               list[_Key], list[float], list[float]]:
+    """Per distinct (stage object, receives) its (micro-batch, tail, drain step, forward
+    step, deferred W); each stage's key; each stage's micro-batch time; the critical path
+    through each stage."""
+    pp, zb = len(costs), Schedule(schedule).splits_backward
+    memo: dict[_Key, tuple[float, float, float, float, float]] = {}
+    keys = [(id(c), receives_s(costs, s, vp)) for s, c in enumerate(costs)]
+    for c, key in zip(costs, keys, strict=True):
+        if key not in memo:
             w = c.weight_grad_s if zb else 0.0
             last_grads = c.dp.grad_microbatch_s + c.dp.grad_iteration_s
-            # buckets are cut from the last gradient pass: the backward, or ZB-H1's last W
-            window = w if zb else c.backward_s
-            grad = exposed_s(last_grads, window, c.num_params) if last_grads else 0.0
-            gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.num_params)
+            # buckets are cut from the last gradient pass: the backward, or ZB-H1's last W,
+            # less what the previous micro-batch's reduce-scatter still holds of the stream
+            window = (w if zb else c.backward_s) - _backlog_s(c, m, schedule)
+            grad = exposed_s(last_grads, max(window, 0.0), c.dp) if last_grads else 0.0
+            gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.dp)
                       if c.dp.param_iteration_s else 0.0)
-            half = sends_s(c, pp, vp) / 2
-            memo[id(c)] = (_microbatch_s(c, pp, vp), grad + c.optimizer_s + gather,
-                           c.backward_s - w + half, c.forward_s + half, w)
-    times = [memo[id(c)][0] for c in costs]
-    return memo, times, _zb_paths(costs, memo, m) if zb else _paths(times, m, vp)
+            half = (sends_s(c, pp, vp) + key[1]) / 2
+            memo[key] = (_microbatch_s(c, pp, vp, key[1]), grad + c.optimizer_s + gather,
+                         c.backward_s - w + half, c.forward_s + half, w)
+    times = [memo[k][0] for k in keys]
+    paths = _zb_paths([memo[k] for k in keys], m) if zb else _paths(times, m, vp)
+    return memo, keys, times, paths
 
 
 def critical_path_s(costs: Sequence[StageCost], *, num_microbatches: int,
                     virtual_stages: int, schedule: Schedule) -> tuple[float, int]:
     """The pipeline's longest path through a stage's micro-batches (what `pipeline_time`
     adds gradient reduction and the optimizer to), and that stage."""
-    _, _, paths = _critical_paths(costs, num_microbatches, virtual_stages,
-                                  Schedule(schedule).splits_backward)
+    _, _, _, paths = _critical_paths(costs, num_microbatches, virtual_stages,
+                                     Schedule(schedule))
     slow = max(range(len(costs)), key=paths.__getitem__)
     return paths[slow], slow
 
@@ -162,17 +202,16 @@ def _paths(times: list[float], m: int, vp: int) -> list[float]:
     return paths
 
 
-def _zb_paths(costs: Sequence[StageCost], memo: dict, m: int) -> list[float]:
+def _zb_paths(stages: list[tuple[float, float, float, float, float]], m: int) -> list[float]:
     """ZB-H1 (module docstring): the path through stage k's m micro-batches and the
     drain back to stage 0, which ends with stage 0's last W; or, where that is longer,
     stage k's own work after its first forward arrives, and stage 0's after its first
     backward arrives (it runs min(m, p) forwards before it)."""
-    pp = len(costs)
-    t0, _, b0, f0, w0 = memo[id(costs[0])]
+    pp = len(stages)
+    t0, _, b0, f0, w0 = stages[0]
     prefix = fill = back = 0.0
     paths = []
-    for k, c in enumerate(costs):
-        t, _, b, f, w = memo[id(c)]
+    for k, (t, _, b, f, w) in enumerate(stages):
         paths.append(max(prefix + m * t - min(k + 1, m) * w + w0, fill + m * t))
         prefix += t - w
         fill += f

@@ -18,13 +18,13 @@ from functools import cached_property
 import numpy as np
 
 from planner.costs.stages import (
-    BUCKET_PARAMS,
     PlacedStage,
     RunSettings,
     ShardingTerms,
     StageCost,
     StageSpec,
     apply_sharding,
+    bucket_params,
     group_signature,
     replica_specs,
     sharding_terms,
@@ -45,7 +45,7 @@ from planner.specs.choices import Recompute
 from planner.specs.cluster import ClusterSpec
 from planner.specs.layout import megatron_devices, split_layers
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Kernels, Sharding
+from planner.specs.plan import Communication, Kernels, Sharding
 from profiler.store import Profiles
 
 __all__ = ["Evaluation", "LayoutModel"]
@@ -241,10 +241,13 @@ class LayoutModel:
         s, f = kinds[slow], kinds[0]
         c, first = base[s], base[f]
         work = c.forward.compute_s + c.backward.compute_s
-        extra = (np.where(param_mb[:, s] > 0, np.maximum(param_mb[:, s] / max(c.num_layers, 1),
-                                                        param_mb[:, s] - work), 0.0)
-                 + np.maximum(0.0, grad_mb[:, s] - work))
-        buckets = max(1, math.ceil(first.num_params / BUCKET_PARAMS))
+        # ZeRO-3 gathers add at least nothing (what they add depends on how the units'
+        # gathers and computes interleave: `estimate._microbatch_s`); reduce-scatters that
+        # outlast the micro-batch's work add at least their excess
+        extra = np.maximum(0.0, grad_mb[:, s] - work)
+        # the search plans Megatron's communication (RunSettings.comm): its buckets
+        buckets = max(1, math.ceil(first.num_params / bucket_params(Communication(),
+                                                                   self.layout.dp)))
         window = first.weight_grad_s if schedule.splits_backward else first.backward_s
         grads = grad_mb[:, f] + grad_it[:, f]
         tail = (np.maximum(grads / buckets, grads - window) + optimizer[:, f]

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 from planner.costs.comm import group_tiers
 from planner.costs.stages import (
-    BUCKET_PARAMS,
     Part,
     PlanCosts,
     StageCost,
     dp_sync,
     exposed_s,
+    gather_stall_s,
     plan_costs,
 )
 from planner.simulator.graph import Schedule, TaskGraph, schedule
@@ -51,6 +51,7 @@ class TaskMeta:
     chunk: int = 0
     microbatch: int = -1
     part: Part | None = None  # compute-stream tasks: what their time is spent on
+    detail: str = ""  # communication tasks: the collective, its size, group and algorithm
 
 
 @dataclass
@@ -88,12 +89,12 @@ def _chunk_parts(c: StageCost, chunk: int, vp: int, last_stage: bool,
 
 def _comm_stream(g: TaskGraph, plan: Plan, pi: int, si: int, devices: tuple[int, ...],
                  kind: str) -> int:
-    """The stream a rank's `kind` (pp | dp) traffic to `devices` uses: intra-node
-    (NVLink / PCIe) or inter-node (NIC). Each kind is its own NCCL communicator, so pipeline
-    sends and data-parallel reductions do not queue behind each other; transfers of one
-    kind do."""
+    """The stream a rank's `kind` traffic (pipeline sends, grad reduce, param gather) to
+    `devices` uses, inside the node (NVLink / PCIe) or across nodes (NIC). Each kind is its
+    own NCCL communicator or stream, so pipeline sends, gradient reductions and parameter
+    gathers do not queue behind each other; transfers of one kind do."""
     inter = any(t.name != "node" for t in group_tiers(plan.cluster, devices))
-    return g.stream(f"p{pi}.s{si}.{kind}-{'inter' if inter else 'intra'}")
+    return g.stream(f"p{pi}.s{si}.{kind} ({'network' if inter else 'in node'})")
 
 
 class _Builder:
@@ -107,7 +108,10 @@ class _Builder:
         self.buckets: dict[tuple[int, int, int], list[int]] = {}  # (p,s,c) -> last-grad pieces
         self.last_compute: dict[tuple[int, int], int] = {}
         self.in_flight: dict[tuple[int, int], float] = {}
-        self.links: dict[tuple[int, int, int], tuple[int, float]] = {}  # send stream, time
+        # (p, src, dst) -> send stream, time, description
+        self.links: dict[tuple[int, int, int], tuple[int, float, str]] = {}
+        self.next_compute: dict[int, int] = {}  # compute task -> the stage's next one
+        self.prev_compute: dict[int, int] = {}  # compute task -> the stage's previous one
 
     def pipeline(self, pi: int) -> None:
         plan, tr = self.plan, self.plan.training
@@ -136,13 +140,10 @@ class _Builder:
         for phase, c, j in order:
             part = parts[c][phase]
             after = (prev,) if prev >= 0 else ()
-            if cost.dp.param_microbatch_s and phase != "W":  # ZeRO-3: one pass ahead
-                gather = g.add(f"gather p{pi}s{si}{phase}{c}.{j}", "dp",
-                               self._dp_stream(pi, si, "gather"),
-                               cost.dp.param_microbatch_s / 2 / vp, TaskMeta(pi, si, c, j),
-                               after=(prev2,) if prev2 >= 0 else ())
-                after = (*after, gather)
             name = f"{phase}{c}.{j}" if vp > 1 else f"{phase}{j}"
+            if cost.dp.gather_units and phase != "W":
+                part, gather = self._gathers(pi, si, (phase, c, j), part, prev, prev2)
+                after = (*after, gather)
             if phase == grad and j == last_grad[c]:
                 tid = self._bucketed_pass(pi, si, (phase, c, j), name, part, pieces[c], after)
             else:
@@ -150,14 +151,41 @@ class _Builder:
                             TaskMeta(pi, si, c, j, part), after=after)
                 self.passes[(pi, si, phase, c, j)] = tid
                 self.passes[(pi, si, phase + "end", c, j)] = tid
+            if prev >= 0:
+                first = self.passes[(pi, si, phase, c, j)]
+                self.next_compute[prev] = first
+                self.prev_compute[first] = prev
             if phase == grad and cost.dp.grad_microbatch_s and j != last_grad[c]:
                 g.add(f"reduce-scatter p{pi}s{si}{grad}{c}.{j}", "dp", self._dp_stream(pi, si),
-                      cost.dp.grad_microbatch_s / vp, TaskMeta(pi, si, c, j), after=(tid,))
+                      cost.dp.grad_microbatch_s / vp,
+                      TaskMeta(pi, si, c, j, detail=cost.dp.about("grad_microbatch")),
+                      after=(tid,))
             held += layers[c] if phase == "F" else -layers[c] if phase == grad else 0
             peak = max(peak, held)
             prev2, prev = prev, tid
         self.last_compute[(pi, si)] = prev
         self.in_flight[(pi, si)] = peak
+
+    def _gathers(self, pi: int, si: int, pass_: Pass, part: Part, prev: int, prev2: int
+                 ) -> tuple[Part, int]:
+        """ZeRO-3 / FSDP: the pass's parameter units all-gathered on the stage's gather
+        stream, the first one pass ahead (one pass late without prefetch), the rest while
+        the pass computes; the pass waits where a unit gathers slower than the one before
+        it computes (`gather_stall_s`). Returns the pass's time with that wait and the
+        first gather, which the pass needs."""
+        dp, vp = self.costs[pi][si].dp, self.plan.training.virtual_stages
+        phase, c, j = pass_
+        units = dp.gather_units / vp
+        stream = self._dp_stream(pi, si, "param gather")
+        ahead = prev2 if dp.prefetch >= 1 else prev
+        meta = TaskMeta(pi, si, c, j, detail=dp.about("param_microbatch"))
+        label = f"p{pi}s{si}{phase}{c}.{j}"
+        first = self.g.add(f"all-gather {label} unit 1/{units:g}", "dp", stream,
+                           dp.gather_unit_s, meta, after=(ahead,) if ahead >= 0 else ())
+        if units > 1:
+            self.g.add(f"all-gather {label} units 2-{units:g}", "dp", stream,
+                       (units - 1) * dp.gather_unit_s, meta, after=(first,))
+        return part + Part(dp_s=gather_stall_s(dp, part.compute_s, units)), first
 
     def _bucketed_pass(self, pi: int, si: int, pass_: Pass, name: str, part: Part,
                        pieces: int, after: tuple[int, ...]) -> int:
@@ -165,11 +193,14 @@ class _Builder:
         as soon as it is computed); returns its last piece."""
         compute = self.g.stream(f"p{pi}.s{si}.compute")
         kind, c, j = pass_
-        tids = []
+        tids: list[int] = []
         for k in range(pieces):
             label = f"{name}[{k}] p{pi}s{si}" if pieces > 1 else f"{name} p{pi}s{si}"
             tid = self.g.add(label, kind, compute, part.total_s / pieces,
                              TaskMeta(pi, si, c, j, part * (1 / pieces)), after=after)
+            if tids:
+                self.next_compute[tids[-1]] = tid
+                self.prev_compute[tid] = tids[-1]
             tids.append(tid)
             after = (tid,)
         self.buckets[(pi, si, c)] = tids
@@ -178,12 +209,12 @@ class _Builder:
         return tids[-1]
 
     def _bucket_count(self, cost: StageCost, vp: int) -> list[int]:
-        if self.plan.dp == 1 or not self.overlap:
+        """Gradient buckets per chunk (one piece where nothing overlaps the backward)."""
+        if self.plan.dp == 1 or not self.overlap or not cost.dp.overlap:
             return [1] * vp
-        per_chunk = cost.num_params / vp
-        return [max(1, math.ceil(per_chunk / BUCKET_PARAMS))] * vp
+        return [max(1, math.ceil(cost.dp.buckets / vp))] * vp
 
-    def _dp_stream(self, pi: int, si: int, kind: str = "dp") -> int:
+    def _dp_stream(self, pi: int, si: int, kind: str = "grad reduce") -> int:
         """The stream of stage `si`'s data-parallel group (aligned replicas): reductions on
         one, parameter gathers on another (FSDP and DeepSpeed issue them on separate
         streams, so a gather does not queue behind pending reductions)."""
@@ -191,17 +222,38 @@ class _Builder:
                       for p in self.plan.pipelines)
         return _comm_stream(self.g, self.plan, pi, si, group, kind)
 
-    def _send(self, pi: int, src: int, dst: int, src_task: int, label: str) -> int:
+    def _send(self, pi: int, src: int, dst: int, src_task: int, label: str,
+              consumer: int) -> int:
+        """The transfer of `src_task`'s output from stage `src` to `dst`, which `consumer`
+        needs; returns the task the consumer waits for. Batched p2p (Megatron) runs it on
+        the sender's stream for the link; blocking p2p (DeepSpeed) holds the sender's
+        compute for the send (its next pass waits) and the receiver's for the receive
+        (right before the consumer, as DeepSpeed's instruction order has it)."""
         key = (pi, src, dst)
+        pipe = self.plan.pipelines[pi]
+        blocking = self.costs[pi][src].p2p_blocking
         if key not in self.links:
-            pipe = self.plan.pipelines[pi]
             devices = (pipe.stages[src].devices[0], pipe.stages[dst].devices[0])
-            stream = _comm_stream(self.g, self.plan, pi, src, devices, "pp")
+            stream = (-1 if blocking else
+                      _comm_stream(self.g, self.plan, pi, src, devices, "pipeline sends"))
             forward = dst == (src + 1) % len(pipe.stages)
-            self.links[key] = (stream, self.costs[pi][src if forward else dst].p2p_s)
-        stream, dur = self.links[key]
-        return self.g.add(f"send {label} p{pi} s{src}->s{dst}", "send", stream, dur,
-                          TaskMeta(pi, src), after=(src_task,))
+            link = self.costs[pi][src if forward else dst]
+            about = link.p2p_transfer.describe() if link.p2p_transfer else ""
+            self.links[key] = (stream, link.p2p_s, about)
+        stream, dur, detail = self.links[key]
+        if not blocking:
+            return self.g.add(f"send {label} p{pi} s{src}->s{dst}", "send", stream, dur,
+                              TaskMeta(pi, src, detail=detail), after=(src_task,))
+        g = self.g
+        send = g.add(f"send {label} p{pi} s{src}->s{dst} (blocking)", "send",
+                     g.stream(f"p{pi}.s{src}.compute"), dur, TaskMeta(pi, src, detail=detail),
+                     after=(src_task,))
+        if src_task in self.next_compute:
+            g.edge(send, self.next_compute[src_task])
+        before = self.prev_compute.get(consumer)
+        return g.add(f"recv {label} p{pi} s{src}->s{dst} (blocking)", "recv",
+                     g.stream(f"p{pi}.s{dst}.compute"), dur, TaskMeta(pi, dst, detail=detail),
+                     after=(src_task,) if before is None else (src_task, before))
 
     def _cross_stage_edges(self, pi: int, si: int, pp: int, vp: int, m: int) -> None:
         """F(s,c,j) after F(s-1,c,j) (chunk c-1 of the last stage for s = 0) and
@@ -211,12 +263,16 @@ class _Builder:
             for j in range(m):
                 if si > 0 or c > 0:
                     ss, sc = (si - 1, c) if si > 0 else (pp - 1, c - 1)
-                    send = self._send(pi, ss, si, passes[(pi, ss, "Fend", sc, j)], f"F{sc}.{j}")
-                    g.edge(send, passes[(pi, si, "F", c, j)])
+                    consumer = passes[(pi, si, "F", c, j)]
+                    send = self._send(pi, ss, si, passes[(pi, ss, "Fend", sc, j)],
+                                      f"F{sc}.{j}", consumer)
+                    g.edge(send, consumer)
                 if si < pp - 1 or c < vp - 1:
                     ss, sc = (si + 1, c) if si < pp - 1 else (0, c + 1)
-                    send = self._send(pi, ss, si, passes[(pi, ss, "Bend", sc, j)], f"B{sc}.{j}")
-                    g.edge(send, passes[(pi, si, "B", c, j)])
+                    consumer = passes[(pi, si, "B", c, j)]
+                    send = self._send(pi, ss, si, passes[(pi, ss, "Bend", sc, j)],
+                                      f"B{sc}.{j}", consumer)
+                    g.edge(send, consumer)
                 else:  # the last chunk's backward follows its own forward
                     g.edge(passes[(pi, si, "Fend", c, j)], passes[(pi, si, "B", c, j)])
 
@@ -242,7 +298,8 @@ class _Builder:
                         after = tuple(p[k * len(p) // count] for p in pieces)
                         reductions.append(self.g.add(
                             f"grad-sync s{si}c{c}[{k}]", "dp", stream, grad / vp / count,
-                            TaskMeta(first, si, c), after=after))
+                            TaskMeta(first, si, c, detail=cost.dp.about("grad_iteration")),
+                            after=after))
             for pi in reps:
                 self._optimizer(pi, si, self.costs[pi][si], reductions)
 
@@ -261,13 +318,15 @@ class _Builder:
             stage = plan.pipelines[pi0].stages[si0]
             params = self.costs[pi0][si0].num_params * (hi - lo) / stage.num_layers
             sync = dp_sync(plan.cluster, group, params, len(stage.devices), plan.sharding,
-                           plan.training.dtype, self.profiles)
+                           plan.training.dtype, self.profiles, comm=plan.training.comm,
+                           units=hi - lo)
             rep_of = {pi: self.representative[pi] for pi, _ in holders}
             after = tuple({self.last_compute[(rep_of[pi], si)] for pi, si in holders})
             tid = self.g.add(f"grad-sync layers {lo}-{hi}", "dp",
-                             _comm_stream(self.g, plan, pi0, si0, group, "dp"),
+                             _comm_stream(self.g, plan, pi0, si0, group, "grad reduce"),
                              sync.grad_iteration_s + sync.grad_microbatch_s,
-                             TaskMeta(pi0, si0), after=after)
+                             TaskMeta(pi0, si0, detail=sync.about("grad_iteration")),
+                             after=after)
             for pi, si in holders:
                 per_stage_reductions.setdefault((rep_of[pi], si), []).append(tid)
         for pi in reps:
@@ -279,9 +338,9 @@ class _Builder:
         opt = self.g.add(f"optimizer p{pi}s{si}", "optimizer", compute, cost.optimizer_s,
                          TaskMeta(pi, si), after=(self.last_compute[(pi, si)], *reductions))
         if cost.dp.param_iteration_s:  # overlapped with the next iteration's forward
-            self.g.add(f"param-gather p{pi}s{si}", "dp", self._dp_stream(pi, si),
-                       exposed_s(cost.dp.param_iteration_s, cost.forward_s, cost.num_params),
-                       TaskMeta(pi, si), after=(opt,))
+            self.g.add(f"param-gather p{pi}s{si}", "dp", self._dp_stream(pi, si, "param gather"),
+                       exposed_s(cost.dp.param_iteration_s, cost.forward_s, cost.dp),
+                       TaskMeta(pi, si, detail=cost.dp.about("param_iteration")), after=(opt,))
 
 
 def simulate_graph(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | None = None,

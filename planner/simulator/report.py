@@ -51,9 +51,9 @@ def _breakdown(sim: Simulation) -> Breakdown:
     for t in passes:
         gap = sched.start[t] - cursor
         b = sched.binding[t]
-        if gap > 0 and b >= 0 and g.kinds[b] in ("send", "dp"):
+        if gap > 0 and b >= 0 and g.kinds[b] in ("send", "recv", "dp"):
             waited = min(gap, g.durations[b])
-            totals["pp" if g.kinds[b] == "send" else "dp"] += waited
+            totals["dp" if g.kinds[b] == "dp" else "pp"] += waited
             gap -= waited
         totals["bubble"] += max(gap, 0.0)
         part = g.meta[t].part
@@ -61,6 +61,7 @@ def _breakdown(sim: Simulation) -> Breakdown:
         totals["host"] += part.host_s
         totals["tp"] += part.tp_s
         totals["cp"] += part.cp_s
+        totals["dp"] += part.dp_s
         cursor = sched.end[t]
     tail = sched.makespan_s - cursor
     optimizer = next(g.durations[t] for t in range(len(g))
@@ -112,11 +113,14 @@ def write_trace(sim: Simulation, path: str) -> None:
                        "args": {"name": f"pipeline {pi}"}})
     for t in range(len(g)):
         meta: TaskMeta = g.meta[t]
-        args: dict[str, float] = {"stage": meta.stage, "chunk": meta.chunk,
-                                  "microbatch": meta.microbatch}
+        args: dict[str, float | str] = {"stage": meta.stage, "chunk": meta.chunk,
+                                        "microbatch": meta.microbatch}
+        if meta.detail:
+            args["collective"] = meta.detail
         if meta.part is not None:
             args.update(compute_ms=meta.part.compute_s * 1e3, tp_comm_ms=meta.part.tp_s * 1e3,
-                        cp_comm_ms=meta.part.cp_s * 1e3)
+                        cp_comm_ms=meta.part.cp_s * 1e3,
+                        waiting_for_gathers_ms=meta.part.dp_s * 1e3)
         events.append({"ph": "X", "name": g.names[t], "cat": g.kinds[t], "pid": meta.pipeline,
                        "tid": g.streams[t], "ts": sched.start[t] * 1e6,
                        "dur": g.durations[t] * 1e6, "args": args})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["DType", "Recompute", "Schedule", "ShardingPreset", "values"]
+__all__ = ["DType", "PipelineP2P", "Recompute", "Schedule", "ShardingPreset", "values"]
 
 
 class Schedule(StrEnum):
@@ -118,3 +118,21 @@ class DType(StrEnum):
     def master_weights(self) -> bool:
         """Mixed precision keeps an fp32 copy of the weights for the optimizer."""
         return self.storage is not DType.FP32
+class PipelineP2P(StrEnum):
+    """How a framework moves activations and their gradients between pipeline stages.
+
+    BATCHED: Megatron-LM / Megatron-Core (`batch_p2p_comm`, default True): the sends and
+    receives of one exchange go out as one `batch_isend_irecv`, both directions at once,
+    on communication streams beside the compute (NVIDIA/Megatron-LM
+    megatron/core/model_parallel_config.py, pipeline_parallel/p2p_communication.py).
+    BLOCKING: DeepSpeed's PipelineEngine (deepspeed/runtime/pipe/p2p.py asserts
+    `async_op == False` and calls the blocking `dist.send` / `dist.recv`): each transfer
+    holds the compute of both the sender and the receiver, one direction at a time.
+    """
+
+    BATCHED = "batched"
+    BLOCKING = "blocking"
+
+    @property
+    def blocks_compute(self) -> bool:
+        return self is PipelineP2P.BLOCKING

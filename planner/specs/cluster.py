@@ -24,7 +24,7 @@ __all__ = ["TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup",
            "check_train_dtype", "homogeneous_cluster", "train_dtype", "load_cluster", "parse_gpus_arg"]
 
 TRAIN_DTYPES = values(DType)  # what a model trains in (Plan.training.dtype)
-LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "loopback"]
+LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "pcie-host", "loopback"]
 NicName = Literal["infiniband", "roce", "ethernet"]
 
 

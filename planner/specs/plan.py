@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from planner.outputs import PLAN_SUFFIXES, atomic_path
-from planner.specs.choices import DType, Recompute, Schedule
+from planner.specs.choices import DType, PipelineP2P, Recompute, Schedule
 from planner.specs.cluster import TRAIN_DTYPES, ClusterSpec, check_train_dtype
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec
@@ -24,11 +24,13 @@ from planner.specs.rules import cp_problem, require, sharding_problem, tp_proble
 from profiler.kernels import Attention, OptimizerKernel
 from profiler.schema import SpecError, at, coerce_choices, dump, fail, load_yaml, parse, spec_field
 
-__all__ = ["SCHEMA_VERSION", "TRAIN_DTYPES", "Kernels", "Pipeline", "Plan", "Predicted", "Provenance",
-           "Sharding", "Stage", "Training", "describe_layout", "load_plan",
-           "plan_from_dict", "plan_to_dict", "save_plan"]
+__all__ = ["REDUCE_DTYPES", "SCHEMA_VERSION", "TRAIN_DTYPES", "Communication", "Kernels",
+           "Pipeline", "Plan", "Predicted", "Provenance", "Sharding", "Stage", "Training",
+           "describe_layout", "load_plan", "plan_from_dict", "plan_to_dict", "save_plan"]
 
 SCHEMA_VERSION = 1
+ReduceDType = Literal["fp32", "bf16", "fp16"]
+REDUCE_DTYPES: tuple[str, ...] = get_args(ReduceDType)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +99,52 @@ class Sharding:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Communication:
+    """How the training framework issues its communication. The defaults are
+    Megatron-LM's (Megatron-Core 0.16 `DistributedDataParallelConfig`,
+    `ModelParallelConfig`), which the cost model assumed before these settings existed;
+    `Communication.preset` gives DeepSpeed's and FSDP2's. Sources:
+    planner/data/reference/framework_defaults.md."""
+
+    # pipeline sends: batched isend/irecv beside the compute (Megatron) or blocking (DeepSpeed)
+    pipeline_p2p: PipelineP2P = PipelineP2P.BATCHED
+    # gradient buckets reduced while the backward runs (Megatron --overlap-grad-reduce,
+    # PyTorch DDP, FSDP); false: after the backward (DeepSpeed's engine below ZeRO-3)
+    overlap_grad_reduce: bool = True
+    # the dtype gradients are reduced in: fp32 (Megatron's main grads: --bf16 forces
+    # --accumulate-allreduce-grads-in-fp32); DeepSpeed reduces in the training dtype
+    grad_reduce_dtype: ReduceDType = "fp32"
+    # parameters per gradient bucket; None: Megatron's max(4e7, 1e6 x dp)
+    grad_bucket_params: float | None = spec_field(default=None, gt=0)
+    # ZeRO-3 / FSDP: parameters per all-gather and reduce-scatter unit; None: one
+    # transformer layer per unit (FSDP2's fully_shard per block)
+    shard_unit_params: float | None = spec_field(default=None, gt=0)
+    # ZeRO-3 / FSDP: units gathered ahead of the one computing (FSDP2: 1; 0: none)
+    shard_prefetch: int = spec_field(default=1, min=0)
+
+    def __post_init__(self) -> None:
+        coerce_choices(self)
+
+    @classmethod
+    def preset(cls, framework: str, *, dtype: str) -> Communication:
+        """A framework's defaults for training in `dtype`: "megatron" (the defaults),
+        "deepspeed" (0.19: blocking pipeline p2p, reduction after the backward in the
+        training dtype, reduce_bucket_size 5e8 elements) or "fsdp2" (torch
+        fully_shard: reduce_dtype None, i.e. the fp32 gradients of fp32 parameters, one
+        unit per block, one unit prefetched)."""
+        reduce_dtype = dtype if dtype in REDUCE_DTYPES else "fp32"
+        if framework == "megatron":
+            return cls()
+        if framework == "deepspeed":
+            return cls(pipeline_p2p=PipelineP2P.BLOCKING, overlap_grad_reduce=False,
+                       grad_reduce_dtype=reduce_dtype,  # type: ignore[arg-type]  # checked above
+                       grad_bucket_params=5e8)
+        if framework == "fsdp2":
+            return cls(overlap_grad_reduce=True, grad_reduce_dtype="fp32")
+        fail("framework", framework, "megatron, deepspeed or fsdp2")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Training:
     global_batch_size: int = spec_field(min=1, max=MAX_GLOBAL_BATCH, help="sequences; at "
                                         f"most {MAX_GLOBAL_BATCH:,}")
@@ -107,6 +155,7 @@ class Training:
     virtual_stages: int = spec_field(default=1, min=1, max=1024,
                                      help="interleaved chunks per stage (vp)")
     optimizer: Literal["adamw"] = "adamw"
+    comm: Communication = Communication()
 
     def check(self, where: str) -> None:
         if self.schedule.interleaved != (self.virtual_stages > 1):

@@ -122,3 +122,16 @@ def test_mixed_tp_runs_only_without_sharding_there():
     _refused(explicit(LLAMA, world=5, pipelines=[
         (2, 1, [(0, 2, [0], 1, "none")]), (2, 1, [(0, 2, [1, 2, 3, 4], 4, "none")])]),
         r"pipelines\[1\]\.stages\[0\]\.tp: 4 is not allowed \(must divide num_kv_heads 2")
+
+
+def test_communication_other_than_megatrons_is_for_prediction_only():
+    import dataclasses
+
+    from planner.specs.plan import Communication
+
+    plan = homogeneous(SMALL, world=2, pp=2, mbs=1, gbs=2)
+    deepspeed = dataclasses.replace(plan.training,
+                                    comm=Communication.preset("deepspeed", dtype="bf16"))
+    _refused(dataclasses.replace(plan, training=deepspeed), "pipeline sends are non-blocking")
+    half = dataclasses.replace(plan.training, comm=Communication(grad_reduce_dtype="bf16"))
+    _refused(dataclasses.replace(plan, training=half), "reduces gradients in fp32")

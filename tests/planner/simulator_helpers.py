@@ -1,8 +1,9 @@
 """Plans and stage costs with chosen durations, for exact simulator checks."""
 
 import dataclasses
+import math
 
-from planner.costs.stages import DPSync, Part, plan_costs
+from planner.costs.stages import DPSync, Part, bucket_params, plan_costs
 from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
@@ -24,6 +25,7 @@ def flat_costs(plan, *, fwd=1.0, bwd=2.0, wgrad=0.0, p2p=0.0, grad_sync=0.0, opt
     over its layers, nothing on embedding or head; `wgrad` s of the backward are weight
     gradients, W), the given transfer, sync, optimizer."""
     out = []
+    bucket = bucket_params(plan.training.comm, plan.dp)
     for pipe_costs in plan_costs(plan).costs:
         row = []
         for c in pipe_costs:
@@ -32,7 +34,9 @@ def flat_costs(plan, *, fwd=1.0, bwd=2.0, wgrad=0.0, p2p=0.0, grad_sync=0.0, opt
                 c, layer_forward=Part(compute_s=fwd / n), layer_backward=Part(compute_s=bwd / n),
                 layer_weight_grad=Part(compute_s=wgrad / n),
                 embed_forward=Part(), embed_backward=Part(), head_forward=Part(),
-                head_backward=Part(), p2p_s=p2p, dp=DPSync(grad_iteration_s=grad_sync),
+                head_backward=Part(), p2p_s=p2p,
+                dp=DPSync(grad_iteration_s=grad_sync,
+                          buckets=max(1, math.ceil(c.num_params / bucket))),
                 optimizer_s=optimizer))
         out.append(row)
     return out

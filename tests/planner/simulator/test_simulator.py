@@ -9,7 +9,7 @@ from planner.simulator import simulate, simulate_detailed, write_gantt, write_tr
 from planner.simulator.build import simulate_graph
 from planner.simulator.schedules import stage_order
 from planner.specs.cluster import parse_gpus_arg
-from planner.specs.layout import ParallelConfig, homogeneous_plan
+from planner.specs.layout import ParallelConfig, homogeneous_plan, sharding_preset
 from planner.specs.model import preset
 from tests.planner.simulator_helpers import flat_costs, make_plan
 
@@ -121,6 +121,26 @@ def test_trace_and_gantt(tmp_path):
     end_us = max(e["ts"] + e["dur"] for e in slices)
     assert end_us == pytest.approx(result.iteration_time_s * 1e6)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_trace_shows_each_kind_of_traffic_on_its_own_stream(tmp_path):
+    """`plan simulate --trace`: ZeRO-3 parameter gathers, gradient reduce-scatters and
+    pipeline sends each on their own stream per stage, every transfer naming its
+    collective, size, group and NCCL algorithm; the breakdown still adds up."""
+    plan = make_plan(pp=2, dp=8, m=8, sharding=sharding_preset("zero3", 8))
+    result, sim = simulate_detailed(plan)
+    assert result.breakdown.total_s == pytest.approx(result.iteration_time_s, rel=1e-9)
+    trace = tmp_path / "t.json"
+    write_trace(sim, str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    threads = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    for stage in (0, 1):
+        for kind in ("compute", "param gather (in node)", "grad reduce (in node)",
+                     "pipeline sends (network)"):
+            assert f"s{stage}.{kind}" in threads
+    gathers = [e for e in events if e["ph"] == "X" and e["name"].startswith("all-gather")]
+    assert gathers and "all_gather" in gathers[0]["args"]["collective"]
+    assert "ring/" in gathers[0]["args"]["collective"]
 
 
 def test_each_stage_priced_at_its_own_sharding():

@@ -1,0 +1,265 @@
+"""The Sailor artifact's measured runs as Plans, and the simulator's error on them.
+
+planner/data/validation/sailor_measured.csv (its README names the source: eth-easl/sailor,
+SOSP 2025) gives 36 measured iteration times with whole layouts: 27 on GH200 nodes (4 GPUs
+a node, CSCS Clariden) and 9 on a mixed Titan-RTX / RTX-2080 / RTX-3090 cluster joined by
+slow Ethernet. Each row becomes a Plan exactly as written:
+
+* stages and replicas: `stage_replicas` lists, per pipeline stage, one [GPU, tp] per
+  data-parallel replica; replica r is a Pipeline of stage k's r-th entry for every k,
+  on tp GPUs of that type taken in order from the cluster;
+* layers: `stage_layers` counts the artifact's entries per stage, among them one for the
+  embedding (first stage) and one for the head (last stage), so a stage holds its count
+  less those (the plans hold the model's layer count less two: 22 for OPT-350M's 24,
+  30 for GPT-Neo-2.7B's 32; what ran is what the plan lists);
+* the runs used Sailor's DeepSpeed-based runtime (its repository ships
+  deepspeed/pipe_engine.py), so the plans take DeepSpeed's communication
+  (`Communication.preset("deepspeed")`: blocking pipeline sends, gradients reduced after
+  the backward in the training dtype), 1F1B, no recomputation;
+* attention is Megatron's unfused softmax between two batched GEMMs (`math`): the runs
+  trained in fp32, which fused (flash) attention kernels do not take;
+* GPT-Neo in Megatron-DeepSpeed has no LM-head GEMM (cross-entropy on the hidden states,
+  `model_notes`); the model is written with a tied head, whose GEMM it still counts.
+
+Rows the planner cannot express yet are listed with the reason: GPU types the device
+catalog lacks, and TF32 (the GH200 runs were fp32, very likely with TF32 tensor cores: they
+are scored in fp32 until the planner has a tf32 dtype, so their error is a lower bound on
+the model's accuracy, and said so).
+
+Run `python -m planner.calibration.sailor` for the table and the error by group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from planner.calibration.published import VALIDATION_DIR
+from planner.predict.results import SimResult
+from planner.specs.choices import Recompute
+from planner.specs.cluster import ClusterSpec, IslandLink, NodeGroup
+from planner.specs.model import ModelSpec
+from planner.specs.plan import (
+    TRAIN_DTYPES,
+    Communication,
+    Kernels,
+    Pipeline,
+    Plan,
+    Stage,
+    Training,
+)
+from profiler.devices import catalog
+from profiler.kernels import Attention
+from profiler.schema import SpecError
+
+__all__ = ["SailorCase", "SailorScore", "sailor_cases", "score"]
+
+SAILOR_CSV = os.path.join(VALIDATION_DIR, "sailor_measured.csv")
+
+# Sailor's GPU names and the catalog names they may have (issue 14 adds the RTX cards).
+SAILOR_GPUS: dict[str, tuple[str, ...]] = {
+    "GH-96": ("GH200-96GB",),
+    "RTX-3090": ("RTX3090-24GB", "RTX-3090", "RTX3090"),
+    "RTX-2080": ("RTX2080-8GB", "RTX-2080", "RTX2080"),
+    "Titan-RTX": ("TITAN-RTX-24GB", "Titan-RTX-24GB", "Titan-RTX", "TitanRTX-24GB"),
+}
+# The mixed cluster's links as Sailor measured them (the row's `network` column): about
+# 22.9 Gb/s between the Titan-RTX and RTX-2080 nodes, 0.92 Gb/s to the RTX-3090 node.
+# Written as 25 GbE NICs and a 1 Gb/s link to the RTX-3090 node's island (their nominal
+# rates; the socket transport's efficiencies apply on top, profiler/data/links.yaml).
+MIXED_NIC_GBIT = 25.0
+MIXED_SLOW_LINK_GBIT = 1.0
+
+
+@dataclass(frozen=True)
+class SailorCase:
+    id: str
+    group: str  # GH200 pipelined | GH200 data parallel | mixed RTX pipelined | ... data parallel
+    plan: Plan | None  # None: not expressible (see `reason`)
+    reason: str  # why not expressible, or what is approximated
+    lower_bound: bool  # scored in a dtype slower than the run's (fp32 for TF32)
+    measured_s: float
+    sailor_s: float  # Sailor's own simulator on the same plan
+
+
+@dataclass(frozen=True)
+class SailorScore:
+    cases: tuple[SailorCase, ...]
+    errors: dict[str, float]  # case id -> signed relative error
+    sailor_errors: dict[str, float]  # Sailor's simulator on the same rows
+
+    def by_group(self) -> dict[str, tuple[float, float, int]]:
+        """Per group: our mean |error|, Sailor's on the same rows, the row count."""
+        out: dict[str, tuple[float, float, int]] = {}
+        for group in sorted({c.group for c in self.cases}):
+            ids = [c.id for c in self.cases if c.group == group and c.id in self.errors]
+            if ids:
+                out[group] = (statistics.mean(abs(self.errors[i]) for i in ids),
+                              statistics.mean(abs(self.sailor_errors[i]) for i in ids), len(ids))
+        return out
+
+    @property
+    def mape(self) -> float:
+        return statistics.mean(abs(e) for e in self.errors.values()) if self.errors else 0.0
+
+
+def _catalog_name(sailor_name: str, gpu_names: Mapping[str, tuple[str, ...]]) -> str | None:
+    known = {k.lower(): k for k in catalog()}
+    for name in gpu_names.get(sailor_name, ()):
+        if name.lower() in known:
+            return known[name.lower()]
+    return None
+
+
+def _model(r: dict[str, str], layers: int) -> ModelSpec:
+    name = r["model"].split(" (")[0]
+    return ModelSpec(name=f"{name} (Sailor run)", num_layers=layers, hidden_size=int(r["hidden"]),
+                     ffn_hidden_size=int(r["ffn"]), num_heads=int(r["heads"]),
+                     vocab_size=int(float(r["vocab_run"])), seq_len=int(r["seq_len"]),
+                     activation="gelu", norm="layernorm", position_embedding="learned",
+                     tied_embeddings=r["lm_head"] != "untied")
+
+
+def _cluster(r: dict[str, str], types: list[str]) -> ClusterSpec:
+    """GH200 rows: the catalog's quad-GH200 node. Mixed rows: one node per GPU type and
+    count, 25 GbE between the Titan-RTX and RTX-2080 nodes, the RTX-3090 nodes on an island
+    of their own behind a 1 Gb/s link."""
+    per_node = int(float(r["gpus_per_node"]))
+    counts = {t: int(n) for n, t in re.findall(r"(\d+)x ([\w-]+)", r["gpus"])}
+    groups, links = [], []
+    for sailor_name, count in counts.items():
+        gpu = types[list(counts).index(sailor_name)]
+        extra: dict[str, object] = {}
+        if r["heterogeneous"] == "yes":
+            slow = sailor_name == "RTX-3090"
+            extra = {"nic": "ethernet", "nics_per_node": 1,
+                     "nic_bandwidth_gbit_per_s": MIXED_NIC_GBIT, "intra_node_link": "pcie-host",
+                     "island": "rtx3090" if slow else "main"}
+        groups.append(NodeGroup(name=sailor_name.lower(), gpu=gpu,
+                                num_nodes=max(1, count // per_node), gpus_per_node=per_node,
+                                **extra))  # type: ignore[arg-type]  # literal values above
+    if len({g.island for g in groups}) > 1:
+        links.append(IslandLink(islands=("main", "rtx3090"),
+                                bandwidth_gbit_per_s=MIXED_SLOW_LINK_GBIT, kind="ethernet"))
+    return ClusterSpec(name=f"Sailor row {r['row_id']}", node_groups=tuple(groups),
+                       island_links=tuple(links)).resolved()
+
+
+def _stage_layers(r: dict[str, str]) -> list[int]:
+    """Transformer layers per stage: the artifact's entries less the embedding (first
+    stage) and the head (last stage)."""
+    counts = [int(x) for x in r["stage_layers"].split("/")]
+    counts[0] -= 1
+    counts[-1] -= 1
+    return counts
+
+
+def _plan(r: dict[str, str], gpu_names: Mapping[str, tuple[str, ...]]) -> tuple[Plan | None, str]:
+    replicas = json.loads(r["stage_replicas"])  # [stage][replica] -> [GPU, tp]
+    sailor_types = list(dict.fromkeys(t for _, t in re.findall(r"(\d+)x ([\w-]+)", r["gpus"])))
+    types = [_catalog_name(t, gpu_names) for t in sailor_types]
+    missing = [t for t, c in zip(sailor_types, types, strict=True) if c is None]
+    if missing:
+        return None, f"GPU {', '.join(missing)} not in the device catalog (issue 14 adds it)"
+    cluster = _cluster(r, [t for t in types if t is not None])
+    layers = _stage_layers(r)
+    model = _model(r, sum(layers))
+    dtype = "tf32" if "tf32" in TRAIN_DTYPES else "fp32"
+    free: dict[str, list[int]] = {}
+    for slot in cluster.slots:
+        free.setdefault(cluster.node_groups[slot.group].gpu, []).append(slot.index)
+    to_catalog = dict(zip(sailor_types, types, strict=True))
+    dp = len(replicas[0])
+    mbs, gbs = int(float(r["mbs"])), int(float(r["gbs"]))
+    pipelines, bounds = [], [0]
+    for n in layers:
+        bounds.append(bounds[-1] + n)
+    for rep in range(dp):
+        stages = []
+        for k, stage in enumerate(replicas):
+            gpu, tp = stage[rep]
+            devices = tuple(free[to_catalog[gpu]][:tp])
+            del free[to_catalog[gpu]][:tp]
+            stages.append(Stage(layers=(bounds[k], bounds[k + 1]), devices=devices, tp=tp,
+                                recompute=Recompute.NONE))
+        pipelines.append(Pipeline(stages=tuple(stages), micro_batch_size=mbs,
+                                  num_microbatches=gbs // (mbs * dp)))
+    training = Training(global_batch_size=gbs, seq_len=int(r["seq_len"]),
+                        dtype=dtype,  # type: ignore[arg-type]  # one of TRAIN_DTYPES
+                        comm=Communication.preset("deepspeed", dtype=dtype))
+    plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
+                kernels=Kernels(attention=Attention.MATH))
+    try:
+        plan.check("plan")
+    except SpecError as err:
+        return None, f"not a valid plan: {err}"
+    note = "" if dtype == "tf32" else "fp32 for the run's TF32 (the planner has no tf32 yet)"
+    return plan, note
+
+
+def _group(r: dict[str, str]) -> str:
+    cluster = "GH200" if r["heterogeneous"] == "no" else "mixed RTX"
+    return f"{cluster} {'pipelined' if int(float(r['pp'])) > 1 else 'data parallel'}"
+
+
+def sailor_cases(path: str | None = None, *,
+                 gpu_names: Mapping[str, tuple[str, ...]] = SAILOR_GPUS) -> list[SailorCase]:
+    with open(path or SAILOR_CSV, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    out = []
+    for r in rows:
+        plan, reason = _plan(r, gpu_names)
+        out.append(SailorCase(id=f"sailor-{int(r['row_id']):02d}", group=_group(r), plan=plan,
+                              reason=reason,
+                              lower_bound=plan is not None and plan.training.dtype == "fp32"
+                              and "TF32" in r["dtype"],
+                              measured_s=float(r["measured_iter_time_s"]),
+                              sailor_s=float(r["sailor_simulator_iter_time_s"])))
+    return out
+
+
+def score(cases: list[SailorCase], simulate: Callable[[Plan], SimResult]) -> SailorScore:
+    errors, sailor = {}, {}
+    for c in cases:
+        if c.plan is None:
+            continue
+        errors[c.id] = simulate(c.plan).iteration_time_s / c.measured_s - 1
+        sailor[c.id] = c.sailor_s / c.measured_s - 1
+    return SailorScore(tuple(cases), errors, sailor)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from planner.predict.estimate import estimate
+    from planner.simulator import simulate
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--method", choices=("simulate", "estimate"), default="simulate")
+    args = ap.parse_args(argv)
+    cases = sailor_cases()
+    s = score(cases, simulate if args.method == "simulate" else estimate)
+    for c in cases:
+        if c.plan is None:
+            print(f"{c.id}  {c.group:24} not scored: {c.reason}")
+            continue
+        e, se = s.errors[c.id], s.sailor_errors[c.id]
+        flag = "  (lower bound: " + c.reason + ")" if c.lower_bound else ""
+        print(f"{c.id}  {c.group:24} measured {c.measured_s:9.3f} s  error {e:+7.1%}  "
+              f"Sailor {se:+7.1%}{flag}")
+    print()
+    for group, (ours, theirs, n) in s.by_group().items():
+        print(f"{group:24} {n:2d} rows  mean |error| {ours:6.1%}  (Sailor's simulator {theirs:6.1%})")
+    print(f"{'all scored':24} {len(s.errors):2d} rows  mean |error| {s.mape:6.1%}  "
+          f"(Sailor's simulator {statistics.mean(abs(x) for x in s.sailor_errors.values()):6.1%})")
+    unscored = [c for c in cases if c.plan is None]
+    if unscored:
+        print(f"not scored: {len(unscored)} rows ({unscored[0].reason})")
+
+
+if __name__ == "__main__":
+    main()
