@@ -811,10 +811,23 @@ def _comm_source(cluster: ClusterSpec, specs: Sequence[tuple[StageSpec, ...]],
     return "; ".join(parts) + f"; {COMM_SOURCE} for the rest"
 
 
+_PRECISION = {
+    DType.FP8: "FP8 GEMMs in the layers' linear layers (Transformer Engine: e4m3 forward, e5m2 "
+               "gradients, per-tensor scales) at the GPU's fp8 peak, attention GEMMs, logits "
+               "and the rest in bf16",
+    DType.TF32: "fp32 storage; GEMMs on TF32 tensor cores where the GPU has them (allow_tf32, "
+                "NVIDIA containers' default), fp32 elsewhere",
+    DType.FP32: "fp32 GEMMs without TF32 (PyTorch's default since 1.12, pytorch/pytorch#77114)",
+}
+
+
 def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
-    """What answered the plan's op and collective times (the `sources` users see)."""
+    """What answered the plan's op and collective times (the `sources` users see), and
+    how its dtype runs where that is not plain (fp8, tf32, fp32)."""
+    precision = _PRECISION.get(DType(plan.training.dtype))
+    extra = {"precision": precision} if precision else {}
     if profiles is None or not profiles.by_device:
-        return {"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE}
+        return {"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE, **extra}
     priced = plan_costs(plan, profiles)
     uses: list[tuple[Profile | None, Op]] = []
     for pi in priced.representatives:
@@ -822,4 +835,4 @@ def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
             profile = profiles.get(spec.device_name)
             uses.extend((profile, op) for op in _stage_ops(plan.model, spec, priced.runs[pi]))
     return {"compute": compute_source(uses),
-            "communication": _comm_source(plan.cluster, priced.specs, profiles)}
+            "communication": _comm_source(plan.cluster, priced.specs, profiles), **extra}

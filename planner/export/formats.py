@@ -47,7 +47,11 @@ def megatron_args(plan: Plan) -> list[str]:
         f"--context-parallel-size {s.cp}", f"--micro-batch-size {s.mbs}",
         f"--global-batch-size {tr.global_batch_size}",
     ]
-    args += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}[tr.dtype]
+    # fp8: Transformer Engine's FP8 GEMMs with delayed per-tensor scaling (e4m3 forward,
+    # e5m2 gradients: "hybrid"), bf16 elsewhere, as DType.FP8 prices it
+    args += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
+             "fp8": ["--bf16", "--fp8-format hybrid", "--transformer-impl transformer_engine"]
+             }[tr.dtype]
     if m.kv_heads != m.num_heads:
         args += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
     if m.activation == "swiglu":

@@ -73,7 +73,7 @@ _MEGATRON = FrameworkCapabilities(
     schedules=frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B}),
     sharding=(NO_SHARDING, ZERO1, ("1", "1", "k")),
     recompute=frozenset({"none", "selective", "full"}),
-    dtypes=frozenset({"bf16", "fp16", "fp32"}),
+    dtypes=frozenset({"bf16", "fp16", "fp32", "fp8"}),  # fp8: Transformer Engine, --fp8-format
     attention=frozenset({"flash", "math"}),  # AttnBackend.flash, AttnBackend.unfused
     sequence_parallel="optional", uneven_stages=True, mixed_gpu_types=False, per_stage_tp=False,
     unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False,

@@ -57,6 +57,9 @@ def test_mixed_cluster_with_stand_in_gpus():
 def test_scores_by_group():
     s = score(sailor_cases(), estimate)
     groups = s.by_group()
-    assert set(groups) == {"GH200 pipelined", "GH200 data parallel"}
+    # the catalog has the RTX cards (issue 14): every row is scored
+    assert set(groups) == {"GH200 pipelined", "GH200 data parallel", "mixed RTX pipelined",
+                           "mixed RTX data parallel"}
     assert groups["GH200 pipelined"][2] == 20 and groups["GH200 data parallel"][2] == 7
-    assert s.mape == pytest.approx(sum(abs(e) for e in s.errors.values()) / 27)
+    assert groups["mixed RTX pipelined"][2] == 6 and groups["mixed RTX data parallel"][2] == 3
+    assert s.mape == pytest.approx(sum(abs(e) for e in s.errors.values()) / 36)

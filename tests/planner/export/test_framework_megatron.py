@@ -52,6 +52,8 @@ def _megatron_configs(args: dict, world: int):
     fields["attention_backend"] = enums.AttnBackend[kw["attention_backend"]]
     if kw.get("swiglu"):
         fields["gated_linear_unit"] = True
+    if "fp8_format" in kw:  # Megatron-LM's arguments: --fp8-format becomes config.fp8
+        fields["fp8"] = kw["fp8_format"]
     dtype = torch.bfloat16 if kw.get("bf16") else torch.float16 if kw.get("fp16") else None
     if dtype is not None:
         fields.update(params_dtype=dtype, pipeline_dtype=dtype)
@@ -79,7 +81,8 @@ def _round_trip(plan):
             batches.get()) == (s.mbs, plan.training.global_batch_size, s.num_microbatches)
     assert config.sequence_parallel == plan.training.sequence_parallel
     assert config.recompute_granularity == {"none": None}.get(s.recompute[0], s.recompute[0])
-    assert config.bf16 == (plan.training.dtype == "bf16")
+    assert config.bf16 == (plan.training.dtype in ("bf16", "fp8"))  # fp8: bf16 elsewhere
+    assert config.fp8 == ("hybrid" if plan.training.dtype == "fp8" else None)
     sh = plan.sharding
     optim = dp // ddp.num_distributed_optimizer_instances if ddp.use_distributed_optimizer else 1
     assert (1, 1, optim) == (sh.params, sh.grads, sh.optim)
@@ -118,6 +121,14 @@ def test_full_recompute_partial_distributed_optimizer_gqa():
     assert (config.recompute_method, config.recompute_num_layers) == ("uniform", 1)
     assert config.num_query_groups == 8 and config.gated_linear_unit
     assert config.normalization == "RMSNorm"
+
+
+def test_fp8_runs_transformer_engine_gemms_with_delayed_scaling():
+    """DType.FP8 (FP8 GEMMs, per-tensor scales, bf16 elsewhere) is Megatron-Core's fp8
+    "hybrid" (e4m3 forward, e5m2 gradients) with its default delayed-scaling recipe."""
+    plan = plan_on("H100-80GB-SXM:64", tp=2, pp=4, dp=8, mbs=1, gbs=128, dtype="fp8")
+    config = _round_trip(plan)
+    assert (config.fp8, config.fp8_recipe) == ("hybrid", "delayed")
 
 
 def test_refused_sharding_is_named():
