@@ -303,11 +303,14 @@ def replica_specs(cluster: ClusterSpec, stages: Sequence[PlacedStage], *,
 @cache
 def group_signature(cluster: ClusterSpec, group: tuple[int, ...]) -> tuple:
     """What the links of a group of GPUs depend on: each member's node group (its GPU,
-    links, NICs and island) and which members share a node. Groups with equal signatures
+    links, NICs and island), which members share a node, and which sit on the same rails
+    (local index, counted from the first member's: `comm._network_tier` compares the
+    nodes' local indices, which a common shift keeps equal). Groups with equal signatures
     cost the same for every collective among them or among any of their sub-groups."""
     slots = cluster.slots
-    node0 = slots[group[0]].node
-    return tuple((slots[d].group, slots[d].node - node0) for d in group)
+    node0, local0 = slots[group[0]].node, slots[group[0]].local
+    return tuple((slots[d].group, slots[d].node - node0, slots[d].local - local0)
+                 for d in group)
 
 
 def stage_key(cluster: ClusterSpec, spec: StageSpec, *, dp_signature: object = None) -> tuple:

@@ -209,13 +209,14 @@ def _layout(ctx: _Context, t: Template, devices: Sequence[Sequence[tuple[int, ..
 
 
 def _pattern(cluster: ClusterSpec, replica: Sequence[tuple[int, ...]]) -> tuple:
-    """Where a replica's GPUs are: each one's node group and node, counted from the
-    replica's first node. Replicas of one pattern have the same stage keys (links are found
-    from node groups and shared nodes; every replica's stage k syncs over one group)."""
+    """Where a replica's GPUs are: each one's node group, node and local index, counted
+    from the replica's first GPU. Replicas of one pattern have the same stage keys (links
+    are found from node groups, shared nodes and rails: `group_signature`; every replica's
+    stage k syncs over one group)."""
     slots = cluster.slots
-    node0 = slots[replica[0][0]].node
-    return tuple(tuple((slots[g].group, slots[g].node - node0) for g in stage)
-                 for stage in replica)
+    node0, local0 = slots[replica[0][0]].node, slots[replica[0][0]].local
+    return tuple(tuple((slots[g].group, slots[g].node - node0, slots[g].local - local0)
+                       for g in stage) for stage in replica)
 
 
 def _run(ctx: _Context, t: Template, *, mbs: int, microbatches: int,

@@ -117,15 +117,16 @@ class LayoutModel:
         self.choices = allowed_options(self.levels, dp=lo.dp, patterns=sharding)
 
     def _representatives(self, devices: list[list[tuple[int, ...]]]) -> list[int]:
-        """The first replica of each placement pattern: the node group of every GPU and
-        which node it is on, counted from the replica's first node. Replicas of one pattern
-        have the same stage keys (links are found from node groups and shared nodes, and
-        every replica's stage k syncs over the same group), so the rest are skipped."""
+        """The first replica of each placement pattern: the node group of every GPU, which
+        node it is on and its local index, counted from the replica's first GPU. Replicas of
+        one pattern have the same stage keys (links are found from node groups, shared
+        nodes and rails, `group_signature`, and every replica's stage k syncs over the same
+        group), so the rest are skipped."""
         slots = self.cluster.slots
         seen: dict[tuple, int] = {}
         for d, replica in enumerate(devices):
-            node0 = slots[replica[0][0]].node
-            pattern = tuple((slots[g].group, slots[g].node - node0)
+            first = slots[replica[0][0]]
+            pattern = tuple((slots[g].group, slots[g].node - first.node, slots[g].local - first.local)
                             for stage in replica for g in stage)
             seen.setdefault(pattern, d)
         return sorted(seen.values())
