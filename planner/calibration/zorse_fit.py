@@ -87,9 +87,6 @@ def fit_dtype(gpu: str) -> str:
 
 def set_aside(case: ZorseCase) -> str | None:
     """Why a case cannot judge the catalog device (it is reported, never fitted), or None."""
-    if case.device.arch == "pascal" and case.dtype == "fp16":
-        return ("Pascal runs autocast's fp16 GEMMs (fp32 accumulate) at its fp32 rate "
-                "(measured fp16/fp32 time 0.7-1.0); the catalog's fp16 peaks are not that rate")
     if case.gpu == "l4" and case.family == "llama_v2":
         return ("1.5-2x slower than the HF Llama layer of the same shapes on L4, non-monotonic "
                 "in micro-batch: another (throttled) card or run")
