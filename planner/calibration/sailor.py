@@ -18,8 +18,8 @@ slow Ethernet. Each row becomes a Plan exactly as written:
   the backward in the training dtype), 1F1B, no recomputation;
 * attention is Megatron's unfused softmax between two batched GEMMs (`math`): the runs
   trained in fp32, which fused (flash) attention kernels do not take;
-* GPT-Neo in Megatron-DeepSpeed has no LM-head GEMM (cross-entropy on the hidden states,
-  `model_notes`); the model is written with a tied head, whose GEMM it still counts.
+* GPT-Neo in Megatron-DeepSpeed has no LM-head GEMM (GPTNeoModelPipe ends in a
+  LayerNorm, cross-entropy on the hidden states, `model_notes`): `lm_head: false`.
 
 Rows the planner cannot express yet are listed with the reason: GPU types the device
 catalog lacks, and TF32 (the GH200 runs were fp32, very likely with TF32 tensor cores: they
@@ -123,7 +123,7 @@ def _model(r: dict[str, str], layers: int) -> ModelSpec:
                      ffn_hidden_size=int(r["ffn"]), num_heads=int(r["heads"]),
                      vocab_size=int(float(r["vocab_run"])), seq_len=int(r["seq_len"]),
                      activation="gelu", norm="layernorm", position_embedding="learned",
-                     tied_embeddings=r["lm_head"] != "untied")
+                     tied_embeddings=r["lm_head"] != "untied", lm_head=r["lm_head"] != "none")
 
 
 def _cluster(r: dict[str, str], types: list[str]) -> ClusterSpec:
