@@ -33,7 +33,7 @@ from profiler.devices import ArchEfficiency, DeviceSpec, arch_efficiency, device
 
 __all__ = ["FITTED", "HELD_OUT_MODELS", "REFERENCE_GPU", "SIMT_FITTED", "DeviceFit", "SimtFit",
            "Split", "arch_device", "case_error", "fit_device", "fit_dtype", "fit_simt", "main",
-           "mean_error", "relative_speed", "set_aside", "simt_split", "split"]
+           "mean_error", "relative_speed", "set_aside", "simt_split", "split", "without_simt"]
 
 HELD_OUT_MODELS = frozenset({"deepspeedllama_7b", "deepspeedllamav2_7b"})
 FIT_FAMILIES = frozenset({"llama", "llama_v2"})
@@ -185,7 +185,7 @@ def _with_simt(gpu: str, values: dict[str, float]) -> DeviceSpec:
     return replace(dev, efficiency=replace(device_efficiency(dev), **change))
 
 
-def _without_simt(gpu: str) -> DeviceSpec:
+def without_simt(gpu: str) -> DeviceSpec:
     """The card as the model priced it before the SIMT efficiency: its fp32 GEMMs at the
     tensor-core fraction of the datasheet fp32 peak."""
     dev = replace(measured_device(gpu), fp32_dual_issue=False)
@@ -218,7 +218,7 @@ def fit_simt(group: str, *, iterations: int = 200) -> SimtFit:
 
     values, _ = minimize_bounded(params, objective, iterations=iterations, start=start)
     fitted = dict(zip(names, values, strict=True))
-    before = {g: _simt_errors(g, _without_simt(g)) for g in gpus}
+    before = {g: _simt_errors(g, without_simt(g)) for g in gpus}
     after = {g: _simt_errors(g, _with_simt(g, fitted)) for g in gpus}
     clear_cost_caches()
     return SimtFit(group, fitted, before, after)
