@@ -2,6 +2,7 @@
 every GPU type fits (docs/calibration.md, "Zorse").
 
     python -m planner.calibration.zorse_fit [--gpu a10g ...] [--iterations 400]
+    python -m planner.calibration.zorse_fit --simt    # the CUDA-core GEMM fit (fp32)
 
 prints, per GPU type, the error before (its architecture's parameters) and after (the
 catalog's, with any `efficiency:` of the device), on the training cases and the held-out
