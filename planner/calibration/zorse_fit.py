@@ -248,6 +248,8 @@ def _efficiency_yaml(eff: ArchEfficiency) -> str:
     parts = []
     for f in fields(ArchEfficiency):
         v = getattr(eff, f.name)
+        if v is None:  # left to the architecture
+            continue
         parts.append(f"{f.name}: {v:.3g}" if isinstance(v, float) else f"{f.name}: {v}")
     return "{" + ", ".join(parts) + "}"
 
