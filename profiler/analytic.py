@@ -7,6 +7,13 @@ tensor cores from their steady state. Like cuBLAS's heuristics, the model picks 
 size that is fastest for the shape, smaller tiles running at a lower fraction of peak.
 Everything else streams through DRAM (roofline). Every kernel leaves a small gap on the
 GPU. Parameters per architecture: profiler/data/efficiency.yaml.
+
+A GEMM runs on the tensor cores, or on the CUDA cores (SIMT) where the dtype has none:
+fp32 without TF32, every dtype on Pascal and RDNA2. The two sustain different fractions
+of their peaks (docs/calibration.md, "SIMT GEMMs"), and on GA10x / AD10x the datasheet
+fp32 peak counts a second FP32 datapath that shares its issue slot with INT32: a GEMM's
+address and loop arithmetic keeps most of it, so a CUDA-core GEMM runs against the
+single-issue half of the peak plus the share of the second datapath it gets.
 """
 
 from __future__ import annotations
@@ -15,8 +22,8 @@ import math
 
 from profiler.devices import ArchEfficiency, DeviceSpec, device_efficiency
 
-__all__ = ["attention_time_s", "gemm_efficiency", "gemm_time_s", "kernel_gap_s",
-           "launch_overhead_s", "math_dtype", "memory_time_s"]
+__all__ = ["attention_time_s", "gemm_efficiency", "gemm_peak_flops", "gemm_time_s",
+           "kernel_gap_s", "launch_overhead_s", "math_dtype", "memory_time_s", "on_cuda_cores"]
 
 
 def math_dtype(device: DeviceSpec, dtype: str) -> str:
@@ -26,6 +33,26 @@ def math_dtype(device: DeviceSpec, dtype: str) -> str:
     if dtype == "bf16" and "fp16" in device.peak_tflops:
         return "fp16"
     return "fp32"
+
+
+def on_cuda_cores(device: DeviceSpec, dtype: str, eff: ArchEfficiency | None = None) -> bool:
+    """Whether a GEMM of `dtype` runs on the CUDA cores (SIMT) rather than tensor cores:
+    fp32 without TF32 (PyTorch's default since 1.12, pytorch/pytorch#77114), or any dtype
+    on an architecture without tensor cores."""
+    eff = eff or device_efficiency(device)
+    return math_dtype(device, dtype) == "fp32" or not eff.tensor_cores
+
+
+def gemm_peak_flops(device: DeviceSpec, dtype: str, eff: ArchEfficiency | None = None) -> float:
+    """The peak FLOP/s a GEMM of `dtype` runs against: the dtype's datasheet peak; for
+    CUDA-core GEMMs on a device whose fp32 peak counts dual issue (GA10x, AD10x: NVIDIA
+    Ampere GA102 whitepaper, "2x FP32"; Ada Lovelace whitepaper), the single-issue half
+    plus `dual_issue_fp32_gain` of the other half."""
+    eff = eff or device_efficiency(device)
+    peak = device.peak_flops(math_dtype(device, dtype))
+    if device.fp32_dual_issue and on_cuda_cores(device, dtype, eff):
+        return peak / 2 * (1 + (eff.dual_issue_fp32_gain or 0.0))
+    return peak
 
 
 def _tiles(eff: ArchEfficiency) -> list[tuple[int, int, float]]:
@@ -40,10 +67,13 @@ def _tiles(eff: ArchEfficiency) -> list[tuple[int, int, float]]:
 
 
 def gemm_efficiency(batch: int, m: int, n: int, k: int, *, device: DeviceSpec,
-                    eff: ArchEfficiency | None = None) -> float:
+                    eff: ArchEfficiency | None = None, simt: bool = False) -> float:
     """Fraction of peak FLOP/s a [m,k]x[k,n] GEMM (batched `batch` times) reaches, with the
-    best tile for its shape."""
+    best tile for its shape; `simt`: on the CUDA cores (of gemm_peak_flops)."""
     eff = eff or device_efficiency(device)
+    top = eff.gemm_efficiency
+    if simt and eff.simt_gemm_efficiency is not None:
+        top = eff.simt_gemm_efficiency
     units = device.num_compute_units
     best = 0.0
     for tm, tn, tile_eff in _tiles(eff):
@@ -52,15 +82,16 @@ def gemm_efficiency(batch: int, m: int, n: int, k: int, *, device: DeviceSpec,
         wave_util = tiles / (waves * units)
         tile_util = (m * n * batch) / (tiles * tm * tn)
         best = max(best, tile_eff * wave_util * tile_util)
-    return eff.gemm_efficiency * best * k / (k + eff.gemm_k_half)
+    return top * best * k / (k + eff.gemm_k_half)
 
 
 def gemm_time_s(batch: int, m: int, n: int, k: int, *, device: DeviceSpec, dtype: str,
                 elem_bytes: int) -> float:
     eff = device_efficiency(device)
     flops = 2.0 * batch * m * n * k
-    peak = device.peak_flops(math_dtype(device, dtype))
-    compute = flops / (peak * gemm_efficiency(batch, m, n, k, device=device, eff=eff))
+    peak = gemm_peak_flops(device, dtype, eff)
+    simt = on_cuda_cores(device, dtype, eff)
+    compute = flops / (peak * gemm_efficiency(batch, m, n, k, device=device, eff=eff, simt=simt))
     traffic = elem_bytes * batch * (m * k + k * n + m * n)
     memory = traffic / (device.memory_bandwidth_bytes_per_s * eff.memory_efficiency)
     return max(compute, memory) + eff.kernel_overhead_s

@@ -84,6 +84,16 @@ class ArchEfficiency:
     kernel_overhead_us: float = spec_field(min=0)
     launch_overhead_us: float = spec_field(min=0)
     tp_comm_overlap: float = spec_field(default=0.0, min=0, max=1)
+    simt_gemm_efficiency: float | None = spec_field(
+        default=None, gt=0, max=1, help="fraction of the single-issue FP32 peak a GEMM on "
+        "the CUDA cores (no tensor cores: fp32 without TF32) sustains; None: the "
+        "architecture's, else gemm_efficiency")
+    dual_issue_fp32_gain: float | None = spec_field(
+        default=None, min=0, max=1, help="on a device whose fp32 peak counts dual issue: "
+        "the share of the second (INT32-shared) datapath's rate a CUDA-core GEMM gets; "
+        "None: the architecture's, else 0")
+    tensor_cores: bool = spec_field(default=True, help="matrix units for its 16-bit dtypes "
+                                    "(false: Pascal, RDNA2 run every GEMM on the CUDA cores)")
 
     @property
     def kernel_overhead_s(self) -> float:
@@ -113,6 +123,9 @@ class DeviceSpec:
     efficiency: ArchEfficiency | None = spec_field(
         default=None, help="analytic-model parameters of this device (default: its "
         "architecture's in profiler/data/efficiency.yaml), e.g. from `plan profile fit`")
+    fp32_dual_issue: bool = spec_field(
+        default=False, help="the fp32 peak counts a second FP32 datapath shared with INT32 "
+        "(GA10x, AD10x): CUDA-core GEMMs run against half of it")
 
     def check(self, where: str) -> None:
         if not self.peak_tflops:
@@ -128,7 +141,7 @@ class DeviceSpec:
         return hash((self.name, self.arch, self.memory_gib, self.memory_bandwidth_gb_per_s,
                      self.num_compute_units, tuple(sorted(self.peak_tflops.items())),
                      self.intra_node_link, self.intra_node_bandwidth_gb_per_s, self.attention,
-                     self.efficiency))
+                     self.efficiency, self.fp32_dual_issue))
 
     @property
     def attention_kernels(self) -> tuple[Attention, ...]:
@@ -349,11 +362,24 @@ def _efficiencies() -> dict[str, ArchEfficiency]:
     return {k: parse(ArchEfficiency, v, where=f"efficiency.{k}") for k, v in raw.items()}
 
 
+# Fields a device's own `efficiency:` may leave to its architecture (added after the
+# per-device fits, which did not fit them).
+_INHERITED = ("simt_gemm_efficiency", "dual_issue_fp32_gain")
+
+
 def device_efficiency(dev: DeviceSpec) -> ArchEfficiency:
-    """The analytic-model parameters of one device: its own, else its architecture's."""
+    """The analytic-model parameters of one device: its own, else its architecture's (a
+    device's own without a SIMT GEMM efficiency takes its architecture's)."""
     if dev.arch in _OVERRIDES["arch"]:
         return _OVERRIDES["arch"][dev.arch]
-    return dev.efficiency or arch_efficiency(dev.arch)
+    if dev.efficiency is None:
+        return arch_efficiency(dev.arch)
+    if dev.arch not in _efficiencies() and dev.arch not in _OVERRIDES["arch"]:
+        return dev.efficiency
+    arch = arch_efficiency(dev.arch)
+    missing = {name: getattr(arch, name) for name in _INHERITED
+               if getattr(dev.efficiency, name) is None}
+    return replace(dev.efficiency, **missing) if missing else dev.efficiency
 
 
 def arch_efficiency(arch: str) -> ArchEfficiency:

@@ -18,13 +18,18 @@ slow Ethernet. Each row becomes a Plan exactly as written:
   the backward in the training dtype), 1F1B, no recomputation;
 * attention is Megatron's unfused softmax between two batched GEMMs (`math`): the runs
   trained in fp32, which fused (flash) attention kernels do not take;
-* GPT-Neo in Megatron-DeepSpeed has no LM-head GEMM (cross-entropy on the hidden states,
-  `model_notes`); the model is written with a tied head, whose GEMM it still counts.
+* GPT-Neo in Megatron-DeepSpeed has no LM-head GEMM (GPTNeoModelPipe ends in a
+  LayerNorm, cross-entropy on the hidden states, `model_notes`): `lm_head: false`.
 
-Rows the planner cannot express yet are listed with the reason: GPU types the device
-catalog lacks, and TF32 (the GH200 runs were fp32, very likely with TF32 tensor cores: they
-are scored in fp32 until the planner has a tf32 dtype, so their error is a lower bound on
-the model's accuracy, and said so).
+* dtype: the run scripts train in fp32, inside the artifact's image
+  (`FROM nvcr.io/nvidia/pytorch:24.10-py3`, eth-easl/sailor `Dockerfile`), whose
+  `TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1` runs fp32 matmuls in TF32 (PyTorch alone would
+  not since 1.12, pytorch/pytorch#77114): every plan trains in `tf32`, which runs on
+  tensor cores where the GPU has TF32 (GH200, RTX 3090) and on the CUDA cores in fp32
+  where it has not (Titan RTX, RTX 2080: Turing).
+
+Rows the planner cannot express are listed with the reason (GPU types the device catalog
+lacks; a planner without tf32 scores fp32 and marks the row a lower bound).
 
 Run `python -m planner.calibration.sailor` for the table and the error by group.
 """
@@ -123,7 +128,7 @@ def _model(r: dict[str, str], layers: int) -> ModelSpec:
                      ffn_hidden_size=int(r["ffn"]), num_heads=int(r["heads"]),
                      vocab_size=int(float(r["vocab_run"])), seq_len=int(r["seq_len"]),
                      activation="gelu", norm="layernorm", position_embedding="learned",
-                     tied_embeddings=r["lm_head"] != "untied")
+                     tied_embeddings=r["lm_head"] != "untied", lm_head=r["lm_head"] != "none")
 
 
 def _cluster(r: dict[str, str], types: list[str]) -> ClusterSpec:

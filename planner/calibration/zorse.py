@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
@@ -78,7 +78,7 @@ GPU_MAP: dict[str, str] = {
     "v100x16": "V100-16GB-SXM2",     # "Tesla V100-SXM2-16GB"
     "v100x32": "V100-32GB-SXM2",     # "Tesla V100-SXM2-32GB"
     "v100-pciex16": "V100-16GB-PCIe",
-    "p100": "P100-16GB-PCIe",        # "Tesla P100-PCIE-12GB": see measured_device
+    "p100": "P100-12GB-PCIe",        # "Tesla P100-PCIE-12GB"
     "p40": "P40-24GB",
     "rtx3090": "RTX3090-24GB",
     "w6800": "W6800-32GB",           # "AMD Radeon PRO W6800", ROCm
@@ -178,13 +178,8 @@ def layer_params(name: str) -> int:
 
 
 def measured_device(gpu: str) -> DeviceSpec:
-    """The catalog entry of a Zorse GPU, as the card they measured: Zorse's "p100" is the
-    P100-PCIE-12GB (3 HBM2 stacks, 549 GB/s; NVIDIA Tesla P100 PCIe datasheet), a part
-    the catalog does not list; it has the 16 GB part's SMs and clocks."""
-    dev = device(GPU_MAP[gpu])
-    if gpu == "p100":
-        return replace(dev, name="P100-12GB-PCIe", memory_gib=12, memory_bandwidth_gb_per_s=549)
-    return dev
+    """The catalog entry of a Zorse GPU, as the card they measured."""
+    return device(GPU_MAP[gpu])
 
 
 def attention_code(name: str, gpu: str, dtype: str) -> AttentionCode:

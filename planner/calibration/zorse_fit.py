@@ -2,6 +2,7 @@
 every GPU type fits (docs/calibration.md, "Zorse").
 
     python -m planner.calibration.zorse_fit [--gpu a10g ...] [--iterations 400]
+    python -m planner.calibration.zorse_fit --simt    # the CUDA-core GEMM fit (fp32)
 
 prints, per GPU type, the error before (its architecture's parameters) and after (the
 catalog's, with any `efficiency:` of the device), on the training cases and the held-out
@@ -31,9 +32,9 @@ from planner.calibration.zorse import GPU_MAP, ZorseCase, measured_device, predi
 from planner.costs.stages import clear_cost_caches
 from profiler.devices import ArchEfficiency, DeviceSpec, arch_efficiency, device_efficiency
 
-__all__ = ["FITTED", "HELD_OUT_MODELS", "REFERENCE_GPU", "DeviceFit", "Split", "arch_device",
-           "case_error", "fit_device", "fit_dtype", "main", "mean_error", "relative_speed",
-           "set_aside", "split"]
+__all__ = ["FITTED", "HELD_OUT_MODELS", "REFERENCE_GPU", "SIMT_FITTED", "DeviceFit", "SimtFit",
+           "Split", "arch_device", "case_error", "fit_device", "fit_dtype", "fit_simt", "main",
+           "mean_error", "relative_speed", "set_aside", "simt_split", "split", "without_simt"]
 
 HELD_OUT_MODELS = frozenset({"deepspeedllama_7b", "deepspeedllamav2_7b"})
 FIT_FAMILIES = frozenset({"llama", "llama_v2"})
@@ -60,6 +61,26 @@ FITTED: dict[str, tuple[str, ...]] = {
 }
 
 
+# The SIMT (CUDA-core) GEMM efficiency, fitted on the fp32 layers (no TF32) per
+# architecture over its full-power cards, each GPU type weighing alike. Ampere fits two
+# numbers: GA100 (A100, single issue) fixes the efficiency, GA102 (A10G, A6000) the share
+# of its second, INT32-shared FP32 datapath a GEMM gets; Ada keeps that share (the same
+# SM partition) and fits its efficiency on the L40S. The power-capped cards (T4 70 W,
+# L4 72 W), whose clocks fall under load, fit their own, as their tensor-core fits do.
+# Pascal keeps its values: one number for GP100 and GP102 made both worse (P40 7.7 ->
+# 12.7%); P100 keeps its device fit (fp32 GEMMs, which were SIMT all along). Turing
+# has no full-power card in the data: Volta's value (the same 64 FP32 lanes per SM).
+SIMT = "simt_gemm_efficiency"
+GAIN = "dual_issue_fp32_gain"
+SIMT_FITTED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "ampere": (("a100x40", "a10g", "a6000"), (SIMT, GAIN)), "ada": (("l40s",), (SIMT,)),
+    "hopper": (("h100-nvl",), (SIMT,)),
+    "volta": (("v100x16", "v100x32", "v100-pciex16"), (SIMT,)),
+    "t4": (("t4",), (SIMT,)), "l4": (("l4",), (SIMT,)),
+}
+SIMT_BOUNDS = {SIMT: (0.2, 1.0), GAIN: (0.0, 1.0)}  # no kernel beats its peak
+
+
 def fit_dtype(gpu: str) -> str:
     """The dtype a plan trains in on `gpu`: fp16 (autocast) where it has tensor cores."""
     return "fp32" if measured_device(gpu).arch == "pascal" else "fp16"
@@ -67,9 +88,6 @@ def fit_dtype(gpu: str) -> str:
 
 def set_aside(case: ZorseCase) -> str | None:
     """Why a case cannot judge the catalog device (it is reported, never fitted), or None."""
-    if case.device.arch == "pascal" and case.dtype == "fp16":
-        return ("Pascal runs autocast's fp16 GEMMs (fp32 accumulate) at its fp32 rate "
-                "(measured fp16/fp32 time 0.7-1.0); the catalog's fp16 peaks are not that rate")
     if case.gpu == "l4" and case.family == "llama_v2":
         return ("1.5-2x slower than the HF Llama layer of the same shapes on L4, non-monotonic "
                 "in micro-batch: another (throttled) card or run")
@@ -86,6 +104,16 @@ class Split:
 def split(gpu: str) -> Split:
     cases = [c for c in zorse_cases()
              if c.gpu == gpu and c.dtype == fit_dtype(gpu) and set_aside(c) is None]
+    fit_family = [c for c in cases if c.family in FIT_FAMILIES]
+    return Split(train=tuple(c for c in fit_family if c.model not in HELD_OUT_MODELS),
+                 held_out=tuple(c for c in fit_family if c.model in HELD_OUT_MODELS),
+                 other_families=tuple(c for c in cases if c.family not in FIT_FAMILIES))
+
+
+def simt_split(gpu: str) -> Split:
+    """The fp32 cases of `gpu` (GEMMs on the CUDA cores), split as `split` does."""
+    cases = [c for c in zorse_cases() if c.gpu == gpu and c.dtype == "fp32"
+             and set_aside(c) is None]
     fit_family = [c for c in cases if c.family in FIT_FAMILIES]
     return Split(train=tuple(c for c in fit_family if c.model not in HELD_OUT_MODELS),
                  held_out=tuple(c for c in fit_family if c.model in HELD_OUT_MODELS),
@@ -144,6 +172,59 @@ def fit_device(gpu: str, *, iterations: int = 400) -> DeviceFit:
                      mean_error(data.held_out, base), mean_error(data.held_out, fitted))
 
 
+@dataclass(frozen=True)
+class SimtFit:
+    group: str  # an architecture, or a power-capped device
+    values: dict[str, float]  # simt_gemm_efficiency (and dual_issue_fp32_gain)
+    before: dict[str, tuple[float, float, float]]  # gpu -> train, held-out, other families
+    after: dict[str, tuple[float, float, float]]
+
+
+def _with_simt(gpu: str, values: dict[str, float]) -> DeviceSpec:
+    dev = measured_device(gpu)
+    change: dict[str, Any] = dict(values)  # float fields
+    return replace(dev, efficiency=replace(device_efficiency(dev), **change))
+
+
+def without_simt(gpu: str) -> DeviceSpec:
+    """The card as the model priced it before the SIMT efficiency: its fp32 GEMMs at the
+    tensor-core fraction of the datasheet fp32 peak."""
+    dev = replace(measured_device(gpu), fp32_dual_issue=False)
+    eff = device_efficiency(dev)
+    return replace(dev, efficiency=replace(eff, simt_gemm_efficiency=eff.gemm_efficiency))
+
+
+def _simt_errors(gpu: str, dev: DeviceSpec) -> tuple[float, float, float]:
+    data = simt_split(gpu)
+    clear_cost_caches()
+    return (mean_error(data.train, dev), mean_error(data.held_out, dev),
+            mean_error(data.other_families, dev))
+
+
+def fit_simt(group: str, *, iterations: int = 200) -> SimtFit:
+    """The fields SIMT_FITTED[group] names, from the catalog's values: the mean over its
+    GPU types of each one's training error (fp32 Llama layers, 7B held out)."""
+    gpus, names = SIMT_FITTED[group]
+    trained = [g for g in gpus if simt_split(g).train]
+    params = [Parameter(f"simt:{group}", n, *SIMT_BOUNDS[n]) for n in names]
+    now = device_efficiency(measured_device(gpus[0]))
+    start = [float(getattr(now, n) or (0.5 if n == GAIN else now.gemm_efficiency))
+             for n in names]
+
+    def objective(values: list[float]) -> float:
+        clear_cost_caches()
+        change = dict(zip(names, values, strict=True))
+        return statistics.mean(mean_error(simt_split(g).train, _with_simt(g, change))
+                               for g in trained)
+
+    values, _ = minimize_bounded(params, objective, iterations=iterations, start=start)
+    fitted = dict(zip(names, values, strict=True))
+    before = {g: _simt_errors(g, without_simt(g)) for g in gpus}
+    after = {g: _simt_errors(g, _with_simt(g, fitted)) for g in gpus}
+    clear_cost_caches()
+    return SimtFit(group, fitted, before, after)
+
+
 def relative_speed(gpu: str, dev: DeviceSpec | None = None, *, reference: str = REFERENCE_GPU,
                    dtype: str | None = None) -> list[tuple[ZorseCase, float, float]]:
     """For each case of `gpu` measured alike (model, sequence, dtype, micro-batch) on the
@@ -167,6 +248,8 @@ def _efficiency_yaml(eff: ArchEfficiency) -> str:
     parts = []
     for f in fields(ArchEfficiency):
         v = getattr(eff, f.name)
+        if v is None:  # left to the architecture
+            continue
         parts.append(f"{f.name}: {v:.3g}" if isinstance(v, float) else f"{f.name}: {v}")
     return "{" + ", ".join(parts) + "}"
 
@@ -208,8 +291,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", nargs="*", choices=sorted(FITTED), help="fit these (default all)")
     ap.add_argument("--iterations", type=int, default=400)
     ap.add_argument("--report", action="store_true", help="only the table, no fitting")
+    ap.add_argument("--simt", action="store_true",
+                    help="fit simt_gemm_efficiency on the fp32 layers (SIMT_FITTED)")
     args = ap.parse_args(argv)
-    if not args.report:
+    if args.simt:
+        for group in SIMT_FITTED:
+            simt = fit_simt(group)
+            print(f"{group}: " + ", ".join(f"{k} {v:.3f}" for k, v in simt.values.items()))
+            for g in simt.before:
+                (bt, bh, bo), (at_, ah, ao) = simt.before[g], simt.after[g]
+                print(f"  {g:13s} train {_pct(bt, at_)}  held-out 7B {_pct(bh, ah)}  "
+                      f"other families {_pct(bo, ao)}")
+    elif not args.report:
         for gpu in args.gpu or sorted(FITTED):
             r = fit_device(gpu, iterations=args.iterations)
             print(f"{gpu} ({GPU_MAP[gpu]}): train {r.train_before:.1%} -> {r.train_after:.1%}, "

@@ -544,12 +544,15 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
 def _p2p(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: WorkloadShape,
          profiles: Profiles | None) -> tuple[float, Transfer | None]:
     """Send one activation to the next stage over the link joining them. Megatron
-    scatters it over the tp ranks; each sends a slice."""
+    (scatter-gather) and DeepSpeed (`is_pipe_partitioned` under tp) scatter it over the
+    tp ranks; each sends a slice, all at once, so the tp slices share an island link
+    (the NICs' share per GPU already assumes every GPU of a node sends)."""
     if spec.next_device is None:
         return 0.0, None
     size = (shape.micro_batch_size * shape.seq_len // shape.cp * model.hidden_size
             * DType(shape.dtype).element_bytes / shape.tp)
-    tiers = group_tiers(cluster, (spec.placed.devices[0], spec.next_device))
+    tiers = group_tiers(cluster, (spec.placed.devices[0], spec.next_device),
+                        concurrency=shape.tp)
     return (collective_time_s("send_recv", size, tiers, profiles=profiles),
             Transfer("send_recv", size, tiers))
 

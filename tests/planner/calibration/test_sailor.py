@@ -55,11 +55,55 @@ def test_mixed_cluster_with_stand_in_gpus():
 
 
 def test_scores_by_group():
+    """Every row scores now that the catalog has the RTX cards."""
     s = score(sailor_cases(), estimate)
     groups = s.by_group()
-    # the catalog has the RTX cards (issue 14): every row is scored
-    assert set(groups) == {"GH200 pipelined", "GH200 data parallel", "mixed RTX pipelined",
-                           "mixed RTX data parallel"}
-    assert groups["GH200 pipelined"][2] == 20 and groups["GH200 data parallel"][2] == 7
-    assert groups["mixed RTX pipelined"][2] == 6 and groups["mixed RTX data parallel"][2] == 3
+    assert {g: n for g, (_, _, n) in groups.items()} == {
+        "GH200 pipelined": 20, "GH200 data parallel": 7, "mixed RTX pipelined": 6,
+        "mixed RTX data parallel": 3}
     assert s.mape == pytest.approx(sum(abs(e) for e in s.errors.values()) / 36)
+
+
+def test_rows_run_in_the_dtype_the_run_used():
+    """The artifact's image is nvcr.io/nvidia/pytorch:24.10-py3 (eth-easl/sailor
+    Dockerfile), whose TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 runs fp32 matmuls in TF32 where
+    the GPU has it (GH200, RTX 3090); Turing (Titan RTX, RTX 2080) has no TF32, so its
+    GEMMs run on the CUDA cores."""
+    from profiler.analytic import on_cuda_cores
+
+    for c in sailor_cases():
+        assert c.plan is not None and c.plan.training.dtype == "tf32"
+        for g in c.plan.cluster.node_groups:
+            assert on_cuda_cores(g.device, "tf32") == (g.device.arch == "turing"), g.gpu
+
+
+# Measured mean |error| of the event simulation over the 36 rows and per group (rounded
+# up by under a point); Sailor's own simulator: 12.5% (9.1 / 24.8 / 5.5 / 19.9%). Row 8
+# alone (+218%: 250 TFLOP/s per GH200 in TF32, 4x rows 6-7 on the same GPUs) is
+# most of the GH200 data-parallel error (docs/calibration.md, "Sailor").
+SAILOR_BOUND = {"all": 0.225, "GH200 pipelined": 0.155, "GH200 data parallel": 0.50,
+                "mixed RTX pipelined": 0.10, "mixed RTX data parallel": 0.305}
+
+
+def test_simulated_accuracy():
+    from planner.simulator import simulate
+
+    s = score(sailor_cases(), simulate)
+    assert s.mape <= SAILOR_BOUND["all"], f"{s.mape:.3f}"
+    for group, (ours, _, _) in s.by_group().items():
+        assert ours <= SAILOR_BOUND[group], f"{group}: {ours:.3f}"
+
+
+def test_tp_slices_share_the_slow_island_link():
+    """Row 28: the RTX-3090 stage (tp 2) sends to the Titan-RTX stage (tp 2) over the
+    1 Gb/s link. DeepSpeed's PipelineEngine partitions the activation over the tp ranks
+    (`is_pipe_partitioned`), and both slices cross the one link at once: a transfer takes
+    the whole activation's time on the link (2 x 2048 x 1024 x 4 B at 0.96 x 1 Gb/s,
+    0.14 s), not half of it. The pipelined mixed rows' error falls from 31% to 9% with it."""
+    from planner.costs.stages import plan_costs
+
+    case = next(c for c in sailor_cases() if c.id == "sailor-28")
+    assert case.plan is not None and case.plan.pipelines[0].stages[0].tp == 2
+    activation = 2 * 2048 * 1024 * 4
+    link = 1e9 / 8 * 0.96
+    assert plan_costs(case.plan).costs[0][0].p2p_s == pytest.approx(activation / link, rel=0.02)
