@@ -70,6 +70,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                 ("--pp", None, "pipeline stages"),
                                 ("--dp", None, "data-parallel replicas"),
                                 ("--cp", 1, "context-parallel degree"),
+                                ("--ep", 1, "expert-parallel degree (MoE models; divides "
+                                 "dp x cp and the experts)"),
                                 ("--vp", 1, "interleaved chunks per stage (interleaved 1F1B)"),
                                 ("--mbs", None, "micro-batch size"),
                                 ("--gbs", None, "global batch size (sequences)")):
@@ -149,7 +151,7 @@ def config_from_args(args: argparse.Namespace, model: ModelSpec) -> ParallelConf
         tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, vp=args.vp, mbs=args.mbs, gbs=args.gbs,
         seq_len=args.seq or model.seq_len, recompute=Recompute(args.recompute or "none"),
         sequence_parallel=args.sequence_parallel, sharding=_sharding(args),
-        schedule=Schedule(args.schedule or "1f1b"),
+        schedule=Schedule(args.schedule or "1f1b"), ep=args.ep,
     )
 
 
@@ -159,8 +161,9 @@ def _plan_from_args(args: argparse.Namespace) -> Plan:
         if getattr(args, flag) is not None:
             fail(f"--{flag.replace('_', '-')}", getattr(args, flag),
                  "not with --plan (the plan has its own)")
-    if args.cp != 1 or args.vp != 1 or args.sequence_parallel:
-        fail("--cp/--vp/--sequence-parallel", "set", "not with --plan (the plan has its own)")
+    if args.cp != 1 or args.vp != 1 or args.ep != 1 or args.sequence_parallel:
+        fail("--cp/--vp/--ep/--sequence-parallel", "set",
+             "not with --plan (the plan has its own)")
     return replace(load_plan(args.plan), predicted=None, provenance=None)
 
 
@@ -259,6 +262,7 @@ def _check_simulation_size(plan: Plan) -> None:
 
 def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:
     return (f"tp {cfg.tp}, pp {cfg.pp}, dp {cfg.dp}, cp {cfg.cp}, vp {cfg.vp}, "
+            f"{f'ep {cfg.ep}, ' if cfg.ep > 1 else ''}"
             f"{plan.training.schedule} schedule, "
             f"mbs {cfg.mbs}, gbs {cfg.gbs}, seq {cfg.seq_len}, recompute {cfg.recompute}"
             f"{', sequence parallel' if cfg.sequence_parallel else ''}, {cfg.dtype}, "
@@ -270,8 +274,9 @@ def summary(plan: Plan, layout: str, r: SimResult) -> str:
     """The readable report of one simulation."""
     b = r.breakdown
     total = r.iteration_time_s
-    parts = [("compute", b.compute_s), ("kernel launch", b.host_overhead_s), ("tp comm", b.tp_comm_s), ("cp comm", b.cp_comm_s),
-             ("pp comm", b.pp_comm_s), ("dp comm", b.dp_comm_s), ("bubble", b.bubble_s),
+    parts = [("compute", b.compute_s), ("kernel launch", b.host_overhead_s),
+             ("tp comm", b.tp_comm_s), ("cp comm", b.cp_comm_s),
+             ("ep all-to-all", b.ep_comm_s), ("pp comm", b.pp_comm_s), ("dp comm", b.dp_comm_s), ("bubble", b.bubble_s),
              ("optimizer", b.optimizer_s)]
     worst = max(r.stages, key=lambda s: s.memory.total_bytes / s.memory.capacity_bytes)
     m = worst.memory
