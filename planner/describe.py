@@ -177,7 +177,7 @@ def layout_cell(plan: Plan) -> str:
         text += f" vp{tr.virtual_stages}"
     elif tr.schedule != Schedule.ONE_F_ONE_B and max(pps) > 1:
         text += f" {tr.schedule}"
-    return text + f" dp{plan.dp}"
+    return text + f" dp{plan.dp}" + (f" ep{tr.ep}" if tr.ep > 1 else "")
 
 
 def replica_lines(plan: Plan, width: int = 94) -> list[str]:
@@ -208,8 +208,8 @@ def shape_key(plan: Plan) -> tuple:
     replica cuts its GPUs (stages in order, each its GPU type, tp and cp). Plans of one
     shape differ only in how many replicas they run, their batch, schedule, recompute or
     sharding."""
-    return tuple(sorted({tuple((_stage_gpu(plan, s.devices), s.tp, s.cp) for s in p.stages)
-                         for p in plan.pipelines}))
+    return (*sorted({tuple((_stage_gpu(plan, s.devices), s.tp, s.cp) for s in p.stages)
+                     for p in plan.pipelines}), plan.training.ep)
 
 
 def headroom_bytes(result: SimResult) -> float:
