@@ -72,13 +72,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                 ("--cp", 1, "context-parallel degree"),
                                 ("--ep", 1, "expert-parallel degree (MoE models; divides "
                                  "dp x cp and the experts)"),
+                                ("--etp", None, "expert tensor-parallel degree: 1 or --tp "
+                                 "(default --tp; 1 folds tp into ep)"),
                                 ("--vp", 1, "interleaved chunks per stage (interleaved 1F1B)"),
                                 ("--mbs", None, "micro-batch size"),
                                 ("--gbs", None, "global batch size (sequences)")):
         sim.add_argument(flag, type=gbs_arg if flag in ("--gbs", "--mbs") else
                          int_in(1, MAX_GPUS if flag != "--vp" else 1024),
                          default=default, metavar="N",
-                         help=text + (" (required without --plan)" if default is None else ""))
+                         help=text + (" (required without --plan)"
+                                      if default is None and flag != "--etp" else ""))
     sim.add_argument("--seq", type=seq_arg, metavar="N",
                      help="sequence length (default: the model's)")
     sim.add_argument("--recompute", choices=values(Recompute),
@@ -133,7 +136,7 @@ def _sharding(args: argparse.Namespace) -> Sharding:
 
 
 _LAYOUT_FLAGS = ("tp", "pp", "dp", "mbs", "gbs")  # required without --plan
-_PLAN_HAS = (*_LAYOUT_FLAGS, "gpus", "cluster", "catalog", "seq", "recompute", "schedule", "sharding",
+_PLAN_HAS = (*_LAYOUT_FLAGS, "etp", "gpus", "cluster", "catalog", "seq", "recompute", "schedule", "sharding",
              "shard_params", "shard_grads", "shard_optim", "dtype", "attention")
 
 
@@ -151,7 +154,7 @@ def config_from_args(args: argparse.Namespace, model: ModelSpec) -> ParallelConf
         tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, vp=args.vp, mbs=args.mbs, gbs=args.gbs,
         seq_len=args.seq or model.seq_len, recompute=Recompute(args.recompute or "none"),
         sequence_parallel=args.sequence_parallel, sharding=_sharding(args),
-        schedule=Schedule(args.schedule or "1f1b"), ep=args.ep,
+        schedule=Schedule(args.schedule or "1f1b"), ep=args.ep, etp=args.etp,
     )
 
 
@@ -262,7 +265,7 @@ def _check_simulation_size(plan: Plan) -> None:
 
 def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:
     return (f"tp {cfg.tp}, pp {cfg.pp}, dp {cfg.dp}, cp {cfg.cp}, vp {cfg.vp}, "
-            f"{f'ep {cfg.ep}, ' if cfg.ep > 1 else ''}"
+            f"{f'ep {cfg.ep}, ' if cfg.ep > 1 else ''}{f'etp {cfg.etp}, ' if cfg.etp else ''}"
             f"{plan.training.schedule} schedule, "
             f"mbs {cfg.mbs}, gbs {cfg.gbs}, seq {cfg.seq_len}, recompute {cfg.recompute}"
             f"{', sequence parallel' if cfg.sequence_parallel else ''}, {cfg.dtype}, "

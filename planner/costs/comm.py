@@ -396,9 +396,16 @@ def _model_time_s(kind: str, size_bytes: float, tiers: tuple[Tier, ...]) -> floa
         return _send_s(size_bytes, tiers)
     if kind == "all_to_all":
         # each rank sends (n-1)/n of its buffer, one peer after another on its own link
-        # (alltoall cannot aggregate a node's NICs: sjeaugey, NVIDIA/nccl-tests#267)
+        # (alltoall cannot aggregate a node's NICs: sjeaugey, NVIDIA/nccl-tests#267); the
+        # sends to peers in its own node go over NVLink/PCIe at the same time as those to
+        # other nodes go through its NIC (NCCL runs alltoall as one group of p2p sends),
+        # so a group over several nodes takes the slower of the two shares
         n = math.prod(t.fanout for t in tiers)
-        return _send_s((n - 1) / n * size_bytes, tiers)
+        local = tiers[0].fanout if tiers[0].name == "node" and len(tiers) > 1 else 1
+        if local == 1:
+            return _send_s((n - 1) / n * size_bytes, tiers)
+        return max(_send_s((local - 1) / n * size_bytes, tiers[:1]),
+                   _send_s((n - local) / n * size_bytes, tiers))
     raise ValueError(f"unknown collective {kind!r}")
 
 

@@ -144,6 +144,11 @@ class PlacedStage:
     recompute: Recompute
     attention: Attention | None = None  # None: the run's kernels.attention
     ep: int = 1  # MoE: routed experts split over ep data-parallel replicas
+    etp: int | None = None  # MoE: expert tensor parallel, 1 or tp (None: tp)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
     def __post_init__(self) -> None:
         coerce_choices(self)
@@ -205,10 +210,15 @@ class StageSpec:
 
     @property
     def ep_group(self) -> tuple[int, ...]:
-        """The ranks this stage's first GPU exchanges tokens with: Megatron-Core orders
-        ranks tp-cp-ep-dp-pp, so the ep group is the cp group and then the next
-        replicas' same position (ep divides dp x cp)."""
-        return (*self.cp_group, *self.dp_group[1:])[:self.placed.ep]
+        """The ranks this stage's first GPU exchanges tokens with. Megatron-Core orders an
+        MoE layer's ranks etp-ep-dp-pp over the attention's tp x cp x dp (MoE Parallel
+        Folding): the ep group takes every etp-th GPU of the stage, then the same
+        positions of the next replicas (their GPUs at the offsets of this stage's, as
+        Megatron's rank order places them)."""
+        p = self.placed
+        offsets = [d - p.devices[0] for d in p.devices[::p.expert_tp]]
+        members = [first + o for first in self.dp_group for o in offsets]
+        return tuple(members[:p.ep])
 
 
 class _once(Generic[T]):
@@ -328,7 +338,7 @@ def stage_key(cluster: ClusterSpec, spec: StageSpec, *, dp_signature: object = N
     `dp_signature` stands for `group_signature(cluster, spec.dp_group)` where the caller
     numbered the signatures once (a group of thousands of GPUs is slow to hash)."""
     p = spec.placed
-    return (spec.device, p.tp, p.cp, p.ep, p.num_layers, p.recompute, p.attention, spec.first,
+    return (spec.device, p.tp, p.cp, p.ep, p.etp, p.num_layers, p.recompute, p.attention, spec.first,
             spec.last, spec.pp, group_tiers(cluster, spec.tp_group),
             group_tiers(cluster, spec.cp_group),
             None if spec.next_device is None
@@ -548,7 +558,7 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
     return WorkloadShape(micro_batch_size=run.micro_batch_size, seq_len=run.seq_len, tp=p.tp,
                          cp=p.cp, sequence_parallel=run.sequence_parallel and p.tp > 1,
                          dtype=run.dtype, attention=p.attention or run.kernels.attention,
-                         ep=p.ep)
+                         ep=p.ep, etp=p.etp)
 
 
 def _p2p(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: WorkloadShape,
@@ -574,7 +584,8 @@ def shard_units(spec: StageSpec) -> int:
 def stage_params(model: ModelSpec, spec: StageSpec) -> float:
     """Parameters one rank of the stage holds, before sharding."""
     return rank_param_count(model, num_layers=spec.placed.num_layers, first=spec.first,
-                            last=spec.last, tp=spec.placed.tp, pp=spec.pp, ep=spec.placed.ep)
+                            last=spec.last, tp=spec.placed.tp, pp=spec.pp, ep=spec.placed.ep,
+                            etp=spec.placed.expert_tp)
 
 
 def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings,
@@ -654,11 +665,11 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     opt = optimizer_work(num_params / sharding.optim, dtype=dtype,
                          implementation=run.kernels.optimizer,
                          num_tensors=max(1, 6 * spec.placed.num_layers))
-    experts = rank_expert_param_count(model, num_layers=spec.placed.num_layers,
-                                      tp=spec.placed.tp, ep=spec.placed.ep)
+    p = spec.placed
+    experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep)
     states = model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
-                               tp=spec.placed.tp, pp=spec.pp, expert_params=experts,
-                               ep=spec.placed.ep)
+                               tp=p.tp, pp=spec.pp, expert_params=experts, ep=p.ep,
+                               etp=p.expert_tp)
     return ShardingTerms(sync, _compute_costs(spec.device, dtype, profiles).time_s(opt),
                          states)
 
@@ -692,7 +703,7 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: Run
 def plan_replicas(plan: Plan) -> list[list[PlacedStage]]:
     return [[PlacedStage(devices=s.devices, tp=s.tp, cp=s.cp, num_layers=s.num_layers,
                          recompute=s.recompute, attention=plan.attention_of(s),
-                         ep=plan.training.ep)
+                         ep=plan.training.ep, etp=plan.training.etp)
              for s in pipe.stages] for pipe in plan.pipelines]
 
 

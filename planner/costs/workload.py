@@ -76,6 +76,7 @@ class WorkloadShape:
     dtype: str = "bf16"
     attention: str = "flash"  # flash | memory_efficient | math
     ep: int = 1  # expert parallel: routed experts split over ep ranks (MoE models)
+    etp: int | None = None  # expert tensor parallel: 1 or tp (None: tp, Megatron's default)
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,8 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     over the ep group, all-gather over the expert tp group (= tp), grouped expert GEMMs of
     E/ep local experts, then back: reduce-scatter, all-to-all combine, unpermute (weighted
     sum of the k copies). Shared experts run as a dense MLP on the tp-gathered tokens.
+    With expert tp 1 (MoE Parallel Folding, Liu et al. 2025) the experts are whole and
+    the tp ranks' tokens stay apart: no tp collectives around the experts.
 
     Tokens per expert = tokens x top-k / experts x imbalance (Fedus et al. 2022 §2.2);
     each all-to-all moves every routed copy once, (ep-1)/ep of it off the rank
@@ -236,7 +239,9 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     local = max(experts // w.ep, 1)
     imbalance = expert_tokens_factor(model)
     routed = n_r * k * imbalance  # token copies this rank sends and receives
-    computed = n * k * imbalance  # after the expert-tp all-gather
+    etp = w.etp or t
+    # after the expert-tp all-gather (none at expert tp 1)
+    computed = (n_r * etp if w.sequence_parallel else n) * k * imbalance
     router = Op("moe.router", "gemm", 2.0 * n_r * experts * h,
                 float(elem * (n_r * h + h * experts) + 4 * n_r * experts), (1, n_r, experts, h))
     # softmax / sigmoid, top-k and the routing map: fp32 scores, three launches
@@ -252,7 +257,7 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     tp_out: tuple[Comm, ...] = ()
     tp_in_bwd: tuple[Comm, ...] = ()
     tp_out_bwd: tuple[Comm, ...] = ()
-    if t > 1:
+    if etp > 1:
         size = computed * h * elem
         if w.sequence_parallel:
             tp_in = (Comm("moe.allgather", "all_gather", size, "tp"),)
@@ -263,7 +268,7 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
             tp_out = (Comm("moe.reduce", "all_reduce", size, "tp"),)
             tp_in_bwd = (Comm("moe.allgather.bwd", "all_reduce", size, "tp"),)
     fc1, act, fc2, saved = _mlp_ops("moe.expert", model, tokens=computed / local,
-                                    ffn_local=model.expert_ffn // t, elem=elem, linear=linear,
+                                    ffn_local=model.expert_ffn // etp, elem=elem, linear=linear,
                                     batch=local)
     # kept: router probabilities (fp32), the permuted tokens (fc1's input), the expert
     # outputs the unpermute weighs

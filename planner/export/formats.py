@@ -92,6 +92,7 @@ def _megatron_moe(plan: Plan) -> list[str]:
     args = [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}",
             f"--moe-ffn-hidden-size {m.expert_ffn}",
             f"--expert-model-parallel-size {plan.training.ep}",
+            f"--expert-tensor-parallel-size {plan.training.etp or plan_shape(plan).tp}",
             "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"]
     if m.num_shared_experts:
         args.append(f"--moe-shared-expert-intermediate-size {m.shared_ffn}")
@@ -211,6 +212,8 @@ def _torchtitan(plan: Plan) -> Export:
     ]
     if s.ep > 1:
         lines.append(f"expert_parallel_degree = {s.ep}")
+        if plan.training.etp:
+            lines.append(f"expert_tensor_parallel_degree = {plan.training.etp}")
         if (shard * s.cp) % s.ep:  # torchtitan/distributed/parallel_dims.py (etp = tp)
             issues.append(f"ep {s.ep}: torchtitan carves ep out of dp_shard x cp = "
                           f"{shard * s.cp}; shard the parameters over a multiple of ep")

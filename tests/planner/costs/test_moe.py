@@ -88,7 +88,7 @@ def test_expert_states_are_split_by_ep_and_sharded_over_expert_data_parallel():
                              ep=8)
     experts = layers * MIXTRAL.expert_params_per_moe_layer()
     assert dense - split == pytest.approx(experts * 7 / 8)
-    local = rank_expert_param_count(MIXTRAL, num_layers=layers, tp=tp, ep=8)
+    local = rank_expert_param_count(MIXTRAL, num_layers=layers, etp=tp, ep=8)
     assert local == pytest.approx(experts / 8)
     _, _, optim, _ = model_state_bytes(MIXTRAL, params=split, dtype="bf16",
                                        sharding=Sharding(optim=16), tp=tp, pp=4,
