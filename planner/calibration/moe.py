@@ -11,7 +11,8 @@ layout and rows with no dtype are left out.
 Each row becomes `homogeneous_plan`s in Megatron's rank order with sequence parallelism
 where tp > 1 (Megatron-Core requires it with MoE), the distributed optimizer (ZeRO-1),
 or FSDP (ZeRO-3) where the source says so (NeMo AutoModel, Megatron-FSDP), an expert tp
-of 1 where the source states it, balanced routing (load_imbalance 1, as the NVIDIA
+of 1 where the source states it, DeepEP's dispatch where the source names it, balanced
+routing (load_imbalance 1, as the NVIDIA
 benchmarks force it). A row whose recompute is not stated tries none, selective and
 full; the fastest plan that fits is the prediction.
 
@@ -28,6 +29,7 @@ import argparse
 import csv
 import os
 from collections.abc import Callable
+from dataclasses import replace
 
 from planner.calibration.published import VALIDATION_DIR, Case, ErrorSummary, summarize
 from planner.costs.workload import model_flops_per_token
@@ -105,10 +107,19 @@ def _plans(r: dict[str, str], model: ModelSpec) -> tuple[Plan, ...]:
                 ep=int(r["ep"]), etp=int(r["etp"]) if r["etp"] else None)
             try:
                 check_parallel(cfg, model, cluster)
-                plans.append(homogeneous_plan(model, cluster, cfg, kernels=Kernels()))
+                plan = homogeneous_plan(model, cluster, cfg, kernels=Kernels())
             except SpecError:
                 continue
+            tr = plan.training
+            comm = replace(tr.comm, moe_dispatcher=_dispatcher(r))
+            plans.append(replace(plan, training=replace(tr, comm=comm)))
     return tuple(plans)
+
+
+def _dispatcher(r: dict[str, str]) -> str:
+    """DeepEP where the source names it (ModelZoo notes, NeMo AutoModel's TE + DeepEP),
+    else Megatron's NCCL all-to-all."""
+    return "deepep" if "deepep" in (r["note"] + r["framework"]).lower() else "alltoall"
 
 
 def moe_cases(path: str = MOE_CSV) -> list[Case]:

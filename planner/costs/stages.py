@@ -26,6 +26,7 @@ from planner.costs.comm import (
     Transfer,
     clear_comm_caches,
     collective_time_s,
+    dispatch_time_s,
     group_tiers,
 )
 from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, clear_op_cache, compute_source
@@ -378,8 +379,12 @@ def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[T
     timeline: list[tuple[float, int]] = []
     for item in items:
         if isinstance(item, Comm):
-            t = collective_time_s(item.kind, item.bytes, tiers.get(item.axis, ()),
-                                  profiles=profiles)
+            if item.top_k:
+                t = dispatch_time_s(item.bytes, tiers[item.axis], top_k=item.top_k,
+                                    experts=item.experts)
+            else:
+                t = collective_time_s(item.kind, item.bytes, tiers.get(item.axis, ()),
+                                      profiles=profiles)
             if item.axis == "tp" and item.kind in ("all_gather", "reduce_scatter"):
                 t *= 1.0 - tp_hidden
             comm[item.axis] += t
@@ -558,7 +563,7 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
     return WorkloadShape(micro_batch_size=run.micro_batch_size, seq_len=run.seq_len, tp=p.tp,
                          cp=p.cp, sequence_parallel=run.sequence_parallel and p.tp > 1,
                          dtype=run.dtype, attention=p.attention or run.kernels.attention,
-                         ep=p.ep, etp=p.etp)
+                         ep=p.ep, etp=p.etp, dispatcher=run.comm.moe_dispatcher)
 
 
 def _p2p(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: WorkloadShape,

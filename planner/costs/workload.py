@@ -59,6 +59,10 @@ class Comm:
     kind: CommKind
     bytes: float
     axis: Axis
+    # MoE dispatch / combine sent DeepEP's way: once per node holding one of a token's
+    # `top_k` of `experts` experts (0: a plain all-to-all)
+    top_k: int = 0
+    experts: int = 0
 
 
 Work = Op | Comm
@@ -77,6 +81,7 @@ class WorkloadShape:
     attention: str = "flash"  # flash | memory_efficient | math
     ep: int = 1  # expert parallel: routed experts split over ep ranks (MoE models)
     etp: int | None = None  # expert tensor parallel: 1 or tp (None: tp, Megatron's default)
+    dispatcher: str = "alltoall"  # MoE token dispatch: alltoall | deepep
 
 
 @dataclass(frozen=True)
@@ -251,8 +256,9 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
                            flops_per_elem=0, kernels=2)
     unpermute = _elementwise("moe.unpermute", routed * h, elem, reads=1, writes=1 / k,
                              flops_per_elem=2, kernels=2)
-    dispatch = Comm("moe.dispatch", "all_to_all", routed * h * elem, "ep")
-    combine = Comm("moe.combine", "all_to_all", routed * h * elem, "ep")
+    dedup = (k, experts) if w.dispatcher == "deepep" else (0, 0)
+    dispatch = Comm("moe.dispatch", "all_to_all", routed * h * elem, "ep", *dedup)
+    combine = Comm("moe.combine", "all_to_all", routed * h * elem, "ep", *dedup)
     tp_in: tuple[Comm, ...] = ()
     tp_out: tuple[Comm, ...] = ()
     tp_in_bwd: tuple[Comm, ...] = ()

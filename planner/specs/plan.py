@@ -128,6 +128,9 @@ class Communication:
     shard_unit_params: float | None = spec_field(default=None, gt=0)
     # ZeRO-3 / FSDP: units gathered ahead of the one computing (FSDP2: 1; 0: none)
     shard_prefetch: int = spec_field(default=1, min=0)
+    # MoE token dispatch: NCCL all-to-all (Megatron --moe-token-dispatcher-type alltoall)
+    # or DeepEP (flex + deepep), which sends a token once to each node holding its experts
+    moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
 
     def __post_init__(self) -> None:
         coerce_choices(self)

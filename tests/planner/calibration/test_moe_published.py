@@ -22,14 +22,17 @@ def test_source_flops_count_causal_attention_at_half():
 
 
 def test_moe_rows_mean_error():
-    # Reached, not the 10% target: NCCL-style all-to-all without DeepEP's per-node token
-    # de-duplication over-prices cross-node dispatch (zoo-q235-h100-a/b, automodel
-    # DeepSeek-V3), Megatron's MoE-specific recompute ("selective: moe") is not in the
-    # model (the long-context rows find no fitting plan), and two NeMo FP8 rows measure
-    # half the throughput of the same layout in another container.
+    # Reached (34.6% over 9 rows), not the 10% target: no overlap of the all-to-all with
+    # compute (zoo-q235-h100-b, +15%, runs "1F1B A2A overlap"; DeepSeek-V3 on NeMo
+    # AutoModel, +50% / +76%, fits here only with full recompute), Megatron's MoE-only
+    # recompute ("selective: moe") is not modelled (the long-context rows find no fitting
+    # plan), and two NeMo FP8 Qwen3-30B rows measure half the throughput of the same
+    # layout in another container (-60% / -49%).
     s = score()
     assert s.count >= 9, s.failed
-    assert s.mape <= 0.50, s.errors
+    assert s.mape <= 0.36, s.errors
+    assert abs(s.errors["zoo-q235-h100-a"]) < 0.10  # cross-node EP 32, DeepEP
+    assert abs(s.errors["zoo-q235-h100-c"]) < 0.10  # intra-node EP 8, Megatron-FSDP
 
 
 def test_cases_carry_their_plans():

@@ -146,3 +146,21 @@ def test_ep_needs_an_moe_model():
     cfg = ParallelConfig(tp=1, pp=1, dp=8, mbs=1, gbs=8, seq_len=4096, ep=2)
     with pytest.raises(SpecError, match=r"--ep: 2 .*only for MoE models"):
         check_parallel(cfg, preset("llama3-8b"), cluster)
+
+
+def test_deepep_sends_a_token_once_per_node_holding_its_experts():
+    # DeepEP README / DeepSeek-V3 report §3.2.2: with 256 experts over 8 nodes and top-8,
+    # a token crosses the network to 7 x (1 - C(224, 8) / C(256, 8)) = 4.6 of the other
+    # nodes once each, where an all-to-all sends its 8 x 7/8 = 7 remote copies
+    from planner.costs.comm import collective_time_s, dispatch_time_s, group_tiers
+
+    cluster = homogeneous_cluster("H800-80GB-SXM", 64)
+    tiers = group_tiers(cluster, tuple(range(64)))
+    size = 4096 * 8 * 7168 * 2
+    plain = collective_time_s("all_to_all", size, tiers)
+    deepep = dispatch_time_s(size, tiers, top_k=8, experts=256)
+    assert deepep < plain
+    import math
+
+    reached = 7 * (1 - math.comb(224, 8) / math.comb(256, 8))
+    assert deepep / plain == pytest.approx(reached / 7, rel=0.05)
