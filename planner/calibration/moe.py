@@ -30,6 +30,7 @@ import csv
 import os
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Literal
 
 from planner.calibration.published import VALIDATION_DIR, Case, ErrorSummary, summarize
 from planner.costs.workload import model_flops_per_token
@@ -116,7 +117,7 @@ def _plans(r: dict[str, str], model: ModelSpec) -> tuple[Plan, ...]:
     return tuple(plans)
 
 
-def _dispatcher(r: dict[str, str]) -> str:
+def _dispatcher(r: dict[str, str]) -> Literal["alltoall", "deepep"]:
     """DeepEP where the source names it (ModelZoo notes, NeMo AutoModel's TE + DeepEP),
     else Megatron's NCCL all-to-all."""
     return "deepep" if "deepep" in (r["note"] + r["framework"]).lower() else "alltoall"
