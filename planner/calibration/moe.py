@@ -11,7 +11,7 @@ layout and rows with no dtype are left out.
 Each row becomes `homogeneous_plan`s in Megatron's rank order with sequence parallelism
 where tp > 1 (Megatron-Core requires it with MoE), the distributed optimizer (ZeRO-1),
 or FSDP (ZeRO-3) where the source says so (NeMo AutoModel, Megatron-FSDP), an expert tp
-of 1 where the source states it, DeepEP's dispatch where the source names it, balanced
+of 1 where the source states it (or where the layout needs it: ep above dp x cp), DeepEP's dispatch where the source names it, balanced
 routing (load_imbalance 1, as the NVIDIA
 benchmarks force it). A row whose recompute is not stated tries none, selective and
 full; the fastest plan that fits is the prediction.
@@ -40,6 +40,7 @@ from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
 from planner.specs.model import ModelSpec, model_presets
 from planner.specs.plan import Kernels, Plan
+from planner.specs.rules import ep_problem
 from profiler.schema import SpecError
 
 __all__ = ["MOE_CSV", "moe_cases", "scored_rows", "source_flops_per_token"]
@@ -105,7 +106,7 @@ def _plans(r: dict[str, str], model: ModelSpec) -> tuple[Plan, ...]:
                 gbs=int(r["gbs"]), seq_len=int(r["seq"]), recompute=recompute,
                 sequence_parallel=tp > 1, sharding=sharding_preset(_sharding(r), dp),
                 dtype=_DTYPES[r["dtype"]],  # type: ignore[arg-type]  # a DType value
-                ep=int(r["ep"]), etp=int(r["etp"]) if r["etp"] else None)
+                ep=int(r["ep"]), etp=_etp(r, model))
             try:
                 check_parallel(cfg, model, cluster)
                 plan = homogeneous_plan(model, cluster, cfg, kernels=Kernels())
@@ -115,6 +116,15 @@ def _plans(r: dict[str, str], model: ModelSpec) -> tuple[Plan, ...]:
             comm = replace(tr.comm, moe_dispatcher=_dispatcher(r))
             plans.append(replace(plan, training=replace(tr, comm=comm)))
     return tuple(plans)
+
+
+def _etp(r: dict[str, str], model: ModelSpec) -> int | None:
+    """The stated expert tp; where the source does not state it, 1 if the layout needs
+    it (ep above dp x cp: only MoE Parallel Folding runs that), else tp (the default)."""
+    if r["etp"]:
+        return int(r["etp"])
+    tp, ep, dp, cp = (int(r[k]) for k in ("tp", "ep", "dp", "cp"))
+    return None if ep_problem(model, ep, dp=dp, cp=cp, tp=tp) is None else 1
 
 
 def _dispatcher(r: dict[str, str]) -> Literal["alltoall", "deepep"]:

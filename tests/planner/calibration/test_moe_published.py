@@ -22,15 +22,17 @@ def test_source_flops_count_causal_attention_at_half():
 
 
 def test_moe_rows_mean_error():
-    # Reached (34.6% over 9 rows), not the 10% target: no overlap of the all-to-all with
-    # compute (zoo-q235-h100-b, +15%, runs "1F1B A2A overlap"; DeepSeek-V3 on NeMo
-    # AutoModel, +50% / +76%, fits here only with full recompute), Megatron's MoE-only
-    # recompute ("selective: moe") is not modelled (the long-context rows find no fitting
-    # plan), and two NeMo FP8 Qwen3-30B rows measure half the throughput of the same
-    # layout in another container (-60% / -49%).
+    # Reached (29.8% over 11 rows, median 14.6%), not the 10% target: no overlap of the
+    # all-to-all with compute (zoo-q235-h100-b, +15%, runs "1F1B A2A overlap"; DeepSeek-V3
+    # on NeMo AutoModel, +50% / +76%, fits here only with full recompute), Megatron's
+    # MoE-only recompute ("selective: moe") is not modelled (the long-context rows find no
+    # fitting plan), a tp 4 layout measures a third slower than the model says
+    # (zoo-q235-h100-e, -38%), and two NeMo FP8 Qwen3-30B rows measure half the
+    # throughput of the same layout in another container (-60% / -49%).
     s = score()
-    assert s.count >= 9, s.failed
-    assert s.mape <= 0.36, s.errors
+    assert s.count >= 11, s.failed
+    assert s.mape <= 0.31, s.errors
+    assert abs(s.errors["mb-2511-h100-qwen3-235b-a22b-fp8-cs-256"]) < 0.10  # ep 32, etp 1
     assert abs(s.errors["zoo-q235-h100-a"]) < 0.10  # cross-node EP 32, DeepEP
     assert abs(s.errors["zoo-q235-h100-c"]) < 0.10  # intra-node EP 8, Megatron-FSDP
 
