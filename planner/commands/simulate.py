@@ -87,6 +87,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--recompute", choices=values(Recompute),
                      help="activation recomputation (default none)")
     sim.add_argument("--sequence-parallel", action="store_true")
+    sim.add_argument("--moe-dispatcher", choices=("alltoall", "deepep"),
+                     help="MoE token dispatch: NCCL all-to-all (default, Megatron's alltoall "
+                     "dispatcher) or DeepEP (a token crosses the network once per node)")
     sim.add_argument("--schedule", choices=values(Schedule.chosen()),
                      help="pipeline schedule, default 1f1b (with --vp > 1: interleaved 1F1B; zb-h1: "
                      "zero-bubble ZB-H1, Qi et al. 2024, needs --pp > 1 and --vp 1)")
@@ -136,7 +139,7 @@ def _sharding(args: argparse.Namespace) -> Sharding:
 
 
 _LAYOUT_FLAGS = ("tp", "pp", "dp", "mbs", "gbs")  # required without --plan
-_PLAN_HAS = (*_LAYOUT_FLAGS, "etp", "gpus", "cluster", "catalog", "seq", "recompute", "schedule", "sharding",
+_PLAN_HAS = (*_LAYOUT_FLAGS, "etp", "moe_dispatcher", "gpus", "cluster", "catalog", "seq", "recompute", "schedule", "sharding",
              "shard_params", "shard_grads", "shard_optim", "dtype", "attention")
 
 
@@ -199,6 +202,10 @@ def run(args: argparse.Namespace) -> int:
     if not kernels.attention.fused and cfg.cp > 1:
         fail("--attention", "math", "context parallelism needs a fused attention kernel")
     plan = homogeneous_plan(model, cluster, cfg, kernels=kernels)
+    if args.moe_dispatcher:
+        tr = plan.training
+        plan = replace(plan, training=replace(tr, comm=replace(
+            tr.comm, moe_dispatcher=args.moe_dispatcher)))
     profiles = profiles_for(args, cluster, cfg.dtype)
     if profiles is not None:
         plan = replace(plan, kernels=fastest_kernels(plan, profiles,

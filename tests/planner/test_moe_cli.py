@@ -63,3 +63,14 @@ def test_megatron_export_carries_the_moe_flags():
         assert flag in args, flag
     titan = export_plan(homogeneous_plan(model, cluster, cfg), "torchtitan")
     assert "expert_parallel_degree = 64" in titan.text
+
+
+def test_deepep_dispatch_is_cheaper_across_nodes(capsys):
+    argv = ["simulate", "--model", "qwen3-30b-a3b", "--gpus", "H100-80GB-SXM:16", "--tp", "1",
+            "--pp", "1", "--dp", "16", "--ep", "16", "--mbs", "1", "--gbs", "16",
+            "--method", "estimate", "--json"]
+    code, out, _ = run_cli(argv, capsys)
+    nccl = json.loads(out)["breakdown"]["ep_comm_s"]
+    code2, out, _ = run_cli([*argv, "--moe-dispatcher", "deepep"], capsys)
+    deepep = json.loads(out)["breakdown"]["ep_comm_s"]
+    assert code == code2 == 0 and 0 < deepep < nccl
