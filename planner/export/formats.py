@@ -93,7 +93,11 @@ def _megatron_moe(plan: Plan) -> list[str]:
             f"--moe-ffn-hidden-size {m.expert_ffn}",
             f"--expert-model-parallel-size {plan.training.ep}",
             f"--expert-tensor-parallel-size {plan.training.etp or plan_shape(plan).tp}",
-            "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"]
+            "--moe-grouped-gemm"]
+    if plan.training.comm.moe_dispatcher == "deepep":  # MoE README: flex + the DeepEP backend
+        args += ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"]
+    else:
+        args.append("--moe-token-dispatcher-type alltoall")
     if m.num_shared_experts:
         args.append(f"--moe-shared-expert-intermediate-size {m.shared_ffn}")
     if m.first_k_dense or m.moe_layer_freq > 1:
