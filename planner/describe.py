@@ -128,6 +128,10 @@ def plan_words(plan: Plan) -> str:
              f"micro-batches of {'/'.join(map(str, mbs))} sequence{'s' if max(mbs) > 1 else ''}"]
     if plan.training.sequence_parallel:
         words.append("sequence parallel")
+    tr = plan.training
+    if tr.ep > 1:
+        etp = f", expert tp {tr.etp}" if tr.etp else ""
+        words.append(f"experts split over {tr.ep} ranks (expert parallel{etp})")
     words += [schedule_words(plan), recompute_words(plan.pipelines[0].stages[0].recompute),
               sharding_words(plan)]
     return "; ".join(w for w in words if w)

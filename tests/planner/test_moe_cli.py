@@ -74,3 +74,14 @@ def test_deepep_dispatch_is_cheaper_across_nodes(capsys):
     code2, out, _ = run_cli([*argv, "--moe-dispatcher", "deepep"], capsys)
     deepep = json.loads(out)["breakdown"]["ep_comm_s"]
     assert code == code2 == 0 and 0 < deepep < nccl
+
+
+def test_plan_words_say_how_the_experts_are_split():
+    from planner.describe import plan_words
+
+    model = preset("qwen3-235b-a22b")
+    cluster = homogeneous_cluster("H100-80GB-SXM", 256)
+    cfg = ParallelConfig(tp=2, pp=8, dp=16, mbs=1, gbs=2048, seq_len=4096,
+                         sequence_parallel=True, ep=32, etp=1)
+    words = plan_words(homogeneous_plan(model, cluster, cfg))
+    assert "experts split over 32 ranks (expert parallel, expert tp 1)" in words
