@@ -220,6 +220,22 @@ def expert_tokens_factor(model: ModelSpec) -> float:
     return min(model.load_imbalance, model.capacity_factor)
 
 
+def _expert_tp_comms(size: float, *, sequence_parallel: bool
+                     ) -> tuple[tuple[Comm, ...], ...]:
+    """The expert-tp collectives around the experts on the dispatched tokens (`size`
+    bytes gathered; 0: expert tp 1, none): into the experts, out of them, and their
+    backwards (Megatron's g / g-bar as for a dense MLP)."""
+    if not size:
+        return (), (), (), ()
+    if sequence_parallel:
+        return ((Comm("moe.allgather", "all_gather", size, "tp"),),
+                (Comm("moe.reduce_scatter", "reduce_scatter", size, "tp"),),
+                (Comm("moe.allgather.bwd", "reduce_scatter", size, "tp"),),
+                (Comm("moe.reduce_scatter.bwd", "all_gather", size, "tp"),))
+    return ((), (Comm("moe.reduce", "all_reduce", size, "tp"),),
+            (Comm("moe.allgather.bwd", "all_reduce", size, "tp"),), ())
+
+
 def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
                mlp_in_bwd: tuple[Comm, ...], mlp_out: tuple[Comm, ...],
                mlp_out_bwd: tuple[Comm, ...]) -> _Ffn:
@@ -259,20 +275,8 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     dedup = (k, experts) if w.dispatcher == "deepep" else (0, 0)
     dispatch = Comm("moe.dispatch", "all_to_all", routed * h * elem, "ep", *dedup)
     combine = Comm("moe.combine", "all_to_all", routed * h * elem, "ep", *dedup)
-    tp_in: tuple[Comm, ...] = ()
-    tp_out: tuple[Comm, ...] = ()
-    tp_in_bwd: tuple[Comm, ...] = ()
-    tp_out_bwd: tuple[Comm, ...] = ()
-    if etp > 1:
-        size = computed * h * elem
-        if w.sequence_parallel:
-            tp_in = (Comm("moe.allgather", "all_gather", size, "tp"),)
-            tp_out = (Comm("moe.reduce_scatter", "reduce_scatter", size, "tp"),)
-            tp_in_bwd = (Comm("moe.allgather.bwd", "reduce_scatter", size, "tp"),)
-            tp_out_bwd = (Comm("moe.reduce_scatter.bwd", "all_gather", size, "tp"),)
-        else:
-            tp_out = (Comm("moe.reduce", "all_reduce", size, "tp"),)
-            tp_in_bwd = (Comm("moe.allgather.bwd", "all_reduce", size, "tp"),)
+    tp_in, tp_out, tp_in_bwd, tp_out_bwd = _expert_tp_comms(
+        computed * h * elem if etp > 1 else 0.0, sequence_parallel=w.sequence_parallel)
     fc1, act, fc2, saved = _mlp_ops("moe.expert", model, tokens=computed / local,
                                     ffn_local=model.expert_ffn // etp, elem=elem, linear=linear,
                                     batch=local)
