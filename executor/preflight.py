@@ -122,6 +122,9 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
     if not m.lm_head:
         fail(at(where, "model.lm_head"), False, "the executor's models end in an output "
              "projection")
+    if m.is_moe:  # issue 18.4: the executor's MoE layer (gloo all-to-all) is not built yet
+        fail(at(where, "model.num_experts"), m.num_experts, "the executor's models are dense "
+             "(0 experts); MoE plans are simulated and exported only")
     if m.position_embedding == "alibi":
         fail(at(where, "model.position_embedding"), "alibi",
              "the executor model has learned and rope positions")

@@ -128,6 +128,10 @@ def plan_words(plan: Plan) -> str:
              f"micro-batches of {'/'.join(map(str, mbs))} sequence{'s' if max(mbs) > 1 else ''}"]
     if plan.training.sequence_parallel:
         words.append("sequence parallel")
+    tr = plan.training
+    if tr.ep > 1:
+        etp = f", expert tp {tr.etp}" if tr.etp else ""
+        words.append(f"experts split over {tr.ep} ranks (expert parallel{etp})")
     words += [schedule_words(plan), recompute_words(plan.pipelines[0].stages[0].recompute),
               sharding_words(plan)]
     return "; ".join(w for w in words if w)
@@ -177,7 +181,7 @@ def layout_cell(plan: Plan) -> str:
         text += f" vp{tr.virtual_stages}"
     elif tr.schedule != Schedule.ONE_F_ONE_B and max(pps) > 1:
         text += f" {tr.schedule}"
-    return text + f" dp{plan.dp}"
+    return text + f" dp{plan.dp}" + (f" ep{tr.ep}" if tr.ep > 1 else "")
 
 
 def replica_lines(plan: Plan, width: int = 94) -> list[str]:
@@ -208,8 +212,8 @@ def shape_key(plan: Plan) -> tuple:
     replica cuts its GPUs (stages in order, each its GPU type, tp and cp). Plans of one
     shape differ only in how many replicas they run, their batch, schedule, recompute or
     sharding."""
-    return tuple(sorted({tuple((_stage_gpu(plan, s.devices), s.tp, s.cp) for s in p.stages)
-                         for p in plan.pipelines}))
+    return (*sorted({tuple((_stage_gpu(plan, s.devices), s.tp, s.cp) for s in p.stages)
+                     for p in plan.pipelines}), plan.training.ep)
 
 
 def headroom_bytes(result: SimResult) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from planner.commands.args import print_json
-from planner.specs.model import model_presets
+from planner.specs.model import ModelSpec, model_presets
 from profiler.schema import dump
 
 __all__ = ["add_parser", "run"]
@@ -16,17 +16,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
 
 
+def _moe(m: ModelSpec) -> str:
+    """", MoE 8 experts top-2 (+1 shared)" for an MoE model."""
+    if not m.is_moe:
+        return ""
+    shared = f" +{m.num_shared_experts} shared" if m.num_shared_experts else ""
+    return f", MoE {m.num_experts} experts top-{m.experts_per_token}{shared}"
+
+
 def run(args: argparse.Namespace) -> int:
     presets = model_presets()
     if args.json:
-        print_json({name: {**dump(m), "num_params": m.num_params()} for name, m in presets.items()})
+        print_json({name: {**dump(m), "num_params": m.num_params(),
+                           "num_active_params": m.num_active_params()}
+                    for name, m in presets.items()})
         return 0
-    print(f"{'name':18} {'params':>8} {'layers':>6} {'hidden':>6} {'heads':>7} {'ffn':>6} "
-          f"{'vocab':>7} {'seq':>5}  arch")
+    print(f"{'name':18} {'params':>8} {'active':>8} {'layers':>6} {'hidden':>6} {'heads':>7} "
+          f"{'ffn':>6} {'vocab':>7} {'seq':>5}  arch")
     for name, m in presets.items():
         heads = f"{m.num_heads}/{m.kv_heads}" if m.kv_heads != m.num_heads else str(m.num_heads)
-        print(f"{name:18} {m.num_params() / 1e9:7.2f}B {m.num_layers:6d} {m.hidden_size:6d} "
-              f"{heads:>7} {m.ffn_hidden_size:6d} {m.vocab_size:7d} {m.seq_len:5d}  "
-              f"{m.activation}, {m.norm}, {m.position_embedding}"
-              f"{', tied' if m.tied_embeddings else ''}")
+        print(f"{name:18} {m.num_params() / 1e9:7.2f}B {m.num_active_params() / 1e9:7.2f}B "
+              f"{m.num_layers:6d} {m.hidden_size:6d} {heads:>7} {m.ffn_hidden_size:6d} "
+              f"{m.vocab_size:7d} {m.seq_len:5d}  {m.activation}, {m.norm}, "
+              f"{m.position_embedding}{', tied' if m.tied_embeddings else ''}{_moe(m)}")
     return 0

@@ -70,18 +70,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                 ("--pp", None, "pipeline stages"),
                                 ("--dp", None, "data-parallel replicas"),
                                 ("--cp", 1, "context-parallel degree"),
+                                ("--ep", 1, "expert-parallel degree (MoE models; divides "
+                                 "dp x cp and the experts)"),
+                                ("--etp", None, "expert tensor-parallel degree: 1 or --tp "
+                                 "(default --tp; 1 folds tp into ep)"),
                                 ("--vp", 1, "interleaved chunks per stage (interleaved 1F1B)"),
                                 ("--mbs", None, "micro-batch size"),
                                 ("--gbs", None, "global batch size (sequences)")):
         sim.add_argument(flag, type=gbs_arg if flag in ("--gbs", "--mbs") else
                          int_in(1, MAX_GPUS if flag != "--vp" else 1024),
                          default=default, metavar="N",
-                         help=text + (" (required without --plan)" if default is None else ""))
+                         help=text + (" (required without --plan)"
+                                      if default is None and flag != "--etp" else ""))
     sim.add_argument("--seq", type=seq_arg, metavar="N",
                      help="sequence length (default: the model's)")
     sim.add_argument("--recompute", choices=values(Recompute),
                      help="activation recomputation (default none)")
     sim.add_argument("--sequence-parallel", action="store_true")
+    sim.add_argument("--moe-dispatcher", choices=("alltoall", "deepep"),
+                     help="MoE token dispatch: NCCL all-to-all (default, Megatron's alltoall "
+                     "dispatcher) or DeepEP (a token crosses the network once per node)")
     sim.add_argument("--schedule", choices=values(Schedule.chosen()),
                      help="pipeline schedule, default 1f1b (with --vp > 1: interleaved 1F1B; zb-h1: "
                      "zero-bubble ZB-H1, Qi et al. 2024, needs --pp > 1 and --vp 1)")
@@ -131,7 +139,7 @@ def _sharding(args: argparse.Namespace) -> Sharding:
 
 
 _LAYOUT_FLAGS = ("tp", "pp", "dp", "mbs", "gbs")  # required without --plan
-_PLAN_HAS = (*_LAYOUT_FLAGS, "gpus", "cluster", "catalog", "seq", "recompute", "schedule", "sharding",
+_PLAN_HAS = (*_LAYOUT_FLAGS, "etp", "moe_dispatcher", "gpus", "cluster", "catalog", "seq", "recompute", "schedule", "sharding",
              "shard_params", "shard_grads", "shard_optim", "dtype", "attention")
 
 
@@ -149,7 +157,7 @@ def config_from_args(args: argparse.Namespace, model: ModelSpec) -> ParallelConf
         tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, vp=args.vp, mbs=args.mbs, gbs=args.gbs,
         seq_len=args.seq or model.seq_len, recompute=Recompute(args.recompute or "none"),
         sequence_parallel=args.sequence_parallel, sharding=_sharding(args),
-        schedule=Schedule(args.schedule or "1f1b"),
+        schedule=Schedule(args.schedule or "1f1b"), ep=args.ep, etp=args.etp,
     )
 
 
@@ -159,8 +167,9 @@ def _plan_from_args(args: argparse.Namespace) -> Plan:
         if getattr(args, flag) is not None:
             fail(f"--{flag.replace('_', '-')}", getattr(args, flag),
                  "not with --plan (the plan has its own)")
-    if args.cp != 1 or args.vp != 1 or args.sequence_parallel:
-        fail("--cp/--vp/--sequence-parallel", "set", "not with --plan (the plan has its own)")
+    if args.cp != 1 or args.vp != 1 or args.ep != 1 or args.sequence_parallel:
+        fail("--cp/--vp/--ep/--sequence-parallel", "set",
+             "not with --plan (the plan has its own)")
     return replace(load_plan(args.plan), predicted=None, provenance=None)
 
 
@@ -193,6 +202,10 @@ def run(args: argparse.Namespace) -> int:
     if not kernels.attention.fused and cfg.cp > 1:
         fail("--attention", "math", "context parallelism needs a fused attention kernel")
     plan = homogeneous_plan(model, cluster, cfg, kernels=kernels)
+    if args.moe_dispatcher:
+        tr = plan.training
+        plan = replace(plan, training=replace(tr, comm=replace(
+            tr.comm, moe_dispatcher=args.moe_dispatcher)))
     profiles = profiles_for(args, cluster, cfg.dtype)
     if profiles is not None:
         plan = replace(plan, kernels=fastest_kernels(plan, profiles,
@@ -259,6 +272,7 @@ def _check_simulation_size(plan: Plan) -> None:
 
 def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:
     return (f"tp {cfg.tp}, pp {cfg.pp}, dp {cfg.dp}, cp {cfg.cp}, vp {cfg.vp}, "
+            f"{f'ep {cfg.ep}, ' if cfg.ep > 1 else ''}{f'etp {cfg.etp}, ' if cfg.etp else ''}"
             f"{plan.training.schedule} schedule, "
             f"mbs {cfg.mbs}, gbs {cfg.gbs}, seq {cfg.seq_len}, recompute {cfg.recompute}"
             f"{', sequence parallel' if cfg.sequence_parallel else ''}, {cfg.dtype}, "
@@ -270,8 +284,9 @@ def summary(plan: Plan, layout: str, r: SimResult) -> str:
     """The readable report of one simulation."""
     b = r.breakdown
     total = r.iteration_time_s
-    parts = [("compute", b.compute_s), ("kernel launch", b.host_overhead_s), ("tp comm", b.tp_comm_s), ("cp comm", b.cp_comm_s),
-             ("pp comm", b.pp_comm_s), ("dp comm", b.dp_comm_s), ("bubble", b.bubble_s),
+    parts = [("compute", b.compute_s), ("kernel launch", b.host_overhead_s),
+             ("tp comm", b.tp_comm_s), ("cp comm", b.cp_comm_s),
+             ("ep all-to-all", b.ep_comm_s), ("pp comm", b.pp_comm_s), ("dp comm", b.dp_comm_s), ("bubble", b.bubble_s),
              ("optimizer", b.optimizer_s)]
     worst = max(r.stages, key=lambda s: s.memory.total_bytes / s.memory.capacity_bytes)
     m = worst.memory

@@ -49,7 +49,7 @@ from profiler.schema import cached_hash
 from profiler.store import Profiles
 
 __all__ = ["ALGORITHMS", "COMM_SOURCE", "PROTOCOLS", "Choice", "Tier", "clear_comm_caches",
-           "Transfer", "collective_choices", "collective_time_s", "group_tiers",
+           "Transfer", "collective_choices", "collective_time_s", "dispatch_time_s", "group_tiers",
            "measured_collective_s"]
 
 COMM_SOURCE = ("NCCL's cost model (2.20.3: ring/tree, LL/LL128/Simple) over the cluster's links "
@@ -396,10 +396,40 @@ def _model_time_s(kind: str, size_bytes: float, tiers: tuple[Tier, ...]) -> floa
         return _send_s(size_bytes, tiers)
     if kind == "all_to_all":
         # each rank sends (n-1)/n of its buffer, one peer after another on its own link
-        # (alltoall cannot aggregate a node's NICs: sjeaugey, NVIDIA/nccl-tests#267)
+        # (alltoall cannot aggregate a node's NICs: sjeaugey, NVIDIA/nccl-tests#267); the
+        # sends to peers in its own node go over NVLink/PCIe at the same time as those to
+        # other nodes go through its NIC (NCCL runs alltoall as one group of p2p sends),
+        # so a group over several nodes takes the slower of the two shares
         n = math.prod(t.fanout for t in tiers)
-        return _send_s((n - 1) / n * size_bytes, tiers)
+        local = tiers[0].fanout if tiers[0].name == "node" and len(tiers) > 1 else 1
+        if local == 1:
+            return _send_s((n - 1) / n * size_bytes, tiers)
+        return max(_send_s((local - 1) / n * size_bytes, tiers[:1]),
+                   _send_s((n - local) / n * size_bytes, tiers))
     raise ValueError(f"unknown collective {kind!r}")
+
+
+@cache
+def dispatch_time_s(size_bytes: float, tiers: tuple[Tier, ...], *, top_k: int,
+                    experts: int) -> float:
+    """MoE token dispatch (or combine) as DeepEP runs it (deepseek-ai/DeepEP README;
+    DeepSeek-V3 report §3.2.2): `size_bytes` = a rank's token copies (tokens x top_k x
+    hidden); each token crosses the network once per other node holding one of its
+    experts, then NVLink forwards it to the GPUs there. With the experts spread evenly
+    over N nodes, a node holds none of a token's top-k with probability
+    C(E - E/N, k) / C(E, k). Every copy crosses NVLink once; the two run at once."""
+    n = math.prod(t.fanout for t in tiers)
+    if n <= 1:
+        return 0.0
+    local = tiers[0].fanout if tiers[0].name == "node" and len(tiers) > 1 else n
+    nodes = n // local
+    if nodes == 1:
+        return _model_time_s("all_to_all", size_bytes, tiers)
+    per_node = experts // nodes
+    miss = math.comb(experts - per_node, top_k) / math.comb(experts, top_k)
+    network = size_bytes / top_k * (nodes - 1) * (1 - miss)
+    nvlink = size_bytes * (n - 1) / n
+    return max(_send_s(nvlink, tiers[:1]), _send_s(network, tiers))
 
 
 @cached_hash
@@ -432,4 +462,5 @@ def clear_comm_caches() -> None:
     """Forget cached groups and collective times (after link parameters changed)."""
     group_tiers.cache_clear()
     _model_time_s.cache_clear()
+    dispatch_time_s.cache_clear()
 

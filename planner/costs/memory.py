@@ -25,7 +25,8 @@ from planner.specs.plan import Sharding
 from profiler.devices import DeviceSpec
 
 __all__ = ["MEMORY_SOURCE", "StageMemory", "activation_memory", "in_flight_chunks",
-           "model_state_bytes", "rank_param_count", "rank_param_tensors",
+           "model_state_bytes", "rank_expert_param_count", "rank_param_count",
+           "rank_param_tensors",
            "runtime_reserve_bytes", "stage_memory"]
 
 MEMORY_SOURCE = "analytic memory model (ZeRO/AMSP states; Korthikanti et al. 2022 activations)"
@@ -84,23 +85,48 @@ class StageMemory:
         return max(0.0, self.total_bytes - self.capacity_bytes)
 
 
+def _moe_layers(model: ModelSpec, num_layers: int) -> int:
+    """MoE layers among a stage's `num_layers`, at the model's share (the costs price a
+    stage's layers as the model's average layer)."""
+    return round(num_layers * model.moe_layer_fraction)
+
+
+def rank_expert_param_count(model: ModelSpec, *, num_layers: int, etp: int, ep: int) -> float:
+    """Routed-expert parameters one rank of a stage holds: E/ep experts of each MoE
+    layer, each split by the expert tp `etp` (Megatron's --expert-tensor-parallel-size,
+    default tp)."""
+    return float(_moe_layers(model, num_layers) * model.expert_params_per_moe_layer()
+                 / (ep * etp))
+
+
 def rank_param_tensors(model: ModelSpec, *, num_layers: int, first: bool, last: bool,
-                       tp: int, pp: int) -> tuple[int, ...]:
+                       tp: int, pp: int, ep: int = 1, etp: int | None = None
+                       ) -> tuple[int, ...]:
     """Sizes of the parameter tensors one tp rank of a stage holds, in model order (the
-    optimizer's per-tensor work depends on them, not only on their sum)."""
+    optimizer's per-tensor work depends on them, not only on their sum). An MoE layer
+    holds the router (replicated), the shared experts (split by tp) and E/ep routed
+    experts (each split by tp)."""
     h, d = model.hidden_size, model.head_dim
     kv_local = max(model.kv_heads // tp, 1) * d
     q_local = model.num_heads // tp * d
     norm = (h, h) if model.norm == "layernorm" else (h,)  # weight (and bias)
-    layer = (*norm, h * (q_local + 2 * kv_local), q_local * h,
-             *norm, h * model.mlp_in_width // tp, model.ffn_hidden_size // tp * h)
+    attention = (*norm, h * (q_local + 2 * kv_local), q_local * h, *norm)
+    layer = (*attention, h * model.mlp_in_width // tp, model.ffn_hidden_size // tp * h)
+    gated = 2 if model.activation == "swiglu" else 1
+    shared = model.shared_ffn // tp
+    expert = model.expert_ffn // (etp or tp)
+    moe_layer = (*attention, model.num_experts * h,
+                 *((h * gated * shared, shared * h) if shared else ()),
+                 *(h * gated * expert, expert * h) * max(model.num_experts // ep, 1))
     vocab_local = math.ceil(model.vocab_size / tp) * h
     tensors: list[int] = []
     if first:
         tensors.append(vocab_local)
         if model.position_embedding == "learned":
             tensors.append(model.seq_len * h)
-    tensors.extend(layer * num_layers)
+    moe = _moe_layers(model, num_layers)
+    tensors.extend(layer * (num_layers - moe))
+    tensors.extend(moe_layer * moe)
     if last:
         tensors.extend(norm)
         # An untied head has its own weights; a tied one needs a copy when the embedding
@@ -111,10 +137,10 @@ def rank_param_tensors(model: ModelSpec, *, num_layers: int, first: bool, last: 
 
 
 def rank_param_count(model: ModelSpec, *, num_layers: int, first: bool, last: bool,
-                     tp: int, pp: int) -> float:
+                     tp: int, pp: int, ep: int = 1, etp: int | None = None) -> float:
     """Parameters held by one tp rank of a stage."""
     return float(sum(rank_param_tensors(model, num_layers=num_layers, first=first, last=last,
-                                        tp=tp, pp=pp)))
+                                        tp=tp, pp=pp, ep=ep, etp=etp)))
 
 
 def in_flight_chunks(*, schedule: Schedule, stage: int, pp: int, num_microbatches: int,
@@ -140,23 +166,36 @@ def in_flight_chunks(*, schedule: Schedule, stage: int, pp: int, num_microbatche
 
 
 def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: Sharding,
-                      tp: int, pp: int) -> tuple[float, float, float, float]:
+                      tp: int, pp: int, expert_params: float = 0.0,
+                      ep: int = 1, etp: int | None = None
+                      ) -> tuple[float, float, float, float]:
     """(parameters, gradients, optimizer states, gathered-parameter buffers) in bytes on one
     rank holding `params` parameters: 16-bit weights (fp32 when training in fp32), fp32
     gradients, fp32 master weights (mixed precision) and Adam's two moments, each divided
     by its sharding group; sharded parameters need the layer in use and the next one
     gathered. FP8 training (Transformer Engine, fp8_model_params off) also caches each
     weight's FP8 cast and its transpose for the backward: 2 bytes per parameter held
-    whole, beside the bf16 weights."""
+    whole, beside the bf16 weights.
+
+    Of `params`, the `expert_params` routed-expert weights (already split over ep) have
+    fewer data-parallel peers: Megatron-Core shards their states over the
+    expert-data-parallel group, dp x cp x tp / (ep x etp) (parallel_state.py), so a
+    sharding group of S replicas holds them over max(1, S x tp / (ep x etp)) ranks."""
     dt = DType(dtype)
     low = dt.element_bytes + (2 if dt is DType.FP8 else 0)
     master = 4 if dt.master_weights else 0
     gathered = 0.0
     if sharding.params > 1:
-        layer = rank_param_count(model, num_layers=1, first=False, last=False, tp=tp, pp=pp)
+        layer = rank_param_count(model, num_layers=1, first=False, last=False, tp=tp, pp=pp,
+                                 ep=ep, etp=etp)
         gathered = 2 * layer * low
-    return (params * low / sharding.params, params * 4 / sharding.grads,
-            params * (master + 8) / sharding.optim, gathered)
+    dense = params - expert_params
+
+    def split(size: int) -> float:
+        return dense / size + expert_params / max(1.0, size * tp / (ep * (etp or tp)))
+
+    return (split(sharding.params) * low, split(sharding.grads) * 4,
+            split(sharding.optim) * (master + 8), gathered)
 
 
 def activation_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
@@ -187,9 +226,12 @@ def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
     """Peak memory of one rank of a stage holding activations of `layers_in_flight`
     layer-micro-batches at its peak: `activation_memory` with the stage's model states."""
     params = rank_param_count(model, num_layers=num_layers, first=first, last=last,
-                              tp=shape.tp, pp=pp)
+                              tp=shape.tp, pp=pp, ep=shape.ep, etp=shape.etp)
+    experts = rank_expert_param_count(model, num_layers=num_layers, etp=shape.etp or shape.tp,
+                                      ep=shape.ep)
     states = model_state_bytes(model, params=params, dtype=shape.dtype, sharding=sharding,
-                               tp=shape.tp, pp=pp)
+                               tp=shape.tp, pp=pp, expert_params=experts, ep=shape.ep,
+                               etp=shape.etp)
     return activation_memory(model, device=device, shape=shape, num_layers=num_layers,
                              last=last, recompute=recompute,
                              layers_in_flight=layers_in_flight).with_states(*states)

@@ -26,6 +26,7 @@ from planner.costs.comm import (
     Transfer,
     clear_comm_caches,
     collective_time_s,
+    dispatch_time_s,
     group_tiers,
 )
 from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, clear_op_cache, compute_source
@@ -34,6 +35,7 @@ from planner.costs.memory import (
     activation_memory,
     in_flight_chunks,
     model_state_bytes,
+    rank_expert_param_count,
     rank_param_count,
 )
 from planner.costs.workload import (
@@ -84,22 +86,25 @@ class Part:
     cp_s: float = 0.0
     host_s: float = 0.0
     dp_s: float = 0.0  # ZeRO-3 / FSDP: waiting for parameter gathers inside the pass
+    ep_s: float = 0.0  # MoE token dispatch and combine (all-to-all over the ep group)
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.tp_s + self.cp_s + self.host_s + self.dp_s
+        return self.compute_s + self.tp_s + self.cp_s + self.host_s + self.dp_s + self.ep_s
 
     def __add__(self, other: Part) -> Part:
         return Part(self.compute_s + other.compute_s, self.tp_s + other.tp_s,
-                    self.cp_s + other.cp_s, self.host_s + other.host_s, self.dp_s + other.dp_s)
+                    self.cp_s + other.cp_s, self.host_s + other.host_s, self.dp_s + other.dp_s,
+                    self.ep_s + other.ep_s)
 
     def __sub__(self, other: Part) -> Part:
         return Part(self.compute_s - other.compute_s, self.tp_s - other.tp_s,
-                    self.cp_s - other.cp_s, self.host_s - other.host_s, self.dp_s - other.dp_s)
+                    self.cp_s - other.cp_s, self.host_s - other.host_s, self.dp_s - other.dp_s,
+                    self.ep_s - other.ep_s)
 
     def __mul__(self, k: float) -> Part:
         return Part(self.compute_s * k, self.tp_s * k, self.cp_s * k, self.host_s * k,
-                    self.dp_s * k)
+                    self.dp_s * k, self.ep_s * k)
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,12 @@ class PlacedStage:
     num_layers: int
     recompute: Recompute
     attention: Attention | None = None  # None: the run's kernels.attention
+    ep: int = 1  # MoE: routed experts split over ep data-parallel replicas
+    etp: int | None = None  # MoE: expert tensor parallel, 1 or tp (None: tp)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
     def __post_init__(self) -> None:
         coerce_choices(self)
@@ -197,6 +208,18 @@ class StageSpec:
     @property
     def cp_group(self) -> tuple[int, ...]:
         return self.placed.devices[::self.placed.tp]
+
+    @property
+    def ep_group(self) -> tuple[int, ...]:
+        """The ranks this stage's first GPU exchanges tokens with. Megatron-Core orders an
+        MoE layer's ranks etp-ep-dp-pp over the attention's tp x cp x dp (MoE Parallel
+        Folding): the ep group takes every etp-th GPU of the stage, then the same
+        positions of the next replicas (their GPUs at the offsets of this stage's, as
+        Megatron's rank order places them)."""
+        p = self.placed
+        offsets = [d - p.devices[0] for d in p.devices[::p.expert_tp]]
+        members = [first + o for first in self.dp_group for o in offsets]
+        return tuple(members[:p.ep])
 
 
 class _once(Generic[T]):
@@ -319,7 +342,7 @@ def stage_key(cluster: ClusterSpec, spec: StageSpec, *, dp_signature: object = N
     `dp_signature` stands for `group_signature(cluster, spec.dp_group)` where the caller
     numbered the signatures once (a group of thousands of GPUs is slow to hash)."""
     p = spec.placed
-    return (spec.device, p.tp, p.cp, p.num_layers, p.recompute, p.attention, spec.first,
+    return (spec.device, p.tp, p.cp, p.ep, p.etp, p.num_layers, p.recompute, p.attention, spec.first,
             spec.last, spec.pp, group_tiers(cluster, spec.tp_group),
             group_tiers(cluster, spec.cp_group),
             None if spec.next_device is None
@@ -354,17 +377,20 @@ def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[T
     """Time of a sequence of ops and in-line collectives on one rank. With `steady`, the
     per-repetition time once the host-GPU queue has settled (a layer among many).
     `tp_hidden` of each sequence-parallel tp collective runs under the GEMMs beside it."""
-    compute = tp = cp = 0.0
+    compute = 0.0
+    comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     timeline: list[tuple[float, int]] = []
     for item in items:
         if isinstance(item, Comm):
-            t = collective_time_s(item.kind, item.bytes, tiers[item.axis], profiles=profiles)
+            if item.top_k:
+                t = dispatch_time_s(item.bytes, tiers[item.axis], top_k=item.top_k,
+                                    experts=item.experts)
+            else:
+                t = collective_time_s(item.kind, item.bytes, tiers.get(item.axis, ()),
+                                      profiles=profiles)
             if item.axis == "tp" and item.kind in ("all_gather", "reduce_scatter"):
                 t *= 1.0 - tp_hidden
-            if item.axis == "cp":
-                cp += t
-            else:
-                tp += t
+            comm[item.axis] += t
             timeline.append((t, 1))
         else:
             t = costs.time_s(item)
@@ -373,7 +399,8 @@ def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[T
     wall = _issue_queue_s(timeline, launch_s, 1)
     if steady:
         wall = _issue_queue_s(timeline, launch_s, 2) - wall
-    return Part(compute, tp, cp, max(0.0, wall - compute - tp - cp))
+    return Part(compute, comm["tp"], comm["cp"], max(0.0, wall - compute - sum(comm.values())),
+                ep_s=comm["ep"])
 
 
 def _compute_costs(dev: DeviceSpec, dtype: str, profiles: Profiles | None) -> ComputeCosts:
@@ -538,7 +565,8 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
     p = spec.placed
     return WorkloadShape(micro_batch_size=run.micro_batch_size, seq_len=run.seq_len, tp=p.tp,
                          cp=p.cp, sequence_parallel=run.sequence_parallel and p.tp > 1,
-                         dtype=run.dtype, attention=p.attention or run.kernels.attention)
+                         dtype=run.dtype, attention=p.attention or run.kernels.attention,
+                         ep=p.ep, etp=p.etp, dispatcher=run.comm.moe_dispatcher)
 
 
 def _p2p(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: WorkloadShape,
@@ -567,7 +595,8 @@ def shard_units(spec: StageSpec) -> int:
 def stage_params(model: ModelSpec, spec: StageSpec) -> float:
     """Parameters one rank of the stage holds, before sharding."""
     return rank_param_count(model, num_layers=spec.placed.num_layers, first=spec.first,
-                            last=spec.last, tp=spec.placed.tp, pp=spec.pp)
+                            last=spec.last, tp=spec.placed.tp, pp=spec.pp, ep=spec.placed.ep,
+                            etp=spec.placed.expert_tp)
 
 
 def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings,
@@ -603,7 +632,8 @@ def _passes(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, shape: Work
     micro-batches it runs (all but the activations in flight: none here), with the pass
     totals computed: candidates that differ only in those share them."""
     tiers_key = (("tp", group_tiers(cluster, spec.tp_group)),
-                 ("cp", group_tiers(cluster, spec.cp_group)))
+                 ("cp", group_tiers(cluster, spec.cp_group)),
+                 ("ep", group_tiers(cluster, spec.ep_group)))
     dev, recompute = spec.device, spec.placed.recompute
     layer_fwd, layer_bwd = layer_parts(model, shape, dev, tiers_key, recompute, profiles)
     zero = (Part(), Part())
@@ -646,8 +676,11 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     opt = optimizer_work(num_params / sharding.optim, dtype=dtype,
                          implementation=run.kernels.optimizer,
                          num_tensors=max(1, 6 * spec.placed.num_layers))
+    p = spec.placed
+    experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep)
     states = model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
-                               tp=spec.placed.tp, pp=spec.pp)
+                               tp=p.tp, pp=spec.pp, expert_params=experts, ep=p.ep,
+                               etp=p.expert_tp)
     return ShardingTerms(sync, _compute_costs(spec.device, dtype, profiles).time_s(opt),
                          states)
 
@@ -680,7 +713,8 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: Run
 
 def plan_replicas(plan: Plan) -> list[list[PlacedStage]]:
     return [[PlacedStage(devices=s.devices, tp=s.tp, cp=s.cp, num_layers=s.num_layers,
-                         recompute=s.recompute, attention=plan.attention_of(s))
+                         recompute=s.recompute, attention=plan.attention_of(s),
+                         ep=plan.training.ep, etp=plan.training.etp)
              for s in pipe.stages] for pipe in plan.pipelines]
 
 

@@ -13,7 +13,8 @@ Conventions (Megatron-LM, Shoeybi et al. 2019; Korthikanti et al. 2022):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Literal
 
@@ -22,12 +23,13 @@ from planner.specs.model import ModelSpec
 from profiler.kernels import Attention
 
 __all__ = ["Comm", "LayerWork", "Op", "Work", "WorkloadShape", "embedding_work",
+           "expert_tokens_factor",
            "hardware_flops_per_token", "head_work", "layer_work", "model_flops_per_token",
            "optimizer_work"]
 
 OpKind = Literal["gemm", "attention", "elementwise", "embedding", "optimizer"]
 CommKind = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
-Axis = Literal["tp", "cp", "dp", "pp"]
+Axis = Literal["tp", "cp", "dp", "pp", "ep"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,10 @@ class Comm:
     kind: CommKind
     bytes: float
     axis: Axis
+    # MoE dispatch / combine sent DeepEP's way: once per node holding one of a token's
+    # `top_k` of `experts` experts (0: a plain all-to-all)
+    top_k: int = 0
+    experts: int = 0
 
 
 Work = Op | Comm
@@ -73,6 +79,9 @@ class WorkloadShape:
     sequence_parallel: bool = False
     dtype: str = "bf16"
     attention: str = "flash"  # flash | memory_efficient | math
+    ep: int = 1  # expert parallel: routed experts split over ep ranks (MoE models)
+    etp: int | None = None  # expert tensor parallel: 1 or tp (None: tp, Megatron's default)
+    dispatcher: str = "alltoall"  # MoE token dispatch: alltoall | deepep
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,159 @@ def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op,
                variant=w.attention),)
 
 
+@dataclass(frozen=True)
+class _Ffn:
+    """The feed-forward part of a layer between its norm and its residual."""
+
+    forward: tuple[Work, ...]
+    backward: tuple[Work, ...]
+    saved_bytes: float  # kept for backward (split by tp)
+
+
+def _mlp_ops(prefix: str, model: ModelSpec, *, tokens: float, ffn_local: int, elem: int,
+             linear: int, batch: int = 1) -> tuple[Op, Op, Op, float]:
+    """fc1, activation, fc2 of an MLP (or of `batch` experts at once: a grouped GEMM of
+    `tokens` rows each) and the bytes they keep for backward: the fc1 input is the
+    block's, counted by the caller; gate and up for the activation's backward, its
+    output as fc2's input."""
+    rows = int(math.ceil(tokens))
+    width = ffn_local * (2 if model.activation == "swiglu" else 1)
+    fc1 = _gemm(f"{prefix}.fc1", rows, width, model.hidden_size, linear, batch=batch,
+                low_precision=True)
+    fc2 = _gemm(f"{prefix}.fc2", rows, model.hidden_size, ffn_local, linear, batch=batch,
+                low_precision=True)
+    elements = batch * rows * ffn_local
+    if model.activation == "swiglu":
+        act = _elementwise(f"{prefix}.swiglu", elements, elem, reads=2, writes=1,
+                           flops_per_elem=5)
+    else:
+        act = _elementwise(f"{prefix}.gelu", elements, elem, reads=1, writes=1,
+                           flops_per_elem=8)
+    saved = elements * (elem * (2 if model.activation == "swiglu" else 1) + linear)
+    return fc1, act, fc2, float(saved)
+
+
+def _ffn_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
+               mlp_in_bwd: tuple[Comm, ...], mlp_out: tuple[Comm, ...],
+               mlp_out_bwd: tuple[Comm, ...]) -> _Ffn:
+    """The dense MLP, the MoE block, or for a model with both kinds of layer the average
+    layer: each kind's work scaled by its share of the layers (`moe_layer_fraction`)."""
+    elem = DType(w.dtype).element_bytes
+    linear = DType(w.dtype).gemm_operand_bytes
+    n = w.micro_batch_size * w.seq_len // w.cp
+    fc1, act, fc2, saved = _mlp_ops("mlp", model, tokens=n,
+                                    ffn_local=model.ffn_hidden_size // w.tp, elem=elem,
+                                    linear=linear)
+    dense = _Ffn((*mlp_in, fc1, act, fc2, *mlp_out),
+                 (*mlp_out_bwd, *_backward_of(fc2), *_backward_of(act), *_backward_of(fc1),
+                  *mlp_in_bwd), saved)
+    share = model.moe_layer_fraction
+    if share == 0.0:
+        return dense
+    moe = _moe_block(model, w, mlp_in, mlp_in_bwd, mlp_out, mlp_out_bwd)
+    if share == 1.0:
+        return moe
+    return _Ffn((*_scaled(dense.forward, 1 - share), *_scaled(moe.forward, share)),
+                (*_scaled(moe.backward, share), *_scaled(dense.backward, 1 - share)),
+                dense.saved_bytes * (1 - share) + moe.saved_bytes * share)
+
+
+def _scaled(items: tuple[Work, ...], share: float) -> tuple[Work, ...]:
+    """Work done on `share` of the layers, spread over all of them."""
+    return tuple(replace(i, flops=i.flops * share, bytes=i.bytes * share)
+                 if isinstance(i, Op) else replace(i, bytes=i.bytes * share) for i in items)
+
+
+def expert_tokens_factor(model: ModelSpec) -> float:
+    """Tokens the busiest expert rank computes, as a multiple of its even share: the
+    load imbalance, capped by the capacity factor when tokens beyond it are dropped
+    (Megatron: capacity = tokens x top-k x capacity_factor / experts)."""
+    if model.capacity_factor is None:
+        return model.load_imbalance
+    return min(model.load_imbalance, model.capacity_factor)
+
+
+def _expert_tp_comms(size: float, *, sequence_parallel: bool
+                     ) -> tuple[tuple[Comm, ...], ...]:
+    """The expert-tp collectives around the experts on the dispatched tokens (`size`
+    bytes gathered; 0: expert tp 1, none): into the experts, out of them, and their
+    backwards (Megatron's g / g-bar as for a dense MLP)."""
+    if not size:
+        return (), (), (), ()
+    if sequence_parallel:
+        return ((Comm("moe.allgather", "all_gather", size, "tp"),),
+                (Comm("moe.reduce_scatter", "reduce_scatter", size, "tp"),),
+                (Comm("moe.allgather.bwd", "reduce_scatter", size, "tp"),),
+                (Comm("moe.reduce_scatter.bwd", "all_gather", size, "tp"),))
+    return ((), (Comm("moe.reduce", "all_reduce", size, "tp"),),
+            (Comm("moe.allgather.bwd", "all_reduce", size, "tp"),), ())
+
+
+def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
+               mlp_in_bwd: tuple[Comm, ...], mlp_out: tuple[Comm, ...],
+               mlp_out_bwd: tuple[Comm, ...]) -> _Ffn:
+    """An MoE block as Megatron-Core's all-to-all token dispatcher runs it (MoE README,
+    `MoEAlltoAllTokenDispatcher`): router GEMM and top-k on the rank's (sequence-parallel)
+    tokens, permute (a memory-bound gather of k copies of each token), all-to-all dispatch
+    over the ep group, all-gather over the expert tp group (= tp), grouped expert GEMMs of
+    E/ep local experts, then back: reduce-scatter, all-to-all combine, unpermute (weighted
+    sum of the k copies). Shared experts run as a dense MLP on the tp-gathered tokens.
+    With expert tp 1 (MoE Parallel Folding, Liu et al. 2025) the experts are whole and
+    the tp ranks' tokens stay apart: no tp collectives around the experts.
+
+    Tokens per expert = tokens x top-k / experts x imbalance (Fedus et al. 2022 §2.2);
+    each all-to-all moves every routed copy once, (ep-1)/ep of it off the rank
+    (`collective_time_s`)."""
+    b, t, h = w.micro_batch_size, w.tp, model.hidden_size
+    elem = DType(w.dtype).element_bytes
+    linear = DType(w.dtype).gemm_operand_bytes
+    n = b * w.seq_len // w.cp
+    n_r = n // t if w.sequence_parallel else n  # tokens this rank routes
+    k, experts = model.experts_per_token, model.num_experts
+    local = max(experts // w.ep, 1)
+    imbalance = expert_tokens_factor(model)
+    routed = n_r * k * imbalance  # token copies this rank sends and receives
+    etp = w.etp or t
+    # after the expert-tp all-gather (none at expert tp 1)
+    computed = (n_r * etp if w.sequence_parallel else n) * k * imbalance
+    router = Op("moe.router", "gemm", 2.0 * n_r * experts * h,
+                float(elem * (n_r * h + h * experts) + 4 * n_r * experts), (1, n_r, experts, h))
+    # softmax / sigmoid, top-k and the routing map: fp32 scores, three launches
+    topk = _elementwise("moe.topk", n_r * experts, 4, reads=1, writes=1, flops_per_elem=4,
+                        kernels=3)
+    permute = _elementwise("moe.permute", routed * h, elem, reads=1, writes=1,
+                           flops_per_elem=0, kernels=2)
+    unpermute = _elementwise("moe.unpermute", routed * h, elem, reads=1, writes=1 / k,
+                             flops_per_elem=2, kernels=2)
+    dedup = (k, experts) if w.dispatcher == "deepep" else (0, 0)
+    dispatch = Comm("moe.dispatch", "all_to_all", routed * h * elem, "ep", *dedup)
+    combine = Comm("moe.combine", "all_to_all", routed * h * elem, "ep", *dedup)
+    tp_in, tp_out, tp_in_bwd, tp_out_bwd = _expert_tp_comms(
+        computed * h * elem if etp > 1 else 0.0, sequence_parallel=w.sequence_parallel)
+    fc1, act, fc2, saved = _mlp_ops("moe.expert", model, tokens=computed / local,
+                                    ffn_local=model.expert_ffn // etp, elem=elem, linear=linear,
+                                    batch=local)
+    # kept: router probabilities (fp32), the permuted tokens (fc1's input), the expert
+    # outputs the unpermute weighs
+    saved += 4 * n_r * experts + computed * h * linear + routed * h * elem
+    send: tuple[Comm, ...] = (dispatch,) if w.ep > 1 else ()
+    back: tuple[Comm, ...] = (combine,) if w.ep > 1 else ()
+    forward: list[Work] = [router, topk, permute, *send, *tp_in, fc1, act, fc2, *tp_out,
+                           *back, unpermute]
+    backward: list[Work] = [*_backward_of(unpermute), *back, *tp_out_bwd, *_backward_of(fc2),
+                            *_backward_of(act), *_backward_of(fc1), *tp_in_bwd, *send,
+                            *_backward_of(permute), *_backward_of(topk), *_backward_of(router)]
+    if model.num_shared_experts:
+        s1, s_act, s2, s_saved = _mlp_ops("moe.shared", model, tokens=n,
+                                          ffn_local=model.shared_ffn // t, elem=elem,
+                                          linear=linear)
+        forward.extend((*mlp_in, s1, s_act, s2, *mlp_out))
+        backward[:0] = (*mlp_out_bwd, *_backward_of(s2), *_backward_of(s_act),
+                        *_backward_of(s1), *mlp_in_bwd)
+        saved += s_saved
+    return _Ffn(tuple(forward), tuple(backward), float(saved))
+
+
 @cache
 def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
     """Ops of one transformer layer for one micro-batch on one tp/cp rank."""
@@ -186,13 +348,6 @@ def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
         cp_comm = (Comm("attn.kv_ring", "send_recv", 2.0 * n * kv_heads * d * elem * (w.cp - 1),
                         "cp"),)
     core = _attention_core(model, w, q_heads)
-    ffn_local = model.ffn_hidden_size // t
-    if model.activation == "swiglu":
-        mlp_act = _elementwise("mlp.swiglu", n * ffn_local, elem, reads=2, writes=1,
-                               flops_per_elem=5)
-    else:
-        mlp_act = _elementwise("mlp.gelu", n * ffn_local, elem, reads=1, writes=1,
-                               flops_per_elem=8)
     attn_in, attn_in_bwd = block_in("attn.allgather")
     attn_out, attn_out_bwd = block_out("attn.reduce")
     mlp_in, mlp_in_bwd = block_in("mlp.allgather")
@@ -202,21 +357,19 @@ def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
     qkv = _gemm("attn.qkv", n, (q_heads + 2 * kv_heads) * d, h, linear, kernels=4,
                 low_precision=True)
     proj = _gemm("attn.proj", n, h, q_heads * d, linear, low_precision=True)
-    fc1 = _gemm("mlp.fc1", n, model.mlp_in_width // t, h, linear, low_precision=True)
-    fc2 = _gemm("mlp.fc2", n, h, ffn_local, linear, low_precision=True)
+    ffn = _ffn_block(model, w, mlp_in, mlp_in_bwd, mlp_out, mlp_out_bwd)
     attn_res, mlp_res = residual("attn.residual"), residual("mlp.residual")
     forward: tuple[Work, ...] = (
         attn_norm, *attn_in, qkv, *cp_comm, *core, proj, *attn_out, attn_res,
-        mlp_norm, *mlp_in, fc1, mlp_act, fc2, *mlp_out, mlp_res,
+        mlp_norm, *ffn.forward, mlp_res,
     )
     core_bwd = [b for op in reversed(core) for b in _backward_of(op)]
     backward: tuple[Work, ...] = (
-        *_backward_of(mlp_res), *mlp_out_bwd, *_backward_of(fc2), *_backward_of(mlp_act),
-        *_backward_of(fc1), *mlp_in_bwd, *_backward_of(mlp_norm),
+        *_backward_of(mlp_res), *ffn.backward, *_backward_of(mlp_norm),
         *_backward_of(attn_res), *attn_out_bwd, *_backward_of(proj), *core_bwd, *cp_comm,
         *_backward_of(qkv), *attn_in_bwd, *_backward_of(attn_norm),
     )
-    saved, saved_selective = _saved_activation_bytes(model, w, q_heads, kv_heads)
+    saved, saved_selective = _saved_activation_bytes(model, w, q_heads, kv_heads, ffn.saved_bytes)
     return LayerWork(
         forward=forward,
         backward=backward,
@@ -228,7 +381,7 @@ def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
 
 
 def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
-                            kv_heads: int) -> tuple[float, float]:
+                            kv_heads: int, mlp: float) -> tuple[float, float]:
     """Bytes a layer keeps for backward: (no recompute, selective recompute).
 
     Korthikanti et al. 2022 §4.1, generalised per tensor (GQA, SwiGLU, fused attention):
@@ -244,12 +397,10 @@ def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
     mask = 1 if model.dropout else 0  # one byte per element
     # Replicated across tp (split by sp): two norm inputs, QKV input, MLP input, two masks.
     replicated = n_rep * h * (2 * e + g + g + 2 * mask)
-    # Split by tp: Q, K, V; the output-projection input; the MLP activations (gate and up
-    # kept for the activation's backward, its output as fc2's input).
+    # Split by tp: Q, K, V; the output-projection input; the MLP activations (`mlp`,
+    # from `_ffn_block`).
     qkv = n * d * (q_heads + 2 * kv_heads) * e
     proj_in = n * q_heads * d * g
-    ffn = model.ffn_hidden_size // t
-    mlp = n * ffn * (e * (2 if model.activation == "swiglu" else 1) + g)
     selective = replicated + qkv + proj_in + mlp
     if not Attention(w.attention).fused:
         scores = b * q_heads * s * w.seq_len
@@ -346,10 +497,18 @@ def optimizer_work(num_params: float, *, dtype: str, implementation: str = "fuse
 
 def _forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, float, float]:
     """(layer matmuls, attention scores+context, logits) forward FLOPs per token, with full
-    (non-causal-skipping) attention as the Megatron-LM formula counts it."""
+    (non-causal-skipping) attention as the Megatron-LM formula counts it; an MoE model's
+    average layer counts its active experts only."""
     h, d = model.hidden_size, model.head_dim
+    dense_mlp = h * model.mlp_in_width + model.ffn_hidden_size * h
+    # An MoE layer's active weights: router, shared experts, top-k routed experts (how
+    # Megatron-Bridge's flop_utils counts "model FLOPs" of MoE models)
+    gated = 3 if model.activation == "swiglu" else 2
+    moe_mlp = h * (model.num_experts + gated * (model.shared_ffn
+                                                + model.experts_per_token * model.expert_ffn))
+    share = model.moe_layer_fraction
     per_layer = 2 * (h * (model.num_heads + 2 * model.kv_heads) * d + model.num_heads * d * h
-                     + h * model.mlp_in_width + model.ffn_hidden_size * h)
+                     + (1 - share) * dense_mlp + share * moe_mlp)
     attention = 2 * 2 * seq_len * model.num_heads * d
     return per_layer, attention, 2.0 * h * model.vocab_size if model.lm_head else 0.0
 

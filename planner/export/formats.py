@@ -54,6 +54,9 @@ def megatron_args(plan: Plan) -> list[str]:
              }[tr.dtype]
     if m.kv_heads != m.num_heads:
         args += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
+    if m.attention_head_dim is not None:
+        args.append(f"--kv-channels {m.attention_head_dim}")
+    args += _megatron_moe(plan)
     if m.activation == "swiglu":
         args.append("--swiglu")
     args.append(f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}")
@@ -81,6 +84,45 @@ def megatron_args(plan: Plan) -> list[str]:
         if sh.optim < s.dp:  # partial distributed optimizer: dp / optim instances
             args.append(f"--num-distributed-optimizer-instances {s.dp // sh.optim}")
     return args
+
+
+def _megatron_moe(plan: Plan) -> list[str]:
+    """Megatron-Core's MoE flags (megatron/core/transformer/moe/README.md): the experts,
+    the layer pattern as a list expression, the all-to-all dispatcher with grouped GEMMs,
+    and the capacity factor when tokens are dropped (dropless otherwise)."""
+    m = plan.model
+    if not m.is_moe:
+        return []
+    args = [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}",
+            f"--moe-ffn-hidden-size {m.expert_ffn}",
+            f"--expert-model-parallel-size {plan.training.ep}",
+            f"--expert-tensor-parallel-size {plan.training.etp or plan_shape(plan).tp}",
+            "--moe-grouped-gemm"]
+    if plan.training.comm.moe_dispatcher == "deepep":  # MoE README: flex + the DeepEP backend
+        args += ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"]
+    else:
+        args.append("--moe-token-dispatcher-type alltoall")
+    if m.num_shared_experts:
+        args.append(f"--moe-shared-expert-intermediate-size {m.shared_ffn}")
+    if m.first_k_dense or m.moe_layer_freq > 1:
+        pattern = [int(m.is_moe_layer(i)) for i in range(m.num_layers)]
+        args.append(f"--moe-layer-freq {_list_expression(pattern)}")
+    if m.router == "sigmoid":
+        args.append("--moe-router-score-function sigmoid")
+    if m.capacity_factor is not None:
+        args.append(f"--moe-expert-capacity-factor {m.capacity_factor:g}")
+    return args
+
+
+def _list_expression(pattern: list[int]) -> str:
+    """[0, 0, 1, 1, 1] as Megatron's run-length list expression "([0]*2+[1]*3)"."""
+    runs: list[list[int]] = []
+    for v in pattern:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return "(" + "+".join(f"[{v}]*{n}" for v, n in runs) + ")"
 
 
 def _megatron_pipeline(plan: Plan, s: PlanShape) -> list[str]:
@@ -176,6 +218,13 @@ def _torchtitan(plan: Plan) -> Export:
         f"data_parallel_shard_degree = {shard}", f"tensor_parallel_degree = {s.tp}",
         f"pipeline_parallel_degree = {s.pp}", f"context_parallel_degree = {s.cp}",
     ]
+    if s.ep > 1:
+        lines.append(f"expert_parallel_degree = {s.ep}")
+        if plan.training.etp:
+            lines.append(f"expert_tensor_parallel_degree = {plan.training.etp}")
+        if (shard * s.cp) % s.ep:  # torchtitan/distributed/parallel_dims.py (etp = tp)
+            issues.append(f"ep {s.ep}: torchtitan carves ep out of dp_shard x cp = "
+                          f"{shard * s.cp}; shard the parameters over a multiple of ep")
     if s.pp > 1:
         lines += [f'pipeline_parallel_schedule = "{_TITAN_SCHEDULES[tr.schedule]}"',
                   f"pipeline_parallel_microbatch_size = {s.mbs}"]

@@ -168,6 +168,8 @@ _TRAINPLAN = FrameworkCapabilities(
     sequence_parallel="optional", uneven_stages=True, mixed_gpu_types=True, per_stage_tp=True,
     unlike_replicas=True, unequal_microbatches=True, per_stage_sharding=True,
     per_stage_recompute=True, rank_order=None,
+    notes={"ep": "the trainplan executor has no expert parallelism yet (issue 18.4), so its "
+           "search keeps ep 1; plan MoE models with --framework megatron or torchtitan"},
 )
 
 CAPABILITIES: dict[str, FrameworkCapabilities] = {
@@ -208,6 +210,7 @@ class PlanShape:
     batches_alike: bool  # same micro-batch size and count in every replica
     tp_alike: bool  # one tp and one cp in the whole plan
     recompute: tuple[str, ...]  # distinct recompute modes, first replica's order
+    ep: int = 1  # expert-parallel degree (MoE)
 
 
 def plan_shape(plan: Plan) -> PlanShape:
@@ -231,7 +234,8 @@ def plan_shape(plan: Plan) -> PlanShape:
                           == (first.micro_batch_size, first.num_microbatches)
                           for p in plan.pipelines[1:]),
         tp_alike=len({(s.tp, s.cp) for p in plan.pipelines for s in p.stages}) == 1,
-        recompute=tuple(dict.fromkeys(s.recompute for p in plan.pipelines for s in p.stages)))
+        recompute=tuple(dict.fromkeys(s.recompute for p in plan.pipelines for s in p.stages)),
+        ep=plan.training.ep)
 
 
 def chunk_layer_counts(layers: tuple[int, ...], vp: int) -> list[int]:
@@ -302,7 +306,7 @@ def _structure(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[st
 
 def _parallelisms(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
     out = []
-    for axis, degree in (("tp", s.tp), ("pp", s.pp), ("cp", s.cp), ("vp", s.vp)):
+    for axis, degree in (("tp", s.tp), ("pp", s.pp), ("cp", s.cp), ("vp", s.vp), ("ep", s.ep)):
         if degree > 1 and axis not in caps.parallelisms:
             out.append(f"{axis} {degree}: {caps.version} has no "
                        f"{'interleaved stages' if axis == 'vp' else axis + ' parallelism'}"

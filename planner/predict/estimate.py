@@ -101,6 +101,7 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
         "host": m * work.host_s,
         "tp": m * work.tp_s,
         "cp": m * work.cp_s,
+        "ep": m * work.ep_s,
         "pp": m * sends,
         "dp": after - opt_s + m * (times[slow] - work.total_s - sends),
         "opt": opt_s,
@@ -241,7 +242,8 @@ def estimate(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | None = No
     part = {k: max(v, 0.0) for k, v in parts.items()}
     breakdown = Breakdown(compute_s=part["compute"], host_overhead_s=part["host"],
                           tp_comm_s=part["tp"], cp_comm_s=part["cp"], pp_comm_s=part["pp"],
-                          dp_comm_s=part["dp"], bubble_s=part["bubble"], optimizer_s=part["opt"])
+                          dp_comm_s=part["dp"], bubble_s=part["bubble"], optimizer_s=part["opt"],
+                          ep_comm_s=part["ep"])
     return make_result(plan, method="analytic estimate", iteration_s=iteration_s,
                        breakdown=breakdown, stages=stages,
                        sources={**cost_sources(plan, profiles), "memory": MEMORY_SOURCE,

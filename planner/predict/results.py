@@ -30,6 +30,7 @@ class Breakdown:
     dp_comm_s: float
     bubble_s: float
     optimizer_s: float
+    ep_comm_s: float = 0.0  # MoE token dispatch and combine (all-to-all), exposed
 
     @property
     def total_s(self) -> float:

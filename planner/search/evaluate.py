@@ -99,7 +99,8 @@ class LayoutModel:
                     for g in (groups or [])]
         for d in self._representatives(devices):
             stages = [PlacedStage(devices=devices[d][k], tp=lo.tp, cp=lo.cp,
-                                  num_layers=self.counts[k], recompute=Recompute.NONE)
+                                  num_layers=self.counts[k], recompute=Recompute.NONE,
+                                  ep=lo.ep)
                       for k in range(lo.pp)]
             kinds = []
             for spec in replica_specs(self.cluster, stages, groups=groups, shardings=unsharded):

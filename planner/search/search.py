@@ -293,7 +293,7 @@ def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sh
     cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp, mbs=mi.mbs,
                          gbs=req.gbs, seq_len=req.seq_len, recompute=mi.recompute,
                          sequence_parallel=mi.sequence_parallel, sharding=sharding,
-                         dtype=req.dtype, schedule=mi.schedule)
+                         dtype=req.dtype, schedule=mi.schedule, ep=lo.ep)
     sub = cluster.take(lo.num_gpus, where="search")
     return homogeneous_plan(req.model, sub, cfg, kernels=_kernels(req, cluster))
 
@@ -377,9 +377,9 @@ def _leaders(ranked: list[Evaluation], *, confirm: int, shapes: int) -> list[Eva
     shape (tp, cp, pp: what `describe.shape_key` compares) until `shapes` shapes are in:
     the list shows different layouts, not one at several micro-batch settings."""
     out: list[Evaluation] = []
-    seen: set[tuple[int, int, int]] = set()
+    seen: set[tuple[int, int, int, int]] = set()
     for i, ev in enumerate(ranked):
-        shape = (ev.layout.tp, ev.layout.cp, ev.layout.pp)
+        shape = (ev.layout.tp, ev.layout.cp, ev.layout.pp, ev.layout.ep)
         if i < confirm or shape not in seen:
             out.append(ev)
             seen.add(shape)

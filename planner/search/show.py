@@ -41,6 +41,7 @@ def _row(r: Ranked, req: SearchRequest) -> dict:
         "gpu_types": {g: gpus.count(g) for g in dict.fromkeys(gpus)},
         "gpus": res.num_gpus, "tp": stage.tp, "pp": len(plan.pipelines[0].stages),
         "dp": plan.dp, "cp": stage.cp, "vp": plan.training.virtual_stages,
+        "ep": plan.training.ep,
         "stages": [[{"gpu": plan.cluster.node_groups[slots[s.devices[0]].group].gpu,
                      "tp": s.tp, "cp": s.cp, "layers": s.num_layers} for s in p.stages]
                    for p in _distinct_pipelines(plan)],
@@ -171,7 +172,7 @@ def _footer(result: SearchResult, req: SearchRequest, flagged: bool) -> list[str
     for n in result.notes:
         lines += wrapped(f"note: {n}")
     lines += wrapped("layout: tp tensor, cp context, pp pipeline, vp interleaved chunks, dp "
-                     "data parallel degrees (+sp: sequence parallel; zb-h1: zero-bubble "
+                     "data parallel, ep expert parallel degrees (+sp: sequence parallel; zb-h1: zero-bubble "
                      "schedule, else 1F1B). free: GiB left at the peak. sharding: ZeRO-1 "
                      "splits optimizer states over the replicas, ZeRO-2 also gradients, "
                      "ZeRO-3 also parameters; 'optim 64': over 64 replicas")

@@ -20,6 +20,7 @@ from planner.specs.rules import (
     batch_problem,
     chunks_problem,
     cp_problem,
+    ep_problem,
     interleaving_problem,
     schedule_problem,
     tp_problem,
@@ -37,6 +38,7 @@ class Layout:
     cp: int
     pp: int
     dp: int
+    ep: int = 1  # MoE: routed experts split over ep of the dp x cp ranks
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class SearchSpace:
     sharding_with_pp: tuple[ShardPattern, ...] | None = None
     tp_with_pp: bool = True  # tp > 1 and pp > 1 in one layout
     uneven_stages: bool = True  # stages (and chunks) of different layer counts
+    ep: tuple[int, ...] = (1,)  # expert-parallel degrees (MoE models)
 
     def sharding_patterns(self, pp: int) -> tuple[ShardPattern, ...]:
         """The sharding patterns a layout of `pp` stages may take."""
@@ -83,7 +86,8 @@ class SearchSpace:
 
     @property
     def size(self) -> int:
-        return (len(self.num_gpus) * len(self.tp) * len(self.cp) * len(self.pp) * len(self.vp)
+        return (len(self.num_gpus) * len(self.tp) * len(self.cp) * len(self.pp) * len(self.ep)
+                * len(self.vp)
                 * len(self.mbs) * len(self.recompute) * len(self.sequence_parallel)
                 * len(self.schedule))
 
@@ -95,13 +99,16 @@ def _powers_of_two(limit: int) -> tuple[int, ...]:
 def default_space(model: ModelSpec, *, num_gpus: tuple[int, ...], gpus_per_node: int,
                   seq_len: int) -> SearchSpace:
     """Tensor parallel inside a node, context parallel for long sequences (chunks of at
-    least 1,024 tokens), any pipeline depth up to the layer count."""
+    least 1,024 tokens), any pipeline depth up to the layer count; for an MoE model,
+    every power-of-two expert-parallel degree that divides the experts."""
     most = max(num_gpus)
     return SearchSpace(
         num_gpus=num_gpus,
         tp=_powers_of_two(gpus_per_node),
         cp=tuple(c for c in _powers_of_two(16) if c == 1 or seq_len // c >= 2048),
         pp=tuple(p for p in range(1, min(model.num_layers, most) + 1) if most % p == 0),
+        ep=tuple(e for e in _powers_of_two(min(model.num_experts, most))
+                 if not model.num_experts % e) if model.is_moe else (1,),
     )
 
 
@@ -120,6 +127,7 @@ def for_framework(space: SearchSpace, caps: FrameworkCapabilities) -> SearchSpac
                          "with tp": (True,)}[caps.sequence_parallel]
     return replace(
         space, tp=degrees("tp", space.tp), cp=degrees("cp", space.cp), pp=degrees("pp", space.pp),
+        ep=degrees("ep", space.ep),
         vp=space.vp if interleaves else within(space.vp, (1,)),
         recompute=within(space.recompute, caps.recompute),
         sequence_parallel=sequence_parallel,
@@ -139,6 +147,10 @@ def tp_fits_heads(model: ModelSpec, tp: int) -> bool:
 
 def cp_fits_sequence(seq_len: int, cp: int) -> bool:
     return cp_problem(seq_len, cp) is None
+
+
+def ep_fits(model: ModelSpec, ep: int, dp: int, cp: int) -> bool:
+    return ep_problem(model, ep, dp=dp, cp=cp) is None
 
 
 def split_fits_gpus(n: int, tp: int, cp: int, pp: int) -> bool:
@@ -172,9 +184,16 @@ def stages_even_where_needed(space: SearchSpace, model: ModelSpec, pp: int, vp: 
     return space.uneven_stages or model.num_layers % (pp * vp) == 0
 
 
-def sequence_parallel_values(space: SearchSpace, layout: Layout) -> tuple[bool, ...]:
-    """Sequence parallelism splits what tensor parallelism splits: off at tp 1."""
-    return space.sequence_parallel if layout.tp > 1 else (False,)
+def sequence_parallel_values(space: SearchSpace, layout: Layout,
+                             model: ModelSpec | None = None) -> tuple[bool, ...]:
+    """Sequence parallelism splits what tensor parallelism splits: off at tp 1. MoE with
+    tp > 1 needs it (Megatron-Core: "When using MoE with expert parallelism and tensor
+    parallelism, sequence parallelism must be enabled")."""
+    if layout.tp == 1:
+        return (False,)
+    if model is not None and model.is_moe:
+        return tuple(sp for sp in space.sequence_parallel if sp)
+    return space.sequence_parallel
 
 
 def missing_for(space: SearchSpace, model: ModelSpec, layout: Layout) -> list[str]:
@@ -197,13 +216,15 @@ def layouts(space: SearchSpace, model: ModelSpec, *, gbs: int, seq_len: int) -> 
         dp = n // (tp * cp * pp)
         if gbs % dp:  # not even one sequence per replica and micro-batch
             continue
-        yield Layout(n, tp, cp, pp, dp)
+        for ep in space.ep:
+            if ep_fits(model, ep, dp, cp):
+                yield Layout(n, tp, cp, pp, dp, ep)
 
 
 def candidates(space: SearchSpace, model: ModelSpec, layout: Layout, *, gbs: int
                ) -> Iterator[Micro]:
     for vp, mbs, rc, sp, schedule in itertools.product(
-            space.vp, space.mbs, space.recompute, sequence_parallel_values(space, layout),
+            space.vp, space.mbs, space.recompute, sequence_parallel_values(space, layout, model),
             space.schedule):
         micro = Micro(vp, mbs, rc, sp, schedule)
         if (batch_divides(gbs, layout.dp, mbs) and pp_fits_layers(model, layout.pp, vp)

@@ -46,7 +46,8 @@ def _breakdown(sim: Simulation) -> Breakdown:
     stream = g.stream(f"p{pi}.s{si}.compute")
     passes = sorted((t for t in range(len(g)) if g.streams[t] == stream
                      and g.kinds[t] in _COMPUTE_KINDS), key=sched.start.__getitem__)
-    totals = dict.fromkeys(("compute", "host", "tp", "cp", "pp", "dp", "bubble", "opt"), 0.0)
+    totals = dict.fromkeys(("compute", "host", "tp", "cp", "ep", "pp", "dp", "bubble", "opt"),
+                           0.0)
     cursor = 0.0
     for t in passes:
         gap = sched.start[t] - cursor
@@ -61,6 +62,7 @@ def _breakdown(sim: Simulation) -> Breakdown:
         totals["host"] += part.host_s
         totals["tp"] += part.tp_s
         totals["cp"] += part.cp_s
+        totals["ep"] += part.ep_s
         totals["dp"] += part.dp_s
         cursor = sched.end[t]
     tail = sched.makespan_s - cursor
@@ -71,7 +73,8 @@ def _breakdown(sim: Simulation) -> Breakdown:
     return Breakdown(compute_s=totals["compute"], host_overhead_s=totals["host"],
                      tp_comm_s=totals["tp"],
                      cp_comm_s=totals["cp"], pp_comm_s=totals["pp"], dp_comm_s=totals["dp"],
-                     bubble_s=totals["bubble"], optimizer_s=totals["opt"])
+                     bubble_s=totals["bubble"], optimizer_s=totals["opt"],
+                     ep_comm_s=totals["ep"])
 
 
 def _stage_summaries(sim: Simulation) -> tuple[StageSummary, ...]:
@@ -119,7 +122,7 @@ def write_trace(sim: Simulation, path: str) -> None:
             args["collective"] = meta.detail
         if meta.part is not None:
             args.update(compute_ms=meta.part.compute_s * 1e3, tp_comm_ms=meta.part.tp_s * 1e3,
-                        cp_comm_ms=meta.part.cp_s * 1e3,
+                        cp_comm_ms=meta.part.cp_s * 1e3, ep_comm_ms=meta.part.ep_s * 1e3,
                         waiting_for_gathers_ms=meta.part.dp_s * 1e3)
         events.append({"ph": "X", "name": g.names[t], "cat": g.kinds[t], "pid": meta.pipeline,
                        "tid": g.streams[t], "ts": sched.start[t] * 1e6,

@@ -24,6 +24,8 @@ from planner.specs.rules import (
     batch_problem,
     chunks_problem,
     cp_problem,
+    ep_problem,
+    etp_problem,
     interleaving_problem,
     require,
     schedule_problem,
@@ -51,6 +53,8 @@ class ParallelConfig:
     sharding: Sharding = Sharding()
     dtype: DType = DType.BF16
     schedule: Schedule = Schedule.ONE_F_ONE_B  # with vp > 1: interleaved 1F1B
+    ep: int = spec_field(default=1, min=1, help="expert-parallel degree (MoE; divides dp x cp)")
+    etp: int | None = spec_field(default=None, min=1, help="expert tensor parallel: 1 or tp")
 
     @property
     def num_gpus(self) -> int:
@@ -85,6 +89,9 @@ def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, 
              f"the cluster's {cluster.num_gpus} GPUs")
     require(at(where, "gbs"), cfg.gbs, batch_problem(cfg.gbs, cfg.mbs, cfg.dp))
     require(at(where, "cp"), cfg.cp, cp_problem(cfg.seq_len, cfg.cp))
+    require(at(where, "etp"), cfg.etp, etp_problem(model, cfg.etp, tp=cfg.tp))
+    require(at(where, "ep"), cfg.ep, ep_problem(model, cfg.ep, dp=cfg.dp, cp=cfg.cp, tp=cfg.tp,
+                                                etp=cfg.etp))
     require(at(where, "schedule"), cfg.schedule, schedule_problem(cfg.schedule, cfg.pp, cfg.vp))
     require(at(where, "vp"), cfg.vp, interleaving_problem(
         cfg.pp, cfg.vp, cfg.schedule,
@@ -132,7 +139,8 @@ def homogeneous_plan(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig
     # Sequence parallelism splits along the tp group; with tp 1 it is a no-op (as in Megatron).
     training = Training(global_batch_size=cfg.gbs, seq_len=cfg.seq_len, dtype=cfg.dtype,
                         sequence_parallel=cfg.sequence_parallel and cfg.tp > 1,
-                        schedule=cfg.schedule.for_chunks(cfg.vp), virtual_stages=cfg.vp)
+                        schedule=cfg.schedule.for_chunks(cfg.vp), virtual_stages=cfg.vp,
+                        ep=cfg.ep, etp=None if cfg.etp == cfg.tp else cfg.etp)
     plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
                 sharding=cfg.sharding, kernels=kernels or Kernels())
     plan.check("plan")

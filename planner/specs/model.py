@@ -49,22 +49,111 @@ class ModelSpec:
     lm_head: bool = spec_field(default=True, help="false: no output projection, the loss "
                                "runs on the final hidden states (Megatron-DeepSpeed's "
                                "GPTNeoModelPipe)")
+    attention_head_dim: int | None = spec_field(
+        default=None, min=1, max=16_384,
+        help="per-head width when num_heads x head_dim != hidden_size (Qwen3); default "
+        "hidden_size / num_heads")
+    # Mixture of experts (Shazeer et al. 2017; Fedus et al. 2022). 0 experts: a dense model.
+    num_experts: int = spec_field(default=0, min=0, max=65_536,
+                                  help="routed experts per MoE layer (0: dense)")
+    experts_per_token: int = spec_field(default=0, min=0, max=65_536,
+                                        help="top-k routed experts each token goes to")
+    expert_ffn_hidden_size: int | None = spec_field(
+        default=None, min=1, max=1_048_576,
+        help="one routed expert's inner size (per gate for swiglu); default ffn_hidden_size")
+    num_shared_experts: int = spec_field(default=0, min=0, max=1024,
+                                         help="experts every token goes through (DeepSeekMoE)")
+    shared_expert_ffn_hidden_size: int | None = spec_field(
+        default=None, min=1, max=1_048_576,
+        help="one shared expert's inner size; default expert_ffn_hidden_size")
+    first_k_dense: int = spec_field(default=0, min=0, max=1024,
+                                    help="leading layers with a dense FFN (DeepSeek-V3: 3)")
+    moe_layer_freq: int = spec_field(
+        default=1, min=1, max=1024,
+        help="after first_k_dense, layer i is MoE when (i - first_k_dense) % freq == 0 "
+        "(Megatron's --moe-layer-freq N; 1: every layer, 2: every other)")
+    router: Literal["softmax", "sigmoid"] = "softmax"
+    capacity_factor: float | None = spec_field(
+        default=None, gt=0, max=64,
+        help="tokens an expert takes, as a multiple of its even share; extra tokens are "
+        "dropped (Megatron --moe-expert-capacity-factor); none: dropless")
+    load_imbalance: float = spec_field(
+        default=1.0, min=1, max=64,
+        help="tokens of the busiest expert / the mean (1: perfectly balanced routing, as "
+        "Megatron's --moe-router-force-load-balancing benchmarks run)")
 
     def check(self, where: str) -> None:
-        if self.hidden_size % self.num_heads:
+        if self.attention_head_dim is None and self.hidden_size % self.num_heads:
             fail(at(where, "num_heads"), self.num_heads,
                  f"must divide hidden_size {self.hidden_size}")
         if self.num_heads % self.kv_heads:
             fail(at(where, "num_kv_heads"), self.num_kv_heads,
                  f"must divide num_heads {self.num_heads}")
+        self._check_moe(where)
 
+    def _check_moe(self, where: str) -> None:
+        moe_only = {"experts_per_token": 0, "num_shared_experts": 0, "first_k_dense": 0,
+                    "moe_layer_freq": 1, "expert_ffn_hidden_size": None,
+                    "shared_expert_ffn_hidden_size": None, "capacity_factor": None,
+                    "load_imbalance": 1.0}
+        if not self.num_experts:
+            for name, default in moe_only.items():
+                if getattr(self, name) != default:
+                    fail(at(where, name), getattr(self, name),
+                         "applies only to MoE models (set num_experts > 0)")
+            return
+        if not 1 <= self.experts_per_token <= self.num_experts:
+            fail(at(where, "experts_per_token"), self.experts_per_token,
+                 f"must be 1..num_experts ({self.num_experts})")
+        if self.first_k_dense >= self.num_layers:
+            fail(at(where, "first_k_dense"), self.first_k_dense,
+                 f"must be below num_layers {self.num_layers} (else no layer is MoE)")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based) has routed experts (Megatron's moe_layer_freq
+        pattern after `first_k_dense` dense layers)."""
+        k = self.first_k_dense
+        return self.is_moe and layer >= k and (layer - k) % self.moe_layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    @property
+    def moe_layer_fraction(self) -> float:
+        """Share of the layers that are MoE. Stages price their layers as the model's
+        average layer (exact when every layer is MoE; DeepSeek-V3's three dense layers
+        are spread over the stages)."""
+        return self.num_moe_layers / self.num_layers
+
+    @property
+    def expert_ffn(self) -> int:
+        """One routed expert's inner size."""
+        return self.expert_ffn_hidden_size or self.ffn_hidden_size
+
+    @property
+    def shared_ffn(self) -> int:
+        """Inner size of all shared experts together (they run as one MLP)."""
+        return self.num_shared_experts * (self.shared_expert_ffn_hidden_size or self.expert_ffn)
+
+    def _mlp_params(self, ffn: int) -> int:
+        return self.hidden_size * ffn * (3 if self.activation == "swiglu" else 2)
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.attention_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of Q (and of the attention output): num_heads x head_dim."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -76,13 +165,30 @@ class ModelSpec:
         """Output width of the first MLP GEMM (gate and up fused for swiglu)."""
         return self.ffn_hidden_size * (2 if self.activation == "swiglu" else 1)
 
-    def params_per_layer(self) -> int:
-        """Weights of one transformer layer (no linear biases; norm weights counted)."""
+    def attention_params(self) -> int:
+        """QKV and output projection of one layer (no linear biases)."""
         h = self.hidden_size
-        attention = h * (h + 2 * self.kv_dim) + h * h
+        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
+
+    def params_per_layer(self) -> int:
+        """Weights of one dense transformer layer (no linear biases; norm weights counted)."""
+        h = self.hidden_size
         mlp = h * self.mlp_in_width + self.ffn_hidden_size * h
         norms = 2 * h * (2 if self.norm == "layernorm" else 1)
-        return attention + mlp + norms
+        return self.attention_params() + mlp + norms
+
+    def expert_params_per_moe_layer(self) -> int:
+        """Routed-expert weights of one MoE layer (what expert parallelism splits)."""
+        return self.num_experts * self._mlp_params(self.expert_ffn)
+
+    def params_per_moe_layer(self, *, active: bool = False) -> int:
+        """Weights of one MoE layer: attention, norms, router, shared experts and the routed
+        experts (only the top-k a token uses when `active`)."""
+        h = self.hidden_size
+        norms = 2 * h * (2 if self.norm == "layernorm" else 1)
+        routed = self.experts_per_token if active else self.num_experts
+        return (self.attention_params() + norms + self.num_experts * h
+                + self._mlp_params(self.shared_ffn) + routed * self._mlp_params(self.expert_ffn))
 
     def embedding_params(self) -> int:
         """Token (and learned position) embedding weights."""
@@ -96,7 +202,17 @@ class ModelSpec:
         return final_norm + (self.vocab_size * self.hidden_size if own else 0)
 
     def num_params(self) -> int:
-        return (self.num_layers * self.params_per_layer() + self.embedding_params()
+        moe = self.num_moe_layers
+        return ((self.num_layers - moe) * self.params_per_layer()
+                + moe * self.params_per_moe_layer() + self.embedding_params()
+                + self.head_params())
+
+    def num_active_params(self) -> int:
+        """Parameters one token uses: routed experts counted top-k times, not num_experts
+        times (how MoE reports state "active" sizes, embeddings included)."""
+        moe = self.num_moe_layers
+        return ((self.num_layers - moe) * self.params_per_layer()
+                + moe * self.params_per_moe_layer(active=True) + self.embedding_params()
                 + self.head_params())
 
 
@@ -108,7 +224,7 @@ def _preset_table() -> dict[str, dict]:
     table = {}
     for name, entry in raw.items():
         entry = dict(entry)
-        family = families[entry.pop("family")]
+        family = families[entry.pop("family")] if "family" in entry else {}
         table[name] = {"name": name, **family, **entry}
     return table
 

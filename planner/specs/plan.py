@@ -20,7 +20,14 @@ from planner.specs.choices import DType, PipelineP2P, Recompute, Schedule
 from planner.specs.cluster import TRAIN_DTYPES, ClusterSpec, check_train_dtype
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec
-from planner.specs.rules import cp_problem, require, sharding_problem, tp_problem
+from planner.specs.rules import (
+    cp_problem,
+    ep_problem,
+    etp_problem,
+    require,
+    sharding_problem,
+    tp_problem,
+)
 from profiler.kernels import Attention, OptimizerKernel
 from profiler.schema import SpecError, at, coerce_choices, dump, fail, load_yaml, parse, spec_field
 
@@ -121,6 +128,9 @@ class Communication:
     shard_unit_params: float | None = spec_field(default=None, gt=0)
     # ZeRO-3 / FSDP: units gathered ahead of the one computing (FSDP2: 1; 0: none)
     shard_prefetch: int = spec_field(default=1, min=0)
+    # MoE token dispatch: NCCL all-to-all (Megatron --moe-token-dispatcher-type alltoall)
+    # or DeepEP (flex + deepep), which sends a token once to each node holding its experts
+    moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
 
     def __post_init__(self) -> None:
         coerce_choices(self)
@@ -156,6 +166,12 @@ class Training:
                                      help="interleaved chunks per stage (vp)")
     optimizer: Literal["adamw"] = "adamw"
     comm: Communication = Communication()
+    ep: int = spec_field(default=1, min=1, max=MAX_GPUS,
+                         help="expert parallel: each MoE layer's routed experts split over "
+                         "ep data/context-parallel ranks (Megatron --expert-model-parallel-size)")
+    etp: int | None = spec_field(default=None, min=1, max=MAX_GPUS,
+                                 help="expert tensor parallel: 1 or tp (default tp; Megatron "
+                                 "--expert-tensor-parallel-size)")
 
     def check(self, where: str) -> None:
         if self.schedule.interleaved != (self.virtual_stages > 1):
@@ -237,6 +253,14 @@ class Plan:
                  f"{schedule.described} needs every pipeline to have at least "
                  f"{schedule.min_stages} stages; allowed with 1 stage: {allowed}")
         dp = len(self.pipelines)
+        ep, etp = self.training.ep, self.training.etp
+        first = self.pipelines[0].stages[0]
+        require(at(where, "training.etp"), etp, etp_problem(self.model, etp, tp=first.tp))
+        require(at(where, "training.ep"), ep, ep_problem(self.model, ep, dp=dp, cp=first.cp,
+                                                         tp=first.tp, etp=etp))
+        if ep > 1 and not self.aligned_stages:
+            fail(at(where, "training.ep"), ep, "expert parallelism needs every pipeline to "
+                 "split the layers at the same boundaries (ep peers hold the same layers)")
         for path, sh in self._shardings(where):
             sh.check(path)
             for name in ("params", "grads", "optim"):
@@ -363,7 +387,8 @@ def describe_layout(plan: Plan) -> str:
     tr, k = plan.training, plan.kernels
     tps = sorted({s.tp for p in plan.pipelines for s in p.stages})
     micro = sorted({(p.micro_batch_size, p.num_microbatches) for p in plan.pipelines})
-    return (f"dp {plan.dp}, pp {len(p0.stages)}, tp {'/'.join(map(str, tps))}, "
+    ep = (f", ep {tr.ep}" if tr.ep > 1 else "") + (f", etp {tr.etp}" if tr.etp else "")
+    return (f"dp {plan.dp}, pp {len(p0.stages)}, tp {'/'.join(map(str, tps))}{ep}, "
             f"layers {'/'.join(str(s.num_layers) for s in p0.stages)}, "
             f"micro-batches {', '.join(f'{m}x{b}' for b, m in micro)} (count x size), "
             f"gbs {tr.global_batch_size}, seq {tr.seq_len}, {tr.dtype}, {tr.schedule}"

@@ -13,7 +13,8 @@ from planner.specs.choices import Schedule
 from planner.specs.model import ModelSpec
 from profiler.schema import fail
 
-__all__ = ["batch_problem", "chunks_problem", "cp_problem", "interleaving_problem",
+__all__ = ["batch_problem", "chunks_problem", "cp_problem", "ep_problem", "etp_problem",
+           "interleaving_problem",
            "require", "schedule_problem", "sharding_problem", "tp_problem"]
 
 
@@ -33,6 +34,42 @@ def tp_problem(model: ModelSpec, tp: int) -> str | None:
         return f"must divide num_kv_heads {model.kv_heads} or be a multiple of it"
     if model.ffn_hidden_size % tp:
         return f"must divide ffn_hidden_size {model.ffn_hidden_size}"
+    if model.is_moe and model.expert_ffn % tp:  # expert tp = tp (Megatron's default)
+        return f"must divide the expert FFN size {model.expert_ffn}"
+    return None
+
+
+def ep_problem(model: ModelSpec, ep: int, *, dp: int, cp: int, tp: int = 1,
+               etp: int | None = None) -> str | None:
+    """Expert parallelism splits each MoE layer's routed experts over ep ranks taken from
+    the data- and context-parallel ranks (Megatron-Core parallel_state.py: ep divides
+    dp x cp; MoE README: experts divisible by ep; DeepSpeed-MoE and torchtitan alike).
+    With expert tp 1 (MoE Parallel Folding, Liu et al. 2025; torchtitan's etp = 1) the
+    ep group also takes the tp ranks: ep divides dp x cp x tp."""
+    if ep == 1:
+        return None
+    if not model.is_moe:
+        return "above 1 only for MoE models (num_experts > 0)"
+    if model.num_experts % ep:
+        return f"must divide num_experts {model.num_experts}"
+    fold = tp // (etp or tp)
+    if (dp * cp * fold) % ep:
+        if fold > 1:
+            return (f"must divide dp x cp x tp / etp = {dp * cp * fold} (the ep group is "
+                    "carved out of them)")
+        return f"must divide dp x cp = {dp * cp} (the ep group is carved out of them)"
+    return None
+
+
+def etp_problem(model: ModelSpec, etp: int | None, *, tp: int) -> str | None:
+    """Expert tensor parallelism is tp or 1 (torchtitan parallel_dims.py: "Currently we
+    only support ETP=TP or ETP=1"; Megatron recommends 1 for fine-grained experts)."""
+    if etp is None or etp == tp:
+        return None
+    if not model.is_moe:
+        return "only for MoE models (num_experts > 0)"
+    if etp != 1:
+        return f"must be 1 or tp ({tp})"
     return None
 
 

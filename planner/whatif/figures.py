@@ -123,6 +123,7 @@ _PARTS = [("compute", "compute_s", "tab:blue"),
           ("kernel-launch waits", "host_overhead_s", "tab:gray"),
           ("tensor-parallel comm.", "tp_comm_s", "tab:orange"),
           ("context-parallel comm.", "cp_comm_s", "tab:brown"),
+          ("expert-parallel all-to-all", "ep_comm_s", "tab:cyan"),
           ("pipeline comm.", "pp_comm_s", "tab:pink"),
           ("data-parallel comm.", "dp_comm_s", "tab:red"),
           ("pipeline bubble", "bubble_s", "tab:olive"), ("optimizer", "optimizer_s", "tab:purple")]

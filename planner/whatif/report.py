@@ -107,6 +107,7 @@ def _percent(share: float) -> str:
 # critical stage), in the report's words
 COSTS = [("exposed tensor-parallel communication", "tp_comm_s"),
          ("exposed context-parallel communication", "cp_comm_s"),
+         ("exposed expert-parallel all-to-all", "ep_comm_s"),
          ("exposed pipeline communication", "pp_comm_s"),
          ("exposed data-parallel communication", "dp_comm_s"),
          ("pipeline bubble", "bubble_s"), ("waiting for kernel launches", "host_overhead_s"),

@@ -85,3 +85,62 @@ def test_model_numbers_are_bounded(tmp_path, field, value, message):
     with pytest.raises(SpecError) as err:
         load_model(str(path))
     assert str(err.value).startswith(f"{path}:{field}") and message in str(err.value)
+
+
+# Published total / active parameters of the MoE presets (sources in models.yaml):
+# Mixtral card 46.7B / 12.9B; NeMo docs 141B / 39B for 8x22B; DeepSeek-V3 report Table 1
+# 671B / 37B; Qwen3 model cards 30.5B / 3.3B and 235B / 22B; OLMoE paper 6.9B / 1.3B.
+# Totals within 1%; active counts within 5% (DeepSeek-V3's MLA is approximated by full
+# heads, +3% on its active count; Qwen3 ignores its QK-norm weights).
+MOE_PUBLISHED = {
+    "mixtral-8x7b": (46.7e9, 12.9e9), "mixtral-8x22b": (141e9, 39e9),
+    "deepseek-v3": (671e9, 37e9), "qwen3-30b-a3b": (30.5e9, 3.3e9),
+    "qwen3-235b-a22b": (235e9, 22e9), "olmoe-1b-7b": (6.9e9, 1.3e9),
+}
+
+
+@pytest.mark.parametrize("name, counts", MOE_PUBLISHED.items())
+def test_moe_parameter_counts_match_published(name, counts):
+    m = preset(name)
+    assert m.is_moe
+    assert m.num_params() == pytest.approx(counts[0], rel=0.01)
+    assert m.num_active_params() == pytest.approx(counts[1], rel=0.05)
+
+
+def test_moe_layer_pattern():
+    v3 = preset("deepseek-v3")
+    assert [v3.is_moe_layer(i) for i in range(5)] == [False, False, False, True, True]
+    assert v3.num_moe_layers == 58
+    every_other = _moe_model(moe_layer_freq=2)
+    assert [every_other.is_moe_layer(i) for i in range(4)] == [True, False, True, False]
+    assert not preset("llama3-8b").is_moe and preset("llama3-8b").num_moe_layers == 0
+
+
+def _moe_model(**fields):
+    from planner.specs.model import ModelSpec
+
+    base = dict(name="m", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_heads=4,
+                vocab_size=100, seq_len=32, num_experts=8, experts_per_token=2)
+    return ModelSpec(**{**base, **fields})
+
+
+def test_dense_model_counts_match_as_before():
+    m = preset("llama3-8b")
+    assert m.num_active_params() == m.num_params()
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("num_experts: 8\nexperts_per_token: 9\n", r"experts_per_token: 9 .*1\.\.num_experts \(8\)"),
+    ("num_experts: 8\nexperts_per_token: 0\n", r"experts_per_token: 0 .*1\.\.num_experts"),
+    ("experts_per_token: 2\n", r"experts_per_token: 2 .*only to MoE models"),
+    ("num_experts: 8\nexperts_per_token: 2\nfirst_k_dense: 2\n", r"first_k_dense: 2 .*below num_layers 2"),
+    ("num_experts: 8\nexperts_per_token: 2\nload_imbalance: 0.5\n", r"load_imbalance"),
+    ("num_experts: 8\nexperts_per_token: 2\ncapacity_factor: 0\n", r"capacity_factor"),
+    ("num_experts: 8\nexperts_per_token: 2\nrouter: hash\n", r"router"),
+])
+def test_moe_fields_are_validated(tmp_path, extra, message):
+    f = tmp_path / "m.yaml"
+    f.write_text("name: m\nnum_layers: 2\nhidden_size: 64\nffn_hidden_size: 256\n"
+                 "num_heads: 4\nvocab_size: 100\nseq_len: 32\n" + extra)
+    with pytest.raises(SpecError, match=message):
+        load_model(str(f))

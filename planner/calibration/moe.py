@@ -1,0 +1,177 @@
+"""Published MoE training throughputs as plans, and the simulator's error against them.
+
+The rows (planner/data/validation/moe_throughput.csv, sources in its README) that can be
+priced as published: an H100 or H800 cluster (GB200 NVL72 racks and B200/B300 are not
+in this check), the layout complete (tp, pp, ep, cp, dp, gbs, seq; a missing micro-batch
+size is searched over 1, 2, 4 as `published.py` does), a stated training dtype (BF16, or
+FP8 with per-tensor scaling = this project's fp8), a model with a preset, and a
+throughput metric. GPU-hours of whole pre-training runs, MFU figures without their
+layout and rows with no dtype are left out.
+
+Each row becomes `homogeneous_plan`s in Megatron's rank order with sequence parallelism
+where tp > 1 (Megatron-Core requires it with MoE), the distributed optimizer (ZeRO-1),
+or FSDP (ZeRO-3) where the source says so (NeMo AutoModel, Megatron-FSDP), an expert tp
+of 1 where the source states it (or where the layout needs it: ep above dp x cp), DeepEP's dispatch where the source names it, balanced
+routing (load_imbalance 1, as the NVIDIA
+benchmarks force it). A row whose recompute is not stated tries none, selective and
+full; the fastest plan that fits is the prediction.
+
+The measured iteration time comes from the row's metric by the source's own FLOP count:
+Megatron-LM's / Megatron-Bridge's MoE model FLOPs (active experts, causal attention at
+half: `source_flops_per_token`); NeMo AutoModel does not state its count and is read
+the same way. DeepSeek-V3's MLA is approximated in the preset (models.yaml), which
+moves its FLOP count by about 4%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Literal
+
+from planner.calibration.published import VALIDATION_DIR, Case, ErrorSummary, summarize
+from planner.costs.workload import model_flops_per_token
+from planner.predict.results import SimResult
+from planner.specs.choices import Recompute
+from planner.specs.cluster import parse_gpus_arg
+from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
+from planner.specs.model import ModelSpec, model_presets
+from planner.specs.plan import Kernels, Plan
+from planner.specs.rules import ep_problem
+from profiler.schema import SpecError
+
+__all__ = ["MOE_CSV", "moe_cases", "scored_rows", "source_flops_per_token"]
+
+MOE_CSV = os.path.join(VALIDATION_DIR, "moe_throughput.csv")
+_GPUS = {"H100": "H100-80GB-SXM", "H800": "H800-80GB-SXM"}
+_DTYPES = {"BF16": "bf16", "FP8": "fp8", "FP8-CS": "fp8"}
+_METRICS = ("tflops_per_gpu", "model_tflops_per_gpu", "tokens_per_s_per_gpu")
+_LAYOUT = ("gpus", "tp", "pp", "ep", "cp", "dp", "gbs", "seq")
+
+
+def source_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Megatron-LM's num_floating_point_operations for MoE models (and Megatron-Bridge's
+    flop_utils): 3 x (forward GEMMs of the active weights and the logits + causal
+    attention at half: 2 x 2 x s/2 x q_dim per layer). `model_flops_per_token` counts
+    the attention in full, so half of its 12 x s x q_dim per layer comes off."""
+    return (model_flops_per_token(model, seq_len)
+            - 6.0 * model.num_layers * seq_len * model.q_dim)
+
+
+def scored_rows(path: str = MOE_CSV) -> list[dict[str, str]]:
+    """The rows this check can price (see the module docstring)."""
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    presets = model_presets()
+    return [r for r in rows
+            if r["gpu"] in _GPUS and r["dtype"] in _DTYPES and r["metric"] in _METRICS
+            and r["model"] in presets and all(r[k] for k in _LAYOUT)]
+
+
+def measured_s(r: dict[str, str], model: ModelSpec) -> float:
+    """The iteration time the row's metric implies."""
+    tokens = int(r["gbs"]) * int(r["seq"])
+    gpus, value = int(r["gpus"]), float(r["value"])
+    if r["metric"] == "tokens_per_s_per_gpu":
+        return tokens / (gpus * value)
+    return source_flops_per_token(model, int(r["seq"])) * tokens / (gpus * value * 1e12)
+
+
+def _recomputes(text: str) -> list[Recompute]:
+    if text.startswith("selective") or text.startswith("select"):
+        return [Recompute.SELECTIVE]
+    if text == "full":
+        return [Recompute.FULL]
+    if text == "none":
+        return [Recompute.NONE]
+    return [Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL]  # not stated
+
+
+def _sharding(r: dict[str, str]) -> str:
+    fsdp = "FSDP=On" in r["note"] or r["framework"].startswith("NeMo AutoModel")
+    return "zero3" if fsdp else "zero1"
+
+
+def _plans(r: dict[str, str], model: ModelSpec) -> tuple[Plan, ...]:
+    tp, dp = int(r["tp"]), int(r["dp"])
+    cluster = parse_gpus_arg(f"{_GPUS[r['gpu']]}:{r['gpus']}")
+    plans = []
+    for mbs in [int(r["mbs"])] if r["mbs"] else [1, 2, 4]:
+        for recompute in _recomputes(r["recompute"]):
+            cfg = ParallelConfig(
+                tp=tp, pp=int(r["pp"]), dp=dp, cp=int(r["cp"]), vp=int(r["vp"] or 1), mbs=mbs,
+                gbs=int(r["gbs"]), seq_len=int(r["seq"]), recompute=recompute,
+                sequence_parallel=tp > 1, sharding=sharding_preset(_sharding(r), dp),
+                dtype=_DTYPES[r["dtype"]],  # type: ignore[arg-type]  # a DType value
+                ep=int(r["ep"]), etp=_etp(r, model))
+            try:
+                check_parallel(cfg, model, cluster)
+                plan = homogeneous_plan(model, cluster, cfg, kernels=Kernels())
+            except SpecError:
+                continue
+            tr = plan.training
+            comm = replace(tr.comm, moe_dispatcher=_dispatcher(r))
+            plans.append(replace(plan, training=replace(tr, comm=comm)))
+    return tuple(plans)
+
+
+def _etp(r: dict[str, str], model: ModelSpec) -> int | None:
+    """The stated expert tp; where the source does not state it, 1 if the layout needs
+    it (ep above dp x cp: only MoE Parallel Folding runs that), else tp (the default)."""
+    if r["etp"]:
+        return int(r["etp"])
+    tp, ep, dp, cp = (int(r[k]) for k in ("tp", "ep", "dp", "cp"))
+    return None if ep_problem(model, ep, dp=dp, cp=cp, tp=tp) is None else 1
+
+
+def _dispatcher(r: dict[str, str]) -> Literal["alltoall", "deepep"]:
+    """DeepEP where the source names it (ModelZoo notes, NeMo AutoModel's TE + DeepEP),
+    else Megatron's NCCL all-to-all."""
+    return "deepep" if "deepep" in (r["note"] + r["framework"]).lower() else "alltoall"
+
+
+def moe_cases(path: str = MOE_CSV) -> list[Case]:
+    """One case per priced row: its candidate plans and the measured iteration time."""
+    presets = model_presets()
+    cases = []
+    for r in scored_rows(path):
+        model = presets[r["model"]]
+        cases.append(Case(r["id"], _plans(r, model), measured_s(r, model)))
+    return cases
+
+
+def score(simulate: Callable[[Plan], SimResult] | None = None) -> ErrorSummary:
+    """The simulator's error on every priced row (`predict_s`: the fastest fitting plan)."""
+    if simulate is None:
+        from planner.predict.estimate import estimate
+
+        simulate = estimate
+    return summarize(moe_cases(), simulate)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m planner.calibration.moe`: one line per row, then the mean error."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--simulate", action="store_true",
+                        help="the event simulation (default: the closed-form estimate)")
+    args = parser.parse_args(argv)
+    simulate = None
+    if args.simulate:
+        from planner.simulator import simulate as simulate_plan
+
+        simulate = simulate_plan
+    s = score(simulate)
+    for case_id, error in s.errors.items():
+        print(f"{case_id:42} {error * 100:+6.1f}%")
+    for case_id in s.failed:
+        print(f"{case_id:42}  no plan fits")
+    print(f"mean |error| {s.mape * 100:.1f}% over {s.count} rows (median {s.median_abs * 100:.1f}%, "
+          f"max {s.max_abs * 100:.1f}%); {len(s.failed)} rows without a fitting plan")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

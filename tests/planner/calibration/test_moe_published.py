@@ -1,0 +1,43 @@
+"""The simulator against published MoE training throughputs (issue 18.5; rows and
+sources: planner/data/validation/moe_throughput.csv and its README)."""
+
+from planner.calibration.moe import moe_cases, score, scored_rows, source_flops_per_token
+from planner.specs.model import preset
+
+
+def test_every_scored_row_names_its_source():
+    rows = scored_rows()
+    assert len(rows) >= 20
+    assert all(r["source"] and r["value"] for r in rows)
+
+
+def test_source_flops_count_causal_attention_at_half():
+    # Megatron-LM num_floating_point_operations: 6 x active weights (logits included,
+    # embeddings not) + 6 x layers x seq x attention width (causal attention at half)
+    m, s = preset("mixtral-8x7b"), 4096
+    norms = (2 * m.num_layers + 1) * m.hidden_size
+    active = m.num_active_params() - m.embedding_params() - norms
+    assert abs(source_flops_per_token(m, s) / (6 * active + 6 * m.num_layers * s * m.q_dim)
+               - 1) < 1e-6
+
+
+def test_moe_rows_mean_error():
+    # Reached (29.8% over 11 rows, median 14.6%), not the 10% target: no overlap of the
+    # all-to-all with compute (zoo-q235-h100-b, +15%, runs "1F1B A2A overlap"; DeepSeek-V3
+    # on NeMo AutoModel, +50% / +76%, fits here only with full recompute), Megatron's
+    # MoE-only recompute ("selective: moe") is not modelled (the long-context rows find no
+    # fitting plan), a tp 4 layout measures a third slower than the model says
+    # (zoo-q235-h100-e, -38%), and two NeMo FP8 Qwen3-30B rows measure half the
+    # throughput of the same layout in another container (-60% / -49%).
+    s = score()
+    assert s.count >= 11, s.failed
+    assert s.mape <= 0.31, s.errors
+    assert abs(s.errors["mb-2511-h100-qwen3-235b-a22b-fp8-cs-256"]) < 0.10  # ep 32, etp 1
+    assert abs(s.errors["zoo-q235-h100-a"]) < 0.10  # cross-node EP 32, DeepEP
+    assert abs(s.errors["zoo-q235-h100-c"]) < 0.10  # intra-node EP 8, Megatron-FSDP
+
+
+def test_cases_carry_their_plans():
+    cases = {c.id: c for c in moe_cases()}
+    mixtral = cases["mcore-mixtral8x7b-468"]
+    assert mixtral.plans and mixtral.plans[0].training.ep == 8

@@ -1,0 +1,166 @@
+"""Mixture-of-experts work, memory and all-to-all (issue 18.2). Each formula's source is
+named beside its test."""
+
+import dataclasses
+
+import pytest
+
+from planner.costs.memory import model_state_bytes, rank_expert_param_count, rank_param_count
+from planner.costs.stages import plan_costs
+from planner.costs.workload import (
+    Comm,
+    Op,
+    WorkloadShape,
+    layer_work,
+    model_flops_per_token,
+)
+from planner.specs.cluster import homogeneous_cluster
+from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan
+from planner.specs.model import preset
+from planner.specs.plan import Sharding
+from profiler.schema import SpecError
+
+MIXTRAL = preset("mixtral-8x7b")
+
+
+def _shape(**fields):
+    return WorkloadShape(**{"micro_batch_size": 1, "seq_len": 4096, **fields})
+
+
+def _expert_flops(model, shape):
+    return sum(op.flops for op in layer_work(model, shape).forward
+               if isinstance(op, Op) and op.name.startswith("moe.expert.fc"))
+
+
+def test_expert_gemm_flops_are_tokens_times_topk():
+    # Fedus et al. 2022 §2.2 / Megatron-Bridge flop_utils: each token runs top-k experts,
+    # an expert MLP is 2 x 3 x h x f FLOPs per token (SwiGLU: fc1 of width 2f, fc2).
+    n, h, f, k = 4096, MIXTRAL.hidden_size, MIXTRAL.expert_ffn, MIXTRAL.experts_per_token
+    expected = 2.0 * n * k * 3 * h * f
+    for ep in (1, 2, 8):  # expert parallelism moves tokens, not work
+        assert _expert_flops(MIXTRAL, _shape(ep=ep)) == pytest.approx(expected, rel=1e-6)
+
+
+def test_load_imbalance_scales_the_busiest_expert_and_capacity_caps_it():
+    # Megatron MoE README: capacity = tokens x top-k x capacity_factor / experts; tokens
+    # beyond it are dropped, so the busiest expert computes at most that many.
+    base = _expert_flops(MIXTRAL, _shape(ep=8))
+    skewed = dataclasses.replace(MIXTRAL, load_imbalance=1.5)
+    capped = dataclasses.replace(MIXTRAL, load_imbalance=1.5, capacity_factor=1.25)
+    assert _expert_flops(skewed, _shape(ep=8)) == pytest.approx(1.5 * base, rel=1e-3)
+    assert _expert_flops(capped, _shape(ep=8)) == pytest.approx(1.25 * base, rel=1e-3)
+
+
+def test_dispatch_and_combine_are_all_to_alls_of_every_routed_copy():
+    # Megatron-Core MoEAlltoAllTokenDispatcher: each rank sends its n x top-k token copies
+    # of h elements (bf16) to the ep group and gets them back, forward and backward.
+    work = layer_work(MIXTRAL, _shape(ep=8))
+    comms = [c for c in (*work.forward, *work.backward) if isinstance(c, Comm) and c.axis == "ep"]
+    assert [c.kind for c in comms] == ["all_to_all"] * 4
+    assert {c.bytes for c in comms} == {4096 * 2 * MIXTRAL.hidden_size * 2}
+    assert not [c for c in layer_work(MIXTRAL, _shape(ep=1)).forward
+                if isinstance(c, Comm) and c.axis == "ep"]
+
+
+def test_dense_models_have_no_moe_ops():
+    names = {op.name for op in layer_work(preset("llama3-8b"), _shape()).forward}
+    assert "mlp.fc1" in names and not any(n.startswith("moe.") for n in names)
+
+
+def test_model_flops_count_active_parameters():
+    # Megatron-Bridge flop_utils (and Narayanan et al. 2021 App.): 6 x the weights a token
+    # uses (routed experts top-k times; embeddings excluded, logits included) plus
+    # 12 x layers x seq x attention width for the scores and context.
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"):
+        m, s = preset(name), 4096
+        norms = (2 * m.num_layers + 1) * m.hidden_size
+        active = m.num_active_params() - m.embedding_params() - norms
+        expected = 6.0 * active + 12.0 * m.num_layers * s * m.q_dim
+        assert model_flops_per_token(m, s) == pytest.approx(expected, rel=1e-6), name
+
+
+def test_expert_states_are_split_by_ep_and_sharded_over_expert_data_parallel():
+    # Megatron-Core parallel_state.py: experts split over ep, their distributed-optimizer
+    # states over the expert-data-parallel group dp x cp / ep.
+    layers, tp = 8, 1
+    dense = rank_param_count(MIXTRAL, num_layers=layers, first=False, last=False, tp=tp, pp=4)
+    split = rank_param_count(MIXTRAL, num_layers=layers, first=False, last=False, tp=tp, pp=4,
+                             ep=8)
+    experts = layers * MIXTRAL.expert_params_per_moe_layer()
+    assert dense - split == pytest.approx(experts * 7 / 8)
+    local = rank_expert_param_count(MIXTRAL, num_layers=layers, etp=tp, ep=8)
+    assert local == pytest.approx(experts / 8)
+    _, _, optim, _ = model_state_bytes(MIXTRAL, params=split, dtype="bf16",
+                                       sharding=Sharding(optim=16), tp=tp, pp=4,
+                                       expert_params=local, ep=8)
+    assert optim == pytest.approx(12 * ((split - local) / 16 + local / 2))
+
+
+def test_activations_of_dispatched_tokens_are_kept():
+    # the permuted tokens, expert activations and outputs scale with top-k
+    one = dataclasses.replace(MIXTRAL, experts_per_token=1)
+    two = layer_work(MIXTRAL, _shape(ep=8)).activation_bytes
+    assert two > layer_work(one, _shape(ep=8)).activation_bytes * 1.3
+
+
+def _mixtral_plan(gpus, *, tp=1, ep, dp, pp=1):
+    cluster = homogeneous_cluster("H100-80GB-SXM", gpus)
+    cfg = ParallelConfig(tp=tp, pp=pp, dp=dp, mbs=1, gbs=dp * 4, seq_len=4096,
+                         sharding=Sharding(optim=dp), ep=ep)
+    check_parallel(cfg, MIXTRAL, cluster)
+    return homogeneous_plan(MIXTRAL, cluster, cfg)
+
+
+def _ep_s(plan):
+    return plan_costs(plan).costs[0][0].layer_forward.ep_s
+
+
+def test_all_to_all_crosses_the_links_of_its_group():
+    # NCCL alltoall: (n-1)/n of the buffer leaves each rank (nccl-tests PERFORMANCE.md bus
+    # bandwidth factor), over NVLink inside a node and the rank's NIC across nodes.
+    # Megatron order tp-cp-ep-dp: with tp 1 the ep group is 2 neighbours in one node;
+    # with tp 8 it is GPU 0 and GPU 8, in two nodes. Same bytes (no sequence parallel).
+    nvlink = _ep_s(_mixtral_plan(16, ep=2, dp=16))
+    network = _ep_s(_mixtral_plan(16, tp=8, ep=2, dp=2))
+    assert 0 < nvlink < network / 3
+    # ep 8 inside the node sends 7/8 of the copies off the rank, ep 2 sends 1/2
+    assert _ep_s(_mixtral_plan(16, ep=8, dp=16)) > nvlink
+    # ep groups of the stages of a pipeline alike: pp does not change them
+    assert _ep_s(_mixtral_plan(64, ep=8, dp=16, pp=4)) == pytest.approx(
+        _ep_s(_mixtral_plan(16, ep=8, dp=16)), rel=1e-6)
+
+
+@pytest.mark.parametrize("ep, dp, message", [
+    (3, 6, r"--ep: 3 .*must divide num_experts 8"),
+    (8, 4, r"--ep: 8 .*must divide dp x cp = 4"),
+])
+def test_ep_rules(ep, dp, message):
+    cluster = homogeneous_cluster("H100-80GB-SXM", dp)
+    cfg = ParallelConfig(tp=1, pp=1, dp=dp, mbs=1, gbs=dp, seq_len=4096, ep=ep)
+    with pytest.raises(SpecError, match=message):
+        check_parallel(cfg, MIXTRAL, cluster)
+
+
+def test_ep_needs_an_moe_model():
+    cluster = homogeneous_cluster("H100-80GB-SXM", 8)
+    cfg = ParallelConfig(tp=1, pp=1, dp=8, mbs=1, gbs=8, seq_len=4096, ep=2)
+    with pytest.raises(SpecError, match=r"--ep: 2 .*only for MoE models"):
+        check_parallel(cfg, preset("llama3-8b"), cluster)
+
+
+def test_deepep_sends_a_token_once_per_node_holding_its_experts():
+    # DeepEP README / DeepSeek-V3 report §3.2.2: with 256 experts over 8 nodes and top-8,
+    # a token crosses the network to 7 x (1 - C(224, 8) / C(256, 8)) = 4.6 of the other
+    # nodes once each, where an all-to-all sends its 8 x 7/8 = 7 remote copies
+    from planner.costs.comm import collective_time_s, dispatch_time_s, group_tiers
+
+    cluster = homogeneous_cluster("H800-80GB-SXM", 64)
+    tiers = group_tiers(cluster, tuple(range(64)))
+    size = 4096 * 8 * 7168 * 2
+    plain = collective_time_s("all_to_all", size, tiers)
+    deepep = dispatch_time_s(size, tiers, top_k=8, experts=256)
+    assert deepep < plain
+    import math
+
+    reached = 7 * (1 - math.comb(224, 8) / math.comb(256, 8))
+    assert deepep / plain == pytest.approx(reached / 7, rel=0.05)

@@ -1,0 +1,87 @@
+"""Issue 18's checks, end to end through `plan`: MoE plans with expert parallelism on the
+command line, in the search (per framework) and in the exports."""
+
+import json
+
+from planner.export.formats import export_plan, megatron_args
+from planner.export.frameworks import CAPABILITIES
+from planner.search.space import default_space, for_framework, layouts
+from planner.specs.cluster import homogeneous_cluster
+from planner.specs.layout import ParallelConfig, homogeneous_plan
+from planner.specs.model import preset
+from tests.planner.cli_helpers import run_cli
+
+MIXTRAL_64 = ["--model", "mixtral-8x7b", "--gpus", "H100-80GB-SXM:64"]
+
+
+def test_simulate_shows_the_all_to_all(capsys):
+    code, out, _ = run_cli(["simulate", *MIXTRAL_64, "--tp", "1", "--pp", "4", "--dp", "16",
+                            "--ep", "8", "--mbs", "1", "--gbs", "256", "--json"], capsys)
+    result = json.loads(out)
+    assert code == 0 and result["breakdown"]["ep_comm_s"] > 0
+    code, out, _ = run_cli(["simulate", *MIXTRAL_64, "--tp", "1", "--pp", "4", "--dp", "16",
+                            "--ep", "8", "--mbs", "1", "--gbs", "256"], capsys)
+    assert code == 0 and "ep 8" in out and "ep all-to-all" in out
+
+
+def test_simulate_refuses_an_ep_that_does_not_divide_the_experts(capsys):
+    code, _, err = run_cli(["simulate", *MIXTRAL_64, "--tp", "1", "--pp", "4", "--dp", "16",
+                            "--ep", "16", "--mbs", "1", "--gbs", "256"], capsys)
+    assert code != 0 and "--ep: 16" in err and "num_experts 8" in err
+
+
+def test_megatron_search_space_has_ep_and_trainplan_keeps_it_at_one():
+    model = preset("mixtral-8x7b")
+    space = default_space(model, num_gpus=(64,), gpus_per_node=8, seq_len=4096)
+    assert space.ep == (1, 2, 4, 8)
+    mega = for_framework(space, CAPABILITIES["megatron"])
+    ours = for_framework(space, CAPABILITIES["trainplan"])
+    assert mega.ep == (1, 2, 4, 8) and ours.ep == (1,)
+    eps = {lo.ep for lo in layouts(mega, model, gbs=256, seq_len=4096)}
+    assert eps == {1, 2, 4, 8}
+    dense = default_space(preset("llama3-8b"), num_gpus=(64,), gpus_per_node=8, seq_len=4096)
+    assert dense.ep == (1,)
+
+
+def test_search_mixtral_on_64_h100_with_megatron_picks_ep(capsys):
+    code, out, _ = run_cli(["search", *MIXTRAL_64, "--gbs", "256", "--framework", "megatron",
+                            "--top", "3", "--json"], capsys)
+    result = json.loads(out)
+    assert code == 0
+    assert result["plans"][0]["ep"] > 1, result["plans"][0]
+
+
+def test_megatron_export_carries_the_moe_flags():
+    model = preset("deepseek-v3")
+    cluster = homogeneous_cluster("H800-80GB-SXM", 1024)
+    cfg = ParallelConfig(tp=1, pp=16, dp=64, mbs=1, gbs=1024, seq_len=4096, ep=64)
+    args = megatron_args(homogeneous_plan(model, cluster, cfg))
+    for flag in ("--num-experts 256", "--moe-router-topk 8", "--moe-ffn-hidden-size 2048",
+                 "--expert-model-parallel-size 64", "--moe-shared-expert-intermediate-size 2048",
+                 "--moe-layer-freq ([0]*3+[1]*58)", "--moe-router-score-function sigmoid",
+                 "--moe-token-dispatcher-type alltoall"):
+        assert flag in args, flag
+    titan = export_plan(homogeneous_plan(model, cluster, cfg), "torchtitan")
+    assert "expert_parallel_degree = 64" in titan.text
+
+
+def test_deepep_dispatch_is_cheaper_across_nodes(capsys):
+    argv = ["simulate", "--model", "qwen3-30b-a3b", "--gpus", "H100-80GB-SXM:16", "--tp", "1",
+            "--pp", "1", "--dp", "16", "--ep", "16", "--mbs", "1", "--gbs", "16",
+            "--method", "estimate", "--json"]
+    code, out, _ = run_cli(argv, capsys)
+    nccl = json.loads(out)["breakdown"]["ep_comm_s"]
+    code2, out, _ = run_cli([*argv, "--moe-dispatcher", "deepep"], capsys)
+    deepep = json.loads(out)["breakdown"]["ep_comm_s"]
+    assert code == code2 == 0 and 0 < deepep < nccl
+
+
+def test_plan_words_say_how_the_experts_are_split():
+    from planner.describe import plan_words
+
+    model = preset("qwen3-235b-a22b")
+    cluster = homogeneous_cluster("H100-80GB-SXM", 256)
+    cfg = ParallelConfig(tp=2, pp=8, dp=16, mbs=1, gbs=2048, seq_len=4096,
+                         sequence_parallel=True, ep=32, etp=1)
+    words = plan_words(homogeneous_plan(model, cluster, cfg))
+    assert "experts split over 32 ranks (expert parallel, expert tp 1)" in words
