@@ -143,6 +143,7 @@ def _profile_summary(path: str, work: str) -> dict:
     from planner.costs.compute import ComputeCosts
     from planner.costs.workload import Op
     from planner.profiling.cases import op_dtype
+    from profiler.devices import device
     from profiler.store import load_profile
 
     profile = load_profile(path)
@@ -152,7 +153,7 @@ def _profile_summary(path: str, work: str) -> dict:
         dtype = op_dtype(meta.dtype, r.name)  # fp8 profiles: FP8 GEMMs, bf16 elsewhere
         op = Op(name=r.name, kind=r.kind, flops=r.flops, bytes=r.bytes, shape=r.shape,
                 kernels=r.kernels, variant=r.variant)
-        analytic = ComputeCosts(meta.device, dtype).time_s(op)
+        analytic = ComputeCosts(device(meta.device), dtype).time_s(op)
         errors.setdefault(r.kind, []).append(abs(analytic / r.time_s - 1))
         if r.kind in DETAIL_KINDS:
             rows.append({"kind": r.kind, "name": r.name, "variant": r.variant,

@@ -10,7 +10,7 @@ with its rows in the model's order, not regrouped as tensor parallelism holds th
 * `state.<name>.step`: AdamW's step count;
 
 the keys of torch.distributed.checkpoint.state_dict's flattened model and optimizer state
-dicts. A rank contributes the boxes (offsets and sizes in the whole tensor) it holds: an
+dicts; in fp16 also `loss_scaler` (executor/runtime.py), optional on resume. A rank contributes the boxes (offsets and sizes in the whole tensor) it holds: an
 AMSP optimizer shard is a flat range of a bucket (executor/data_parallel.py), cut into
 boxes per parameter and mapped through the parameter's tensor-parallel placement; an FSDP2
 shard is one box. DCP records every box in its metadata; loading asks for the boxes of the
@@ -116,13 +116,15 @@ def tp_segments(blocks: list[int], *, tp: int, rank: int) -> tuple[tuple[int, in
 class Piece:
     """One box of a whole-model tensor that this rank holds: `tensor` (a view of the
     rank's state, of the box's sizes) is the part at `offsets` of the tensor `key` of
-    `shape`."""
+    `shape`. An `optional` one (fp16's loss scaler) keeps its value when a checkpoint
+    (of another dtype) lacks it."""
 
     key: str
     shape: tuple[int, ...]
     offsets: tuple[int, ...]
     tensor: torch.Tensor = field(repr=False)
     write: bool = True
+    optional: bool = False
 
 
 def _boxes(shape: tuple[int, ...], lo: int, hi: int) -> list[tuple[tuple[int, ...],
@@ -199,6 +201,8 @@ def check_pieces(pieces: list[Piece], metadata: Metadata) -> str | None:
     tensor, another shape, or elements the checkpoint does not hold; None if nothing."""
     for p in pieces:
         md = metadata.state_dict_metadata.get(p.key)
+        if md is None and p.optional:
+            continue
         if not isinstance(md, TensorStorageMetadata):
             return f"it holds no tensor {p.key}"
         if tuple(md.size) != p.shape:
@@ -263,12 +267,14 @@ class LoadPieces(LoadPlanner):
     (`create_read_items_for_chunk_list`) of each box, straight into its tensor."""
 
     def __init__(self, pieces: list[Piece]) -> None:
-        self._boxes = _by_box(pieces)
+        self._pieces = pieces
 
     def set_up_planner(self, state_dict: dict, metadata: Metadata | None = None,
                        is_coordinator: bool = False) -> None:
         assert metadata is not None
         self.metadata = metadata
+        self._boxes = _by_box([p for p in self._pieces
+                               if not p.optional or p.key in metadata.state_dict_metadata])
 
     def create_local_plan(self) -> LoadPlan:
         items: list[ReadItem] = []

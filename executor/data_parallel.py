@@ -15,7 +15,9 @@ run does what the simulator prices:
 * `reduce_grads()` once per iteration: reduce-scatter over the members holding the same
   gradient shard, all-reduce over blocks of os replicas;
 * `step()`: AdamW on the optimizer shard (fp32 master weights), then the members whose
-  shards make up a parameter shard all-gather them.
+  shards make up a parameter shard all-gather them; in fp16 the trainer first unscales
+  `grads()` and, after an overflow on any rank, calls `skip_step()` instead
+  (executor/precision.py).
 
 Gradients are summed, not averaged: the caller weights each micro-batch's loss by its
 share of the global batch, which is what makes replicas with unequal micro-batch counts
@@ -54,7 +56,10 @@ class ModelState(Protocol):
     def add_grads(self, *, ghost: bool = False) -> None: ...
     def tied_grads(self) -> list[torch.Tensor]: ...
     def reduce_grads(self) -> None: ...  # once per iteration
+    # the fp32 gradients `step` applies, once reduced (fp16 unscales and checks them)
+    def grads(self) -> list[torch.Tensor]: ...
     def step(self) -> None: ...
+    def skip_step(self) -> None: ...  # drop the iteration's gradients (an fp16 overflow)
     # this rank's model state in the layout-independent form (executor/checkpoint_layout.py)
     def checkpoint_pieces(self) -> list[Piece]: ...
     def loaded(self) -> None: ...  # after a checkpoint was read into those pieces
@@ -190,10 +195,20 @@ class ShardedState:
             dist.all_reduce(out, group=self._group(lay.replica_group))
 
     # ---- optimizer ----------------------------------------------------------------
+    def grads(self) -> list[torch.Tensor]:
+        """The reduced gradients of the optimizer shard (fp32)."""
+        assert self.master.grad is not None
+        return [self.master.grad]
+
     def step(self) -> None:
         """AdamW on the optimizer shard, then rebuild this rank's parameter shard."""
         self.optimizer.step()
         self._publish()
+        self.skip_step()
+
+    def skip_step(self) -> None:
+        """Zero the gradient buffers for the next iteration (without a step: an fp16
+        overflow somewhere; every rank skips alike, so no collective is left waiting)."""
         self.grad.zero_()
         assert self.master.grad is not None
         self.master.grad.zero_()

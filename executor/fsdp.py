@@ -13,6 +13,12 @@ micro-batch losses carry their share of the global batch.
 `FsdpState` offers the interface of `ShardedState` that the pipeline runner and trainer
 use (executor/pipeline.py, executor/runtime.py).
 
+Mixed precision: the sharded parameters stay fp32 (the master weights), each unit gathers
+and computes in the plan's dtype and reduces gradients in fp32 (`MixedPrecisionPolicy`).
+In fp16 the gradients arrive scaled by the loss scale; the trainer unscales this rank's
+fp32 shards of them (`grads`) and skips the step on an overflow anywhere
+(executor/precision.py), as torch's ShardedGradScaler does for FSDP1.
+
 A backward split into B and W (zero-bubble schedules, executor/split_backward.py) leaves the
 gradients outside FSDP's backward hooks, which fire in B: there the hooks only free the
 gathered parameters, and after each W its gradients are reduced by FSDP's own post-backward
@@ -132,8 +138,15 @@ class FsdpState:
     def reduce_grads(self) -> None:
         self._backwards = 0  # FSDP reduced them in the backward passes
 
+    def grads(self) -> list[torch.Tensor]:
+        """This rank's shards of the reduced gradients (fp32, as the sharded parameters)."""
+        return [local_tensor(p.grad) for p in self.module.parameters() if p.grad is not None]
+
     def step(self) -> None:
         self.optimizer.step()
+        self.skip_step()
+
+    def skip_step(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
     # ---- checkpoint and accounting ------------------------------------------------

@@ -181,6 +181,19 @@ class MixedTpState(ShardedState):
         assert self.master.grad is not None
         self._keep_slices(full, self.master.grad)
 
+    def grads(self) -> list[torch.Tensor]:
+        if self.optim == 1:
+            return super().grads()
+        assert self._sub_grad is not None
+        return [self._sub_grad]
+
+    def skip_step(self) -> None:
+        if self.optim == 1:
+            super().skip_step()
+            return
+        self._sub_grad = None
+        self.grad.zero_()
+
     def step(self) -> None:
         """ZeRO-1: AdamW on this rank's sub-pieces, then every rank's slices of the
         whole updated parameters (`_publish`)."""

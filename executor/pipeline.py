@@ -12,6 +12,10 @@ gradient) between an ordered pair of ranks has a process group of its own: on NC
 send blocks its communicator's stream until received, and flows sharing one would block
 each other (Megatron-LM batches its sends and receives for the same reason).
 
+In fp16 the last chunk's backward starts from the loss times the loss scale
+(executor/precision.py), so the gradients that cross stage boundaries are scaled too, as
+in Megatron-LM.
+
 Replicas with unequal micro-batch counts: when sharded parameters or gradients need a
 collective in every pass (p > 1 or g > 1), a replica with fewer micro-batches runs the
 missing ones as "ghosts" that take part in those collectives only, so the data-parallel
@@ -171,6 +175,9 @@ class StageRunner:
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor,
                                                 list[torch.Tensor]]] = {}
         self.deferred: dict[tuple[int, int], WeightGrads] = {}  # B done, W to come
+        # fp16's loss scale (executor/precision.py): the last chunk's backward starts from
+        # the loss times it; the trainer sets it before each iteration
+        self.loss_scale = 1.0
 
     def _tag(self, boundary: int, j: int) -> int:
         """Messages across the boundary after model chunk `boundary`, micro-batch j."""
@@ -231,7 +238,7 @@ class StageRunner:
             if chunk.last:
                 with self._loss_context():
                     loss = chunk.module(x, targets) * self.data.weight
-                out = loss
+                    out = loss * self.loss_scale if self.loss_scale != 1.0 else loss
             else:
                 out = chunk.module(x)
         if not chunk.last:

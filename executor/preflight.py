@@ -128,9 +128,10 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
     if m.position_embedding == "alibi":
         fail(at(where, "model.position_embedding"), "alibi",
              "the executor model has learned and rope positions")
-    if tr.dtype == "fp16":
-        fail(at(where, "training.dtype"), "fp16", "the executor trains in fp32 or bf16 "
-             "(fp16 needs loss scaling)")
+    if tr.dtype == "fp8":
+        fail(at(where, "training.dtype"), "fp8", "the executor has no FP8 GEMMs; use bf16 "
+             "(fp16 where a GPU lacks bf16), or export an fp8 plan to Megatron-Core "
+             "(plan search --framework megatron)")
     slots, groups = plan.cluster.slots, plan.cluster.node_groups
     for pi, pipe in enumerate(plan.pipelines):
         for si, stage in enumerate(pipe.stages):

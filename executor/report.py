@@ -7,7 +7,7 @@ planner's prediction (the simulator's SimResult, or the plan's `predicted`).
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from executor.topology import Topology
 from planner.predict.results import SimResult
@@ -47,6 +47,9 @@ class RunReport:
     prediction_source: str
     memory_kind: str
     ranks: list[RankMemory]
+    # fp16 (dynamic loss scaling): the scale of each step run, the steps skipped on overflow
+    loss_scales: list[float] | None = None
+    skipped_steps: list[int] = field(default_factory=list)
 
     @property
     def iteration_error(self) -> float | None:
@@ -100,7 +103,8 @@ def make_report(plan: Plan, metrics: dict, *, prediction: SimResult | None, sour
         measured_iteration_s=measured, measured_iteration_range_s=(min(steady), max(steady)),
         predicted_iteration_s=predicted_s, measured_tokens_per_s=tokens / measured,
         predicted_tokens_per_s=tokens / predicted_s if predicted_s else None,
-        prediction_source=source, memory_kind=metrics["memory_kind"], ranks=ranks)
+        prediction_source=source, memory_kind=metrics["memory_kind"], ranks=ranks,
+        loss_scales=metrics.get("loss_scales"), skipped_steps=metrics.get("skipped_steps", []))
 
 
 def _mib(value: int | None) -> str:
@@ -132,4 +136,9 @@ def to_markdown(r: RunReport) -> str:
               f"{_mib(m.peak_bytes)} | {_mib(m.predicted_model_state_bytes)} | "
               f"{_mib(m.model_state_bytes)} |" for m in r.ranks]
     lines += ["", "Loss per step: " + ", ".join(f"{x:.4f}" for x in r.losses), ""]
+    if r.loss_scales:
+        skipped = ", ".join(map(str, r.skipped_steps)) or "none"
+        lines += [f"fp16 loss scale: {r.loss_scales[0]:g} at step {r.first_step + 1}, "
+                  f"{r.loss_scales[-1]:g} at step {r.first_step + len(r.loss_scales)}; "
+                  f"steps skipped on an overflow: {skipped}.", ""]
     return "\n".join(lines)

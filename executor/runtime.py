@@ -10,10 +10,13 @@
    bucket (or unit) of its own; at a stage position where the replicas' tp differs,
    whole-gradient sums (executor/mixed_tp.py);
 3. per step: the stage's passes in the plan's schedule (executor/pipeline.py), the tied
-   embedding's gradients summed between first and last stage, gradient reduction and the
-   optimizer step per bucket; checkpoints every N steps (executor/checkpoint.py);
+   embedding's gradients summed between first and last stage, gradient reduction of every
+   bucket, then (fp16) the gradients unscaled and checked for an overflow on any rank
+   (executor/precision.py), and the optimizer step of every bucket, or on an overflow none;
+   checkpoints every N steps (executor/checkpoint.py);
 4. the measurements: loss per step, the slowest rank's time per step, peak memory and
-   model-state bytes per rank, written by rank 0 to `<run dir>/metrics.json`.
+   model-state bytes per rank, in fp16 the loss scale per step and the skipped steps,
+   written by rank 0 to `<run dir>/metrics.json`.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import signal
 import sys
 import time
 import zlib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -41,12 +44,21 @@ from executor.groups import ProcessGroups, create_groups, shard_layout
 from executor.mixed_tp import MixedTpState
 from executor.model import GPT
 from executor.pipeline import Chunk, Links, MicroBatches, StageRunner, splits_backward
+from executor.precision import (
+    DTYPES,
+    LossScaler,
+    found_inf_anywhere,
+    set_matmul_precision,
+    unscale_grads,
+)
 from executor.topology import Topology, sample_ranges
-from executor.train import DTYPES, LEARNING_RATE, adamw, sample_batch
+from executor.train import LEARNING_RATE, adamw, sample_batch
 from executor.watchdog import Watchdog
 from planner.specs.plan import Plan
 
-__all__ = ["RunSettings", "run_rank"]
+__all__ = ["LOSS_SCALER", "RunSettings", "run_rank"]
+
+LOSS_SCALER = "loss_scaler"  # its checkpoint key: [scale, growth tracker, hysteresis tracker]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +71,9 @@ class RunSettings:
     checkpoint_every: int = 0  # steps; 0: never
     resume: bool = False
     hang_timeout_s: float = 30.0
-    fault: str | None = None  # "RANK:STEP:kill|hang|freeze|error", for failure tests
+    # "RANK:STEP:kill|hang|freeze|error|overflow", for failure tests (overflow: an inf in
+    # that rank's gradients at that step)
+    fault: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,9 @@ class Metrics:
     model_state_bytes: list[dict[str, int]]  # per rank: params, grads, optimizer
     memory_kind: str  # what peak memory measures
     resume: str | None = None  # what a resume took (and skipped), as the run said it
+    # fp16: the loss scale of each step run, and the steps (1-based) skipped on overflow
+    loss_scales: list[float] | None = None
+    skipped_steps: list[int] = field(default_factory=list)
 
 
 def _device(plan: Plan, topo: Topology, rank: int) -> tuple[torch.device, str]:
@@ -79,7 +96,9 @@ def _device(plan: Plan, topo: Topology, rank: int) -> tuple[torch.device, str]:
         return torch.device("cpu"), "gloo"
     local = topo.roles[rank].local_device
     torch.cuda.set_device(local)
-    return torch.device("cuda", local), "nccl"
+    device = torch.device("cuda", local)
+    set_matmul_precision(plan.training.dtype, device)  # tf32: TF32 matmuls
+    return device, "nccl"
 
 
 def _buckets(module: GPT, topo: Topology) -> tuple[list, list]:
@@ -218,18 +237,25 @@ class Trainer:
             activation_shape=_activation_shape(plan, pipe.micro_batch_size, stage.tp),
             dtype=DTYPES[plan.training.dtype], device=device, tensor_parallel=stage.tp > 1,
             progress=watchdog.progress)
+        self.device = device
+        self.scaler = LossScaler() if plan.training.dtype == "fp16" else None
+        self.loss_scales: list[float] = []  # fp16: the scale of each step run
+        self.skipped: list[int] = []  # fp16: steps (1-based) skipped on an overflow
+        self._scaler_state = torch.zeros(3, dtype=torch.float64)  # its checkpoint form
 
     @property
     def states(self) -> list[ModelState]:
         return [s for c in self.chunks for s in c.states]
 
-    def iteration(self, step: int) -> float:
-        """One training step; returns this rank's share of the global loss."""
+    def iteration(self, step: int, *, overflow: bool = False) -> float:
+        """One training step; returns this rank's share of the global loss. `overflow`
+        (a test hook): an inf in this rank's gradients, as an fp16 overflow makes."""
         role = self.topo.roles[self.rank]
         # Dropout from (seed, step, stage): a resumed run draws the same masks, and the
         # tp ranks of a stage the same ones for their replicated activations.
         torch.manual_seed(zlib.crc32(f"{self.seed}:{step}:{role.pipeline}:{role.stage}"
                                      .encode()))
+        self.runner.loss_scale = self.scaler.scale if self.scaler is not None else 1.0
         loss = self.runner.run(step)
         if self.tied_group is not None:  # Megatron-LM's embedding all-reduce
             for s in self.states:
@@ -237,17 +263,48 @@ class Trainer:
                     dist.all_reduce(grad, group=self.tied_group)
         for s in self.states:
             s.reduce_grads()
-            s.step()
+        if overflow:
+            self.states[0].grads()[0].view(-1)[0] = float("inf")
+        if self._steps(step):
+            for s in self.states:
+                s.step()
+        else:
+            for s in self.states:
+                s.skip_step()
         computes_loss = self.chunks[-1].last and role.tp_rank == 0
         return loss if computes_loss else 0.0
 
+    def _steps(self, step: int) -> bool:
+        """fp16: unscale the reduced gradients and decide, with every rank of the job,
+        whether to step (no rank found an inf or NaN); update the loss scale. There is no
+        gradient clipping to do in between. Other dtypes always step."""
+        if self.scaler is None:
+            return True
+        scale = self.scaler.scale
+        local = unscale_grads((g for s in self.states for g in s.grads()), scale)
+        found = found_inf_anywhere(local, self.device)
+        self.scaler.update(found)
+        self.loss_scales.append(scale)
+        if found:
+            self.skipped.append(step + 1)
+        return not found
+
     def checkpoint_pieces(self) -> list[Piece]:
-        """This rank's model state in a checkpoint's layout-independent form."""
-        return [p for s in self.states for p in s.checkpoint_pieces()]
+        """This rank's model state in a checkpoint's layout-independent form; in fp16 the
+        loss scaler's state too (written by rank 0, every rank reads it; optional, so that
+        a checkpoint of another dtype resumes with a fresh scaler)."""
+        pieces = [p for s in self.states for p in s.checkpoint_pieces()]
+        if self.scaler is not None:
+            self._scaler_state.copy_(torch.tensor(self.scaler.state(), dtype=torch.float64))
+            pieces.append(Piece(LOSS_SCALER, (3,), (0,), self._scaler_state,
+                                write=self.rank == 0, optional=True))
+        return pieces
 
     def loaded(self) -> None:
         for s in self.states:
             s.loaded()
+        if self.scaler is not None:
+            self.scaler.load(self._scaler_state.tolist())
 
     def state_bytes(self) -> dict[str, int]:
         total: dict[str, int] = {}
@@ -290,16 +347,19 @@ def _links(plan: Plan, topo: Topology, rank: int, groups: ProcessGroups) -> Link
                  groups=groups.links, rank=rank)
 
 
-def _inject_fault(settings: RunSettings, rank: int, step: int) -> None:
+def _inject_fault(settings: RunSettings, rank: int, step: int) -> bool:
     """Failure tests: this rank dies, hangs, freezes (SIGSTOP: no heartbeat either) or
-    raises at the start of `step` (1-based)."""
+    raises at the start of `step` (1-based); True for `overflow` (its gradients get an
+    inf in that step)."""
     if not settings.fault:
-        return
+        return False
     who, when, kind = settings.fault.split(":")
     if int(who) != rank or int(when) != step:
-        return
+        return False
     with open(os.path.join(settings.run_dir, "fault.txt"), "w", encoding="utf-8") as fh:
         fh.write(f"{time.time():.3f} rank {rank} {kind} at step {step}\n")
+    if kind == "overflow":
+        return True
     if kind in ("kill", "freeze"):
         os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
     if kind == "hang":
@@ -334,9 +394,9 @@ def _train(trainer: Trainer, settings: RunSettings, watchdog: Watchdog, *, start
            rank: int, device: torch.device, plan: Plan) -> tuple[list[float], list[float]]:
     losses, times = [], []
     for step in range(start, settings.steps):
-        _inject_fault(settings, rank, step + 1)
+        overflow = _inject_fault(settings, rank, step + 1)
         t0 = time.perf_counter()
-        losses.append(trainer.iteration(step))
+        losses.append(trainer.iteration(step, overflow=overflow))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
@@ -357,12 +417,18 @@ def _metrics(trainer: Trainer, device: torch.device, start: int, losses: list[fl
     dist.all_reduce(loss_t)  # each replica's last stage holds its weighted share
     dist.all_reduce(time_t, op=dist.ReduceOp.MAX)
     peak, kind = _peak_memory_bytes(device)
-    mine = {"peak": peak, **trainer.state_bytes()}
+    scaling = (trainer.loss_scales, trainer.skipped) if trainer.scaler is not None else None
+    mine = {"peak": peak, "scaling": scaling, **trainer.state_bytes()}
     everyone: list[dict] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(everyone, mine)
+    scalings = [e.pop("scaling") for e in everyone]
+    if any(s != scaling for s in scalings):  # the found-inf all-reduce makes them agree
+        raise RuntimeError(f"the ranks' loss scales and skipped steps differ: {scalings}")
     return Metrics(first_step=start, losses=loss_t.tolist(), step_times_s=time_t.tolist(),
                    peak_memory_bytes=[e.pop("peak") for e in everyone],
-                   model_state_bytes=everyone, memory_kind=kind, resume=resume)
+                   model_state_bytes=everyone, memory_kind=kind, resume=resume,
+                   loss_scales=scaling[0] if scaling else None,
+                   skipped_steps=scaling[1] if scaling else [])
 
 
 def run_rank(plan: Plan, settings: RunSettings) -> None:

@@ -10,19 +10,19 @@ kernels as the plan.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from executor.model import GPT
+from executor.precision import DTYPES, LossScaler, unscale_grads
 from planner.specs.model import ModelSpec
 from profiler.timing import Timing, time_calls
 
 __all__ = ["DTYPES", "LEARNING_RATE", "StepTiming", "adamw", "empty_adamw_state", "make_optimizer", "reference_losses",
            "sample_batch", "synthetic_batch", "time_train_step", "train_step"]
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LEARNING_RATE = 3e-4
 WEIGHT_DECAY = 0.1
 
@@ -91,17 +91,57 @@ def train_step(model: GPT, optimizer: torch.optim.Optimizer, tokens: torch.Tenso
 
 def reference_losses(spec: ModelSpec, *, global_batch_size: int, seq_len: int, steps: int,
                      seed: int = 0, attention: str = "math", optimizer: str = "foreach",
-                     dtype: str = "fp32", learning_rate: float = LEARNING_RATE) -> list[float]:
+                     dtype: str = "fp32", learning_rate: float = LEARNING_RATE,
+                     overflow_steps: Iterable[int] = (),
+                     micro_batches: Sequence[int] | None = None) -> list[float]:
     """The loss of each step of a one-process run over the whole global batch: what every
-    distributed plan of the same batch must reproduce."""
+    distributed plan of the same batch must reproduce. In bf16 and fp16 it trains as the
+    executor does: AdamW on fp32 master weights, in fp16 with the same dynamic loss
+    scaling (executor/precision.py); `overflow_steps` (1-based) are taken as overflowed,
+    as a run's injected inf (`--inject-fault RANK:STEP:overflow`) is. With
+    `micro_batches` (the sizes of consecutive micro-batches, summing to the global batch)
+    each micro-batch's 16-bit gradients are added to the fp32 ones, as the executor's
+    buckets add a plan's micro-batches (the same roundings); else the whole batch is one
+    backward."""
     model = GPT(spec, attention=attention, seed=seed).to(dtype=DTYPES[dtype])
     model.train()
-    opt = adamw(model.parameters(), implementation=optimizer, learning_rate=learning_rate)
+    params = list(model.parameters())
+    mixed = DTYPES[dtype] != torch.float32
+    masters = [torch.nn.Parameter(p.detach().float().clone()) for p in params] if mixed \
+        else params
+    opt = adamw(masters, implementation=optimizer, learning_rate=learning_rate)
+    scaler = LossScaler() if dtype == "fp16" else None
+    overflows = set(overflow_steps)
+    sizes = list(micro_batches or [global_batch_size])
+    assert sum(sizes) == global_batch_size, (sizes, global_batch_size)
     losses = []
     for step in range(steps):
-        tokens, targets = sample_batch(spec, seq_len=seq_len, seed=seed, step=step, first=0,
-                                       count=global_batch_size)
-        losses.append(train_step(model, opt, tokens, targets).item())
+        loss, first = torch.zeros(()), 0
+        for mbs in sizes:
+            tokens, targets = sample_batch(spec, seq_len=seq_len, seed=seed, step=step,
+                                           first=first, count=mbs)
+            first += mbs
+            part = model(tokens, targets) * (mbs / global_batch_size)
+            (part * (scaler.scale if scaler else 1.0)).backward()
+            loss += part.detach()
+            if mixed:
+                for m, p in zip(masters, params, strict=True):
+                    if p.grad is not None:
+                        m.grad = p.grad.float() if m.grad is None else m.grad.add_(p.grad)
+                    p.grad = None
+        skip = False
+        if scaler is not None:
+            found = unscale_grads([m.grad for m in masters if m.grad is not None], scaler.scale)
+            skip = bool(found.item() > 0) or step + 1 in overflows
+            scaler.update(skip)
+        if not skip:
+            opt.step()
+            if mixed:
+                with torch.no_grad():
+                    for m, p in zip(masters, params, strict=True):
+                        p.copy_(m)
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
     return losses
 
 

@@ -223,7 +223,9 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         return value
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         values = {m.value: m for m in tp}
-        if isinstance(value, bool) or value not in values:
+        # a list or mapping is no choice (and cannot be looked up: unhashable)
+        if isinstance(value, bool) or not isinstance(value, str | int | float) \
+                or value not in values:
             fail(where, value, "allowed: " + ", ".join(str(v) for v in values))
         return values[value]
     if origin is tuple:

@@ -40,7 +40,13 @@ from planner.errors import Interrupted
 from planner.outputs import check_output_dir, write_text
 from planner.predict.results import SimResult
 from planner.specs.choices import DType
-from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster, parse_gpus_arg
+from planner.specs.cluster import (
+    ClusterSpec,
+    NodeGroup,
+    load_cluster,
+    parse_gpus_arg,
+    train_dtype,
+)
 from planner.specs.model import ModelSpec, load_model, preset
 from planner.specs.plan import Plan, load_plan, save_plan
 from profiler.devices import device
@@ -76,8 +82,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gbs", type=gbs_arg, metavar="N", help="with --model: global batch")
     p.add_argument("--seq", type=seq_arg, metavar="N", help="with --model: sequence "
                    "length (default: the model's)")
-    p.add_argument("--dtype", choices=("bf16", "fp32"),
-                   help="with --model (default: fp32 on CPU ranks, bf16 on GPUs)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32", "tf32"),
+                   help="with --model (default: fp32 on CPU ranks; on GPUs bf16, or fp16 where "
+                   "a GPU type lacks bf16: fp16 trains with dynamic loss scaling; tf32 is fp32 "
+                   "with TF32 matmuls on GPUs)")
     measured = p.add_mutually_exclusive_group()
     measured.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",
                           help="measured profile(s) that price the search and the prediction "
@@ -135,9 +143,10 @@ def _check_flags(args: argparse.Namespace) -> None:
              "'-' (no path)")
     check_output_dir(args.report, flag="--report")
     check_output_dir(args.checkpoint_dir, flag="--checkpoint-dir")
-    if args.inject_fault and not re.fullmatch(r"\d+:\d+:(kill|hang|freeze|error)",
+    if args.inject_fault and not re.fullmatch(r"\d+:\d+:(kill|hang|freeze|error|overflow)",
                                               args.inject_fault):
-        fail("--inject-fault", args.inject_fault, "RANK:STEP:kill|hang|freeze|error")
+        fail("--inject-fault", args.inject_fault,
+             "RANK:STEP:kill|hang|freeze|error|overflow")
 
 
 def _cluster(args: argparse.Namespace) -> ClusterSpec:
@@ -174,7 +183,9 @@ def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
     model = load_model(args.model_file) if args.model_file is not None else preset(args.model)
     cluster = _cluster(args)
     cpu = all(g.device.vendor == "cpu" for g in cluster.node_groups)
-    dtype = args.dtype or ("fp32" if cpu else "bf16")
+    # GPUs: bf16 where every type has it, else fp16 (a V100), as `plan search` defaults
+    dtype = args.dtype or ("fp32" if cpu else str(train_dtype(
+        (g.device for g in cluster.node_groups), None, where="--dtype")))
     if cpu and cluster.num_nodes == 1 and not (args.profile or args.no_profile or args.dry_run):
         args.profile = [_profile_here(args, model, cluster, dtype)]
     profiles = profiles_for(args, cluster, dtype)

@@ -163,7 +163,8 @@ _TRAINPLAN = FrameworkCapabilities(
     schedules=frozenset(Schedule),
     sharding=(ANY_SHARDING,),
     recompute=frozenset({"none", "selective", "full"}),
-    dtypes=frozenset({"bf16", "fp32"}),
+    # fp16 with dynamic loss scaling, tf32 as fp32 with TF32 matmuls (executor/precision.py)
+    dtypes=frozenset({"bf16", "fp16", "fp32", "tf32"}),
     attention=frozenset({"flash", "memory_efficient", "math"}),
     sequence_parallel="optional", uneven_stages=True, mixed_gpu_types=True, per_stage_tp=True,
     unlike_replicas=True, unequal_microbatches=True, per_stage_sharding=True,

@@ -26,6 +26,29 @@ def test_gpu_plans_need_enough_gpus_on_this_host():
     check_runnable(plan, cuda_devices=8)
 
 
+def test_dtypes_the_executor_trains():
+    """fp16 (dynamic loss scaling), tf32 and bf16 run; fp8 has no GEMMs here."""
+    from dataclasses import replace
+
+    def in_dtype(plan, dtype):
+        return replace(plan, training=replace(plan.training, dtype=dtype))
+
+    cpu = homogeneous(SMALL, world=2, dp=2, mbs=1, gbs=2)
+    for dtype in ("fp32", "tf32", "bf16", "fp16"):
+        check_runnable(in_dtype(cpu, dtype), cuda_devices=0)
+    gpu = homogeneous_plan(SMALL, parse_gpus_arg("H100-80GB-SXM:2"),
+                           ParallelConfig(dp=2, mbs=1, gbs=2, seq_len=32, dtype="fp8"))
+    _refused(gpu, r"^plan:training\.dtype: 'fp8' is not allowed \(the executor has no FP8 "
+             r"GEMMs; use bf16 \(fp16 where a GPU lacks bf16\)\)$", cuda_devices=2)
+    for dtype in ("bf16", "fp16"):
+        check_runnable(in_dtype(gpu, dtype), cuda_devices=2)
+    tf32 = in_dtype(gpu, "tf32")  # FlashAttention has no fp32: another SDPA backend
+    _refused(tf32, r"kernels\.attention: 'flash' is not allowed \(H100-80GB-SXM runs "
+             r"memory_efficient, math in tf32\)", cuda_devices=2)
+    check_runnable(replace(tf32, kernels=replace(tf32.kernels, attention="memory_efficient")),
+                   cuda_devices=2)
+
+
 def test_tensor_parallel_limits():
     _refused(homogeneous(LLAMA, world=4, tp=4, mbs=1, gbs=4),
              "must divide num_kv_heads 2")

@@ -74,13 +74,30 @@ def _cp_edit(data):
     (_cp_edit, "context parallelism is not implemented by the executor"),
     (lambda d: d["kernels"].update(attention="memory_efficient"),
      "kernels.attention: 'memory_efficient' is not allowed (CPU runs flash, math in fp32)"),
-    (lambda d: d["training"].update(dtype="fp16"), "fp16 needs loss scaling"),
 ])
 def test_bad_plans_are_refused_before_any_process_starts(tmp_path, capsys, no_launch, edit,
                                                           needle):
     code, out, err = _run(["run", "--plan", _plan_file(tmp_path, edit=edit)], capsys)
     assert code == 2 and out == "" and needle in err, err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_fp8_is_refused_and_fp16_runs(tmp_path, capsys, no_launch):
+    """The executor trains fp16 (dynamic loss scaling) and tf32, but has no FP8 GEMMs
+    (`--dry-run`: the plan alone is checked, on any host)."""
+    from dataclasses import replace
+
+    h100 = homogeneous_plan(TINY, parse_gpus_arg("H100-80GB-SXM:2"),
+                            ParallelConfig(dp=2, mbs=1, gbs=4, seq_len=32, dtype="fp8"))
+    code, out, err = _run(["run", "--plan", _plan_file(tmp_path, h100), "--dry-run"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "training.dtype: 'fp8' is not allowed (the executor has no FP8 GEMMs" in err
+    for dtype in ("fp16", "tf32"):
+        plan = replace(h100, training=replace(h100.training, dtype=dtype),
+                       kernels=replace(h100.kernels, attention="math"))
+        code, out, err = _run(["run", "--plan", _plan_file(tmp_path, plan), "--dry-run"],
+                              capsys)
+        assert code == 0 and "torchrun" in out and err == "", err
 
 
 def test_a_gpu_plan_is_refused_on_a_host_without_one(tmp_path, capsys, no_launch):

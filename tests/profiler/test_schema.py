@@ -174,3 +174,13 @@ def test_json_files_are_read_as_json(tmp_path):
         path.write_text(text)
         with pytest.raises(SpecError, match=message):
             schema.load_yaml(str(path))
+
+
+@pytest.mark.parametrize("value", [[], {}, ["flash"], {"a": 1}])
+def test_a_list_or_mapping_for_a_choice_is_one_line(value):
+    """A Plan whose `kernels.attention` was a list raised TypeError (unhashable) instead of
+    naming the field (found by the plan load/save property test)."""
+    from planner.specs.plan import Kernels
+
+    with pytest.raises(SpecError, match=r"^k:attention: .* is not allowed \(allowed: flash, "):
+        parse(Kernels, {"attention": value}, where="k:")

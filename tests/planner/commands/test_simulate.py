@@ -117,12 +117,10 @@ def test_bf16_on_v100_one_rule_for_flags_and_plans(tmp_path, capsys):
     path.write_text(yaml.safe_dump(data))
     _one_line(*run_cli(["simulate", "--plan", str(path)], capsys),
               f"{path}:training.dtype: " + rule)
-    _one_line(*run_cli(["search", "--model", "gpt3-1.3b", "--gpus", "V100-32GB-SXM2:8",
-                        "--gbs", "64", "--dtype", "bf16"], capsys), "--dtype: " + rule)
-    # without --dtype, a V100 cluster trains in fp16 (bf16 where every GPU type has it)
-    code, out, _ = run_cli(["search", "--model", "gpt3-1.3b", "--gpus", "V100-32GB-SXM2:8",
-                            "--gbs", "64"], capsys)
-    assert code == 0 and "fp16" in out.splitlines()[0]
+    search = ["search", "--model", "gpt3-1.3b", "--gpus", "V100-32GB-SXM2:8", "--gbs", "64"]
+    _one_line(*run_cli([*search, "--dtype", "bf16"], capsys), "--dtype: " + rule)
+    code, out, err = run_cli(search, capsys)  # the default there: fp16
+    assert code == 0 and "V100-32GB-SXM2: gbs 64, seq 2048, fp16," in out, err
 
 
 def test_an_event_simulation_of_minutes_is_refused_with_the_way_out(capsys):

@@ -5,7 +5,7 @@ expresses exactly (`unsupported(plan, caps) == []`), on homogeneous and mixed cl
 import math
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from planner.errors import InfeasiblePlan
@@ -122,9 +122,15 @@ def test_every_searched_plan_runs_on_its_framework(framework, model, types, data
     caps = CAPABILITIES[framework]
     cluster = data.draw(clusters(types=types))
     gbs = data.draw(st.sampled_from((16, 32, 64)))
-    runs = set.intersection(*({str(k) for k in g.device.peak_tflops} for g in cluster.node_groups))
-    dtypes = sorted(caps.dtypes & {"bf16", "fp16"} & runs)  # what the framework and GPUs run
-    assume(dtypes)
+    # a 16-bit dtype of the framework's that every GPU type of the cluster has; where
+    # there is none (torchtitan, bf16 only, and a V100) the request is refused unsearched
+    dtypes = [d for d in sorted(caps.dtypes & {"bf16", "fp16"})
+              if all(d in g.device.peak_tflops for g in cluster.node_groups)]
+    if not dtypes:
+        with pytest.raises(SpecError, match="--dtype: 'bf16' is not allowed .* has no bf16"):
+            search(SearchRequest(model=model, cluster=cluster, gbs=gbs, seq_len=model.seq_len,
+                                 dtype="bf16", framework=framework))
+        return
     dtype = data.draw(st.sampled_from(dtypes))
     space = None
     if types == 1:
@@ -149,8 +155,8 @@ def test_every_searched_plan_runs_on_its_framework(framework, model, types, data
 def test_a_mixed_cluster_with_megatron_is_planned_on_one_type_and_says_so():
     found = search(SearchRequest(model=preset("llama2-7b"),
                                  cluster=load_cluster("cluster_specs/mixed-a100-v100.yaml"),
-                                 gbs=128, seq_len=4096, framework="megatron",
-                                 dtype="fp16"))  # the V100s have no bf16
+                                 gbs=128, seq_len=4096, dtype="fp16",  # a V100: no bf16
+                                 framework="megatron"))
     caps = CAPABILITIES["megatron"]
     assert found.notes[0] == (
         f"mixed GPU types not planned: {caps.version} lacks mixed GPU types in one job, "
@@ -183,8 +189,9 @@ def test_requests_the_framework_cannot_run_are_refused():
     base = dict(model=preset("gpt3-1.3b"), cluster=cluster, gbs=16, seq_len=2048)
     with pytest.raises(SpecError, match="--framework: 'nemo'.*allowed: megatron"):
         search(SearchRequest(**base, framework="nemo"))
-    with pytest.raises(SpecError, match="--dtype: 'fp16'.*trainplan"):
-        search(SearchRequest(**base, dtype="fp16"))  # the executor trains in bf16 or fp32
+    with pytest.raises(SpecError, match=r"--dtype: 'fp8'.*trainplan 0\.1\.0 executor trains "
+                       r"in bf16, fp16, fp32, tf32\)"):
+        search(SearchRequest(**base, dtype="fp8"))  # the executor has no FP8 GEMMs
     with pytest.raises(SpecError, match="--attention: 'memory_efficient'.*megatron"):
         search(SearchRequest(**base, attention="memory_efficient", framework="megatron"))
 
