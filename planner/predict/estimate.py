@@ -80,8 +80,12 @@ def _backlog_s(c: StageCost, m: int, schedule: Schedule) -> float:
     forward and B under ZB-H1, none under GPipe's back-to-back backwards)."""
     if m < 2 or not c.dp.grad_microbatch_s:
         return 0.0
-    gap = {Schedule.GPIPE: 0.0, Schedule.ZB_H1: c.forward_s + c.backward_s - c.weight_grad_s
-           }.get(Schedule(schedule), c.forward_s)
+    if schedule == Schedule.GPIPE:
+        gap = 0.0
+    elif schedule == Schedule.ZB_H1:
+        gap = c.forward_s + c.backward_s - c.weight_grad_s
+    else:
+        gap = c.forward_s
     return max(0.0, c.dp.grad_microbatch_s - gap)
 
 

@@ -110,6 +110,7 @@ class _Builder:
         self.in_flight: dict[tuple[int, int], float] = {}
         # (p, src, dst) -> send stream, time, description
         self.links: dict[tuple[int, int, int], tuple[int, float, str]] = {}
+        self.dp_groups: dict[int, tuple[int, ...]] = {}  # stage -> its data-parallel group
         self.next_compute: dict[int, int] = {}  # compute task -> the stage's next one
         self.prev_compute: dict[int, int] = {}  # compute task -> the stage's previous one
 
@@ -218,9 +219,10 @@ class _Builder:
         """The stream of stage `si`'s data-parallel group (aligned replicas): reductions on
         one, parameter gathers on another (FSDP and DeepSpeed issue them on separate
         streams, so a gather does not queue behind pending reductions)."""
-        group = tuple(p.stages[min(si, len(p.stages) - 1)].devices[0]
-                      for p in self.plan.pipelines)
-        return _comm_stream(self.g, self.plan, pi, si, group, kind)
+        if si not in self.dp_groups:  # the same for every pipeline: found once per stage
+            self.dp_groups[si] = tuple(p.stages[min(si, len(p.stages) - 1)].devices[0]
+                                       for p in self.plan.pipelines)
+        return _comm_stream(self.g, self.plan, pi, si, self.dp_groups[si], kind)
 
     def _send(self, pi: int, src: int, dst: int, src_task: int, label: str,
               consumer: int) -> int:

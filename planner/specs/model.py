@@ -121,7 +121,11 @@ class ModelSpec:
 
     @property
     def num_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+        """Layers k, k + f, k + 2f, ... below num_layers (k dense first, every f-th MoE):
+        in closed form, since the cost model asks for every stage it prices."""
+        if not self.is_moe or self.num_layers <= self.first_k_dense:
+            return 0
+        return -(-(self.num_layers - self.first_k_dense) // self.moe_layer_freq)
 
     @property
     def moe_layer_fraction(self) -> float:

@@ -1,6 +1,6 @@
 import pytest
 
-from planner.specs.model import load_model, model_presets, preset
+from planner.specs.model import ModelSpec, load_model, model_presets, preset
 from profiler.schema import SpecError
 
 # Published parameter counts (Brown et al. 2020; Touvron et al. 2023; Llama 3 2024;
@@ -144,3 +144,13 @@ def test_moe_fields_are_validated(tmp_path, extra, message):
                  "num_heads: 4\nvocab_size: 100\nseq_len: 32\n" + extra)
     with pytest.raises(SpecError, match=message):
         load_model(str(f))
+
+
+@pytest.mark.parametrize("layers, k, freq", [(61, 3, 1), (32, 0, 2), (7, 2, 3), (5, 4, 1), (9, 0, 4)])
+def test_moe_layer_count_in_closed_form_is_the_pattern(layers, k, freq):
+    """num_moe_layers (closed form) counts the layers is_moe_layer names (Megatron's
+    moe_layer_freq after first_k_dense dense layers)."""
+    m = ModelSpec(name="m", num_layers=layers, hidden_size=64, ffn_hidden_size=128, num_heads=4,
+                  vocab_size=256, seq_len=64, num_experts=4, experts_per_token=2, first_k_dense=k,
+                  moe_layer_freq=freq)
+    assert m.num_moe_layers == sum(m.is_moe_layer(i) for i in range(layers))
