@@ -22,12 +22,16 @@ from profiler.schema import SpecError  # noqa: E402
 from tests.executor.distributed import TEST_LR, homogeneous, run_forked  # noqa: E402
 
 MOE = preset("debug-tiny-moe")
+# A sigmoid router (DeepSeek-V3), a shared expert and a capacity factor that drops tokens.
+VARIANT = replace(MOE, router="sigmoid", num_shared_experts=1, capacity_factor=1.0)
 STEPS, RTOL = 5, 1e-5
 
 PLANS = {
     "moe-1rank": lambda: homogeneous(MOE, world=1, mbs=2, gbs=8),
+    "moe-dp2": lambda: homogeneous(MOE, world=2, dp=2, mbs=2, gbs=8),
     "moe-dp2-ep2": lambda: homogeneous(MOE, world=2, dp=2, ep=2, mbs=2, gbs=8),
     "moe-dp2xpp2-ep2": lambda: homogeneous(MOE, world=4, dp=2, pp=2, ep=2, mbs=1, gbs=8),
+    "moe-variant-dp2-ep2": lambda: homogeneous(VARIANT, world=2, dp=2, ep=2, mbs=2, gbs=8),
 }
 
 
@@ -65,7 +69,7 @@ def test_moe_plan_matches_one_process(kind, tmp_path):
     codes, metrics = run_forked(plan, tmp_path, steps=STEPS)
     assert codes == [0] * plan.num_gpus_used and metrics is not None
     tr = plan.training
-    ref = _reference(tr.global_batch_size, tr.seq_len)
+    ref = _reference(tr.global_batch_size, tr.seq_len, plan.model)
     got = metrics["losses"]
     assert len(got) == STEPS
     worst = max(abs(a - b) / b for a, b in zip(got, ref, strict=True))
