@@ -145,19 +145,27 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
 
 
 def _check_moe(plan: Plan, where: str) -> None:
-    """The executor's MoE layer (executor/moe.py) runs alone, with dp, pp and expert
-    parallelism over data-parallel ranks; not under tensor parallelism (its experts and
-    router have no tp layout), and ep only where the ep peers run the same passes in the
+    """The executor's MoE layer (executor/moe.py) runs alone, with dp, pp, tp (experts
+    whole on every tp rank: etp 1, no sequence parallelism) and expert parallelism over
+    data-parallel ranks, ep only where the ep peers run the same passes in the
     same order (their all-to-alls pair up) and shard expert states in whole numbers."""
     m, tr = plan.model, plan.training
     if not m.is_moe:
         return
     tps = sorted({s.tp for p in plan.pipelines for s in p.stages})
-    if tps != [1]:
-        fail(at(where, "pipelines"), f"tp {'/'.join(map(str, tps))}", "the executor's MoE "
-             "layer has no tensor parallelism (tp = 1 on MoE models; ep splits the experts)")
+    if tps != [1] and tr.etp != 1:
+        fail(at(where, "training.etp"), tr.etp if tr.etp is not None else f"{tps[-1]} (tp)",
+             "the executor's MoE layer keeps its experts whole on every tp rank: with "
+             "tp > 1 set etp 1 (expert tp = tp is not implemented)")
+    if tps != [1] and tr.sequence_parallel:
+        fail(at(where, "training.sequence_parallel"), True, "the executor's MoE layer runs "
+             "on the whole sequence: no sequence parallelism on MoE models")
     if tr.ep == 1:
         return
+    if plan.dp % tr.ep:
+        fail(at(where, "training.ep"), tr.ep, f"the executor's ep groups are data-parallel "
+             f"ranks: ep must divide dp {plan.dp} (folding tp or cp into ep is not "
+             "implemented)")
     counts = sorted({(p.num_microbatches, p.micro_batch_size) for p in plan.pipelines})
     if len(counts) > 1:
         fail(at(where, "pipelines"), [list(c) for c in counts], "expert parallelism needs "

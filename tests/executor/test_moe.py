@@ -31,6 +31,10 @@ PLANS = {
     "moe-dp2": lambda: homogeneous(MOE, world=2, dp=2, mbs=2, gbs=8),
     "moe-dp2-ep2": lambda: homogeneous(MOE, world=2, dp=2, ep=2, mbs=2, gbs=8),
     "moe-dp2xpp2-ep2": lambda: homogeneous(MOE, world=4, dp=2, pp=2, ep=2, mbs=1, gbs=8),
+    # tp: attention split, the MoE layer whole on both tp ranks (etp 1)
+    "moe-tp2": lambda: homogeneous(MOE, world=2, tp=2, etp=1, mbs=2, gbs=8),
+    "moe-dp2xtp2-ep2": lambda: homogeneous(MOE, world=4, dp=2, tp=2, etp=1, ep=2, mbs=2,
+                                           gbs=8),
     "moe-variant-dp2-ep2": lambda: homogeneous(VARIANT, world=2, dp=2, ep=2, mbs=2, gbs=8),
 }
 
@@ -93,27 +97,40 @@ def test_experts_reduced_over_dp_misses_the_bound(monkeypatch, tmp_path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("world,sharding", [(2, Sharding()), (4, Sharding(optim=4))])
-def test_expert_state_bytes_match_the_memory_model(world, sharding, tmp_path):
+@pytest.mark.parametrize("dp,tp,sharding", [(2, 1, Sharding()), (4, 1, Sharding(optim=4)),
+                                            (2, 2, Sharding())])
+def test_expert_state_bytes_match_the_memory_model(dp, tp, sharding, tmp_path):
     """The memory model's routed-expert states per rank (parameters, gradients, AdamW
-    moments: planner/costs/memory.py) equal the executor's expert buckets within 0.1%."""
-    plan = homogeneous(MOE, world=world, dp=world, ep=2, mbs=1, gbs=world,
+    moments: planner/costs/memory.py) equal the executor's expert buckets within 0.1%,
+    at ep 2: plain, ZeRO-1 over 4 replicas (OS 2 over the expert-dp group), and with tp 2
+    (etp 1: experts whole on each tp rank)."""
+    world = dp * tp
+    plan = homogeneous(MOE, world=world, dp=dp, tp=tp, etp=1, ep=2, mbs=1, gbs=dp,
                        sharding=sharding)
     check_runnable(plan, cuda_devices=0)
     codes, metrics = run_forked(plan, tmp_path, steps=1)
     assert codes == [0] * world and metrics is not None
     experts = rank_expert_param_count(MOE, num_layers=MOE.num_layers, etp=1, ep=2)
     predicted = sum(model_state_bytes(MOE, params=experts, dtype="fp32", sharding=sharding,
-                                      tp=1, pp=1, expert_params=experts, ep=2, etp=1)[:3])
+                                      tp=tp, pp=1, expert_params=experts, ep=2, etp=1)[:3])
     measured = metrics["expert_state_bytes"]
     assert len(measured) == world
     for got in measured:
         assert abs(got - predicted) / predicted < 1e-3, (measured, predicted)
 
 
-def test_tp_on_an_moe_model_is_refused():
-    plan = homogeneous(MOE, world=2, tp=2, mbs=2, gbs=8)
-    with pytest.raises(SpecError, match="no tensor parallelism"):
+def test_expert_tp_and_sequence_parallelism_on_an_moe_model_are_refused():
+    plan = homogeneous(MOE, world=2, tp=2, mbs=2, gbs=8)  # etp = tp
+    with pytest.raises(SpecError, match="set etp 1"):
+        check_runnable(plan, cuda_devices=0)
+    plan = homogeneous(MOE, world=2, tp=2, etp=1, mbs=2, gbs=8, sequence_parallel=True)
+    with pytest.raises(SpecError, match="no sequence parallelism"):
+        check_runnable(plan, cuda_devices=0)
+
+
+def test_ep_folded_into_tp_is_refused():
+    plan = homogeneous(MOE, world=2, tp=2, etp=1, ep=2, mbs=2, gbs=8)
+    with pytest.raises(SpecError, match="ep must divide dp 1"):
         check_runnable(plan, cuda_devices=0)
 
 
