@@ -62,7 +62,7 @@ class _AllToAll(torch.autograd.Function):
     """`all_to_all_single` with uneven splits; the gradient goes back the same way."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, send: list[int],  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, send: list[int],
                 recv: list[int], group: dist.ProcessGroup) -> torch.Tensor:
         ctx.send, ctx.recv, ctx.group = send, recv, group
         out = x.new_empty((sum(recv), *x.shape[1:]))
@@ -70,7 +70,7 @@ class _AllToAll(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
         dist.all_to_all_single(out, grad.contiguous(), ctx.send, ctx.recv, group=ctx.group)
         return out, None, None, None
@@ -79,7 +79,7 @@ class _AllToAll(torch.autograd.Function):
 def all_to_all(x: torch.Tensor, send: list[int], recv: list[int],
                group: dist.ProcessGroup) -> torch.Tensor:
     """Rows [sum(send), ...] out, `send[i]` of them to member i; rows [sum(recv), ...] in."""
-    return _AllToAll.apply(x, send, recv, group)  # type: ignore[no-any-return]
+    return _AllToAll.apply(x, send, recv, group)
 
 
 class MoE(nn.Module):
