@@ -138,3 +138,25 @@ def test_ep_with_zero_bubble_is_refused():
     plan = homogeneous(MOE, world=4, dp=2, pp=2, ep=2, mbs=1, gbs=8, schedule="zb-h1")
     with pytest.raises(SpecError, match="zb-h1 with ep"):
         check_runnable(plan, cuda_devices=0)
+
+
+@pytest.mark.multiprocess
+def test_an_ep_checkpoint_resumes_on_one_rank(tmp_path):
+    """A checkpoint of dp 2 x ep 2 (each rank writes its own experts under their
+    whole-model names) resumes on one rank holding every expert, and the steps after it
+    match the uninterrupted ep run."""
+    plan = PLANS["moe-dp2-ep2"]()
+    for name in ("straight", "first", "resumed"):
+        (tmp_path / name).mkdir()
+    codes, straight = run_forked(plan, tmp_path / "straight", steps=4)
+    assert codes == [0, 0] and straight is not None
+    ckpt = str(tmp_path / "ckpt")
+    codes, _ = run_forked(plan, tmp_path / "first", steps=2, checkpoint_dir=ckpt,
+                          checkpoint_every=2)
+    assert codes == [0, 0]
+    codes, resumed = run_forked(PLANS["moe-1rank"](), tmp_path / "resumed", steps=4,
+                                checkpoint_dir=ckpt, resume=True)
+    assert codes == [0] and resumed is not None and resumed["first_step"] == 2
+    worst = max(abs(a - b) / b for a, b in zip(resumed["losses"], straight["losses"][2:],
+                                                 strict=True))
+    assert worst < RTOL, (resumed["losses"], straight["losses"])
