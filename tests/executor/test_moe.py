@@ -24,6 +24,8 @@ from tests.executor.distributed import TEST_LR, homogeneous, run_forked  # noqa:
 MOE = preset("debug-tiny-moe")
 # A sigmoid router (DeepSeek-V3), a shared expert and a capacity factor that drops tokens.
 VARIANT = replace(MOE, router="sigmoid", num_shared_experts=1, capacity_factor=1.0)
+# Four layers, the first dense, then MoE every other layer (first_k_dense 1, freq 2).
+SPARSE = replace(MOE, num_layers=4, first_k_dense=1, moe_layer_freq=2)
 STEPS, RTOL = 5, 1e-5
 
 PLANS = {
@@ -31,6 +33,8 @@ PLANS = {
     "moe-dp2": lambda: homogeneous(MOE, world=2, dp=2, mbs=2, gbs=8),
     "moe-dp2-ep2": lambda: homogeneous(MOE, world=2, dp=2, ep=2, mbs=2, gbs=8),
     "moe-dp2xpp2-ep2": lambda: homogeneous(MOE, world=4, dp=2, pp=2, ep=2, mbs=1, gbs=8),
+    "moe-dp2xpp2-vp2-ep2": lambda: homogeneous(SPARSE, world=4, dp=2, pp=2, vp=2, ep=2, mbs=1,
+                                               gbs=8, schedule="interleaved-1f1b"),
     # tp: attention split, the MoE layer whole on both tp ranks (etp 1)
     "moe-tp2": lambda: homogeneous(MOE, world=2, tp=2, etp=1, mbs=2, gbs=8),
     "moe-dp2xtp2-ep2": lambda: homogeneous(MOE, world=4, dp=2, tp=2, etp=1, ep=2, mbs=2,
