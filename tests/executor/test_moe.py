@@ -164,3 +164,20 @@ def test_an_ep_checkpoint_resumes_on_one_rank(tmp_path):
     worst = max(abs(a - b) / b for a, b in zip(resumed["losses"], straight["losses"][2:],
                                                  strict=True))
     assert worst < RTOL, (resumed["losses"], straight["losses"])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_ep_in_16_bits_matches_one_process(dtype, tmp_path):
+    """dp 2 x ep 2 in bf16 and in fp16 (dynamic loss scaling) against the one-process run
+    of the same micro-batches in that dtype, to 1e-4 as tests/executor/test_fp16.py
+    bounds 16-bit plans (measured 1.5e-5 and 1.8e-5)."""
+    plan = PLANS["moe-dp2-ep2"]()
+    plan = replace(plan, training=replace(plan.training, dtype=dtype))
+    check_runnable(plan, cuda_devices=0)
+    codes, metrics = run_forked(plan, tmp_path, steps=STEPS)
+    assert codes == [0, 0] and metrics is not None
+    ref = reference_losses(MOE, global_batch_size=8, seq_len=32, steps=STEPS,
+                           learning_rate=TEST_LR, dtype=dtype, micro_batches=[2, 2, 2, 2])
+    worst = max(abs(a - b) / b for a, b in zip(metrics["losses"], ref, strict=True))
+    assert worst < 1e-4, (metrics["losses"], ref)
