@@ -32,6 +32,12 @@ PLANS = {
     "moe-1rank": lambda: homogeneous(MOE, world=1, mbs=2, gbs=8),
     "moe-dp2": lambda: homogeneous(MOE, world=2, dp=2, mbs=2, gbs=8),
     "moe-dp2-ep2": lambda: homogeneous(MOE, world=2, dp=2, ep=2, mbs=2, gbs=8),
+    # ZeRO-3: FSDP2 with ep 1; flat buffers with ep 2 (dense states sharded over dp 2,
+    # expert states over dp / ep = 1)
+    "moe-dp2-zero3": lambda: homogeneous(MOE, world=2, dp=2, mbs=2, gbs=8,
+                                         sharding=Sharding(params=2, grads=2, optim=2)),
+    "moe-dp2-ep2-zero3": lambda: homogeneous(MOE, world=2, dp=2, ep=2, mbs=2, gbs=8,
+                                             sharding=Sharding(params=2, grads=2, optim=2)),
     "moe-dp2xpp2-ep2": lambda: homogeneous(MOE, world=4, dp=2, pp=2, ep=2, mbs=1, gbs=8),
     "moe-dp2xpp2-vp2-ep2": lambda: homogeneous(SPARSE, world=4, dp=2, pp=2, vp=2, ep=2, mbs=1,
                                                gbs=8, schedule="interleaved-1f1b"),
