@@ -17,7 +17,7 @@ from executor.sharding import ShardLayout
 from executor.topology import Topology
 from planner.specs.plan import Plan
 
-__all__ = ["ProcessGroups", "create_groups", "shard_layout"]
+__all__ = ["ProcessGroups", "create_groups", "expert_shard_layout", "shard_layout"]
 
 
 def shard_layout(plan: Plan, topo: Topology, rank: int) -> ShardLayout:
@@ -32,11 +32,25 @@ def shard_layout(plan: Plan, topo: Topology, rank: int) -> ShardLayout:
                        sh.grads, sh.optim)
 
 
+def expert_shard_layout(plan: Plan, topo: Topology, rank: int) -> ShardLayout:
+    """How this rank shards its routed experts' states with ep > 1: over the
+    expert-data-parallel group, each of P/G/OS divided by ep (at least 1), as
+    planner/costs/memory.py `model_state_bytes` prices them (preflight keeps them whole
+    numbers)."""
+    ep, sh = plan.training.ep, plan.sharding_of(topo.roles[rank].stage)
+    return ShardLayout(topo.expert_dp_group(plan, rank), rank, max(1, sh.params // ep),
+                       max(1, sh.grads // ep), max(1, sh.optim // ep))
+
+
 def _collective_groups(plan: Plan, topo: Topology) -> list[tuple[int, ...]]:
     groups: set[tuple[int, ...]] = {tuple(sorted(g)) for g in topo.tp_groups(plan)}
     for rank in range(topo.world_size):
         groups |= shard_layout(plan, topo, rank).groups()
     groups |= {tuple(sorted(p)) for p in topo.embedding_pairs(plan)}
+    if plan.training.ep > 1:
+        for rank in range(topo.world_size):
+            groups.add(topo.ep_group(plan, rank))
+            groups |= expert_shard_layout(plan, topo, rank).groups()
     groups |= {topo.position_group(plan, s) for s in range(topo.pp) if topo.mixed_tp(plan, s)}
     return sorted(g for g in groups if len(g) > 1)
 

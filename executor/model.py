@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from executor.moe import MLP, MoE
 from planner.specs.choices import Recompute
 from planner.specs.model import ModelSpec
 
@@ -111,36 +112,20 @@ class Attention(nn.Module):
         return self.proj(y)  # [b, s, h]
 
 
-class MLP(nn.Module):
-    """h -> ffn -> h with GELU, or SwiGLU with gate and up fused in one GEMM."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        self.swiglu = spec.activation == "swiglu"
-        self.fc1 = nn.Linear(spec.hidden_size, spec.mlp_in_width, bias=False)
-        self.fc2 = nn.Linear(spec.ffn_hidden_size, spec.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.fc1(x)  # [b, s, ffn] (gelu) or [b, s, 2*ffn] (swiglu)
-        if self.swiglu:
-            gate, up = y.chunk(2, dim=-1)
-            y = F.silu(gate) * up  # Shazeer 2020
-        else:
-            y = F.gelu(y)
-        return self.fc2(y)  # [b, s, h]
-
-
 class Block(nn.Module):
-    """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x)); on the
+    model's MoE layers the MLP is the MoE layer (executor/moe.py), with this rank's
+    experts (rank `ep_rank` of `ep`)."""
 
     def __init__(self, spec: ModelSpec, *, backend: str, dropout_p: float,
-                 recompute: str = "none") -> None:
+                 recompute: str = "none", moe: bool = False, ep: int = 1,
+                 ep_rank: int = 0) -> None:
         super().__init__()
         self.norm1 = _norm(spec)
         self.attn = Attention(spec, backend=backend, dropout_p=dropout_p,
                               recompute_core=recompute == Recompute.SELECTIVE)
         self.norm2 = _norm(spec)
-        self.mlp = MLP(spec)
+        self.mlp: nn.Module = MoE(spec, ep=ep, ep_rank=ep_rank) if moe else MLP(spec)
         self.dropout = nn.Dropout(dropout_p) if dropout_p else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -154,12 +139,14 @@ class GPT(nn.Module):
 
     `attention` is the SDPA backend the plan selected, `recompute` the activation
     recomputation; `seed` makes the initial weights reproducible (the same seed gives the
-    same parameter of the same name on any rank, in any chunk).
+    same parameter of the same name on any rank, in any chunk). With expert parallelism
+    the chunk holds the routed experts of rank `ep_rank` of `ep` (executor/moe.py).
     """
 
     def __init__(self, spec: ModelSpec, *, attention: str = "math", seed: int = 0,
                  layers: tuple[int, int] | None = None, embedding: bool = True,
-                 head: bool = True, recompute: str = "none") -> None:
+                 head: bool = True, recompute: str = "none", ep: int = 1,
+                 ep_rank: int = 0) -> None:
         super().__init__()
         if spec.position_embedding == "alibi":
             raise ValueError(f"model {spec.name!r}: position_embedding 'alibi' is not "
@@ -179,7 +166,9 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(dropout_p) if dropout_p else nn.Identity()
         # Keyed by global layer index: names match the whole model's `blocks.<i>.`.
         self.blocks = nn.ModuleDict({str(i): Block(spec, backend=attention, dropout_p=dropout_p,
-                                                   recompute=recompute)
+                                                   recompute=recompute,
+                                                   moe=spec.is_moe_layer(i), ep=ep,
+                                                   ep_rank=ep_rank)
                                      for i in range(first, last)})
         self.norm_f = _norm(spec) if head else None
         self.lm_head = (nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)

@@ -122,9 +122,6 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
     if not m.lm_head:
         fail(at(where, "model.lm_head"), False, "the executor's models end in an output "
              "projection")
-    if m.is_moe:  # issue 18.4: the executor's MoE layer (gloo all-to-all) is not built yet
-        fail(at(where, "model.num_experts"), m.num_experts, "the executor's models are dense "
-             "(0 experts); MoE plans are simulated and exported only")
     if m.position_embedding == "alibi":
         fail(at(where, "model.position_embedding"), "alibi",
              "the executor model has learned and rope positions")
@@ -145,6 +142,51 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
             if attention.fused and m.dropout and kind == "cpu":
                 fail(path, attention, "fused attention with dropout does not run on the CPU "
                      "(use math)")
+
+
+def _check_moe(plan: Plan, where: str) -> None:
+    """The executor's MoE layer (executor/moe.py) runs alone, with dp, pp, tp (experts
+    whole on every tp rank: etp 1, no sequence parallelism) and expert parallelism over
+    data-parallel ranks, ep only where the ep peers run the same passes in the
+    same order (their all-to-alls pair up) and shard expert states in whole numbers."""
+    m, tr = plan.model, plan.training
+    if not m.is_moe:
+        return
+    tps = sorted({s.tp for p in plan.pipelines for s in p.stages})
+    if tps != [1] and tr.etp != 1:
+        fail(at(where, "training.etp"), tr.etp if tr.etp is not None else f"{tps[-1]} (tp)",
+             "the executor's MoE layer keeps its experts whole on every tp rank: with "
+             "tp > 1 set etp 1 (expert tp = tp is not implemented)")
+    if tps != [1] and tr.sequence_parallel:
+        fail(at(where, "training.sequence_parallel"), True, "the executor's MoE layer runs "
+             "on the whole sequence: no sequence parallelism on MoE models")
+    if tr.ep == 1:
+        return
+    if plan.dp % tr.ep:
+        fail(at(where, "training.ep"), tr.ep, f"the executor's ep groups are data-parallel "
+             f"ranks: ep must divide dp {plan.dp} (folding tp or cp into ep is not "
+             "implemented)")
+    counts = sorted({(p.num_microbatches, p.micro_batch_size) for p in plan.pipelines})
+    if len(counts) > 1:
+        fail(at(where, "pipelines"), [list(c) for c in counts], "expert parallelism needs "
+             "every replica to run the same micro-batches (count, size): ep peers trade "
+             "tokens in every pass")
+    if tr.schedule.splits_backward:
+        fail(at(where, "training.schedule"), tr.schedule.value, "zb-h1 with ep > 1 is not "
+             "implemented by the executor (its W pass would repeat the expert all-to-alls)")
+    for pi, pipe in enumerate(plan.pipelines):
+        for si, s in enumerate(pipe.stages):
+            if s.recompute == Recompute.FULL:
+                fail(at(where, f"pipelines[{pi}].stages[{si}].recompute"), "full",
+                     "full recomputation with ep > 1 is not implemented by the executor "
+                     "(allowed: none, selective)")
+    for si, sh in enumerate(plan.shardings):
+        for kind, n in (("params", sh.params), ("grads", sh.grads), ("optim", sh.optim)):
+            if n > tr.ep and n % tr.ep:
+                fail(at(where, "stage_sharding" if plan.stage_sharding else "sharding"),
+                     f"{kind} {n} at stage position {si}", f"with ep {tr.ep} the executor "
+                     "shards expert states over dp/ep ranks: each sharding degree must be "
+                     f"at most ep or a multiple of it")
 
 
 def _check_comm(plan: Plan, where: str) -> None:
@@ -171,4 +213,5 @@ def check_runnable(plan: Plan, *, cuda_devices: int, where: str = "plan:",
     _check_stages(plan, where)
     _check_schedule(plan, where)
     _check_kernels(plan, kind, where)
+    _check_moe(plan, where)
     _check_comm(plan, where)

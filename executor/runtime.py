@@ -40,9 +40,10 @@ from executor import checkpoint
 from executor.checkpoint_layout import ParamPlace, Piece, place_of
 from executor.data_parallel import ModelState, ShardedState
 from executor.fsdp import FsdpState, data_parallel_mesh, fsdp_applies
-from executor.groups import ProcessGroups, create_groups, shard_layout
+from executor.groups import ProcessGroups, create_groups, expert_shard_layout, shard_layout
 from executor.mixed_tp import MixedTpState
 from executor.model import GPT
+from executor.moe import MoE
 from executor.pipeline import Chunk, Links, MicroBatches, StageRunner, splits_backward
 from executor.precision import (
     DTYPES,
@@ -58,6 +59,7 @@ from planner.specs.plan import Plan
 
 __all__ = ["LOSS_SCALER", "RunSettings", "run_rank"]
 
+EXPERTS = "experts"  # the name of a chunk's routed-expert bucket (ep > 1)
 LOSS_SCALER = "loss_scaler"  # its checkpoint key: [scale, growth tracker, hysteresis tracker]
 
 
@@ -88,6 +90,8 @@ class Metrics:
     # fp16: the loss scale of each step run, and the steps (1-based) skipped on overflow
     loss_scales: list[float] | None = None
     skipped_steps: list[int] = field(default_factory=list)
+    # ep > 1: per rank, the part of model_state_bytes that is routed experts' (all kinds)
+    expert_state_bytes: list[int] = field(default_factory=list)
 
 
 def _device(plan: Plan, topo: Topology, rank: int) -> tuple[torch.device, str]:
@@ -101,13 +105,16 @@ def _device(plan: Plan, topo: Topology, rank: int) -> tuple[torch.device, str]:
     return device, "nccl"
 
 
-def _buckets(module: GPT, topo: Topology) -> tuple[list, list]:
-    """(main, tied) parameters of a chunk: with pp > 1 the tied embedding (or its copy
-    in the head) is a bucket of its own, summed with its twin before the reduction."""
+def _buckets(module: GPT, topo: Topology, *, ep: int = 1) -> tuple[list, list, list]:
+    """(main, tied, experts) parameters of a chunk: with pp > 1 the tied embedding (or
+    its copy in the head) is a bucket of its own, summed with its twin before the
+    reduction; with ep > 1 so are the routed experts, reduced over their own group."""
     tied = [p for name, p in module.named_parameters()
             if topo.tied and module.init_name(name) == "wte.weight"]
-    main = [p for p in module.parameters() if all(p is not t for t in tied)]
-    return main, tied
+    experts = [p for name, p in module.named_parameters() if ep > 1 and ".experts." in name]
+    main = [p for p in module.parameters()
+            if all(p is not t for t in tied) and all(p is not e for e in experts)]
+    return main, tied, experts
 
 
 def _module(plan: Plan, topo: Topology, rank: int, c: int, device: torch.device,
@@ -116,9 +123,16 @@ def _module(plan: Plan, topo: Topology, rank: int, c: int, device: torch.device,
     role = topo.roles[rank]
     stage = plan.pipelines[role.pipeline].stages[role.stage]
     k, num_chunks = c * topo.pp + role.stage, topo.pp * topo.vp
+    ep = plan.training.ep
+    ep_ranks = topo.ep_group(plan, rank) if ep > 1 else (rank,)
     module = GPT(plan.model, attention=plan.attention_of(stage), seed=seed,
                  layers=topo.layers[role.stage][c], embedding=k == 0, head=k == num_chunks - 1,
-                 recompute=stage.recompute).to(device=device, dtype=dtype).train()
+                 recompute=stage.recompute, ep=ep, ep_rank=ep_ranks.index(rank)
+                 ).to(device=device, dtype=dtype).train()
+    if ep > 1:  # the MoE layers trade tokens in the ep group (executor/moe.py)
+        for block in module.blocks.values():
+            if isinstance(block.mlp, MoE):
+                block.mlp.group = groups.collectives[ep_ranks]
     if stage.tp > 1:
         from torch.distributed.device_mesh import DeviceMesh
 
@@ -131,7 +145,7 @@ def _module(plan: Plan, topo: Topology, rank: int, c: int, device: torch.device,
 
 
 def _use_fsdp(plan: Plan) -> bool:
-    if len(plan.shardings) > 1:  # FSDP2 shards every stage alike: AMSP per stage is flat
+    if len(plan.shardings) > 1 or plan.training.ep > 1:  # experts shard over their own group  # FSDP2 shards every stage alike: AMSP per stage is flat
         return False
     sh = plan.sharding_of(0)
     return fsdp_applies(params=sh.params, grads=sh.grads, optim=sh.optim,
@@ -180,7 +194,7 @@ def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
         # FSDP2 keeps fp32 parameters and computes in the plan's dtype.
         module = _module(plan, topo, rank, c, device, groups, seed=seed,
                          dtype=torch.float32 if fsdp else dtype)
-        main, tied = _buckets(module, topo)
+        main, tied, experts = _buckets(module, topo, ep=plan.training.ep)
         name = f"chunk{k}/tp{role.tp_rank}"
         split = splits_backward(plan.training.schedule, first=k == 0)
 
@@ -212,6 +226,11 @@ def build_chunks(plan: Plan, topo: Topology, rank: int, device: torch.device,
                                    name=f"{name}/{kind}", tied=kind == "tied",
                                    places=places(ps))
                       for kind, ps in (("main", main), ("tied", tied)) if ps]
+            if experts:  # ep > 1: sharded over the expert-data-parallel group
+                states.append(ShardedState(
+                    experts, expert_shard_layout(plan, topo, rank), groups.collectives,
+                    make_optimizer=optimizer, name=f"{name}/{EXPERTS}",
+                    places=places(experts)))
         chunks.append(Chunk(k, module, states, first=k == 0, last=k == num_chunks - 1,
                             split_backward=split))
     return chunks
@@ -305,6 +324,12 @@ class Trainer:
             s.loaded()
         if self.scaler is not None:
             self.scaler.load(self._scaler_state.tolist())
+
+    def expert_state_bytes(self) -> int:
+        """Bytes of the routed experts' parameters, gradients and optimizer states (their
+        own buckets with ep > 1; 0 otherwise)."""
+        return sum(sum(s.state_bytes().values()) for s in self.states
+                   if s.name.endswith(f"/{EXPERTS}"))
 
     def state_bytes(self) -> dict[str, int]:
         total: dict[str, int] = {}
@@ -418,17 +443,20 @@ def _metrics(trainer: Trainer, device: torch.device, start: int, losses: list[fl
     dist.all_reduce(time_t, op=dist.ReduceOp.MAX)
     peak, kind = _peak_memory_bytes(device)
     scaling = (trainer.loss_scales, trainer.skipped) if trainer.scaler is not None else None
-    mine = {"peak": peak, "scaling": scaling, **trainer.state_bytes()}
+    mine = {"peak": peak, "scaling": scaling, "experts": trainer.expert_state_bytes(),
+            **trainer.state_bytes()}
     everyone: list[dict] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(everyone, mine)
     scalings = [e.pop("scaling") for e in everyone]
+    experts = [e.pop("experts") for e in everyone]
     if any(s != scaling for s in scalings):  # the found-inf all-reduce makes them agree
         raise RuntimeError(f"the ranks' loss scales and skipped steps differ: {scalings}")
     return Metrics(first_step=start, losses=loss_t.tolist(), step_times_s=time_t.tolist(),
                    peak_memory_bytes=[e.pop("peak") for e in everyone],
                    model_state_bytes=everyone, memory_kind=kind, resume=resume,
                    loss_scales=scaling[0] if scaling else None,
-                   skipped_steps=scaling[1] if scaling else [])
+                   skipped_steps=scaling[1] if scaling else [],
+                   expert_state_bytes=experts if trainer.plan.training.ep > 1 else [])
 
 
 def run_rank(plan: Plan, settings: RunSettings) -> None:

@@ -9,6 +9,10 @@ lays out a Llama:
   row-parallel outputs are reduce-scattered into it; learned position embeddings are
   replicated and sliced to the rank's part of the sequence.
 
+An MoE layer (executor/moe.py) is not split: every tp rank holds its router and experts
+whole (expert tp 1) and runs them on the replicated input (no sequence parallelism,
+preflight), so its gradients are whole on every tp rank and need no tp reduction.
+
 The fused QKV (and SwiGLU gate|up) weights are regrouped first so that each rank's
 contiguous block of rows is again [q | k | v] for its heads (Megatron-LM groups them the
 same way).
@@ -28,6 +32,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from executor.model import GPT
+from executor.moe import MoE
 
 __all__ = ["apply_tensor_parallel", "fused_rows", "regroup_rows"]
 
@@ -47,7 +52,7 @@ def fused_rows(model: GPT) -> dict[str, list[int]]:
     for i in model.blocks:
         out[f"blocks.{i}.attn.qkv.weight"] = [spec.num_heads * spec.head_dim, spec.kv_dim,
                                               spec.kv_dim]
-        if spec.activation == "swiglu":
+        if spec.activation == "swiglu" and not isinstance(model.blocks[i].mlp, MoE):
             out[f"blocks.{i}.mlp.fc1.weight"] = [spec.ffn_hidden_size] * 2
     return out
 
@@ -83,10 +88,11 @@ def apply_tensor_parallel(model: GPT, mesh: DeviceMesh, *, sequence_parallel: bo
         layout["wte"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
     for i in model.blocks:
         b = f"blocks.{i}"
-        layout.update({
-            f"{b}.attn.qkv": ColwiseParallel(), f"{b}.mlp.fc1": ColwiseParallel(),
-            f"{b}.attn.proj": RowwiseParallel(output_layouts=seq),
-            f"{b}.mlp.fc2": RowwiseParallel(output_layouts=seq)})
+        layout.update({f"{b}.attn.qkv": ColwiseParallel(),
+                       f"{b}.attn.proj": RowwiseParallel(output_layouts=seq)})
+        if not isinstance(model.blocks[i].mlp, MoE):  # an MoE layer stays whole
+            layout.update({f"{b}.mlp.fc1": ColwiseParallel(),
+                           f"{b}.mlp.fc2": RowwiseParallel(output_layouts=seq)})
         if sequence_parallel:
             layout.update({
                 f"{b}.norm1": SequenceParallel(), f"{b}.norm2": SequenceParallel(),

@@ -12,6 +12,10 @@ role: pipeline (data-parallel replica) r, stage s, tensor-parallel rank t. Group
   replica to split the layers at the same boundaries); where the replicas' tp differs at
   a stage position ("mixed tp"), all ranks of that position in every pipeline instead
   (`position_group`: they sum full-size gradients, executor/mixed_tp.py);
+* expert-parallel (ep > 1, tp = 1): the data-parallel group of a stage position cut into
+  consecutive blocks of ep ranks, which split each MoE layer's routed experts and trade
+  tokens; the expert-data-parallel group (stride ep in the data-parallel group) holds
+  the same experts and reduces their gradients (Megatron-Core parallel_state.py);
 * embedding: with tied embeddings and pp > 1, the first and the last stage hold copies of
   the token embedding whose gradients are summed (Megatron-LM's embedding group).
 
@@ -117,6 +121,19 @@ class Topology:
         """Rank `tp_rank` of stage position `stage` in every pipeline, in rank order."""
         return tuple(sorted(self.stage_ranks(plan, pi, stage)[tp_rank]
                             for pi in range(plan.dp)))
+
+    def ep_group(self, plan: Plan, rank: int) -> tuple[int, ...]:
+        """The ep ranks, at this rank's stage position, that split the experts with it."""
+        role = self.roles[rank]
+        members = self.dp_group(plan, role.stage, role.tp_rank)
+        start = members.index(rank) // plan.training.ep * plan.training.ep
+        return members[start:start + plan.training.ep]
+
+    def expert_dp_group(self, plan: Plan, rank: int) -> tuple[int, ...]:
+        """The ranks holding the same experts as this one (dp / ep of them)."""
+        role = self.roles[rank]
+        members = self.dp_group(plan, role.stage, role.tp_rank)
+        return members[members.index(rank) % plan.training.ep::plan.training.ep]
 
     def mixed_tp(self, plan: Plan, stage: int) -> bool:
         """Whether the replicas' tp differs at stage position `stage`."""
