@@ -39,7 +39,8 @@ def test_dtypes_the_executor_trains():
     gpu = homogeneous_plan(SMALL, parse_gpus_arg("H100-80GB-SXM:2"),
                            ParallelConfig(dp=2, mbs=1, gbs=2, seq_len=32, dtype="fp8"))
     _refused(gpu, r"^plan:training\.dtype: 'fp8' is not allowed \(the executor has no FP8 "
-             r"GEMMs; use bf16 \(fp16 where a GPU lacks bf16\)\)$", cuda_devices=2)
+             r"GEMMs; use bf16 \(fp16 where a GPU lacks bf16\), or export an fp8 plan to "
+             r"Megatron-Core \(plan search --framework megatron\)\)$", cuda_devices=2)
     for dtype in ("bf16", "fp16"):
         check_runnable(in_dtype(gpu, dtype), cuda_devices=2)
     tf32 = in_dtype(gpu, "tf32")  # FlashAttention has no fp32: another SDPA backend
