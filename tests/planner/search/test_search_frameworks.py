@@ -190,7 +190,7 @@ def test_requests_the_framework_cannot_run_are_refused():
     with pytest.raises(SpecError, match="--framework: 'nemo'.*allowed: megatron"):
         search(SearchRequest(**base, framework="nemo"))
     with pytest.raises(SpecError, match=r"--dtype: 'fp8'.*trainplan 0\.1\.0 executor trains "
-                       r"in bf16, fp16, fp32, tf32\)"):
+                       r"in bf16, fp16, fp32, tf32; --framework megatron plans fp8\)"):
         search(SearchRequest(**base, dtype="fp8"))  # the executor has no FP8 GEMMs
     with pytest.raises(SpecError, match="--attention: 'memory_efficient'.*megatron"):
         search(SearchRequest(**base, attention="memory_efficient", framework="megatron"))
