@@ -196,7 +196,9 @@ def test_no_intact_checkpoint_is_refused_in_one_line(checkpointed, tmp_path, cap
     err = capfd.readouterr().err
     assert "Traceback" not in err, err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 2 and all("no intact checkpoint" in line for line in lines), lines
+    # each rank that reaches the check says so in one line; a rank the job stops first
+    # (the failed peer ends the run: fail-fast) says nothing, which a loaded machine shows
+    assert 1 <= len(lines) <= 2 and all("no intact checkpoint" in line for line in lines), lines
     assert sorted(os.listdir(ck)) == ["step-00000002", "step-00000004"]  # left as they were
 
 
