@@ -90,7 +90,10 @@ def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
         pts = list(zip(days, costs, strict=True))
         front = sorted(_pareto(pts), key=lambda j: pts[j][0])  # type: ignore[arg-type]  # points of planned rows
         ax.plot([pts[j][0] for j in front], [pts[j][1] for j in front], "--", color="tab:red",
-                label="no other scenario is both faster and cheaper", zorder=2)
+                zorder=2)
+        # the key shows the red points (a frontier of one point draws no line)
+        ax.scatter([], [], s=80, color="tab:red", label="no other scenario is both faster "
+                   "and cheaper")
         ax.scatter(days, costs, s=220, color=["tab:red" if j in front else "tab:blue"
                                               for j in range(len(pts))], zorder=3)
         for (i, _), x, y in zip(planned, days, costs, strict=True):
