@@ -10,10 +10,16 @@ Two datasets (planner/data/validation, see its README for sources):
   GPT models (ffn 4h, vocab 50257, sequence 1024) in Megatron-DeepSpeed with fp16, full
   recompute, 1F1B, Megatron's fused-softmax (unfused) attention, and gradients reduced
   after the backward pass (their configs set use_gradient_bucket false).
+
+    python -m planner.calibration.published [--by tp,mbs,hidden ...]
+
+prints both datasets' errors and the vTrain error grouped by what its rows share
+(`vtrain_groups`), which is where a mechanism the model lacks shows first.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import statistics
@@ -30,8 +36,9 @@ from planner.specs.plan import Kernels, Plan
 from profiler.kernels import Attention
 from profiler.schema import SpecError
 
-__all__ = ["Case", "ErrorSummary", "LayerCase", "korthikanti_layer_cases", "layer_errors",
-           "published_cases", "summarize", "vtrain_cases"]
+__all__ = ["VTRAIN_FIELDS", "Case", "ErrorSummary", "GroupError", "LayerCase",
+           "korthikanti_layer_cases", "layer_errors", "main", "published_cases", "summarize",
+           "vtrain_cases", "vtrain_groups", "vtrain_rows"]
 
 VALIDATION_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "validation")
 
@@ -130,25 +137,66 @@ def published_cases(path: str | None = None) -> list[Case]:
     return cases
 
 
-def vtrain_cases(path: str | None = None) -> list[Case]:
+# the columns of vtrain_single_node_a100.csv, in order, before the measured time
+VTRAIN_FIELDS = ("gpus", "gbs", "mbs", "hidden", "heads", "layers", "seq", "tp", "dp", "pp")
+
+
+def vtrain_rows(path: str | None = None) -> list[tuple[dict[str, int], float]]:
+    """Each vTrain row's configuration (VTRAIN_FIELDS) and measured iteration seconds."""
     path = path or os.path.join(VALIDATION_DIR, "vtrain_single_node_a100.csv")
     with open(path, newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)
         next(reader)
         rows = [[float(x) for x in row] for row in reader]
+    return [(dict(zip(VTRAIN_FIELDS, (int(x) for x in row[:-1]), strict=True)), row[-1] / 1e3)
+            for row in rows]
+
+
+def vtrain_cases(path: str | None = None) -> list[Case]:
     cases = []
-    for i, (gpus, gbs, mbs, h, heads, layers, seq, tp, dp, pp, ms) in enumerate(rows):
-        model = ModelSpec(name=f"gpt-h{int(h)}-l{int(layers)}", num_layers=int(layers),
-                          hidden_size=int(h), ffn_hidden_size=4 * int(h), num_heads=int(heads),
-                          vocab_size=50257, seq_len=int(seq), activation="gelu",
-                          norm="layernorm", position_embedding="learned", tied_embeddings=True,
-                          dropout=True)
-        cfg = ParallelConfig(tp=int(tp), pp=int(pp), dp=int(dp), mbs=int(mbs), gbs=int(gbs),
-                             seq_len=int(seq), recompute=Recompute.FULL, dtype=DType.FP16)
-        plan = _try_plan(model, f"A100-80GB-SXM:{int(gpus)}", cfg,
+    for i, (r, measured_s) in enumerate(vtrain_rows(path)):
+        h, layers, seq = r["hidden"], r["layers"], r["seq"]
+        model = ModelSpec(name=f"gpt-h{h}-l{layers}", num_layers=layers, hidden_size=h,
+                          ffn_hidden_size=4 * h, num_heads=r["heads"], vocab_size=50257,
+                          seq_len=seq, activation="gelu", norm="layernorm",
+                          position_embedding="learned", tied_embeddings=True, dropout=True)
+        cfg = ParallelConfig(tp=r["tp"], pp=r["pp"], dp=r["dp"], mbs=r["mbs"], gbs=r["gbs"],
+                             seq_len=seq, recompute=Recompute.FULL, dtype=DType.FP16)
+        plan = _try_plan(model, f"A100-80GB-SXM:{r['gpus']}", cfg,
                          Kernels(attention=Attention.MATH))
-        cases.append(Case(f"vtrain-{i:04d}", (plan,) if plan else (), ms / 1e3))
+        cases.append(Case(f"vtrain-{i:04d}", (plan,) if plan else (), measured_s))
     return cases
+
+
+@dataclass(frozen=True)
+class GroupError:
+    """The signed relative errors of the rows sharing one value of the grouping fields."""
+
+    key: tuple[int, ...]
+    count: int
+    mean: float  # signed: negative = predicted too fast
+    mape: float
+    low: float
+    high: float
+    share: float  # this group's part of the whole set's MAPE (sum |err| / all rows)
+
+
+def vtrain_groups(errors: dict[str, float], by: tuple[str, ...],
+                  path: str | None = None) -> list[GroupError]:
+    """vTrain's errors (`summarize(...).errors`, ids "vtrain-NNNN") grouped by the
+    VTRAIN_FIELDS in `by`, sorted by key."""
+    unknown = [f for f in by if f not in VTRAIN_FIELDS]
+    if unknown:
+        raise ValueError(f"unknown vTrain field(s) {unknown}; choose from {VTRAIN_FIELDS}")
+    groups: dict[tuple[int, ...], list[float]] = {}
+    for i, (r, _) in enumerate(vtrain_rows(path)):
+        e = errors.get(f"vtrain-{i:04d}")
+        if e is not None:
+            groups.setdefault(tuple(r[f] for f in by), []).append(e)
+    total = len(errors)
+    return [GroupError(key, len(v), statistics.mean(v), statistics.mean(abs(e) for e in v),
+                       min(v), max(v), sum(abs(e) for e in v) / total)
+            for key, v in sorted(groups.items())]
 
 
 @dataclass(frozen=True)
@@ -220,3 +268,36 @@ def summarize(cases: Iterable[Case], simulate: Callable[[Plan], SimResult]) -> E
     return ErrorSummary(mape=statistics.mean(magnitudes), max_abs=max(magnitudes),
                         median_abs=statistics.median(magnitudes), count=len(errors),
                         failed=tuple(failed), errors=errors)
+
+
+def _print_summary(name: str, s: ErrorSummary) -> None:
+    print(f"{name}: MAPE {100 * s.mape:.2f}%, median {100 * s.median_abs:.2f}%, "
+          f"max {100 * s.max_abs:.2f}% ({s.count} rows, {len(s.failed)} failed)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from planner.simulator import simulate
+
+    ap = argparse.ArgumentParser(prog="python -m planner.calibration.published",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--by", nargs="*", default=["tp", "pp", "dp", "mbs", "hidden", "layers",
+                                                 "tp,mbs,hidden"],
+                    help=f"vTrain groupings, comma-separated fields of {VTRAIN_FIELDS}")
+    args = ap.parse_args(argv)
+    _print_summary("published rows (in process)", summarize(published_cases(), simulate))
+    vt = summarize(vtrain_cases(), simulate)
+    _print_summary("vTrain single-node A100", vt)
+    for fields in args.by:
+        by = tuple(fields.split(","))
+        print(f"vTrain by {', '.join(by)}: rows, mean signed error, MAPE, range, "
+              "share of the set's MAPE")
+        for g in vtrain_groups(vt.errors, by):
+            key = " ".join(f"{f} {v}" for f, v in zip(by, g.key, strict=True))
+            print(f"  {key:28s} {g.count:5d}  {100 * g.mean:+6.1f}%  {100 * g.mape:5.1f}%  "
+                  f"[{100 * g.low:+6.1f}, {100 * g.high:+6.1f}]  {100 * g.share:5.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -18,6 +18,8 @@ from planner.calibration.published import (
     published_cases,
     summarize,
     vtrain_cases,
+    vtrain_groups,
+    vtrain_rows,
 )
 from planner.simulator import simulate
 
@@ -58,3 +60,19 @@ def test_layer_times_match_korthikanti_table_4():
     errors = layer_errors(korthikanti_layer_cases())
     assert len(errors) == 10
     assert max(abs(e) for e in errors.values()) <= 0.10, errors
+
+
+def test_vtrain_groups_split_the_error_by_what_rows_share():
+    """The breakdown `python -m planner.calibration.published` prints: counts per tp
+    degree (vTrain's design: 640 / 480 / 240 / 80 rows at tp 1 / 2 / 4 / 8), each group's
+    own mean, and shares that add up to the set's MAPE."""
+    rows = vtrain_rows()
+    errors = {f"vtrain-{i:04d}": (-0.2 if r["tp"] == 8 else 0.1) for i, (r, _) in enumerate(rows)}
+    groups = {g.key: g for g in vtrain_groups(errors, ("tp",))}
+    assert {k: g.count for k, g in groups.items()} == {(1,): 640, (2,): 480, (4,): 240, (8,): 80}
+    assert groups[(8,)].mean == pytest.approx(-0.2) and groups[(8,)].mape == pytest.approx(0.2)
+    assert groups[(1,)].mean == pytest.approx(0.1)
+    total = sum(abs(e) for e in errors.values()) / len(errors)
+    assert sum(g.share for g in groups.values()) == pytest.approx(total)
+    with pytest.raises(ValueError, match="unknown vTrain field"):
+        vtrain_groups(errors, ("batch",))
