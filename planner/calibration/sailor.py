@@ -31,6 +31,11 @@ slow Ethernet. Each row becomes a Plan exactly as written:
 Rows the planner cannot express are listed with the reason (GPU types the device catalog
 lacks; a planner without tf32 scores fp32 and marks the row a lower bound).
 
+A row whose measured time is below what its own layout needs by the artifact's own
+measured per-layer profile (`sailor_gptneo_gh200_profile.csv`: GPT-Neo-2.7B on GH200)
+is not a run of that layout: it is printed with its error but left out of the mean
+(`profile_bound_s`; only row 8 is, see docs/calibration.md "Sailor").
+
 Run `python -m planner.calibration.sailor` for the table and the error by group.
 """
 
@@ -38,6 +43,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
+import functools
 import json
 import os
 import re
@@ -66,6 +73,9 @@ from profiler.schema import SpecError
 __all__ = ["SailorCase", "SailorScore", "sailor_cases", "score"]
 
 SAILOR_CSV = os.path.join(VALIDATION_DIR, "sailor_measured.csv")
+# Sailor's measured profile of one GPT-Neo-2.7B transformer layer on a GH200 (README).
+SAILOR_PROFILE_CSV = os.path.join(VALIDATION_DIR, "sailor_gptneo_gh200_profile.csv")
+PROFILED = ("GPT-Neo-2.7B", "GH-96")  # the model and GPU the profile was measured on
 
 # Sailor's GPU names and the catalog names they may have (issue 14 adds the RTX cards).
 SAILOR_GPUS: dict[str, tuple[str, ...]] = {
@@ -91,6 +101,8 @@ class SailorCase:
     lower_bound: bool  # scored in a dtype slower than the run's (fp32 for TF32)
     measured_s: float
     sailor_s: float  # Sailor's own simulator on the same plan
+    # why the measurement cannot be of this layout ("" if it can): printed, not scored
+    inconsistent: str = ""
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,8 @@ class SailorScore:
     cases: tuple[SailorCase, ...]
     errors: dict[str, float]  # case id -> signed relative error
     sailor_errors: dict[str, float]  # Sailor's simulator on the same rows
+    # rows whose measurement contradicts the artifact's own profile: their error, unscored
+    excluded: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def by_group(self) -> dict[str, tuple[float, float, int]]:
         """Per group: our mean |error|, Sailor's on the same rows, the row count."""
@@ -208,6 +222,47 @@ def _plan(r: dict[str, str], gpu_names: Mapping[str, tuple[str, ...]]) -> tuple[
     return plan, note
 
 
+@functools.cache
+def _profile(path: str = SAILOR_PROFILE_CSV) -> dict[tuple[int, int], float]:
+    """(micro-batch size, tp) -> forward + backward seconds of one profiled layer."""
+    with open(path, newline="", encoding="utf-8") as fh:
+        return {(int(r["mbs"]), int(r["tp"])): float(r["forward_s"]) + float(r["backward_s"])
+                for r in csv.DictReader(fh)}
+
+
+def profile_bound_s(r: dict[str, str]) -> float | None:
+    """The least time the row's layout can take by Sailor's own measured per-layer
+    profile, where it has one (GPT-Neo-2.7B on GH200): every micro-batch passes forward
+    and backward through each stage's transformer layers, so no schedule finishes before
+    its busiest stage has done num_microbatches x layers x (forward + backward) of
+    compute (embedding, head, communication and bubbles only add to it). None where the
+    profile does not cover the row."""
+    model = r["model"].split(" (")[0]
+    gpus = {t for _, t in re.findall(r"(\d+)x ([\w-]+)", r["gpus"])}
+    if model != PROFILED[0] or gpus != {PROFILED[1]}:
+        return None
+    replicas = json.loads(r["stage_replicas"])
+    mbs, gbs = int(float(r["mbs"])), int(float(r["gbs"]))
+    microbatches = gbs // (mbs * len(replicas[0]))
+    bound = 0.0
+    for layers, stage in zip(_stage_layers(r), replicas, strict=True):
+        for _, tp in stage:
+            per_layer = _profile().get((mbs, tp))
+            if per_layer is None:
+                return None
+            bound = max(bound, microbatches * layers * per_layer)
+    return bound
+
+
+def _inconsistent(r: dict[str, str]) -> str:
+    bound = profile_bound_s(r)
+    measured = float(r["measured_iter_time_s"])
+    if bound is None or measured >= bound:
+        return ""
+    return (f"measured {measured:.3f} s is below the {bound:.3f} s its layers need by "
+            f"Sailor's own profile (sailor_gptneo_gh200_profile.csv)")
+
+
 def _group(r: dict[str, str]) -> str:
     cluster = "GH200" if r["heterogeneous"] == "no" else "mixed RTX"
     return f"{cluster} {'pipelined' if int(float(r['pp'])) > 1 else 'data parallel'}"
@@ -225,18 +280,25 @@ def sailor_cases(path: str | None = None, *,
                               lower_bound=plan is not None and plan.training.dtype == "fp32"
                               and "TF32" in r["dtype"],
                               measured_s=float(r["measured_iter_time_s"]),
-                              sailor_s=float(r["sailor_simulator_iter_time_s"])))
+                              sailor_s=float(r["sailor_simulator_iter_time_s"]),
+                              inconsistent=_inconsistent(r)))
     return out
 
 
 def score(cases: list[SailorCase], simulate: Callable[[Plan], SimResult]) -> SailorScore:
-    errors, sailor = {}, {}
+    """Errors over the expressible rows; rows whose measurement contradicts the
+    artifact's own profile go to `excluded` instead."""
+    errors, sailor, excluded = {}, {}, {}
     for c in cases:
         if c.plan is None:
             continue
-        errors[c.id] = simulate(c.plan).iteration_time_s / c.measured_s - 1
+        error = simulate(c.plan).iteration_time_s / c.measured_s - 1
+        if c.inconsistent:
+            excluded[c.id] = error
+            continue
+        errors[c.id] = error
         sailor[c.id] = c.sailor_s / c.measured_s - 1
-    return SailorScore(tuple(cases), errors, sailor)
+    return SailorScore(tuple(cases), errors, sailor, excluded)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -252,6 +314,10 @@ def main(argv: list[str] | None = None) -> None:
         if c.plan is None:
             print(f"{c.id}  {c.group:24} not scored: {c.reason}")
             continue
+        if c.id in s.excluded:
+            print(f"{c.id}  {c.group:24} measured {c.measured_s:9.3f} s  error "
+                  f"{s.excluded[c.id]:+7.1%}  not scored: {c.inconsistent}")
+            continue
         e, se = s.errors[c.id], s.sailor_errors[c.id]
         flag = "  (lower bound: " + c.reason + ")" if c.lower_bound else ""
         print(f"{c.id}  {c.group:24} measured {c.measured_s:9.3f} s  error {e:+7.1%}  "
@@ -261,6 +327,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{group:24} {n:2d} rows  mean |error| {ours:6.1%}  (Sailor's simulator {theirs:6.1%})")
     print(f"{'all scored':24} {len(s.errors):2d} rows  mean |error| {s.mape:6.1%}  "
           f"(Sailor's simulator {statistics.mean(abs(x) for x in s.sailor_errors.values()):6.1%})")
+    if s.excluded:
+        every = [*s.errors.values(), *s.excluded.values()]
+        print(f"{'with the excluded':24} {len(every):2d} rows  mean |error| "
+              f"{statistics.mean(abs(x) for x in every):6.1%}")
     unscored = [c for c in cases if c.plan is None]
     if unscored:
         print(f"not scored: {len(unscored)} rows ({unscored[0].reason})")

@@ -59,9 +59,31 @@ def test_scores_by_group():
     s = score(sailor_cases(), estimate)
     groups = s.by_group()
     assert {g: n for g, (_, _, n) in groups.items()} == {
-        "GH200 pipelined": 20, "GH200 data parallel": 7, "mixed RTX pipelined": 6,
+        "GH200 pipelined": 20, "GH200 data parallel": 6, "mixed RTX pipelined": 6,
         "mixed RTX data parallel": 3}
-    assert s.mape == pytest.approx(sum(abs(e) for e in s.errors.values()) / 36)
+    assert set(s.excluded) == {"sailor-08"}  # below its own profile (next test)
+    assert s.mape == pytest.approx(sum(abs(e) for e in s.errors.values()) / 35)
+
+
+def test_row_8_is_below_the_artifacts_own_profile():
+    """Sailor's measured profile of GPT-Neo-2.7B on one GH200 (eth-easl/sailor@142ddeb,
+    profiles/GPT-Neo-2.7/GH-96/profile.json): one layer at micro-batch 4, tp 4 takes
+    3.206 ms forward + 7.259 ms backward. Row 8 (dp 4 x tp 4, 30 layers in one stage,
+    128 / (4 x 4) = 8 micro-batches) needs 8 x 30 x 10.465 ms = 2.51 s of layer compute
+    alone; it was logged at 1.061 s. Every other GPT-Neo row takes 1.14-3.4x its bound."""
+    import csv
+
+    from planner.calibration.sailor import SAILOR_CSV, profile_bound_s
+
+    rows = {r["row_id"]: r for r in csv.DictReader(open(SAILOR_CSV, encoding="utf-8"))}
+    assert profile_bound_s(rows["8"]) == pytest.approx(8 * 30 * (3.206e-3 + 7.259e-3))
+    ratios = {i: float(r["measured_iter_time_s"]) / b for i, r in rows.items()
+              if (b := profile_bound_s(r)) is not None}
+    assert len(ratios) == 12  # the GPT-Neo rows; OPT and the mixed rows have no profile
+    assert ratios["8"] < 0.5 and min(v for i, v in ratios.items() if i != "8") > 1.1
+    cases = {c.id: c for c in sailor_cases()}
+    assert "Sailor's own profile" in cases["sailor-08"].inconsistent
+    assert all(not c.inconsistent for c in cases.values() if c.id != "sailor-08")
 
 
 def test_rows_run_in_the_dtype_the_run_used():
@@ -77,11 +99,11 @@ def test_rows_run_in_the_dtype_the_run_used():
             assert on_cuda_cores(g.device, "tf32") == (g.device.arch == "turing"), g.gpu
 
 
-# Measured mean |error| of the event simulation over the 36 rows and per group (rounded
-# up by under a point); Sailor's own simulator: 12.5% (9.1 / 24.8 / 5.5 / 19.9%). Row 8
-# alone (+218%: 250 TFLOP/s per GH200 in TF32, 4x rows 6-7 on the same GPUs) is
-# most of the GH200 data-parallel error (docs/calibration.md, "Sailor").
-SAILOR_BOUND = {"all": 0.225, "GH200 pipelined": 0.155, "GH200 data parallel": 0.50,
+# Measured mean |error| of the event simulation over the 35 scored rows and per group
+# (rounded up by under a point); Sailor's own simulator on them: 9.6% (9.1 / 10.4 / 5.5 /
+# 19.9%). Row 8 (+218%) is printed but not scored: its logged time is 0.42x the compute
+# its layout needs by Sailor's own profile (docs/calibration.md, "Sailor").
+SAILOR_BOUND = {"all": 0.17, "GH200 pipelined": 0.155, "GH200 data parallel": 0.22,
                 "mixed RTX pipelined": 0.10, "mixed RTX data parallel": 0.305}
 
 
