@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from planner.specs.choices import Schedule
+from planner.specs.choices import Recompute, RecomputeModule, Schedule
 from planner.specs.plan import Plan
 
 __all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
@@ -59,6 +59,8 @@ class FrameworkCapabilities:
     per_stage_recompute: bool
     tp_with_pp: bool = True
     rank_order: str | None = "tp-cp-dp-pp"  # how it numbers ranks (None: as the plan says)
+    # what selective recomputation can re-run (Training.recompute_modules)
+    recompute_modules: frozenset[str] = frozenset(RecomputeModule)
     notes: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -212,6 +214,7 @@ class PlanShape:
     tp_alike: bool  # one tp and one cp in the whole plan
     recompute: tuple[str, ...]  # distinct recompute modes, first replica's order
     ep: int = 1  # expert-parallel degree (MoE)
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # what selective re-runs
 
 
 def plan_shape(plan: Plan) -> PlanShape:
@@ -236,7 +239,7 @@ def plan_shape(plan: Plan) -> PlanShape:
                           for p in plan.pipelines[1:]),
         tp_alike=len({(s.tp, s.cp) for p in plan.pipelines for s in p.stages}) == 1,
         recompute=tuple(dict.fromkeys(s.recompute for p in plan.pipelines for s in p.stages)),
-        ep=plan.training.ep)
+        ep=plan.training.ep, recompute_modules=tuple(plan.training.recompute_modules))
 
 
 def chunk_layer_counts(layers: tuple[int, ...], vp: int) -> list[int]:
@@ -357,6 +360,11 @@ def _recompute(caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
         if mode not in caps.recompute:
             out.append(f"recompute {mode}: {caps.version} has "
                        f"{', '.join(sorted(caps.recompute))}{_note(caps, f'recompute {mode}')}")
+    missing = [m for m in s.recompute_modules if m not in caps.recompute_modules]
+    if Recompute.SELECTIVE in s.recompute and missing:
+        out.append(f"selective recompute of {', '.join(missing)}: {caps.version} re-runs "
+                   f"{', '.join(sorted(caps.recompute_modules))}"
+                   f"{_note(caps, 'recompute modules')}")
     return out
 
 
