@@ -61,6 +61,13 @@ class FrameworkCapabilities:
     rank_order: str | None = "tp-cp-dp-pp"  # how it numbers ranks (None: as the plan says)
     # what selective recomputation can re-run (Training.recompute_modules)
     recompute_modules: frozenset[str] = frozenset(RecomputeModule)
+    # MoE: expert parallelism's own limits (defaults: none beyond specs/rules.py)
+    ep_within_dp: bool = False  # ep groups are data-parallel replicas only (ep divides dp)
+    ep_schedules: frozenset[str] | None = None  # schedules with ep > 1 (None: `schedules`)
+    ep_recompute: frozenset[str] | None = None  # recompute modes with ep > 1 (None: all)
+    ep_sharding_multiple: bool = False  # with ep > 1 each sharding degree <= ep or k x ep
+    moe_expert_tp: bool = True  # expert tp = tp > 1 (False: an MoE model with tp needs etp 1)
+    moe_sequence_parallel: bool = True  # sequence parallelism on MoE models
     notes: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -159,9 +166,13 @@ _TORCHTITAN = FrameworkCapabilities(
 )
 
 _TRAINPLAN = FrameworkCapabilities(
-    # this repository's executor (executor/preflight.py says what it refuses)
+    # this repository's executor (executor/preflight.py says what it refuses; its MoE
+    # layer, executor/moe.py, `_check_moe`: ep groups of data-parallel ranks, experts whole
+    # on every tp rank, the whole sequence on each tp rank, ep peers running the same
+    # passes: no ZB-H1 W pass, no full recomputation, expert states sharded in whole
+    # numbers of ep groups)
     name="trainplan", version="trainplan 0.1.0 executor",
-    parallelisms=frozenset({"tp", "pp", "dp", "vp"}),
+    parallelisms=frozenset({"tp", "pp", "dp", "vp", "ep"}),
     schedules=frozenset(Schedule),
     sharding=(ANY_SHARDING,),
     recompute=frozenset({"none", "selective", "full"}),
@@ -171,8 +182,14 @@ _TRAINPLAN = FrameworkCapabilities(
     sequence_parallel="optional", uneven_stages=True, mixed_gpu_types=True, per_stage_tp=True,
     unlike_replicas=True, unequal_microbatches=True, per_stage_sharding=True,
     per_stage_recompute=True, rank_order=None,
-    notes={"ep": "the trainplan executor has no expert parallelism yet (issue 18.4), so its "
-           "search keeps ep 1; plan MoE models with --framework megatron or torchtitan"},
+    recompute_modules=frozenset({RecomputeModule.CORE_ATTN}),
+    ep_within_dp=True, ep_schedules=frozenset(Schedule) - {Schedule.ZB_H1},
+    ep_recompute=frozenset({"none", "selective"}), ep_sharding_multiple=True,
+    moe_expert_tp=False, moe_sequence_parallel=False,
+    notes={"recompute modules": "the executor's selective recomputation re-runs the "
+           "attention core (executor/model.py)",
+           "ep": "the executor's ep groups are data-parallel ranks (folding tp or cp into "
+           "ep is not implemented)"},
 )
 
 CAPABILITIES: dict[str, FrameworkCapabilities] = {
@@ -272,6 +289,7 @@ def unsupported(plan: Plan, capabilities: FrameworkCapabilities) -> list[str]:
     out += _sharding(plan, caps, s)
     out += _recompute(caps, s)
     out += _precision_and_kernels(plan, caps)
+    out += _moe(plan, caps, s)
     return out
 
 
@@ -365,6 +383,39 @@ def _recompute(caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
         out.append(f"selective recompute of {', '.join(missing)}: {caps.version} re-runs "
                    f"{', '.join(sorted(caps.recompute_modules))}"
                    f"{_note(caps, 'recompute modules')}")
+    return out
+
+
+def _moe(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
+    """An MoE plan's expert settings against the framework's own MoE limits."""
+    if not plan.model.is_moe:
+        return []
+    out, tr, name = [], plan.training, caps.version
+    tps = {st.tp for p in plan.pipelines for st in p.stages}
+    if not caps.moe_expert_tp and max(tps) > 1 and tr.etp != 1:
+        out.append(f"expert tp {tr.etp or max(tps)} (= tp): {name} keeps the experts whole "
+                   "on every tp rank (etp 1)")
+    if not caps.moe_sequence_parallel and tr.sequence_parallel and max(tps) > 1:
+        out.append(f"sequence parallelism on an MoE model: {name} runs the MoE layer on the "
+                   "whole sequence")
+    if s.ep == 1:
+        return out
+    if caps.ep_within_dp and s.dp % s.ep:
+        out.append(f"ep {s.ep} not dividing dp {s.dp}: {name} carves ep groups out of the "
+                   f"data-parallel replicas{_note(caps, 'ep')}")
+    if caps.ep_schedules is not None and tr.schedule not in caps.ep_schedules:
+        out.append(f"schedule {tr.schedule} with ep {s.ep}: {name} runs "
+                   f"{', '.join(sorted(caps.ep_schedules))} with expert parallelism")
+    for mode in s.recompute:
+        if caps.ep_recompute is not None and mode not in caps.ep_recompute:
+            out.append(f"recompute {mode} with ep {s.ep}: {name} recomputes "
+                       f"{', '.join(sorted(caps.ep_recompute))} with expert parallelism")
+    if caps.ep_sharding_multiple:
+        for sh in plan.shardings:
+            if any(n > s.ep and n % s.ep for n in (sh.params, sh.grads, sh.optim)):
+                out.append(f"sharding P/G/OS {sh.params}/{sh.grads}/{sh.optim} with ep "
+                           f"{s.ep}: {name} shards expert states over dp/ep replicas, each "
+                           "degree at most ep or a multiple of it")
     return out
 
 
