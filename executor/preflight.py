@@ -9,7 +9,7 @@ once, the batch adds up); these are the executor's own limits and this host's.
 from __future__ import annotations
 
 from planner.costs.kernels import supported_attention
-from planner.specs.choices import Recompute
+from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, Recompute
 from planner.specs.plan import Plan
 from profiler.schema import at, fail
 
@@ -117,6 +117,16 @@ def _check_zero_bubble(plan: Plan, where: str) -> None:
                      "recompute each layer again; allowed: none, selective (full on stage 0)")
 
 
+def _check_recompute_modules(plan: Plan, where: str) -> None:
+    """Selective recomputation here re-runs the attention core (executor/model.py)."""
+    modules = plan.training.recompute_modules
+    selective = any(s.recompute == Recompute.SELECTIVE for p in plan.pipelines for s in p.stages)
+    if selective and modules != DEFAULT_RECOMPUTE_MODULES:
+        fail(at(where, "training.recompute_modules"), [str(m) for m in modules],
+             "the executor's selective recomputation re-runs the attention core only "
+             "(core_attn)")
+
+
 def _check_kernels(plan: Plan, kind: str, where: str) -> None:
     m, tr = plan.model, plan.training
     if not m.lm_head:
@@ -212,6 +222,7 @@ def check_runnable(plan: Plan, *, cuda_devices: int, where: str = "plan:",
     _check_replicas(plan, where)
     _check_stages(plan, where)
     _check_schedule(plan, where)
+    _check_recompute_modules(plan, where)
     _check_kernels(plan, kind, where)
     _check_moe(plan, where)
     _check_comm(plan, where)

@@ -35,7 +35,7 @@ from typing import Literal
 from planner.calibration.published import VALIDATION_DIR, Case, ErrorSummary, summarize
 from planner.costs.workload import model_flops_per_token
 from planner.predict.results import SimResult
-from planner.specs.choices import Recompute
+from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, Recompute, RecomputeModule
 from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
 from planner.specs.model import ModelSpec, model_presets
@@ -43,7 +43,7 @@ from planner.specs.plan import Kernels, Plan
 from planner.specs.rules import ep_problem
 from profiler.schema import SpecError
 
-__all__ = ["MOE_CSV", "moe_cases", "scored_rows", "source_flops_per_token"]
+__all__ = ["MOE_CSV", "moe_cases", "recomputations", "scored_rows", "source_flops_per_token"]
 
 MOE_CSV = os.path.join(VALIDATION_DIR, "moe_throughput.csv")
 _GPUS = {"H100": "H100-80GB-SXM", "H800": "H800-80GB-SXM"}
@@ -80,14 +80,36 @@ def measured_s(r: dict[str, str], model: ModelSpec) -> float:
     return source_flops_per_token(model, int(r["seq"])) * tokens / (gpus * value * 1e12)
 
 
-def _recomputes(text: str) -> list[Recompute]:
-    if text.startswith("selective") or text.startswith("select"):
-        return [Recompute.SELECTIVE]
+# The sources' names for Megatron-Core's recompute modules (the ModelZoo tables write
+# "norm, act" for its scripts' `--recompute-modules layernorm moe_act`)
+_MODULE_NAMES = {"norm": RecomputeModule.LAYERNORM, "layernorm": RecomputeModule.LAYERNORM,
+                 "act": RecomputeModule.MOE_ACT, "moe_act": RecomputeModule.MOE_ACT,
+                 "moe": RecomputeModule.MOE, "mlp": RecomputeModule.MLP,
+                 "shared_expert": RecomputeModule.SHARED_EXPERTS,
+                 "shared_experts": RecomputeModule.SHARED_EXPERTS,
+                 "core_attn": RecomputeModule.CORE_ATTN}
+Recomputation = tuple[Recompute, tuple[RecomputeModule, ...]]
+
+
+def recomputations(text: str) -> list[Recomputation]:
+    """What a row's `recompute` cell says was recomputed: none, full, or selective with
+    Megatron-Core's modules ("selective: layernorm, moe"; "select" alone: the default,
+    core_attn). A cell that names no setting ("not stated") tries none, selective and
+    full; one naming a module this model has no term for (MLA's up-projection) none."""
+    text = text.strip()
+    if text in ("none", "none listed"):
+        return [(Recompute.NONE, DEFAULT_RECOMPUTE_MODULES)]
     if text == "full":
-        return [Recompute.FULL]
-    if text == "none":
-        return [Recompute.NONE]
-    return [Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL]  # not stated
+        return [(Recompute.FULL, DEFAULT_RECOMPUTE_MODULES)]
+    if text in ("select", "selective"):
+        return [(Recompute.SELECTIVE, DEFAULT_RECOMPUTE_MODULES)]
+    for prefix in ("selective:", "select ("):
+        if text.startswith(prefix):
+            names = [n.strip(" ()") for n in text[len(prefix):].split(",")]
+            if not all(n in _MODULE_NAMES for n in names):
+                return []
+            return [(Recompute.SELECTIVE, tuple(dict.fromkeys(_MODULE_NAMES[n] for n in names)))]
+    return [(mode, DEFAULT_RECOMPUTE_MODULES) for mode in Recompute]  # not stated
 
 
 def _sharding(r: dict[str, str]) -> str:
@@ -100,10 +122,11 @@ def _plans(r: dict[str, str], model: ModelSpec) -> tuple[Plan, ...]:
     cluster = parse_gpus_arg(f"{_GPUS[r['gpu']]}:{r['gpus']}")
     plans = []
     for mbs in [int(r["mbs"])] if r["mbs"] else [1, 2, 4]:
-        for recompute in _recomputes(r["recompute"]):
+        for recompute, modules in recomputations(r["recompute"]):
             cfg = ParallelConfig(
                 tp=tp, pp=int(r["pp"]), dp=dp, cp=int(r["cp"]), vp=int(r["vp"] or 1), mbs=mbs,
                 gbs=int(r["gbs"]), seq_len=int(r["seq"]), recompute=recompute,
+                recompute_modules=modules,
                 sequence_parallel=tp > 1, sharding=sharding_preset(_sharding(r), dp),
                 dtype=_DTYPES[r["dtype"]],  # type: ignore[arg-type]  # a DType value
                 ep=int(r["ep"]), etp=_etp(r, model))

@@ -67,7 +67,7 @@ def _attention_s(plan: Plan, profile: Profile, attention: str) -> float | None:
     shape = replace(workload_shape(spec, plan_runs(plan)[0]), attention=attention)
     work = layer_work(plan.model, shape)
     ops = [op for op in (*work.forward, *work.backward) if isinstance(op, Op)]
-    core = [op for op in work.selective_recompute if isinstance(op, Op)]  # the backend's ops
+    core = [op for op in work.attention_core if isinstance(op, Op)]  # the backend's ops
     if any(measured_op_time_s(profile, op) is None for op in core):
         return None
     costs = ComputeCosts(_first_device(plan), shape.dtype, profile)

@@ -167,7 +167,7 @@ def in_flight_chunks(*, schedule: Schedule, stage: int, pp: int, num_microbatche
 
 def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: Sharding,
                       tp: int, pp: int, expert_params: float = 0.0,
-                      ep: int = 1, etp: int | None = None
+                      ep: int = 1, etp: int | None = None, cp: int = 1
                       ) -> tuple[float, float, float, float]:
     """(parameters, gradients, optimizer states, gathered-parameter buffers) in bytes on one
     rank holding `params` parameters: 16-bit weights (fp32 when training in fp32), fp32
@@ -180,7 +180,8 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     Of `params`, the `expert_params` routed-expert weights (already split over ep) have
     fewer data-parallel peers: Megatron-Core shards their states over the
     expert-data-parallel group, dp x cp x tp / (ep x etp) (parallel_state.py), so a
-    sharding group of S replicas holds them over max(1, S x tp / (ep x etp)) ranks."""
+    sharding group of S > 1 replicas holds them over max(1, S x cp x tp / (ep x etp))
+    ranks (S = 1: replicated, as the dense states)."""
     dt = DType(dtype)
     low = dt.element_bytes + (2 if dt is DType.FP8 else 0)
     master = 4 if dt.master_weights else 0
@@ -192,7 +193,8 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     dense = params - expert_params
 
     def split(size: int) -> float:
-        return dense / size + expert_params / max(1.0, size * tp / (ep * (etp or tp)))
+        peers = size * cp * tp / (ep * (etp or tp)) if size > 1 else 1.0
+        return dense / size + expert_params / max(1.0, peers)
 
     return (split(sharding.params) * low, split(sharding.grads) * 4,
             split(sharding.optim) * (master + 8), gathered)
@@ -209,8 +211,11 @@ def activation_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadSh
                  Recompute.SELECTIVE: work.selective_activation_bytes,
                  Recompute.FULL: work.input_bytes}[recompute]
     buffers = 0.0
-    if recompute == Recompute.FULL:  # one layer's activations exist while it is recomputed
+    # one layer's recomputed tensors exist while its backward runs
+    if recompute == Recompute.FULL:
         buffers += work.activation_bytes
+    elif recompute == Recompute.SELECTIVE:
+        buffers += work.activation_bytes - work.selective_activation_bytes
     if last:
         buffers += head_work(model, shape)[2]
     return StageMemory(params_bytes=0.0, grads_bytes=0.0, optimizer_bytes=0.0,
@@ -231,7 +236,7 @@ def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
                                       ep=shape.ep)
     states = model_state_bytes(model, params=params, dtype=shape.dtype, sharding=sharding,
                                tp=shape.tp, pp=pp, expert_params=experts, ep=shape.ep,
-                               etp=shape.etp)
+                               etp=shape.etp, cp=shape.cp)
     return activation_memory(model, device=device, shape=shape, num_layers=num_layers,
                              last=last, recompute=recompute,
                              layers_in_flight=layers_in_flight).with_states(*states)

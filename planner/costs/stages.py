@@ -49,7 +49,13 @@ from planner.costs.workload import (
     layer_work,
     optimizer_work,
 )
-from planner.specs.choices import DType, Recompute, Schedule
+from planner.specs.choices import (
+    DEFAULT_RECOMPUTE_MODULES,
+    DType,
+    Recompute,
+    RecomputeModule,
+    Schedule,
+)
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Communication, Kernels, Plan, Sharding
@@ -169,6 +175,8 @@ class RunSettings:
     virtual_stages: int
     kernels: Kernels
     comm: Communication = Communication()  # how the framework communicates (Training.comm)
+    # what selective recomputation re-runs (Training.recompute_modules)
+    recompute_modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES
 
     def __post_init__(self) -> None:
         coerce_choices(self)
@@ -566,7 +574,10 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
     return WorkloadShape(micro_batch_size=run.micro_batch_size, seq_len=run.seq_len, tp=p.tp,
                          cp=p.cp, sequence_parallel=run.sequence_parallel and p.tp > 1,
                          dtype=run.dtype, attention=p.attention or run.kernels.attention,
-                         ep=p.ep, etp=p.etp, dispatcher=run.comm.moe_dispatcher)
+                         ep=p.ep, etp=p.etp, dispatcher=run.comm.moe_dispatcher,
+                         recompute_modules=tuple(run.recompute_modules
+                                                 if p.recompute == Recompute.SELECTIVE
+                                                 else DEFAULT_RECOMPUTE_MODULES))
 
 
 def _p2p(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: WorkloadShape,
@@ -680,7 +691,7 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep)
     states = model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
                                tp=p.tp, pp=spec.pp, expert_params=experts, ep=p.ep,
-                               etp=p.expert_tp)
+                               etp=p.expert_tp, cp=p.cp)
     return ShardingTerms(sync, _compute_costs(spec.device, dtype, profiles).time_s(opt),
                          states)
 
@@ -723,7 +734,8 @@ def plan_runs(plan: Plan) -> list[RunSettings]:
     return [RunSettings(micro_batch_size=p.micro_batch_size,
                         num_microbatches=p.num_microbatches, seq_len=tr.seq_len, dtype=tr.dtype,
                         sequence_parallel=tr.sequence_parallel, schedule=tr.schedule,
-                        virtual_stages=tr.virtual_stages, kernels=plan.kernels, comm=tr.comm)
+                        virtual_stages=tr.virtual_stages, kernels=plan.kernels, comm=tr.comm,
+                        recompute_modules=tr.recompute_modules)
             for p in plan.pipelines]
 
 

@@ -82,6 +82,8 @@ class WorkloadShape:
     ep: int = 1  # expert parallel: routed experts split over ep ranks (MoE models)
     etp: int | None = None  # expert tensor parallel: 1 or tp (None: tp, Megatron's default)
     dispatcher: str = "alltoall"  # MoE token dispatch: alltoall | deepep
+    # what selective recomputation re-runs (`RecomputeModule` values; Megatron's default)
+    recompute_modules: tuple[str, ...] = ("core_attn",)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class LayerWork:
     activation_bytes: float  # saved for backward, no recompute
     selective_activation_bytes: float  # saved under selective recompute
     input_bytes: float  # the layer input, all that full recompute keeps
+    attention_core: tuple[Work, ...] = ()  # the attention backend's ops (and cp's ring)
 
 
 def _gemm(name: str, m: int, n: int, k: int, elem: int, batch: int = 1, kernels: int = 1,
@@ -155,6 +158,9 @@ class _Ffn:
     forward: tuple[Work, ...]
     backward: tuple[Work, ...]
     saved_bytes: float  # kept for backward (split by tp)
+    # per recompute module of this part ("mlp", "moe", "moe_act", "shared_experts"):
+    # the forward work it re-runs and the saved bytes it frees
+    modules: tuple[tuple[str, tuple[Work, ...], float], ...] = ()
 
 
 def _mlp_ops(prefix: str, model: ModelSpec, *, tokens: float, ffn_local: int, elem: int,
@@ -191,9 +197,10 @@ def _ffn_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     fc1, act, fc2, saved = _mlp_ops("mlp", model, tokens=n,
                                     ffn_local=model.ffn_hidden_size // w.tp, elem=elem,
                                     linear=linear)
-    dense = _Ffn((*mlp_in, fc1, act, fc2, *mlp_out),
+    forward: tuple[Work, ...] = (*mlp_in, fc1, act, fc2, *mlp_out)
+    dense = _Ffn(forward,
                  (*mlp_out_bwd, *_backward_of(fc2), *_backward_of(act), *_backward_of(fc1),
-                  *mlp_in_bwd), saved)
+                  *mlp_in_bwd), saved, (("mlp", forward, saved),))
     share = model.moe_layer_fraction
     if share == 0.0:
         return dense
@@ -202,7 +209,10 @@ def _ffn_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
         return moe
     return _Ffn((*_scaled(dense.forward, 1 - share), *_scaled(moe.forward, share)),
                 (*_scaled(moe.backward, share), *_scaled(dense.backward, 1 - share)),
-                dense.saved_bytes * (1 - share) + moe.saved_bytes * share)
+                dense.saved_bytes * (1 - share) + moe.saved_bytes * share,
+                tuple((name, _scaled(ops, part), freed * part)
+                      for kind, part in ((dense, 1 - share), (moe, share))
+                      for name, ops, freed in kind.modules))
 
 
 def _scaled(items: tuple[Work, ...], share: float) -> tuple[Work, ...]:
@@ -280,9 +290,11 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     fc1, act, fc2, saved = _mlp_ops("moe.expert", model, tokens=computed / local,
                                     ffn_local=model.expert_ffn // etp, elem=elem, linear=linear,
                                     batch=local)
-    # kept: router probabilities (fp32), the permuted tokens (fc1's input), the expert
-    # outputs the unpermute weighs
-    saved += 4 * n_r * experts + computed * h * linear + routed * h * elem
+    # kept: router probabilities (fp32), the permuted tokens (fc1's input) and their
+    # probabilities: Megatron-Core's experts weigh their activation by them
+    # (TEGroupedMLP `activation_func_with_probs`), so the unpermute is a plain scatter-add
+    # that keeps nothing
+    saved += 4 * n_r * experts + computed * h * linear + 4 * computed
     send: tuple[Comm, ...] = (dispatch,) if w.ep > 1 else ()
     back: tuple[Comm, ...] = (combine,) if w.ep > 1 else ()
     forward: list[Work] = [router, topk, permute, *send, *tp_in, fc1, act, fc2, *tp_out,
@@ -290,15 +302,24 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     backward: list[Work] = [*_backward_of(unpermute), *back, *tp_out_bwd, *_backward_of(fc2),
                             *_backward_of(act), *_backward_of(fc1), *tp_in_bwd, *send,
                             *_backward_of(permute), *_backward_of(topk), *_backward_of(router)]
+    # moe_act: fc2's input is dropped and the activation run again (with fp8, Megatron
+    # has fc2 save its bf16 input for this, `set_save_original_input`, then drops it)
+    modules: list[tuple[str, tuple[Work, ...], float]] = [
+        ("moe_act", (act,), float(act.shape[0] * linear))]
     if model.num_shared_experts:
         s1, s_act, s2, s_saved = _mlp_ops("moe.shared", model, tokens=n,
                                           ffn_local=model.shared_ffn // t, elem=elem,
                                           linear=linear)
-        forward.extend((*mlp_in, s1, s_act, s2, *mlp_out))
+        shared: tuple[Work, ...] = (*mlp_in, s1, s_act, s2, *mlp_out)
+        forward.extend(shared)
         backward[:0] = (*mlp_out_bwd, *_backward_of(s2), *_backward_of(s_act),
                         *_backward_of(s1), *mlp_in_bwd)
         saved += s_saved
-    return _Ffn(tuple(forward), tuple(backward), float(saved))
+        modules.append(("shared_experts", shared, s_saved))
+    # moe: the whole block again, its all-to-alls too (MoELayer checkpoints router,
+    # dispatch, experts, combine and shared experts as one function of its input)
+    modules.append(("moe", tuple(forward), float(saved)))
+    return _Ffn(tuple(forward), tuple(backward), float(saved), tuple(modules))
 
 
 @cache
@@ -369,20 +390,33 @@ def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
         *_backward_of(attn_res), *attn_out_bwd, *_backward_of(proj), *core_bwd, *cp_comm,
         *_backward_of(qkv), *attn_in_bwd, *_backward_of(attn_norm),
     )
-    saved, saved_selective = _saved_activation_bytes(model, w, q_heads, kv_heads, ffn.saved_bytes)
+    saved, core_bytes, norm_out_bytes = _saved_activation_bytes(model, w, q_heads, kv_heads,
+                                                                ffn.saved_bytes)
+    # each recompute module: the forward work it re-runs and the saved bytes it frees
+    parts: list[tuple[str, tuple[Work, ...], float]] = [
+        ("layernorm", (attn_norm,), 0.0), ("core_attn", (*cp_comm, *core), core_bytes),
+        ("layernorm", (mlp_norm,), norm_out_bytes), *ffn.modules]
+    chosen = set(w.recompute_modules)
+    if "moe" in chosen:  # the MoE block's checkpoint already re-runs these
+        chosen -= {"moe_act", "shared_experts"}
+    again = [(ops, freed) for name, ops, freed in parts if name in chosen]
     return LayerWork(
         forward=forward,
         backward=backward,
-        selective_recompute=(*cp_comm, *core),
+        selective_recompute=tuple(op for ops, _ in again for op in ops),
         activation_bytes=saved,
-        selective_activation_bytes=saved_selective,
+        selective_activation_bytes=saved - sum(freed for _, freed in again),
         input_bytes=float(n_sp * h * elem),
+        attention_core=(*cp_comm, *core),
     )
 
 
 def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
-                            kv_heads: int, mlp: float) -> tuple[float, float]:
-    """Bytes a layer keeps for backward: (no recompute, selective recompute).
+                            kv_heads: int, mlp: float) -> tuple[float, float, float]:
+    """Bytes a layer keeps for backward without recompute, of which the attention core's
+    (what recomputing it frees) and the two norms' outputs (the QKV and MLP inputs, what
+    recomputing the norms frees: with fp8 Megatron has those linears save the bf16 norm
+    output, `set_for_recompute_input_layernorm`, and drops it).
 
     Korthikanti et al. 2022 §4.1, generalised per tensor (GQA, SwiGLU, fused attention):
     for GPT with 16-bit activations and dropout this is sbh(34/t) + 5as²b/t with sequence
@@ -396,7 +430,8 @@ def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
     d = model.head_dim
     mask = 1 if model.dropout else 0  # one byte per element
     # Replicated across tp (split by sp): two norm inputs, QKV input, MLP input, two masks.
-    replicated = n_rep * h * (2 * e + g + g + 2 * mask)
+    norm_outputs = n_rep * h * (g + g)
+    replicated = n_rep * h * (2 * e + 2 * mask) + norm_outputs
     # Split by tp: Q, K, V; the output-projection input; the MLP activations (`mlp`,
     # from `_ffn_block`).
     qkv = n * d * (q_heads + 2 * kv_heads) * e
@@ -409,7 +444,7 @@ def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
         core = b * q_heads * s * 4  # fp32 log-sum-exp per row; the output is proj_in
     if g != e:  # the attention output is saved at full precision beside its FP8 cast
         core += n * q_heads * d * e
-    return float(selective + core), float(selective)
+    return float(selective + core), float(core), float(norm_outputs)
 
 
 @cache
@@ -499,18 +534,26 @@ def _forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, flo
     """(layer matmuls, attention scores+context, logits) forward FLOPs per token, with full
     (non-causal-skipping) attention as the Megatron-LM formula counts it; an MoE model's
     average layer counts its active experts only."""
+    per_layer = sum(_layer_matmul_flops_per_token(model).values())
+    attention = 2 * 2 * seq_len * model.num_heads * model.head_dim
+    return per_layer, attention, 2.0 * model.hidden_size * model.vocab_size if model.lm_head else 0.0
+
+
+def _layer_matmul_flops_per_token(model: ModelSpec) -> dict[str, float]:
+    """Forward matmul FLOPs per token of the model's average layer, by part: attention
+    projections, dense MLP, MoE router + routed experts, shared experts."""
     h, d = model.hidden_size, model.head_dim
     dense_mlp = h * model.mlp_in_width + model.ffn_hidden_size * h
     # An MoE layer's active weights: router, shared experts, top-k routed experts (how
     # Megatron-Bridge's flop_utils counts "model FLOPs" of MoE models)
     gated = 3 if model.activation == "swiglu" else 2
-    moe_mlp = h * (model.num_experts + gated * (model.shared_ffn
-                                                + model.experts_per_token * model.expert_ffn))
     share = model.moe_layer_fraction
-    per_layer = 2 * (h * (model.num_heads + 2 * model.kv_heads) * d + model.num_heads * d * h
-                     + (1 - share) * dense_mlp + share * moe_mlp)
-    attention = 2 * 2 * seq_len * model.num_heads * d
-    return per_layer, attention, 2.0 * h * model.vocab_size if model.lm_head else 0.0
+    return {"attention": 2 * (h * (model.num_heads + 2 * model.kv_heads) * d
+                              + model.num_heads * d * h),
+            "mlp": 2 * (1 - share) * dense_mlp,
+            "routed": 2 * share * h * (model.num_experts
+                                       + gated * model.experts_per_token * model.expert_ffn),
+            "shared_experts": 2 * share * h * gated * model.shared_ffn}
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
@@ -523,9 +566,16 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     return 3.0 * (model.num_layers * (per_layer + attention) + logits)
 
 
-def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> float:
+def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str,
+                             modules: tuple[str, ...] = ("core_attn",)) -> float:
     """Model FLOPs plus what recomputation runs again (Megatron's hardware-FLOPs count:
-    96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) for full recompute)."""
+    96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) for full recompute); selective recomputation
+    re-runs the matmuls of its `modules` (norms and activations have none)."""
     per_layer, attention, _ = _forward_flops_per_token(model, seq_len)
-    again = {"none": 0.0, "selective": attention, "full": per_layer + attention}[recompute]
+    parts = _layer_matmul_flops_per_token(model)
+    selective = (attention if "core_attn" in modules else 0.0) + sum(
+        parts[name] for name, chosen in (("mlp", "mlp"), ("routed", "moe"),
+                                         ("shared_experts", "shared_experts"))
+        if chosen in modules or (name == "shared_experts" and "moe" in modules))
+    again = {"none": 0.0, "selective": selective, "full": per_layer + attention}[recompute]
     return model_flops_per_token(model, seq_len) + model.num_layers * again

@@ -19,7 +19,7 @@ from planner.export.frameworks import (
     plan_shape,
     unsupported,
 )
-from planner.specs.choices import Recompute, Schedule
+from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, Recompute, Schedule
 from planner.specs.plan import Plan
 
 __all__ = ["CONFIG_FILES", "Export", "FORMATS", "export_plan", "megatron_args"]
@@ -76,6 +76,8 @@ def megatron_args(plan: Plan) -> list[str]:
                  "--recompute-num-layers 1"]
     elif recompute == Recompute.SELECTIVE:
         args.append("--recompute-granularity selective")
+        if tr.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
+            args.append("--recompute-modules " + " ".join(tr.recompute_modules))
     args.append("--attention-backend "
                 + {"flash": "flash", "math": "unfused"}.get(plan.kernels.attention, "auto"))
     sh = plan.sharding
@@ -137,12 +139,17 @@ def _megatron_pipeline(plan: Plan, s: PlanShape) -> list[str]:
     return [f"--pipeline-model-parallel-layout {'|'.join(parts)}"]
 
 
+_MEGATRON_LIST_FLAGS = ("--recompute-modules ",)
+
+
 def _megatron(plan: Plan) -> Export:
     issues = unsupported(plan, CAPABILITIES["megatron"])
     if plan.model.position_embedding == "alibi":
         issues.append("position embedding alibi: Megatron-LM's GPT has learned_absolute, "
                       "rope and none")
-    lines = [shlex.join(a.split(" ", 1)) for a in megatron_args(plan)]
+    # a flag and its value, quoted; a flag taking a list (argparse nargs) gets each item
+    lines = [shlex.join(a.split(" ") if a.startswith(_MEGATRON_LIST_FLAGS) else a.split(" ", 1))
+             for a in megatron_args(plan)]
     return Export(" \\\n    ".join(lines) + "\n", tuple(issues))
 
 

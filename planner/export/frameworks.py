@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from planner.specs.choices import Schedule
+from planner.specs.choices import Recompute, RecomputeModule, Schedule
 from planner.specs.plan import Plan
 
 __all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
@@ -59,6 +59,15 @@ class FrameworkCapabilities:
     per_stage_recompute: bool
     tp_with_pp: bool = True
     rank_order: str | None = "tp-cp-dp-pp"  # how it numbers ranks (None: as the plan says)
+    # what selective recomputation can re-run (Training.recompute_modules)
+    recompute_modules: frozenset[str] = frozenset(RecomputeModule)
+    # MoE: expert parallelism's own limits (defaults: none beyond specs/rules.py)
+    ep_within_dp: bool = False  # ep groups are data-parallel replicas only (ep divides dp)
+    ep_schedules: frozenset[str] | None = None  # schedules with ep > 1 (None: `schedules`)
+    ep_recompute: frozenset[str] | None = None  # recompute modes with ep > 1 (None: all)
+    ep_sharding_multiple: bool = False  # with ep > 1 each sharding degree <= ep or k x ep
+    moe_expert_tp: bool = True  # expert tp = tp > 1 (False: an MoE model with tp needs etp 1)
+    moe_sequence_parallel: bool = True  # sequence parallelism on MoE models
     notes: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -157,9 +166,13 @@ _TORCHTITAN = FrameworkCapabilities(
 )
 
 _TRAINPLAN = FrameworkCapabilities(
-    # this repository's executor (executor/preflight.py says what it refuses)
+    # this repository's executor (executor/preflight.py says what it refuses; its MoE
+    # layer, executor/moe.py, `_check_moe`: ep groups of data-parallel ranks, experts whole
+    # on every tp rank, the whole sequence on each tp rank, ep peers running the same
+    # passes: no ZB-H1 W pass, no full recomputation, expert states sharded in whole
+    # numbers of ep groups)
     name="trainplan", version="trainplan 0.1.0 executor",
-    parallelisms=frozenset({"tp", "pp", "dp", "vp"}),
+    parallelisms=frozenset({"tp", "pp", "dp", "vp", "ep"}),
     schedules=frozenset(Schedule),
     sharding=(ANY_SHARDING,),
     recompute=frozenset({"none", "selective", "full"}),
@@ -169,8 +182,14 @@ _TRAINPLAN = FrameworkCapabilities(
     sequence_parallel="optional", uneven_stages=True, mixed_gpu_types=True, per_stage_tp=True,
     unlike_replicas=True, unequal_microbatches=True, per_stage_sharding=True,
     per_stage_recompute=True, rank_order=None,
-    notes={"ep": "the trainplan executor has no expert parallelism yet (issue 18.4), so its "
-           "search keeps ep 1; plan MoE models with --framework megatron or torchtitan"},
+    recompute_modules=frozenset({RecomputeModule.CORE_ATTN}),
+    ep_within_dp=True, ep_schedules=frozenset(Schedule) - {Schedule.ZB_H1},
+    ep_recompute=frozenset({"none", "selective"}), ep_sharding_multiple=True,
+    moe_expert_tp=False, moe_sequence_parallel=False,
+    notes={"recompute modules": "the executor's selective recomputation re-runs the "
+           "attention core (executor/model.py)",
+           "ep": "the executor's ep groups are data-parallel ranks (folding tp or cp into "
+           "ep is not implemented)"},
 )
 
 CAPABILITIES: dict[str, FrameworkCapabilities] = {
@@ -212,6 +231,7 @@ class PlanShape:
     tp_alike: bool  # one tp and one cp in the whole plan
     recompute: tuple[str, ...]  # distinct recompute modes, first replica's order
     ep: int = 1  # expert-parallel degree (MoE)
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # what selective re-runs
 
 
 def plan_shape(plan: Plan) -> PlanShape:
@@ -236,7 +256,7 @@ def plan_shape(plan: Plan) -> PlanShape:
                           for p in plan.pipelines[1:]),
         tp_alike=len({(s.tp, s.cp) for p in plan.pipelines for s in p.stages}) == 1,
         recompute=tuple(dict.fromkeys(s.recompute for p in plan.pipelines for s in p.stages)),
-        ep=plan.training.ep)
+        ep=plan.training.ep, recompute_modules=tuple(plan.training.recompute_modules))
 
 
 def chunk_layer_counts(layers: tuple[int, ...], vp: int) -> list[int]:
@@ -269,6 +289,7 @@ def unsupported(plan: Plan, capabilities: FrameworkCapabilities) -> list[str]:
     out += _sharding(plan, caps, s)
     out += _recompute(caps, s)
     out += _precision_and_kernels(plan, caps)
+    out += _moe(plan, caps, s)
     return out
 
 
@@ -357,6 +378,44 @@ def _recompute(caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
         if mode not in caps.recompute:
             out.append(f"recompute {mode}: {caps.version} has "
                        f"{', '.join(sorted(caps.recompute))}{_note(caps, f'recompute {mode}')}")
+    missing = [m for m in s.recompute_modules if m not in caps.recompute_modules]
+    if Recompute.SELECTIVE in s.recompute and missing:
+        out.append(f"selective recompute of {', '.join(missing)}: {caps.version} re-runs "
+                   f"{', '.join(sorted(caps.recompute_modules))}"
+                   f"{_note(caps, 'recompute modules')}")
+    return out
+
+
+def _moe(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
+    """An MoE plan's expert settings against the framework's own MoE limits."""
+    if not plan.model.is_moe:
+        return []
+    out, tr, name = [], plan.training, caps.version
+    tps = {st.tp for p in plan.pipelines for st in p.stages}
+    if not caps.moe_expert_tp and max(tps) > 1 and tr.etp != 1:
+        out.append(f"expert tp {tr.etp or max(tps)} (= tp): {name} keeps the experts whole "
+                   "on every tp rank (etp 1)")
+    if not caps.moe_sequence_parallel and tr.sequence_parallel and max(tps) > 1:
+        out.append(f"sequence parallelism on an MoE model: {name} runs the MoE layer on the "
+                   "whole sequence")
+    if s.ep == 1:
+        return out
+    if caps.ep_within_dp and s.dp % s.ep:
+        out.append(f"ep {s.ep} not dividing dp {s.dp}: {name} carves ep groups out of the "
+                   f"data-parallel replicas{_note(caps, 'ep')}")
+    if caps.ep_schedules is not None and tr.schedule not in caps.ep_schedules:
+        out.append(f"schedule {tr.schedule} with ep {s.ep}: {name} runs "
+                   f"{', '.join(sorted(caps.ep_schedules))} with expert parallelism")
+    for mode in s.recompute:
+        if caps.ep_recompute is not None and mode not in caps.ep_recompute:
+            out.append(f"recompute {mode} with ep {s.ep}: {name} recomputes "
+                       f"{', '.join(sorted(caps.ep_recompute))} with expert parallelism")
+    if caps.ep_sharding_multiple:
+        for sh in plan.shardings:
+            if any(n > s.ep and n % s.ep for n in (sh.params, sh.grads, sh.optim)):
+                out.append(f"sharding P/G/OS {sh.params}/{sh.grads}/{sh.optim} with ep "
+                           f"{s.ep}: {name} shards expert states over dp/ep replicas, each "
+                           "degree at most ep or a multiple of it")
     return out
 
 

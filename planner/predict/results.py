@@ -124,7 +124,8 @@ def make_result(plan: Plan, *, method: str, iteration_s: float, breakdown: Break
     num_gpus = plan.num_gpus_used
     model_flops = model_flops_per_token(plan.model, tr.seq_len) * tokens
     recompute = plan.pipelines[0].stages[0].recompute
-    hw_flops = hardware_flops_per_token(plan.model, tr.seq_len, recompute) * tokens
+    hw_flops = hardware_flops_per_token(plan.model, tr.seq_len, recompute,
+                                        tuple(tr.recompute_modules)) * tokens
     slots = plan.cluster.slots
     peak = 0.0
     for pipe in plan.pipelines:

@@ -75,7 +75,8 @@ class LayoutModel:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, dtype: str,
                  seq_len: int, gbs: int, kernels: Kernels, profiles: Profiles | None = None,
-                 sharding: tuple[ShardPattern, ...] = (ANY_SHARDING,)):
+                 sharding: tuple[ShardPattern, ...] = (ANY_SHARDING,),
+                 ep_sharding_multiple: bool = False):
         self.model, self.layout, self.profiles = model, layout, profiles
         self.cluster = cluster.take(layout.num_gpus, where="search")
         self.dtype, self.seq_len, self.gbs, self.kernels = dtype, seq_len, gbs, kernels
@@ -100,7 +101,7 @@ class LayoutModel:
         for d in self._representatives(devices):
             stages = [PlacedStage(devices=devices[d][k], tp=lo.tp, cp=lo.cp,
                                   num_layers=self.counts[k], recompute=Recompute.NONE,
-                                  ep=lo.ep)
+                                  ep=lo.ep, etp=lo.etp)
                       for k in range(lo.pp)]
             kinds = []
             for spec in replica_specs(self.cluster, stages, groups=groups, shardings=unsharded):
@@ -116,6 +117,10 @@ class LayoutModel:
         self.levels = sharding_levels(lo.dp, max(1, group.gpus_per_node // (lo.tp * lo.cp)))
         # the shardings this layout may take (`sharding`: the framework's patterns)
         self.choices = allowed_options(self.levels, dp=lo.dp, patterns=sharding)
+        if ep_sharding_multiple and lo.ep > 1:  # expert states in whole ep groups
+            self.choices = [sh for sh in self.choices
+                            if all(n <= lo.ep or n % lo.ep == 0
+                                   for n in (sh.params, sh.grads, sh.optim))]
 
     def _representatives(self, devices: list[list[tuple[int, ...]]]) -> list[int]:
         """The first replica of each placement pattern: the node group of every GPU, which

@@ -260,7 +260,8 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace
             models[lo] = LayoutModel(req.model, cluster, lo, dtype=req.dtype,
                                      seq_len=req.seq_len, gbs=req.gbs, kernels=kernels,
                                      profiles=req.profiles,
-                                     sharding=space.sharding_patterns(lo.pp))
+                                     sharding=space.sharding_patterns(lo.pp),
+                                     ep_sharding_multiple=space.ep_sharding_multiple)
             evaluations.extend(models[lo].evaluate(mi) for mi in micros)
             count += len(micros)
         tick()  # progress: one layout
@@ -293,7 +294,7 @@ def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sh
     cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp, mbs=mi.mbs,
                          gbs=req.gbs, seq_len=req.seq_len, recompute=mi.recompute,
                          sequence_parallel=mi.sequence_parallel, sharding=sharding,
-                         dtype=req.dtype, schedule=mi.schedule, ep=lo.ep)
+                         dtype=req.dtype, schedule=mi.schedule, ep=lo.ep, etp=lo.etp)
     sub = cluster.take(lo.num_gpus, where="search")
     return homogeneous_plan(req.model, sub, cfg, kernels=_kernels(req, cluster))
 

@@ -39,6 +39,7 @@ class Layout:
     pp: int
     dp: int
     ep: int = 1  # MoE: routed experts split over ep of the dp x cp ranks
+    etp: int | None = None  # MoE: expert tp, 1 or tp (None: tp)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,15 @@ class SearchSpace:
     tp_with_pp: bool = True  # tp > 1 and pp > 1 in one layout
     uneven_stages: bool = True  # stages (and chunks) of different layer counts
     ep: tuple[int, ...] = (1,)  # expert-parallel degrees (MoE models)
+    # MoE limits of a framework (FrameworkCapabilities): ep groups of data-parallel ranks
+    # only; schedules and recompute modes with ep > 1 (None: any); expert tp 1 where
+    # tp > 1; sequence parallelism on MoE models with tp > 1 (Megatron-Core requires it)
+    ep_within_dp: bool = False
+    ep_schedules: tuple[Schedule, ...] | None = None
+    ep_recompute: tuple[Recompute, ...] | None = None
+    expert_tp_one: bool = False
+    moe_sequence_parallel: bool = True
+    ep_sharding_multiple: bool = False  # with ep > 1 sharding degrees <= ep or k x ep
 
     def sharding_patterns(self, pp: int) -> tuple[ShardPattern, ...]:
         """The sharding patterns a layout of `pp` stages may take."""
@@ -135,7 +145,14 @@ def for_framework(space: SearchSpace, caps: FrameworkCapabilities) -> SearchSpac
                   or within(Schedule.chosen(), caps.schedules)),
         sharding=caps.sharding, sharding_with_pp=caps.sharding_with_pp,
         tp_with_pp=space.tp_with_pp and caps.tp_with_pp,
-        uneven_stages=space.uneven_stages and caps.uneven_stages)
+        uneven_stages=space.uneven_stages and caps.uneven_stages,
+        ep_within_dp=caps.ep_within_dp,
+        ep_schedules=None if caps.ep_schedules is None
+        else tuple(s for s in Schedule if s in caps.ep_schedules),
+        ep_recompute=None if caps.ep_recompute is None
+        else tuple(r for r in Recompute if r in caps.ep_recompute),
+        expert_tp_one=not caps.moe_expert_tp, moe_sequence_parallel=caps.moe_sequence_parallel,
+        ep_sharding_multiple=caps.ep_sharding_multiple)
 
 
 # Named predicates: a layout or candidate is kept when every one holds (the rules are
@@ -149,8 +166,23 @@ def cp_fits_sequence(seq_len: int, cp: int) -> bool:
     return cp_problem(seq_len, cp) is None
 
 
-def ep_fits(model: ModelSpec, ep: int, dp: int, cp: int) -> bool:
-    return ep_problem(model, ep, dp=dp, cp=cp) is None
+def ep_fits(model: ModelSpec, ep: int, dp: int, cp: int, *, within_dp: bool = False) -> bool:
+    return ep_problem(model, ep, dp=dp, cp=cp) is None and not (within_dp and dp % ep)
+
+
+def expert_tp(space: SearchSpace, model: ModelSpec, tp: int) -> int | None:
+    """The layout's expert tp: 1 where the framework keeps experts whole on every tp rank,
+    else tp (None)."""
+    return 1 if space.expert_tp_one and model.is_moe and tp > 1 else None
+
+
+def ep_allows(space: SearchSpace, layout: Layout, micro: Micro) -> bool:
+    """With ep > 1, only the schedules and recompute modes the framework runs with it."""
+    if layout.ep == 1:
+        return True
+    return ((space.ep_schedules is None or micro.schedule.for_chunks(micro.vp)
+             in space.ep_schedules)
+            and (space.ep_recompute is None or micro.recompute in space.ep_recompute))
 
 
 def split_fits_gpus(n: int, tp: int, cp: int, pp: int) -> bool:
@@ -192,7 +224,7 @@ def sequence_parallel_values(space: SearchSpace, layout: Layout,
     if layout.tp == 1:
         return (False,)
     if model is not None and model.is_moe:
-        return tuple(sp for sp in space.sequence_parallel if sp)
+        return tuple(sp for sp in space.sequence_parallel if sp == space.moe_sequence_parallel)
     return space.sequence_parallel
 
 
@@ -217,8 +249,8 @@ def layouts(space: SearchSpace, model: ModelSpec, *, gbs: int, seq_len: int) -> 
         if gbs % dp:  # not even one sequence per replica and micro-batch
             continue
         for ep in space.ep:
-            if ep_fits(model, ep, dp, cp):
-                yield Layout(n, tp, cp, pp, dp, ep)
+            if ep_fits(model, ep, dp, cp, within_dp=space.ep_within_dp):
+                yield Layout(n, tp, cp, pp, dp, ep, expert_tp(space, model, tp))
 
 
 def candidates(space: SearchSpace, model: ModelSpec, layout: Layout, *, gbs: int
@@ -229,5 +261,6 @@ def candidates(space: SearchSpace, model: ModelSpec, layout: Layout, *, gbs: int
         micro = Micro(vp, mbs, rc, sp, schedule)
         if (batch_divides(gbs, layout.dp, mbs) and pp_fits_layers(model, layout.pp, vp)
                 and interleaving_valid(layout, micro, gbs) and schedule_valid(layout, micro)
-                and stages_even_where_needed(space, model, layout.pp, vp)):
+                and stages_even_where_needed(space, model, layout.pp, vp)
+                and ep_allows(space, layout, micro)):
             yield micro

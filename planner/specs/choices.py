@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["DType", "PipelineP2P", "Recompute", "Schedule", "ShardingPreset", "values"]
+__all__ = ["DEFAULT_RECOMPUTE_MODULES", "DType", "PipelineP2P", "Recompute", "RecomputeModule",
+           "Schedule", "ShardingPreset", "values"]
 
 
 class Schedule(StrEnum):
@@ -68,6 +69,26 @@ class Recompute(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+
+
+class RecomputeModule(StrEnum):
+    """What selective recomputation re-runs: Megatron-Core's `recompute_modules`
+    (megatron/core/transformer/transformer_config.py, with --recompute-granularity
+    selective; default ["core_attn"]). "layernorm" and "moe_act" discard their outputs
+    and recompute them before the backward needs them (output-discarding checkpointing);
+    the others keep only their input (normal checkpointing). A module the model does not
+    have (moe_act on a dense model) recomputes nothing."""
+
+    CORE_ATTN = "core_attn"  # scores, softmax, context (Korthikanti et al. 2022 §5)
+    LAYERNORM = "layernorm"  # the input and pre-MLP norms
+    MLP = "mlp"  # a dense layer's whole MLP
+    MOE = "moe"  # an MoE layer's whole block: router, dispatch, experts, combine, shared
+    MOE_ACT = "moe_act"  # the routed experts' activation function
+    SHARED_EXPERTS = "shared_experts"  # an MoE layer's shared experts
+
+
+# Megatron-Core's default `recompute_modules`: selective recomputation of the attention core.
+DEFAULT_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = (RecomputeModule.CORE_ATTN,)
 
 
 class ShardingPreset(StrEnum):

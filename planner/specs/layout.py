@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.specs.choices import DType, Recompute, Schedule, ShardingPreset
+from planner.specs.choices import (
+    DEFAULT_RECOMPUTE_MODULES,
+    DType,
+    Recompute,
+    RecomputeModule,
+    Schedule,
+    ShardingPreset,
+)
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import (
@@ -55,6 +62,7 @@ class ParallelConfig:
     schedule: Schedule = Schedule.ONE_F_ONE_B  # with vp > 1: interleaved 1F1B
     ep: int = spec_field(default=1, min=1, help="expert-parallel degree (MoE; divides dp x cp)")
     etp: int | None = spec_field(default=None, min=1, help="expert tensor parallel: 1 or tp")
+    recompute_modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES  # selective's
 
     @property
     def num_gpus(self) -> int:
@@ -140,7 +148,8 @@ def homogeneous_plan(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig
     training = Training(global_batch_size=cfg.gbs, seq_len=cfg.seq_len, dtype=cfg.dtype,
                         sequence_parallel=cfg.sequence_parallel and cfg.tp > 1,
                         schedule=cfg.schedule.for_chunks(cfg.vp), virtual_stages=cfg.vp,
-                        ep=cfg.ep, etp=None if cfg.etp == cfg.tp else cfg.etp)
+                        ep=cfg.ep, etp=None if cfg.etp == cfg.tp else cfg.etp,
+                        recompute_modules=cfg.recompute_modules)
     plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
                 sharding=cfg.sharding, kernels=kernels or Kernels())
     plan.check("plan")

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from planner.outputs import PLAN_SUFFIXES, atomic_path
-from planner.specs.choices import DType, PipelineP2P, Recompute, Schedule
+from planner.specs.choices import (
+    DEFAULT_RECOMPUTE_MODULES,
+    DType,
+    PipelineP2P,
+    Recompute,
+    RecomputeModule,
+    Schedule,
+)
 from planner.specs.cluster import TRAIN_DTYPES, ClusterSpec, check_train_dtype
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec
@@ -172,14 +179,23 @@ class Training:
     etp: int | None = spec_field(default=None, min=1, max=MAX_GPUS,
                                  help="expert tensor parallel: 1 or tp (default tp; Megatron "
                                  "--expert-tensor-parallel-size)")
+    recompute_modules: tuple[RecomputeModule, ...] = spec_field(
+        default=DEFAULT_RECOMPUTE_MODULES, help="what stages with selective recompute re-run "
+        "(Megatron --recompute-modules; default core_attn)")
 
     def check(self, where: str) -> None:
         if self.schedule.interleaved != (self.virtual_stages > 1):
             fail(at(where, "virtual_stages"), self.virtual_stages,
                  "> 1 exactly when schedule is interleaved-1f1b")
+        modules = self.recompute_modules
+        if not modules or len(set(modules)) != len(modules):
+            fail(at(where, "recompute_modules"), [str(m) for m in modules],
+                 "one or more distinct modules: " + ", ".join(RecomputeModule))
 
     def __post_init__(self) -> None:
         coerce_choices(self)
+        object.__setattr__(self, "recompute_modules",
+                           tuple(RecomputeModule(m) for m in self.recompute_modules))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -159,3 +159,16 @@ def test_communication_other_than_megatrons_is_for_prediction_only():
     _refused(dataclasses.replace(plan, training=deepspeed), "pipeline sends are non-blocking")
     half = dataclasses.replace(plan.training, comm=Communication(grad_reduce_dtype="bf16"))
     _refused(dataclasses.replace(plan, training=half), "reduces gradients in fp32")
+
+
+def test_selective_recompute_is_of_the_attention_core_only():
+    # executor/model.py recomputes the attention core; Megatron's other modules are not run
+    from dataclasses import replace
+
+    plan = homogeneous(SMALL, world=2, dp=2, mbs=1, gbs=2, recompute="selective")
+    check_runnable(plan, cuda_devices=0)
+    moe = replace(plan, training=replace(plan.training, recompute_modules=("layernorm", "mlp")))
+    _refused(moe, "re-runs the attention core only")
+    none = homogeneous(SMALL, world=2, dp=2, mbs=1, gbs=2)
+    check_runnable(replace(none, training=replace(none.training, recompute_modules=("mlp",))),
+                   cuda_devices=0)  # nothing recomputed selectively: the modules do not apply

@@ -26,12 +26,17 @@ def _args(text: str) -> dict:
     while i < len(tokens):
         flag = tokens[i]
         assert flag.startswith("--"), flag
-        if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-            value = tokens[i + 1]
-            out[flag] = int(value) if value.isdigit() else value
-            i += 2
+        values = []
+        while i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            values.append(tokens[i + 1])
+            i += 1
+        i += 1
+        if len(values) > 1:  # an nargs flag (--recompute-modules)
+            out[flag] = values
+        elif values:
+            out[flag] = int(values[0]) if values[0].isdigit() else values[0]
         else:
-            out[flag], i = True, i + 1
+            out[flag] = True
     return out
 
 
@@ -134,3 +139,17 @@ def test_fp8_runs_transformer_engine_gemms_with_delayed_scaling():
 def test_refused_sharding_is_named():
     out = export_plan(gpt3_on_selene(sharding=Sharding(grads=4, optim=8)), "megatron")
     assert [u for u in out.unsupported if u.startswith("sharding P/G/OS 1/4/8")]
+
+
+def test_selective_recompute_modules_reach_megatron_core():
+    """Training.recompute_modules is Megatron-Core's --recompute-modules (its default,
+    core_attn, is left to Megatron); the parser checks the module names."""
+    plan = plan_on("H100-80GB-SXM:64", tp=2, pp=4, dp=8, mbs=1, gbs=128,
+                   sequence_parallel=True, recompute="selective",
+                   recompute_modules=("layernorm", "mlp"))
+    config = _round_trip(plan)
+    assert config.recompute_granularity == "selective"
+    assert list(config.recompute_modules) == ["layernorm", "mlp"]
+    default = plan_on("H100-80GB-SXM:64", tp=2, pp=4, dp=8, mbs=1, gbs=128,
+                      recompute="selective", sequence_parallel=True)
+    assert "--recompute-modules" not in " ".join(export_plan(default, "megatron").text)

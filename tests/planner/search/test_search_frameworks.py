@@ -2,6 +2,7 @@
 planner/export/frameworks.py names, runs; every plan it returns is one the framework
 expresses exactly (`unsupported(plan, caps) == []`), on homogeneous and mixed clusters."""
 
+import dataclasses
 import math
 
 import pytest
@@ -200,3 +201,41 @@ def test_nothing_fits_names_the_framework():
     with pytest.raises(InfeasiblePlan, match="within what deepspeed 0.19.6 runs"):
         search(SearchRequest(model=preset("gpt3-175b"), cluster=parse_gpus_arg("A100-80GB-SXM:8"),
                              gbs=8, seq_len=2048, framework="deepspeed"))
+
+
+def test_trainplan_searches_expert_parallelism_within_its_executor():
+    """The executor runs ep > 1 (executor/preflight.py `_check_moe`) with ep groups of
+    data-parallel ranks, experts whole on every tp rank (etp 1), no sequence parallelism
+    on MoE models, and with ep > 1 neither ZB-H1 nor full recomputation: the trainplan
+    space takes ep > 1 under exactly those limits; Megatron's folds tp into ep."""
+    model = preset("mixtral-8x7b")  # 8 experts, 32 layers
+    found = _candidates("trainplan", model, n=32, gbs=64)
+    with_ep = [(lo, mi) for lo, mi in found if lo.ep > 1]
+    assert {lo.ep for lo, _ in with_ep} == {2, 4, 8}
+    assert all(lo.dp % lo.ep == 0 for lo, _ in with_ep)
+    assert {mi.schedule for _, mi in with_ep} == {"1f1b"}  # interleaved appears as vp > 1
+    assert {mi.recompute for _, mi in with_ep} == {"none", "selective"}
+    assert {mi.recompute for lo, mi in found if lo.ep == 1} >= {"full"}
+    assert {mi.schedule for lo, mi in found if lo.ep == 1 and lo.pp > 1} >= {"zb-h1"}
+    assert all(lo.etp == 1 and not mi.sequence_parallel for lo, mi in found if lo.tp > 1)
+    assert any(lo.tp > 1 for lo, _ in with_ep)
+    megatron = _candidates("megatron", model, n=32, gbs=64)
+    assert any(lo.dp % lo.ep for lo, _ in megatron)  # ep over dp x cp x tp (etp 1) there
+    assert all(mi.sequence_parallel for lo, mi in megatron if lo.tp > 1)
+
+
+def test_a_trainplan_moe_search_returns_plans_its_executor_runs():
+    from executor.preflight import check_runnable
+
+    model = dataclasses.replace(preset("mixtral-8x7b"), num_layers=4)
+    cluster = parse_gpus_arg("H100-80GB-SXM:16")
+    space = SearchSpace(num_gpus=(16,), tp=(1, 2), cp=(1,), pp=(1, 2), vp=(1, 2),
+                        mbs=(1, 2), ep=(1, 2, 4, 8))
+    found = search(SearchRequest(model=model, cluster=cluster, gbs=64, seq_len=2048,
+                                 dtype="bf16", top=20, confirm=3, space=space,
+                                 framework="trainplan"))
+    assert any(r.plan.training.ep > 1 for r in found.ranked)
+    for r in found.ranked:
+        assert unsupported(r.plan, CAPABILITIES["trainplan"]) == []
+        check_runnable(r.plan, cuda_devices=8, host=False)
+        assert math.isclose(r.estimate_s, estimate(r.plan).iteration_time_s, rel_tol=EXACT)
