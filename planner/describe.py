@@ -13,7 +13,7 @@ from planner.predict.results import SimResult
 from planner.specs.choices import Recompute, Schedule
 from planner.specs.plan import Plan, Sharding, Stage
 
-__all__ = ["GIB", "GLOSSARY", "headroom_bytes", "is_mixed", "layout_cell", "plan_words",
+__all__ = ["GIB", "GLOSSARY", "count_words", "headroom_bytes", "is_mixed", "layout_cell", "plan_words",
            "recompute_words", "schedule_words",
            "render_table", "replica_lines", "shape_key", "sharding_cell", "sharding_words",
            "wrapped"]
@@ -36,12 +36,14 @@ GLOSSARY = {
           "saving activation memory",
     "mbs": "micro-batch size: sequences each pipeline stage works on at a time",
     "recompute": "activation recomputation: none keeps every activation for the backward "
-                 "pass; selective recomputes attention's; full recomputes whole layers, "
-                 "keeping only their inputs (least memory, most compute)",
+                 "pass; selective recomputes only the attention scores and softmax (large "
+                 "activations, little compute); full recomputes whole layers, keeping only "
+                 "their inputs (least memory, most compute)",
     "sharding": "how the model's training state is split over the data-parallel replicas "
                 "instead of copied to each: ZeRO-1 splits the optimizer states, ZeRO-2 "
-                "also the gradients, ZeRO-3 also the parameters; 'optimizer over 256' "
-                "splits that state over 256 replicas (AMSP: each state its own group)",
+                "also the gradients, ZeRO-3 also the parameters; 'optimizer states split "
+                "over 256 replicas' (in tables 'optim 256') splits only that state, over "
+                "that many replicas (AMSP: each state its own group)",
     "schedule": "the order of forward and backward passes in a pipeline: 1F1B alternates "
                 "them; ZB-H1 (zero bubble) defers weight gradients into the idle time; "
                 "interleaved 1F1B runs several chunks per stage",
@@ -54,6 +56,16 @@ GLOSSARY = {
     "headroom": "GPU memory left free at the plan's peak: capacity less the predicted peak "
                 "(memory fragmentation and other processes need some)",
 }
+
+
+def count_words(n: float) -> str:
+    """A large count as a person says it: 1e12 -> '1 trillion', 3e11 -> '300 billion',
+    2.5e9 -> '2.5 billion' (three significant digits), below a million as digits."""
+    for word, scale in (("trillion", 1e12), ("billion", 1e9), ("million", 1e6)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.3g} {word}" if abs(v) < 1000 else f"{v:,.0f} {word}"
+    return f"{n:,.0f}"
 
 
 def sharding_cell(sharding: Sharding, dp: int) -> str:

@@ -18,6 +18,7 @@ from planner.commands.args import (
     tokens_arg,
 )
 from planner.commands.inputs import load_inputs, profiles_for
+from planner.describe import count_words
 from planner.outputs import check_output_dir
 from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES
 from planner.specs.cluster import train_dtype
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                           memory_headroom_bytes=args.memory_headroom,
                           max_budget_usd=args.max_budget, profiles=profiles,
                           framework=args.framework)
-    title = f"What if: {model.name} on {cluster.name}, {args.tokens:.3g} tokens"
+    title = f"What if: {model.name} on {cluster.name}, {count_words(args.tokens)} tokens"
     paths = write_report(rows, args.output, title=title,
                          command=shlex.join(["plan", *args.argv]), profiles=profiles)
     for r in rows:

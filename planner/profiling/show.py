@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from planner.outputs import PICTURE_SUFFIXES, atomic_path, check_output_file
 from planner.profiling.cases import op_dtype
@@ -196,7 +197,7 @@ def family(row: ProfileRow) -> str:
 
 def _label(row: ProfileRow) -> str:
     """A series' name within its panel (norms of every layer part are one op)."""
-    name = row.name.split(".", 1)[-1] if row.kind != "collective" else f"x{row.ranks}"
+    name = row.name.split(".", 1)[-1] if row.kind != "collective" else f"{row.ranks} ranks"
     return f"{name} {row.variant or ''}".strip()
 
 
@@ -213,12 +214,40 @@ def _panels(profile: Profile) -> dict[str, dict[str, list[ProfileRow]]]:
     return panels
 
 
+def _best_per_size(xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:
+    """The highest y at each distinct x, by x: a series' line where rows of several shapes
+    share a size."""
+    best: dict[float, float] = {}
+    for x, y in zip(xs, ys, strict=True):
+        best[x] = max(y, best.get(x, y))
+    keys = sorted(best)
+    return keys, [best[x] for x in keys]
+
+
 def _plot(profile: Profile, path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = _figure(profile)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110)
+    finally:
+        plt.close(fig)
+
+
+def _figure(profile: Profile) -> Any:
+    """The plot as a matplotlib Figure: a panel per op family, each key beside its panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import EngFormatter, LogLocator, NullFormatter, PercentFormatter
+    from matplotlib.ticker import (
+        EngFormatter,
+        LogLocator,
+        MaxNLocator,
+        NullFormatter,
+        PercentFormatter,
+    )
 
     m = profile.meta
     dev = device(m.device)
@@ -226,7 +255,8 @@ def _plot(profile: Profile, path: str) -> None:
     panels = _panels(profile)
     cols = min(3, len(panels))
     rows_n = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 3.4 * rows_n), squeeze=False)
+    # each panel's key sits to its right, over no data
+    fig, axes = plt.subplots(rows_n, cols, figsize=(6.0 * cols, 3.4 * rows_n), squeeze=False)
     for ax, (fam, series) in zip(axes.flat, panels.items(), strict=False):
         sizes: list[float] = []
         collective = fam.startswith("collective")
@@ -235,10 +265,15 @@ def _plot(profile: Profile, path: str) -> None:
             sizes += xs
             if collective:
                 ys = [r.bytes / r.time_s * bus_factor(r.name, r.ranks) / 1e9 for r in rows]
-                ax.plot(xs, ys, "o-", ms=3, label=label)
+            else:
+                effs = [efficiency(r, Peaks.of(dev, m.dtype, r.name)) for r in rows]
+                ys = [e[0] for e in effs]
+            # every row a dot; the line through the best at each size (shapes of one size
+            # drew vertical strokes)
+            line, = ax.plot(*_best_per_size(xs, ys), "-", lw=1.2, label=label)
+            ax.plot(xs, ys, "o", ms=3, color=line.get_color())
+            if collective:
                 continue
-            effs = [efficiency(r, Peaks.of(dev, m.dtype, r.name)) for r in rows]
-            line, = ax.plot(xs, [e[0] for e in effs], "o-", ms=3, label=label)
             cached = [(x, e[0]) for x, e in zip(xs, effs, strict=True) if e[2]]
             if cached:  # faster than the roofline: drawn at 100%, hollow
                 ax.plot(*zip(*cached, strict=True), "o", ms=6, mfc="white",
@@ -249,6 +284,8 @@ def _plot(profile: Profile, path: str) -> None:
             ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)
                                                   if decades < 3 else (1.0,)))
             ax.xaxis.set_minor_formatter(NullFormatter())
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 400k, 1.2M, not 1e6 offsets
         if collective:
             ax.set_ylabel("bus bandwidth (GB/s)", fontsize=8)
@@ -263,7 +300,8 @@ def _plot(profile: Profile, path: str) -> None:
         ax.set_title(fam, fontsize=10)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3, which="major")
-        ax.legend(fontsize=6, loc="best", framealpha=0.8)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0,
+                  frameon=False)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     what = ("collective bus bandwidth" if not profile.op_rows else
@@ -272,11 +310,7 @@ def _plot(profile: Profile, path: str) -> None:
     fig.suptitle(f"{m.device} ({m.device_detail}), {m.dtype}, torch {m.torch_version}: {what}",
                  fontsize=10)
     fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110)
-    finally:
-        plt.close(fig)
+    return fig
 
 
 def show_profile(path: str, *, plot: str | None = None, as_json: bool = False) -> int:

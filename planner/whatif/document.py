@@ -19,9 +19,9 @@ __all__ = ["FIGURES", "html_page", "markdown", "report_blocks"]
 Segment = str | tuple[str, str]
 Block = tuple
 
-FIGURES = [("cost_vs_time", "Cost against time to train: each numbered point is a scenario "
-            "(the key beside it names them); the dashed line joins those no other scenario "
-            "beats in both time and cost."),
+FIGURES = [("cost_vs_time", "Cost against time to train: each point is a scenario, numbered "
+            "as the table's rows (the key beside it names them); red: no other scenario is "
+            "both faster and cheaper (joined by a dashed line where there are several)."),
            ("breakdown", "Where each scenario's iteration goes (event simulation of its best "
             "plan, on its slowest pipeline stage): computing, recomputing activations, and "
             "the communication and waiting that computing does not hide."),
@@ -30,6 +30,26 @@ FIGURES = [("cost_vs_time", "Cost against time to train: each numbered point is 
            ("gantt", "One iteration of the overall best plan's first pipeline: forward passes "
             "in blue, backward in green, weight gradients (zero-bubble) in purple, data-"
             "parallel communication in orange; gaps are the pipeline bubble.")]
+
+# words of the report's table and figures that the search table does not use
+REPORT_WORDS = {
+    "replica": "one copy of the model that trains on its share of each batch; the plan "
+               "column counts them, and says how each is split into pipeline stages",
+    "used, idle": "GPUs of the cluster the best plan runs on, and those it leaves out "
+                  "(the note says why)",
+    "egress": "traffic that crosses a priced link between islands (groups of nodes on one "
+              "network, e.g. two datacenters), billed per GB",
+    "kernel-launch waits": "time a GPU waits for the host to issue its next kernel",
+}
+
+WORDY = ("plan", "note")  # columns of sentences: the second table's
+
+
+def _columns(headers: Sequence[str], rows: Sequence[Sequence[str]], keep: Sequence[str]
+             ) -> list[list[str]]:
+    """The cells of columns `keep` (by header), in that order."""
+    at = [list(headers).index(h) for h in keep]
+    return [[r[i] for i in at] for r in rows]
 
 
 def _days(seconds: float) -> str:
@@ -78,10 +98,18 @@ def _joined(items: list[Segment]) -> list[Segment]:
 
 
 def _sources(rows: Sequence[Row]) -> list[list[Segment]]:
-    r = next((r for r in rows if r.result is not None), None)
+    """Every planned row's source lines (a line that differs between scenarios is given
+    once per answer, with the scenarios it holds for), then the report's own."""
+    answers: dict[str, dict[str, list[str]]] = {}  # what -> answer -> scenarios
+    planned = [r for r in rows if r.result is not None]
+    for r in planned:
+        for k, v in r.result.sources.items():  # type: ignore[union-attr]  # planned rows have a result
+            answers.setdefault(k, {}).setdefault(v, []).append(r.label)
     items: list[list[Segment]] = []
-    if r is not None:
-        items = [[("b", k), f": {v}"] for k, v in r.result.sources.items()]  # type: ignore[union-attr]  # planned rows have a result
+    for k, by_answer in answers.items():
+        for v, labels in by_answer.items():
+            which = "" if len(labels) == len(planned) else f" ({', '.join(labels)})"
+            items.append([("b", k), f": {v}{which}"])
     return items + [[("b", "cost"), ": GPU-hours at the node groups' prices for the token "
                      "budget; egress: bytes crossing priced island links at their price (an "
                      "estimate, ", ("code", "planner/costs/egress.py"), ")"],
@@ -94,12 +122,21 @@ def report_blocks(rows: Sequence[Row], paths: dict[str, str], *, title: str, com
                   ) -> list[Block]:
     blocks: list[Block] = [("h1", title), ("p", ["Made by:"]), ("code", command)]
     blocks += [("p", p) for p in _summary(rows)]
-    blocks.append(("table", COLUMNS, table_rows(rows)))
+    # the numbers in one table, each plan's words (long) in a second, both numbered as
+    # the figures number the scenarios
+    cells = [[str(i), *r] for i, r in enumerate(table_rows(rows), 1)]
+    headers = ["#", *COLUMNS]
+    numbers = [h for h in headers if h not in WORDY]
+    blocks.append(("table", numbers, _columns(headers, cells, numbers)))
+    blocks.append(("p", [("b", "!"), ": less GPU memory free than the headroom asked for."]))
+    blocks.append(("h2", "Each scenario's plan"))
+    words = ["#", "scenario", *WORDY]
+    blocks.append(("table", words, _columns(headers, cells, words)))
     blocks.append(("p", [
         "Each scenario's cluster is in ", ("code", "clusters/"), " (numbered as the rows): ",
         ("code", "plan search --cluster clusters/NN-....yaml"), " with the same model, batch "
-        "and tokens gives that row's plan and numbers. ", ("b", "!"), ": less GPU memory "
-        "free than the headroom asked for."]))
+        "and tokens gives that row's plan and numbers."]))
+    blocks.append(("h2", "Figures"))
     for name, caption in FIGURES:
         if name in paths:
             blocks.append(("figure", paths[name], caption))
@@ -109,7 +146,7 @@ def report_blocks(rows: Sequence[Row], paths: dict[str, str], *, title: str, com
     blocks.append(("h2", "Where the numbers come from"))
     blocks.append(("ul", _sources(rows)))
     blocks.append(("h2", "Words used"))
-    blocks.append(("dl", list(GLOSSARY.items())))
+    blocks.append(("dl", list(GLOSSARY.items()) + list(REPORT_WORDS.items())))
     return blocks
 
 
@@ -178,7 +215,8 @@ _STYLE = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1300p
           "padding:0 1em;line-height:1.45;color:#222}"
           "table{border-collapse:collapse;font-size:12px;margin:1em 0}"
           "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top;text-align:left}"
-          "td.n{text-align:right;white-space:nowrap}th{background:#f0f0f0}"
+          "td.n{text-align:right;white-space:nowrap}td.w{min-width:14em}td.p{min-width:28em}"
+          "th{background:#f0f0f0}"
           "tr:nth-child(2) td{background:#fbfbe8}.wrap{overflow-x:auto}"
           "img{max-width:100%;border:1px solid #eee}figure{margin:1.5em 0}"
           "figcaption{color:#555;max-width:60em}"
@@ -188,12 +226,18 @@ _STYLE = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1300p
 
 
 def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    numeric = {h for h in headers if h in ("GPUs", "used", "idle") or h.endswith(("s", "%", "$",
-                                                                                "tokens", ")"))}
-    numeric -= {"scenario", "plan", "bottleneck", "note"}
+    """Numbers right-aligned on one line; text columns wide enough to read."""
+    text = {"scenario", "model", "plan", "bottleneck", "note"}
+    numeric = {h for h in headers if h in ("#", "GPUs", "used", "idle")
+               or h.endswith(("s", "%", "$", "tokens", ")"))} - text
+
+    def cls(h: str) -> str:
+        return (" class=n" if h in numeric else " class=w" if h == "bottleneck" else
+                " class=p" if h == "plan" else "")
+
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(
-        f"<td{' class=n' if h in numeric else ''}>{html.escape(c)}</td>"
+        f"<td{cls(h)}>{html.escape(c)}</td>"
         for h, c in zip(headers, r, strict=True)) + "</tr>" for r in rows)
     return f"<div class=wrap><table><tr>{head}</tr>{body}</table></div>"
 

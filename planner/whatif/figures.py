@@ -6,7 +6,10 @@ import functools
 import os
 from collections.abc import Sequence
 
+from planner.describe import count_words
 from planner.outputs import atomic_path
+from planner.predict.results import StageSummary
+from planner.specs.plan import Plan
 from planner.whatif.report import Row, best_row, replica_kinds
 from profiler.store import Profiles
 
@@ -76,49 +79,133 @@ def _plain_log_ticks(axis: object) -> None:
 
 
 def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
-    """Each planned scenario as a numbered point (the key lists the numbers), the Pareto
-    front dashed; log axes when the scenarios span a wide range."""
+    """Each planned scenario as a point labelled with its number (the key lists the
+    numbers), labels placed where they cover no other label or point (points that
+    coincide share one label, '1, 5'), the Pareto front red; log axes when the scenarios
+    span a wide range. What the colours mean is in the key, not over the data."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     planned = [(i, r) for i, r in enumerate(rows, 1) if r.time_to_train_s is not None]
     if not planned:
         return False
-    fig, (ax, key) = plt.subplots(1, 2, figsize=(12, 5.5), gridspec_kw={"width_ratios": [3, 1]})
+    height = max(5.5, 0.17 * len(rows) + 2.5)  # the key's lines fit beside the plot
+    fig, (ax, key) = plt.subplots(1, 2, figsize=(12, height),
+                                  gridspec_kw={"width_ratios": [3, 1]})
     days = [r.time_to_train_s / 86400 for _, r in planned]  # type: ignore[operator]  # planned rows have a time
     costs = [None if r.total_usd is None else r.total_usd / 1e3 for _, r in planned]
+    handles: list[object] = []
     if all(c is not None for c in costs):
         pts = list(zip(days, costs, strict=True))
         front = sorted(_pareto(pts), key=lambda j: pts[j][0])  # type: ignore[arg-type]  # points of planned rows
-        ax.plot([pts[j][0] for j in front], [pts[j][1] for j in front], "--", color="tab:red",
-                zorder=2)
-        # the key shows the red points (a frontier of one point draws no line)
-        ax.scatter([], [], s=80, color="tab:red", label="no other scenario is both faster "
-                   "and cheaper")
-        ax.scatter(days, costs, s=220, color=["tab:red" if j in front else "tab:blue"
-                                              for j in range(len(pts))], zorder=3)
-        for (i, _), x, y in zip(planned, days, costs, strict=True):
-            ax.annotate(str(i), (x, y), ha="center", va="center", color="white", fontsize=9,
-                        fontweight="bold", zorder=4)
+        if len(front) > 1:
+            ax.plot([pts[j][0] for j in front], [pts[j][1] for j in front], "--",
+                    color="tab:red", zorder=2)
         ax.set_ylabel("total cost (thousand $)")
         if _wide(costs):  # type: ignore[arg-type]  # priced rows only
             ax.set_yscale("log")
             _plain_log_ticks(ax.yaxis)
-        ax.margins(0.08)
-        ax.legend(fontsize=8, loc="best", framealpha=0.9)
+        if _wide(days):
+            ax.set_xscale("log")
+            _plain_log_ticks(ax.xaxis)
+        colours = ["tab:red" if j in front else "tab:blue" for j in range(len(pts))]
+        ax.scatter(days, costs, s=MARKER_AREA, color=colours, zorder=3)
+        ax.margins(0.12)
+        ax.set_xlabel("time to train (days)")
+        ax.grid(alpha=0.3, which="both")
+        fig.tight_layout()  # the axes' final place, so labels are placed in it
+        numbered_labels(ax, [(x, y, str(i)) for (i, _), x, y in  # type: ignore[misc]  # priced rows only
+                             zip(planned, days, costs, strict=True)])
+        handles = [Line2D([], [], ls="--" if len(front) > 1 else "", marker="o",
+                          color="tab:red", label="no other scenario is both\nfaster and "
+                          "cheaper"),
+                   Line2D([], [], ls="", marker="o", color="tab:blue",
+                          label="another scenario is at\nleast as fast and as\ncheap")]
     else:  # some scenario has no prices: time only
         ax.barh([str(i) for i, _ in planned], days)
         ax.invert_yaxis()
-    if _wide(days):
-        ax.set_xscale("log")
-        _plain_log_ticks(ax.xaxis)
-    ax.set_xlabel("time to train (days)")
-    ax.set_title(f"Cost against time to train ({planned[0][1].setting.tokens:.3g} tokens)")
-    ax.grid(alpha=0.3, which="both")
+        ax.set_ylabel("scenario")
+        if _wide(days):
+            ax.set_xscale("log")
+            _plain_log_ticks(ax.xaxis)
+        ax.set_xlabel("time to train (days)")
+        ax.grid(alpha=0.3, which="both", axis="x")
+    ax.set_title(f"Cost against time to train ({count_words(planned[0][1].setting.tokens)} "
+                 "tokens)")
     key.axis("off")
     lines = [f"{i:>2}  {r.label}" + ("" if r.time_to_train_s is not None else "  (no plan)")
              for i, r in enumerate(rows, 1)]
     key.text(0, 1, "\n".join(lines), va="top", fontsize=8, family="monospace", wrap=True)
+    if handles:
+        key.legend(handles=handles, loc="lower left", fontsize=8, frameon=False,
+                   borderaxespad=0)
     return _save(fig, path)
+
+
+MARKER_AREA = 45  # points^2: a dot, its number beside it
+
+
+def numbered_labels(ax: object, points: Sequence[tuple[float, float, str]]) -> list[object]:
+    """Write each point's label beside it, where it covers no other label, no point and
+    stays in the axes if it can (else where it covers least); points whose markers touch
+    share one label ('1, 5'). Returns the labels (matplotlib Annotations)."""
+    fig = ax.figure  # type: ignore[attr-defined]  # a matplotlib Axes
+    renderer = fig.canvas.get_renderer()
+    to_px = ax.transData.transform  # type: ignore[attr-defined]  # a matplotlib Axes
+    px = [tuple(to_px((x, y))) for x, y, _ in points]
+    radius = (MARKER_AREA ** 0.5) / 2 * fig.dpi / 72  # a marker's radius in pixels
+    groups: list[list[int]] = []  # points whose markers touch, transitively
+    for i, (a, b) in enumerate(px):
+        near = [g for g in groups if any((a - px[j][0]) ** 2 + (b - px[j][1]) ** 2
+                                         < (2.2 * radius) ** 2 for j in g)]
+        merged = [i] + [j for g in near for j in g]
+        groups = [g for g in groups if g not in near] + [sorted(merged)]
+    markers = [(a - radius, b - radius, a + radius, b + radius) for a, b in px]
+    frame = ax.get_window_extent(renderer)  # type: ignore[attr-defined]  # a matplotlib Axes
+    placed: list[tuple[float, float, float, float]] = []
+    labels = []
+    gap = 2 + (MARKER_AREA ** 0.5) / 2  # points from the centre: beside the marker
+    offsets = [(dx * gap * k, dy * gap * k) for k in (1, 2, 3, 4)
+               for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, 1), (1, -1),
+                              (-1, -1))]
+    for g in sorted(groups, key=lambda g: min(g)):
+        x = sum(points[j][0] for j in g) / len(g) if len(g) > 1 else points[g[0]][0]
+        y = sum(points[j][1] for j in g) / len(g) if len(g) > 1 else points[g[0]][1]
+        text = ", ".join(points[j][2] for j in g)
+        best: tuple[float, object, tuple[float, float, float, float]] | None = None
+        for dx, dy in offsets:
+            ha = "left" if dx > 0 else "right" if dx < 0 else "center"
+            va = "bottom" if dy > 0 else "top" if dy < 0 else "center"
+            ann = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",  # type: ignore[attr-defined]  # a matplotlib Axes
+                              ha=ha, va=va, fontsize=9, fontweight="bold", zorder=4)
+            e = ann.get_window_extent(renderer)
+            box = (e.x0, e.y0, e.x1, e.y1)
+            own = {j for j in g}
+            cover = sum(_overlap(box, o) for o in placed) + sum(
+                _overlap(box, m) for j, m in enumerate(markers) if j not in own)
+            outside = (e.x1 - e.x0) * (e.y1 - e.y0) - _overlap(
+                box, (frame.x0, frame.y0, frame.x1, frame.y1))
+            score = cover + outside
+            if best is None or score < best[0]:
+                if best is not None:
+                    best[1].remove()  # type: ignore[attr-defined]  # a matplotlib Annotation
+                best = (score, ann, box)
+            else:
+                ann.remove()
+            if score == 0:
+                break
+        assert best is not None
+        placed.append(best[2])
+        labels.append(best[1])
+    return labels
+
+
+def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]
+             ) -> float:
+    """The area two boxes (x0, y0, x1, y1) share."""
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    return w * h if w > 0 and h > 0 else 0.0
 
 
 _PARTS = [("compute", "compute_s", "tab:blue"),
@@ -133,29 +220,39 @@ _PARTS = [("compute", "compute_s", "tab:blue"),
 
 
 def _breakdown(rows: Sequence[Row], path: str) -> bool:
+    """A bar per scenario (one without a plan says so), split into what its iteration
+    spends; the key beside the plot."""
     import matplotlib.pyplot as plt
 
     planned = [r for r in rows if r.result is not None]
     if not planned:
         return False
-    fig, ax = plt.subplots(figsize=(10, 0.55 * len(planned) + 2.4))
-    labels = [r.label for r in planned]
-    left = [0.0] * len(planned)
+    fig, ax = plt.subplots(figsize=(12, 0.5 * len(rows) + 1.8))
+    labels = [r.label for r in rows]
+    left = [0.0] * len(rows)
     for name, field, colour in _PARTS:
-        if field is None:  # recomputation: the part of compute spent on it
-            widths = [r.recompute_s for r in planned]
-        else:
-            widths = [getattr(r.result.breakdown, field) for r in planned]  # type: ignore[union-attr]  # planned rows have a result
-        if field == "compute_s":
-            widths = [w - r.recompute_s for w, r in zip(widths, planned, strict=True)]
+        widths = []
+        for r in rows:
+            if r.result is None:
+                widths.append(0.0)
+            elif field is None:  # recomputation: the part of compute spent on it
+                widths.append(r.recompute_s)
+            elif field == "compute_s":
+                widths.append(r.result.breakdown.compute_s - r.recompute_s)
+            else:
+                widths.append(getattr(r.result.breakdown, field))
         if any(widths):
             ax.barh(labels, widths, left=left, color=colour, label=name)
             left = [a + b for a, b in zip(left, widths, strict=True)]
+    for i, r in enumerate(rows):
+        if r.result is None:
+            ax.text(0, i, "  no plan (see the table)", va="center", fontsize=8, color="gray")
     ax.invert_yaxis()
     ax.set_xlabel("seconds per iteration (event simulation, slowest stage)")
     ax.set_title("Where each scenario's iteration goes")
-    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.2 - 0.6 /
-                                                                        (len(planned) + 3)))
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return _save(fig, path)
 
 
@@ -190,20 +287,40 @@ def _memory(rows: Sequence[Row], path: str) -> bool:
                   color="black", linestyle="--", linewidth=1,
                   label=f"less {wanted:g} GiB headroom", zorder=3)
     ax.set_ylim(0, max(caps) * 1.08)
-    ax.set_xticks(x, [f"stage {s.stage}\n{s.device.split('-')[0]}" for s in stages],
+    ax.set_xticks(x, [_stage_tick(s, best.ranked.plan, firsts) for s in stages],  # type: ignore[union-attr]  # the best row is planned
                   fontsize=8)
     if len(firsts) > 1:
         starts = [i for i, s in enumerate(stages) if s.stage == 0]
         for i in starts[1:]:
             ax.axvline(i - 0.5, color="gray", linestyle=":")
-        ax.set_xlabel(f"pipeline stage and GPU type, one group per kind of replica "
-                      f"({len(firsts)} kinds)")
-    else:
-        ax.set_xlabel("pipeline stage and GPU type")
+    staged = any(s.stage > 0 for s in stages)  # a replica of several pipeline stages
+    what = ("pipeline stage and GPU type" if staged else
+            "GPU type, a bar per kind of replica (each one stage, no pipeline)")
+    if staged and len(firsts) > 1:
+        what += f", one group per kind of replica ({len(firsts)} kinds)"
+    ax.set_xlabel(what)
     ax.set_ylabel("GiB per GPU at the peak")
     ax.set_title(f"Memory per GPU, best plan ({best.label})")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    # the key lists the lines, then the parts top to bottom as they are stacked
+    handles, names = ax.get_legend_handles_labels()
+    lines = [k for k, n in enumerate(names) if n not in dict(_KINDS)]
+    order = lines + [k for k in reversed(range(len(names))) if k not in lines]
+    ax.legend([handles[k] for k in order], [names[k] for k in order], fontsize=8,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return _save(fig, path)
+
+
+def _stage_tick(s: StageSummary, plan: Plan, replicas: dict[int, int]) -> str:
+    """A memory bar's label: the GPU type, the stage counted from 1 where the replica has
+    several, and how many replicas are of that kind on a replica's first bar."""
+    pp = len(plan.pipelines[s.pipeline].stages)
+    n = replicas[s.pipeline]
+    count = f"{n} replica{'s' if n > 1 else ''}"
+    gpu = s.device.split("-")[0]
+    if pp == 1:
+        return f"{gpu}\n{count}"
+    text = f"stage {s.stage + 1} of {pp}\n{gpu}"
+    return text + f"\n{count}" if s.stage == 0 else text
 
 
 def _gantt(rows: Sequence[Row], path: str, *, profiles: Profiles | None = None) -> bool:

@@ -3,7 +3,7 @@ units on every rate, one small panel per op family."""
 
 import re
 
-from planner.profiling.show import Peaks, _lines, _panels, efficiency, summarise
+from planner.profiling.show import Peaks, _figure, _lines, _panels, efficiency, summarise
 from profiler.devices import device
 from profiler.store import load_profile
 
@@ -33,3 +33,43 @@ def test_panels_hold_a_few_series_each():
     panels = _panels(load_profile(OPS))
     assert len(panels) >= 6 and all(1 <= len(series) <= 8 for series in panels.values())
     assert set(panels["norms"]) == {"forward", "backward"}  # one norm, not one per layer part
+
+
+def _extent(artist, renderer):
+    e = artist.get_window_extent(renderer)
+    return e.x0, e.y0, e.x1, e.y1
+
+
+def _overlap(a, b) -> bool:
+    return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
+
+
+def test_the_plot_keeps_keys_off_the_data_and_draws_no_vertical_strokes():
+    """Issue 19: legends over data, a tangle of lines, efficiency over 100%. Each key sits
+    beside its panel, each series' line runs left to right (rows of one size share a
+    point: its best), an efficiency is at most 100%, and sizes spanning a decade or more
+    get a log axis."""
+    import matplotlib.pyplot as plt
+
+    for path in (OPS, "profiles/cpu-collectives.csv"):
+        fig = _figure(load_profile(path))
+        try:
+            renderer = fig.canvas.get_renderer()
+            for ax in fig.axes:
+                if not ax.axison:
+                    continue
+                legend = ax.get_legend()
+                assert legend is not None
+                assert not _overlap(_extent(legend, renderer), _extent(ax, renderer)), \
+                    ax.get_title()
+                xs_all = [x for line in ax.get_lines() for x in line.get_xdata()]
+                for line in ax.get_lines():
+                    xs, ys = list(line.get_xdata()), list(line.get_ydata())
+                    if line.get_linestyle() not in ("None", ""):
+                        assert xs == sorted(set(xs)), ax.get_title()  # no vertical stroke
+                    if not ax.get_title().startswith("collective"):
+                        assert max(ys) <= 1.0, ax.get_title()
+                if max(xs_all) / min(xs_all) >= 10:
+                    assert ax.get_xscale() == "log", ax.get_title()
+        finally:
+            plt.close(fig)

@@ -177,3 +177,38 @@ def test_the_bottleneck_is_the_largest_cost_besides_computing() -> None:
     # recomputation for memory's sake counts when it is the largest
     assert largest_cost(result(compute_s=10, tp_comm_s=1), recompute_s=2.5)[0].startswith(
         "recomputation")
+
+
+def test_every_source_line_of_every_scenario_is_listed() -> None:
+    """A homogeneous scenario's plan is chosen by another search than a mixed one's: the
+    report lists both answers, each with the scenarios it holds for (it listed the first
+    row's only)."""
+    from types import SimpleNamespace
+
+    from planner.whatif.document import _md_text, _sources
+
+    def row(label: str, choice: str) -> SimpleNamespace:
+        return SimpleNamespace(label=label, result=SimpleNamespace(
+            sources={"compute": "analytic", "choice": choice}))
+
+    lines = [_md_text(i) for i in _sources([row("baseline", "mixed search"),
+                                             row("A100s only", "solver"),
+                                             SimpleNamespace(label="too big", result=None)])]
+    assert "**compute**: analytic" in lines  # the same for every scenario: said once
+    assert "**choice**: mixed search (baseline)" in lines
+    assert "**choice**: solver (A100s only)" in lines
+    assert any(s.startswith("**cost**") for s in lines)
+
+
+def test_the_table_is_numbered_as_the_figures_and_plans_are_a_table_of_their_own(
+        report: tuple) -> None:
+    out, rows = report
+    md = open(os.path.join(out, "report.md"), encoding="utf-8").read()
+    tables = [block for block in md.split("\n\n") if block.startswith("| #")]
+    assert len(tables) == 2
+    numbers, plans = (t.splitlines() for t in tables)
+    assert "plan" not in numbers[0].split(" | ") and "bottleneck" in numbers[0]
+    assert plans[0] == "| # | scenario | plan | note |"
+    for i, r in enumerate(rows, 1):
+        assert numbers[i + 1].startswith(f"| {i} | {r['scenario']} |")
+        assert plans[i + 1].startswith(f"| {i} | {r['scenario']} |")
