@@ -30,15 +30,18 @@ def test_simulate_refuses_an_ep_that_does_not_divide_the_experts(capsys):
     assert code != 0 and "--ep: 16" in err and "num_experts 8" in err
 
 
-def test_megatron_search_space_has_ep_and_trainplan_keeps_it_at_one():
+def test_megatron_and_trainplan_search_spaces_have_ep():
+    """Both run expert parallelism (trainplan's executor within its limits, which
+    tests/planner/search/test_search_frameworks.py checks); a dense model has none."""
     model = preset("mixtral-8x7b")
     space = default_space(model, num_gpus=(64,), gpus_per_node=8, seq_len=4096)
     assert space.ep == (1, 2, 4, 8)
     mega = for_framework(space, CAPABILITIES["megatron"])
     ours = for_framework(space, CAPABILITIES["trainplan"])
-    assert mega.ep == (1, 2, 4, 8) and ours.ep == (1,)
-    eps = {lo.ep for lo in layouts(mega, model, gbs=256, seq_len=4096)}
-    assert eps == {1, 2, 4, 8}
+    assert mega.ep == (1, 2, 4, 8) and ours.ep == (1, 2, 4, 8)
+    for framework in (mega, ours):
+        eps = {lo.ep for lo in layouts(framework, model, gbs=256, seq_len=4096)}
+        assert eps == {1, 2, 4, 8}
     dense = default_space(preset("llama3-8b"), num_gpus=(64,), gpus_per_node=8, seq_len=4096)
     assert dense.ep == (1,)
 
