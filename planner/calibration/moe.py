@@ -127,7 +127,7 @@ def _plans(r: dict[str, str], model: ModelSpec) -> tuple[Plan, ...]:
                 tp=tp, pp=int(r["pp"]), dp=dp, cp=int(r["cp"]), vp=int(r["vp"] or 1), mbs=mbs,
                 gbs=int(r["gbs"]), seq_len=int(r["seq"]), recompute=recompute,
                 recompute_modules=modules,
-                sequence_parallel=tp > 1, sharding=sharding_preset(_sharding(r), dp),
+                sequence_parallel=tp > 1, sharding=sharding_preset(_sharding(r), dp * int(r["cp"])),
                 dtype=_DTYPES[r["dtype"]],  # type: ignore[arg-type]  # a DType value
                 ep=int(r["ep"]), etp=_etp(r, model))
             try:

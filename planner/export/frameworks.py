@@ -198,7 +198,8 @@ FRAMEWORKS = tuple(CAPABILITIES)
 
 
 def matches_pattern(sizes: tuple[int, int, int], pattern: ShardPattern, dp: int) -> bool:
-    """Whether P/G/OS group sizes `sizes` are an instance of `pattern` at `dp` replicas."""
+    """Whether P/G/OS group sizes `sizes` are an instance of `pattern` over `dp` ranks
+    holding the same parameters (replicas x context-parallel ranks: `Sharding`)."""
     ks = set()
     for size, want in zip(sizes, pattern, strict=True):
         if want == "*":
@@ -362,8 +363,9 @@ def _sharding(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str
     patterns = caps.sharding_with_pp if s.pp > 1 and caps.sharding_with_pp else caps.sharding
     for sh in plan.shardings:
         sizes = (sh.params, sh.grads, sh.optim)
-        if not any(matches_pattern(sizes, p, s.dp) for p in patterns):
-            out.append(f"sharding P/G/OS {sh.params}/{sh.grads}/{sh.optim} over dp {s.dp}: "
+        if not any(matches_pattern(sizes, p, s.dp * s.cp) for p in patterns):
+            over = f"dp {s.dp}" if s.cp == 1 else f"dp x cp {s.dp * s.cp}"
+            out.append(f"sharding P/G/OS {sh.params}/{sh.grads}/{sh.optim} over {over}: "
                        f"not among {caps.version}'s{' (with pp > 1)' if patterns is not caps.sharding else ''} "
                        f"{', '.join('/'.join(p) for p in patterns)}{_note(caps, 'sharding')}")
     return out

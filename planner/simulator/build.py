@@ -211,7 +211,7 @@ class _Builder:
 
     def _bucket_count(self, cost: StageCost, vp: int) -> list[int]:
         """Gradient buckets per chunk (one piece where nothing overlaps the backward)."""
-        if self.plan.dp == 1 or not self.overlap or not cost.dp.overlap:
+        if not self.overlap or not cost.dp.overlap:  # one bucket where nothing syncs
             return [1] * vp
         return [max(1, math.ceil(cost.dp.buckets / vp))] * vp
 
@@ -315,7 +315,9 @@ class _Builder:
         for lo, hi in zip(cuts, cuts[1:], strict=False):
             holders = [(pi, next(si for si, s in enumerate(plan.pipelines[pi].stages)
                                  if s.layers[0] <= lo < s.layers[1])) for pi in range(plan.dp)]
-            group = tuple(plan.pipelines[pi].stages[si].devices[0] for pi, si in holders)
+            # every holder's context-parallel ranks (`StageSpec.dp_cp_group`)
+            group = tuple(d for pi, si in holders for d in
+                          plan.pipelines[pi].stages[si].devices[::plan.pipelines[pi].stages[si].tp])
             pi0, si0 = holders[0]
             stage = plan.pipelines[pi0].stages[si0]
             params = self.costs[pi0][si0].num_params * (hi - lo) / stage.num_layers

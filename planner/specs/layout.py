@@ -76,9 +76,10 @@ class ParallelConfig:
         coerce_choices(self)
 
 
-def sharding_preset(name: str, dp: int) -> Sharding:
-    """A ZeRO stage as a point of the AMSP space (see `ShardingPreset`)."""
-    params, grads, optim = ShardingPreset(name).group_sizes(dp)
+def sharding_preset(name: str, ranks: int) -> Sharding:
+    """A ZeRO stage as a point of the AMSP space (see `ShardingPreset`) over `ranks` =
+    dp x cp ranks holding the same parameters."""
+    params, grads, optim = ShardingPreset(name).group_sizes(ranks)
     return Sharding(params=params, grads=grads, optim=optim)
 
 
@@ -106,7 +107,8 @@ def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, 
         cfg.gbs // (cfg.mbs * cfg.dp) if not cfg.gbs % (cfg.mbs * cfg.dp) else None))
     for name in ("params", "grads", "optim"):
         size = getattr(cfg.sharding, name)
-        require(at(where, f"shard_{name}"), size, sharding_problem(size, cfg.dp))
+        require(at(where, f"shard_{name}"), size, sharding_problem(
+            size, cfg.dp * cfg.cp, what="dp x cp"))
 
 
 def split_layers(num_layers: int, pp: int) -> list[int]:

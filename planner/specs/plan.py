@@ -94,11 +94,16 @@ class Pipeline:
 
 @dataclass(frozen=True, kw_only=True)
 class Sharding:
-    """AMSP: how many data-parallel replicas share one copy of each model state.
+    """AMSP: how many of the ranks holding the same parameters share one copy of each
+    model state. Those ranks are a stage's data- x context-parallel group (dp x cp, context
+    ranks fastest): context-parallel ranks hold the same weights and reduce the same
+    gradients, and ZeRO shards over all of them (Megatron-Core's distributed optimizer
+    takes `get_data_parallel_group(with_context_parallel=True)`, optimizer/__init__.py;
+    torchtitan's FSDP mesh is dp_shard x cp; DeepSpeed-Ulysses shards over dp x sp).
 
-    1 = replicated. ZeRO-1 is optim=dp; ZeRO-2 grads=optim=dp; ZeRO-3 all three = dp;
-    MiCS is all three = a node's worth of replicas. Each size divides the next (P | G | OS)
-    so that the groups nest.
+    1 = replicated. ZeRO-1 is optim=dp x cp; ZeRO-2 grads=optim=dp x cp; ZeRO-3 all three;
+    MiCS is all three = a node's worth of those ranks. Each size divides the next
+    (P | G | OS) so that the groups nest. With cp = 1 the sizes count replicas.
     """
 
     params: int = spec_field(default=1, min=1, max=MAX_GPUS)
@@ -277,12 +282,13 @@ class Plan:
         if ep > 1 and not self.aligned_stages:
             fail(at(where, "training.ep"), ep, "expert parallelism needs every pipeline to "
                  "split the layers at the same boundaries (ep peers hold the same layers)")
+        ranks = self.dp_cp
         for path, sh in self._shardings(where):
             sh.check(path)
             for name in ("params", "grads", "optim"):
                 size = getattr(sh, name)
                 require(at(path, name), size, sharding_problem(
-                    size, dp, what="the number of data-parallel replicas"))
+                    size, ranks, what="the data-parallel replicas x context-parallel ranks"))
 
     def _shardings(self, where: str) -> list[tuple[str, Sharding]]:
         """Every sharding the plan states, with where it is; checks stage_sharding's shape."""
@@ -391,6 +397,12 @@ class Plan:
     @property
     def dp(self) -> int:
         return len(self.pipelines)
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks holding the same parameters (dp x cp, the first stage's cp): what the
+        sharding sizes divide."""
+        return self.dp * self.pipelines[0].stages[0].cp
 
     @property
     def num_gpus_used(self) -> int:
