@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from planner.export.frameworks import (
     CAPABILITIES,
     PlanShape,
-    chunk_layer_counts,
+    plan_chunk_counts,
     plan_shape,
     unsupported,
 )
@@ -130,11 +130,12 @@ def _list_expression(pattern: list[int]) -> str:
 def _megatron_pipeline(plan: Plan, s: PlanShape) -> list[str]:
     """Interleaving and the layer split: the plain flags when Megatron's own even split is
     the plan's, else the explicit --pipeline-model-parallel-layout (E embedding, t a
-    transformer layer, L the loss; virtual stages in model order, '|' between them)."""
-    chunks = chunk_layer_counts(s.layers, s.vp)
+    transformer layer, L the loss; virtual stages in model order, '|' between them; the
+    embedding or the loss alone where the split counts them as layers)."""
+    chunks = plan_chunk_counts(plan)
     if len(set(chunks)) == 1:
         return ([f"--num-layers-per-virtual-pipeline-stage {chunks[0]}"] if s.vp > 1 else [])
-    parts = [f"t*{n}" for n in chunks]
+    parts = [f"t*{n}" if n else "" for n in chunks]
     parts[0], parts[-1] = "E" + parts[0], parts[-1] + "L"
     return [f"--pipeline-model-parallel-layout {'|'.join(parts)}"]
 
@@ -244,7 +245,7 @@ def _torchtitan(plan: Plan) -> Export:
 
 def _torchtitan_split(plan: Plan, s: PlanShape, issues: list[str]) -> list[str]:
     """The plan's layer split as module names per model chunk (exact, uneven too)."""
-    chunks = chunk_layer_counts(s.layers, s.vp)
+    chunks = plan_chunk_counts(plan)
     if plan.training.schedule.splits_backward:
         m = s.num_microbatches
         rounds = max(1, m // s.pp)

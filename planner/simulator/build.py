@@ -38,6 +38,7 @@ from planner.costs.stages import (
 )
 from planner.simulator.graph import Schedule, TaskGraph, schedule
 from planner.simulator.schedules import Pass, stage_order
+from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Plan
 from profiler.store import Profiles
 
@@ -66,16 +67,17 @@ class Simulation:
     profiles: Profiles | None = None  # the measured profiles the costs came from
 
 
-def chunk_layers(num_layers: int, vp: int) -> list[int]:
-    base, extra = divmod(num_layers, vp)
-    return [base + (1 if c < extra else 0) for c in range(vp)]
+def chunk_layers(num_layers: int, vp: int, slots: tuple[int, int] = (0, 0)) -> list[int]:
+    """Layers of each of a stage's chunks (`layout.chunk_sizes`; `slots`: the embedding and
+    loss slots it holds, `Training.slots`)."""
+    return chunk_sizes(num_layers, vp, lead=slots[0], tail=slots[1])
 
 
 def _chunk_parts(c: StageCost, chunk: int, vp: int, last_stage: bool,
-                 split_w: bool) -> dict[str, Part]:
+                 split_w: bool, slots: tuple[int, int] = (0, 0)) -> dict[str, Part]:
     """Time of each pass kind of one chunk: F, B and (with `split_w`) W, where B is the
     backward without its layers' weight gradients (embedding and head stay in B)."""
-    layers = chunk_layers(c.num_layers, vp)[chunk]
+    layers = chunk_layers(c.num_layers, vp, slots)[chunk]
     fwd, bwd = c.layer_forward * layers, c.layer_backward * layers
     if chunk == 0:
         fwd, bwd = fwd + c.embed_forward, bwd + c.embed_backward
@@ -132,10 +134,11 @@ class _Builder:
         compute = g.stream(f"p{pi}.s{si}.compute")
         # the pass that completes a micro-batch's gradients and frees its activations
         grad = "W" if any(phase == "W" for phase, _, _ in order) else "B"
-        parts = [_chunk_parts(cost, c, vp, last, grad == "W") for c in range(vp)]
+        slots = self.plan.training.slots(si, len(pipe.stages))
+        parts = [_chunk_parts(cost, c, vp, last, grad == "W", slots) for c in range(vp)]
         pieces = self._bucket_count(cost, vp)
         prev, prev2, held, peak = -1, -1, 0.0, 0.0
-        layers = chunk_layers(cost.num_layers, vp)
+        layers = chunk_layers(cost.num_layers, vp, slots)
         last_grad = {c: max(j for ph, cc, j in order if ph == grad and cc == c)
                      for c in range(vp)}
         for phase, c, j in order:

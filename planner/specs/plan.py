@@ -187,6 +187,18 @@ class Training:
     recompute_modules: tuple[RecomputeModule, ...] = spec_field(
         default=DEFAULT_RECOMPUTE_MODULES, help="what stages with selective recompute re-run "
         "(Megatron --recompute-modules; default core_attn)")
+    embedding_in_pipeline_split: bool = spec_field(
+        default=False, help="the embedding takes a layer's place in the first stage's first "
+        "chunk (Megatron --account-for-embedding-in-pipeline-split)")
+    loss_in_pipeline_split: bool = spec_field(
+        default=False, help="the loss takes a layer's place in the last stage's last chunk "
+        "(Megatron --account-for-loss-in-pipeline-split)")
+
+    def slots(self, stage: int, stages: int) -> tuple[int, int]:
+        """(lead, tail): the embedding and loss slots stage `stage` of `stages` holds in
+        its layer split (`layout.chunk_sizes`)."""
+        return (int(stage == 0 and self.embedding_in_pipeline_split),
+                int(stage == stages - 1 and self.loss_in_pipeline_split))
 
     def check(self, where: str) -> None:
         if self.schedule.interleaved != (self.virtual_stages > 1):
@@ -372,13 +384,18 @@ class Plan:
                          f"stages must cover layers in order; this one must start at {expect}")
                 expect = stage.layers[1]
                 ends = len(pipe.stages) > 1 and si in (0, len(pipe.stages) - 1)
-                if stage.num_layers == 0 and not (ends and self.training.virtual_stages == 1):
+                vp = self.training.virtual_stages
+                # the embedding / loss slots a stage holds in the split count as layers
+                slots = stage.num_layers + sum(self.training.slots(si, len(pipe.stages)))
+                if stage.num_layers == 0 and not (ends and (vp == 1 or slots >= vp)):
                     fail(at(path, "layers"), list(stage.layers), "no layers only for a first "
                          "stage (the embedding alone) or a last one (the head alone) of a "
-                         "pipeline without interleaving")
-                if 0 < stage.num_layers < self.training.virtual_stages:
+                         "pipeline without interleaving (with it: as many embedding / loss "
+                         "slots and layers as chunks)")
+                if 0 < stage.num_layers and slots < vp:
                     fail(at(path, "layers"), list(stage.layers),
-                         f"at least virtual_stages = {self.training.virtual_stages} layers")
+                         f"at least virtual_stages = {vp} layers"
+                         f"{' and embedding / loss slots' if slots > stage.num_layers else ''}")
                 self._check_stage_parallel(stage, path)
                 for d in stage.devices:
                     if d >= num_gpus:
