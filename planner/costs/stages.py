@@ -40,6 +40,7 @@ from planner.costs.memory import (
 )
 from planner.costs.workload import (
     Comm,
+    HostSync,
     LayerWork,
     Op,
     Work,
@@ -383,12 +384,20 @@ def _issue_queue_s(items: list[tuple[float, int]], launch_s: float, repeats: int
     """Wall time of `repeats` passes over `items` = (GPU seconds, kernel launches) when a
     host issues the kernels one by one (`launch_s` each) and the GPU runs them in order:
     an item starts once the GPU is free and the host has issued its first kernel, and
-    lasts at least as long as the host takes to issue the rest."""
-    host = gpu = 0.0
+    lasts at least as long as the host takes to issue the rest. A host sync
+    (`workload.HostSync`) comes as (share, -1) where the GPU's progress is recorded and
+    (share, -2) where the host waits for it: the host issues nothing more until the GPU
+    has got there (for `share` of the layers)."""
+    host = gpu = mark = 0.0
     for _ in range(repeats):
         for busy, launches in items:
-            gpu = max(gpu, host + launch_s) + max(busy, (launches - 1) * launch_s)
-            host += launches * launch_s
+            if launches == -1:
+                mark = gpu
+            elif launches == -2:
+                host += busy * max(0.0, mark - host)
+            else:
+                gpu = max(gpu, host + launch_s) + max(busy, (launches - 1) * launch_s)
+                host += launches * launch_s
     return gpu
 
 
@@ -402,7 +411,9 @@ def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[T
     comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     timeline: list[tuple[float, int]] = []
     for item in items:
-        if isinstance(item, Comm):
+        if isinstance(item, HostSync):
+            timeline.append((item.share, -1 if item.point == "record" else -2))
+        elif isinstance(item, Comm):
             if item.top_k:
                 t = dispatch_time_s(item.bytes, tiers[item.axis], top_k=item.top_k,
                                     experts=item.experts)

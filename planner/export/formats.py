@@ -113,6 +113,8 @@ def _megatron_moe(plan: Plan) -> list[str]:
         args.append("--moe-router-score-function sigmoid")
     if m.capacity_factor is not None:
         args.append(f"--moe-expert-capacity-factor {m.capacity_factor:g}")
+    if m.pad_to_capacity:
+        args.append("--moe-pad-expert-input-to-capacity")
     return args
 
 
