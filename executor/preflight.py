@@ -85,6 +85,10 @@ def _check_pipeline_stages(plan: Plan, pi: int, where: str) -> None:
         if tr.sequence_parallel and nxt.tp != s.tp and (si + 1 < len(stages) or tr.virtual_stages > 1):
             fail(at(path, "tp"), s.tp, f"sequence parallelism needs equal tp on neighbouring "
                  f"stages (the next has {nxt.tp})")
+    if (tr.embedding_in_pipeline_split or tr.loss_in_pipeline_split) and tr.virtual_stages > 1:
+        fail(at(where, "training.embedding_in_pipeline_split"), True,
+             "the executor splits each stage's interleaved chunks by layers (the embedding "
+             "and the loss do not take a layer's place; vp = 1 or neither setting)")
     if any(s.num_layers == 0 for s in stages):
         fail(at(where, f"pipelines[{pi}].stages"), [list(s.layers) for s in stages],
              "the executor runs stages of at least one layer (no embedding- or head-only "

@@ -69,8 +69,9 @@ def count_words(n: float) -> str:
 
 
 def sharding_cell(sharding: Sharding, dp: int) -> str:
-    """A table cell: 'none', 'ZeRO-1/2/3' where it is one of those, else which states are
-    split over how many replicas ('grads 8, optim 256')."""
+    """A table cell: 'none', 'ZeRO-1/2/3' where it is one of those over the `dp` ranks
+    holding the same parameters (dp x cp: `Plan.dp_cp`), else which states are split over
+    how many of them ('grads 8, optim 256')."""
     sizes = (sharding.params, sharding.grads, sharding.optim)
     if dp > 1:
         named = {(1, 1, 1): "none", (1, 1, dp): "ZeRO-1", (1, dp, dp): "ZeRO-2",
@@ -86,23 +87,24 @@ def sharding_cell(sharding: Sharding, dp: int) -> str:
 
 def sharding_words(plan: Plan) -> str:
     """A clause for a report: how the plan splits its training state."""
-    dp = plan.dp
+    dp, what = plan.dp_cp, "replicas" if plan.dp_cp == plan.dp else "data x context ranks"
     if plan.stage_sharding:
         return "training state split per stage: " + "; ".join(
-            f"stage {k}: {_sharding_phrase(sh, dp)}" for k, sh in enumerate(plan.stage_sharding))
-    return _sharding_phrase(plan.sharding, dp)
+            f"stage {k}: {_sharding_phrase(sh, dp, what)}"
+            for k, sh in enumerate(plan.stage_sharding))
+    return _sharding_phrase(plan.sharding, dp, what)
 
 
-def _sharding_phrase(sh: Sharding, dp: int) -> str:
+def _sharding_phrase(sh: Sharding, dp: int, what: str = "replicas") -> str:
     if (sh.params, sh.grads, sh.optim) == (1, 1, 1):
         return "training state copied to every replica (no sharding)"
     cell = sharding_cell(sh, dp)
     if cell.startswith("ZeRO"):
-        return f"{cell} over all {dp} replicas"
+        return f"{cell} over all {dp} {what}"
     states = [(name, size) for name, size in (("optimizer states", sh.optim),
                                                ("gradients", sh.grads),
                                                ("parameters", sh.params)) if size > 1]
-    return "; ".join(f"{name} split over {size} replicas" for name, size in states)
+    return "; ".join(f"{name} split over {size} {what}" for name, size in states)
 
 
 def recompute_words(recompute: Recompute | str) -> str:

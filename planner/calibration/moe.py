@@ -13,7 +13,9 @@ where tp > 1 (Megatron-Core requires it with MoE), the distributed optimizer (Ze
 or FSDP (ZeRO-3) where the source says so (NeMo AutoModel, Megatron-FSDP), an expert tp
 of 1 where the source states it (or where the layout needs it: ep above dp x cp), DeepEP's dispatch where the source names it, balanced
 routing (load_imbalance 1, as the NVIDIA
-benchmarks force it). A row whose recompute is not stated tries none, selective and
+benchmarks force it), the embedding and the loss counted as layers of the pipeline split
+where the note names Megatron's --account-for-embedding-in-pipeline-split /
+--account-for-loss-in-pipeline-split. A row whose recompute is not stated tries none, selective and
 full; the fastest plan that fits is the prediction.
 
 The measured iteration time comes from the row's metric by the source's own FLOP count:
@@ -127,9 +129,11 @@ def _plans(r: dict[str, str], model: ModelSpec) -> tuple[Plan, ...]:
                 tp=tp, pp=int(r["pp"]), dp=dp, cp=int(r["cp"]), vp=int(r["vp"] or 1), mbs=mbs,
                 gbs=int(r["gbs"]), seq_len=int(r["seq"]), recompute=recompute,
                 recompute_modules=modules,
-                sequence_parallel=tp > 1, sharding=sharding_preset(_sharding(r), dp),
+                sequence_parallel=tp > 1, sharding=sharding_preset(_sharding(r), dp * int(r["cp"])),
                 dtype=_DTYPES[r["dtype"]],  # type: ignore[arg-type]  # a DType value
-                ep=int(r["ep"]), etp=_etp(r, model))
+                ep=int(r["ep"]), etp=_etp(r, model),
+                embedding_in_pipeline_split="--account-for-embedding-in-pipeline-split" in r["note"],
+                loss_in_pipeline_split="--account-for-loss-in-pipeline-split" in r["note"])
             try:
                 check_parallel(cfg, model, cluster)
                 plan = homogeneous_plan(model, cluster, cfg, kernels=Kernels())

@@ -127,7 +127,7 @@ def published_cases(path: str | None = None) -> list[Case]:
                 tp=int(r["tp"]), pp=int(r["pp"]), dp=dp, cp=int(r["cp"] or 1),
                 vp=int(r["vp"] or 1), mbs=mbs, gbs=int(r["gbs"]), seq_len=int(r["seq"]),
                 recompute=Recompute(r["recompute"]), sequence_parallel=r["seq_par"] == "1",
-                sharding=sharding_preset(r["sharding"] or "none", dp),
+                sharding=sharding_preset(r["sharding"] or "none", dp * int(r["cp"] or 1)),
                 dtype=r["dtype"])  # type: ignore[arg-type]  # a published dtype name
             plan = _try_plan(model, f"{r['gpu']}:{r['gpus']}", cfg,
                              Kernels(attention=Attention(r["attention"])))

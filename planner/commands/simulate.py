@@ -129,7 +129,7 @@ def _sharding(args: argparse.Namespace) -> Sharding:
     if args.sharding and (args.shard_grads or args.shard_optim):
         fail("--sharding", args.sharding, "not together with --shard-grads / --shard-optim")
     if args.sharding:
-        return sharding_preset(args.sharding, args.dp)
+        return sharding_preset(args.sharding, args.dp * args.cp)
     params = args.shard_params or 1
     grads = args.shard_grads or params
     optim = args.shard_optim or grads

@@ -60,10 +60,13 @@ def egress_usd_per_iteration(plan: Plan) -> float:
         usd += 2 * params * grad_bytes * _cut(spanned) / 1e9 * price(spanned)
         sh = plan.sharding_of(k)
         if sh.params > 1:  # each parameter-sharding group gathers its own copy
-            for i in range(0, len(per_replica), sh.params):
-                group = set(per_replica[i:i + sh.params])
+            # the sizes count dp x cp ranks (`Sharding`): a group spans params / cp
+            # replicas, and each of a replica's cp ranks gathers the parameters
+            span = max(1, sh.params // stage.cp)
+            for i in range(0, len(per_replica), span):
+                group = set(per_replica[i:i + span])
                 usd += (2 * microbatches * params * DType(tr.dtype).element_bytes * _cut(group)
-                        / 1e9 * price(group))
+                        * stage.cp / 1e9 * price(group))
     return usd
 
 

@@ -167,7 +167,7 @@ def in_flight_chunks(*, schedule: Schedule, stage: int, pp: int, num_microbatche
 
 def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: Sharding,
                       tp: int, pp: int, expert_params: float = 0.0,
-                      ep: int = 1, etp: int | None = None, cp: int = 1
+                      ep: int = 1, etp: int | None = None
                       ) -> tuple[float, float, float, float]:
     """(parameters, gradients, optimizer states, gathered-parameter buffers) in bytes on one
     rank holding `params` parameters: 16-bit weights (fp32 when training in fp32), fp32
@@ -177,11 +177,14 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     weight's FP8 cast and its transpose for the backward: 2 bytes per parameter held
     whole, beside the bf16 weights.
 
+    The sharding sizes count ranks of the stage's data- x context-parallel group (dp x
+    cp: context-parallel ranks hold the same weights, and Megatron-Core's distributed
+    optimizer shards over `get_data_parallel_group(with_context_parallel=True)`).
     Of `params`, the `expert_params` routed-expert weights (already split over ep) have
     fewer data-parallel peers: Megatron-Core shards their states over the
     expert-data-parallel group, dp x cp x tp / (ep x etp) (parallel_state.py), so a
-    sharding group of S > 1 replicas holds them over max(1, S x cp x tp / (ep x etp))
-    ranks (S = 1: replicated, as the dense states)."""
+    sharding group of S > 1 of the dp x cp ranks holds them over
+    max(1, S x tp / (ep x etp)) ranks (S = 1: replicated, as the dense states)."""
     dt = DType(dtype)
     low = dt.element_bytes + (2 if dt is DType.FP8 else 0)
     master = 4 if dt.master_weights else 0
@@ -193,7 +196,7 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     dense = params - expert_params
 
     def split(size: int) -> float:
-        peers = size * cp * tp / (ep * (etp or tp)) if size > 1 else 1.0
+        peers = size * tp / (ep * (etp or tp)) if size > 1 else 1.0
         return dense / size + expert_params / max(1.0, peers)
 
     return (split(sharding.params) * low, split(sharding.grads) * 4,
@@ -236,7 +239,7 @@ def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
                                       ep=shape.ep)
     states = model_state_bytes(model, params=params, dtype=shape.dtype, sharding=sharding,
                                tp=shape.tp, pp=pp, expert_params=experts, ep=shape.ep,
-                               etp=shape.etp, cp=shape.cp)
+                               etp=shape.etp)
     return activation_memory(model, device=device, shape=shape, num_layers=num_layers,
                              last=last, recompute=recompute,
                              layers_in_flight=layers_in_flight).with_states(*states)

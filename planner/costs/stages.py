@@ -40,6 +40,7 @@ from planner.costs.memory import (
 )
 from planner.costs.workload import (
     Comm,
+    HostSync,
     LayerWork,
     Op,
     Work,
@@ -218,6 +219,19 @@ class StageSpec:
         return self.placed.devices[::self.placed.tp]
 
     @property
+    def dp_cp_group(self) -> tuple[int, ...]:
+        """The ranks holding this stage's parameters at its first GPU's tp rank: its cp
+        ranks in every replica of `dp_group`, context ranks fastest (Megatron-Core's
+        tp-cp-dp order). They reduce the same gradients, and ZeRO shards over them
+        (Megatron-Core's `get_data_parallel_group(with_context_parallel=True)`); the other
+        replicas' GPUs at the offsets of this stage's, as `ep_group` places them."""
+        p = self.placed
+        if p.cp == 1:
+            return self.dp_group
+        offsets = [d - p.devices[0] for d in p.devices[::p.tp]]
+        return tuple(first + o for first in self.dp_group for o in offsets)
+
+    @property
     def ep_group(self) -> tuple[int, ...]:
         """The ranks this stage's first GPU exchanges tokens with. Megatron-Core orders an
         MoE layer's ranks etp-ep-dp-pp over the attention's tp x cp x dp (MoE Parallel
@@ -370,12 +384,20 @@ def _issue_queue_s(items: list[tuple[float, int]], launch_s: float, repeats: int
     """Wall time of `repeats` passes over `items` = (GPU seconds, kernel launches) when a
     host issues the kernels one by one (`launch_s` each) and the GPU runs them in order:
     an item starts once the GPU is free and the host has issued its first kernel, and
-    lasts at least as long as the host takes to issue the rest."""
-    host = gpu = 0.0
+    lasts at least as long as the host takes to issue the rest. A host sync
+    (`workload.HostSync`) comes as (share, -1) where the GPU's progress is recorded and
+    (share, -2) where the host waits for it: the host issues nothing more until the GPU
+    has got there (for `share` of the layers)."""
+    host = gpu = mark = 0.0
     for _ in range(repeats):
         for busy, launches in items:
-            gpu = max(gpu, host + launch_s) + max(busy, (launches - 1) * launch_s)
-            host += launches * launch_s
+            if launches == -1:
+                mark = gpu
+            elif launches == -2:
+                host += busy * max(0.0, mark - host)
+            else:
+                gpu = max(gpu, host + launch_s) + max(busy, (launches - 1) * launch_s)
+                host += launches * launch_s
     return gpu
 
 
@@ -389,7 +411,9 @@ def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[T
     comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     timeline: list[tuple[float, int]] = []
     for item in items:
-        if isinstance(item, Comm):
+        if isinstance(item, HostSync):
+            timeline.append((item.share, -1 if item.point == "record" else -2))
+        elif isinstance(item, Comm):
             if item.top_k:
                 t = dispatch_time_s(item.bytes, tiers[item.axis], top_k=item.top_k,
                                     experts=item.experts)
@@ -480,10 +504,11 @@ def bucket_params(comm: Communication, dp: int) -> float:
 def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurrency: int,
             sharding: Sharding, dtype: str, profiles: Profiles | None = None, *,
             comm: Communication, units: int = 1) -> DPSync:
-    """Traffic of the data-parallel group `group` (one GPU per replica, in replica order)
-    holding `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP),
-    with gradients sharded over g replicas, optimizer states over os and parameters over p
-    (p | g | os | dp), as the framework issues it (`comm`): gradients in
+    """Traffic of the data-parallel group `group` (the ranks holding the same parameters:
+    one GPU per replica and context-parallel rank, `StageSpec.dp_cp_group`) holding
+    `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP), with
+    gradients sharded over g of its ranks, optimizer states over os and parameters over p
+    (p | g | os | len(group)), as the framework issues it (`comm`): gradients in
     `comm.grad_reduce_dtype`, each collective cut into buckets or units that each pay the
     group's latency:
 
@@ -682,7 +707,7 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     `num_params` parameters per rank, sharded as `sharding` (none depend on the
     micro-batches: the search computes them once per stage kind)."""
     dtype = run.dtype
-    sync = dp_sync(cluster, spec.dp_group, num_params, spec.concurrency, sharding, dtype,
+    sync = dp_sync(cluster, spec.dp_cp_group, num_params, spec.concurrency, sharding, dtype,
                    profiles, comm=run.comm, units=shard_units(spec))
     opt = optimizer_work(num_params / sharding.optim, dtype=dtype,
                          implementation=run.kernels.optimizer,
@@ -691,7 +716,7 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep)
     states = model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
                                tp=p.tp, pp=spec.pp, expert_params=experts, ep=p.ep,
-                               etp=p.expert_tp, cp=p.cp)
+                               etp=p.expert_tp)
     return ShardingTerms(sync, _compute_costs(spec.device, dtype, profiles).time_s(opt),
                          states)
 
@@ -833,11 +858,11 @@ def _stage_ops(model: ModelSpec, spec: StageSpec, run: RunSettings) -> list[Op]:
 
 def _groups(specs: Sequence[tuple[StageSpec, ...]]) -> set[tuple[int, ...]]:
     """The GPU groups that communicate: tp and cp groups, pipeline neighbours, and the
-    data-parallel group of each stage position."""
+    data-parallel (x context-parallel) group of each stage position."""
     groups: set[tuple[int, ...]] = set()
     for replica in specs:
         for s in replica:
-            groups.update((s.tp_group, s.cp_group, s.dp_group))
+            groups.update((s.tp_group, s.cp_group, s.dp_cp_group))
             if s.next_device is not None:
                 groups.add((s.placed.devices[0], s.next_device))
     return {g for g in groups if len(set(g)) > 1}

@@ -22,7 +22,7 @@ from planner.specs.choices import DType
 from planner.specs.model import ModelSpec
 from profiler.kernels import Attention
 
-__all__ = ["Comm", "LayerWork", "Op", "Work", "WorkloadShape", "embedding_work",
+__all__ = ["Comm", "HostSync", "LayerWork", "Op", "Work", "WorkloadShape", "embedding_work",
            "expert_tokens_factor",
            "hardware_flops_per_token", "head_work", "layer_work", "model_flops_per_token",
            "optimizer_work"]
@@ -65,7 +65,20 @@ class Comm:
     experts: int = 0
 
 
-Work = Op | Comm
+@dataclass(frozen=True)
+class HostSync:
+    """A point where the host waits for the GPU (a device-to-host copy it needs): at
+    "record" the GPU's progress is noted (the copy is queued behind the work so far); at
+    "wait" the host stops issuing kernels until the GPU has got there, so the kernels
+    queued ahead of the GPU drain (`stages._issue_queue_s`). `share`: the fraction of the
+    layers that have it (an average layer of a model with dense and MoE layers)."""
+
+    name: str
+    point: Literal["record", "wait"]
+    share: float = 1.0
+
+
+Work = Op | Comm | HostSync
 
 
 @dataclass(frozen=True)
@@ -218,7 +231,9 @@ def _ffn_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
 def _scaled(items: tuple[Work, ...], share: float) -> tuple[Work, ...]:
     """Work done on `share` of the layers, spread over all of them."""
     return tuple(replace(i, flops=i.flops * share, bytes=i.bytes * share)
-                 if isinstance(i, Op) else replace(i, bytes=i.bytes * share) for i in items)
+                 if isinstance(i, Op) else replace(i, share=i.share * share)
+                 if isinstance(i, HostSync) else replace(i, bytes=i.bytes * share)
+                 for i in items)
 
 
 def expert_tokens_factor(model: ModelSpec) -> float:
@@ -227,6 +242,8 @@ def expert_tokens_factor(model: ModelSpec) -> float:
     (Megatron: capacity = tokens x top-k x capacity_factor / experts)."""
     if model.capacity_factor is None:
         return model.load_imbalance
+    if model.pad_to_capacity:  # every expert computes its capacity, padded
+        return model.capacity_factor
     return min(model.load_imbalance, model.capacity_factor)
 
 
@@ -297,8 +314,17 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     saved += 4 * n_r * experts + computed * h * linear + 4 * computed
     send: tuple[Comm, ...] = (dispatch,) if w.ep > 1 else ()
     back: tuple[Comm, ...] = (combine,) if w.ep > 1 else ()
-    forward: list[Work] = [router, topk, permute, *send, *tp_in, fc1, act, fc2, *tp_out,
-                           *back, unpermute]
+    # Megatron-Core's MoEAlltoAllTokenDispatcher, routing not padded to capacity: the
+    # per-expert token counts (and all-to-all splits) are copied to the host after the
+    # routing ("before_permutation_1") and the host waits for them before the dispatch
+    # (`_maybe_dtoh_and_synchronize` at "before_ep_alltoall"; dropless or dropping); only
+    # `moe_pad_expert_input_to_capacity` (`drop_and_pad`) skips it. DeepEP's path is not
+    # modelled here.
+    sync = w.dispatcher == "alltoall" and not model.pad_to_capacity
+    record: tuple[Work, ...] = (HostSync("moe.tokens_per_expert.d2h", "record"),) if sync else ()
+    wait: tuple[Work, ...] = (HostSync("moe.tokens_per_expert.sync", "wait"),) if sync else ()
+    forward: list[Work] = [router, topk, *record, permute, *wait, *send, *tp_in, fc1, act,
+                           fc2, *tp_out, *back, unpermute]
     backward: list[Work] = [*_backward_of(unpermute), *back, *tp_out_bwd, *_backward_of(fc2),
                             *_backward_of(act), *_backward_of(fc1), *tp_in_bwd, *send,
                             *_backward_of(permute), *_backward_of(topk), *_backward_of(router)]

@@ -78,7 +78,7 @@ def _sharding(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Pl
     per_stage = len(plan.shardings) > 1 and not caps.per_stage_sharding
     sh = plan.sharding  # with stage_sharding: the most sharded stage's
     have = (sh.params, sh.grads, sh.optim)
-    options = _candidates(caps, s.dp, s.pp)
+    options = _candidates(caps, s.dp * s.cp, s.pp)  # sizes count dp x cp ranks
     if not per_stage and any(have == (c.params, c.grads, c.optim) for c in options):
         return plan
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from planner.export.frameworks import (
     CAPABILITIES,
     PlanShape,
-    chunk_layer_counts,
+    plan_chunk_counts,
     plan_shape,
     unsupported,
 )
@@ -80,11 +80,11 @@ def megatron_args(plan: Plan) -> list[str]:
             args.append("--recompute-modules " + " ".join(tr.recompute_modules))
     args.append("--attention-backend "
                 + {"flash": "flash", "math": "unfused"}.get(plan.kernels.attention, "auto"))
-    sh = plan.sharding
-    if (sh.params, sh.grads) == (1, 1) and 1 < sh.optim and s.dp % sh.optim == 0:
+    sh, ranks = plan.sharding, s.dp * s.cp  # the distributed optimizer's dp x cp group
+    if (sh.params, sh.grads) == (1, 1) and 1 < sh.optim and ranks % sh.optim == 0:
         args.append("--use-distributed-optimizer")
-        if sh.optim < s.dp:  # partial distributed optimizer: dp / optim instances
-            args.append(f"--num-distributed-optimizer-instances {s.dp // sh.optim}")
+        if sh.optim < ranks:  # partial distributed optimizer: dp x cp / optim instances
+            args.append(f"--num-distributed-optimizer-instances {ranks // sh.optim}")
     return args
 
 
@@ -113,6 +113,8 @@ def _megatron_moe(plan: Plan) -> list[str]:
         args.append("--moe-router-score-function sigmoid")
     if m.capacity_factor is not None:
         args.append(f"--moe-expert-capacity-factor {m.capacity_factor:g}")
+    if m.pad_to_capacity:
+        args.append("--moe-pad-expert-input-to-capacity")
     return args
 
 
@@ -130,11 +132,12 @@ def _list_expression(pattern: list[int]) -> str:
 def _megatron_pipeline(plan: Plan, s: PlanShape) -> list[str]:
     """Interleaving and the layer split: the plain flags when Megatron's own even split is
     the plan's, else the explicit --pipeline-model-parallel-layout (E embedding, t a
-    transformer layer, L the loss; virtual stages in model order, '|' between them)."""
-    chunks = chunk_layer_counts(s.layers, s.vp)
+    transformer layer, L the loss; virtual stages in model order, '|' between them; the
+    embedding or the loss alone where the split counts them as layers)."""
+    chunks = plan_chunk_counts(plan)
     if len(set(chunks)) == 1:
         return ([f"--num-layers-per-virtual-pipeline-stage {chunks[0]}"] if s.vp > 1 else [])
-    parts = [f"t*{n}" for n in chunks]
+    parts = [f"t*{n}" if n else "" for n in chunks]
     parts[0], parts[-1] = "E" + parts[0], parts[-1] + "L"
     return [f"--pipeline-model-parallel-layout {'|'.join(parts)}"]
 
@@ -168,7 +171,7 @@ def _deepspeed(plan: Plan) -> Export:
         config["fp16"] = {"enabled": True}
     # Always written, stage 0 included: a config without it would leave the sharding to
     # DeepSpeed's default, which is not what the plan says.
-    config["zero_optimization"] = _zero(sh.params, sh.grads, sh.optim, s.dp)
+    config["zero_optimization"] = _zero(sh.params, sh.grads, sh.optim, s.dp * s.cp)
     if s.tp > 1:
         config["tensor_parallel"] = {"autotp_size": s.tp}
     full = s.recompute[0] == Recompute.FULL
@@ -205,10 +208,12 @@ _TITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B")
 def _torchtitan(plan: Plan) -> Export:
     issues = unsupported(plan, CAPABILITIES["torchtitan"])
     s, sh, tr = plan_shape(plan), plan.sharding, plan.training
-    if sh.params > 1:
-        shard = sh.params  # FSDP2 over all replicas, or HSDP within groups of P
-    else:
-        shard = 1
+    # FSDP2 over all replicas, or HSDP within groups of P; torchtitan shards over
+    # dp_shard x cp (parallel_dims.py), and the plan's sizes count those ranks
+    shard = max(1, sh.params // s.cp) if sh.params > 1 else 1
+    if sh.params > 1 and sh.params % s.cp:
+        issues.append(f"parameters sharded over {sh.params} ranks with cp {s.cp}: "
+                      "torchtitan shards over dp_shard x cp, a multiple of cp")
     model = _TITAN_FLAVORS.get(plan.model.name)
     lines = ["[model]"]
     lines += ([f'name = "{model[0]}"', f'flavor = "{model[1]}"'] if model else
@@ -242,7 +247,7 @@ def _torchtitan(plan: Plan) -> Export:
 
 def _torchtitan_split(plan: Plan, s: PlanShape, issues: list[str]) -> list[str]:
     """The plan's layer split as module names per model chunk (exact, uneven too)."""
-    chunks = chunk_layer_counts(s.layers, s.vp)
+    chunks = plan_chunk_counts(plan)
     if plan.training.schedule.splits_backward:
         m = s.num_microbatches
         rounds = max(1, m // s.pp)

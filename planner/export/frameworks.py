@@ -16,10 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from planner.specs.choices import Recompute, RecomputeModule, Schedule
+from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Plan
 
 __all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
-           "chunk_layer_counts", "in_rank_order", "matches_pattern", "plan_shape", "unsupported"]
+           "chunk_layer_counts", "in_rank_order", "matches_pattern", "plan_chunk_counts", "plan_shape",
+           "unsupported"]
 
 # A model-state sharding pattern: one entry per (params, grads, optim), each "1"
 # (replicated), "dp" (sharded over all data-parallel replicas) or "k" (sharded within
@@ -68,6 +70,9 @@ class FrameworkCapabilities:
     ep_sharding_multiple: bool = False  # with ep > 1 each sharding degree <= ep or k x ep
     moe_expert_tp: bool = True  # expert tp = tp > 1 (False: an MoE model with tp needs etp 1)
     moe_sequence_parallel: bool = True  # sequence parallelism on MoE models
+    # the embedding / loss taking a layer's place in an interleaved chunk (Training.
+    # embedding_in_pipeline_split, loss_in_pipeline_split with vp > 1)
+    pipeline_split_slots: bool = True
     notes: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -185,8 +190,9 @@ _TRAINPLAN = FrameworkCapabilities(
     recompute_modules=frozenset({RecomputeModule.CORE_ATTN}),
     ep_within_dp=True, ep_schedules=frozenset(Schedule) - {Schedule.ZB_H1},
     ep_recompute=frozenset({"none", "selective"}), ep_sharding_multiple=True,
-    moe_expert_tp=False, moe_sequence_parallel=False,
-    notes={"recompute modules": "the executor's selective recomputation re-runs the "
+    moe_expert_tp=False, moe_sequence_parallel=False, pipeline_split_slots=False,
+    notes={"pipeline split slots": " (executor/preflight.py: every chunk runs a layer)",
+           "recompute modules": "the executor's selective recomputation re-runs the "
            "attention core (executor/model.py)",
            "ep": "the executor's ep groups are data-parallel ranks (folding tp or cp into "
            "ep is not implemented)"},
@@ -198,7 +204,8 @@ FRAMEWORKS = tuple(CAPABILITIES)
 
 
 def matches_pattern(sizes: tuple[int, int, int], pattern: ShardPattern, dp: int) -> bool:
-    """Whether P/G/OS group sizes `sizes` are an instance of `pattern` at `dp` replicas."""
+    """Whether P/G/OS group sizes `sizes` are an instance of `pattern` over `dp` ranks
+    holding the same parameters (replicas x context-parallel ranks: `Sharding`)."""
     ks = set()
     for size, want in zip(sizes, pattern, strict=True):
         if want == "*":
@@ -259,13 +266,25 @@ def plan_shape(plan: Plan) -> PlanShape:
         ep=plan.training.ep, recompute_modules=tuple(plan.training.recompute_modules))
 
 
-def chunk_layer_counts(layers: tuple[int, ...], vp: int) -> list[int]:
+def chunk_layer_counts(layers: tuple[int, ...], vp: int, *, lead: int = 0,
+                       tail: int = 0) -> list[int]:
     """Layers of every model chunk in model order (chunk c of stage s is model chunk
-    c * pp + s; a stage's layers split as evenly as possible, extra to its first chunks),
-    as the executor (executor/topology.py) and the simulator lay them out."""
+    c * pp + s; a stage's layers split as evenly as possible, extra to its first chunks,
+    with the embedding's `lead` and the loss's `tail` slots on the first and last stage:
+    `layout.chunk_sizes`), as the executor (executor/topology.py) and the simulator lay
+    them out."""
     pp = len(layers)
-    sizes = [[n // vp + (1 if c < n % vp else 0) for c in range(vp)] for n in layers]
+    sizes = [chunk_sizes(n, vp, lead=lead if s == 0 else 0, tail=tail if s == pp - 1 else 0)
+             for s, n in enumerate(layers)]
     return [sizes[s][c] for c in range(vp) for s in range(pp)]
+
+
+def plan_chunk_counts(plan: Plan) -> list[int]:
+    """`chunk_layer_counts` of the plan's first replica with its embedding / loss slots."""
+    tr = plan.training
+    return chunk_layer_counts(tuple(s.num_layers for s in plan.pipelines[0].stages),
+                              tr.virtual_stages, lead=int(tr.embedding_in_pipeline_split),
+                              tail=int(tr.loss_in_pipeline_split))
 
 
 def in_rank_order(plan: Plan) -> bool:
@@ -318,11 +337,17 @@ def _structure(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[st
         out.append(f"rank placement: the plan puts its GPUs in another order than "
                    f"{caps.version}'s ranks ({caps.rank_order}, fastest first), so its "
                    "groups would land on other GPUs than the plan priced")
-    uneven = len(set(s.layers)) > 1 or len(set(chunk_layer_counts(s.layers, s.vp))) > 1
+    uneven = len(set(s.layers)) > 1 or len(set(plan_chunk_counts(plan))) > 1
     if uneven and not caps.uneven_stages:
         out.append(f"uneven layers per stage {list(s.layers)}"
                    f"{f' (vp {s.vp} chunks)' if s.vp > 1 else ''}: {caps.version} splits "
                    f"layers evenly{_note(caps, 'uneven stages')}")
+    tr = plan.training
+    if (tr.embedding_in_pipeline_split or tr.loss_in_pipeline_split) and s.vp > 1 \
+            and not caps.pipeline_split_slots:
+        out.append(f"embedding / loss counted as layers of the interleaved split: "
+                   f"{caps.version} splits each stage's chunks by layers"
+                   f"{_note(caps, 'pipeline split slots')}")
     return out
 
 
@@ -362,8 +387,9 @@ def _sharding(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str
     patterns = caps.sharding_with_pp if s.pp > 1 and caps.sharding_with_pp else caps.sharding
     for sh in plan.shardings:
         sizes = (sh.params, sh.grads, sh.optim)
-        if not any(matches_pattern(sizes, p, s.dp) for p in patterns):
-            out.append(f"sharding P/G/OS {sh.params}/{sh.grads}/{sh.optim} over dp {s.dp}: "
+        if not any(matches_pattern(sizes, p, s.dp * s.cp) for p in patterns):
+            over = f"dp {s.dp}" if s.cp == 1 else f"dp x cp {s.dp * s.cp}"
+            out.append(f"sharding P/G/OS {sh.params}/{sh.grads}/{sh.optim} over {over}: "
                        f"not among {caps.version}'s{' (with pp > 1)' if patterns is not caps.sharding else ''} "
                        f"{', '.join('/'.join(p) for p in patterns)}{_note(caps, 'sharding')}")
     return out

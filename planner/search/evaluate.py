@@ -114,9 +114,11 @@ class LayoutModel:
             if tuple(kinds) not in self.replica_kinds:
                 self.replica_kinds.append(tuple(kinds))
         self.memo: dict[tuple, object] = {}  # what later steps work out for this layout
-        self.levels = sharding_levels(lo.dp, max(1, group.gpus_per_node // (lo.tp * lo.cp)))
+        # sizes count the dp x cp ranks holding the same parameters (`Sharding`), of
+        # which a node holds gpus_per_node / tp
+        self.levels = sharding_levels(lo.dp * lo.cp, max(1, group.gpus_per_node // lo.tp))
         # the shardings this layout may take (`sharding`: the framework's patterns)
-        self.choices = allowed_options(self.levels, dp=lo.dp, patterns=sharding)
+        self.choices = allowed_options(self.levels, dp=lo.dp * lo.cp, patterns=sharding)
         if ep_sharding_multiple and lo.ep > 1:  # expert states in whole ep groups
             self.choices = [sh for sh in self.choices
                             if all(n <= lo.ep or n % lo.ep == 0

@@ -122,7 +122,7 @@ def search_table(result: SearchResult, req: SearchRequest, *, wide: bool = False
         low = d["below_headroom"]
         flagged = flagged or low
         shard = ("per stage" if plan.stage_sharding else
-                 sharding_cell(plan.sharding, plan.dp))
+                 sharding_cell(plan.sharding, plan.dp_cp))
         row = [str(i), str(d["gpus"]), layout_cell(plan), str(d["mbs"]), str(d["recompute"]), shard, f"{d['iteration_time_s']:.3f}",
                f"{d['mfu'] * 100:.1f}%", f"{d['peak_memory_bytes'] / GIB:.1f}",
                f"{d['memory_headroom_bytes'] / GIB:.1f}{' !' if low else '  '}"]
@@ -140,7 +140,7 @@ def search_table(result: SearchResult, req: SearchRequest, *, wide: bool = False
         lines = replica_lines(plan) if is_mixed(plan) else []
         if plan.stage_sharding:
             lines.append("sharding per stage: " + "; ".join(
-                sharding_cell(sh, plan.dp) for sh in plan.stage_sharding))
+                sharding_cell(sh, plan.dp_cp) for sh in plan.stage_sharding))
         notes.append(lines)
     right = [h not in ("layout", "recompute", "sharding", "attention") for h in headers]
     # past 100 columns without --wide: drop the cost per token where the run's cost is

@@ -38,6 +38,7 @@ from planner.costs.stages import (
 )
 from planner.simulator.graph import Schedule, TaskGraph, schedule
 from planner.simulator.schedules import Pass, stage_order
+from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Plan
 from profiler.store import Profiles
 
@@ -66,16 +67,17 @@ class Simulation:
     profiles: Profiles | None = None  # the measured profiles the costs came from
 
 
-def chunk_layers(num_layers: int, vp: int) -> list[int]:
-    base, extra = divmod(num_layers, vp)
-    return [base + (1 if c < extra else 0) for c in range(vp)]
+def chunk_layers(num_layers: int, vp: int, slots: tuple[int, int] = (0, 0)) -> list[int]:
+    """Layers of each of a stage's chunks (`layout.chunk_sizes`; `slots`: the embedding and
+    loss slots it holds, `Training.slots`)."""
+    return chunk_sizes(num_layers, vp, lead=slots[0], tail=slots[1])
 
 
 def _chunk_parts(c: StageCost, chunk: int, vp: int, last_stage: bool,
-                 split_w: bool) -> dict[str, Part]:
+                 split_w: bool, slots: tuple[int, int] = (0, 0)) -> dict[str, Part]:
     """Time of each pass kind of one chunk: F, B and (with `split_w`) W, where B is the
     backward without its layers' weight gradients (embedding and head stay in B)."""
-    layers = chunk_layers(c.num_layers, vp)[chunk]
+    layers = chunk_layers(c.num_layers, vp, slots)[chunk]
     fwd, bwd = c.layer_forward * layers, c.layer_backward * layers
     if chunk == 0:
         fwd, bwd = fwd + c.embed_forward, bwd + c.embed_backward
@@ -132,10 +134,11 @@ class _Builder:
         compute = g.stream(f"p{pi}.s{si}.compute")
         # the pass that completes a micro-batch's gradients and frees its activations
         grad = "W" if any(phase == "W" for phase, _, _ in order) else "B"
-        parts = [_chunk_parts(cost, c, vp, last, grad == "W") for c in range(vp)]
+        slots = self.plan.training.slots(si, len(pipe.stages))
+        parts = [_chunk_parts(cost, c, vp, last, grad == "W", slots) for c in range(vp)]
         pieces = self._bucket_count(cost, vp)
         prev, prev2, held, peak = -1, -1, 0.0, 0.0
-        layers = chunk_layers(cost.num_layers, vp)
+        layers = chunk_layers(cost.num_layers, vp, slots)
         last_grad = {c: max(j for ph, cc, j in order if ph == grad and cc == c)
                      for c in range(vp)}
         for phase, c, j in order:
@@ -211,7 +214,7 @@ class _Builder:
 
     def _bucket_count(self, cost: StageCost, vp: int) -> list[int]:
         """Gradient buckets per chunk (one piece where nothing overlaps the backward)."""
-        if self.plan.dp == 1 or not self.overlap or not cost.dp.overlap:
+        if not self.overlap or not cost.dp.overlap:  # one bucket where nothing syncs
             return [1] * vp
         return [max(1, math.ceil(cost.dp.buckets / vp))] * vp
 
@@ -315,7 +318,9 @@ class _Builder:
         for lo, hi in zip(cuts, cuts[1:], strict=False):
             holders = [(pi, next(si for si, s in enumerate(plan.pipelines[pi].stages)
                                  if s.layers[0] <= lo < s.layers[1])) for pi in range(plan.dp)]
-            group = tuple(plan.pipelines[pi].stages[si].devices[0] for pi, si in holders)
+            # every holder's context-parallel ranks (`StageSpec.dp_cp_group`)
+            group = tuple(d for pi, si in holders for d in
+                          plan.pipelines[pi].stages[si].devices[::plan.pipelines[pi].stages[si].tp])
             pi0, si0 = holders[0]
             stage = plan.pipelines[pi0].stages[si0]
             params = self.costs[pi0][si0].num_params * (hi - lo) / stage.num_layers

@@ -93,16 +93,19 @@ DEFAULT_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = (RecomputeModule.CORE_A
 
 class ShardingPreset(StrEnum):
     """ZeRO stages (Rajbhandari et al. 2020) as points of the AMSP space: how many of the
-    dp replicas share one copy of (parameters, gradients, optimizer states)."""
+    ranks holding the same parameters (a stage's data- x context-parallel group, dp x cp:
+    `Sharding`) share one copy of (parameters, gradients, optimizer states)."""
 
     NONE = "none"
     ZERO1 = "zero1"
     ZERO2 = "zero2"
     ZERO3 = "zero3"
 
-    def group_sizes(self, dp: int) -> tuple[int, int, int]:
-        return {ShardingPreset.NONE: (1, 1, 1), ShardingPreset.ZERO1: (1, 1, dp),
-                ShardingPreset.ZERO2: (1, dp, dp), ShardingPreset.ZERO3: (dp, dp, dp)}[self]
+    def group_sizes(self, ranks: int) -> tuple[int, int, int]:
+        """(P, G, OS) over `ranks` = dp x cp ranks holding the same parameters."""
+        n = ranks
+        return {ShardingPreset.NONE: (1, 1, 1), ShardingPreset.ZERO1: (1, 1, n),
+                ShardingPreset.ZERO2: (1, n, n), ShardingPreset.ZERO3: (n, n, n)}[self]
 
 
 class DType(StrEnum):

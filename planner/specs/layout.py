@@ -42,7 +42,7 @@ from planner.specs.rules import (
 from profiler.schema import at, coerce_choices, fail, spec_field
 
 __all__ = ["ParallelConfig", "check_parallel", "check_tp", "homogeneous_plan",
-           "megatron_devices", "sharding_preset", "split_layers"]
+           "chunk_sizes", "megatron_devices", "sharding_preset", "split_layers"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +63,10 @@ class ParallelConfig:
     ep: int = spec_field(default=1, min=1, help="expert-parallel degree (MoE; divides dp x cp)")
     etp: int | None = spec_field(default=None, min=1, help="expert tensor parallel: 1 or tp")
     recompute_modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES  # selective's
+    # Megatron-Core --account-for-embedding-in-pipeline-split / --account-for-loss-in-
+    # pipeline-split: the embedding (the loss) takes a layer's place in the split
+    embedding_in_pipeline_split: bool = False
+    loss_in_pipeline_split: bool = False
 
     @property
     def num_gpus(self) -> int:
@@ -76,9 +80,10 @@ class ParallelConfig:
         coerce_choices(self)
 
 
-def sharding_preset(name: str, dp: int) -> Sharding:
-    """A ZeRO stage as a point of the AMSP space (see `ShardingPreset`)."""
-    params, grads, optim = ShardingPreset(name).group_sizes(dp)
+def sharding_preset(name: str, ranks: int) -> Sharding:
+    """A ZeRO stage as a point of the AMSP space (see `ShardingPreset`) over `ranks` =
+    dp x cp ranks holding the same parameters."""
+    params, grads, optim = ShardingPreset(name).group_sizes(ranks)
     return Sharding(params=params, grads=grads, optim=optim)
 
 
@@ -90,7 +95,9 @@ def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, 
                    where: str = "--") -> None:
     """Reject configurations that cannot run, naming the knob (a SpecError)."""
     check_tp(model, cfg.tp, where=at(where, "tp"))
-    require(at(where, "pp"), cfg.pp, chunks_problem(model.num_layers, cfg.pp, cfg.vp))
+    slots = (model.num_layers + int(cfg.embedding_in_pipeline_split)
+             + int(cfg.loss_in_pipeline_split))
+    require(at(where, "pp"), cfg.pp, chunks_problem(slots, cfg.pp, cfg.vp))
     if cfg.num_gpus != cluster.num_gpus:
         fail(at(where, "dp"), cfg.dp,
              f"tp*pp*dp*cp = {cfg.tp}*{cfg.pp}*{cfg.dp}*{cfg.cp} = {cfg.num_gpus} must equal "
@@ -106,18 +113,37 @@ def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, 
         cfg.gbs // (cfg.mbs * cfg.dp) if not cfg.gbs % (cfg.mbs * cfg.dp) else None))
     for name in ("params", "grads", "optim"):
         size = getattr(cfg.sharding, name)
-        require(at(where, f"shard_{name}"), size, sharding_problem(size, cfg.dp))
+        require(at(where, f"shard_{name}"), size, sharding_problem(
+            size, cfg.dp * cfg.cp, what="dp x cp"))
 
 
-def split_layers(num_layers: int, pp: int) -> list[int]:
+def split_layers(num_layers: int, pp: int, *, lead: int = 0, tail: int = 0) -> list[int]:
     """Layers per stage: as even as possible, extra layers to the middle stages (the first
-    holds the most activations under 1F1B, the last computes the logits)."""
-    base, extra = divmod(num_layers, pp)
+    holds the most activations under 1F1B, the last computes the logits). `lead` (`tail`)
+    slots of the first (last) stage hold no layer: Megatron-Core's
+    --account-for-embedding-in-pipeline-split (--account-for-loss-in-pipeline-split)
+    counts the embedding (the loss) as a layer of the split (transformer_block.py
+    `get_num_layers_to_build`)."""
+    base, extra = divmod(num_layers + lead + tail, pp)
     order = sorted(range(pp), key=lambda i: (abs(i - (pp - 1) / 2), i))
     counts = [base] * pp
     for i in order[:extra]:
         counts[i] += 1
+    counts[0] -= lead
+    counts[-1] -= tail
     return counts
+
+
+def chunk_sizes(num_layers: int, vp: int, *, lead: int = 0, tail: int = 0) -> list[int]:
+    """Layers of each of a stage's `vp` interleaved chunks: its layers and `lead` (`tail`)
+    slots (the embedding before its first chunk's layers, the loss after its last's:
+    `split_layers`) as even as possible, extra to the first chunks; a slot takes a layer's
+    place (Megatron-Core subtracts it from the first / last virtual stage)."""
+    base, extra = divmod(num_layers + lead + tail, vp)
+    sizes = [base + (1 if c < extra else 0) for c in range(vp)]
+    sizes[0] -= lead
+    sizes[-1] -= tail
+    return sizes
 
 
 def megatron_devices(*, tp: int, cp: int, dp: int, pp: int
@@ -134,7 +160,9 @@ def homogeneous_plan(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig
                      kernels: Kernels | None = None) -> Plan:
     """The explicit Plan of a homogeneous layout (validate with `check_parallel` first)."""
     bounds = [0]
-    for count in split_layers(model.num_layers, cfg.pp):
+    for count in split_layers(model.num_layers, cfg.pp,
+                              lead=int(cfg.embedding_in_pipeline_split),
+                              tail=int(cfg.loss_in_pipeline_split)):
         bounds.append(bounds[-1] + count)
     devices = megatron_devices(tp=cfg.tp, cp=cfg.cp, dp=cfg.dp, pp=cfg.pp)
     pipelines = []
@@ -149,7 +177,9 @@ def homogeneous_plan(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig
                         sequence_parallel=cfg.sequence_parallel and cfg.tp > 1,
                         schedule=cfg.schedule.for_chunks(cfg.vp), virtual_stages=cfg.vp,
                         ep=cfg.ep, etp=None if cfg.etp == cfg.tp else cfg.etp,
-                        recompute_modules=cfg.recompute_modules)
+                        recompute_modules=cfg.recompute_modules,
+                        embedding_in_pipeline_split=cfg.embedding_in_pipeline_split,
+                        loss_in_pipeline_split=cfg.loss_in_pipeline_split)
     plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
                 sharding=cfg.sharding, kernels=kernels or Kernels())
     plan.check("plan")

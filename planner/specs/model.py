@@ -77,6 +77,10 @@ class ModelSpec:
         default=None, gt=0, max=64,
         help="tokens an expert takes, as a multiple of its even share; extra tokens are "
         "dropped (Megatron --moe-expert-capacity-factor); none: dropless")
+    pad_to_capacity: bool = spec_field(
+        default=False, help="pad every expert's tokens to the capacity (Megatron "
+        "--moe-pad-expert-input-to-capacity; needs capacity_factor): the token counts are "
+        "known without asking the GPU")
     load_imbalance: float = spec_field(
         default=1.0, min=1, max=64,
         help="tokens of the busiest expert / the mean (1: perfectly balanced routing, as "
@@ -95,7 +99,7 @@ class ModelSpec:
         moe_only = {"experts_per_token": 0, "num_shared_experts": 0, "first_k_dense": 0,
                     "moe_layer_freq": 1, "expert_ffn_hidden_size": None,
                     "shared_expert_ffn_hidden_size": None, "capacity_factor": None,
-                    "load_imbalance": 1.0}
+                    "pad_to_capacity": False, "load_imbalance": 1.0}
         if not self.num_experts:
             for name, default in moe_only.items():
                 if getattr(self, name) != default:
@@ -108,6 +112,9 @@ class ModelSpec:
         if self.first_k_dense >= self.num_layers:
             fail(at(where, "first_k_dense"), self.first_k_dense,
                  f"must be below num_layers {self.num_layers} (else no layer is MoE)")
+        if self.pad_to_capacity and self.capacity_factor is None:
+            fail(at(where, "pad_to_capacity"), True, "needs capacity_factor (the capacity "
+                 "the experts' tokens are padded to)")
 
     @property
     def is_moe(self) -> bool:

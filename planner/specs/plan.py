@@ -94,11 +94,16 @@ class Pipeline:
 
 @dataclass(frozen=True, kw_only=True)
 class Sharding:
-    """AMSP: how many data-parallel replicas share one copy of each model state.
+    """AMSP: how many of the ranks holding the same parameters share one copy of each
+    model state. Those ranks are a stage's data- x context-parallel group (dp x cp, context
+    ranks fastest): context-parallel ranks hold the same weights and reduce the same
+    gradients, and ZeRO shards over all of them (Megatron-Core's distributed optimizer
+    takes `get_data_parallel_group(with_context_parallel=True)`, optimizer/__init__.py;
+    torchtitan's FSDP mesh is dp_shard x cp; DeepSpeed-Ulysses shards over dp x sp).
 
-    1 = replicated. ZeRO-1 is optim=dp; ZeRO-2 grads=optim=dp; ZeRO-3 all three = dp;
-    MiCS is all three = a node's worth of replicas. Each size divides the next (P | G | OS)
-    so that the groups nest.
+    1 = replicated. ZeRO-1 is optim=dp x cp; ZeRO-2 grads=optim=dp x cp; ZeRO-3 all three;
+    MiCS is all three = a node's worth of those ranks. Each size divides the next
+    (P | G | OS) so that the groups nest. With cp = 1 the sizes count replicas.
     """
 
     params: int = spec_field(default=1, min=1, max=MAX_GPUS)
@@ -182,6 +187,18 @@ class Training:
     recompute_modules: tuple[RecomputeModule, ...] = spec_field(
         default=DEFAULT_RECOMPUTE_MODULES, help="what stages with selective recompute re-run "
         "(Megatron --recompute-modules; default core_attn)")
+    embedding_in_pipeline_split: bool = spec_field(
+        default=False, help="the embedding takes a layer's place in the first stage's first "
+        "chunk (Megatron --account-for-embedding-in-pipeline-split)")
+    loss_in_pipeline_split: bool = spec_field(
+        default=False, help="the loss takes a layer's place in the last stage's last chunk "
+        "(Megatron --account-for-loss-in-pipeline-split)")
+
+    def slots(self, stage: int, stages: int) -> tuple[int, int]:
+        """(lead, tail): the embedding and loss slots stage `stage` of `stages` holds in
+        its layer split (`layout.chunk_sizes`)."""
+        return (int(stage == 0 and self.embedding_in_pipeline_split),
+                int(stage == stages - 1 and self.loss_in_pipeline_split))
 
     def check(self, where: str) -> None:
         if self.schedule.interleaved != (self.virtual_stages > 1):
@@ -277,12 +294,13 @@ class Plan:
         if ep > 1 and not self.aligned_stages:
             fail(at(where, "training.ep"), ep, "expert parallelism needs every pipeline to "
                  "split the layers at the same boundaries (ep peers hold the same layers)")
+        ranks = self.dp_cp
         for path, sh in self._shardings(where):
             sh.check(path)
             for name in ("params", "grads", "optim"):
                 size = getattr(sh, name)
                 require(at(path, name), size, sharding_problem(
-                    size, dp, what="the number of data-parallel replicas"))
+                    size, ranks, what="the data-parallel replicas x context-parallel ranks"))
 
     def _shardings(self, where: str) -> list[tuple[str, Sharding]]:
         """Every sharding the plan states, with where it is; checks stage_sharding's shape."""
@@ -366,13 +384,18 @@ class Plan:
                          f"stages must cover layers in order; this one must start at {expect}")
                 expect = stage.layers[1]
                 ends = len(pipe.stages) > 1 and si in (0, len(pipe.stages) - 1)
-                if stage.num_layers == 0 and not (ends and self.training.virtual_stages == 1):
+                vp = self.training.virtual_stages
+                # the embedding / loss slots a stage holds in the split count as layers
+                slots = stage.num_layers + sum(self.training.slots(si, len(pipe.stages)))
+                if stage.num_layers == 0 and not (ends and (vp == 1 or slots >= vp)):
                     fail(at(path, "layers"), list(stage.layers), "no layers only for a first "
                          "stage (the embedding alone) or a last one (the head alone) of a "
-                         "pipeline without interleaving")
-                if 0 < stage.num_layers < self.training.virtual_stages:
+                         "pipeline without interleaving (with it: as many embedding / loss "
+                         "slots and layers as chunks)")
+                if 0 < stage.num_layers and slots < vp:
                     fail(at(path, "layers"), list(stage.layers),
-                         f"at least virtual_stages = {self.training.virtual_stages} layers")
+                         f"at least virtual_stages = {vp} layers"
+                         f"{' and embedding / loss slots' if slots > stage.num_layers else ''}")
                 self._check_stage_parallel(stage, path)
                 for d in stage.devices:
                     if d >= num_gpus:
@@ -391,6 +414,12 @@ class Plan:
     @property
     def dp(self) -> int:
         return len(self.pipelines)
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks holding the same parameters (dp x cp, the first stage's cp): what the
+        sharding sizes divide."""
+        return self.dp * self.pipelines[0].stages[0].cp
 
     @property
     def num_gpus_used(self) -> int:

@@ -22,24 +22,28 @@ def test_source_flops_count_causal_attention_at_half():
 
 
 def test_moe_rows_mean_error():
-    # Reached (23.2% over 17 rows, median 12.8%), not the 10% target. The rows run with
+    # Reached (21.3% over 20 rows, median 11.8%), not the 10% target. The rows run with
     # what their sources state: Megatron-Core's recompute modules (the long-context rows
-    # fit with "layernorm, moe" up to 64k), the Megatron-Bridge recipes' recompute none.
+    # fit with "layernorm, moe"), the Megatron-Bridge recipes' recompute none; 128k
+    # (dp 1, cp 8) fits with the distributed optimizer over dp x cp.
     # Left: the NeMo FP8 Qwen3-30B rows measure half the throughput of the same layout in
     # the 25.09 container (-60% / -62%), DeepSeek-V3 on NeMo AutoModel fits only with full
     # recompute (+50% / +76%), a tp 4 layout measures a third slower (zoo-q235-h100-e,
-    # -38%), forced-balance long-context rows are 11-15% slow; 128k (dp 1, cp 8) needs the
-    # distributed optimizer over dp x cp, pp 32 x vp 3 over 94 layers the embedding and
-    # loss counted as layers (docs/calibration.md, "MoE").
+    # -38%), forced-balance long-context rows are 11-16% slow (docs/calibration.md, "MoE").
     s = score()
-    assert s.count >= 17, s.failed
-    assert s.mape <= 0.24, s.errors
+    assert s.count >= 20, s.failed
+    assert s.mape <= 0.215, s.errors
+    # pp 32 x vp 3 over 94 layers: the embedding and the loss counted as layers
+    assert abs(s.errors["zoo-q235-h100-d"]) < 0.12
     assert abs(s.errors["mb-2511-h100-qwen3-235b-a22b-fp8-cs-256"]) < 0.10  # ep 32, etp 1
     assert abs(s.errors["zoo-q235-h100-a"]) < 0.10  # cross-node EP 32, DeepEP
     assert abs(s.errors["zoo-q235-h100-c"]) < 0.10  # intra-node EP 8, Megatron-FSDP
     # selective "layernorm, moe" at 16k-64k (ModelZoo command line)
     long = [k for k in s.errors if k.startswith("zoo-q235-h100-long")]
-    assert len(long) == 6 and all(abs(s.errors[k]) < 0.16 for k in long), s.errors
+    assert len(long) == 8 and all(abs(s.errors[k]) < 0.17 for k in long), s.errors
+    assert all(abs(s.errors[k]) < 0.16 for k in long if "128k" not in k), s.errors
+    # 128k: dp 1 x cp 8, the distributed optimizer sharded over the 8 cp ranks
+    assert abs(s.errors["zoo-q235-h100-long128k-dropless"]) < 0.10
 
 
 def test_cases_carry_their_plans():

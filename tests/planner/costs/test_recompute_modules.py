@@ -10,6 +10,7 @@ from planner.calibration.moe import recomputations
 from planner.costs.memory import activation_memory
 from planner.costs.workload import (
     Comm,
+    HostSync,
     Op,
     WorkloadShape,
     hardware_flops_per_token,
@@ -146,4 +147,7 @@ def test_the_calibration_reads_what_a_row_recomputed(text, expected):
     assert recomputations(text) == [expected]
     assert len(recomputations("not stated")) == 3
     assert recomputations("selective: mlp (dense layers), mla up_proj") == []
-    assert all(isinstance(op, Op | Comm) for op in _work(QWEN, expected[1]).selective_recompute)
+    again = _work(QWEN, expected[1]).selective_recompute
+    assert all(isinstance(op, Op | Comm | HostSync) for op in again)
+    # re-running the MoE block re-runs the dispatcher's wait for the token counts
+    assert any(isinstance(op, HostSync) for op in again) == ("moe" in expected[1])

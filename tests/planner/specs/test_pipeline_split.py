@@ -1,0 +1,88 @@
+"""The embedding and the loss as layers of the pipeline split: Megatron-Core's
+--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split add one
+slot each to the layers it divides over pp x vp model chunks and take it off the first
+(last) virtual stage (megatron/core/transformer/transformer_block.py
+`get_num_layers_to_build`); the ModelZoo runs Qwen3-235B's 94 layers as pp 32 x vp 3 that
+way (model_configs/benchmarking/Qwen3-235B-A22B.yaml)."""
+
+import dataclasses
+
+import pytest
+
+from executor.preflight import check_runnable
+from planner.export.formats import export_plan
+from planner.export.frameworks import CAPABILITIES, plan_chunk_counts, unsupported
+from planner.simulator import simulate
+from planner.specs.cluster import parse_gpus_arg
+from planner.specs.layout import (
+    ParallelConfig,
+    check_parallel,
+    chunk_sizes,
+    homogeneous_plan,
+    split_layers,
+)
+from planner.specs.model import preset
+from profiler.schema import SpecError
+from tests.executor.distributed import homogeneous
+
+
+def test_qwen3_235b_split_over_96_model_chunks():
+    counts = split_layers(94, 32, lead=1, tail=1)
+    assert counts == [2] + [3] * 30 + [2] and sum(counts) == 94
+    assert chunk_sizes(2, 3, lead=1) == [0, 1, 1]  # the embedding alone in chunk 0
+    assert chunk_sizes(2, 3, tail=1) == [1, 1, 0]  # the loss alone in the last chunk
+    assert chunk_sizes(3, 3) == [1, 1, 1]
+    # the stage counts are those of the plain split; the chunks are not (embedding and
+    # loss alone at the ends), and pp x vp = 96 chunks need the two slots
+    assert split_layers(94, 32) == counts
+    assert chunk_sizes(5, 2) == [3, 2]  # extra layers to the first chunks, as before
+
+
+MODEL = dataclasses.replace(preset("gpt3-1.3b"), num_layers=6, seq_len=1024)
+CLUSTER = parse_gpus_arg("A100-80GB-SXM:2")
+
+
+def _cfg(**kw):
+    base = dict(pp=2, vp=4, mbs=1, gbs=8, seq_len=1024, schedule="1f1b")
+    return ParallelConfig(**{**base, **kw})
+
+
+def test_interleaved_split_counts_embedding_and_loss():
+    """pp 2 x vp 4 over 6 layers: 8 chunks need 8 slots, which the embedding and the loss
+    make up; the first chunk holds only the embedding, the last only the loss."""
+    with pytest.raises(SpecError, match="model chunks"):
+        check_parallel(_cfg(), MODEL, CLUSTER)
+    cfg = _cfg(embedding_in_pipeline_split=True, loss_in_pipeline_split=True)
+    check_parallel(cfg, MODEL, CLUSTER)
+    plan = homogeneous_plan(MODEL, CLUSTER, cfg)
+    assert [s.num_layers for s in plan.pipelines[0].stages] == [3, 3]
+    assert plan_chunk_counts(plan) == [0, 1, 1, 1, 1, 1, 1, 0]
+    args = export_plan(plan, "megatron").text
+    assert "--pipeline-model-parallel-layout 'E|t*1|t*1|t*1|t*1|t*1|t*1|L'" in args
+    assert not unsupported(plan, CAPABILITIES["megatron"])
+    assert any("embedding / loss" in line for line in unsupported(plan, CAPABILITIES["trainplan"]))
+    on_cpu = homogeneous(MODEL, world=2, pp=2, vp=4, mbs=1, gbs=8,
+                         schedule="1f1b", embedding_in_pipeline_split=True,
+                         loss_in_pipeline_split=True)
+    with pytest.raises(SpecError, match="interleaved chunks by layers"):
+        check_runnable(on_cpu, cuda_devices=0)
+    assert simulate(plan).iteration_time_s > 0
+    # without the settings a stage of 3 layers cannot fill 4 chunks
+    with pytest.raises(SpecError, match="at least virtual_stages = 4 layers"):
+        dataclasses.replace(plan, training=dataclasses.replace(
+            plan.training, embedding_in_pipeline_split=False,
+            loss_in_pipeline_split=False)).check("plan")
+
+
+def test_embedding_only_and_head_only_stages():
+    """Without interleaving the slots move layers off the end stages; with two layers over
+    four stages the first holds the embedding alone and the last the head alone (DeepSpeed's
+    PipelineModule partitions of issue 14), which the plan already allowed."""
+    model = dataclasses.replace(MODEL, num_layers=2)
+    cluster = parse_gpus_arg("A100-80GB-SXM:4")
+    cfg = _cfg(pp=4, vp=1, embedding_in_pipeline_split=True, loss_in_pipeline_split=True)
+    check_parallel(cfg, model, cluster)
+    plan = homogeneous_plan(model, cluster, cfg)
+    assert [s.num_layers for s in plan.pipelines[0].stages] == [0, 1, 1, 0]
+    assert simulate(plan).iteration_time_s > 0
+    assert "--pipeline-model-parallel-layout 'E|t*1|t*1|L'" in export_plan(plan, "megatron").text
