@@ -369,9 +369,13 @@ def stage_key(cluster: ClusterSpec, spec: StageSpec, *, dp_signature: object = N
             spec.concurrency)
 
 
-def replica_key(cluster: ClusterSpec, specs: Sequence[StageSpec], run: RunSettings) -> tuple:
-    """Replicas with equal keys cost the same, stage by stage."""
-    return (run, tuple((stage_key(cluster, s), s.sharding) for s in specs))
+def replica_key(cluster: ClusterSpec, specs: Sequence[StageSpec], run: RunSettings, *,
+                dp_signatures: Sequence[object] | None = None) -> tuple:
+    """Replicas with equal keys cost the same, stage by stage. `dp_signatures` stand for
+    the stages' `group_signature`s by position (as in `stage_key`), where the caller
+    numbered them once."""
+    return (run, tuple((stage_key(cluster, s, dp_signature=None if dp_signatures is None
+                                  else dp_signatures[s.index]), s.sharding) for s in specs))
 
 
 # -- pricing one stage ------------------------------------------------------------------
@@ -806,15 +810,21 @@ def plan_costs(plan: Plan, profiles: Profiles | None = None) -> PlanCosts:
     representative: list[int] = []
     all_specs: list[tuple[StageSpec, ...]] = []
     seen: dict[tuple, int] = {}
+    # every replica's stage k syncs over groups[k] (thousands of GPUs, slow to hash): its
+    # signature found once and named by a small number
+    numbered: dict[tuple, int] = {}
+    signatures = (None if groups is None else
+                  [numbered.setdefault(group_signature(plan.cluster, g), len(numbered))
+                   for g in groups])
     for pi, stages in enumerate(replicas):
         specs = replica_specs(plan.cluster, stages, groups=groups,
                               shardings=[plan.sharding_of(k) for k in range(len(stages))])
         all_specs.append(specs)
-        key = replica_key(plan.cluster, specs, runs[pi])
+        key = replica_key(plan.cluster, specs, runs[pi], dp_signatures=signatures)
         rep = seen.setdefault(key, pi)
         representative.append(rep)
-        if rep != pi:
-            costs.append([replace(c, pipeline=pi) for c in costs[rep]])
+        if rep != pi:  # copies that keep the computed pass sums
+            costs.append([_clone(c, pipeline=pi) for c in costs[rep]])
             continue
         costs.append([stage_cost(plan.model, plan.cluster, s, runs[pi], pipeline=pi,
                                  profiles=profiles) for s in specs])
