@@ -594,21 +594,13 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
                                                  else DEFAULT_RECOMPUTE_MODULES))
 
 
-def _p2p_tiers(cluster: ClusterSpec, spec: StageSpec, shape: WorkloadShape
-               ) -> tuple[Tier, ...] | None:
-    """The link a stage sends its activations over (None: it sends none). Megatron
-    (scatter-gather) and DeepSpeed (`is_pipe_partitioned` under tp) scatter an activation
-    over the tp ranks; each sends a slice, all at once, so the tp slices share an island
-    link (the NICs' share per GPU already assumes every GPU of a node sends)."""
-    if spec.next_device is None:
-        return None
-    return group_tiers(cluster, (spec.placed.devices[0], spec.next_device),
-                       concurrency=shape.tp)
-
-
 def _p2p(model: ModelSpec, shape: WorkloadShape, tiers: tuple[Tier, ...] | None,
          profiles: Profiles | None) -> tuple[float, Transfer | None]:
-    """Send one activation (its slice on this tp rank) to the next stage over `tiers`."""
+    """Send one activation to the next stage over `tiers` (None: no next stage). Megatron
+    (scatter-gather) and DeepSpeed (`is_pipe_partitioned` under tp) scatter it over the
+    tp ranks; each sends a slice, all at once, so the tp slices share an island link
+    (`_stage_links` prices the link at tp concurrent sends; the NICs' share per GPU
+    already assumes every GPU of a node sends)."""
     if tiers is None:
         return 0.0, None
     size = (shape.micro_batch_size * shape.seq_len // shape.cp * model.hidden_size
@@ -665,33 +657,57 @@ def _passes(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, shape: Work
     totals computed. Keyed by what it depends on (the links of its groups, not which GPUs
     they are; not its data-parallel group or sharding, which `sharding_terms` prices):
     stages of different placements and candidates share it."""
-    tiers_key = (("tp", group_tiers(cluster, spec.tp_group)),
-                 ("cp", group_tiers(cluster, spec.cp_group)),
-                 ("ep", group_tiers(cluster, spec.ep_group)))
-    p = spec.placed
-    return _pass_costs(model, shape, spec.device, tiers_key, _p2p_tiers(cluster, spec, shape),
-                       p.num_layers, p.recompute, spec.first, spec.last,
-                       stage_params(model, spec), profiles)
+    return _pass_costs(model, shape, _stage_links(model, cluster, spec), profiles)
+
+
+@cached_hash
+@dataclass(frozen=True)
+class _StageLinks:
+    """What a stage's passes depend on besides the model, the shape of its work and the
+    profiles: its GPU, the tiers of its tp / cp / ep groups and of the link to the next
+    stage, its layers and where it sits."""
+
+    device: DeviceSpec
+    tiers_key: tuple
+    p2p_tiers: tuple[Tier, ...] | None
+    num_layers: int
+    recompute: Recompute
+    first: bool
+    last: bool
+    num_params: float
 
 
 @cache
-def _pass_costs(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_key: tuple,
-                p2p_tiers: tuple[Tier, ...] | None, num_layers: int, recompute: Recompute,
-                first: bool, last: bool, num_params: float,
+def _stage_links(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec) -> _StageLinks:
+    """`spec`'s links (one object per spec: the pass cache finds it by identity)."""
+    p = spec.placed
+    tiers_key = (("tp", group_tiers(cluster, spec.tp_group)),
+                 ("cp", group_tiers(cluster, spec.cp_group)),
+                 ("ep", group_tiers(cluster, spec.ep_group)))
+    p2p = (None if spec.next_device is None
+           else group_tiers(cluster, (p.devices[0], spec.next_device), concurrency=p.tp))
+    return _StageLinks(spec.device, tiers_key, p2p, p.num_layers, p.recompute, spec.first,
+                       spec.last, stage_params(model, spec))
+
+
+@cache
+def _pass_costs(model: ModelSpec, shape: WorkloadShape, links: _StageLinks,
                 profiles: Profiles | None) -> StageCost:
     """`_passes` once per key (its `stage` is 0: `unsharded_cost` sets the position)."""
+    dev, tiers_key, recompute = links.device, links.tiers_key, links.recompute
     layer_fwd, layer_bwd = layer_parts(model, shape, dev, tiers_key, recompute, profiles)
     zero = (Part(), Part())
-    embed = _extra_parts(model, shape, dev, tiers_key, "embed", profiles) if first else zero
-    head = _extra_parts(model, shape, dev, tiers_key, "head", profiles) if last else zero
-    p2p_s, p2p_transfer = _p2p(model, shape, p2p_tiers, profiles)
-    cost = StageCost(pipeline=0, stage=0, device=dev.name, num_layers=num_layers,
-                     num_params=num_params, layer_forward=layer_fwd, layer_backward=layer_bwd,
-                     embed_forward=embed[0], embed_backward=embed[1], head_forward=head[0],
-                     head_backward=head[1], p2p_s=p2p_s, p2p_transfer=p2p_transfer, dp=DPSync(),
-                     optimizer_s=0.0,
+    embed = (_extra_parts(model, shape, dev, tiers_key, "embed", profiles) if links.first
+             else zero)
+    head = _extra_parts(model, shape, dev, tiers_key, "head", profiles) if links.last else zero
+    p2p_s, p2p_transfer = _p2p(model, shape, links.p2p_tiers, profiles)
+    cost = StageCost(pipeline=0, stage=0, device=dev.name, num_layers=links.num_layers,
+                     num_params=links.num_params, layer_forward=layer_fwd,
+                     layer_backward=layer_bwd, embed_forward=embed[0], embed_backward=embed[1],
+                     head_forward=head[0], head_backward=head[1], p2p_s=p2p_s,
+                     p2p_transfer=p2p_transfer, dp=DPSync(), optimizer_s=0.0,
                      memory=activation_memory(model, device=dev, shape=shape,
-                                              num_layers=num_layers, last=last,
+                                              num_layers=links.num_layers, last=links.last,
                                               recompute=recompute, layers_in_flight=0.0),
                      layer_weight_grad=_layer_weight_grad(model, shape, dev, tiers_key,
                                                           recompute, profiles))
@@ -854,6 +870,7 @@ def clear_cost_caches() -> None:
     group_signature.cache_clear()
     stage_params.cache_clear()
     _pass_costs.cache_clear()
+    _stage_links.cache_clear()
 
 
 # -- where the numbers came from ----------------------------------------------------------
