@@ -71,7 +71,7 @@ __all__ = ["DPSync", "Part", "PlacedStage", "PlanCosts",
            "gather_stall_s", "group_signature", "layer_parts", "on_clear_cost_caches",
            "plan_costs", "plan_replicas", "plan_runs", "position_groups", "replica_key",
            "pass_key", "replica_specs", "shard_units", "sharding_states", "sharding_terms",
-           "stage_cost", "stage_key",
+           "stage_cost", "stage_key", "stage_passes",
            "stage_params", "unsharded_cost", "with_sharding", "workload_shape"]
 
 T = TypeVar("T")
@@ -624,12 +624,15 @@ def stage_params(model: ModelSpec, spec: StageSpec) -> float:
 
 
 def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings,
-                   *, pipeline: int = 0, profiles: Profiles | None = None) -> StageCost:
+                   *, pipeline: int = 0, profiles: Profiles | None = None,
+                   passes: StageCost | None = None) -> StageCost:
     """The stage's cost with its model states replicated (no data-parallel traffic, no
     optimizer step yet): `with_sharding` completes it. Op and collective times come from
-    `profiles` where they have them."""
-    shape = workload_shape(spec, run)
-    passes = _passes(model, cluster, spec, shape, profiles)
+    `profiles` where they have them. `passes`: `stage_passes(...)` of this stage and run
+    where the caller kept it (candidates that differ only in their schedule or number of
+    micro-batches share it)."""
+    if passes is None:
+        passes = stage_passes(model, cluster, spec, run, profiles=profiles)
     n = spec.placed.num_layers
     in_flight = in_flight_chunks(schedule=run.schedule, stage=spec.index, pp=spec.pp,
                                  num_microbatches=run.num_microbatches,
@@ -650,14 +653,17 @@ def _clone(cost: StageCost, **fields: object) -> StageCost:
     return out
 
 
-def _passes(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, shape: WorkloadShape,
-            profiles: Profiles | None) -> StageCost:
+def stage_passes(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings, *,
+                 profiles: Profiles | None = None) -> StageCost:
     """What a stage costs that does not depend on the schedule or on how many
     micro-batches it runs (all but the activations in flight: none here), with the pass
-    totals computed. Keyed by what it depends on (the links of its groups, not which GPUs
-    they are; not its data-parallel group or sharding, which `sharding_terms` prices):
-    stages of different placements and candidates share it."""
-    return _pass_costs(model, shape, _stage_links(model, cluster, spec), profiles)
+    totals computed: it depends on the run only through the shape of the work
+    (`workload_shape`: micro-batch size, sequence parallelism and the run's constants).
+    Keyed by what it depends on (the links of its groups, not which GPUs they are; not
+    its data-parallel group or sharding, which `sharding_terms` prices): stages of
+    different placements and candidates share it."""
+    return _pass_costs(model, workload_shape(spec, run), _stage_links(model, cluster, spec),
+                       profiles)
 
 
 @cached_hash
