@@ -232,18 +232,28 @@ def _placed_stages(ctx: _Context, rep_slots: Sequence[Slot],
 
 def _pass_row(ctx: _Context, rep_slots: Sequence[Slot], pattern: tuple,
               replica: Sequence[tuple[int, ...]], memo: dict) -> tuple[int, ...]:
-    """The pass kind (`pass_key`, numbered) of each stage of a replica. Replicas of one
-    placement pattern and slots have the same pass keys, in any template: their stages'
-    links follow from the pattern (`group_signature`)."""
-    key = ("pass_row", tuple(rep_slots), pattern)
-    if key not in memo:
-        pass_of: dict[tuple, int] = memo.setdefault("pass_ids", {})
-        stages = _placed_stages(ctx, rep_slots, replica, memo)
-        specs = replica_specs(ctx.cluster, stages, groups=None,
-                              shardings=[Sharding()] * len(stages))
-        memo[key] = tuple(pass_of.setdefault(pass_key(ctx.cluster, spec), len(pass_of))
-                          for spec in specs)
-    return memo[key]
+    """The pass kind (`pass_key`, numbered) of each stage of a replica. A stage's pass key
+    follows from its slot, its position (first, last, of how many), where its own GPUs
+    are counted from its first and where the next stage's first GPU is (the links of its
+    groups: `group_signature`), so stages of any replica and template that agree in
+    these share it."""
+    pass_of: dict[tuple, int] = memo.setdefault("pass_ids", {})
+    stage_ids: dict[tuple, int] = memo.setdefault("stage_pass_ids", {})
+    pp = len(rep_slots)
+    row: list[int] = []
+    specs: tuple[StageSpec, ...] | None = None
+    for k, slot in enumerate(rep_slots):
+        (_, n0, l0), nxt = pattern[k][0], pattern[(k + 1) % pp][0]
+        key = (slot, k == 0, k == pp - 1, pp,
+               tuple((g, n - n0, loc - l0) for g, n, loc in pattern[k]),
+               None if pp == 1 else (nxt[0], nxt[1] - n0, nxt[2] - l0))
+        if key not in stage_ids:
+            if specs is None:
+                specs = replica_specs(ctx.cluster, _placed_stages(ctx, rep_slots, replica, memo),
+                                      groups=None, shardings=[Sharding()] * pp)
+            stage_ids[key] = pass_of.setdefault(pass_key(ctx.cluster, specs[k]), len(pass_of))
+        row.append(stage_ids[key])
+    return tuple(row)
 
 
 def _pattern(cluster: ClusterSpec, replica: Sequence[tuple[int, ...]]) -> tuple:

@@ -864,7 +864,7 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
             why = "every plan that uses them costs more"
         elif (simulated := [r for _, r in ranked if gpu in _gpus_of(r.plan)]):
             why = ("every plan that uses them is slower: the best simulates at "
-                   f"{simulated[0].result.iteration_time_s:.3g} s/iteration, vs {best_s:.3g}")
+                   f"{simulated[0].result.iteration_time_s:.3g} s/iteration, vs {best_s:.3g} s")
         elif gpu in with_type:
             why = ("every plan that uses them is slower: at best "
                    f"{with_type[gpu] * req.gbs * req.seq_len:.3g} s/iteration by the closed "
