@@ -16,7 +16,7 @@ gradients).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from planner.costs.workload import WorkloadShape, head_work, layer_work
 from planner.specs.choices import DType, Recompute, Schedule
@@ -64,8 +64,12 @@ class StageMemory:
                            self.activations_per_layer_bytes, gathered)
 
     def with_layers_in_flight(self, layers: float) -> StageMemory:
-        """The same rank holding activations of `layers` layer-micro-batches at its peak."""
-        return replace(self, activations_bytes=self.activations_per_layer_bytes * layers)
+        """The same rank holding activations of `layers` layer-micro-batches at its peak
+        (built directly: dataclasses.replace is slow, and a search makes millions)."""
+        return StageMemory(self.params_bytes, self.grads_bytes, self.optimizer_bytes,
+                           self.activations_per_layer_bytes * layers, self.buffers_bytes,
+                           self.reserve_bytes, self.capacity_bytes,
+                           self.activations_per_layer_bytes, self.gathered_bytes)
 
     @property
     def model_states_bytes(self) -> float:

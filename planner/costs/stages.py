@@ -71,7 +71,8 @@ __all__ = ["DPSync", "Part", "PlacedStage", "PlanCosts",
            "bucket_params", "clear_cost_caches", "cost_sources", "dp_sync", "exposed_s",
            "gather_stall_s", "group_signature", "layer_parts", "on_clear_cost_caches",
            "plan_costs", "plan_replicas", "plan_runs", "position_groups", "replica_key",
-           "replica_specs", "shard_units", "sharding_terms", "stage_cost", "stage_key",
+           "pass_key", "replica_specs", "shard_units", "sharding_states", "sharding_terms",
+           "stage_cost", "stage_key", "stage_passes",
            "stage_params", "unsharded_cost", "with_sharding", "workload_shape"]
 
 T = TypeVar("T")
@@ -358,24 +359,40 @@ def group_signature(cluster: ClusterSpec, group: tuple[int, ...]) -> tuple:
                  for d in group)
 
 
-def stage_key(cluster: ClusterSpec, spec: StageSpec, *, dp_signature: object = None) -> tuple:
-    """Stages with equal keys have equal pass times, transfers and data-parallel traffic
-    at any sharding (they differ at most in position, which only memory depends on).
-    `dp_signature` stands for `group_signature(cluster, spec.dp_group)` where the caller
-    numbered the signatures once (a group of thousands of GPUs is slow to hash)."""
+def pass_key(cluster: ClusterSpec, spec: StageSpec) -> tuple:
+    """Stages with equal keys have equal pass times, transfers and memory before
+    sharding (`unsharded_cost`): everything but their data-parallel group."""
     p = spec.placed
     return (spec.device, p.tp, p.cp, p.ep, p.etp, p.num_layers, p.recompute, p.attention, spec.first,
             spec.last, spec.pp, group_tiers(cluster, spec.tp_group),
             group_tiers(cluster, spec.cp_group),
             None if spec.next_device is None
             else group_tiers(cluster, (p.devices[0], spec.next_device)),
+            group_tiers(cluster, spec.ep_group) if p.ep > 1 else None,
+            # where its context ranks sit, which with the data-parallel group gives the
+            # dp x cp group its model states sync over
+            group_signature(cluster, spec.cp_group) if p.cp > 1 else None)
+
+
+def stage_key(cluster: ClusterSpec, spec: StageSpec, *, dp_signature: object = None,
+              passes: tuple | None = None) -> tuple:
+    """Stages with equal keys have equal pass times, transfers and data-parallel traffic
+    at any sharding (they differ at most in position, which only memory depends on).
+    `dp_signature` stands for `group_signature(cluster, spec.dp_group)` where the caller
+    numbered the signatures once (a group of thousands of GPUs is slow to hash); `passes`
+    for `pass_key(cluster, spec)` where the caller has it."""
+    return (pass_key(cluster, spec) if passes is None else passes,
             group_signature(cluster, spec.dp_group) if dp_signature is None else dp_signature,
             spec.concurrency)
 
 
-def replica_key(cluster: ClusterSpec, specs: Sequence[StageSpec], run: RunSettings) -> tuple:
-    """Replicas with equal keys cost the same, stage by stage."""
-    return (run, tuple((stage_key(cluster, s), s.sharding) for s in specs))
+def replica_key(cluster: ClusterSpec, specs: Sequence[StageSpec], run: RunSettings, *,
+                dp_signatures: Sequence[object] | None = None) -> tuple:
+    """Replicas with equal keys cost the same, stage by stage. `dp_signatures` stand for
+    the stages' `group_signature`s by position (as in `stage_key`), where the caller
+    numbered them once."""
+    return (run, tuple((stage_key(cluster, s, dp_signature=None if dp_signatures is None
+                                  else dp_signatures[s.index]), s.sharding) for s in specs))
 
 
 # -- pricing one stage ------------------------------------------------------------------
@@ -605,18 +622,17 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
                                                  else DEFAULT_RECOMPUTE_MODULES))
 
 
-def _p2p(cluster: ClusterSpec, model: ModelSpec, spec: StageSpec, shape: WorkloadShape,
+def _p2p(model: ModelSpec, shape: WorkloadShape, tiers: tuple[Tier, ...] | None,
          profiles: Profiles | None) -> tuple[float, Transfer | None]:
-    """Send one activation to the next stage over the link joining them. Megatron
+    """Send one activation to the next stage over `tiers` (None: no next stage). Megatron
     (scatter-gather) and DeepSpeed (`is_pipe_partitioned` under tp) scatter it over the
     tp ranks; each sends a slice, all at once, so the tp slices share an island link
-    (the NICs' share per GPU already assumes every GPU of a node sends)."""
-    if spec.next_device is None:
+    (`_stage_links` prices the link at tp concurrent sends; the NICs' share per GPU
+    already assumes every GPU of a node sends)."""
+    if tiers is None:
         return 0.0, None
     size = (shape.micro_batch_size * shape.seq_len // shape.cp * model.hidden_size
             * DType(shape.dtype).element_bytes / shape.tp)
-    tiers = group_tiers(cluster, (spec.placed.devices[0], spec.next_device),
-                        concurrency=shape.tp)
     return (collective_time_s("send_recv", size, tiers, profiles=profiles),
             Transfer("send_recv", size, tiers))
 
@@ -636,20 +652,24 @@ def stage_params(model: ModelSpec, spec: StageSpec) -> float:
 
 
 def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings,
-                   *, pipeline: int = 0, profiles: Profiles | None = None) -> StageCost:
+                   *, pipeline: int = 0, profiles: Profiles | None = None,
+                   passes: StageCost | None = None) -> StageCost:
     """The stage's cost with its model states replicated (no data-parallel traffic, no
     optimizer step yet): `with_sharding` completes it. Op and collective times come from
-    `profiles` where they have them."""
-    shape = workload_shape(spec, run)
-    passes = _passes(model, cluster, spec, shape, profiles)
+    `profiles` where they have them. `passes`: `stage_passes(...)` of this stage and run
+    where the caller kept it (candidates that differ only in their schedule or number of
+    micro-batches share it)."""
+    if passes is None:
+        passes = stage_passes(model, cluster, spec, run, profiles=profiles)
     n = spec.placed.num_layers
     in_flight = in_flight_chunks(schedule=run.schedule, stage=spec.index, pp=spec.pp,
                                  num_microbatches=run.num_microbatches,
                                  virtual_stages=run.virtual_stages)
     # the pass times (and their sums) as computed once, with this run's activations and
     # the framework's pipeline sends
-    return _clone(passes, pipeline=pipeline, memory=passes.memory.with_layers_in_flight(
-        in_flight * n / run.virtual_stages), p2p_blocking=run.comm.pipeline_p2p.blocks_compute)
+    memory = passes.memory.with_layers_in_flight(in_flight * n / run.virtual_stages)
+    return _clone(passes, pipeline=pipeline, stage=spec.index, memory=memory,
+                  p2p_blocking=run.comm.pipeline_p2p.blocks_compute)
 
 
 def _clone(cost: StageCost, **fields: object) -> StageCost:
@@ -661,30 +681,68 @@ def _clone(cost: StageCost, **fields: object) -> StageCost:
     return out
 
 
-@cache
-def _passes(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, shape: WorkloadShape,
-            profiles: Profiles | None) -> StageCost:
+def stage_passes(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings, *,
+                 profiles: Profiles | None = None) -> StageCost:
     """What a stage costs that does not depend on the schedule or on how many
     micro-batches it runs (all but the activations in flight: none here), with the pass
-    totals computed: candidates that differ only in those share them."""
+    totals computed: it depends on the run only through the shape of the work
+    (`workload_shape`: micro-batch size, sequence parallelism and the run's constants).
+    Keyed by what it depends on (the links of its groups, not which GPUs they are; not
+    its data-parallel group or sharding, which `sharding_terms` prices): stages of
+    different placements and candidates share it."""
+    return _pass_costs(model, workload_shape(spec, run), _stage_links(model, cluster, spec),
+                       profiles)
+
+
+@cached_hash
+@dataclass(frozen=True)
+class _StageLinks:
+    """What a stage's passes depend on besides the model, the shape of its work and the
+    profiles: its GPU, the tiers of its tp / cp / ep groups and of the link to the next
+    stage, its layers and where it sits."""
+
+    device: DeviceSpec
+    tiers_key: tuple
+    p2p_tiers: tuple[Tier, ...] | None
+    num_layers: int
+    recompute: Recompute
+    first: bool
+    last: bool
+    num_params: float
+
+
+@cache
+def _stage_links(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec) -> _StageLinks:
+    """`spec`'s links (one object per spec: the pass cache finds it by identity)."""
+    p = spec.placed
     tiers_key = (("tp", group_tiers(cluster, spec.tp_group)),
                  ("cp", group_tiers(cluster, spec.cp_group)),
                  ("ep", group_tiers(cluster, spec.ep_group)))
-    dev, recompute = spec.device, spec.placed.recompute
+    p2p = (None if spec.next_device is None
+           else group_tiers(cluster, (p.devices[0], spec.next_device), concurrency=p.tp))
+    return _StageLinks(spec.device, tiers_key, p2p, p.num_layers, p.recompute, spec.first,
+                       spec.last, stage_params(model, spec))
+
+
+@cache
+def _pass_costs(model: ModelSpec, shape: WorkloadShape, links: _StageLinks,
+                profiles: Profiles | None) -> StageCost:
+    """`_passes` once per key (its `stage` is 0: `unsharded_cost` sets the position)."""
+    dev, tiers_key, recompute = links.device, links.tiers_key, links.recompute
     layer_fwd, layer_bwd = layer_parts(model, shape, dev, tiers_key, recompute, profiles)
     zero = (Part(), Part())
-    embed = _extra_parts(model, shape, dev, tiers_key, "embed", profiles) if spec.first else zero
-    head = _extra_parts(model, shape, dev, tiers_key, "head", profiles) if spec.last else zero
-    p2p_s, p2p_transfer = _p2p(cluster, model, spec, shape, profiles)
-    cost = StageCost(pipeline=0, stage=spec.index, device=dev.name,
-                     num_layers=spec.placed.num_layers, num_params=stage_params(model, spec),
-                     layer_forward=layer_fwd, layer_backward=layer_bwd, embed_forward=embed[0],
-                     embed_backward=embed[1], head_forward=head[0], head_backward=head[1],
-                     p2p_s=p2p_s, p2p_transfer=p2p_transfer, dp=DPSync(), optimizer_s=0.0,
+    embed = (_extra_parts(model, shape, dev, tiers_key, "embed", profiles) if links.first
+             else zero)
+    head = _extra_parts(model, shape, dev, tiers_key, "head", profiles) if links.last else zero
+    p2p_s, p2p_transfer = _p2p(model, shape, links.p2p_tiers, profiles)
+    cost = StageCost(pipeline=0, stage=0, device=dev.name, num_layers=links.num_layers,
+                     num_params=links.num_params, layer_forward=layer_fwd,
+                     layer_backward=layer_bwd, embed_forward=embed[0], embed_backward=embed[1],
+                     head_forward=head[0], head_backward=head[1], p2p_s=p2p_s,
+                     p2p_transfer=p2p_transfer, dp=DPSync(), optimizer_s=0.0,
                      memory=activation_memory(model, device=dev, shape=shape,
-                                              num_layers=spec.placed.num_layers,
-                                              last=spec.last, recompute=recompute,
-                                              layers_in_flight=0.0),
+                                              num_layers=links.num_layers, last=links.last,
+                                              recompute=recompute, layers_in_flight=0.0),
                      layer_weight_grad=_layer_weight_grad(model, shape, dev, tiers_key,
                                                           recompute, profiles))
     _ = cost.forward_s, cost.backward_s, cost.weight_grad_s
@@ -700,6 +758,17 @@ class ShardingTerms:
     states_bytes: tuple[float, float, float, float]  # params, grads, optimizer, gathered
 
 
+def sharding_states(model: ModelSpec, spec: StageSpec, dtype: str, sharding: Sharding,
+                    num_params: float) -> tuple[float, float, float, float]:
+    """Model-state bytes (params, grads, optimizer, gathered) of a stage holding
+    `num_params` parameters per rank, sharded as `sharding`."""
+    p = spec.placed
+    experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep)
+    return model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
+                             tp=p.tp, pp=spec.pp, expert_params=experts, ep=p.ep,
+                             etp=p.expert_tp)
+
+
 def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings,
                    sharding: Sharding, num_params: float, *,
                    profiles: Profiles | None = None) -> ShardingTerms:
@@ -712,13 +781,8 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     opt = optimizer_work(num_params / sharding.optim, dtype=dtype,
                          implementation=run.kernels.optimizer,
                          num_tensors=max(1, 6 * spec.placed.num_layers))
-    p = spec.placed
-    experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep)
-    states = model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
-                               tp=p.tp, pp=spec.pp, expert_params=experts, ep=p.ep,
-                               etp=p.expert_tp)
     return ShardingTerms(sync, _compute_costs(spec.device, dtype, profiles).time_s(opt),
-                         states)
+                         sharding_states(model, spec, dtype, sharding, num_params))
 
 
 def apply_sharding(cost: StageCost, terms: ShardingTerms) -> StageCost:
@@ -796,15 +860,21 @@ def plan_costs(plan: Plan, profiles: Profiles | None = None) -> PlanCosts:
     representative: list[int] = []
     all_specs: list[tuple[StageSpec, ...]] = []
     seen: dict[tuple, int] = {}
+    # every replica's stage k syncs over groups[k] (thousands of GPUs, slow to hash): its
+    # signature found once and named by a small number
+    numbered: dict[tuple, int] = {}
+    signatures = (None if groups is None else
+                  [numbered.setdefault(group_signature(plan.cluster, g), len(numbered))
+                   for g in groups])
     for pi, stages in enumerate(replicas):
         specs = replica_specs(plan.cluster, stages, groups=groups,
                               shardings=[plan.sharding_of(k) for k in range(len(stages))])
         all_specs.append(specs)
-        key = replica_key(plan.cluster, specs, runs[pi])
+        key = replica_key(plan.cluster, specs, runs[pi], dp_signatures=signatures)
         rep = seen.setdefault(key, pi)
         representative.append(rep)
-        if rep != pi:
-            costs.append([replace(c, pipeline=pi) for c in costs[rep]])
+        if rep != pi:  # copies that keep the computed pass sums
+            costs.append([_clone(c, pipeline=pi) for c in costs[rep]])
             continue
         costs.append([stage_cost(plan.model, plan.cluster, s, runs[pi], pipeline=pi,
                                  profiles=profiles) for s in specs])
@@ -833,7 +903,8 @@ def clear_cost_caches() -> None:
     dp_sync.cache_clear()
     group_signature.cache_clear()
     stage_params.cache_clear()
-    _passes.cache_clear()
+    _pass_costs.cache_clear()
+    _stage_links.cache_clear()
 
 
 # -- where the numbers came from ----------------------------------------------------------

@@ -18,16 +18,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner.costs.kernels import attention_for
-from planner.costs.memory import in_flight_chunks
+from planner.costs.memory import StageMemory, in_flight_chunks
 from planner.costs.stages import (
     PlacedStage,
     RunSettings,
     StageCost,
     StageSpec,
     apply_sharding,
+    group_signature,
+    pass_key,
     replica_specs,
+    sharding_states,
     sharding_terms,
-    stage_key,
     unsharded_cost,
 )
 from planner.hetero.placement import Pool, place
@@ -173,39 +175,85 @@ class _Layout:
 def _layout(ctx: _Context, t: Template, devices: Sequence[Sequence[tuple[int, ...]]],
             memo: dict) -> _Layout:
     """Stage kinds are numbered across every template priced with `memo` (like stages of
-    different templates share their costs), and their specs kept in memo["kind_specs"]."""
+    different templates share their costs), and their specs kept in memo["kind_specs"].
+    A kind is a pass kind (`_pass_row`) with the data-parallel group it syncs over."""
     # every replica splits the layers alike (one layer per stage here): stage k of each
-    # syncs over the same group (`position_groups`)
+    # syncs over the same group (`position_groups`), found once per position and named by
+    # a small number (a group of thousands of GPUs is slow to hash)
+    cluster = ctx.cluster
     groups = ([tuple(devices[r][k][0] for r in range(t.dp)) for k in range(t.pp)]
               if t.dp > 1 else None)
+    signatures: dict[tuple, int] = memo.setdefault("dp_signatures", {})
+    dp_token = ([signatures.setdefault(group_signature(cluster, g), len(signatures))
+                 for g in groups] if groups is not None else None)
     kind_of: dict[tuple, int] = memo.setdefault("kind_ids", {})
     specs: list[StageSpec] = memo.setdefault("kind_specs", [])
+    pass_kind: list[int] = memo.setdefault("pass_kind", [])
     seen: dict[tuple[int, ...], int] = {}
     positions: dict[int, tuple[int, ...]] = {}
     representative = []
     rows: dict[tuple, tuple[int, ...]] = {}  # placement pattern -> stage kinds
     for r, rep_slots in enumerate(t.replicas):
-        pattern = _pattern(ctx.cluster, devices[r])
+        pattern = _pattern(cluster, devices[r])
         if pattern not in rows:
-            stages = [PlacedStage(devices=devices[r][k], tp=tp, cp=1, num_layers=1,
-                                  recompute=Recompute.NONE,
-                                  attention=attention_for(ctx.cluster.device_of(gpu), ctx.dtype,
-                                                          ctx.attention))
-                      for k, (gpu, tp) in enumerate(rep_slots)]
-            row = []
-            for spec in replica_specs(ctx.cluster, stages, groups=groups,
-                                      shardings=[Sharding()] * t.pp):
-                key = stage_key(ctx.cluster, spec)
-                if key not in kind_of:
-                    kind_of[key] = len(specs)
-                    specs.append(spec)
-                row.append(kind_of[key])
-            rows[pattern] = tuple(row)
+            passes = _pass_row(ctx, rep_slots, pattern, devices[r], memo)
+            concurrency = sum(len(stage) for stage in devices[r])
+            tokens = (dp_token if dp_token is not None else
+                      [signatures.setdefault(group_signature(cluster, (stage[0],)),
+                                             len(signatures)) for stage in devices[r]])
+            keys = [(pk, tokens[k], concurrency) for k, pk in enumerate(passes)]
+            if any(key not in kind_of for key in keys):
+                new = replica_specs(cluster, _placed_stages(ctx, rep_slots, devices[r], memo),
+                                    groups=groups, shardings=[Sharding()] * t.pp)
+                for key, spec in zip(keys, new, strict=True):
+                    if key not in kind_of:
+                        kind_of[key] = len(specs)
+                        specs.append(spec)
+                        pass_kind.append(key[0])
+            rows[pattern] = tuple(kind_of[key] for key in keys)
         rep = seen.setdefault(rows[pattern], r)
         representative.append(rep)
         positions.setdefault(rep, rows[pattern])
     return _Layout(tuple(tuple(d) for d in devices), tuple(positions), tuple(representative),
                    positions)
+
+
+def _placed_stages(ctx: _Context, rep_slots: Sequence[Slot],
+                   replica: Sequence[tuple[int, ...]], memo: dict) -> list[PlacedStage]:
+    """A replica's stages at one layer each, with each GPU type's attention kernel."""
+    kernel: dict[str, Attention] = memo.setdefault("attention", {})
+    for gpu, _ in rep_slots:
+        if gpu not in kernel:
+            kernel[gpu] = attention_for(ctx.cluster.device_of(gpu), ctx.dtype, ctx.attention)
+    return [PlacedStage(devices=replica[k], tp=tp, cp=1, num_layers=1,
+                        recompute=Recompute.NONE, attention=kernel[gpu])
+            for k, (gpu, tp) in enumerate(rep_slots)]
+
+
+def _pass_row(ctx: _Context, rep_slots: Sequence[Slot], pattern: tuple,
+              replica: Sequence[tuple[int, ...]], memo: dict) -> tuple[int, ...]:
+    """The pass kind (`pass_key`, numbered) of each stage of a replica. A stage's pass key
+    follows from its slot, its position (first, last, of how many), where its own GPUs
+    are counted from its first and where the next stage's first GPU is (the links of its
+    groups: `group_signature`), so stages of any replica and template that agree in
+    these share it."""
+    pass_of: dict[tuple, int] = memo.setdefault("pass_ids", {})
+    stage_ids: dict[tuple, int] = memo.setdefault("stage_pass_ids", {})
+    pp = len(rep_slots)
+    row: list[int] = []
+    specs: tuple[StageSpec, ...] | None = None
+    for k, slot in enumerate(rep_slots):
+        (_, n0, l0), nxt = pattern[k][0], pattern[(k + 1) % pp][0]
+        key = (slot, k == 0, k == pp - 1, pp,
+               tuple((g, n - n0, loc - l0) for g, n, loc in pattern[k]),
+               None if pp == 1 else (nxt[0], nxt[1] - n0, nxt[2] - l0))
+        if key not in stage_ids:
+            if specs is None:
+                specs = replica_specs(ctx.cluster, _placed_stages(ctx, rep_slots, replica, memo),
+                                      groups=None, shardings=[Sharding()] * pp)
+            stage_ids[key] = pass_of.setdefault(pass_key(ctx.cluster, specs[k]), len(pass_of))
+        row.append(stage_ids[key])
+    return tuple(row)
 
 
 def _pattern(cluster: ClusterSpec, replica: Sequence[tuple[int, ...]]) -> tuple:
@@ -261,16 +309,28 @@ class _Pricing:
     run: RunSettings
     memo: dict
 
+    @property
+    def stage_run(self) -> RunSettings:
+        """The run as a stage's cost sees it: a stage's per-micro-batch times and per-layer
+        memory do not depend on how many micro-batches the pipeline runs (only the
+        activations in flight do, which `_Linear` keeps apart), so candidates that
+        differ only in that share their stage costs."""
+        key = ("stage_run", self.run)
+        if key not in self.memo:
+            self.memo[key] = replace(self.run, num_microbatches=1)
+        return self.memo[key]
+
 
 def _linear(pr: _Pricing, kind: int, recompute: Recompute, sharding: Sharding) -> _Linear:
-    key = ("linear", kind, pr.run, recompute, sharding)
+    """Times from the passes alone (the data-parallel group does not change them) and
+    memory at `sharding`'s model states: kinds of one pass kind share it."""
+    spec = pr.memo["kind_specs"][kind]
+    key = ("linear", pr.memo["pass_kind"][kind], pr.stage_run, recompute, sharding)
     if key not in pr.memo:
-        c1, c2 = (_cost(pr, kind, recompute=recompute, layers=n, sharding=sharding)
-                  for n in (1, 2))
-        pp = pr.memo["kind_specs"][kind].pp
-        t1 = c1.forward_s + c1.backward_s + sends_s(c1, pp, 1)
-        t2 = c2.forward_s + c2.backward_s + sends_s(c2, pp, 1)
-        m1, m2 = c1.memory, c2.memory
+        (c1, m1), (c2, m2) = (_passes_at(pr, kind, recompute=recompute, layers=n,
+                                         sharding=sharding) for n in (1, 2))
+        t1 = c1.forward_s + c1.backward_s + sends_s(c1, spec.pp, 1)
+        t2 = c2.forward_s + c2.backward_s + sends_s(c2, spec.pp, 1)
         states = m2.model_states_bytes - m1.model_states_bytes
         pr.memo[key] = _Linear(t1 - (t2 - t1), max(t2 - t1, 1e-12),
                                m1.total_bytes - m1.activations_bytes - states, states,
@@ -278,26 +338,42 @@ def _linear(pr: _Pricing, kind: int, recompute: Recompute, sharding: Sharding) -
     return pr.memo[key]
 
 
+def _unsharded(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int
+               ) -> tuple[StageSpec, StageCost]:
+    """The spec of a stage kind holding `layers` and its cost before sharding (shared by
+    the kinds of one pass kind)."""
+    run = pr.stage_run
+    spec = pr.memo["kind_specs"][kind]
+    spec = replace(spec, placed=replace(spec.placed, num_layers=layers, recompute=recompute))
+    key = ("unsharded", pr.memo["pass_kind"][kind], run, recompute, layers)
+    if key not in pr.memo:
+        pr.memo[key] = unsharded_cost(pr.ctx.model, pr.ctx.cluster, spec, run,
+                                      profiles=pr.ctx.profiles)
+    return spec, pr.memo[key]
+
+
+def _passes_at(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int,
+               sharding: Sharding) -> tuple[StageCost, StageMemory]:
+    """A stage kind's passes and its memory at `sharding` (no data-parallel traffic)."""
+    spec, base = _unsharded(pr, kind, recompute=recompute, layers=layers)
+    states = sharding_states(pr.ctx.model, spec, pr.ctx.dtype, sharding, base.num_params)
+    return base, base.memory.with_states(*states)
+
+
 def _cost(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int,
           sharding: Sharding) -> StageCost:
     """The cost of a stage kind holding `layers` (the cost builder's)."""
-    key = ("cost", kind, pr.run, recompute, sharding, layers)
+    key = ("cost", kind, pr.stage_run, recompute, sharding, layers)
     if key not in pr.memo:
-        ctx = pr.ctx
-        base_key = ("unsharded", kind, pr.run, recompute, layers)
-        if base_key not in pr.memo:
-            spec = pr.memo["kind_specs"][kind]
-            spec = replace(spec, placed=replace(spec.placed, num_layers=layers,
-                                                recompute=recompute))
-            pr.memo[base_key] = (spec, unsharded_cost(ctx.model, ctx.cluster, spec, pr.run,
-                                                      profiles=ctx.profiles))
-        spec, base = pr.memo[base_key]
-        # a sharding's terms depend on the stage and the run's dtype and optimizer kernel,
-        # which every call with this memo shares (`price`), not on micro-batches
-        terms_key = ("terms", kind, recompute, layers, sharding)
+        spec, base = _unsharded(pr, kind, recompute=recompute, layers=layers)
+        # a sharding's terms depend on the stage (not its recomputation) and the run's
+        # dtype and optimizer kernel, which every call with this memo shares (`price`),
+        # not on micro-batches
+        terms_key = ("terms", kind, layers, sharding)
         if terms_key not in pr.memo:
-            pr.memo[terms_key] = sharding_terms(ctx.model, ctx.cluster, spec, pr.run, sharding,
-                                                base.num_params, profiles=ctx.profiles)
+            pr.memo[terms_key] = sharding_terms(pr.ctx.model, pr.ctx.cluster, spec,
+                                                pr.stage_run, sharding, base.num_params,
+                                                profiles=pr.ctx.profiles)
         pr.memo[key] = apply_sharding(base, pr.memo[terms_key])
     return pr.memo[key]
 

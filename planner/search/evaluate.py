@@ -30,6 +30,7 @@ from planner.costs.stages import (
     sharding_terms,
     stage_key,
     stage_params,
+    stage_passes,
     unsharded_cost,
 )
 from planner.export.frameworks import ANY_SHARDING, ShardPattern
@@ -114,6 +115,7 @@ class LayoutModel:
             if tuple(kinds) not in self.replica_kinds:
                 self.replica_kinds.append(tuple(kinds))
         self.memo: dict[tuple, object] = {}  # what later steps work out for this layout
+        self._pass_memo: dict[tuple, list[StageCost]] = {}  # `_passes`
         # sizes count the dp x cp ranks holding the same parameters (`Sharding`), of
         # which a node holds gpus_per_node / tp
         self.levels = sharding_levels(lo.dp * lo.cp, max(1, group.gpus_per_node // lo.tp))
@@ -162,8 +164,27 @@ class LayoutModel:
     def stage_costs(self, micro: Micro) -> list[StageCost]:
         """Unsharded costs of each stage kind (`sharded` applies a sharding)."""
         run = self.run(micro)
+        passes = self._passes(micro, run)
         return [unsharded_cost(self.model, self.cluster, self.spec(k, micro.recompute), run,
-                               profiles=self.profiles) for k in range(len(self.kind_specs))]
+                               profiles=self.profiles, passes=passes[k])
+                for k in range(len(self.kind_specs))]
+
+    def _passes(self, micro: Micro, run: RunSettings) -> list[StageCost]:
+        """`stage_passes` of each stage kind, shared by the candidates whose work has one
+        shape (`workload_shape`: their micro-batch size, recomputation and sequence
+        parallelism; the rest of `run` is the layout's)."""
+        key = (micro.mbs, micro.recompute, micro.sequence_parallel)
+        if key not in self._pass_memo:
+            self._pass_memo[key] = [stage_passes(self.model, self.cluster,
+                                                 self.spec(k, micro.recompute), run,
+                                                 profiles=self.profiles)
+                                    for k in range(len(self.kind_specs))]
+        return self._pass_memo[key]
+
+    def __getstate__(self) -> dict:
+        """Pickled (from a search's worker) without the passes, which are quick to find
+        again and many."""
+        return {**self.__dict__, "_pass_memo": {}}
 
     @cached_property
     def options(self) -> list[ShardingOption]:

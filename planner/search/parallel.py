@@ -28,6 +28,11 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 _counter: Any = None  # units done, shared with the workers of the running parallel_map
 _bar: ProgressBar | None = None  # the bar, where the work runs in the drawing process
+# The running parallel_map's function and items, which its forked workers inherit: a task
+# sends only an index, so the workers use the parent's very objects (a cluster of
+# thousands of GPUs is slow to pickle, and an equal copy slow to compare in every cache
+# lookup keyed by it).
+_work: tuple[Callable[[Any], Any], Sequence[Any]] | None = None
 
 
 def cores() -> int:
@@ -52,7 +57,8 @@ def parallel_map(fn: Callable[[Any], T], items: Sequence[Any], *, title: str,
                  unit: str = "task") -> list[T]:
     """[fn(x) for x in items], over up to `workers` forked processes (all cores by
     default), with a progress bar: of items, or of `units[i]` units per item that `fn`
-    reports with `tick`. `fn` must be a module-level function (or a partial of one)."""
+    reports with `tick`. The workers are forked with `fn` and `items` (nothing of them
+    is pickled); their results come back pickled."""
     global _counter, _bar
     n = min(workers or cores(), len(items))
     counted = units is not None
@@ -79,10 +85,15 @@ def parallel_map(fn: Callable[[Any], T], items: Sequence[Any], *, title: str,
 
 def _in_pool(fn: Callable[[Any], T], items: Sequence[Any], n: int, context: Any,
              bar: ProgressBar, counted: bool) -> list[T]:
+    global _work
     results: list[Any] = [None] * len(items)
-    pool = context.Pool(n, initializer=_worker_init, initargs=(os.getpid(),))
+    _work = (fn, items)
     try:
-        done = pool.imap_unordered(_call, ((fn, i, x) for i, x in enumerate(items)))
+        pool = context.Pool(n, initializer=_worker_init, initargs=(os.getpid(),))
+    finally:
+        _work = None  # the workers have their copy from the fork
+    try:
+        done = pool.imap_unordered(_call, range(len(items)))
         for _ in items:
             while True:  # redraw the bar while the workers count
                 try:
@@ -103,9 +114,11 @@ def _in_pool(fn: Callable[[Any], T], items: Sequence[Any], n: int, context: Any,
     return results
 
 
-def _call(task: tuple[Callable[[Any], Any], int, Any]) -> tuple[int, Any]:
-    fn, index, item = task
-    return index, fn(item)
+def _call(index: int) -> tuple[int, Any]:
+    """Item `index` of the parallel_map the worker was forked from."""
+    assert _work is not None, "a worker of parallel_map has its work"
+    fn, items = _work
+    return index, fn(items[index])
 
 
 def _worker_init(parent: int) -> None:

@@ -36,7 +36,7 @@ from planner.hetero.search import (
 )
 from planner.predict.results import SimResult
 from planner.search.evaluate import Evaluation, LayoutModel
-from planner.search.parallel import parallel_map, tick
+from planner.search.parallel import cores, parallel_map, tick
 from planner.search.sharding import solve_ilp
 from planner.search.space import (
     Layout,
@@ -248,13 +248,18 @@ def _kernels(req: SearchRequest, cluster: ClusterSpec) -> Kernels:
     return default_kernels(devices, dtype=req.dtype, attention=runnable[0])
 
 
-def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace
-                  ) -> tuple[list[Evaluation], dict[Layout, LayoutModel], int]:
+def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace, *,
+                  shard: int = 0, shards: int = 1
+                  ) -> tuple[list[tuple[int, list[Evaluation]]], dict[Layout, LayoutModel], int]:
+    """The candidates of every `shards`-th layout from the `shard`-th, evaluated: per
+    layout its index among all and its evaluations; the layouts' models; the count."""
     models: dict[Layout, LayoutModel] = {}
-    evaluations: list[Evaluation] = []
+    evaluations: list[tuple[int, list[Evaluation]]] = []
     kernels = _kernels(req, cluster)
     count = 0
-    for lo in layouts(space, req.model, gbs=req.gbs, seq_len=req.seq_len):
+    for i, lo in enumerate(layouts(space, req.model, gbs=req.gbs, seq_len=req.seq_len)):
+        if i % shards != shard:
+            continue
         micros = list(candidates(space, req.model, lo, gbs=req.gbs))
         if micros:
             models[lo] = LayoutModel(req.model, cluster, lo, dtype=req.dtype,
@@ -262,10 +267,22 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace
                                      profiles=req.profiles,
                                      sharding=space.sharding_patterns(lo.pp),
                                      ep_sharding_multiple=space.ep_sharding_multiple)
-            evaluations.extend(models[lo].evaluate(mi) for mi in micros)
+            evaluations.append((i, [models[lo].evaluate(mi) for mi in micros]))
             count += len(micros)
         tick()  # progress: one layout
     return evaluations, models, count
+
+
+def _merged(parts: Sequence[tuple[list[tuple[int, list[Evaluation]]], dict[Layout, LayoutModel],
+                                  int]]
+            ) -> tuple[list[Evaluation], dict[Layout, LayoutModel], int]:
+    """The shards of one GPU type's evaluation as one, in layout order (as one process
+    would have made it)."""
+    per_layout = sorted((item for part in parts for item in part[0]), key=lambda it: it[0])
+    models: dict[Layout, LayoutModel] = {}
+    for part in parts:
+        models.update(part[1])
+    return ([e for _, evs in per_layout for e in evs], models, sum(part[2] for part in parts))
 
 
 def _ilp_sharding(lm: LayoutModel, micro: Micro) -> tuple[Sharding, float]:
@@ -352,6 +369,17 @@ def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable
                  ) -> tuple[list[tuple[float, Ranked]], int, int, int, list[Evaluation]]:
     """Ranked confirmed plans of one GPU type's cluster from its evaluated candidates;
     counts; the closest misfit."""
+    leaders, count, ok, n_layouts, closest = _homogeneous_leaders(req, cluster, evaluated)
+    ranked = [_confirm(req, plan, estimate_s, simulate_fn, SOLVER_SOURCE)
+              for plan, estimate_s in leaders]
+    return [r for r in ranked if r is not None], count, ok, n_layouts, closest
+
+
+def _homogeneous_leaders(req: SearchRequest, cluster: ClusterSpec,
+                         evaluated: tuple[list[Evaluation], dict[Layout, LayoutModel], int],
+                         ) -> tuple[list[tuple[Plan, float]], int, int, int, list[Evaluation]]:
+    """The plans to confirm of one GPU type's cluster, best first, with their estimates
+    (sharding re-chosen exactly); counts; the closest misfit."""
     evals, models, count = evaluated
     price = _price(cluster)
 
@@ -365,12 +393,11 @@ def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable
     closest = [] if fitting else sorted(
         evals, key=lambda e: e.peak_memory_bytes / e.capacity_bytes)[:1]
     ok.sort(key=lambda e: _score(req, e.iteration_s, usd_hour(e), egress(e)))
-    ranked = []
+    leaders = []
     for ev in _leaders(ok, confirm=max(req.confirm, req.top), shapes=req.top):
         sharding, estimate_s = _ilp_sharding(models[ev.layout], ev.micro)
-        plan = _plan(req, cluster, ev, sharding)
-        ranked.append(_confirm(req, plan, estimate_s, simulate_fn, SOLVER_SOURCE))
-    return [r for r in ranked if r is not None], count, len(ok), len(models), closest
+        leaders.append((_plan(req, cluster, ev, sharding), estimate_s))
+    return leaders, count, len(ok), len(models), closest
 
 
 def _leaders(ranked: list[Evaluation], *, confirm: int, shapes: int) -> list[Evaluation]:
@@ -394,7 +421,8 @@ def _evaluate_task(req: SearchRequest, task: tuple) -> object:
     candidates of one GPU type, or a chunk of mixed-type templates."""
     kind, payload = task
     if kind == "homogeneous":
-        return _evaluate_all(req, payload, _space(req, payload)[0])
+        cluster, shard, shards = payload
+        return _evaluate_all(req, cluster, _space(req, cluster)[0], shard=shard, shards=shards)
     return hetero_candidates(req.model, req.cluster, payload, gbs=req.gbs,
                              seq_len=req.seq_len, dtype=req.dtype,
                              kernels=_kernels(req, req.cluster),
@@ -409,8 +437,10 @@ def _units(req: SearchRequest, task: tuple) -> int:
     """The progress units of a task: layouts, or templates (`tick`)."""
     kind, payload = task
     if kind == "homogeneous":
-        return sum(1 for _ in layouts(_space(req, payload)[0], req.model, gbs=req.gbs,
-                                      seq_len=req.seq_len))
+        cluster, shard, shards = payload
+        return len(range(shard, sum(1 for _ in layouts(_space(req, cluster)[0], req.model,
+                                                       gbs=req.gbs, seq_len=req.seq_len)),
+                         shards))
     return len(payload)
 
 
@@ -431,11 +461,7 @@ def _confirm(req: SearchRequest, plan: Plan, estimate_s: float, simulate_fn: Cal
              how: str) -> tuple[float, Ranked] | None:
     """Simulate a leader (with the fastest kernels a profile measured); None if its
     simulated run breaks the budget or memory."""
-    if req.profiles is not None:
-        kernels = fastest_kernels(plan, req.profiles)
-        if kernels.attention not in req.capabilities.attention:  # not the framework's
-            kernels = fastest_kernels(plan, req.profiles, keep_attention=True)
-        plan = replace(plan, kernels=kernels)
+    plan = _with_measured_kernels(req, plan)
     result = simulate_fn(plan)
     result = replace(result, sources={**result.sources, "choice": how})
     devices = [d for p in plan.pipelines for s in p.stages for d in s.devices]
@@ -445,6 +471,16 @@ def _confirm(req: SearchRequest, plan: Plan, estimate_s: float, simulate_fn: Cal
         return None
     return (_score(req, result.iteration_time_s, cost, egress),
             Ranked(plan, result, estimate_s, cost, egress))
+
+
+def _with_measured_kernels(req: SearchRequest, plan: Plan) -> Plan:
+    """`plan` with the fastest kernels its profile measured (among the framework's)."""
+    if req.profiles is None:
+        return plan
+    kernels = fastest_kernels(plan, req.profiles)
+    if kernels.attention not in req.capabilities.attention:  # not the framework's
+        kernels = fastest_kernels(plan, req.profiles, keep_attention=True)
+    return replace(plan, kernels=kernels)
 
 
 # What searches in this process already worked out, by what it depends on: a what-if
@@ -488,7 +524,8 @@ def _task_key(req: SearchRequest, task: tuple) -> tuple:
     common = (kind, req.model, req.gbs, req.seq_len, req.dtype, req.attention, req.profiles,
               req.framework)
     if kind == "homogeneous":
-        return (*common, _cost_view(payload, prices=False), _space(req, payload))
+        cluster, shard, shards = payload
+        return (*common, _cost_view(cluster, prices=False), _space(req, cluster), shard, shards)
     # mixed candidates are ranked by time, or by GPU cost for the cost objective
     return (*common, _cost_view(req.cluster, prices=req.objective == "cost"), req.objective,
             max(req.confirm, req.top), tuple(payload))
@@ -510,15 +547,32 @@ def _evaluate_tasks(req: SearchRequest, tasks: list[tuple]) -> list[object]:
 def _tasks(req: SearchRequest) -> list[tuple]:
     """The search's pure work: each GPU type's homogeneous space, and on a mixed cluster
     the mixed templates, in one task (branch and bound prunes against the best so far),
-    first (the longest starts first)."""
+    first (the longest starts first). Where there are fewer tasks than cores, each GPU
+    type's layouts are dealt out over several tasks (`_outputs` merges them back)."""
     subclusters = _subclusters(req.cluster)
     for cluster in subclusters:
         _check(req, cluster)
-    tasks: list[tuple] = [("homogeneous", c) for c in subclusters]
-    if _mixes(req, subclusters):
+    mixes = _mixes(req, subclusters)
+    shards = max(1, cores() // (len(subclusters) + int(mixes)))
+    tasks: list[tuple] = [("homogeneous", (c, i, shards)) for c in subclusters
+                          for i in range(shards)]
+    if mixes:
         tasks.insert(0, ("mixed", mixed_templates(req.model, req.cluster, req.gbs,
                                                   MixedSpace.for_framework(req.capabilities))))
     return tasks
+
+
+def _outputs(tasks: list[tuple], done: list[object]) -> list[object]:
+    """The evaluated tasks as `_confirmed` takes them: per GPU type its homogeneous
+    evaluation (shards merged), then the mixed templates' candidates if any."""
+    homogeneous: dict[int, list] = {}
+    mixed = []
+    for (kind, payload), out in zip(tasks, done, strict=True):
+        if kind == "homogeneous":
+            homogeneous.setdefault(id(payload[0]), []).append(out)
+        else:
+            mixed.append(out)
+    return [_merged(parts) for parts in homogeneous.values()] + mixed
 
 
 def _mixes(req: SearchRequest, subclusters: list[ClusterSpec]) -> bool:
@@ -558,11 +612,36 @@ def prepare(requests: Sequence[SearchRequest], *, title: str) -> None:
 def _simulator(profiles: Profiles | None) -> Callable[[Plan], SimResult]:
     """The event simulator, remembering each plan's result (by the plan as costs see it)."""
     def simulate_once(plan: Plan) -> SimResult:
-        key = (replace(plan, cluster=_cost_view(plan.cluster, prices=False)), profiles)
+        key = _simulation_key(plan, profiles)
         if key not in _simulated:
             _keep(_simulated, key, simulate(plan, profiles=profiles))
         return _simulated[key]
     return simulate_once
+
+
+def _simulation_key(plan: Plan, profiles: Profiles | None) -> tuple:
+    return (replace(plan, cluster=_cost_view(plan.cluster, prices=False)), profiles)
+
+
+def _simulate_item(item: tuple[Plan, Profiles | None]) -> SimResult:
+    return simulate(item[0], profiles=item[1])
+
+
+def _simulate_ahead(plans: Sequence[Plan], profiles: Profiles | None) -> None:
+    """Simulate `plans` over all cores for `_simulator`'s calls to take from this
+    process's memory (the leaders of a search are known before they are confirmed one by
+    one; a plan of thousands of GPUs takes a good part of a second)."""
+    keys: dict[tuple, Plan] = {}
+    for plan in plans:
+        key = _simulation_key(plan, profiles)
+        if key not in _simulated:
+            keys.setdefault(key, plan)
+    if len(keys) < 2 or cores() < 2:
+        return
+    done = parallel_map(_simulate_item, [(plan, profiles) for plan in keys.values()],
+                        title="simulating the leaders", unit="plan")
+    for key, result in zip(keys, done, strict=True):
+        _keep(_simulated, key, result)
 
 
 def _counted(simulate_fn: Callable[[Plan], SimResult], bar: ProgressBar
@@ -583,13 +662,16 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     (planner/hetero), and the answer is compared with the baselines. Every plan is one
     the request's framework runs (`unsupported(plan, req.capabilities)` is empty)."""
     start = time.perf_counter()
-    if simulate_fn is None:
-        simulate_fn = _simulator(req.profiles)
     subclusters = _subclusters(req.cluster)
     mixes = _mixes(req, subclusters)
-    outputs = _evaluate_tasks(req, _tasks(req))
-    if mixes:
-        outputs = outputs[1:] + outputs[:1]
+    tasks = _tasks(req)
+    outputs = _outputs(tasks, _evaluate_tasks(req, tasks))
+    if simulate_fn is None:
+        simulate_fn = _simulator(req.profiles)
+        _simulate_ahead([_with_measured_kernels(req, plan)
+                         for cluster, evaluated in zip(subclusters, outputs, strict=False)
+                         for plan, _ in _homogeneous_leaders(req, cluster, evaluated)[0]],  # type: ignore[arg-type]  # outputs of homogeneous tasks
+                        req.profiles)
     with ProgressBar(None, title="simulating the leaders", unit="plans") as bar:
         ranked, counts, closest, per_type, with_type, baselines = _confirmed(
             req, subclusters, outputs, _counted(simulate_fn, bar), mixes)
@@ -782,7 +864,7 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
             why = "every plan that uses them costs more"
         elif (simulated := [r for _, r in ranked if gpu in _gpus_of(r.plan)]):
             why = ("every plan that uses them is slower: the best simulates at "
-                   f"{simulated[0].result.iteration_time_s:.3g} s/iteration, vs {best_s:.3g}")
+                   f"{simulated[0].result.iteration_time_s:.3g} s/iteration, vs {best_s:.3g} s")
         elif gpu in with_type:
             why = ("every plan that uses them is slower: at best "
                    f"{with_type[gpu] * req.gbs * req.seq_len:.3g} s/iteration by the closed "
