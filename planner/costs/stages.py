@@ -132,8 +132,12 @@ class DPSync:
     detail: tuple[tuple[str, Transfer], ...] = ()
 
     def about(self, term: str) -> str:
-        """The transfers of one term, as traces describe them."""
-        return "; ".join(t.describe() for name, t in self.detail if name == term)
+        """The transfers of one term, as traces describe them (worked out once: every
+        pass of every replica that shares this traffic asks)."""
+        said: dict[str, str] = self.__dict__.setdefault("_about", {})
+        if term not in said:
+            said[term] = "; ".join(t.describe() for name, t in self.detail if name == term)
+        return said[term]
 
     @property
     def gather_unit_s(self) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from planner.costs.kernels import attention_for
 from planner.costs.memory import StageMemory, in_flight_chunks
@@ -309,7 +310,7 @@ class _Pricing:
     run: RunSettings
     memo: dict
 
-    @property
+    @cached_property
     def stage_run(self) -> RunSettings:
         """The run as a stage's cost sees it: a stage's per-micro-batch times and per-layer
         memory do not depend on how many micro-batches the pipeline runs (only the
@@ -343,8 +344,12 @@ def _unsharded(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int
     """The spec of a stage kind holding `layers` and its cost before sharding (shared by
     the kinds of one pass kind)."""
     run = pr.stage_run
-    spec = pr.memo["kind_specs"][kind]
-    spec = replace(spec, placed=replace(spec.placed, num_layers=layers, recompute=recompute))
+    spec_key = ("spec", kind, recompute, layers)
+    spec = pr.memo.get(spec_key)
+    if spec is None:
+        spec = pr.memo["kind_specs"][kind]
+        spec = pr.memo[spec_key] = replace(spec, placed=replace(
+            spec.placed, num_layers=layers, recompute=recompute))
     key = ("unsharded", pr.memo["pass_kind"][kind], run, recompute, layers)
     if key not in pr.memo:
         pr.memo[key] = unsharded_cost(pr.ctx.model, pr.ctx.cluster, spec, run,

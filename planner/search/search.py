@@ -270,6 +270,11 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace, 
             evaluations.append((i, [models[lo].evaluate(mi) for mi in micros]))
             count += len(micros)
         tick()  # progress: one layout
+    # The exact sharding of this shard's leaders, worked out here (in parallel with the
+    # other shards): a type's leaders are among its shards' leaders, and their LayoutModels
+    # carry it back (`_ilp_sharding`'s memo).
+    for ev in _leading(req, cluster, [e for _, evs in evaluations for e in evs])[0]:
+        _ilp_sharding(models[ev.layout], ev.micro)
     return evaluations, models, count
 
 
@@ -364,12 +369,12 @@ def _space(req: SearchRequest, cluster: ClusterSpec) -> tuple[SearchSpace, str |
     return for_framework(full, caps), None
 
 
-def _homogeneous(req: SearchRequest, cluster: ClusterSpec, simulate_fn: Callable,
-                 evaluated: tuple[list[Evaluation], dict[Layout, LayoutModel], int],
+def _homogeneous(req: SearchRequest, simulate_fn: Callable,
+                 found: tuple[list[tuple[Plan, float]], int, int, int, list[Evaluation]],
                  ) -> tuple[list[tuple[float, Ranked]], int, int, int, list[Evaluation]]:
-    """Ranked confirmed plans of one GPU type's cluster from its evaluated candidates;
-    counts; the closest misfit."""
-    leaders, count, ok, n_layouts, closest = _homogeneous_leaders(req, cluster, evaluated)
+    """Ranked confirmed plans of one GPU type's cluster from its leaders
+    (`_homogeneous_leaders`); counts; the closest misfit."""
+    leaders, count, ok, n_layouts, closest = found
     ranked = [_confirm(req, plan, estimate_s, simulate_fn, SOLVER_SOURCE)
               for plan, estimate_s in leaders]
     return [r for r in ranked if r is not None], count, ok, n_layouts, closest
@@ -381,6 +386,19 @@ def _homogeneous_leaders(req: SearchRequest, cluster: ClusterSpec,
     """The plans to confirm of one GPU type's cluster, best first, with their estimates
     (sharding re-chosen exactly); counts; the closest misfit."""
     evals, models, count = evaluated
+    leading, ok, closest = _leading(req, cluster, evals)
+    leaders = []
+    for ev in leading:
+        sharding, estimate_s = _ilp_sharding(models[ev.layout], ev.micro)
+        leaders.append((_plan(req, cluster, ev, sharding), estimate_s))
+    return leaders, count, ok, len(models), closest
+
+
+def _leading(req: SearchRequest, cluster: ClusterSpec, evals: list[Evaluation]
+             ) -> tuple[list[Evaluation], int, list[Evaluation]]:
+    """The candidates to confirm among `evals`, best first; how many fit the memory and
+    the budget; the closest misfit (explaining an empty answer, unless it is the budget
+    that excluded all)."""
     price = _price(cluster)
 
     def usd_hour(e: Evaluation) -> float | None:
@@ -389,15 +407,10 @@ def _homogeneous_leaders(req: SearchRequest, cluster: ClusterSpec,
     egress = _egress_of(req, cluster)
     fitting = [e for e in evals if e.fits]
     ok = [e for e in fitting if _within_budget(req, e.iteration_s, usd_hour(e), egress(e))]
-    # the closest misfit explains an empty answer, unless it is the budget that excluded all
     closest = [] if fitting else sorted(
         evals, key=lambda e: e.peak_memory_bytes / e.capacity_bytes)[:1]
     ok.sort(key=lambda e: _score(req, e.iteration_s, usd_hour(e), egress(e)))
-    leaders = []
-    for ev in _leaders(ok, confirm=max(req.confirm, req.top), shapes=req.top):
-        sharding, estimate_s = _ilp_sharding(models[ev.layout], ev.micro)
-        leaders.append((_plan(req, cluster, ev, sharding), estimate_s))
-    return leaders, count, len(ok), len(models), closest
+    return _leaders(ok, confirm=max(req.confirm, req.top), shapes=req.top), len(ok), closest
 
 
 def _leaders(ranked: list[Evaluation], *, confirm: int, shapes: int) -> list[Evaluation]:
@@ -486,6 +499,11 @@ def _with_measured_kernels(req: SearchRequest, plan: Plan) -> Plan:
 # What searches in this process already worked out, by what it depends on: a what-if
 # report plans scenarios that share GPU types, models and batches (and a leader of one
 # scenario is often another's). Cleared with the cost caches (`clear_cost_caches`).
+# The mixed templates are searched in this many tasks (branch and bound in each), a fixed
+# number so that the answer does not depend on the machine: each keeps at least the
+# leaders one task would, and their variants, so the merged answer is at least as good.
+MIXED_CHUNKS = 2
+
 _KEPT = 64
 _evaluated: OrderedDict[tuple, object] = OrderedDict()
 _simulated: OrderedDict[tuple, SimResult] = OrderedDict()
@@ -557,8 +575,10 @@ def _tasks(req: SearchRequest) -> list[tuple]:
     tasks: list[tuple] = [("homogeneous", (c, i, shards)) for c in subclusters
                           for i in range(shards)]
     if mixes:
-        tasks.insert(0, ("mixed", mixed_templates(req.model, req.cluster, req.gbs,
-                                                  MixedSpace.for_framework(req.capabilities))))
+        templates = mixed_templates(req.model, req.cluster, req.gbs,
+                                    MixedSpace.for_framework(req.capabilities))
+        tasks[:0] = [("mixed", templates[i::MIXED_CHUNKS]) for i in range(MIXED_CHUNKS)
+                     if templates[i::MIXED_CHUNKS]]
     return tasks
 
 
@@ -666,15 +686,16 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     mixes = _mixes(req, subclusters)
     tasks = _tasks(req)
     outputs = _outputs(tasks, _evaluate_tasks(req, tasks))
+    leaders = [_homogeneous_leaders(req, cluster, evaluated)  # type: ignore[arg-type]  # outputs of homogeneous tasks
+               for cluster, evaluated in zip(subclusters, outputs, strict=False)]
     if simulate_fn is None:
         simulate_fn = _simulator(req.profiles)
         _simulate_ahead([_with_measured_kernels(req, plan)
-                         for cluster, evaluated in zip(subclusters, outputs, strict=False)
-                         for plan, _ in _homogeneous_leaders(req, cluster, evaluated)[0]],  # type: ignore[arg-type]  # outputs of homogeneous tasks
-                        req.profiles)
+                         for found in leaders for plan, _ in found[0]], req.profiles)
     with ProgressBar(None, title="simulating the leaders", unit="plans") as bar:
         ranked, counts, closest, per_type, with_type, baselines = _confirmed(
-            req, subclusters, outputs, _counted(simulate_fn, bar), mixes)
+            req, subclusters, leaders, outputs[len(subclusters):],
+            _counted(simulate_fn, bar), mixes)
     total, fitting, n_layouts = counts
     if not ranked:
         raise InfeasiblePlan(_explain(req, closest, total))
@@ -691,18 +712,18 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
                         time.perf_counter() - start, notes, baselines)
 
 
-def _confirmed(req: SearchRequest, subclusters: list[ClusterSpec], outputs: list[object],
-               simulate_fn: Callable[[Plan], SimResult], mixes: bool) -> tuple:
-    """The leaders of each GPU type (and of the mixed templates) confirmed by simulation:
-    (scored plans, (candidates, fitting, layouts), closest misfits, per type's plans, best
-    score with each type, baselines)."""
+def _confirmed(req: SearchRequest, subclusters: list[ClusterSpec], leaders: list[tuple],
+               mixed_outputs: list[object], simulate_fn: Callable[[Plan], SimResult],
+               mixes: bool) -> tuple:
+    """The leaders of each GPU type (`_homogeneous_leaders`) and of the mixed templates
+    confirmed by simulation: (scored plans, (candidates, fitting, layouts), closest
+    misfits, per type's plans, best score with each type, baselines)."""
     ranked: list[tuple[float, Ranked]] = []
     total = fitting = n_layouts = 0
     closest: list[Evaluation] = []
     per_type: dict[str, list[tuple[float, Ranked]]] = {}
-    for cluster, evaluated in zip(subclusters, outputs, strict=False):
-        found, count, ok, layouts_n, near = _homogeneous(req, cluster, simulate_fn,
-                                                         evaluated)  # type: ignore[arg-type]  # outputs of homogeneous tasks
+    for cluster, found_leaders in zip(subclusters, leaders, strict=True):
+        found, count, ok, layouts_n, near = _homogeneous(req, simulate_fn, found_leaders)
         per_type[cluster.node_groups[0].gpu] = sorted(found, key=lambda sr: sr[0])
         ranked += found
         total, fitting, n_layouts = total + count, fitting + ok, n_layouts + layouts_n
@@ -710,7 +731,7 @@ def _confirmed(req: SearchRequest, subclusters: list[ClusterSpec], outputs: list
     baselines: list[Baseline] = []
     with_type: dict[str, float] = {}
     if mixes:
-        merged = merge_candidates(outputs[len(subclusters):],  # type: ignore[arg-type]  # outputs of mixed tasks
+        merged = merge_candidates(mixed_outputs,  # type: ignore[arg-type]  # outputs of mixed tasks
                                   functools.partial(_priced_score, req),
                                   max(req.confirm, req.top))
         mixed, baselines = _mixed(req, per_type, merged, simulate_fn)

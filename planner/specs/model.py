@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Literal
 
@@ -134,7 +134,7 @@ class ModelSpec:
             return 0
         return -(-(self.num_layers - self.first_k_dense) // self.moe_layer_freq)
 
-    @property
+    @cached_property
     def moe_layer_fraction(self) -> float:
         """Share of the layers that are MoE. Stages price their layers as the model's
         average layer (exact when every layer is MoE; DeepSeek-V3's three dense layers
