@@ -114,7 +114,7 @@ def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, 
     for name in ("params", "grads", "optim"):
         size = getattr(cfg.sharding, name)
         require(at(where, f"shard_{name}"), size, sharding_problem(
-            size, cfg.dp * cfg.cp, what="dp x cp"))
+            size, cfg.dp * cfg.cp, what="dp" if cfg.cp == 1 else "dp x cp"))
 
 
 def split_layers(num_layers: int, pp: int, *, lead: int = 0, tail: int = 0) -> list[int]:

@@ -126,5 +126,5 @@ def sharding_problem(size: int, dp: int, *, what: str = "dp") -> str | None:
     """A model-state sharding group (AMSP) divides the dp x cp ranks holding the same
     parameters (`Sharding`); `dp` is that count."""
     if dp % size:
-        return f"must divide {what} = {dp}" if what == "dp" else f"must divide {what} ({dp})"
+        return f"must divide {what} = {dp}"
     return None

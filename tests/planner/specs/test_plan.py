@@ -121,7 +121,7 @@ _S = {"params": 1, "grads": 1, "optim": 1}
      r"plan.stage_sharding\[1\].grads: 1 is not allowed \(must be a multiple of params"),
     (lambda d: d.update(stage_sharding=[_S, {**_S, "optim": 4}]),
      r"plan.stage_sharding\[1\].optim: 4 is not allowed \(must divide the "
-     r"data-parallel replicas x context-parallel ranks \(2\)"),
+     r"data-parallel replicas x context-parallel ranks = 2"),
 ])
 def test_invalid_stage_sharding_is_refused(mutate, message):
     data = plan_to_dict(_homogeneous())
