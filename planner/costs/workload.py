@@ -49,6 +49,10 @@ class Op:
     backward_kernels: int | None = None  # launches of its backward (default: `kernels`)
     variant: str | None = None  # the implementation, where there are alternatives
     low_precision: bool = False  # a linear layer's GEMM: FP8 under fp8 training (TE Linear)
+    # the fraction of the layers that run it (an average layer of a model with dense and
+    # MoE layers): `flops` and `bytes` count that share; `shape` stays the op's own, so
+    # its time is `share` x the time of one run of the whole op (`ComputeCosts.time_s`)
+    share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -128,15 +132,16 @@ def _backward_of(op: Op) -> tuple[Op, ...]:
     if op.kind == "gemm":  # dgrad, and wgrad with whatever the forward added (bias grad)
         batch, m, n, k = op.shape
         return (Op(op.name + ".dgrad", "gemm", op.flops, op.bytes, (batch, m, k, n),
-                   low_precision=op.low_precision),
+                   low_precision=op.low_precision, share=op.share),
                 Op(op.name + ".wgrad", "gemm", op.flops, op.bytes, (batch, k, n, m), bwd_kernels,
-                   low_precision=op.low_precision))
+                   low_precision=op.low_precision, share=op.share))
     if op.kind == "attention":
         # FlashAttention-2 backward recomputes the scores: 2.5x the forward FLOPs (Dao 2023).
         return (Op(op.name + ".bwd", "attention", 2.5 * op.flops, 2.0 * op.bytes, op.shape,
-                   bwd_kernels, variant=op.variant),)
+                   bwd_kernels, variant=op.variant, share=op.share),)
     # Elementwise backward reads the saved input and the output gradient, writes one grad.
-    return (Op(op.name + ".bwd", op.kind, op.flops, op.bytes * 1.5, op.shape, bwd_kernels),)
+    return (Op(op.name + ".bwd", op.kind, op.flops, op.bytes * 1.5, op.shape, bwd_kernels,
+               share=op.share),)
 
 
 def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op, ...]:
@@ -229,8 +234,9 @@ def _ffn_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
 
 
 def _scaled(items: tuple[Work, ...], share: float) -> tuple[Work, ...]:
-    """Work done on `share` of the layers, spread over all of them."""
-    return tuple(replace(i, flops=i.flops * share, bytes=i.bytes * share)
+    """Work done on `share` of the layers, spread over all of them (an op keeps its shape
+    and carries the share: `Op.share`)."""
+    return tuple(replace(i, flops=i.flops * share, bytes=i.bytes * share, share=i.share * share)
                  if isinstance(i, Op) else replace(i, share=i.share * share)
                  if isinstance(i, HostSync) else replace(i, bytes=i.bytes * share)
                  for i in items)
