@@ -67,6 +67,7 @@ class Comm:
     # `top_k` of `experts` experts (0: a plain all-to-all)
     top_k: int = 0
     experts: int = 0
+    consecutive: bool = False  # a token's top-k experts side by side (`moe_routing`)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class WorkloadShape:
     ep: int = 1  # expert parallel: routed experts split over ep ranks (MoE models)
     etp: int | None = None  # expert tensor parallel: 1 or tp (None: tp, Megatron's default)
     dispatcher: str = "alltoall"  # MoE token dispatch: alltoall | deepep
+    routing: str = "learned"  # which experts a token takes: learned | fake_balanced
     # what selective recomputation re-runs (`RecomputeModule` values; Megatron's default)
     recompute_modules: tuple[str, ...] = ("core_attn",)
 
@@ -305,7 +307,8 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
                            flops_per_elem=0, kernels=2)
     unpermute = _elementwise("moe.unpermute", routed * h, elem, reads=1, writes=1 / k,
                              flops_per_elem=2, kernels=2)
-    dedup = (k, experts) if w.dispatcher == "deepep" else (0, 0)
+    dedup = ((k, experts, w.routing == "fake_balanced") if w.dispatcher == "deepep"
+             else (0, 0, False))
     dispatch = Comm("moe.dispatch", "all_to_all", routed * h * elem, "ep", *dedup)
     combine = Comm("moe.combine", "all_to_all", routed * h * elem, "ep", *dedup)
     tp_in, tp_out, tp_in_bwd, tp_out_bwd = _expert_tp_comms(

@@ -188,3 +188,26 @@ def test_mixed_layers_time_each_kind_by_its_share_of_the_layers():
     bwd = [op for op in layer_work(model, shape).backward
            if isinstance(op, Op) and op.name.startswith("mlp.fc1.")]
     assert bwd and all(op.share == pytest.approx(dense_share) for op in bwd)
+
+
+def test_fake_balanced_routing_sends_a_token_to_one_node():
+    # NeMo AutoModel's FakeBalancedGate (components/moe/layers.py): token i takes experts
+    # 8i .. 8i+7 mod 256, all on one node of 32 experts, another node's for 7/8 of the
+    # tokens: DeepEP sends each token over the network 7/8 times, not 4.6 times; NVLink
+    # still carries every copy (so the time is at least the NVLink part).
+    from planner.costs.comm import _send_s, dispatch_time_s, group_tiers
+
+    cluster = homogeneous_cluster("H100-80GB-SXM", 64)
+    tiers = group_tiers(cluster, tuple(range(64)))
+    size = 4096 * 8 * 7168 * 2
+    learned = dispatch_time_s(size, tiers, top_k=8, experts=256)
+    fake = dispatch_time_s(size, tiers, top_k=8, experts=256, consecutive=True)
+    network = _send_s(size / 8 * 7 / 8, tiers)
+    nvlink = _send_s(size * 63 / 64, tiers[:1])
+    assert fake == pytest.approx(max(network, nvlink))
+    assert fake < learned
+    # and the plan setting reaches the dispatch ops
+    shape = _shape(ep=64, dispatcher="deepep", routing="fake_balanced")
+    comms = [c for c in layer_work(preset("deepseek-v3"), shape).forward if isinstance(c, Comm)
+             and c.axis == "ep"]
+    assert comms and all(c.consecutive for c in comms)
