@@ -20,8 +20,8 @@ full; the fastest plan that fits is the prediction.
 
 The measured iteration time comes from the row's metric by the source's own FLOP count:
 Megatron-LM's / Megatron-Bridge's MoE model FLOPs (active experts, causal attention at
-half: `source_flops_per_token`); NeMo AutoModel does not state its count and is read
-the same way. DeepSeek-V3's MLA is approximated in the preset (models.yaml), which
+half: `source_flops_per_token`); NeMo AutoModel does not state its count, so its rows
+are timed by the time per global step its table prints. DeepSeek-V3's MLA is approximated in the preset (models.yaml), which
 moves its FLOP count by about 4%.
 """
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
@@ -73,8 +74,16 @@ def scored_rows(path: str = MOE_CSV) -> list[dict[str, str]]:
             and r["model"] in presets and all(r[k] for k in _LAYOUT)]
 
 
+_STEP_TIME = re.compile(r"step time ([0-9.]+) s")
+
+
 def measured_s(r: dict[str, str], model: ModelSpec) -> float:
-    """The iteration time the row's metric implies."""
+    """The iteration time the row's metric implies; where the source does not state how
+    it counts its FLOPs (NeMo AutoModel) but prints the time per global step, that time
+    (reading its TFLOP/s by Megatron's count would move it by the difference)."""
+    stated = _STEP_TIME.search(r["note"])
+    if stated and "counting method not stated" in r["flops_counting"]:
+        return float(stated.group(1))
     tokens = int(r["gbs"]) * int(r["seq"])
     gpus, value = int(r["gpus"]), float(r["value"])
     if r["metric"] == "tokens_per_s_per_gpu":
@@ -140,7 +149,7 @@ def _plans(r: dict[str, str], model: ModelSpec) -> tuple[Plan, ...]:
             except SpecError:
                 continue
             tr = plan.training
-            comm = replace(tr.comm, moe_dispatcher=_dispatcher(r))
+            comm = replace(tr.comm, moe_dispatcher=_dispatcher(r), moe_routing=_routing(r))
             plans.append(replace(plan, training=replace(tr, comm=comm)))
     return tuple(plans)
 
@@ -158,6 +167,12 @@ def _dispatcher(r: dict[str, str]) -> Literal["alltoall", "deepep"]:
     """DeepEP where the source names it (ModelZoo notes, NeMo AutoModel's TE + DeepEP),
     else Megatron's NCCL all-to-all."""
     return "deepep" if "deepep" in (r["note"] + r["framework"]).lower() else "alltoall"
+
+
+def _routing(r: dict[str, str]) -> Literal["learned", "fake_balanced"]:
+    """NeMo AutoModel's benchmarks route with its FakeBalancedGate (the note quotes
+    'fake balanced gate'; `fake_balanced_gate: true` in examples/benchmark/configs)."""
+    return "fake_balanced" if "fake balanced gate" in r["note"].lower() else "learned"
 
 
 def moe_cases(path: str = MOE_CSV) -> list[Case]:

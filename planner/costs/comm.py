@@ -411,13 +411,16 @@ def _model_time_s(kind: str, size_bytes: float, tiers: tuple[Tier, ...]) -> floa
 
 @cache
 def dispatch_time_s(size_bytes: float, tiers: tuple[Tier, ...], *, top_k: int,
-                    experts: int) -> float:
+                    experts: int, consecutive: bool = False) -> float:
     """MoE token dispatch (or combine) as DeepEP runs it (deepseek-ai/DeepEP README;
     DeepSeek-V3 report §3.2.2): `size_bytes` = a rank's token copies (tokens x top_k x
     hidden); each token crosses the network once per other node holding one of its
     experts, then NVLink forwards it to the GPUs there. With the experts spread evenly
     over N nodes, a node holds none of a token's top-k with probability
-    C(E - E/N, k) / C(E, k). Every copy crosses NVLink once; the two run at once."""
+    C(E - E/N, k) / C(E, k). With `consecutive` routing (NeMo AutoModel's FakeBalancedGate:
+    token i takes experts ik .. ik+k-1 mod E) a token's experts span ceil(k / (E/N))
+    nodes, another node's for (N-1)/N of the tokens. Every copy crosses NVLink once; the
+    two run at once."""
     n = math.prod(t.fanout for t in tiers)
     if n <= 1:
         return 0.0
@@ -426,8 +429,11 @@ def dispatch_time_s(size_bytes: float, tiers: tuple[Tier, ...], *, top_k: int,
     if nodes == 1:
         return _model_time_s("all_to_all", size_bytes, tiers)
     per_node = experts // nodes
-    miss = math.comb(experts - per_node, top_k) / math.comb(experts, top_k)
-    network = size_bytes / top_k * (nodes - 1) * (1 - miss)
+    if consecutive:
+        network = size_bytes / top_k * math.ceil(top_k / per_node) * (nodes - 1) / nodes
+    else:
+        miss = math.comb(experts - per_node, top_k) / math.comb(experts, top_k)
+        network = size_bytes / top_k * (nodes - 1) * (1 - miss)
     nvlink = size_bytes * (n - 1) / n
     return max(_send_s(nvlink, tiers[:1]), _send_s(network, tiers))
 

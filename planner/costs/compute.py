@@ -10,7 +10,7 @@ analytic model. `compute_source` says which answered what.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from planner.costs.workload import Op
@@ -64,6 +64,9 @@ class ComputeCosts:
     profile: Profile | None = None
 
     def time_s(self, op: Op) -> float:
+        if op.share != 1.0:  # run on `share` of the layers: that share of one whole run
+            whole = replace(op, flops=op.flops / op.share, bytes=op.bytes / op.share, share=1.0)
+            return op.share * self.time_s(whole)
         if self.profile is not None:
             measured = measured_op_time_s(self.profile, op)
             if measured is not None:

@@ -437,7 +437,7 @@ def _part(items: tuple[Work, ...], costs: ComputeCosts, tiers: dict[str, tuple[T
         elif isinstance(item, Comm):
             if item.top_k:
                 t = dispatch_time_s(item.bytes, tiers[item.axis], top_k=item.top_k,
-                                    experts=item.experts)
+                                    experts=item.experts, consecutive=item.consecutive)
             else:
                 t = collective_time_s(item.kind, item.bytes, tiers.get(item.axis, ()),
                                       profiles=profiles)
@@ -621,6 +621,7 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
                          cp=p.cp, sequence_parallel=run.sequence_parallel and p.tp > 1,
                          dtype=run.dtype, attention=p.attention or run.kernels.attention,
                          ep=p.ep, etp=p.etp, dispatcher=run.comm.moe_dispatcher,
+                         routing=run.comm.moe_routing,
                          recompute_modules=tuple(run.recompute_modules
                                                  if p.recompute == Recompute.SELECTIVE
                                                  else DEFAULT_RECOMPUTE_MODULES))

@@ -49,6 +49,10 @@ class Op:
     backward_kernels: int | None = None  # launches of its backward (default: `kernels`)
     variant: str | None = None  # the implementation, where there are alternatives
     low_precision: bool = False  # a linear layer's GEMM: FP8 under fp8 training (TE Linear)
+    # the fraction of the layers that run it (an average layer of a model with dense and
+    # MoE layers): `flops` and `bytes` count that share; `shape` stays the op's own, so
+    # its time is `share` x the time of one run of the whole op (`ComputeCosts.time_s`)
+    share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class Comm:
     # `top_k` of `experts` experts (0: a plain all-to-all)
     top_k: int = 0
     experts: int = 0
+    consecutive: bool = False  # a token's top-k experts side by side (`moe_routing`)
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,7 @@ class WorkloadShape:
     ep: int = 1  # expert parallel: routed experts split over ep ranks (MoE models)
     etp: int | None = None  # expert tensor parallel: 1 or tp (None: tp, Megatron's default)
     dispatcher: str = "alltoall"  # MoE token dispatch: alltoall | deepep
+    routing: str = "learned"  # which experts a token takes: learned | fake_balanced
     # what selective recomputation re-runs (`RecomputeModule` values; Megatron's default)
     recompute_modules: tuple[str, ...] = ("core_attn",)
 
@@ -128,15 +134,16 @@ def _backward_of(op: Op) -> tuple[Op, ...]:
     if op.kind == "gemm":  # dgrad, and wgrad with whatever the forward added (bias grad)
         batch, m, n, k = op.shape
         return (Op(op.name + ".dgrad", "gemm", op.flops, op.bytes, (batch, m, k, n),
-                   low_precision=op.low_precision),
+                   low_precision=op.low_precision, share=op.share),
                 Op(op.name + ".wgrad", "gemm", op.flops, op.bytes, (batch, k, n, m), bwd_kernels,
-                   low_precision=op.low_precision))
+                   low_precision=op.low_precision, share=op.share))
     if op.kind == "attention":
         # FlashAttention-2 backward recomputes the scores: 2.5x the forward FLOPs (Dao 2023).
         return (Op(op.name + ".bwd", "attention", 2.5 * op.flops, 2.0 * op.bytes, op.shape,
-                   bwd_kernels, variant=op.variant),)
+                   bwd_kernels, variant=op.variant, share=op.share),)
     # Elementwise backward reads the saved input and the output gradient, writes one grad.
-    return (Op(op.name + ".bwd", op.kind, op.flops, op.bytes * 1.5, op.shape, bwd_kernels),)
+    return (Op(op.name + ".bwd", op.kind, op.flops, op.bytes * 1.5, op.shape, bwd_kernels,
+               share=op.share),)
 
 
 def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op, ...]:
@@ -229,8 +236,9 @@ def _ffn_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
 
 
 def _scaled(items: tuple[Work, ...], share: float) -> tuple[Work, ...]:
-    """Work done on `share` of the layers, spread over all of them."""
-    return tuple(replace(i, flops=i.flops * share, bytes=i.bytes * share)
+    """Work done on `share` of the layers, spread over all of them (an op keeps its shape
+    and carries the share: `Op.share`)."""
+    return tuple(replace(i, flops=i.flops * share, bytes=i.bytes * share, share=i.share * share)
                  if isinstance(i, Op) else replace(i, share=i.share * share)
                  if isinstance(i, HostSync) else replace(i, bytes=i.bytes * share)
                  for i in items)
@@ -299,7 +307,8 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
                            flops_per_elem=0, kernels=2)
     unpermute = _elementwise("moe.unpermute", routed * h, elem, reads=1, writes=1 / k,
                              flops_per_elem=2, kernels=2)
-    dedup = (k, experts) if w.dispatcher == "deepep" else (0, 0)
+    dedup = ((k, experts, w.routing == "fake_balanced") if w.dispatcher == "deepep"
+             else (0, 0, False))
     dispatch = Comm("moe.dispatch", "all_to_all", routed * h * elem, "ep", *dedup)
     combine = Comm("moe.combine", "all_to_all", routed * h * elem, "ep", *dedup)
     tp_in, tp_out, tp_in_bwd, tp_out_bwd = _expert_tp_comms(

@@ -143,6 +143,11 @@ class Communication:
     # MoE token dispatch: NCCL all-to-all (Megatron --moe-token-dispatcher-type alltoall)
     # or DeepEP (flex + deepep), which sends a token once to each node holding its experts
     moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
+    # which experts a token goes to: "learned" (the router's choice, spread over the
+    # experts as if at random) or "fake_balanced", NeMo AutoModel's benchmark-only
+    # FakeBalancedGate (components/moe/layers.py: token i takes experts ik .. ik+k-1 mod
+    # E, so its k experts sit side by side on one or two ranks); the load is even in both
+    moe_routing: Literal["learned", "fake_balanced"] = "learned"
 
     def __post_init__(self) -> None:
         coerce_choices(self)

@@ -164,3 +164,50 @@ def test_deepep_sends_a_token_once_per_node_holding_its_experts():
 
     reached = 7 * (1 - math.comb(224, 8) / math.comb(256, 8))
     assert deepep / plain == pytest.approx(reached / 7, rel=0.05)
+
+
+def test_mixed_layers_time_each_kind_by_its_share_of_the_layers():
+    # DeepSeek-V3 (first 3 of 61 layers dense, arXiv:2412.19437 §4.2): the average layer
+    # runs the dense MLP on 3/61 of the layers, so its time is 3/61 of one dense MLP's,
+    # not a whole dense MLP's per layer (the op keeps its shape, its FLOPs are 3/61).
+    from planner.costs.compute import ComputeCosts
+    from profiler.devices import device
+
+    model = preset("deepseek-v3")
+    shape = _shape(ep=64)
+    dense_share = 1 - model.moe_layer_fraction
+    assert dense_share == pytest.approx(3 / 61)
+    costs = ComputeCosts(device("H100-80GB-SXM"), "bf16")
+    fc1 = next(op for op in layer_work(model, shape).forward
+               if isinstance(op, Op) and op.name == "mlp.fc1")
+    assert fc1.share == pytest.approx(dense_share)
+    whole = dataclasses.replace(fc1, flops=fc1.flops / fc1.share, bytes=fc1.bytes / fc1.share,
+                                share=1.0)
+    assert costs.time_s(fc1) == pytest.approx(dense_share * costs.time_s(whole))
+    # and the backward's GEMMs carry the share too
+    bwd = [op for op in layer_work(model, shape).backward
+           if isinstance(op, Op) and op.name.startswith("mlp.fc1.")]
+    assert bwd and all(op.share == pytest.approx(dense_share) for op in bwd)
+
+
+def test_fake_balanced_routing_sends_a_token_to_one_node():
+    # NeMo AutoModel's FakeBalancedGate (components/moe/layers.py): token i takes experts
+    # 8i .. 8i+7 mod 256, all on one node of 32 experts, another node's for 7/8 of the
+    # tokens: DeepEP sends each token over the network 7/8 times, not 4.6 times; NVLink
+    # still carries every copy (so the time is at least the NVLink part).
+    from planner.costs.comm import _send_s, dispatch_time_s, group_tiers
+
+    cluster = homogeneous_cluster("H100-80GB-SXM", 64)
+    tiers = group_tiers(cluster, tuple(range(64)))
+    size = 4096 * 8 * 7168 * 2
+    learned = dispatch_time_s(size, tiers, top_k=8, experts=256)
+    fake = dispatch_time_s(size, tiers, top_k=8, experts=256, consecutive=True)
+    network = _send_s(size / 8 * 7 / 8, tiers)
+    nvlink = _send_s(size * 63 / 64, tiers[:1])
+    assert fake == pytest.approx(max(network, nvlink))
+    assert fake < learned
+    # and the plan setting reaches the dispatch ops
+    shape = _shape(ep=64, dispatcher="deepep", routing="fake_balanced")
+    comms = [c for c in layer_work(preset("deepseek-v3"), shape).forward if isinstance(c, Comm)
+             and c.axis == "ep"]
+    assert comms and all(c.consecutive for c in comms)
