@@ -75,10 +75,12 @@ class MixedSpace:
     why_none: str = ""  # when `families` is empty: what the framework lacks
 
     @classmethod
-    def for_framework(cls, caps: FrameworkCapabilities) -> MixedSpace:
-        """What of the space `caps` runs. Every template mixes GPU types, splits layers
-        and micro-batches by speed (uneven stages, unequal counts) and places stages by
-        island (not in a fixed rank order), and is branched on under 1F1B."""
+    def for_framework(cls, caps: FrameworkCapabilities,
+                      model: ModelSpec | None = None) -> MixedSpace:
+        """What of the space `caps` runs (for `model`, where given). Every template mixes
+        GPU types, splits layers and micro-batches by speed (uneven stages, unequal
+        counts) and places stages by island (not in a fixed rank order), and is branched
+        on under 1F1B."""
         lacks = [what for what, ok in (
             ("mixed GPU types in one job", caps.mixed_gpu_types),
             ("uneven stages", caps.uneven_stages),
@@ -87,9 +89,13 @@ class MixedSpace:
             ("the 1f1b schedule", Schedule.ONE_F_ONE_B in caps.schedules)) if not ok]
         if lacks:
             return cls(families=(), why_none=f"{caps.version} lacks {', '.join(lacks)}")
-        # Template.sequence_parallel is on wherever tp > 1
+        # Template.sequence_parallel is on wherever tp > 1, and the experts split like
+        # the rest (expert tp = tp): an MoE model splits tensors only where the framework
+        # runs both on it
         split_tensors = ("tp" in caps.parallelisms and caps.tp_with_pp
-                         and caps.sequence_parallel != "never")
+                         and caps.sequence_parallel != "never"
+                         and (model is None or not model.is_moe
+                              or (caps.moe_sequence_parallel and caps.moe_expert_tp)))
         return cls(
             families=FAMILIES if "pp" in caps.parallelisms else ("mixed-replicas",),
             tp=cls.tp if split_tensors else (1,), per_stage_tp=caps.per_stage_tp,

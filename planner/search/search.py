@@ -443,7 +443,7 @@ def _evaluate_task(req: SearchRequest, task: tuple) -> object:
                              bound_score=functools.partial(_bound_score, req),
                              keep=max(req.confirm, req.top), profiles=req.profiles,
                              attention=Attention(req.attention) if req.attention else None,
-                             space=MixedSpace.for_framework(req.capabilities), progress=tick)
+                             space=MixedSpace.for_framework(req.capabilities, req.model), progress=tick)
 
 
 def _units(req: SearchRequest, task: tuple) -> int:
@@ -576,7 +576,7 @@ def _tasks(req: SearchRequest) -> list[tuple]:
                           for i in range(shards)]
     if mixes:
         templates = mixed_templates(req.model, req.cluster, req.gbs,
-                                    MixedSpace.for_framework(req.capabilities))
+                                    MixedSpace.for_framework(req.capabilities, req.model))
         tasks[:0] = [("mixed", templates[i::MIXED_CHUNKS]) for i in range(MIXED_CHUNKS)
                      if templates[i::MIXED_CHUNKS]]
     return tasks
@@ -598,7 +598,7 @@ def _outputs(tasks: list[tuple], done: list[object]) -> list[object]:
 def _mixes(req: SearchRequest, subclusters: list[ClusterSpec]) -> bool:
     """Whether the search plans mixed GPU types: a cluster of several and a framework
     that runs them."""
-    return len(subclusters) > 1 and bool(MixedSpace.for_framework(req.capabilities).families)
+    return len(subclusters) > 1 and bool(MixedSpace.for_framework(req.capabilities, req.model).families)
 
 
 def _evaluate_item(item: tuple[SearchRequest, tuple]) -> object:
@@ -702,7 +702,7 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     ranked.sort(key=lambda sr: sr[0])
     notes = []  # what the framework could not do here, then which GPUs idle and why
     if len(per_type) > 1 and not mixes:
-        why = MixedSpace.for_framework(req.capabilities).why_none
+        why = MixedSpace.for_framework(req.capabilities, req.model).why_none
         notes.append(f"mixed GPU types not planned: {why}; each of {', '.join(per_type)} "
                      "planned alone (--framework trainplan mixes them)")
     notes += [note for c in subclusters if (note := _space(req, c)[1])]

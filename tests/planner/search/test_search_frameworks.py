@@ -3,6 +3,7 @@ planner/export/frameworks.py names, runs; every plan it returns is one the frame
 expresses exactly (`unsupported(plan, caps) == []`), on homogeneous and mixed clusters."""
 
 import dataclasses
+import importlib
 import math
 
 import pytest
@@ -109,6 +110,26 @@ def test_mixed_space_per_framework():
     for fw in ("megatron", "deepspeed", "torchtitan"):
         space = MixedSpace.for_framework(CAPABILITIES[fw])
         assert space.families == () and "mixed GPU types in one job" in space.why_none
+
+
+def test_mixed_moe_candidates_are_ones_trainplan_runs():
+    """Mixed templates split tensors with sequence parallelism and expert tp = tp; the
+    trainplan executor runs neither on an MoE model (etp 1, no sp), so a mixed search of
+    one keeps tp at 1 — before, 13 of 16 mixed Mixtral candidates were plans it refuses."""
+    caps, mixtral = CAPABILITIES["trainplan"], preset("mixtral-8x7b")
+    assert MixedSpace.for_framework(caps, mixtral).tp == (1,)
+    assert MixedSpace.for_framework(caps, preset("llama2-7b")).tp == MixedSpace().tp
+    assert MixedSpace.for_framework(CAPABILITIES["trainplan"]).tp == MixedSpace().tp
+    search_module = importlib.import_module("planner.search.search")
+    req = SearchRequest(model=mixtral, cluster=load_cluster("cluster_specs/mixed-a100-v100.yaml"),
+                        gbs=256, seq_len=4096, dtype="fp16", top=3)
+    kernels = search_module._kernels(req, req.cluster)
+    mixed = [search_module._evaluate_task(req, task) for task in search_module._tasks(req)
+             if task[0] == "mixed"]
+    plans = [p.plan(mixtral, req.cluster, seq_len=4096, dtype="fp16", kernels=kernels)
+             for found, _, _ in mixed for p in found]
+    assert plans
+    assert all(unsupported(plan, caps) == [] for plan in plans)
 
 
 SMALL = SearchSpace(num_gpus=(), tp=(1, 2), cp=(1, 2), pp=(1, 2, 4), vp=(1, 2), mbs=(1, 2))
