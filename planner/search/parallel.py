@@ -63,7 +63,7 @@ def parallel_map(fn: Callable[[Any], T], items: Sequence[Any], *, title: str,
     n = min(workers or cores(), len(items))
     counted = units is not None
     total = sum(units) if units is not None else len(items)
-    bar = ProgressBar(total, title=title, unit=unit if counted else "task")
+    bar = ProgressBar(total, title=title, unit=unit)
     forking = n > 1 and "fork" in multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if forking else None)
     _counter = context.Value("q", 0)
