@@ -42,6 +42,12 @@ from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Plan
 from profiler.store import Profiles
 
+# A chunk's last backward is simulated in at most this many gradient-bucket pieces: real
+# plans have up to a few hundred buckets per stage (Megatron's max(4e7, 1e6 x dp)
+# parameters each); a model of trillions of parameters per stage would otherwise make
+# millions of tasks (and a trace of hundreds of MB) for a tail it changes by < 0.1%.
+MAX_SIMULATED_BUCKETS = 1024
+
 __all__ = ["Simulation", "TaskMeta", "simulate_graph"]
 
 
@@ -213,10 +219,13 @@ class _Builder:
         return tids[-1]
 
     def _bucket_count(self, cost: StageCost, vp: int) -> list[int]:
-        """Gradient buckets per chunk (one piece where nothing overlaps the backward)."""
+        """Gradient buckets per chunk (one piece where nothing overlaps the backward), at
+        most MAX_SIMULATED_BUCKETS: beyond that a piece carries several buckets, so the
+        exposed tail is 1/MAX_SIMULATED_BUCKETS of the traffic instead of one bucket's
+        (the buckets' latencies are priced in `dp_sync` all the same)."""
         if not self.overlap or not cost.dp.overlap:  # one bucket where nothing syncs
             return [1] * vp
-        return [max(1, math.ceil(cost.dp.buckets / vp))] * vp
+        return [min(MAX_SIMULATED_BUCKETS, max(1, math.ceil(cost.dp.buckets / vp)))] * vp
 
     def _dp_stream(self, pi: int, si: int, kind: str = "grad reduce") -> int:
         """The stream of stage `si`'s data-parallel group (aligned replicas): reductions on
