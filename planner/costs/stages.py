@@ -70,7 +70,7 @@ __all__ = ["DPSync", "Part", "PlacedStage", "PlanCosts",
            "RunSettings", "ShardingTerms", "StageCost", "StageSpec", "apply_sharding",
            "bucket_params", "clear_cost_caches", "cost_sources", "dp_sync", "exposed_s",
            "gather_stall_s", "group_signature", "layer_parts", "on_clear_cost_caches",
-           "plan_costs", "plan_replicas", "plan_runs", "position_groups", "replica_key",
+           "placement", "plan_costs", "plan_replicas", "plan_runs", "position_groups", "replica_key",
            "pass_key", "replica_specs", "shard_units", "sharding_states", "sharding_terms",
            "stage_cost", "stage_key", "stage_passes",
            "stage_params", "unsharded_cost", "with_sharding", "workload_shape"]
@@ -357,22 +357,39 @@ def group_signature(cluster: ClusterSpec, group: tuple[int, ...]) -> tuple:
     (local index, counted from the first member's: `comm._network_tier` compares the
     nodes' local indices, which a common shift keeps equal). Groups with equal signatures
     cost the same for every collective among them or among any of their sub-groups."""
+    return placement(cluster, group, group[0])
+
+
+def placement(cluster: ClusterSpec, gpus: Sequence[int], origin: int) -> tuple:
+    """Where the GPUs `gpus` sit, counted from the GPU `origin`: each one's node group, node
+    and local index (rail) as offsets from origin's. Two sets of GPUs with equal
+    placements have the same links among them (`group_signature`)."""
     slots = cluster.slots
-    node0, local0 = slots[group[0]].node, slots[group[0]].local
+    node0, local0 = slots[origin].node, slots[origin].local
     return tuple((slots[d].group, slots[d].node - node0, slots[d].local - local0)
-                 for d in group)
+                 for d in gpus)
+
+
+def _link_tiers(cluster: ClusterSpec, spec: StageSpec
+                ) -> tuple[tuple, tuple[Tier, ...] | None]:
+    """The links a stage's passes use: the tiers of its tp, cp and ep groups (by axis),
+    and of the link to the next stage (None: it sends nothing), which its tp ranks cross
+    at once, each sending a slice (`_p2p`)."""
+    p = spec.placed
+    tiers_key = (("tp", group_tiers(cluster, spec.tp_group)),
+                 ("cp", group_tiers(cluster, spec.cp_group)),
+                 ("ep", group_tiers(cluster, spec.ep_group)))
+    p2p = (None if spec.next_device is None
+           else group_tiers(cluster, (p.devices[0], spec.next_device), concurrency=p.tp))
+    return tiers_key, p2p
 
 
 def pass_key(cluster: ClusterSpec, spec: StageSpec) -> tuple:
     """Stages with equal keys have equal pass times, transfers and memory before
     sharding (`unsharded_cost`): everything but their data-parallel group."""
     p = spec.placed
-    return (spec.device, p.tp, p.cp, p.ep, p.etp, p.num_layers, p.recompute, p.attention, spec.first,
-            spec.last, spec.pp, group_tiers(cluster, spec.tp_group),
-            group_tiers(cluster, spec.cp_group),
-            None if spec.next_device is None
-            else group_tiers(cluster, (p.devices[0], spec.next_device)),
-            group_tiers(cluster, spec.ep_group) if p.ep > 1 else None,
+    return (spec.device, p.tp, p.cp, p.ep, p.etp, p.num_layers, p.recompute, p.attention,
+            spec.first, spec.last, spec.pp, *_link_tiers(cluster, spec),
             # where its context ranks sit, which with the data-parallel group gives the
             # dp x cp group its model states sync over
             group_signature(cluster, spec.cp_group) if p.cp > 1 else None)
@@ -632,7 +649,7 @@ def _p2p(model: ModelSpec, shape: WorkloadShape, tiers: tuple[Tier, ...] | None,
     """Send one activation to the next stage over `tiers` (None: no next stage). Megatron
     (scatter-gather) and DeepSpeed (`is_pipe_partitioned` under tp) scatter it over the
     tp ranks; each sends a slice, all at once, so the tp slices share an island link
-    (`_stage_links` prices the link at tp concurrent sends; the NICs' share per GPU
+    (`_link_tiers` prices the link at tp concurrent sends; the NICs' share per GPU
     already assumes every GPU of a node sends)."""
     if tiers is None:
         return 0.0, None
@@ -720,11 +737,7 @@ class _StageLinks:
 def _stage_links(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec) -> _StageLinks:
     """`spec`'s links (one object per spec: the pass cache finds it by identity)."""
     p = spec.placed
-    tiers_key = (("tp", group_tiers(cluster, spec.tp_group)),
-                 ("cp", group_tiers(cluster, spec.cp_group)),
-                 ("ep", group_tiers(cluster, spec.ep_group)))
-    p2p = (None if spec.next_device is None
-           else group_tiers(cluster, (p.devices[0], spec.next_device), concurrency=p.tp))
+    tiers_key, p2p = _link_tiers(cluster, spec)
     return _StageLinks(spec.device, tiers_key, p2p, p.num_layers, p.recompute, spec.first,
                        spec.last, stage_params(model, spec))
 
@@ -732,7 +745,7 @@ def _stage_links(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec) -> _St
 @cache
 def _pass_costs(model: ModelSpec, shape: WorkloadShape, links: _StageLinks,
                 profiles: Profiles | None) -> StageCost:
-    """`_passes` once per key (its `stage` is 0: `unsharded_cost` sets the position)."""
+    """`stage_passes` once per key (its `stage` is 0: `unsharded_cost` sets the position)."""
     dev, tiers_key, recompute = links.device, links.tiers_key, links.recompute
     layer_fwd, layer_bwd = layer_parts(model, shape, dev, tiers_key, recompute, profiles)
     zero = (Part(), Part())

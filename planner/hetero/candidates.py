@@ -28,6 +28,7 @@ from planner.costs.stages import (
     apply_sharding,
     group_signature,
     pass_key,
+    placement,
     replica_specs,
     sharding_states,
     sharding_terms,
@@ -262,10 +263,7 @@ def _pattern(cluster: ClusterSpec, replica: Sequence[tuple[int, ...]]) -> tuple:
     from the replica's first GPU. Replicas of one pattern have the same stage keys (links
     are found from node groups, shared nodes and rails: `group_signature`; every replica's
     stage k syncs over one group)."""
-    slots = cluster.slots
-    node0, local0 = slots[replica[0][0]].node, slots[replica[0][0]].local
-    return tuple(tuple((slots[g].group, slots[g].node - node0, slots[g].local - local0)
-                       for g in stage) for stage in replica)
+    return tuple(placement(cluster, stage, replica[0][0]) for stage in replica)
 
 
 def _run(ctx: _Context, t: Template, *, mbs: int, microbatches: int,
@@ -325,13 +323,13 @@ class _Pricing:
 def _linear(pr: _Pricing, kind: int, recompute: Recompute, sharding: Sharding) -> _Linear:
     """Times from the passes alone (the data-parallel group does not change them) and
     memory at `sharding`'s model states: kinds of one pass kind share it."""
-    spec = pr.memo["kind_specs"][kind]
     key = ("linear", pr.memo["pass_kind"][kind], pr.stage_run, recompute, sharding)
     if key not in pr.memo:
+        pp = pr.memo["kind_specs"][kind].pp
         (c1, m1), (c2, m2) = (_passes_at(pr, kind, recompute=recompute, layers=n,
                                          sharding=sharding) for n in (1, 2))
-        t1 = c1.forward_s + c1.backward_s + sends_s(c1, spec.pp, 1)
-        t2 = c2.forward_s + c2.backward_s + sends_s(c2, spec.pp, 1)
+        t1 = c1.forward_s + c1.backward_s + sends_s(c1, pp, 1)
+        t2 = c2.forward_s + c2.backward_s + sends_s(c2, pp, 1)
         states = m2.model_states_bytes - m1.model_states_bytes
         pr.memo[key] = _Linear(t1 - (t2 - t1), max(t2 - t1, 1e-12),
                                m1.total_bytes - m1.activations_bytes - states, states,

@@ -26,6 +26,7 @@ from planner.costs.stages import (
     apply_sharding,
     bucket_params,
     group_signature,
+    placement,
     replica_specs,
     sharding_terms,
     stage_key,
@@ -132,13 +133,10 @@ class LayoutModel:
         one pattern have the same stage keys (links are found from node groups, shared
         nodes and rails, `group_signature`, and every replica's stage k syncs over the same
         group), so the rest are skipped."""
-        slots = self.cluster.slots
         seen: dict[tuple, int] = {}
         for d, replica in enumerate(devices):
-            first = slots[replica[0][0]]
-            pattern = tuple((slots[g].group, slots[g].node - first.node, slots[g].local - first.local)
-                            for stage in replica for g in stage)
-            seen.setdefault(pattern, d)
+            gpus = [g for stage in replica for g in stage]
+            seen.setdefault(placement(self.cluster, gpus, gpus[0]), d)
         return sorted(seen.values())
 
     def run(self, micro: Micro) -> RunSettings:
