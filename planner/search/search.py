@@ -496,14 +496,14 @@ def _with_measured_kernels(req: SearchRequest, plan: Plan) -> Plan:
     return replace(plan, kernels=kernels)
 
 
-# What searches in this process already worked out, by what it depends on: a what-if
-# report plans scenarios that share GPU types, models and batches (and a leader of one
-# scenario is often another's). Cleared with the cost caches (`clear_cost_caches`).
 # The mixed templates are searched in this many tasks (branch and bound in each), a fixed
 # number so that the answer does not depend on the machine: each keeps at least the
 # leaders one task would, and their variants, so the merged answer is at least as good.
 MIXED_CHUNKS = 2
 
+# What searches in this process already worked out, by what it depends on: a what-if
+# report plans scenarios that share GPU types, models and batches (and a leader of one
+# scenario is often another's). Cleared with the cost caches (`clear_cost_caches`).
 _KEPT = 64
 _evaluated: OrderedDict[tuple, object] = OrderedDict()
 _simulated: OrderedDict[tuple, SimResult] = OrderedDict()
@@ -564,9 +564,10 @@ def _evaluate_tasks(req: SearchRequest, tasks: list[tuple]) -> list[object]:
 
 def _tasks(req: SearchRequest) -> list[tuple]:
     """The search's pure work: each GPU type's homogeneous space, and on a mixed cluster
-    the mixed templates, in one task (branch and bound prunes against the best so far),
-    first (the longest starts first). Where there are fewer tasks than cores, each GPU
-    type's layouts are dealt out over several tasks (`_outputs` merges them back)."""
+    the mixed templates dealt over MIXED_CHUNKS tasks (branch and bound prunes each
+    against the best it found so far), first (the longest start first). Where there are
+    fewer tasks than cores, each GPU type's layouts are dealt out over several tasks
+    (`_outputs` merges them back)."""
     subclusters = _subclusters(req.cluster)
     for cluster in subclusters:
         _check(req, cluster)
