@@ -277,6 +277,9 @@ class Plan:
                  f"this trainplan reads version {SCHEMA_VERSION}")
         if not self.pipelines:
             fail(at(where, "pipelines"), [], "at least one pipeline")
+        # A plan built in code (search, hetero, replan) was never parsed: check its
+        # training settings here too (parsing a file checks them before, cheaply again).
+        self.training.check(at(where, "training"))
         self._check_batch(where)
         self._check_stages(where)
         slots, groups = self.cluster.slots, self.cluster.node_groups

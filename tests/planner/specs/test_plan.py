@@ -215,3 +215,14 @@ def test_a_json_plan_with_small_numbers_round_trips(tmp_path):
                                                                  node_groups=groups))
     save_plan(plan, str(tmp_path / "p.json"))
     assert load_plan(str(tmp_path / "p.json")) == plan
+
+
+def test_a_plan_built_in_code_checks_its_training_settings():
+    """Plans the search or replan builds were never parsed: `Plan.check` itself refuses
+    training settings `Training.check` refuses (before, only a file's plan was checked)."""
+    plan = _homogeneous()
+    bad = dataclasses.replace(plan, training=dataclasses.replace(plan.training,
+                                                                  virtual_stages=2))
+    with pytest.raises(SpecError, match=r"plan.training.virtual_stages: 2 is not allowed "
+                       r"\(> 1 exactly when schedule is interleaved-1f1b\)"):
+        bad.check("plan")
