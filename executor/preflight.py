@@ -89,6 +89,9 @@ def _check_pipeline_stages(plan: Plan, pi: int, where: str) -> None:
         fail(at(where, "training.embedding_in_pipeline_split"), True,
              "the executor splits each stage's interleaved chunks by layers (the embedding "
              "and the loss do not take a layer's place; vp = 1 or neither setting)")
+    if tr.pipeline_flushes > 1:
+        fail(at(where, "training.pipeline_flushes"), tr.pipeline_flushes,
+             "1 (the executor runs a step's micro-batches as one schedule)")
     if any(s.num_layers == 0 for s in stages):
         fail(at(where, f"pipelines[{pi}].stages"), [list(s.layers) for s in stages],
              "the executor runs stages of at least one layer (no embedding- or head-only "

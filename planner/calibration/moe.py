@@ -150,7 +150,8 @@ def _plans(r: dict[str, str], model: ModelSpec) -> tuple[Plan, ...]:
                 continue
             tr = plan.training
             comm = replace(tr.comm, moe_dispatcher=_dispatcher(r), moe_routing=_routing(r))
-            plans.append(replace(plan, training=replace(tr, comm=comm)))
+            plans.append(replace(plan, training=replace(
+                tr, comm=comm, pipeline_flushes=_flushes(r, dp * int(r["cp"])))))
     return tuple(plans)
 
 
@@ -161,6 +162,22 @@ def _etp(r: dict[str, str], model: ModelSpec) -> int | None:
         return int(r["etp"])
     tp, ep, dp, cp = (int(r[k]) for k in ("tp", "ep", "dp", "cp"))
     return None if ep_problem(model, ep, dp=dp, cp=cp, tp=tp) is None else 1
+
+
+_LOCAL_BATCH = re.compile(r"LBS=([0-9]+)")
+
+
+def _flushes(r: dict[str, str], replicas: int) -> int:
+    """Pipeline schedules per step: NeMo AutoModel's benchmark runs each of its gradient
+    accumulation steps (a local batch of LBS sequences per data-parallel rank) as its own
+    torch.distributed.pipelining `schedule.step` (nemo_automodel/recipes/llm/benchmark.py
+    `run_benchmark`: `_forward_backward_step` per local batch; train_ft.py
+    `_forward_backward_step`: `self.pp.info.schedule.step(...)`), so gbs / (dp x LBS) of
+    them; the other frameworks run one per step."""
+    local = _LOCAL_BATCH.search(r["note"])
+    if not local or not r["framework"].startswith("NeMo AutoModel"):
+        return 1
+    return max(1, int(r["gbs"]) // (replicas * int(local.group(1))))
 
 
 def _dispatcher(r: dict[str, str]) -> Literal["alltoall", "deepep"]:

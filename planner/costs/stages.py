@@ -183,6 +183,9 @@ class RunSettings:
     comm: Communication = Communication()  # how the framework communicates (Training.comm)
     # what selective recomputation re-runs (Training.recompute_modules)
     recompute_modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES
+    # schedules the micro-batches run as, each with its fill and drain (Training.
+    # pipeline_flushes): a stage holds at most one schedule's micro-batches
+    pipeline_flushes: int = 1
 
     def __post_init__(self) -> None:
         coerce_choices(self)
@@ -685,7 +688,7 @@ def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
         passes = stage_passes(model, cluster, spec, run, profiles=profiles)
     n = spec.placed.num_layers
     in_flight = in_flight_chunks(schedule=run.schedule, stage=spec.index, pp=spec.pp,
-                                 num_microbatches=run.num_microbatches,
+                                 num_microbatches=run.num_microbatches // run.pipeline_flushes,
                                  virtual_stages=run.virtual_stages)
     # the pass times (and their sums) as computed once, with this run's activations and
     # the framework's pipeline sends
@@ -842,7 +845,8 @@ def plan_runs(plan: Plan) -> list[RunSettings]:
                         num_microbatches=p.num_microbatches, seq_len=tr.seq_len, dtype=tr.dtype,
                         sequence_parallel=tr.sequence_parallel, schedule=tr.schedule,
                         virtual_stages=tr.virtual_stages, kernels=plan.kernels, comm=tr.comm,
-                        recompute_modules=tr.recompute_modules)
+                        recompute_modules=tr.recompute_modules,
+                        pipeline_flushes=tr.pipeline_flushes)
             for p in plan.pipelines]
 
 

@@ -1,6 +1,6 @@
 """The nearest plan a framework expresses (`plan export --approximate`).
 
-Only settings change: the schedule, interleaving, sequence parallelism, model-state
+Only settings change: the schedule (and the schedules per step), interleaving, sequence parallelism, model-state
 sharding, recompute, the layer split, dtype and the attention kernel. The GPUs, the
 replicas and their batch shares stay, so a plan whose structure the framework lacks
 (mixed GPU types, unlike replicas, tp per stage, context parallelism it does not have)
@@ -39,6 +39,9 @@ def _training(plan: Plan, **kw: Any) -> Plan:
 
 
 def _schedule(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:
+    if plan.training.pipeline_flushes > 1:  # every exporter runs one schedule per step
+        changes.append(f"{plan.training.pipeline_flushes} pipeline schedules per step -> 1")
+        plan = _training(plan, pipeline_flushes=1)
     tr = plan.training
     if tr.schedule in caps.schedules and (tr.virtual_stages == 1 or "vp" in caps.parallelisms):
         return plan

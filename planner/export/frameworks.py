@@ -372,11 +372,15 @@ def _parallelisms(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list
 
 
 def _schedule(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
-    schedule = plan.training.schedule
-    if schedule in caps.schedules:
-        return []
-    return [f"schedule {schedule}: {caps.version} runs {', '.join(sorted(caps.schedules))}"
-            f"{_note(caps, f'schedule {schedule}')}"]
+    schedule, flushes = plan.training.schedule, plan.training.pipeline_flushes
+    out = []
+    if schedule not in caps.schedules:
+        out.append(f"schedule {schedule}: {caps.version} runs "
+                   f"{', '.join(sorted(caps.schedules))}{_note(caps, f'schedule {schedule}')}")
+    if flushes > 1:  # NeMo AutoModel's schedule per local batch; none of the exporters'
+        out.append(f"{flushes} pipeline schedules per step (training.pipeline_flushes): "
+                   f"{caps.version} runs a step's micro-batches as one schedule")
+    return out
 
 
 def _sharding(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:

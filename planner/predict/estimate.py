@@ -90,11 +90,14 @@ def _backlog_s(c: StageCost, m: int, schedule: Schedule) -> float:
 
 
 def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_stages: int,
-                  schedule: Schedule = Schedule.ONE_F_ONE_B) -> tuple[float, dict[str, float]]:
+                  schedule: Schedule = Schedule.ONE_F_ONE_B, flushes: int = 1
+                  ) -> tuple[float, dict[str, float]]:
     """End time of one pipeline's iteration (its stages' costs in order) under `schedule`
-    and the critical stage's breakdown. Stages that are the same object are priced once."""
+    (`flushes` of them in a row, `_pipeline_end`) and the critical stage's breakdown.
+    Stages that are the same object are priced once."""
     m, vp, pp = num_microbatches, virtual_stages, len(costs)
-    end, pipe_s, opt_s, slow, times, keys = _pipeline_end(costs, m, vp, Schedule(schedule))
+    end, pipe_s, opt_s, slow, times, keys = _pipeline_end(costs, m, vp, Schedule(schedule),
+                                                          flushes)
     after = end - pipe_s  # what sticks out after the pipeline drains
     opt_s = min(opt_s, after)
     c = costs[slow]
@@ -114,21 +117,27 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
     return end, parts
 
 
-def _pipeline_end(costs: Sequence[StageCost], m: int, vp: int, schedule: Schedule
+def _pipeline_end(costs: Sequence[StageCost], m: int, vp: int, schedule: Schedule,
+                  flushes: int = 1
                   ) -> tuple[float, float, float, int, list[float], list[tuple[int, float]]]:
     """The iteration's end; the critical path before gradients and the optimizer; the
     optimizer step of the stage that ends last; the critical stage; micro-batch times;
-    each stage's key (its cost object, the blocking receives it waits for)."""
+    each stage's key (its cost object, the blocking receives it waits for). With
+    `flushes` > 1 the m micro-batches run as that many schedules of m / flushes in a row
+    (NeMo AutoModel's `schedule.step` per local batch): stage 0 starts the next one when
+    it has finished the last (the critical path's end), so each adds its fill and drain;
+    gradients and the optimizer follow the last."""
     zb = schedule.splits_backward
-    memo, keys, times, paths = _critical_paths(costs, m, vp, schedule)
+    memo, keys, times, paths = _critical_paths(costs, m // flushes, vp, schedule)
     slow = max(range(len(costs)), key=paths.__getitem__)
-    pipe_s = paths[slow]
+    lead = (flushes - 1) * paths[slow]  # the schedules before the last
+    pipe_s = lead + paths[slow]
     end, opt_s, drain = pipe_s, 0.0, 0.0
     w0 = memo[keys[0]][4]
     for s, c in enumerate(costs):  # stage s finishes its last backward `drain` before stage 0
         _, tail, step, _, w = memo[keys[s]]
         # under ZB-H1 its last B, then its last min(s + 1, m) W's
-        stage_end = pipe_s - drain + tail + (min(s + 1, m) * w - w0 if zb else 0.0)
+        stage_end = pipe_s - drain + tail + (min(s + 1, m // flushes) * w - w0 if zb else 0.0)
         if stage_end > end:
             end, opt_s = stage_end, c.optimizer_s
         drain += step
@@ -136,10 +145,10 @@ def _pipeline_end(costs: Sequence[StageCost], m: int, vp: int, schedule: Schedul
 
 
 def iteration_end_s(costs: Sequence[Sequence[StageCost]], microbatches: Sequence[int], *,
-                    virtual_stages: int, schedule: Schedule) -> float:
+                    virtual_stages: int, schedule: Schedule, flushes: int = 1) -> float:
     """`iteration_time`'s time alone (what the search ranks by), without the breakdown."""
     schedule = Schedule(schedule)
-    return max(_pipeline_end(pc, m, virtual_stages, schedule)[0]
+    return max(_pipeline_end(pc, m, virtual_stages, schedule, flushes)[0]
                for pc, m in zip(costs, microbatches, strict=True))
 
 
@@ -184,13 +193,15 @@ def critical_path_s(costs: Sequence[StageCost], *, num_microbatches: int,
 
 
 def iteration_time(costs: Sequence[Sequence[StageCost]], microbatches: Sequence[int], *,
-                   virtual_stages: int, schedule: Schedule
+                   virtual_stages: int, schedule: Schedule, flushes: int = 1
                    ) -> tuple[float, dict[str, float], int]:
     """The iteration of replicas `costs` (one list of stage costs each) running
-    `microbatches[r]` micro-batches each: the latest replica's end, its breakdown, and
-    which replica it is. The search ranks candidates with this, `estimate` prices Plans."""
+    `microbatches[r]` micro-batches each, as `flushes` schedules in a row: the latest
+    replica's end, its breakdown, and which replica it is. The search ranks candidates
+    with this, `estimate` prices Plans."""
     ends = [pipeline_time(pc, num_microbatches=m, virtual_stages=virtual_stages,
-                          schedule=schedule) for pc, m in zip(costs, microbatches, strict=True)]
+                          schedule=schedule, flushes=flushes)
+            for pc, m in zip(costs, microbatches, strict=True)]
     critical = max(range(len(ends)), key=lambda i: ends[i][0])
     return ends[critical][0], ends[critical][1], critical
 
@@ -235,7 +246,8 @@ def estimate(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | None = No
     reps = priced.representatives
     iteration_s, parts, _ = iteration_time(
         [priced.costs[r] for r in reps], [plan.pipelines[r].num_microbatches for r in reps],
-        virtual_stages=plan.training.virtual_stages, schedule=plan.training.schedule)
+        virtual_stages=plan.training.virtual_stages, schedule=plan.training.schedule,
+        flushes=plan.training.pipeline_flushes)
     stages = tuple(
         StageSummary(pipeline=c.pipeline, stage=c.stage, device=c.device,
                      layers=plan.pipelines[c.pipeline].stages[c.stage].layers,  # type: ignore[arg-type]  # a stage's layers are a checked pair

@@ -128,7 +128,8 @@ class _Builder:
         pp, vp, m = len(pipe.stages), tr.virtual_stages, pipe.num_microbatches
         for si in range(pp):
             self._stage_passes(pi, si, stage_order(tr.schedule, stage=si, pp=pp,
-                                                   num_microbatches=m, virtual_stages=vp))
+                                                   num_microbatches=m, virtual_stages=vp,
+                                                   flushes=tr.pipeline_flushes))
         for si in range(pp):
             self._cross_stage_edges(pi, si, pp, vp, m)
 

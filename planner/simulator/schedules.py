@@ -9,7 +9,8 @@ backward is split into B (activation gradients, on the critical path) and W (wei
 gradients, deferrable); the F/B order is 1F1B's and W of micro-batch k follows B of
 micro-batch k + s on stage s, so later stages send their gradients back sooner and run
 the deferred W's while the last backward travels to stage 0 (torch.distributed.pipelining
-builds the same order for one stage per rank).
+builds the same order for one stage per rank). A step may run its micro-batches as
+several such schedules in a row (`flushes`), each with its own fill and drain.
 """
 
 from __future__ import annotations
@@ -71,10 +72,18 @@ _ORDERS: dict[Schedule, Callable[[int, int, int], list[Pass]]] = {
 
 
 def stage_order(schedule: Schedule, *, stage: int, pp: int, num_microbatches: int,
-                virtual_stages: int = 1) -> list[Pass]:
-    """The passes stage `stage` runs, in order."""
+                virtual_stages: int = 1, flushes: int = 1) -> list[Pass]:
+    """The passes stage `stage` runs, in order: `flushes` schedules one after the other,
+    each over the next num_microbatches / flushes micro-batches (NeMo AutoModel calls
+    torch.distributed.pipelining's `schedule.step` once per local batch). A schedule's
+    first forward on a stage follows the stage's last pass of the one before, so each
+    pays its own fill and drain."""
     schedule = Schedule(schedule)
+    assert num_microbatches % flushes == 0, "validated: m must be a multiple of the flushes"
+    m = num_microbatches // flushes
     if schedule.interleaved:
-        assert num_microbatches % pp == 0, "validated: m must be a multiple of pp"
-        return _interleaved(stage, pp, num_microbatches, virtual_stages)
-    return _ORDERS[schedule](stage, pp, num_microbatches)
+        assert m % pp == 0, "validated: m per schedule must be a multiple of pp"
+        one = _interleaved(stage, pp, m, virtual_stages)
+    else:
+        one = _ORDERS[schedule](stage, pp, m)
+    return [(phase, chunk, k * m + j) for k in range(flushes) for phase, chunk, j in one]

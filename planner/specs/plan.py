@@ -198,6 +198,11 @@ class Training:
     loss_in_pipeline_split: bool = spec_field(
         default=False, help="the loss takes a layer's place in the last stage's last chunk "
         "(Megatron --account-for-loss-in-pipeline-split)")
+    pipeline_flushes: int = spec_field(
+        default=1, min=1, max=MAX_GLOBAL_BATCH,
+        help="schedules a step's micro-batches run as, each with its own fill and drain "
+        "(NeMo AutoModel: one torch.distributed.pipelining schedule.step per local batch, "
+        "its gradient accumulation steps of them per step; Megatron, DeepSpeed, torchtitan: 1)")
 
     def slots(self, stage: int, stages: int) -> tuple[int, int]:
         """(lead, tail): the embedding and loss slots stage `stage` of `stages` holds in
@@ -358,15 +363,20 @@ class Plan:
         return tuple(dict.fromkeys(self.stage_sharding or (self.sharding,)))
 
     def _check_interleaving(self, where: str) -> None:
-        """Interleaved 1F1B runs micro-batches in groups of pp (Narayanan et al. 2021,
-        §2.2): each pipeline's count must be a multiple of its stages."""
-        if not self.training.schedule.interleaved:
-            return
+        """Each of the `pipeline_flushes` schedules of a step runs the same number of
+        micro-batches; interleaved 1F1B runs them in groups of pp (Narayanan et al. 2021,
+        §2.2): each schedule's count must be a multiple of the pipeline's stages."""
+        flushes = self.training.pipeline_flushes
         for pi, p in enumerate(self.pipelines):
-            if p.num_microbatches % len(p.stages):
+            if p.num_microbatches % flushes:
+                fail(at(where, f"pipelines[{pi}].num_microbatches"), p.num_microbatches,
+                     f"a multiple of training.pipeline_flushes ({flushes})")
+            if (self.training.schedule.interleaved
+                    and (p.num_microbatches // flushes) % len(p.stages)):
+                each = f" in each of its {flushes} schedules" if flushes > 1 else ""
                 fail(at(where, f"pipelines[{pi}].num_microbatches"), p.num_microbatches,
                      f"interleaved-1f1b needs a multiple of the pipeline's {len(p.stages)} "
-                     "stages")
+                     f"stages{each}")
 
     def _check_batch(self, where: str) -> None:
         for pi, pipe in enumerate(self.pipelines):

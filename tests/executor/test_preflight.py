@@ -172,3 +172,15 @@ def test_selective_recompute_is_of_the_attention_core_only():
     none = homogeneous(SMALL, world=2, dp=2, mbs=1, gbs=2)
     check_runnable(replace(none, training=replace(none.training, recompute_modules=("mlp",))),
                    cuda_devices=0)  # nothing recomputed selectively: the modules do not apply
+
+
+def test_one_pipeline_schedule_per_step():
+    """A plan whose step runs several pipeline schedules (NeMo AutoModel's
+    `training.pipeline_flushes`) is refused: the executor runs one."""
+    from dataclasses import replace
+
+    plan = homogeneous(SMALL, world=2, pp=2, mbs=1, gbs=4)
+    check_runnable(plan, cuda_devices=0)
+    flushed = replace(plan, training=replace(plan.training, pipeline_flushes=2))
+    _refused(flushed, r"training.pipeline_flushes: 2 is not allowed \(1 \(the executor runs "
+             r"a step's micro-batches as one schedule\)\)")

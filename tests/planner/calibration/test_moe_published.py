@@ -50,3 +50,8 @@ def test_cases_carry_their_plans():
     cases = {c.id: c for c in moe_cases()}
     mixtral = cases["mcore-mixtral8x7b-468"]
     assert mixtral.plans and mixtral.plans[0].training.ep == 8
+    assert mixtral.plans[0].training.pipeline_flushes == 1  # Megatron: one schedule
+    # NeMo AutoModel runs a schedule per local batch (LBS 8 of mbs 1): GA = 4 at 1024 GPUs
+    # (gbs 8192 over dp 256), 1 at 256 (gbs 512 over dp 64)
+    assert {p.training.pipeline_flushes for p in cases["automodel-dsv3-1024"].plans} == {4}
+    assert {p.training.pipeline_flushes for p in cases["automodel-dsv3-256"].plans} == {1}

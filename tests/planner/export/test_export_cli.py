@@ -207,3 +207,25 @@ def test_dry_run_keeps_the_plan_checks(tmp_path, capsys):
     save_plan(gpt3_on_selene(cp=2, dp=4, gbs=1536, sharding=Sharding(optim=4)), path)
     code, _, err = run_cli(["run", "--plan", path, "--dry-run"], capsys)
     assert code == 2 and "context parallelism is not implemented" in err
+
+
+def test_several_pipeline_schedules_per_step_are_not_exported_as_priced():
+    """NeMo AutoModel's schedule per local batch (`training.pipeline_flushes`): the
+    exporters run one schedule per step, so they list it, and --approximate runs one."""
+    from dataclasses import replace
+
+    from planner.export.approximate import nearest
+    from planner.specs.cluster import parse_gpus_arg
+    from planner.specs.layout import ParallelConfig, homogeneous_plan
+
+    plan = homogeneous_plan(preset("gpt3-1.3b"), parse_gpus_arg("A100-80GB-SXM:4"),
+                            ParallelConfig(pp=2, dp=2, mbs=1, gbs=16, seq_len=2048))
+    flushed = replace(plan, training=replace(plan.training, pipeline_flushes=2))
+    for fmt in ("megatron", "deepspeed", "torchtitan"):
+        assert not any("pipeline schedules" in line
+                       for line in unsupported(plan, CAPABILITIES[fmt])), fmt
+        assert any("2 pipeline schedules per step" in line
+                   for line in unsupported(flushed, CAPABILITIES[fmt])), fmt
+        near, changes = nearest(flushed, CAPABILITIES[fmt])
+        assert near.training.pipeline_flushes == 1
+        assert "2 pipeline schedules per step -> 1" in changes

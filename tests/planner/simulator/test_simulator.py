@@ -33,6 +33,30 @@ def test_interleaving_divides_the_bubble_by_vp(pp, vp, m):
     assert sim.schedule.makespan_s == pytest.approx(m * 3.0 + (pp - 1) * 3.0 / vp, rel=1e-12)
 
 
+@pytest.mark.parametrize("pp, m, flushes, vp", [(4, 8, 2, 1), (4, 32, 4, 1), (2, 12, 3, 1),
+                                                 (4, 16, 2, 2)])
+def test_each_pipeline_flush_pays_its_own_fill_and_drain(pp, m, flushes, vp):
+    """m micro-batches run as `flushes` schedules of m / flushes, one after the other (NeMo
+    AutoModel: a torch.distributed.pipelining `schedule.step` per local batch): each
+    schedule costs (m / flushes + (p - 1) / v)(t_f + t_b) on p equal stages (Narayanan et
+    al. 2021), so the step costs `flushes` of them; the closed form agrees."""
+    one = make_plan(pp=pp, m=m, vp=vp, schedule="1f1b", layers=pp * vp * 2)
+    plan = dataclasses.replace(one, training=dataclasses.replace(
+        one.training, pipeline_flushes=flushes))
+    costs = flat_costs(plan, fwd=1.0, bwd=2.0)
+    sim = simulate_graph(plan, costs=costs)
+    expected = flushes * (m / flushes + (pp - 1) / vp) * 3.0
+    assert sim.schedule.makespan_s == pytest.approx(expected, rel=1e-12)
+    assert estimate(plan, costs=costs).iteration_time_s == pytest.approx(expected, rel=1e-9)
+    assert simulate_graph(one, costs=flat_costs(one)).schedule.makespan_s < expected
+
+
+def test_flushed_order_runs_each_schedule_over_its_own_micro_batches():
+    one = stage_order("1f1b", stage=1, pp=4, num_microbatches=4)
+    two = stage_order("1f1b", stage=1, pp=4, num_microbatches=8, flushes=2)
+    assert two == one + [(ph, c, j + 4) for ph, c, j in one]
+
+
 @pytest.mark.parametrize("schedule, vp", [("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 3)])
 def test_every_pass_runs_once_in_dependency_order(schedule, vp):
     pp, m = 4, 8

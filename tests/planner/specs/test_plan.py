@@ -98,6 +98,13 @@ def test_homogeneous_layout_is_megatron_order():
      or d["pipelines"][0].update(num_microbatches=3) or d["pipelines"][1].update(
          num_microbatches=5), r"pipelines\[0\].num_microbatches: 3 is not allowed "
      r"\(interleaved-1f1b needs a multiple of the pipeline's 2 stages\)"),
+    (lambda d: d["training"].update(pipeline_flushes=3),
+     r"pipelines\[0\].num_microbatches: 4 is not allowed \(a multiple of "
+     r"training.pipeline_flushes \(3\)\)"),
+    (lambda d: d["training"].update(schedule="interleaved-1f1b", virtual_stages=2,
+                                    pipeline_flushes=4),
+     r"pipelines\[0\].num_microbatches: 4 is not allowed \(interleaved-1f1b needs a "
+     r"multiple of the pipeline's 2 stages in each of its 4 schedules\)"),
     (lambda d: d.update(training={**d["training"], "schedule": "zb-h1"}, pipelines=[
         {**d["pipelines"][0], "stages": [{**d["pipelines"][0]["stages"][0], "layers": [0, 4]}]},
         d["pipelines"][1]]),
