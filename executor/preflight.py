@@ -165,7 +165,9 @@ def _check_moe(plan: Plan, where: str) -> None:
     """The executor's MoE layer (executor/moe.py) runs alone, with dp, pp, tp (experts
     whole on every tp rank: etp 1, no sequence parallelism) and expert parallelism over
     data-parallel ranks, ep only where the ep peers run the same passes in the
-    same order (their all-to-alls pair up) and shard expert states in whole numbers."""
+    same order (their all-to-alls pair up) and shard expert states in whole numbers. In a
+    mixed plan the ep peers of a stage position hold its layers (every replica splits the
+    layers alike: `_check_replicas`) and split them alike (one tp at the position)."""
     m, tr = plan.model, plan.training
     if not m.is_moe:
         return
@@ -183,6 +185,14 @@ def _check_moe(plan: Plan, where: str) -> None:
         fail(at(where, "training.ep"), tr.ep, f"the executor's ep groups are data-parallel "
              f"ranks: ep must divide dp {plan.dp} (folding tp or cp into ep is not "
              "implemented)")
+    for si in range(len(plan.pipelines[0].stages)):
+        tps = [p.stages[si].tp for p in plan.pipelines]
+        if len(set(tps)) > 1:
+            fail(at(where, "pipelines"), f"tp {tps} at stage position {si}",
+                 f"with ep {tr.ep} every replica needs the same tp at a stage position: "
+                 "an ep group is rank t of the position in ep replicas (executor/topology.py "
+                 "`ep_group`), and mixed tp sums whole gradients without an expert bucket "
+                 "(executor/mixed_tp.py)")
     counts = sorted({(p.num_microbatches, p.micro_batch_size) for p in plan.pipelines})
     if len(counts) > 1:
         fail(at(where, "pipelines"), [list(c) for c in counts], "expert parallelism needs "

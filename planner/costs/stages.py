@@ -68,7 +68,7 @@ from profiler.store import Profile, Profiles
 
 __all__ = ["DPSync", "Part", "PlacedStage", "PlanCosts",
            "RunSettings", "ShardingTerms", "StageCost", "StageSpec", "apply_sharding",
-           "bucket_params", "clear_cost_caches", "cost_sources", "dp_sync", "exposed_s",
+           "bucket_params", "clear_cost_caches", "cost_sources", "dp_sync", "ep_paced", "ep_peers", "exposed_s",
            "gather_stall_s", "group_signature", "layer_parts", "on_clear_cost_caches",
            "placement", "plan_costs", "plan_replicas", "plan_runs", "position_groups", "replica_key",
            "pass_key", "replica_specs", "shard_units", "sharding_states", "sharding_terms",
@@ -243,13 +243,20 @@ class StageSpec:
     def ep_group(self) -> tuple[int, ...]:
         """The ranks this stage's first GPU exchanges tokens with. Megatron-Core orders an
         MoE layer's ranks etp-ep-dp-pp over the attention's tp x cp x dp (MoE Parallel
-        Folding): the ep group takes every etp-th GPU of the stage, then the same
-        positions of the next replicas (their GPUs at the offsets of this stage's, as
-        Megatron's rank order places them)."""
+        Folding, parallel_state.py): every etp-th GPU of the stage and the same positions
+        of the other replicas (their GPUs at the offsets of this stage's), in rank order,
+        cut into consecutive groups of ep; this stage's is the one holding its first GPU.
+        Rank order is GPU order (Megatron's rank order lists replicas by their first GPU;
+        trainplan's executor numbers ranks by GPU and cuts its rank-ordered data-parallel
+        group the same way, executor/topology.py `ep_group`), which a mixed plan's
+        placement need not follow: replicas are sorted here."""
         p = self.placed
+        if p.ep == 1:
+            return (p.devices[0],)
         offsets = [d - p.devices[0] for d in p.devices[::p.expert_tp]]
-        members = [first + o for first in self.dp_group for o in offsets]
-        return tuple(members[:p.ep])
+        members = [first + o for first in sorted(self.dp_group) for o in offsets]
+        start = members.index(p.devices[0]) // p.ep * p.ep
+        return tuple(members[start:start + p.ep])
 
 
 class _once(Generic[T]):
@@ -900,7 +907,94 @@ def plan_costs(plan: Plan, profiles: Profiles | None = None) -> PlanCosts:
             continue
         costs.append([stage_cost(plan.model, plan.cluster, s, runs[pi], pipeline=pi,
                                  profiles=profiles) for s in specs])
+    costs, representative = _paced_plan(costs, representative, all_specs)
     return PlanCosts(costs, representative, all_specs, runs)
+
+
+# -- expert parallelism across unlike replicas ----------------------------------------------
+
+def ep_peers(specs: Sequence[Sequence[StageSpec]]) -> list[tuple[tuple[int, ...], ...]] | None:
+    """[replica][position] -> the replicas (indices into `specs`) whose stage at that
+    position is in this replica's ep group there, itself included (`StageSpec.ep_group`:
+    consecutive members in GPU order); None without expert parallelism across replicas.
+    Mixed plans place replicas out of GPU order, and each position's order may differ."""
+    pp = len(specs[0])
+    if (specs[0][0].placed.ep == 1 or len(specs) == 1
+            or any(len(rep) != pp for rep in specs)):
+        return None
+    rows: list[list[tuple[int, ...]]] = [[] for _ in specs]
+    for k in range(pp):
+        order = sorted(range(len(specs)), key=lambda r: specs[r][k].placed.devices[0])
+        members: list[int] = []  # the replica of each member, in GPU order
+        first: dict[int, int] = {}
+        for r in order:
+            p = specs[r][k].placed
+            first[r] = len(members)
+            members.extend([r] * len(p.devices[::p.expert_tp]))
+        for r in range(len(specs)):
+            ep = specs[r][k].placed.ep
+            start = first[r] // ep * ep
+            rows[r].append(tuple(sorted(set(members[start:start + ep]))))
+    return [tuple(row) for row in rows]
+
+
+# StageCost's sums of its parts (`_once`), dropped from a copy whose parts change
+_PASS_SUMS = ("forward", "backward", "weight_grad", "weight_grad_s", "forward_s", "backward_s")
+
+
+def ep_paced(cost: StageCost, peers: Sequence[StageCost]) -> StageCost:
+    """`cost` with its forward and backward passes waiting for its slowest ep peer
+    (`peers`, the stages of the ep group at this position, itself included, holding the
+    same layers).
+
+    An all-to-all is a synchronizing collective: NCCL runs it as grouped point-to-point
+    sends and receives with every peer (ncclGroupStart, ncclSend / ncclRecv per peer,
+    ncclGroupEnd: NCCL docs "Point-to-point communication", all-to-all), so a rank's
+    all-to-all ends only once every peer has reached it and sent its part. Megatron-Core's
+    MoEAlltoAllTokenDispatcher (and the executor, executor/moe.py) runs two per MoE layer
+    and pass (dispatch before the expert GEMMs, combine after; their gradients in the
+    backward), and the peers run the same passes in the same order, so from one
+    all-to-all to the next every peer waits for the slowest: a faster GPU's pass takes as
+    long as the slowest peer's (its embedding and head too, which run between one pass's
+    last all-to-all and the next's first), the difference spent waiting in the
+    all-to-alls (`ep_s` of its layers: exposed expert-parallel communication). Peers of
+    one GPU type and placement cost alike and wait for nothing."""
+    n = cost.num_layers
+    fwd = max(c.forward.total_s for c in peers) - cost.forward.total_s
+    bwd = max(c.backward.total_s for c in peers) - cost.backward.total_s
+    if n == 0 or fwd <= 0 and bwd <= 0:
+        return cost
+    paced = object.__new__(StageCost)
+    paced.__dict__.update({k: v for k, v in cost.__dict__.items() if k not in _PASS_SUMS})
+    paced.__dict__.update(layer_forward=cost.layer_forward + Part(ep_s=max(0.0, fwd) / n),
+                          layer_backward=cost.layer_backward + Part(ep_s=max(0.0, bwd) / n))
+    _ = paced.forward_s, paced.backward_s, paced.weight_grad_s
+    return paced
+
+
+def _paced_plan(costs: list[list[StageCost]], representative: list[int],
+                specs: Sequence[Sequence[StageSpec]]) -> tuple[list[list[StageCost]], list[int]]:
+    """Every replica's stages waiting for their slowest ep peers (`ep_paced`), and each
+    replica's representative again (replicas that cost alike but wait for unlike peers
+    differ now). Identical replicas wait for nothing: skipped."""
+    peers = ep_peers(specs) if len(set(representative)) > 1 else None
+    if peers is None:
+        return costs, representative
+    seen: dict[tuple, int] = {}
+    paced: list[list[StageCost]] = []
+    again: list[int] = []
+    for pi, row in enumerate(peers):
+        # who it waits for: its own kind and its peers' kinds, position by position
+        key = (representative[pi], tuple(tuple(sorted({representative[q] for q in group}))
+                                         for group in row))
+        rep = seen.setdefault(key, pi)
+        again.append(rep)
+        if rep != pi:
+            paced.append([_clone(c, pipeline=pi) for c in paced[rep]])
+            continue
+        paced.append([ep_paced(c, [costs[q][k] for q in row[k]])
+                      for k, c in enumerate(costs[pi])])
+    return paced, again
 
 
 _DERIVED_CACHES: list[Callable[[], None]] = []

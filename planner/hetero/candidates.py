@@ -9,6 +9,11 @@ stage position's data-parallel group holds the same parameters):
 * **mixed replicas** (Zorse's mixed-GPU data parallelism): replicas of different types,
   each a homogeneous pipeline of pp stages; the global batch's micro-batches are split
   across the unlike replicas so they finish together (`split.batch_split_fast`).
+
+An MoE model's template may split its routed experts over ep replicas (`Template.ep`):
+each stage position's replicas, in GPU order, form groups of ep that trade tokens
+(`StageSpec.ep_group`). Ep peers run the same passes (every replica the same
+micro-batches) and each waits for its slowest peer (`ep_paced`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from planner.costs.stages import (
     StageCost,
     StageSpec,
     apply_sharding,
+    ep_paced,
     group_signature,
     pass_key,
     placement,
@@ -58,6 +64,7 @@ class Template:
 
     family: str  # mixed-stages | mixed-replicas | homogeneous
     replicas: tuple[tuple[Slot, ...], ...]
+    ep: int = 1  # MoE: routed experts split over groups of ep replicas (expert tp = tp)
 
     @property
     def pp(self) -> int:
@@ -114,7 +121,8 @@ class Priced:
         training = Training(global_batch_size=self.mbs * sum(self.microbatches),
                             seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]  # dtype checked by the search request
                             schedule=self.schedule,
-                            sequence_parallel=self.template.sequence_parallel)
+                            sequence_parallel=self.template.sequence_parallel,
+                            ep=self.template.ep)
         plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
                     sharding=self.sharding, stage_sharding=self.stage_sharding, kernels=kernels)
         plan.check("plan")
@@ -168,6 +176,8 @@ class _Layout:
     replica_kinds: tuple[int, ...]  # representative replica of each distinct replica
     kind_of_replica: tuple[int, ...]  # per replica, its representative
     positions: dict[int, tuple[int, ...]]  # representative replica -> stage kind per position
+    # ep > 1: [replica][position] -> the replicas of its ep group there (`_ep_peers`)
+    ep_peers: tuple[tuple[tuple[int, ...], ...], ...] | None = None
 
     @property
     def kinds(self) -> set[int]:
@@ -185,6 +195,7 @@ def _layout(ctx: _Context, t: Template, devices: Sequence[Sequence[tuple[int, ..
     cluster = ctx.cluster
     groups = ([tuple(devices[r][k][0] for r in range(t.dp)) for k in range(t.pp)]
               if t.dp > 1 else None)
+    peers = _ep_peers(t, groups)
     signatures: dict[tuple, int] = memo.setdefault("dp_signatures", {})
     dp_token = ([signatures.setdefault(group_signature(cluster, g), len(signatures))
                  for g in groups] if groups is not None else None)
@@ -196,16 +207,21 @@ def _layout(ctx: _Context, t: Template, devices: Sequence[Sequence[tuple[int, ..
     representative = []
     rows: dict[tuple, tuple[int, ...]] = {}  # placement pattern -> stage kinds
     for r, rep_slots in enumerate(t.replicas):
-        pattern = _pattern(cluster, devices[r])
+        # where its ep peers are, stage by stage, counted from each stage's first GPU
+        ep_places = (None if peers is None or groups is None else
+                     tuple(placement(cluster, [groups[k][q] for q in peers[r][k]],
+                                     devices[r][k][0]) for k in range(t.pp)))
+        pattern = (_pattern(cluster, devices[r]), ep_places)
         if pattern not in rows:
-            passes = _pass_row(ctx, rep_slots, pattern, devices[r], memo)
+            passes = _pass_row(ctx, rep_slots, pattern, devices[r], groups, memo, ep=t.ep)
             concurrency = sum(len(stage) for stage in devices[r])
             tokens = (dp_token if dp_token is not None else
                       [signatures.setdefault(group_signature(cluster, (stage[0],)),
                                              len(signatures)) for stage in devices[r]])
             keys = [(pk, tokens[k], concurrency) for k, pk in enumerate(passes)]
             if any(key not in kind_of for key in keys):
-                new = replica_specs(cluster, _placed_stages(ctx, rep_slots, devices[r], memo),
+                new = replica_specs(cluster, _placed_stages(ctx, rep_slots, devices[r], memo,
+                                                            ep=t.ep),
                                     groups=groups, shardings=[Sharding()] * t.pp)
                 for key, spec in zip(keys, new, strict=True):
                     if key not in kind_of:
@@ -217,42 +233,63 @@ def _layout(ctx: _Context, t: Template, devices: Sequence[Sequence[tuple[int, ..
         representative.append(rep)
         positions.setdefault(rep, rows[pattern])
     return _Layout(tuple(tuple(d) for d in devices), tuple(positions), tuple(representative),
-                   positions)
+                   positions, peers)
+
+
+def _ep_peers(t: Template, groups: Sequence[tuple[int, ...]] | None
+              ) -> tuple[tuple[tuple[int, ...], ...], ...] | None:
+    """[replica][position] -> the replicas of its ep group there: the position's replicas
+    in GPU order of their first GPU, in consecutive groups of ep (`StageSpec.ep_group`,
+    `ep_peers`; a template's stages hold one expert rank each: cp 1, expert tp = tp)."""
+    if t.ep == 1 or groups is None:
+        return None
+    rows: list[list[tuple[int, ...]]] = [[] for _ in range(t.dp)]
+    for group in groups:
+        order = sorted(range(t.dp), key=lambda r: group[r])
+        for i, r in enumerate(order):
+            start = i // t.ep * t.ep
+            rows[r].append(tuple(sorted(order[start:start + t.ep])))
+    return tuple(tuple(row) for row in rows)
 
 
 def _placed_stages(ctx: _Context, rep_slots: Sequence[Slot],
-                   replica: Sequence[tuple[int, ...]], memo: dict) -> list[PlacedStage]:
+                   replica: Sequence[tuple[int, ...]], memo: dict, *, ep: int
+                   ) -> list[PlacedStage]:
     """A replica's stages at one layer each, with each GPU type's attention kernel."""
     kernel: dict[str, Attention] = memo.setdefault("attention", {})
     for gpu, _ in rep_slots:
         if gpu not in kernel:
             kernel[gpu] = attention_for(ctx.cluster.device_of(gpu), ctx.dtype, ctx.attention)
     return [PlacedStage(devices=replica[k], tp=tp, cp=1, num_layers=1,
-                        recompute=Recompute.NONE, attention=kernel[gpu])
+                        recompute=Recompute.NONE, attention=kernel[gpu], ep=ep)
             for k, (gpu, tp) in enumerate(rep_slots)]
 
 
 def _pass_row(ctx: _Context, rep_slots: Sequence[Slot], pattern: tuple,
-              replica: Sequence[tuple[int, ...]], memo: dict) -> tuple[int, ...]:
+              replica: Sequence[tuple[int, ...]], groups: Sequence[tuple[int, ...]] | None,
+              memo: dict, *, ep: int) -> tuple[int, ...]:
     """The pass kind (`pass_key`, numbered) of each stage of a replica. A stage's pass key
     follows from its slot, its position (first, last, of how many), where its own GPUs
-    are counted from its first and where the next stage's first GPU is (the links of its
-    groups: `group_signature`), so stages of any replica and template that agree in
-    these share it."""
+    are counted from its first, where the next stage's first GPU is and, with ep > 1,
+    where its ep peers are (the links of its groups: `group_signature`), so stages of
+    any replica and template that agree in these share it."""
     pass_of: dict[tuple, int] = memo.setdefault("pass_ids", {})
     stage_ids: dict[tuple, int] = memo.setdefault("stage_pass_ids", {})
+    own, ep_places = pattern
     pp = len(rep_slots)
     row: list[int] = []
     specs: tuple[StageSpec, ...] | None = None
     for k, slot in enumerate(rep_slots):
-        (_, n0, l0), nxt = pattern[k][0], pattern[(k + 1) % pp][0]
+        (_, n0, l0), nxt = own[k][0], own[(k + 1) % pp][0]
         key = (slot, k == 0, k == pp - 1, pp,
-               tuple((g, n - n0, loc - l0) for g, n, loc in pattern[k]),
-               None if pp == 1 else (nxt[0], nxt[1] - n0, nxt[2] - l0))
+               tuple((g, n - n0, loc - l0) for g, n, loc in own[k]),
+               None if pp == 1 else (nxt[0], nxt[1] - n0, nxt[2] - l0),
+               ep, None if ep_places is None else ep_places[k])
         if key not in stage_ids:
             if specs is None:
-                specs = replica_specs(ctx.cluster, _placed_stages(ctx, rep_slots, replica, memo),
-                                      groups=None, shardings=[Sharding()] * pp)
+                specs = replica_specs(ctx.cluster, _placed_stages(ctx, rep_slots, replica,
+                                                                  memo, ep=ep),
+                                      groups=groups, shardings=[Sharding()] * pp)
             stage_ids[key] = pass_of.setdefault(pass_key(ctx.cluster, specs[k]), len(pass_of))
         row.append(stage_ids[key])
     return tuple(row)
@@ -430,13 +467,29 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *,
         microbatches = _split_batch(template, lay, costs, total, schedule)
         if microbatches is None:
             return None
-    finish = {(q, mb): pipeline_time(costs[q], num_microbatches=mb, virtual_stages=1,
+    rows, row_of = _paced(lay, costs)
+    finish = {(q, mb): pipeline_time(rows[q], num_microbatches=mb, virtual_stages=1,
                                      schedule=schedule)[0]
-              for q, mb in set(zip(lay.kind_of_replica, microbatches, strict=True))}
-    times = [finish[(q, mb)] for q, mb in zip(lay.kind_of_replica, microbatches, strict=True)]
+              for q, mb in set(zip(row_of, microbatches, strict=True))}
+    times = [finish[(q, mb)] for q, mb in zip(row_of, microbatches, strict=True)]
     return Priced(template, mbs, recompute, sharding, tuple(layers), tuple(microbatches),
                   lay.devices, max(times), fits, schedule,
                   tuple(per_stage) if len(set(per_stage)) > 1 else None, attention)
+
+
+def _paced(lay: _Layout, costs: dict[int, list[StageCost]]
+           ) -> tuple[dict, Sequence[object]]:
+    """Each replica's stage costs as it runs them, by key, and each replica's key: its
+    representative's (`costs`), or with ep > 1 waiting at each position for the slowest
+    of its ep peers (`ep_paced`), keyed by its representative and its peers'."""
+    if lay.ep_peers is None:
+        return costs, lay.kind_of_replica
+    keys = [(lay.kind_of_replica[r], tuple(tuple(sorted({lay.kind_of_replica[q] for q in group}))
+                                           for group in row))
+            for r, row in enumerate(lay.ep_peers)]
+    rows = {key: [ep_paced(c, [costs[q][k] for q in key[1][k]])
+                  for k, c in enumerate(costs[key[0]])] for key in set(keys)}
+    return rows, keys
 
 
 def _split_layers(pr: _Pricing, t: Template, recompute: Recompute, sharding: Sharding,
@@ -518,7 +571,11 @@ def _placed(ctx: _Context, t: Template, pools: dict[str, list[Pool]], memo: dict
 
 def _split_batch(t: Template, lay: _Layout, costs: dict[int, list[StageCost]],
                  total: int, schedule: Schedule) -> list[int] | None:
-    if len(lay.replica_kinds) == 1:
+    """Micro-batches per replica: so that unlike replicas finish together, or evenly
+    where they are alike or, with ep > 1, trade tokens in every pass (ep peers run the
+    same passes: Megatron-Core's and the executor's ep groups pair their all-to-alls
+    micro-batch by micro-batch)."""
+    if len(lay.replica_kinds) == 1 or t.ep > 1:
         if total % t.dp:
             return None
         return [total // t.dp] * t.dp

@@ -11,8 +11,9 @@ the fastest GPU type alone, the best heterogeneous template with layers (or micr
 split uniformly, and with them split in proportion to throughput (Metis/Zorse heuristic).
 
 What is searched is data, `MixedSpace` (template families, tp per type, schedules,
-recompute, sharding patterns, per-stage sharding); `MixedSpace.for_framework` narrows it to
-what a training framework runs (none of it, for a framework that runs one GPU type).
+recompute, sharding patterns, per-stage sharding, expert-parallel degrees);
+`MixedSpace.for_framework` narrows it to what a training framework runs (none of it, for
+a framework that runs one GPU type).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.costs.kernels import attention_for
 from planner.costs.stages import PlacedStage, RunSettings, StageSpec, unsharded_cost
@@ -61,7 +62,9 @@ class MixedSpace:
     may take, whether unlike types may differ in tp (in one pipeline: `per_stage_tp`;
     between replicas: also `unlike_replicas`), the schedules (1F1B is branched on, ZB-H1
     is a variant of the leaders), recompute modes, sharding patterns over (P, G, OS), and
-    whether stage positions may shard differently (the leaders' AMSP-per-stage variant)."""
+    whether stage positions may shard differently (the leaders' AMSP-per-stage variant),
+    and for an MoE model the expert-parallel degrees (ep groups of replicas: ep divides
+    the replicas) with the framework's limits on them."""
 
     families: tuple[str, ...] = FAMILIES
     tp: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -73,6 +76,12 @@ class MixedSpace:
     sharding_with_pp: tuple[ShardPattern, ...] | None = None  # replaces it where pp > 1
     per_stage_sharding: bool = True
     why_none: str = ""  # when `families` is empty: what the framework lacks
+    ep: tuple[int, ...] = (1,)  # expert-parallel degrees (MoE models)
+    # with ep > 1: the schedules and recompute modes the framework runs (None: any), and
+    # whether each sharding degree must be at most ep or a multiple of it
+    ep_schedules: tuple[Schedule, ...] | None = None
+    ep_recompute: tuple[Recompute, ...] | None = None
+    ep_sharding_multiple: bool = False
 
     @classmethod
     def for_framework(cls, caps: FrameworkCapabilities,
@@ -96,7 +105,7 @@ class MixedSpace:
                          and caps.sequence_parallel != "never"
                          and (model is None or not model.is_moe
                               or (caps.moe_sequence_parallel and caps.moe_expert_tp)))
-        return cls(
+        space = cls(
             families=FAMILIES if "pp" in caps.parallelisms else ("mixed-replicas",),
             tp=cls.tp if split_tensors else (1,), per_stage_tp=caps.per_stage_tp,
             unlike_replicas=caps.unlike_replicas,
@@ -104,6 +113,18 @@ class MixedSpace:
             recompute=tuple(r for r in Recompute if r in caps.recompute),
             sharding=caps.sharding, sharding_with_pp=caps.sharding_with_pp,
             per_stage_sharding=caps.per_stage_sharding)
+        if model is None or not model.is_moe or "ep" not in caps.parallelisms:
+            return space
+        # every power-of-two ep that divides the experts, within the framework's limits
+        experts = model.num_experts
+        return replace(
+            space, ep=tuple(1 << i for i in range(experts.bit_length())
+                            if not experts % (1 << i)),
+            ep_schedules=None if caps.ep_schedules is None
+            else tuple(s for s in Schedule if s in caps.ep_schedules),
+            ep_recompute=None if caps.ep_recompute is None
+            else tuple(r for r in Recompute if r in caps.ep_recompute),
+            ep_sharding_multiple=caps.ep_sharding_multiple)
 
     def tp_allowed(self, family: str, tps: tuple[int, ...]) -> bool:
         """Whether unlike types may take tps `tps` (one per type) in a `family` template."""
@@ -111,18 +132,30 @@ class MixedSpace:
             return True
         return self.per_stage_tp and (family == "mixed-stages" or self.unlike_replicas)
 
-    def shardings(self, dp: int, pp: int) -> tuple[list[Sharding], list[Sharding]]:
-        """The shardings searched for `dp` replicas of `pp` stages among replicated,
-        ZeRO-1, 2, 3 that the patterns allow: the cheap ones (replicated, ZeRO-1) and the
-        rest."""
+    def shardings(self, dp: int, pp: int, ep: int = 1) -> tuple[list[Sharding], list[Sharding]]:
+        """The shardings searched for `dp` replicas of `pp` stages (ep groups of `ep`)
+        among replicated, ZeRO-1, 2, 3 that the patterns allow: the cheap ones
+        (replicated, ZeRO-1) and the rest."""
         patterns = self.sharding_with_pp if pp > 1 and self.sharding_with_pp else self.sharding
+        whole = self.ep_sharding_multiple and ep > 1  # expert states in whole ep groups
 
         def ok(sh: Sharding) -> bool:
-            return any(matches_pattern((sh.params, sh.grads, sh.optim), p, dp)
-                       for p in patterns)
+            sizes = (sh.params, sh.grads, sh.optim)
+            return (any(matches_pattern(sizes, p, dp) for p in patterns)
+                    and not (whole and any(n > ep and n % ep for n in sizes)))
 
         options = sharding_options(dp)
         return [sh for sh in options[:2] if ok(sh)], [sh for sh in options[2:] if ok(sh)]
+
+    def recompute_for(self, ep: int) -> tuple[Recompute, ...]:
+        """The recompute modes searched with expert-parallel degree `ep`."""
+        if ep == 1 or self.ep_recompute is None:
+            return self.recompute
+        return tuple(r for r in self.recompute if r in self.ep_recompute)
+
+    def schedule_allowed(self, schedule: Schedule, ep: int) -> bool:
+        return schedule in self.schedules and (ep == 1 or self.ep_schedules is None
+                                               or schedule in self.ep_schedules)
 
 
 @dataclass(frozen=True)
@@ -156,7 +189,19 @@ def templates(model: ModelSpec, pools: dict[str, list[Pool]], gbs: int,
                 units = {g: total[g] // t for g, t in zip(subset, tp, strict=True)}
                 for family in space.families:
                     if space.tp_allowed(family, tp):
-                        yield from families[family](subset, tp, units, layers, gbs)
+                        for t in families[family](subset, tp, units, layers, gbs):
+                            yield from _with_ep(t, space.ep, gbs)
+
+
+def _with_ep(t: Template, degrees: tuple[int, ...], gbs: int) -> Iterator[Template]:
+    """`t` at each expert-parallel degree that groups its replicas whole (ep divides the
+    replicas: ep groups of data-parallel ranks) and lets every replica run the same
+    micro-batches (ep peers trade tokens in every pass)."""
+    for ep in degrees:
+        if ep == 1:
+            yield t
+        elif t.dp % ep == 0 and gbs % t.dp == 0:
+            yield replace(t, ep=ep)
 
 
 def _mixed_stages(subset: tuple[str, ...], tp: tuple[int, ...], units: dict[str, int],
@@ -225,7 +270,7 @@ def lower_bound_s(model: ModelSpec, cluster: ClusterSpec, t: Template, *, gbs: i
             if rep not in per_replica:
                 times = [_layer_time_s(model, cluster, slot, mbs=mbs, seq_len=seq_len,
                                        dtype=dtype, kernels=kernels, profiles=profiles,
-                                       attention=attention)
+                                       attention=attention, ep=t.ep)
                          for slot in rep]
                 b = layers / sum(1.0 / x for x in times)
                 per_replica[rep] = (b, min(times))
@@ -239,15 +284,17 @@ def lower_bound_s(model: ModelSpec, cluster: ClusterSpec, t: Template, *, gbs: i
 @functools.cache
 def _layer_time_s(model: ModelSpec, cluster: ClusterSpec, slot: tuple[str, int], *, mbs: int,
                   seq_len: int, dtype: str, kernels: Kernels, profiles: Profiles | None,
-                  attention: Attention | None) -> float:
+                  attention: Attention | None, ep: int = 1) -> float:
     """One layer's forward and backward on `slot` (tp ranks inside one node of its type,
-    nothing recomputed), as the cost builder prices a middle stage's layer."""
+    nothing recomputed), as the cost builder prices a middle stage's layer; with ep > 1
+    its E/ep local experts' GEMMs and no all-to-all (a stage alone: no peers to trade
+    with, nor to wait for), which the placed stage only adds to."""
     gpu, tp = slot
     first = next(s.index for s in cluster.slots if cluster.node_groups[s.group].gpu == gpu)
     dev = cluster.node_groups[cluster.slots[first].group].device
     placed = PlacedStage(devices=tuple(range(first, first + tp)), tp=tp, cp=1, num_layers=1,
                          recompute=Recompute.NONE,
-                         attention=attention_for(dev, dtype, attention))
+                         attention=attention_for(dev, dtype, attention), ep=ep)
     spec = StageSpec(device=dev,
                      placed=placed, index=1, pp=3, next_device=None, dp_group=(first,),
                      concurrency=tp, sharding=Sharding())
@@ -355,12 +402,13 @@ def _price_one(model: ModelSpec, cluster: ClusterSpec, t: Template, mbs: int, rc
 def _variants(space: MixedSpace, t: Template) -> list[tuple[Schedule, list[Sharding]]]:
     """(schedule, sharding options per stage position) of a leader's variants: ZB-H1 alone,
     then AMSP per stage position under 1F1B and ZB-H1, as far as `space` allows."""
-    cheap, rest = space.shardings(t.dp, t.pp)
+    cheap, rest = space.shardings(t.dp, t.pp, t.ep)
     options = cheap + rest if t.dp > 1 and space.per_stage_sharding else []
     zb, one = Schedule.ZB_H1, Schedule.ONE_F_ONE_B
     wanted: list[tuple[Schedule, list[Sharding]]] = [(zb, [])]
     wanted += [(one, options), (zb, options)] * (len(options) > 0)
-    return [(schedule, relax) for schedule, relax in wanted if schedule in space.schedules]
+    return [(schedule, relax) for schedule, relax in wanted
+            if space.schedule_allowed(schedule, t.ep)]
 
 
 def _cheapest_fitting(t: Template, mbs: int, space: MixedSpace, price_fn: Callable
@@ -370,9 +418,9 @@ def _cheapest_fitting(t: Template, mbs: int, space: MixedSpace, price_fn: Callab
     ZeRO-2/3 (of those `space` holds). Once one fits, the costlier ones can only be slower
     (they add recomputation or communication to save memory that is not needed), so they
     are skipped."""
-    for rc in space.recompute:  # cheapest first
+    for rc in space.recompute_for(t.ep):  # cheapest first
         fitted = False
-        for shardings in space.shardings(t.dp, t.pp):
+        for shardings in space.shardings(t.dp, t.pp, t.ep):
             for sh in shardings:
                 p = price_fn(mbs, rc, sh)
                 fitted = fitted or (p is not None and p.fits)

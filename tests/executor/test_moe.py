@@ -19,7 +19,7 @@ from planner.costs.memory import model_state_bytes, rank_expert_param_count  # n
 from planner.specs.model import preset  # noqa: E402
 from planner.specs.plan import Sharding  # noqa: E402
 from profiler.schema import SpecError  # noqa: E402
-from tests.executor.distributed import TEST_LR, homogeneous, run_forked  # noqa: E402
+from tests.executor.distributed import TEST_LR, explicit, homogeneous, run_forked  # noqa: E402
 
 MOE = preset("debug-tiny-moe")
 # A sigmoid router (DeepSeek-V3), a shared expert and a capacity factor that drops tokens.
@@ -27,6 +27,32 @@ VARIANT = replace(MOE, router="sigmoid", num_shared_experts=1, capacity_factor=1
 # Four layers, the first dense, then MoE every other layer (first_k_dense 1, freq 2).
 SPARSE = replace(MOE, num_layers=4, first_k_dense=1, moe_layer_freq=2)
 STEPS, RTOL = 5, 1e-5
+DEEP = replace(MOE, num_layers=4)
+
+
+def _with_ep(plan, ep: int):
+    """`plan` (from `explicit`) with its experts split over ep replicas."""
+    plan = replace(plan, training=replace(plan.training, ep=ep))
+    plan.check("plan")
+    return plan
+
+
+def _mixed_stages_ep2():
+    """As a mixed-stages search writes them (planner/hetero): two replicas of two stages
+    split 3 + 1 layers, placed out of GPU order (replica 0 on GPUs 1 and 2, replica 1 on
+    0 and 3), so the ep group of each position is its replicas in GPU order."""
+    return _with_ep(explicit(DEEP, world=4, pipelines=[
+        (1, 4, [(0, 3, [1], 1, "none"), (3, 4, [2], 1, "selective")]),
+        (1, 4, [(0, 3, [0], 1, "none"), (3, 4, [3], 1, "selective")])]), 2)
+
+
+def _mixed_replicas_ep2():
+    """Four one-stage replicas on GPUs 2, 0, 3, 1: the ep groups are GPUs {0, 1} and
+    {2, 3}, i.e. replicas {1, 3} and {0, 2}, with ZeRO-1 over the 4 replicas (expert
+    states over 2)."""
+    return _with_ep(explicit(MOE, world=4, sharding=Sharding(optim=4), pipelines=[
+        (2, 1, [(0, 2, [d], 1, "none")]) for d in (2, 0, 3, 1)]), 2)
+
 
 PLANS = {
     "moe-1rank": lambda: homogeneous(MOE, world=1, mbs=2, gbs=8),
@@ -46,6 +72,9 @@ PLANS = {
     "moe-dp2xtp2-ep2": lambda: homogeneous(MOE, world=4, dp=2, tp=2, etp=1, ep=2, mbs=2,
                                            gbs=8),
     "moe-variant-dp2-ep2": lambda: homogeneous(VARIANT, world=2, dp=2, ep=2, mbs=2, gbs=8),
+    # mixed plans' shapes (replicas placed out of GPU order, uneven stages)
+    "moe-mixed-stages-ep2": _mixed_stages_ep2,
+    "moe-mixed-replicas-ep2": _mixed_replicas_ep2,
 }
 
 
@@ -187,3 +216,15 @@ def test_ep_in_16_bits_matches_one_process(dtype, tmp_path):
                            learning_rate=TEST_LR, dtype=dtype, micro_batches=[2, 2, 2, 2])
     worst = max(abs(a - b) / b for a, b in zip(metrics["losses"], ref, strict=True))
     assert worst < 1e-4, (metrics["losses"], ref)
+
+
+def test_ep_with_mixed_tp_at_a_stage_position_is_refused():
+    """An ep group is tp rank t of a stage position in ep replicas, and a mixed-tp
+    position sums whole gradients without an expert bucket (executor/mixed_tp.py): with
+    ep > 1 every replica takes one tp at a position."""
+    plan = explicit(MOE, world=3, pipelines=[(2, 2, [(0, 2, [0], 1, "none")]),
+                                             (2, 2, [(0, 2, [1, 2], 2, "none")])])
+    plan = replace(plan, training=replace(plan.training, ep=2, etp=1))
+    plan.check("plan")
+    with pytest.raises(SpecError, match=r"same tp at a stage position"):
+        check_runnable(plan, cuda_devices=0)

@@ -66,3 +66,22 @@ def test_mixed_tp_positions_sum_over_all_their_ranks():
         (1, 2, [(0, 1, [0], 1, "none"), (1, 2, [1], 1, "none")]),
         (1, 2, [(0, 1, [2, 3], 2, "none"), (1, 2, [4, 5], 2, "none")])])
     assert Topology.of(tied).embedding_pairs(tied) == [(0, 1), (2, 4), (3, 5)]
+
+
+def test_the_planner_prices_the_ep_groups_the_executor_forms():
+    """With ep > 1 the cost model's ep group of each stage (planner/costs/stages.py
+    `StageSpec.ep_group`, whose links price the all-to-alls) is the executor's group of
+    that rank, GPU for GPU, also where a mixed plan places replicas out of GPU order (the
+    old rule, the first ep replicas in pipeline order, gave replica 0 of the mixed
+    replicas plan GPUs (2, 0) instead of its group (2, 3))."""
+    from planner.costs.stages import plan_costs
+    from tests.executor.test_moe import MOE, _mixed_replicas_ep2, _mixed_stages_ep2
+
+    plans = [_mixed_stages_ep2(), _mixed_replicas_ep2(),
+             homogeneous(MOE, world=8, dp=8, ep=4, mbs=1, gbs=8)]
+    for plan in plans:
+        topo, specs = Topology.of(plan), plan_costs(plan).specs
+        for rank, role in enumerate(topo.roles):
+            executor = tuple(topo.roles[r].device for r in topo.ep_group(plan, rank))
+            assert specs[role.pipeline][role.stage].ep_group == executor
+    assert plan_costs(plans[1]).specs[0][0].ep_group == (2, 3)

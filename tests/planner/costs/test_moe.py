@@ -211,3 +211,51 @@ def test_fake_balanced_routing_sends_a_token_to_one_node():
     comms = [c for c in layer_work(preset("deepseek-v3"), shape).forward if isinstance(c, Comm)
              and c.axis == "ep"]
     assert comms and all(c.consecutive for c in comms)
+
+
+def _two_types_plan(ep):
+    """Mixtral as two one-GPU replicas, one on an A100 and one on a V100 (one DGX node
+    of each on one InfiniBand fabric): a mixed-replicas plan."""
+    from planner.specs.cluster import ClusterSpec, NodeGroup
+    from planner.specs.plan import Kernels, Pipeline, Plan, Stage, Training
+
+    cluster = ClusterSpec(name="a100+v100", node_groups=(
+        NodeGroup(name="a", gpu="A100-80GB-SXM", num_nodes=1, island="ib"),
+        NodeGroup(name="v", gpu="V100-32GB-SXM2", num_nodes=1, island="ib"))).resolved()
+    pipelines = tuple(Pipeline(stages=(Stage(layers=(0, MIXTRAL.num_layers), devices=(gpu,),
+                                             tp=1),), micro_batch_size=1, num_microbatches=4)
+                      for gpu in (0, 8))
+    plan = Plan(model=MIXTRAL, cluster=cluster, pipelines=pipelines,
+                training=Training(global_batch_size=8, seq_len=4096, dtype="fp16", ep=ep),
+                kernels=Kernels(attention="math"))
+    plan.check("plan")
+    return plan
+
+
+def test_a_mixed_ep_group_crosses_its_slowest_link_and_waits_for_its_slowest_peer():
+    # The ep group is the two replicas' GPUs (Megatron-Core / executor/topology.py: the
+    # data-parallel ranks in rank order, in groups of ep), in two nodes: the all-to-all
+    # crosses the NICs, priced on the network tier (nccl-tests alltoall bus bandwidth).
+    # An all-to-all is synchronizing (NCCL runs it as grouped send/recv with every peer):
+    # the A100's layer ends with the V100's, the difference spent waiting in it (ep_s).
+    from planner.costs.comm import group_tiers
+    from planner.costs.stages import stage_cost
+
+    plan = _two_types_plan(ep=2)
+    alone, paired = plan_costs(_two_types_plan(ep=1)), plan_costs(plan)
+    a100, v100 = paired.costs[0][0], paired.costs[1][0]
+    own = stage_cost(MIXTRAL, plan.cluster, paired.specs[0][0], paired.runs[0])  # not waiting
+    assert paired.specs[0][0].ep_group == paired.specs[1][0].ep_group == (0, 8)
+    assert [t.name for t in group_tiers(plan.cluster, (0, 8))] == ["network"]
+    assert a100.device == "A100-80GB-SXM" and v100.device == "V100-32GB-SXM2"
+    # without ep the A100 runs at its own pace; with it, at the V100's: each pass as long
+    # (its embedding and head included), the wait in its layers' all-to-alls
+    assert alone.costs[0][0].forward_s < 0.8 * alone.costs[1][0].forward_s
+    for pass_s, part in (("forward_s", "layer_forward"), ("backward_s", "layer_backward")):
+        assert getattr(a100, pass_s) == pytest.approx(getattr(v100, pass_s), rel=1e-12)
+        fast, slow, mine = getattr(a100, part), getattr(v100, part), getattr(own, part)
+        assert fast.compute_s == mine.compute_s < 0.8 * slow.compute_s  # its own work
+        assert mine.ep_s > 0  # the all-to-alls themselves
+        wait = (getattr(v100, pass_s) - getattr(own, pass_s)) / MIXTRAL.num_layers
+        assert fast.ep_s == pytest.approx(mine.ep_s + wait, rel=1e-9)
+    assert paired.representative == [0, 1]

@@ -138,6 +138,49 @@ def mixed_candidate_is_its_plan(model, cluster, data):
     assert math.isclose(p.iteration_s, estimate(plan).iteration_time_s, rel_tol=EXACT)
 
 
+@st.composite
+def moe_models(draw: st.DrawFn) -> ModelSpec:
+    """MoE variants of `models` (SwiGLU experts, top-k routing, dense layers first)."""
+    from dataclasses import replace
+
+    base = draw(models())
+    experts = draw(st.sampled_from((4, 8, 16)))
+    return replace(base, activation="swiglu", norm="rmsnorm", num_experts=experts,
+                   experts_per_token=draw(st.sampled_from((1, 2))),
+                   expert_ffn_hidden_size=base.hidden_size * draw(st.sampled_from((1, 2))),
+                   first_k_dense=draw(st.sampled_from((0, 1))) if base.num_layers > 2 else 0)
+
+
+def mixed_moe_candidate_is_its_plan(model, cluster, data):
+    """With expert parallelism over unlike replicas (ep groups in GPU order, each stage
+    waiting for its slowest ep peer), the heterogeneous pricing = estimate() of the Plan."""
+    from dataclasses import replace
+
+    from planner.export.frameworks import CAPABILITIES
+    from planner.hetero.search import MixedSpace
+
+    space = replace(MixedSpace.for_framework(CAPABILITIES["trainplan"], model),
+                    tp=(1, 2))  # expert tp = tp where tp > 1 (other frameworks' MoE)
+    pools = pools_by_type(cluster)
+    found = [t for t in templates(model, pools, 64, space) if t.ep > 1]
+    assume(found)
+    t = data.draw(st.sampled_from(found))
+    mbs = data.draw(st.sampled_from((1, 2)))
+    gbs = mbs * t.dp * data.draw(st.integers(1, 4))
+    options = [Sharding(), Sharding(optim=t.dp), Sharding(grads=t.dp, optim=t.dp)]
+    kernels = default_kernels([g.device for g in cluster.node_groups])
+    p = price(model, cluster, t, pools=pools, mbs=mbs,
+              recompute=data.draw(st.sampled_from((Recompute.NONE, Recompute.SELECTIVE))),
+              sharding=data.draw(st.sampled_from(options)), seq_len=model.seq_len,
+              dtype="fp16", gbs=gbs, kernels=kernels,
+              relax=options if data.draw(st.booleans()) else ())
+    assume(p is not None)
+    assert len(set(p.microbatches)) == 1  # ep peers run the same passes
+    plan = p.plan(model, cluster, seq_len=model.seq_len, dtype="fp16", kernels=kernels)
+    assert plan.training.ep == t.ep
+    assert math.isclose(p.iteration_s, estimate(plan).iteration_time_s, rel_tol=EXACT)
+
+
 def _check_written(found, tmp_path):
     for i, r in enumerate(found.ranked):
         assert math.isclose(r.estimate_s, estimate(r.plan).iteration_time_s, rel_tol=EXACT)
@@ -176,11 +219,15 @@ SEARCHES = given(model=models(), types=st.integers(1, 2), data=st.data())
 test_a_homogeneous_candidate_is_priced_as_its_plan = examples(300)(
     HOMOGENEOUS(homogeneous_candidate_is_its_plan))
 test_a_mixed_candidate_is_priced_as_its_plan = examples(300)(MIXED(mixed_candidate_is_its_plan))
+MIXED_MOE = given(model=moe_models(), cluster=clusters(types=2), data=st.data())
+test_a_mixed_moe_candidate_is_priced_as_its_plan = examples(150)(
+    MIXED_MOE(mixed_moe_candidate_is_its_plan))
 test_the_search_writes_what_it_ranked = examples(60)(SEARCHES(search_writes_what_it_ranked))
 # The long run (python -m pytest -m fuzz): not in `make test`.
 test_long_homogeneous = pytest.mark.fuzz(examples(3000)(
     HOMOGENEOUS(homogeneous_candidate_is_its_plan)))
 test_long_mixed = pytest.mark.fuzz(examples(3000)(MIXED(mixed_candidate_is_its_plan)))
+test_long_mixed_moe = pytest.mark.fuzz(examples(1500)(MIXED_MOE(mixed_moe_candidate_is_its_plan)))
 test_long_searches = pytest.mark.fuzz(examples(400)(SEARCHES(search_writes_what_it_ranked)))
 
 
