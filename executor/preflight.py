@@ -9,7 +9,7 @@ once, the batch adds up); these are the executor's own limits and this host's.
 from __future__ import annotations
 
 from planner.costs.kernels import supported_attention
-from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, Recompute
+from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, DType, Recompute
 from planner.specs.plan import Plan
 from profiler.schema import at, fail
 
@@ -217,10 +217,16 @@ def _check_moe(plan: Plan, where: str) -> None:
 
 
 def _check_comm(plan: Plan, where: str) -> None:
-    """The executor communicates as Megatron-LM does (`Communication`'s defaults):
-    non-blocking pipeline sends, gradients reduced in fp32. Other settings describe
-    other frameworks for prediction."""
-    comm = plan.training.comm
+    """The executor communicates and keeps its states as Megatron-LM does
+    (`Communication`'s defaults): non-blocking pipeline sends, gradients reduced in fp32,
+    fp32 master weights beside 16-bit ones (executor/precision.py). Other settings
+    describe other frameworks for prediction."""
+    tr = plan.training
+    if not tr.master_weights and DType(tr.dtype).master_weights:
+        fail(at(where, "training.master_weights"), False,
+             "true (the executor keeps fp32 master weights, gradients and Adam moments "
+             "beside the 16-bit weights)")
+    comm = tr.comm
     if comm.pipeline_p2p.blocks_compute:
         fail(at(where, "training.comm.pipeline_p2p"), comm.pipeline_p2p,
              "the executor's pipeline sends are non-blocking (batched)")

@@ -13,7 +13,8 @@ where tp > 1 (Megatron-Core requires it with MoE), the distributed optimizer (Ze
 or FSDP (ZeRO-3) where the source says so (NeMo AutoModel, Megatron-FSDP), an expert tp
 of 1 where the source states it (or where the layout needs it: ep above dp x cp), DeepEP's dispatch where the source names it, balanced
 routing (load_imbalance 1, as the NVIDIA
-benchmarks force it), the embedding and the loss counted as layers of the pipeline split
+benchmarks force it), 16-bit model states without an fp32 master copy where the note says
+so (NeMo AutoModel's bf16 models with torch.optim.Adam), the embedding and the loss counted as layers of the pipeline split
 where the note names Megatron's --account-for-embedding-in-pipeline-split /
 --account-for-loss-in-pipeline-split. A row whose recompute is not stated tries none, selective and
 full; the fastest plan that fits is the prediction.
@@ -151,7 +152,8 @@ def _plans(r: dict[str, str], model: ModelSpec) -> tuple[Plan, ...]:
             tr = plan.training
             comm = replace(tr.comm, moe_dispatcher=_dispatcher(r), moe_routing=_routing(r))
             plans.append(replace(plan, training=replace(
-                tr, comm=comm, pipeline_flushes=_flushes(r, dp * int(r["cp"])))))
+                tr, comm=comm, pipeline_flushes=_flushes(r, dp * int(r["cp"])),
+                master_weights=_master_weights(r))))
     return tuple(plans)
 
 
@@ -178,6 +180,14 @@ def _flushes(r: dict[str, str], replicas: int) -> int:
     if not local or not r["framework"].startswith("NeMo AutoModel"):
         return 1
     return max(1, int(r["gbs"]) // (replicas * int(local.group(1))))
+
+
+def _master_weights(r: dict[str, str]) -> bool:
+    """fp32 master weights, gradients and Adam moments (Megatron's mixed precision), except
+    where the note says the states are 16-bit with no master copy: NeMo AutoModel builds
+    its MoE models in config.torch_dtype (bf16) and its benchmark configs train them with
+    torch.optim.Adam (sources in the rows' notes)."""
+    return "no fp32 master" not in r["note"]
 
 
 def _dispatcher(r: dict[str, str]) -> Literal["alltoall", "deepep"]:

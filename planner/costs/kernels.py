@@ -80,7 +80,8 @@ def _optimizer_s(plan: Plan, profile: Profile, implementation: str) -> float | N
     params = rank_param_count(plan.model, num_layers=stage.num_layers, first=True,
                               last=pp == 1, tp=stage.tp, pp=pp) / plan.sharding_of(0).optim
     op = optimizer_work(params, dtype=plan.training.dtype, implementation=implementation,
-                        num_tensors=max(1, 6 * stage.num_layers))
+                        num_tensors=max(1, 6 * stage.num_layers),
+                        master_weights=plan.training.master_weights)
     return measured_op_time_s(profile, op)
 
 

@@ -3,8 +3,10 @@
 Model states (Rajbhandari et al. 2020, ZeRO; Chen et al. 2023, AMSP): mixed-precision
 training keeps 16-bit weights, fp32 gradients (Megatron accumulates main grads in fp32)
 and an fp32 master copy plus Adam's two moments: 2 + 4 + 12 = 18 bytes per parameter,
-which reproduces Korthikanti et al. 2022 Figure 1. Parameters, gradients and optimizer
-states are each divided by their own sharding group size.
+which reproduces Korthikanti et al. 2022 Figure 1. Without master weights
+(`Training.master_weights` false: the optimizer updates the 16-bit weights) gradients and
+moments are 16-bit too: 2 + 2 + 4 = 8 bytes. Parameters, gradients and optimizer states
+are each divided by their own sharding group size.
 
 Activations (Korthikanti et al. 2022 §4): per layer and micro-batch from the workload's
 saved tensors; times the layers a rank holds and the micro-batches in flight under the
@@ -171,13 +173,14 @@ def in_flight_chunks(*, schedule: Schedule, stage: int, pp: int, num_microbatche
 
 def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: Sharding,
                       tp: int, pp: int, expert_params: float = 0.0,
-                      ep: int = 1, etp: int | None = None
+                      ep: int = 1, etp: int | None = None, master_weights: bool = True
                       ) -> tuple[float, float, float, float]:
     """(parameters, gradients, optimizer states, gathered-parameter buffers) in bytes on one
     rank holding `params` parameters: 16-bit weights (fp32 when training in fp32), fp32
     gradients, fp32 master weights (mixed precision) and Adam's two moments, each divided
-    by its sharding group; sharded parameters need the layer in use and the next one
-    gathered. FP8 training (Transformer Engine, fp8_model_params off) also caches each
+    by its sharding group (without `master_weights`: no master copy, and gradients and
+    moments in the weights' dtype, `DType.state_bytes`); sharded parameters need the
+    layer in use and the next one gathered. FP8 training (Transformer Engine, fp8_model_params off) also caches each
     weight's FP8 cast and its transpose for the backward: 2 bytes per parameter held
     whole, beside the bf16 weights.
 
@@ -191,7 +194,8 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     max(1, S x tp / (ep x etp)) ranks (S = 1: replicated, as the dense states)."""
     dt = DType(dtype)
     low = dt.element_bytes + (2 if dt is DType.FP8 else 0)
-    master = 4 if dt.master_weights else 0
+    master = 4 if dt.keeps_master(master_weights) else 0
+    state = dt.state_bytes(master_weights)  # each of: gradient, Adam's m, Adam's v
     gathered = 0.0
     if sharding.params > 1:
         layer = rank_param_count(model, num_layers=1, first=False, last=False, tp=tp, pp=pp,
@@ -203,8 +207,8 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
         peers = size * tp / (ep * (etp or tp)) if size > 1 else 1.0
         return dense / size + expert_params / max(1.0, peers)
 
-    return (split(sharding.params) * low, split(sharding.grads) * 4,
-            split(sharding.optim) * (master + 8), gathered)
+    return (split(sharding.params) * low, split(sharding.grads) * state,
+            split(sharding.optim) * (master + 2 * state), gathered)
 
 
 def activation_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
@@ -234,7 +238,8 @@ def activation_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadSh
 
 def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
                  num_layers: int, first: bool, last: bool, pp: int, recompute: Recompute,
-                 sharding: Sharding, layers_in_flight: float) -> StageMemory:
+                 sharding: Sharding, layers_in_flight: float,
+                 master_weights: bool = True) -> StageMemory:
     """Peak memory of one rank of a stage holding activations of `layers_in_flight`
     layer-micro-batches at its peak: `activation_memory` with the stage's model states."""
     params = rank_param_count(model, num_layers=num_layers, first=first, last=last,
@@ -243,7 +248,7 @@ def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
                                       ep=shape.ep)
     states = model_state_bytes(model, params=params, dtype=shape.dtype, sharding=sharding,
                                tp=shape.tp, pp=pp, expert_params=experts, ep=shape.ep,
-                               etp=shape.etp)
+                               etp=shape.etp, master_weights=master_weights)
     return activation_memory(model, device=device, shape=shape, num_layers=num_layers,
                              last=last, recompute=recompute,
                              layers_in_flight=layers_in_flight).with_states(*states)

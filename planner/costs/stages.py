@@ -186,6 +186,9 @@ class RunSettings:
     # schedules the micro-batches run as, each with its fill and drain (Training.
     # pipeline_flushes): a stage holds at most one schedule's micro-batches
     pipeline_flushes: int = 1
+    # fp32 master weights, gradients and Adam moments beside 16-bit weights (Training.
+    # master_weights); false: the optimizer updates the 16-bit weights, states alike
+    master_weights: bool = True
 
     def __post_init__(self) -> None:
         coerce_choices(self)
@@ -787,14 +790,16 @@ class ShardingTerms:
 
 
 def sharding_states(model: ModelSpec, spec: StageSpec, dtype: str, sharding: Sharding,
-                    num_params: float) -> tuple[float, float, float, float]:
+                    num_params: float, *, master_weights: bool = True
+                    ) -> tuple[float, float, float, float]:
     """Model-state bytes (params, grads, optimizer, gathered) of a stage holding
-    `num_params` parameters per rank, sharded as `sharding`."""
+    `num_params` parameters per rank, sharded as `sharding` (`master_weights`: as
+    `RunSettings.master_weights`)."""
     p = spec.placed
     experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep)
     return model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
                              tp=p.tp, pp=spec.pp, expert_params=experts, ep=p.ep,
-                             etp=p.expert_tp)
+                             etp=p.expert_tp, master_weights=master_weights)
 
 
 def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings,
@@ -808,9 +813,11 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
                    profiles, comm=run.comm, units=shard_units(spec))
     opt = optimizer_work(num_params / sharding.optim, dtype=dtype,
                          implementation=run.kernels.optimizer,
-                         num_tensors=max(1, 6 * spec.placed.num_layers))
+                         num_tensors=max(1, 6 * spec.placed.num_layers),
+                         master_weights=run.master_weights)
     return ShardingTerms(sync, _compute_costs(spec.device, dtype, profiles).time_s(opt),
-                         sharding_states(model, spec, dtype, sharding, num_params))
+                         sharding_states(model, spec, dtype, sharding, num_params,
+                                         master_weights=run.master_weights))
 
 
 def apply_sharding(cost: StageCost, terms: ShardingTerms) -> StageCost:
@@ -853,7 +860,8 @@ def plan_runs(plan: Plan) -> list[RunSettings]:
                         sequence_parallel=tr.sequence_parallel, schedule=tr.schedule,
                         virtual_stages=tr.virtual_stages, kernels=plan.kernels, comm=tr.comm,
                         recompute_modules=tr.recompute_modules,
-                        pipeline_flushes=tr.pipeline_flushes)
+                        pipeline_flushes=tr.pipeline_flushes,
+                        master_weights=tr.master_weights)
             for p in plan.pipelines]
 
 
@@ -1039,7 +1047,8 @@ def _stage_ops(model: ModelSpec, spec: StageSpec, run: RunSettings) -> list[Op]:
     params = stage_params(model, spec)
     items.append(optimizer_work(params / spec.sharding.optim, dtype=run.dtype,
                                 implementation=run.kernels.optimizer,
-                                num_tensors=max(1, 6 * spec.placed.num_layers)))
+                                num_tensors=max(1, 6 * spec.placed.num_layers),
+                                master_weights=run.master_weights))
     return [op for op in items if isinstance(op, Op)]
 
 

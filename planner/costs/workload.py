@@ -550,16 +550,23 @@ def _hidden_state_loss(n: int, h: int, elem: int, norm: Op, gather: tuple[Comm, 
 
 
 def optimizer_work(num_params: float, *, dtype: str, implementation: str = "fused",
-                   num_tensors: int = 1) -> Op:
+                   num_tensors: int = 1, master_weights: bool = True) -> Op:
     """One optimizer step over `num_params` local parameters, as Megatron-LM's
     mixed-precision optimizer runs it: unscale the fp32 gradients and check them for
     inf/NaN (read 4 B), take their norm for clipping (read 4 B), AdamW (read grad, master
     weight, m, v; write master, m, v: 28 B), copy the master weight into the 16-bit model
-    weight (write 2 B) and zero the gradient buffer (write 4 B)."""
-    low = DType(dtype).element_bytes
-    master = 4 if DType(dtype).master_weights else 0
-    adam = 4 + (master + 4 + 4) * 2
-    per_param = 4 + 4 + adam + (low if master else 0) + 4
+    weight (write 2 B) and zero the gradient buffer (write 4 B). Without master weights
+    (`Training.master_weights` false) the same passes read and write the 16-bit weights,
+    gradients and moments (`DType.state_bytes`: 2 + 2 + 14 + 2 = 20 B in bf16) and
+    nothing is copied back."""
+    dt = DType(dtype)
+    low, state = dt.element_bytes, dt.state_bytes(master_weights)
+    master = dt.keeps_master(master_weights)
+    # the weight AdamW updates: the fp32 master, or the 16-bit weight itself; fp32 training
+    # is priced as before this setting, without its weight's own read and write
+    weight = 4 if master else (low if dt.master_weights else 0)
+    adam = state + (weight + 2 * state) * 2
+    per_param = state + state + adam + (low if master else 0) + state
     kernels = {"fused": 4, "foreach": max(4, num_tensors // 16), "for_loop": 8 * num_tensors}
     return Op("optimizer.adamw", "optimizer", 14.0 * num_params, float(per_param * num_params),
               (int(num_params),), kernels[implementation], variant=implementation)

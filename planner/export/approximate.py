@@ -1,7 +1,7 @@
 """The nearest plan a framework expresses (`plan export --approximate`).
 
 Only settings change: the schedule (and the schedules per step), interleaving, sequence parallelism, model-state
-sharding, recompute, the layer split, dtype and the attention kernel. The GPUs, the
+sharding (and fp32 master weights), recompute, the layer split, dtype and the attention kernel. The GPUs, the
 replicas and their batch shares stay, so a plan whose structure the framework lacks
 (mixed GPU types, unlike replicas, tp per stage, context parallelism it does not have)
 has no approximation here: that needs a new search for the framework.
@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from planner.export.frameworks import FrameworkCapabilities, matches_pattern, plan_shape
-from planner.specs.choices import Recompute
+from planner.specs.choices import DType, Recompute
 from planner.specs.layout import split_layers
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Training
 from profiler.kernels import Attention
@@ -28,7 +28,8 @@ def nearest(plan: Plan, caps: FrameworkCapabilities) -> tuple[Plan, list[str]]:
     """The nearest plan `caps` can express, and one line per change (the plan itself and
     no lines when nothing needs to change; check the result with `unsupported`)."""
     changes: list[str] = []
-    for step in (_schedule, _sequence_parallel, _sharding, _recompute, _even_split, _kernels):
+    for step in (_schedule, _sequence_parallel, _master_weights, _sharding, _recompute,
+                 _even_split, _kernels):
         plan = step(plan, caps, changes)
     plan.check("plan")
     return plan, changes
@@ -72,6 +73,16 @@ def _candidates(caps: FrameworkCapabilities, dp: int, pp: int) -> list[Sharding]
                 if any(matches_pattern((p, g, o), pat, dp) for pat in patterns):
                     out.append(Sharding(params=p, grads=g, optim=o))
     return out
+
+
+def _master_weights(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:
+    """16-bit states without an fp32 master copy -> the framework's mixed precision (more
+    memory per parameter: 18 bytes instead of 8, `costs/memory.model_state_bytes`)."""
+    tr = plan.training
+    if tr.master_weights or not DType(tr.dtype).master_weights or caps.without_master_weights:
+        return plan
+    changes.append("no fp32 master weights -> fp32 master weights, gradients and Adam moments")
+    return _training(plan, master_weights=True)
 
 
 def _sharding(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:

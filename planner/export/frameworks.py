@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from planner.specs.choices import Recompute, RecomputeModule, Schedule
+from planner.specs.choices import DType, Recompute, RecomputeModule, Schedule
 from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Plan
 
@@ -73,6 +73,9 @@ class FrameworkCapabilities:
     # the embedding / loss taking a layer's place in an interleaved chunk (Training.
     # embedding_in_pipeline_split, loss_in_pipeline_split with vp > 1)
     pipeline_split_slots: bool = True
+    # 16-bit training whose optimizer updates the 16-bit weights themselves, gradients and
+    # Adam moments alike, with no fp32 master copy (Training.master_weights false)
+    without_master_weights: bool = False
     notes: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -103,6 +106,10 @@ _MEGATRON = FrameworkCapabilities(
         "(--num-distributed-optimizer-instances N)",
         "attention memory_efficient": "--attention-backend has flash, fused (cuDNN), unfused "
         "and local; no memory-efficient (xformers-style) kernel",
+        "master weights": "Megatron-Core's mixed-precision optimizer keeps main parameters "
+        "beside the 16-bit weights (OptimizerConfig.main_params_dtype, fp32 or with "
+        "--use-precision-aware-optimizer fp16; that option lowers main grads and Adam "
+        "moments, not the copy away)",
     },
 )
 
@@ -137,6 +144,8 @@ _DEEPSPEED = FrameworkCapabilities(
         "tp with pp": "AutoTP (tensor_parallel.autotp_size) is documented with ZeRO data "
         "parallelism, not with the pipeline engine; tp with pp needs Megatron-DeepSpeed",
         "uneven stages": "PipelineModule(partition_method='uniform') balances layer counts",
+        "master weights": "DeepSpeed's bf16 / fp16 optimizers (BF16_Optimizer, ZeRO) keep "
+        "fp32 master weights and Adam moments",
     },
 )
 
@@ -167,6 +176,8 @@ _TORCHTITAN = FrameworkCapabilities(
         "recompute selective": "torchtitan's selective modes (op-level SAC keeps matmul and "
         "attention outputs; layer-level checkpoints every Nth layer) are not the selective "
         "recompute of Korthikanti et al. 2022 that the plan was priced with",
+        "master weights": "torchtitan builds its models in fp32 and computes in bf16 "
+        "through FSDP2's MixedPrecisionPolicy (mixed_precision_param)",
     },
 )
 
@@ -195,7 +206,9 @@ _TRAINPLAN = FrameworkCapabilities(
            "recompute modules": "the executor's selective recomputation re-runs the "
            "attention core (executor/model.py)",
            "ep": "the executor's ep groups are data-parallel ranks (folding tp or cp into "
-           "ep is not implemented)"},
+           "ep is not implemented)",
+           "master weights": "the executor keeps fp32 master weights and reduces fp32 "
+           "gradients (executor/precision.py)"},
 )
 
 CAPABILITIES: dict[str, FrameworkCapabilities] = {
@@ -458,4 +471,8 @@ def _precision_and_kernels(plan: Plan, caps: FrameworkCapabilities) -> list[str]
     if attention not in caps.attention:
         out.append(f"attention kernel {attention}: {caps.version} has "
                    f"{', '.join(sorted(caps.attention))}{_note(caps, f'attention {attention}')}")
+    if (DType(dtype).master_weights and not plan.training.master_weights
+            and not caps.without_master_weights):
+        out.append(f"no fp32 master weights (training.master_weights false): {caps.version} "
+                   f"updates an fp32 copy{_note(caps, 'master weights')}")
     return out

@@ -142,6 +142,18 @@ class DType(StrEnum):
     def master_weights(self) -> bool:
         """Mixed precision keeps an fp32 copy of the weights for the optimizer."""
         return self.storage is not DType.FP32
+
+    def keeps_master(self, master_weights: bool) -> bool:
+        """Whether the optimizer updates an fp32 master copy: 16-bit training with
+        `Training.master_weights` on (fp32 training updates its weights directly)."""
+        return master_weights and self.master_weights
+
+    def state_bytes(self, master_weights: bool) -> int:
+        """Bytes per element of the gradients and of each Adam moment the optimizer keeps:
+        fp32 beside a master copy (Megatron's main grads, Micikevicius et al. 2018), else
+        the dtype of the weights it updates (PyTorch's Adam allocates its moments with
+        zeros_like(param), and a parameter's gradient takes its dtype)."""
+        return 4 if self.keeps_master(master_weights) else self.element_bytes
 class PipelineP2P(StrEnum):
     """How a framework moves activations and their gradients between pipeline stages.
 

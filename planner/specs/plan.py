@@ -182,6 +182,13 @@ class Training:
     virtual_stages: int = spec_field(default=1, min=1, max=1024,
                                      help="interleaved chunks per stage (vp)")
     optimizer: Literal["adamw"] = "adamw"
+    master_weights: bool = spec_field(
+        default=True, help="16-bit training keeps fp32 master weights, fp32 gradients and "
+        "fp32 Adam moments beside the 16-bit weights (Megatron, DeepSpeed: 18 bytes per "
+        "parameter); false: the optimizer updates the 16-bit weights themselves, and their "
+        "gradients and Adam moments take the same dtype (8 bytes; NeMo AutoModel builds its "
+        "models in config.torch_dtype and trains them with torch.optim.Adam). fp32 training "
+        "has no master copy either way")
     comm: Communication = Communication()
     ep: int = spec_field(default=1, min=1, max=MAX_GPUS,
                          help="expert parallel: each MoE layer's routed experts split over "
@@ -458,7 +465,8 @@ def describe_layout(plan: Plan) -> str:
             f"{f' vp {tr.virtual_stages}' if tr.virtual_stages > 1 else ''}"
             f"{', sequence parallel' if tr.sequence_parallel else ''}, recompute "
             f"{p0.stages[0].recompute}, {plan.sharding_label}, "
-            f"{k.attention} attention, {k.optimizer} AdamW")
+            f"{k.attention} attention, {k.optimizer} AdamW"
+            f"{'' if tr.master_weights else ' without fp32 master weights'}")
 
 
 def plan_to_dict(plan: Plan) -> dict:

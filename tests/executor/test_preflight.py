@@ -184,3 +184,18 @@ def test_one_pipeline_schedule_per_step():
     flushed = replace(plan, training=replace(plan.training, pipeline_flushes=2))
     _refused(flushed, r"training.pipeline_flushes: 2 is not allowed \(1 \(the executor runs "
              r"a step's micro-batches as one schedule\)\)")
+
+
+def test_master_weights_are_kept():
+    """A bf16 plan without fp32 master weights (`training.master_weights` false, NeMo
+    AutoModel's pure-bf16 states) is refused: the executor keeps fp32 masters
+    (executor/precision.py). In fp32 the setting changes nothing and runs."""
+    from dataclasses import replace
+
+    plan = homogeneous(SMALL, world=2, dp=2, mbs=1, gbs=2)
+    check_runnable(plan, cuda_devices=0)
+    bf16 = replace(plan, training=replace(plan.training, dtype="bf16", master_weights=False))
+    _refused(bf16, r"training.master_weights: False is not allowed \(true \(the executor "
+             r"keeps fp32 master weights")
+    fp32 = replace(plan, training=replace(plan.training, dtype="fp32", master_weights=False))
+    check_runnable(fp32, cuda_devices=0)

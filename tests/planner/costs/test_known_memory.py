@@ -1,7 +1,9 @@
 """No false "does not fit", no false "fits": configurations known to have run must fit,
 ones known to have run out of memory must not (planner/data/validation/known_memory.csv;
-each row names its source: torchtitan's and llm-foundry's published benchmark tables,
-Korthikanti et al. 2022, and GitHub issues with the exact configuration and the OOM)."""
+each row names its source: torchtitan's, llm-foundry's and NeMo AutoModel's published
+benchmark tables, Korthikanti et al. 2022, and GitHub issues with the exact configuration
+and the OOM). A row naming a `preset` takes that model (an MoE one: its experts split over
+`ep`); `master_weights` 0 trains without fp32 master weights (`Training.master_weights`)."""
 
 import csv
 import dataclasses
@@ -13,7 +15,7 @@ from planner.costs.stages import plan_costs
 from planner.specs.choices import Recompute, ShardingPreset
 from planner.specs.cluster import ClusterSpec, NodeGroup
 from planner.specs.layout import ParallelConfig, homogeneous_plan, sharding_preset
-from planner.specs.model import ModelSpec
+from planner.specs.model import ModelSpec, preset
 from planner.specs.plan import Kernels
 from profiler.devices import device
 
@@ -38,21 +40,31 @@ def _cluster(gpu: str, count: int) -> ClusterSpec:
         nic="infiniband", nics_per_node=8, nic_bandwidth_gbit_per_s=400),)).resolved()
 
 
+def _model(r: dict) -> ModelSpec:
+    if r["preset"]:
+        return dataclasses.replace(preset(r["preset"]), seq_len=int(r["seq"]))
+    return ModelSpec(name=r["model"], num_layers=int(r["layers"]), hidden_size=int(r["hidden"]),
+                     num_heads=int(r["heads"]), num_kv_heads=int(r["kv_heads"]),
+                     ffn_hidden_size=int(r["ffn"]), vocab_size=int(r["vocab"]),
+                     seq_len=int(r["seq"]), activation=r["activation"], norm=r["norm"],
+                     position_embedding=r["position"], tied_embeddings=r["tied"] == "1",
+                     dropout=r["dropout"] == "1")
+
+
 def _peak(r: dict) -> tuple[float, float]:
     """(predicted peak GiB of the fullest rank, its capacity GiB)."""
-    m = ModelSpec(name=r["model"], num_layers=int(r["layers"]), hidden_size=int(r["hidden"]),
-                  num_heads=int(r["heads"]), num_kv_heads=int(r["kv_heads"]),
-                  ffn_hidden_size=int(r["ffn"]), vocab_size=int(r["vocab"]),
-                  seq_len=int(r["seq"]), activation=r["activation"], norm=r["norm"],
-                  position_embedding=r["position"], tied_embeddings=r["tied"] == "1",
-                  dropout=r["dropout"] == "1")
+    m = _model(r)
     dp, tp = int(r["dp"]), int(r["tp"])
     cfg = ParallelConfig(tp=tp, pp=int(r["pp"]), dp=dp, mbs=int(r["mbs"]), gbs=int(r["gbs"]),
                          seq_len=m.seq_len, recompute=Recompute(r["recompute"]),
                          sequence_parallel=tp > 1, dtype=r["dtype"],
-                         sharding=sharding_preset(ShardingPreset(r["sharding"]), dp))
+                         sharding=sharding_preset(ShardingPreset(r["sharding"]), dp),
+                         ep=int(r["ep"] or 1))
     plan = homogeneous_plan(m, _cluster(r["gpu"], int(r["gpus"])), cfg,
                             kernels=Kernels(attention=r["attention"]))
+    if r["master_weights"] == "0":
+        plan = dataclasses.replace(plan, training=dataclasses.replace(
+            plan.training, master_weights=False))
     worst = max((c.memory for pc in plan_costs(plan).costs for c in pc),
                 key=lambda mem: mem.total_bytes)
     return worst.total_bytes / GIB, worst.capacity_bytes / GIB

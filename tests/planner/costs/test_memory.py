@@ -67,3 +67,28 @@ def test_in_flight(schedule, stage, expect):
     got = in_flight_chunks(schedule=schedule, stage=stage, pp=4, num_microbatches=16,
                            virtual_stages=vp)
     assert got == (11 if schedule.startswith("interleaved") else expect)
+
+
+def test_without_master_weights_states_are_sixteen_bit():
+    """`Training.master_weights` false: no fp32 master copy, and gradients and Adam's two
+    moments take the weights' dtype (PyTorch's Adam allocates its state with
+    zeros_like(param); a parameter's gradient has its dtype; FSDP2 casts reduced gradients
+    back to the sharded parameter's dtype, torch _fsdp_collectives.foreach_reduce): 2 + 2 +
+    4 = 8 bytes per bf16 parameter, against mixed precision's 2 + 4 + 12 = 18 (NeMo
+    AutoModel builds its MoE models in bf16 and trains them with torch.optim.Adam)."""
+    m = preset("llama2-7b")
+    kw = dict(device=device("A100-80GB-SXM"), num_layers=32, first=True, last=True, pp=1,
+              recompute="full", layers_in_flight=32, sharding=Sharding(optim=8))
+    bf16 = WorkloadShape(micro_batch_size=1, seq_len=4096, dtype="bf16")
+    mixed = stage_memory(m, shape=bf16, **kw)
+    pure = stage_memory(m, shape=bf16, master_weights=False, **kw)
+    n = m.num_params()
+    assert pure.params_bytes == pytest.approx(mixed.params_bytes) == pytest.approx(2 * n, rel=1e-3)
+    assert pure.grads_bytes == pytest.approx(2 * n, rel=1e-3)
+    assert mixed.grads_bytes == pytest.approx(4 * n, rel=1e-3)
+    assert pure.optimizer_bytes == pytest.approx(4 * n / 8, rel=1e-3)  # m, v in bf16, sharded
+    assert mixed.optimizer_bytes == pytest.approx(12 * n / 8, rel=1e-3)
+    # fp32 training has no master copy either way: 4 + 4 + 8 = 16 bytes
+    fp32 = WorkloadShape(micro_batch_size=1, seq_len=4096, dtype="fp32")
+    assert (stage_memory(m, shape=fp32, master_weights=False, **kw).model_states_bytes
+            == pytest.approx(stage_memory(m, shape=fp32, **kw).model_states_bytes))

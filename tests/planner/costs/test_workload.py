@@ -81,3 +81,22 @@ def test_tp_collectives_per_layer():
         w = layer_work(m, WorkloadShape(micro_batch_size=1, seq_len=2048, tp=8, sequence_parallel=sp))
         got = sorted(c.kind for c in (*w.forward, *w.backward) if not isinstance(c, Op))
         assert got == sorted(kinds)
+
+
+def test_optimizer_step_traffic_follows_the_state_dtype():
+    """Bytes an AdamW step moves per parameter (`optimizer_work`): Megatron-LM's mixed
+    precision reads the fp32 gradient to unscale and check it (4), for its norm (4), then
+    AdamW reads gradient, master weight, m, v and writes the last three (28), copies the
+    master into the bf16 weight (2) and zeroes the gradient (4): 42. Without master
+    weights the same passes run over bf16 gradient, weight and moments (2 + 2 + 14 + 2) and
+    nothing is copied back: 20 (PyTorch's Adam updating bf16 parameters in place)."""
+    from planner.costs.workload import optimizer_work
+
+    mixed = optimizer_work(1e6, dtype="bf16")
+    pure = optimizer_work(1e6, dtype="bf16", master_weights=False)
+    assert mixed.bytes == pytest.approx(42e6)
+    assert pure.bytes == pytest.approx(20e6)
+    assert pure.flops == mixed.flops
+    # fp32 training: the setting changes nothing
+    assert (optimizer_work(1e6, dtype="fp32", master_weights=False).bytes
+            == optimizer_work(1e6, dtype="fp32").bytes)

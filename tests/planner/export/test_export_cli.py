@@ -229,3 +229,26 @@ def test_several_pipeline_schedules_per_step_are_not_exported_as_priced():
         near, changes = nearest(flushed, CAPABILITIES[fmt])
         assert near.training.pipeline_flushes == 1
         assert "2 pipeline schedules per step -> 1" in changes
+
+
+def test_states_without_master_weights_are_not_exported_as_priced():
+    """16-bit weights, gradients and Adam moments with no fp32 master copy (`training.
+    master_weights` false): Megatron-Core, DeepSpeed, torchtitan and the executor keep an
+    fp32 copy, so every exporter lists it and --approximate restores the master weights
+    (more memory: the change is named)."""
+    from dataclasses import replace
+
+    from planner.export.approximate import nearest
+    from planner.specs.cluster import parse_gpus_arg
+    from planner.specs.layout import ParallelConfig, homogeneous_plan
+
+    plan = homogeneous_plan(preset("gpt3-1.3b"), parse_gpus_arg("A100-80GB-SXM:4"),
+                            ParallelConfig(dp=4, mbs=1, gbs=16, seq_len=2048, dtype="bf16"))
+    pure = replace(plan, training=replace(plan.training, master_weights=False))
+    for fmt in CAPABILITIES:
+        assert not any("master" in line for line in unsupported(plan, CAPABILITIES[fmt])), fmt
+        assert any("no fp32 master weights" in line
+                   for line in unsupported(pure, CAPABILITIES[fmt])), fmt
+        near, changes = nearest(pure, CAPABILITIES[fmt])
+        assert near.training.master_weights
+        assert any("fp32 master weights" in c for c in changes), changes

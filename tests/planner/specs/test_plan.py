@@ -233,3 +233,22 @@ def test_a_plan_built_in_code_checks_its_training_settings():
     with pytest.raises(SpecError, match=r"plan.training.virtual_stages: 2 is not allowed "
                        r"\(> 1 exactly when schedule is interleaved-1f1b\)"):
         bad.check("plan")
+
+
+def test_master_weights_round_trip_and_are_described(tmp_path):
+    """`training.master_weights` (default true: Megatron's fp32 master weights, gradients
+    and Adam moments) is read from and written to plan files, and a plan without them
+    says so in its one-line layout."""
+    from planner.specs.plan import describe_layout
+
+    plan = _homogeneous()
+    assert plan.training.master_weights and "master" not in describe_layout(plan)
+    pure = dataclasses.replace(plan, training=dataclasses.replace(plan.training,
+                                                                  master_weights=False))
+    path = str(tmp_path / "plan.yaml")
+    save_plan(pure, path)
+    assert load_plan(path) == pure
+    assert describe_layout(pure).endswith("without fp32 master weights")
+    data = plan_to_dict(plan)
+    data["training"].pop("master_weights")
+    assert plan_from_dict(data).training.master_weights  # older files: the default
