@@ -89,7 +89,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--sequence-parallel", action="store_true")
     sim.add_argument("--moe-dispatcher", choices=("alltoall", "deepep"),
                      help="MoE token dispatch: NCCL all-to-all (default, Megatron's alltoall "
-                     "dispatcher) or DeepEP (a token crosses the network once per node)")
+                     "dispatcher) or DeepEP (a token goes once to each rank, and over the "
+                     "network once to each node, holding one of its experts)")
     sim.add_argument("--schedule", choices=values(Schedule.chosen()),
                      help="pipeline schedule, default 1f1b (with --vp > 1: interleaved 1F1B; zb-h1: "
                      "zero-bubble ZB-H1, Qi et al. 2024, needs --pp > 1 and --vp 1)")

@@ -50,7 +50,7 @@ from profiler.store import Profiles
 
 __all__ = ["ALGORITHMS", "COMM_SOURCE", "PROTOCOLS", "Choice", "Tier", "clear_comm_caches",
            "Transfer", "collective_choices", "collective_time_s", "dispatch_time_s", "group_tiers",
-           "measured_collective_s"]
+           "holders_reached", "measured_collective_s"]
 
 COMM_SOURCE = ("NCCL's cost model (2.20.3: ring/tree, LL/LL128/Simple) over the cluster's links "
                "(profiler/data/nccl.yaml, links.yaml)")
@@ -409,32 +409,54 @@ def _model_time_s(kind: str, size_bytes: float, tiers: tuple[Tier, ...]) -> floa
     raise ValueError(f"unknown collective {kind!r}")
 
 
+def holders_reached(experts: int, holders: int, top_k: int, *, consecutive: bool = False
+                    ) -> float:
+    """The expected number of `holders` (ranks or nodes, E/holders experts each, in order)
+    holding at least one of a token's `top_k` of `experts` experts. Experts drawn as at
+    random (a learned router's spread; Megatron's --moe-router-force-load-balancing draws
+    random scores): holders x (1 - C(E - E/holders, k) / C(E, k)), a holder missing all k
+    with that probability. `consecutive` (NeMo AutoModel's FakeBalancedGate,
+    components/moe/layers.py: `arange(tokens * k).view(-1, k) % E`, token i takes experts
+    ik .. ik+k-1 mod E): a window of k experts starting at offset ik mod E/holders in its
+    first holder spans ceil((offset + k) / (E/holders)) holders; the offsets run over the
+    multiples of gcd(k, E/holders), equally often."""
+    if holders <= 1:
+        return float(holders)
+    per = experts // holders
+    if consecutive:
+        step = math.gcd(top_k, per)
+        spans = [min(holders, -(-(offset + top_k) // per)) for offset in range(0, per, step)]
+        return sum(spans) / len(spans)
+    return holders * (1 - math.comb(experts - per, top_k) / math.comb(experts, top_k))
+
+
 @cache
 def dispatch_time_s(size_bytes: float, tiers: tuple[Tier, ...], *, top_k: int,
                     experts: int, consecutive: bool = False) -> float:
-    """MoE token dispatch (or combine) as DeepEP runs it (deepseek-ai/DeepEP README;
-    DeepSeek-V3 report §3.2.2): `size_bytes` = a rank's token copies (tokens x top_k x
-    hidden); each token crosses the network once per other node holding one of its
-    experts, then NVLink forwards it to the GPUs there. With the experts spread evenly
-    over N nodes, a node holds none of a token's top-k with probability
-    C(E - E/N, k) / C(E, k). With `consecutive` routing (NeMo AutoModel's FakeBalancedGate:
-    token i takes experts ik .. ik+k-1 mod E) a token's experts span ceil(k / (E/N))
-    nodes, another node's for (N-1)/N of the tokens. Every copy crosses NVLink once; the
-    two run at once."""
+    """MoE token dispatch (or combine) as DeepEP runs it (deepseek-ai/DeepEP
+    deep_ep/buffer.py `dispatch`: `is_token_in_rank [num_tokens, num_ranks]`,
+    `num_tokens_per_rdma_rank`; `combine` reduces a rank's expert outputs of a token before
+    sending it back; DeepSeek-V3 report §3.2.2). `size_bytes` = a rank's token copies
+    (tokens x top_k x hidden), as Megatron's all-to-all dispatcher sends them, one per
+    routed expert; DeepEP sends a token once to each rank holding one or more of its
+    experts (`holders_reached` of the group's ranks), not once per expert. Within one node
+    that is all NVLink, to the other ranks reached (n-1)/n of them. Across nodes a token
+    crosses the network once per other node holding one of its experts, to the GPU of its
+    own local index there, which forwards it over NVLink to the ranks of that node it is
+    for (the source GPU does so for its own node): NVLink carries each rank reached but
+    the forwarder, (local-1)/local of them. The two run at once."""
     n = math.prod(t.fanout for t in tiers)
     if n <= 1:
         return 0.0
     local = tiers[0].fanout if tiers[0].name == "node" and len(tiers) > 1 else n
     nodes = n // local
+    token_bytes = size_bytes / top_k
+    ranks = holders_reached(experts, n, top_k, consecutive=consecutive)
+    nvlink = token_bytes * ranks * (local - 1) / local
     if nodes == 1:
-        return _model_time_s("all_to_all", size_bytes, tiers)
-    per_node = experts // nodes
-    if consecutive:
-        network = size_bytes / top_k * math.ceil(top_k / per_node) * (nodes - 1) / nodes
-    else:
-        miss = math.comb(experts - per_node, top_k) / math.comb(experts, top_k)
-        network = size_bytes / top_k * (nodes - 1) * (1 - miss)
-    nvlink = size_bytes * (n - 1) / n
+        return _send_s(nvlink, tiers)
+    network = (token_bytes * holders_reached(experts, nodes, top_k, consecutive=consecutive)
+               * (nodes - 1) / nodes)
     return max(_send_s(nvlink, tiers[:1]), _send_s(network, tiers))
 
 

@@ -63,8 +63,9 @@ class Comm:
     kind: CommKind
     bytes: float
     axis: Axis
-    # MoE dispatch / combine sent DeepEP's way: once per node holding one of a token's
-    # `top_k` of `experts` experts (0: a plain all-to-all)
+    # MoE dispatch / combine sent DeepEP's way: a token once to each rank (and over the
+    # network once to each node) holding one of its `top_k` of `experts` experts, not once
+    # per expert (`comm.dispatch_time_s`; 0: a plain all-to-all of every copy)
     top_k: int = 0
     experts: int = 0
     consecutive: bool = False  # a token's top-k experts side by side (`moe_routing`)

@@ -141,7 +141,8 @@ class Communication:
     # ZeRO-3 / FSDP: units gathered ahead of the one computing (FSDP2: 1; 0: none)
     shard_prefetch: int = spec_field(default=1, min=0)
     # MoE token dispatch: NCCL all-to-all (Megatron --moe-token-dispatcher-type alltoall)
-    # or DeepEP (flex + deepep), which sends a token once to each node holding its experts
+    # or DeepEP (flex + deepep), which sends a token once to each rank holding one of its
+    # experts (over the network once to each such node), not once per routed expert
     moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
     # which experts a token goes to: "learned" (the router's choice, spread over the
     # experts as if at random) or "fake_balanced", NeMo AutoModel's benchmark-only

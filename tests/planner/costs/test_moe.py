@@ -193,8 +193,9 @@ def test_mixed_layers_time_each_kind_by_its_share_of_the_layers():
 def test_fake_balanced_routing_sends_a_token_to_one_node():
     # NeMo AutoModel's FakeBalancedGate (components/moe/layers.py): token i takes experts
     # 8i .. 8i+7 mod 256, all on one node of 32 experts, another node's for 7/8 of the
-    # tokens: DeepEP sends each token over the network 7/8 times, not 4.6 times; NVLink
-    # still carries every copy (so the time is at least the NVLink part).
+    # tokens: DeepEP sends each token over the network 7/8 times, not 4.6 times. On NVLink
+    # it goes once to each rank holding its experts (4 per rank: 2 ranks), forwarded by
+    # the GPU of its local index there, so 2 x 7/8 copies, not 8 x 63/64.
     from planner.costs.comm import _send_s, dispatch_time_s, group_tiers
 
     cluster = homogeneous_cluster("H100-80GB-SXM", 64)
@@ -203,7 +204,7 @@ def test_fake_balanced_routing_sends_a_token_to_one_node():
     learned = dispatch_time_s(size, tiers, top_k=8, experts=256)
     fake = dispatch_time_s(size, tiers, top_k=8, experts=256, consecutive=True)
     network = _send_s(size / 8 * 7 / 8, tiers)
-    nvlink = _send_s(size * 63 / 64, tiers[:1])
+    nvlink = _send_s(size / 8 * 2 * 7 / 8, tiers[:1])
     assert fake == pytest.approx(max(network, nvlink))
     assert fake < learned
     # and the plan setting reaches the dispatch ops
@@ -211,6 +212,57 @@ def test_fake_balanced_routing_sends_a_token_to_one_node():
     comms = [c for c in layer_work(preset("deepseek-v3"), shape).forward if isinstance(c, Comm)
              and c.axis == "ep"]
     assert comms and all(c.consecutive for c in comms)
+
+
+def test_ranks_a_token_reaches():
+    # The expected number of ranks holding at least one of a token's k experts, E/ep on
+    # each: ep x (1 - C(E - E/ep, k) / C(E, k)) for experts drawn as at random; a window
+    # of k consecutive experts (FakeBalancedGate: start ik mod E) spans
+    # ceil((ik mod E/ep + k) / (E/ep)) ranks.
+    import math
+
+    from planner.costs.comm import holders_reached
+
+    # Qwen3-30B-A3B on 8 ranks: 128 experts, 16 per rank, top-8
+    random = holders_reached(128, 8, 8)
+    assert random == pytest.approx(8 * (1 - math.comb(112, 8) / math.comb(128, 8)))
+    assert 5.0 < random < 8.0  # fewer than one rank per expert
+    assert holders_reached(128, 8, 8, consecutive=True) == 1.0  # starts at 0 or 8 of 16
+    # DeepSeek-V3 on 64 ranks: 4 experts each, a window of 8 spans 2 ranks
+    assert holders_reached(256, 64, 8, consecutive=True) == 2.0
+    # 6 experts per rank, top-4: starts 0, 2, 4 -> 1, 1, 2 ranks
+    assert holders_reached(48, 8, 4, consecutive=True) == pytest.approx(4 / 3)
+    # one expert per rank: every expert its own rank
+    assert holders_reached(64, 64, 8) == pytest.approx(8.0)
+    assert holders_reached(64, 64, 8, consecutive=True) == 8.0
+    assert holders_reached(128, 1, 8) == 1.0
+
+
+def test_deepep_sends_a_token_once_to_each_rank_holding_its_experts():
+    # DeepEP (deep_ep/buffer.py `dispatch`: `is_token_in_rank [num_tokens, num_ranks]`,
+    # `combine` reduces per rank; Megatron's flex dispatcher calls it, fused_a2a.py
+    # `FusedDispatch`) sends a token once to each rank holding one of its experts, where
+    # Megatron's all-to-all dispatcher sends one copy per routed expert. Inside one node
+    # (Qwen3-30B-A3B, ep 8): (8 - 1) x (1 - C(112, 8) / C(128, 8)) = 4.9 copies of a
+    # token leave its rank, not 8 x 7/8 = 7.
+    import math
+
+    from planner.costs.comm import _send_s, collective_time_s, dispatch_time_s, group_tiers
+
+    cluster = homogeneous_cluster("H100-80GB-SXM", 8)
+    tiers = group_tiers(cluster, tuple(range(8)))
+    tokens, k, h = 4096, 8, 2048
+    size = tokens * k * h * 2
+    others = 7 * (1 - math.comb(112, 8) / math.comb(128, 8))
+    deepep = dispatch_time_s(size, tiers, top_k=k, experts=128)
+    assert deepep == pytest.approx(_send_s(tokens * h * 2 * others, tiers))
+    assert deepep < collective_time_s("all_to_all", size, tiers)
+    # the layer's dispatch and combine carry it only for DeepEP
+    model = preset("qwen3-30b-a3b")
+    for dispatcher, dedup in (("deepep", k), ("alltoall", 0)):
+        comms = [c for c in layer_work(model, _shape(ep=8, dispatcher=dispatcher)).forward
+                 if isinstance(c, Comm) and c.axis == "ep"]
+        assert [c.top_k for c in comms] == [dedup, dedup]
 
 
 def _two_types_plan(ep):
