@@ -164,7 +164,8 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
 def _check_moe(plan: Plan, where: str) -> None:
     """The executor's MoE layer (executor/moe.py) runs alone, with dp, pp, tp (experts
     whole on every tp rank: etp 1, no sequence parallelism) and expert parallelism over
-    data-parallel ranks, ep only where the ep peers run the same passes in the
+    data-parallel ranks (as the plan must say where that is not Megatron's folding:
+    `Training.ep_layout`), ep only where the ep peers run the same passes in the
     same order (their all-to-alls pair up) and shard expert states in whole numbers. In a
     mixed plan the ep peers of a stage position hold its layers (every replica splits the
     layers alike: `_check_replicas`) and split them alike (one tp at the position)."""
@@ -214,6 +215,13 @@ def _check_moe(plan: Plan, where: str) -> None:
                      f"{kind} {n} at stage position {si}", f"with ep {tr.ep} the executor "
                      "shards expert states over dp/ep ranks: each sharding degree must be "
                      f"at most ep or a multiple of it")
+    folds = max(tr.ep_layout.folded_ranks(tp=s.tp, cp=s.cp, etp=tr.etp)
+                for p in plan.pipelines for s in p.stages)
+    if folds > 1:
+        fail(at(where, "training.ep_layout"), tr.ep_layout, "data_parallel: the executor "
+             "forms each ep group of one tp rank in ep data-parallel replicas "
+             "(executor/topology.py `ep_group`), where the folded layout takes "
+             f"{folds} ranks of each replica's stage (tp / etp x cp) and is priced so")
 
 
 def _check_comm(plan: Plan, where: str) -> None:

@@ -145,7 +145,9 @@ def plan_words(plan: Plan) -> str:
     tr = plan.training
     if tr.ep > 1:
         etp = f", expert tp {tr.etp}" if tr.etp else ""
-        words.append(f"experts split over {tr.ep} ranks (expert parallel{etp})")
+        where = (f", one tp rank in each of {tr.ep} replicas"
+                 if tr.ep_layout == "data_parallel" else "")
+        words.append(f"experts split over {tr.ep} ranks (expert parallel{etp}{where})")
     words += [schedule_words(plan), recompute_words(plan.pipelines[0].stages[0].recompute),
               sharding_words(plan)]
     return "; ".join(w for w in words if w)

@@ -28,7 +28,7 @@ from planner.outputs import (
 from planner.predict.estimate import estimate
 from planner.predict.results import SimResult
 from planner.simulator import simulate_detailed, write_gantt, write_trace
-from planner.specs.choices import Recompute, Schedule, ShardingPreset, values
+from planner.specs.choices import EpLayout, Recompute, Schedule, ShardingPreset, values
 from planner.specs.cluster import train_dtype
 from planner.specs.layout import (
     ParallelConfig,
@@ -87,6 +87,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--recompute", choices=values(Recompute),
                      help="activation recomputation (default none)")
     sim.add_argument("--sequence-parallel", action="store_true")
+    sim.add_argument("--ep-layout", choices=values(EpLayout),
+                     help="which ranks an ep group is: folded (default; Megatron-Core: a "
+                     "replica's tp / etp ranks, then the next replica's) or data_parallel (one "
+                     "tp rank of ep data-parallel replicas, as trainplan's executor forms them)")
     sim.add_argument("--moe-dispatcher", choices=("alltoall", "deepep"),
                      help="MoE token dispatch: NCCL all-to-all (default, Megatron's alltoall "
                      "dispatcher) or DeepEP (a token goes once to each rank, and over the "
@@ -140,7 +144,7 @@ def _sharding(args: argparse.Namespace) -> Sharding:
 
 
 _LAYOUT_FLAGS = ("tp", "pp", "dp", "mbs", "gbs")  # required without --plan
-_PLAN_HAS = (*_LAYOUT_FLAGS, "etp", "moe_dispatcher", "gpus", "cluster", "catalog", "seq", "recompute", "schedule", "sharding",
+_PLAN_HAS = (*_LAYOUT_FLAGS, "etp", "ep_layout", "moe_dispatcher", "gpus", "cluster", "catalog", "seq", "recompute", "schedule", "sharding",
              "shard_params", "shard_grads", "shard_optim", "dtype", "attention")
 
 
@@ -159,6 +163,7 @@ def config_from_args(args: argparse.Namespace, model: ModelSpec) -> ParallelConf
         seq_len=args.seq or model.seq_len, recompute=Recompute(args.recompute or "none"),
         sequence_parallel=args.sequence_parallel, sharding=_sharding(args),
         schedule=Schedule(args.schedule or "1f1b"), ep=args.ep, etp=args.etp,
+        ep_layout=EpLayout(args.ep_layout or EpLayout.FOLDED),
     )
 
 

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from planner.costs.workload import WorkloadShape, head_work, layer_work
-from planner.specs.choices import DType, Recompute, Schedule
+from planner.specs.choices import DType, EpLayout, Recompute, Schedule
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Sharding
 from profiler.devices import DeviceSpec
@@ -173,7 +173,8 @@ def in_flight_chunks(*, schedule: Schedule, stage: int, pp: int, num_microbatche
 
 def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: Sharding,
                       tp: int, pp: int, expert_params: float = 0.0,
-                      ep: int = 1, etp: int | None = None, master_weights: bool = True
+                      ep: int = 1, etp: int | None = None, master_weights: bool = True,
+                      ep_layout: EpLayout = EpLayout.FOLDED
                       ) -> tuple[float, float, float, float]:
     """(parameters, gradients, optimizer states, gathered-parameter buffers) in bytes on one
     rank holding `params` parameters: 16-bit weights (fp32 when training in fp32), fp32
@@ -191,7 +192,9 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     fewer data-parallel peers: Megatron-Core shards their states over the
     expert-data-parallel group, dp x cp x tp / (ep x etp) (parallel_state.py), so a
     sharding group of S > 1 of the dp x cp ranks holds them over
-    max(1, S x tp / (ep x etp)) ranks (S = 1: replicated, as the dense states)."""
+    max(1, S x tp / (ep x etp)) ranks (S = 1: replicated, as the dense states). With ep
+    groups of data-parallel replicas only (`EpLayout.DATA_PARALLEL`: trainplan's executor,
+    executor/groups.py `expert_shard_layout`) the tp ranks are not among them: S / ep."""
     dt = DType(dtype)
     low = dt.element_bytes + (2 if dt is DType.FP8 else 0)
     master = 4 if dt.keeps_master(master_weights) else 0
@@ -204,7 +207,8 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     dense = params - expert_params
 
     def split(size: int) -> float:
-        peers = size * tp / (ep * (etp or tp)) if size > 1 else 1.0
+        fold = tp / (etp or tp) if ep_layout == EpLayout.FOLDED else 1.0
+        peers = size * fold / ep if size > 1 else 1.0
         return dense / size + expert_params / max(1.0, peers)
 
     return (split(sharding.params) * low, split(sharding.grads) * state,

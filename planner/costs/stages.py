@@ -53,6 +53,7 @@ from planner.costs.workload import (
 from planner.specs.choices import (
     DEFAULT_RECOMPUTE_MODULES,
     DType,
+    EpLayout,
     Recompute,
     RecomputeModule,
     Schedule,
@@ -158,6 +159,7 @@ class PlacedStage:
     attention: Attention | None = None  # None: the run's kernels.attention
     ep: int = 1  # MoE: routed experts split over ep data-parallel replicas
     etp: int | None = None  # MoE: expert tensor parallel, 1 or tp (None: tp)
+    ep_layout: EpLayout = EpLayout.FOLDED  # which ranks an ep group is (Training.ep_layout)
 
     @property
     def expert_tp(self) -> int:
@@ -249,14 +251,17 @@ class StageSpec:
         Folding, parallel_state.py): every etp-th GPU of the stage and the same positions
         of the other replicas (their GPUs at the offsets of this stage's), in rank order,
         cut into consecutive groups of ep; this stage's is the one holding its first GPU.
-        Rank order is GPU order (Megatron's rank order lists replicas by their first GPU;
-        trainplan's executor numbers ranks by GPU and cuts its rank-ordered data-parallel
-        group the same way, executor/topology.py `ep_group`), which a mixed plan's
-        placement need not follow: replicas are sorted here."""
+        Laid out over data-parallel replicas (`EpLayout.DATA_PARALLEL`, trainplan's
+        executor) only the first GPU of each replica's stage is a member: its tp rank 0
+        in ep replicas. Rank order is GPU order (Megatron's rank order lists replicas by
+        their first GPU; trainplan's executor numbers ranks by GPU and cuts its
+        rank-ordered data-parallel group the same way, executor/topology.py `ep_group`),
+        which a mixed plan's placement need not follow: replicas are sorted here."""
         p = self.placed
         if p.ep == 1:
             return (p.devices[0],)
-        offsets = [d - p.devices[0] for d in p.devices[::p.expert_tp]]
+        stride = p.expert_tp if p.ep_layout == EpLayout.FOLDED else len(p.devices)
+        offsets = [d - p.devices[0] for d in p.devices[::stride]]
         members = [first + o for first in sorted(self.dp_group) for o in offsets]
         start = members.index(p.devices[0]) // p.ep * p.ep
         return tuple(members[start:start + p.ep])
@@ -401,8 +406,8 @@ def pass_key(cluster: ClusterSpec, spec: StageSpec) -> tuple:
     """Stages with equal keys have equal pass times, transfers and memory before
     sharding (`unsharded_cost`): everything but their data-parallel group."""
     p = spec.placed
-    return (spec.device, p.tp, p.cp, p.ep, p.etp, p.num_layers, p.recompute, p.attention,
-            spec.first, spec.last, spec.pp, *_link_tiers(cluster, spec),
+    return (spec.device, p.tp, p.cp, p.ep, p.etp, p.ep_layout, p.num_layers, p.recompute,
+            p.attention, spec.first, spec.last, spec.pp, *_link_tiers(cluster, spec),
             # where its context ranks sit, which with the data-parallel group gives the
             # dp x cp group its model states sync over
             group_signature(cluster, spec.cp_group) if p.cp > 1 else None)
@@ -799,7 +804,8 @@ def sharding_states(model: ModelSpec, spec: StageSpec, dtype: str, sharding: Sha
     experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep)
     return model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
                              tp=p.tp, pp=spec.pp, expert_params=experts, ep=p.ep,
-                             etp=p.expert_tp, master_weights=master_weights)
+                             etp=p.expert_tp, master_weights=master_weights,
+                             ep_layout=p.ep_layout)
 
 
 def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings,
@@ -849,7 +855,8 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: Run
 def plan_replicas(plan: Plan) -> list[list[PlacedStage]]:
     return [[PlacedStage(devices=s.devices, tp=s.tp, cp=s.cp, num_layers=s.num_layers,
                          recompute=s.recompute, attention=plan.attention_of(s),
-                         ep=plan.training.ep, etp=plan.training.etp)
+                         ep=plan.training.ep, etp=plan.training.etp,
+                         ep_layout=plan.training.ep_layout)
              for s in pipe.stages] for pipe in plan.pipelines]
 
 

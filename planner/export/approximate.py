@@ -1,7 +1,8 @@
 """The nearest plan a framework expresses (`plan export --approximate`).
 
 Only settings change: the schedule (and the schedules per step), interleaving, sequence parallelism, model-state
-sharding (and fp32 master weights), recompute, the layer split, dtype and the attention kernel. The GPUs, the
+sharding (and fp32 master weights), recompute, the layer split, which ranks an ep group is, dtype and the
+attention kernel. The GPUs, the
 replicas and their batch shares stay, so a plan whose structure the framework lacks
 (mixed GPU types, unlike replicas, tp per stage, context parallelism it does not have)
 has no approximation here: that needs a new search for the framework.
@@ -14,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from planner.export.frameworks import FrameworkCapabilities, matches_pattern, plan_shape
-from planner.specs.choices import DType, Recompute
+from planner.specs.choices import DType, EpLayout, Recompute
 from planner.specs.layout import split_layers
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Training
 from profiler.kernels import Attention
@@ -28,8 +29,8 @@ def nearest(plan: Plan, caps: FrameworkCapabilities) -> tuple[Plan, list[str]]:
     """The nearest plan `caps` can express, and one line per change (the plan itself and
     no lines when nothing needs to change; check the result with `unsupported`)."""
     changes: list[str] = []
-    for step in (_schedule, _sequence_parallel, _master_weights, _sharding, _recompute,
-                 _even_split, _kernels):
+    for step in (_schedule, _sequence_parallel, _master_weights, _ep_layout, _sharding,
+                 _recompute, _even_split, _kernels):
         plan = step(plan, caps, changes)
     plan.check("plan")
     return plan, changes
@@ -83,6 +84,21 @@ def _master_weights(plan: Plan, caps: FrameworkCapabilities, changes: list[str])
         return plan
     changes.append("no fp32 master weights -> fp32 master weights, gradients and Adam moments")
     return _training(plan, master_weights=True)
+
+
+def _ep_layout(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:
+    """The framework's ep groups: data-parallel replicas for trainplan's executor (where ep
+    divides dp), Megatron-Core's folding for the others; nothing changes where the two are
+    the same groups (`EpLayout.folded_ranks` 1)."""
+    tr = plan.training
+    want = EpLayout.DATA_PARALLEL if caps.ep_within_dp else EpLayout.FOLDED
+    if tr.ep == 1 or tr.ep_layout == want or plan.dp % tr.ep:
+        return plan
+    if all(EpLayout.FOLDED.folded_ranks(tp=st.tp, cp=st.cp, etp=tr.etp) == 1
+           for p in plan.pipelines for st in p.stages):
+        return plan
+    changes.append(f"ep groups {tr.ep_layout} -> {want}")
+    return _training(plan, ep_layout=want)
 
 
 def _sharding(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:

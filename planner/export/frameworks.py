@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from planner.specs.choices import DType, Recompute, RecomputeModule, Schedule
+from planner.specs.choices import DType, EpLayout, Recompute, RecomputeModule, Schedule
 from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Plan
 
@@ -446,6 +446,17 @@ def _moe(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
     if caps.ep_within_dp and s.dp % s.ep:
         out.append(f"ep {s.ep} not dividing dp {s.dp}: {name} carves ep groups out of the "
                    f"data-parallel replicas{_note(caps, 'ep')}")
+    # ranks of a replica's stage that Megatron's folding puts in one ep group (1: the two
+    # layouts are the same groups)
+    folds = max(EpLayout.FOLDED.folded_ranks(tp=st.tp, cp=st.cp, etp=tr.etp)
+                for p in plan.pipelines for st in p.stages)
+    if folds > 1 and caps.ep_within_dp and tr.ep_layout == EpLayout.FOLDED:
+        out.append(f"ep groups folded over {folds} ranks of each replica's stage (training."
+                   f"ep_layout folded): {name} forms them of data-parallel replicas "
+                   f"(ep_layout data_parallel){_note(caps, 'ep')}")
+    if folds > 1 and not caps.ep_within_dp and tr.ep_layout == EpLayout.DATA_PARALLEL:
+        out.append(f"ep groups of data-parallel replicas (training.ep_layout data_parallel): "
+                   f"{name} folds them over tp / etp x cp x dp (ep_layout folded)")
     if caps.ep_schedules is not None and tr.schedule not in caps.ep_schedules:
         out.append(f"schedule {tr.schedule} with ep {s.ep}: {name} runs "
                    f"{', '.join(sorted(caps.ep_schedules))} with expert parallelism")

@@ -103,7 +103,7 @@ class LayoutModel:
         for d in self._representatives(devices):
             stages = [PlacedStage(devices=devices[d][k], tp=lo.tp, cp=lo.cp,
                                   num_layers=self.counts[k], recompute=Recompute.NONE,
-                                  ep=lo.ep, etp=lo.etp)
+                                  ep=lo.ep, etp=lo.etp, ep_layout=lo.ep_layout)
                       for k in range(lo.pp)]
             kinds = []
             for spec in replica_specs(self.cluster, stages, groups=groups, shardings=unsharded):

@@ -316,7 +316,8 @@ def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sh
     cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp, mbs=mi.mbs,
                          gbs=req.gbs, seq_len=req.seq_len, recompute=mi.recompute,
                          sequence_parallel=mi.sequence_parallel, sharding=sharding,
-                         dtype=req.dtype, schedule=mi.schedule, ep=lo.ep, etp=lo.etp)
+                         dtype=req.dtype, schedule=mi.schedule, ep=lo.ep, etp=lo.etp,
+                         ep_layout=lo.ep_layout)
     sub = cluster.take(lo.num_gpus, where="search")
     return homogeneous_plan(req.model, sub, cfg, kernels=_kernels(req, cluster))
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from planner.export.frameworks import ANY_SHARDING, FrameworkCapabilities, ShardPattern
-from planner.specs.choices import Recompute, Schedule
+from planner.specs.choices import EpLayout, Recompute, Schedule
 from planner.specs.model import ModelSpec
 from planner.specs.rules import (
     batch_problem,
@@ -40,6 +40,7 @@ class Layout:
     dp: int
     ep: int = 1  # MoE: routed experts split over ep of the dp x cp ranks
     etp: int | None = None  # MoE: expert tp, 1 or tp (None: tp)
+    ep_layout: EpLayout = EpLayout.FOLDED  # which ranks an ep group is
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,12 @@ def expert_tp(space: SearchSpace, model: ModelSpec, tp: int) -> int | None:
     return 1 if space.expert_tp_one and model.is_moe and tp > 1 else None
 
 
+def ep_layout(space: SearchSpace, ep: int) -> EpLayout:
+    """The ranks a layout's ep groups are made of: data-parallel replicas where the
+    framework forms them so (trainplan's executor), else Megatron-Core's folding."""
+    return EpLayout.DATA_PARALLEL if space.ep_within_dp and ep > 1 else EpLayout.FOLDED
+
+
 def ep_allows(space: SearchSpace, layout: Layout, micro: Micro) -> bool:
     """With ep > 1, only the schedules and recompute modes the framework runs with it."""
     if layout.ep == 1:
@@ -250,7 +257,8 @@ def layouts(space: SearchSpace, model: ModelSpec, *, gbs: int, seq_len: int) -> 
             continue
         for ep in space.ep:
             if ep_fits(model, ep, dp, cp, within_dp=space.ep_within_dp):
-                yield Layout(n, tp, cp, pp, dp, ep, expert_tp(space, model, tp))
+                yield Layout(n, tp, cp, pp, dp, ep, expert_tp(space, model, tp),
+                             ep_layout(space, ep))
 
 
 def candidates(space: SearchSpace, model: ModelSpec, layout: Layout, *, gbs: int

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["DEFAULT_RECOMPUTE_MODULES", "DType", "PipelineP2P", "Recompute", "RecomputeModule",
-           "Schedule", "ShardingPreset", "values"]
+__all__ = ["DEFAULT_RECOMPUTE_MODULES", "DType", "EpLayout", "PipelineP2P", "Recompute",
+           "RecomputeModule", "Schedule", "ShardingPreset", "values"]
 
 
 class Schedule(StrEnum):
@@ -172,3 +172,25 @@ class PipelineP2P(StrEnum):
     @property
     def blocks_compute(self) -> bool:
         return self is PipelineP2P.BLOCKING
+
+
+class EpLayout(StrEnum):
+    """Which ranks an MoE layer's expert-parallel group is made of.
+
+    FOLDED: Megatron-Core's MoE Parallel Folding (Liu et al. 2025; parallel_state.py
+    orders the expert ranks etp-ep-dp-pp over the attention's tp-cp-dp-pp): an ep group is
+    ep consecutive ranks of the stage's tp / etp x cp ranks in every replica, so with expert
+    tp 1 it takes the tp (and cp) ranks of one replica before the next replica's (DeepSpeed
+    and torchtitan likewise carve ep out of dp x cp, or dp x cp x tp at etp 1).
+    DATA_PARALLEL: an ep group is one tp (and cp) rank of ep data-parallel replicas, and
+    each tp rank runs its own groups (trainplan's executor, executor/topology.py
+    `ep_group`; its MoE layer runs whole on every tp rank, etp 1). The two are the same
+    groups where a stage folds nothing in (tp / etp x cp = 1)."""
+
+    FOLDED = "folded"
+    DATA_PARALLEL = "data_parallel"
+
+    def folded_ranks(self, *, tp: int, cp: int, etp: int | None) -> int:
+        """How many of a stage's ranks of one replica an ep group may take: tp / etp x cp
+        folded (etp None: tp), 1 over data-parallel replicas only."""
+        return tp // (etp or tp) * cp if self == EpLayout.FOLDED else 1

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from planner.specs.choices import (
     DEFAULT_RECOMPUTE_MODULES,
     DType,
+    EpLayout,
     Recompute,
     RecomputeModule,
     Schedule,
@@ -62,6 +63,7 @@ class ParallelConfig:
     schedule: Schedule = Schedule.ONE_F_ONE_B  # with vp > 1: interleaved 1F1B
     ep: int = spec_field(default=1, min=1, help="expert-parallel degree (MoE; divides dp x cp)")
     etp: int | None = spec_field(default=None, min=1, help="expert tensor parallel: 1 or tp")
+    ep_layout: EpLayout = EpLayout.FOLDED  # which ranks an ep group is (Training.ep_layout)
     recompute_modules: tuple[RecomputeModule, ...] = DEFAULT_RECOMPUTE_MODULES  # selective's
     # Megatron-Core --account-for-embedding-in-pipeline-split / --account-for-loss-in-
     # pipeline-split: the embedding (the loss) takes a layer's place in the split
@@ -106,7 +108,7 @@ def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, 
     require(at(where, "cp"), cfg.cp, cp_problem(cfg.seq_len, cfg.cp))
     require(at(where, "etp"), cfg.etp, etp_problem(model, cfg.etp, tp=cfg.tp))
     require(at(where, "ep"), cfg.ep, ep_problem(model, cfg.ep, dp=cfg.dp, cp=cfg.cp, tp=cfg.tp,
-                                                etp=cfg.etp))
+                                                etp=cfg.etp, layout=cfg.ep_layout))
     require(at(where, "schedule"), cfg.schedule, schedule_problem(cfg.schedule, cfg.pp, cfg.vp))
     require(at(where, "vp"), cfg.vp, interleaving_problem(
         cfg.pp, cfg.vp, cfg.schedule,
@@ -177,6 +179,7 @@ def homogeneous_plan(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig
                         sequence_parallel=cfg.sequence_parallel and cfg.tp > 1,
                         schedule=cfg.schedule.for_chunks(cfg.vp), virtual_stages=cfg.vp,
                         ep=cfg.ep, etp=None if cfg.etp == cfg.tp else cfg.etp,
+                        ep_layout=cfg.ep_layout,
                         recompute_modules=cfg.recompute_modules,
                         embedding_in_pipeline_split=cfg.embedding_in_pipeline_split,
                         loss_in_pipeline_split=cfg.loss_in_pipeline_split)

@@ -19,6 +19,7 @@ from planner.outputs import PLAN_SUFFIXES, atomic_path
 from planner.specs.choices import (
     DEFAULT_RECOMPUTE_MODULES,
     DType,
+    EpLayout,
     PipelineP2P,
     Recompute,
     RecomputeModule,
@@ -197,6 +198,11 @@ class Training:
     etp: int | None = spec_field(default=None, min=1, max=MAX_GPUS,
                                  help="expert tensor parallel: 1 or tp (default tp; Megatron "
                                  "--expert-tensor-parallel-size)")
+    ep_layout: EpLayout = spec_field(
+        default=EpLayout.FOLDED, help="which ranks an ep group is: folded (Megatron-Core's "
+        "MoE Parallel Folding: ep consecutive ranks of tp / etp x cp x dp, a replica's tp "
+        "ranks first) or data_parallel (one tp rank of ep data-parallel replicas, as "
+        "trainplan's executor forms them); the same where tp / etp x cp is 1")
     recompute_modules: tuple[RecomputeModule, ...] = spec_field(
         default=DEFAULT_RECOMPUTE_MODULES, help="what stages with selective recompute re-run "
         "(Megatron --recompute-modules; default core_attn)")
@@ -311,7 +317,8 @@ class Plan:
         first = self.pipelines[0].stages[0]
         require(at(where, "training.etp"), etp, etp_problem(self.model, etp, tp=first.tp))
         require(at(where, "training.ep"), ep, ep_problem(self.model, ep, dp=dp, cp=first.cp,
-                                                         tp=first.tp, etp=etp))
+                                                         tp=first.tp, etp=etp,
+                                                         layout=self.training.ep_layout))
         if ep > 1 and not self.aligned_stages:
             fail(at(where, "training.ep"), ep, "expert parallelism needs every pipeline to "
                  "split the layers at the same boundaries (ep peers hold the same layers)")

@@ -9,7 +9,7 @@ a rule and its message are written once.
 
 from __future__ import annotations
 
-from planner.specs.choices import Schedule
+from planner.specs.choices import EpLayout, Schedule
 from planner.specs.model import ModelSpec
 from profiler.schema import fail
 
@@ -40,18 +40,24 @@ def tp_problem(model: ModelSpec, tp: int) -> str | None:
 
 
 def ep_problem(model: ModelSpec, ep: int, *, dp: int, cp: int, tp: int = 1,
-               etp: int | None = None) -> str | None:
+               etp: int | None = None, layout: EpLayout = EpLayout.FOLDED) -> str | None:
     """Expert parallelism splits each MoE layer's routed experts over ep ranks taken from
     the data- and context-parallel ranks (Megatron-Core parallel_state.py: ep divides
     dp x cp; MoE README: experts divisible by ep; DeepSpeed-MoE and torchtitan alike).
     With expert tp 1 (MoE Parallel Folding, Liu et al. 2025; torchtitan's etp = 1) the
-    ep group also takes the tp ranks: ep divides dp x cp x tp."""
+    ep group also takes the tp ranks: ep divides dp x cp x tp. Laid out over
+    data-parallel replicas only (`EpLayout.DATA_PARALLEL`), ep divides dp."""
     if ep == 1:
         return None
     if not model.is_moe:
         return "above 1 only for MoE models (num_experts > 0)"
     if model.num_experts % ep:
         return f"must divide num_experts {model.num_experts}"
+    if layout == EpLayout.DATA_PARALLEL:
+        if dp % ep:
+            return (f"must divide dp = {dp} (ep_layout data_parallel: the ep group is "
+                    "data-parallel replicas)")
+        return None
     fold = tp // (etp or tp)
     if (dp * cp * fold) % ep:
         if fold > 1:

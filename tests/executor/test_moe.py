@@ -67,10 +67,11 @@ PLANS = {
     "moe-dp2xpp2-ep2": lambda: homogeneous(MOE, world=4, dp=2, pp=2, ep=2, mbs=1, gbs=8),
     "moe-dp2xpp2-vp2-ep2": lambda: homogeneous(SPARSE, world=4, dp=2, pp=2, vp=2, ep=2, mbs=1,
                                                gbs=8, schedule="interleaved-1f1b"),
-    # tp: attention split, the MoE layer whole on both tp ranks (etp 1)
+    # tp: attention split, the MoE layer whole on both tp ranks (etp 1); with ep each tp
+    # rank's ep group is that rank in ep replicas (the plan says so: ep_layout)
     "moe-tp2": lambda: homogeneous(MOE, world=2, tp=2, etp=1, mbs=2, gbs=8),
     "moe-dp2xtp2-ep2": lambda: homogeneous(MOE, world=4, dp=2, tp=2, etp=1, ep=2, mbs=2,
-                                           gbs=8),
+                                           gbs=8, ep_layout="data_parallel"),
     "moe-variant-dp2-ep2": lambda: homogeneous(VARIANT, world=2, dp=2, ep=2, mbs=2, gbs=8),
     # mixed plans' shapes (replicas placed out of GPU order, uneven stages)
     "moe-mixed-stages-ep2": _mixed_stages_ep2,
@@ -137,21 +138,24 @@ def test_experts_reduced_over_dp_misses_the_bound(monkeypatch, tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("dp,tp,sharding", [(2, 1, Sharding()), (4, 1, Sharding(optim=4)),
-                                            (2, 2, Sharding())])
+                                            (2, 2, Sharding()), (2, 2, Sharding(optim=2))])
 def test_expert_state_bytes_match_the_memory_model(dp, tp, sharding, tmp_path):
     """The memory model's routed-expert states per rank (parameters, gradients, AdamW
     moments: planner/costs/memory.py) equal the executor's expert buckets within 0.1%,
     at ep 2: plain, ZeRO-1 over 4 replicas (OS 2 over the expert-dp group), and with tp 2
-    (etp 1: experts whole on each tp rank)."""
+    (etp 1: experts whole on each tp rank), plain and with ZeRO-1 over the 2 replicas: the
+    ep groups of data-parallel replicas (ep_layout) leave dp / ep = 1 expert-dp rank, where
+    Megatron's folding would shard over dp x tp / ep = 2."""
     world = dp * tp
     plan = homogeneous(MOE, world=world, dp=dp, tp=tp, etp=1, ep=2, mbs=1, gbs=dp,
-                       sharding=sharding)
+                       sharding=sharding, ep_layout="data_parallel")
     check_runnable(plan, cuda_devices=0)
     codes, metrics = run_forked(plan, tmp_path, steps=1)
     assert codes == [0] * world and metrics is not None
     experts = rank_expert_param_count(MOE, num_layers=MOE.num_layers, etp=1, ep=2)
     predicted = sum(model_state_bytes(MOE, params=experts, dtype="fp32", sharding=sharding,
-                                      tp=tp, pp=1, expert_params=experts, ep=2, etp=1)[:3])
+                                      tp=tp, pp=1, expert_params=experts, ep=2, etp=1,
+                                      ep_layout=plan.training.ep_layout)[:3])
     measured = metrics["expert_state_bytes"]
     assert len(measured) == world
     for got in measured:

@@ -80,8 +80,56 @@ def test_the_planner_prices_the_ep_groups_the_executor_forms():
     plans = [_mixed_stages_ep2(), _mixed_replicas_ep2(),
              homogeneous(MOE, world=8, dp=8, ep=4, mbs=1, gbs=8)]
     for plan in plans:
-        topo, specs = Topology.of(plan), plan_costs(plan).specs
-        for rank, role in enumerate(topo.roles):
-            executor = tuple(topo.roles[r].device for r in topo.ep_group(plan, rank))
-            assert specs[role.pipeline][role.stage].ep_group == executor
+        assert _priced_ep_groups(plan) == _executor_ep_groups(plan)
     assert plan_costs(plans[1]).specs[0][0].ep_group == (2, 3)
+
+
+def _executor_ep_groups(plan):
+    """Each rank's GPU -> the GPUs of its ep group as the executor forms it."""
+    topo = Topology.of(plan)
+    return {role.device: tuple(topo.roles[r].device for r in topo.ep_group(plan, rank))
+            for rank, role in enumerate(topo.roles)}
+
+
+def _priced_ep_groups(plan):
+    """Each rank's GPU -> the GPUs of the ep group the cost model prices for it: its
+    stage's `StageSpec.ep_group` (that of the stage's first GPU, tp rank 0) moved to its
+    own tp rank (every member's GPU at the same offset in its own stage)."""
+    from planner.costs.stages import plan_costs
+
+    out = {}
+    for pipe, specs in zip(plan.pipelines, plan_costs(plan).specs, strict=True):
+        for stage, spec in zip(pipe.stages, specs, strict=True):
+            for t, device in enumerate(stage.devices):
+                out[device] = tuple(sorted(d + t for d in spec.ep_group))
+    return out
+
+
+def test_the_planner_prices_the_executors_ep_groups_with_tp():
+    """With tp > 1 (experts whole on every tp rank, etp 1) the executor forms each ep group
+    of one tp rank in ep data-parallel replicas (`Topology.ep_group`); a plan that says so
+    (Training.ep_layout data_parallel) is priced on those GPUs, rank for rank. Megatron's
+    folding (the default layout) would put a replica's tp ranks in one group instead: GPUs
+    0 and 1 (tp ranks of replica 0), not 0 and 2 (tp rank 0 of replicas 0 and 1)."""
+    import pytest
+
+    from executor.preflight import check_runnable
+    from planner.costs.stages import plan_costs
+    from profiler.schema import SpecError
+    from tests.executor.test_moe import MOE
+
+    layouts = [dict(tp=2, dp=4, ep=2), dict(tp=2, dp=4, ep=4), dict(tp=2, pp=2, dp=2, ep=2),
+               dict(tp=4, dp=2, ep=2)]
+    for knobs in layouts:
+        plan = homogeneous(MOE, world=8, etp=1, mbs=1, gbs=4, ep_layout="data_parallel",
+                           **knobs)
+        check_runnable(plan, cuda_devices=0)
+        executor = _executor_ep_groups(plan)
+        assert _priced_ep_groups(plan) == executor, knobs
+        assert all(len(g) == knobs["ep"] for g in executor.values())
+    assert _executor_ep_groups(plan)[0] == (0, 4)  # tp 4: GPU 0 and 4, tp rank 0 of both
+    folded = homogeneous(MOE, world=8, tp=2, dp=4, etp=1, ep=2, mbs=1, gbs=4)
+    assert plan_costs(folded).specs[0][0].ep_group == (0, 1)
+    assert _executor_ep_groups(folded)[0] == (0, 2)
+    with pytest.raises(SpecError, match="ep_layout"):  # the executor does not run it
+        check_runnable(folded, cuda_devices=0)

@@ -1,6 +1,7 @@
 """Issue 18's checks, end to end through `plan`: MoE plans with expert parallelism on the
 command line, in the search (per framework) and in the exports."""
 
+import dataclasses
 import json
 
 from planner.export.formats import export_plan, megatron_args
@@ -88,3 +89,21 @@ def test_plan_words_say_how_the_experts_are_split():
                          sequence_parallel=True, ep=32, etp=1)
     words = plan_words(homogeneous_plan(model, cluster, cfg))
     assert "experts split over 32 ranks (expert parallel, expert tp 1)" in words
+    cfg = dataclasses.replace(cfg, ep=8, sequence_parallel=False, ep_layout="data_parallel")
+    words = plan_words(homogeneous_plan(model, cluster, cfg))
+    assert ("experts split over 8 ranks (expert parallel, expert tp 1, one tp rank in each "
+            "of 8 replicas)") in words
+
+
+def test_simulate_prices_the_ep_groups_the_flag_names(capsys):
+    """`--ep-layout data_parallel` (trainplan's executor: one tp rank of ep replicas) puts
+    Mixtral's ep 4 at tp 4 on GPUs 0, 4, 8, 12 over two nodes, where Megatron's folding
+    keeps it on a replica's 4 tp ranks in one node: a slower all-to-all."""
+    argv = ["simulate", "--model", "mixtral-8x7b", "--gpus", "H100-80GB-SXM:16", "--tp", "4",
+            "--etp", "1", "--pp", "1", "--dp", "4", "--ep", "4", "--mbs", "1", "--gbs", "16",
+            "--sequence-parallel", "--method", "estimate", "--json"]
+    code, out, _ = run_cli(argv, capsys)
+    folded = json.loads(out)["breakdown"]["ep_comm_s"]
+    code2, out, _ = run_cli([*argv, "--ep-layout", "data_parallel"], capsys)
+    replicas = json.loads(out)["breakdown"]["ep_comm_s"]
+    assert code == code2 == 0 and 0 < folded < replicas

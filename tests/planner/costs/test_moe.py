@@ -130,6 +130,52 @@ def test_all_to_all_crosses_the_links_of_its_group():
         _ep_s(_mixtral_plan(16, ep=8, dp=16)), rel=1e-6)
 
 
+def test_ep_groups_of_data_parallel_replicas():
+    # Megatron-Core folds ep over tp x dp (parallel_state.py, etp-ep-dp order): at tp 4,
+    # etp 1, ep 4 the group is a replica's 4 tp ranks, GPUs 0-3 in one node. trainplan's
+    # executor (executor/topology.py `ep_group`) takes tp rank 0 of 4 replicas: GPUs 0, 4,
+    # 8, 12 over two nodes, so its all-to-all crosses the network. Expert states with
+    # ZeRO-1 over the 4 replicas: folded, the expert-dp group is dp x tp / ep = 4 ranks;
+    # over data-parallel replicas only dp / ep = 1 (executor/groups.py
+    # `expert_shard_layout`: each degree divided by ep).
+    from planner.specs.choices import EpLayout
+
+    def plan(layout):
+        cluster = homogeneous_cluster("H100-80GB-SXM", 16)
+        cfg = ParallelConfig(tp=4, dp=4, mbs=1, gbs=16, seq_len=4096, ep=4, etp=1,
+                             sharding=Sharding(optim=4), ep_layout=layout)
+        check_parallel(cfg, MIXTRAL, cluster)
+        return homogeneous_plan(MIXTRAL, cluster, cfg)
+
+    folded, replicas = plan(EpLayout.FOLDED), plan(EpLayout.DATA_PARALLEL)
+    assert plan_costs(folded).specs[0][0].ep_group == (0, 1, 2, 3)
+    assert plan_costs(replicas).specs[1][0].ep_group == (0, 4, 8, 12)
+    assert _ep_s(replicas) > 2 * _ep_s(folded)
+    layers = MIXTRAL.num_layers
+    params = rank_param_count(MIXTRAL, num_layers=layers, first=True, last=True, tp=4, pp=1,
+                              ep=4, etp=1)
+    local = rank_expert_param_count(MIXTRAL, num_layers=layers, etp=1, ep=4)
+    optim = {layout: model_state_bytes(MIXTRAL, params=params, dtype="bf16",
+                                       sharding=Sharding(optim=4), tp=4, pp=1,
+                                       expert_params=local, ep=4, etp=1,
+                                       ep_layout=layout)[2] for layout in EpLayout}
+    assert optim[EpLayout.FOLDED] == pytest.approx(12 * ((params - local) / 4 + local / 4))
+    assert optim[EpLayout.DATA_PARALLEL] == pytest.approx(12 * ((params - local) / 4 + local))
+    for p, layout in ((folded, EpLayout.FOLDED), (replicas, EpLayout.DATA_PARALLEL)):
+        assert plan_costs(p).costs[0][0].memory.optimizer_bytes == pytest.approx(optim[layout])
+
+
+def test_ep_over_data_parallel_replicas_divides_dp():
+    from planner.specs.choices import EpLayout
+
+    cluster = homogeneous_cluster("H100-80GB-SXM", 8)
+    cfg = ParallelConfig(tp=4, dp=2, mbs=1, gbs=2, seq_len=4096, ep=4, etp=1)
+    check_parallel(cfg, MIXTRAL, cluster)  # folded: 4 divides dp x tp / etp = 8
+    with pytest.raises(SpecError, match=r"--ep: 4 .*must divide dp = 2 \(ep_layout"):
+        check_parallel(dataclasses.replace(cfg, ep_layout=EpLayout.DATA_PARALLEL), MIXTRAL,
+                       cluster)
+
+
 @pytest.mark.parametrize("ep, dp, message", [
     (3, 6, r"--ep: 3 .*must divide num_experts 8"),
     (8, 4, r"--ep: 8 .*must divide dp x cp = 4"),

@@ -252,3 +252,34 @@ def test_states_without_master_weights_are_not_exported_as_priced():
         near, changes = nearest(pure, CAPABILITIES[fmt])
         assert near.training.master_weights
         assert any("fp32 master weights" in c for c in changes), changes
+
+
+def test_ep_groups_are_exported_as_priced():
+    """Which ranks an ep group is (`training.ep_layout`): Megatron-Core, DeepSpeed and
+    torchtitan fold ep over tp / etp x cp x dp, trainplan's executor forms it of one tp rank
+    in ep data-parallel replicas (executor/topology.py `ep_group`). Where the two differ
+    (tp 2, etp 1) each lists the other's layout and --approximate switches to its own;
+    at tp 1 they are the same groups and nobody lists either."""
+    from dataclasses import replace
+
+    from planner.export.approximate import nearest
+    from planner.specs.cluster import parse_gpus_arg
+    from planner.specs.layout import ParallelConfig, homogeneous_plan
+
+    model = preset("mixtral-8x7b")
+    plans = {}
+    for tp in (1, 2):
+        plans[tp] = homogeneous_plan(model, parse_gpus_arg("H100-80GB-SXM:8"), ParallelConfig(
+            tp=tp, dp=8 // tp, mbs=1, gbs=16, seq_len=2048, ep=2, etp=1 if tp > 1 else None))
+    for fmt, caps in CAPABILITIES.items():
+        own = "data_parallel" if fmt == "trainplan" else "folded"
+        other = "folded" if own == "data_parallel" else "data_parallel"
+        for tp, plan in plans.items():
+            for layout in (own, other):
+                p = replace(plan, training=replace(plan.training, ep_layout=layout))
+                listed = [line for line in unsupported(p, caps) if "ep groups" in line]
+                assert bool(listed) == (tp > 1 and layout == other), (fmt, tp, layout, listed)
+        p = replace(plans[2], training=replace(plans[2].training, ep_layout=other))
+        near, changes = nearest(p, caps)
+        assert near.training.ep_layout == own
+        assert f"ep groups {other} -> {own}" in changes

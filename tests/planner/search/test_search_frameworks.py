@@ -240,9 +240,12 @@ def test_trainplan_searches_expert_parallelism_within_its_executor():
     assert {mi.schedule for lo, mi in found if lo.ep == 1 and lo.pp > 1} >= {"zb-h1"}
     assert all(lo.etp == 1 and not mi.sequence_parallel for lo, mi in found if lo.tp > 1)
     assert any(lo.tp > 1 for lo, _ in with_ep)
+    # and prices them on the executor's ep groups (one tp rank of ep replicas)
+    assert all(lo.ep_layout == "data_parallel" for lo, _ in with_ep)
     megatron = _candidates("megatron", model, n=32, gbs=64)
     assert any(lo.dp % lo.ep for lo, _ in megatron)  # ep over dp x cp x tp (etp 1) there
     assert all(mi.sequence_parallel for lo, mi in megatron if lo.tp > 1)
+    assert all(lo.ep_layout == "folded" for lo, _ in megatron)
 
 
 def test_a_trainplan_moe_search_returns_plans_its_executor_runs():
@@ -257,6 +260,8 @@ def test_a_trainplan_moe_search_returns_plans_its_executor_runs():
                                  framework="trainplan"))
     assert any(r.plan.training.ep > 1 for r in found.ranked)
     for r in found.ranked:
+        if r.plan.training.ep > 1:  # priced on the ep groups the executor forms
+            assert r.plan.training.ep_layout == "data_parallel"
         assert unsupported(r.plan, CAPABILITIES["trainplan"]) == []
         check_runnable(r.plan, cuda_devices=8, host=False)
         assert math.isclose(r.estimate_s, estimate(r.plan).iteration_time_s, rel_tol=EXACT)

@@ -181,6 +181,51 @@ def mixed_moe_candidate_is_its_plan(model, cluster, data):
     assert math.isclose(p.iteration_s, estimate(plan).iteration_time_s, rel_tol=EXACT)
 
 
+def homogeneous_moe_candidate_is_its_plan(model, cluster, data):
+    """With expert parallelism, its ep groups laid out either way (Megatron's folding over
+    tp x dp, or trainplan's executor's data-parallel replicas: `EpLayout`), LayoutModel =
+    estimate() of the Plan, time and memory (expert states shard over the expert-dp group
+    each layout gives)."""
+    from planner.specs.choices import EpLayout
+
+    n = cluster.num_gpus
+    tp = data.draw(st.sampled_from([d for d in _divisors(n) if d <= 4]))
+    pp = data.draw(st.sampled_from([d for d in _divisors(n // tp) if d <= model.num_layers]))
+    dp = n // (tp * pp)
+    ep_layout = data.draw(st.sampled_from(tuple(EpLayout)))
+    ranks = dp * tp if ep_layout is EpLayout.FOLDED else dp  # what ep groups are cut from
+    ep = data.draw(st.sampled_from([e for e in _divisors(ranks)
+                                    if e > 1 and not model.num_experts % e] or [1]))
+    assume(ep > 1)
+    mbs = data.draw(st.sampled_from((1, 2)))
+    gbs = mbs * dp * pp * data.draw(st.integers(1, 3))
+    micro = Micro(1, mbs, data.draw(st.sampled_from((Recompute.NONE, Recompute.SELECTIVE))),
+                  ep_layout is EpLayout.FOLDED and tp > 1, Schedule.ONE_F_ONE_B)
+    etp = 1 if tp > 1 else None
+    layout = Layout(n, tp, 1, pp, dp, ep, etp, ep_layout)
+    cfg = ParallelConfig(tp=tp, pp=pp, dp=dp, mbs=mbs, gbs=gbs, seq_len=model.seq_len,
+                         recompute=micro.recompute, sequence_parallel=micro.sequence_parallel,
+                         ep=ep, etp=etp, ep_layout=ep_layout)
+    dtype = _dtype(cluster)
+    try:
+        check_parallel(cfg, model, cluster)
+        kernels = default_kernels([cluster.node_groups[0].device], dtype=dtype)
+    except SpecError:
+        assume(False)
+    lm = LayoutModel(model, cluster, layout, dtype=dtype, seq_len=model.seq_len, gbs=gbs,
+                     kernels=kernels)
+    sharding = data.draw(st.sampled_from(sharding_options(lm.levels)))
+    costs = lm.sharded(lm.stage_costs(micro), sharding)
+    plan = homogeneous_plan(model, cluster, ParallelConfig(
+                                **{**cfg.__dict__, "sharding": sharding, "dtype": dtype}),
+                            kernels=kernels)
+    assert plan.training.ep_layout is ep_layout
+    result = estimate(plan)
+    assert math.isclose(lm.iteration_s(costs, micro), result.iteration_time_s, rel_tol=EXACT)
+    assert math.isclose(max(c.memory.total_bytes for c in costs),
+                        max(s.memory.total_bytes for s in result.stages), rel_tol=EXACT)
+
+
 def _check_written(found, tmp_path):
     for i, r in enumerate(found.ranked):
         assert math.isclose(r.estimate_s, estimate(r.plan).iteration_time_s, rel_tol=EXACT)
@@ -219,6 +264,9 @@ SEARCHES = given(model=models(), types=st.integers(1, 2), data=st.data())
 test_a_homogeneous_candidate_is_priced_as_its_plan = examples(300)(
     HOMOGENEOUS(homogeneous_candidate_is_its_plan))
 test_a_mixed_candidate_is_priced_as_its_plan = examples(300)(MIXED(mixed_candidate_is_its_plan))
+HOMOGENEOUS_MOE = given(model=moe_models(), cluster=clusters(types=1), data=st.data())
+test_a_homogeneous_moe_candidate_is_priced_as_its_plan = examples(100)(
+    HOMOGENEOUS_MOE(homogeneous_moe_candidate_is_its_plan))
 MIXED_MOE = given(model=moe_models(), cluster=clusters(types=2), data=st.data())
 test_a_mixed_moe_candidate_is_priced_as_its_plan = examples(150)(
     MIXED_MOE(mixed_moe_candidate_is_its_plan))
