@@ -173,6 +173,21 @@ def trial(plan_path: str, profile_dir: str, steps: int, warmup: int) -> tuple[di
     return json.loads(out.stdout), foreign
 
 
+def predicted_without_host_s(plan: Plan, profile_dir: str) -> float:
+    """The prediction from the same profile less its host-cost rows: what the simulator
+    predicted before issue 17 (FSDP2 gathers prefetched, no DTensor overhead)."""
+    import dataclasses
+
+    from planner.simulator import simulate
+    from profiler.store import Profiles, load_profiles
+
+    loaded = load_profiles([profile_dir], devices=["CPU"], dtype="fp32")
+    bare = Profiles(tuple((name, dataclasses.replace(
+        p, rows=tuple(r for r in p.rows if r.kind != "host"), digest=p.digest + ":no-host"))
+        for name, p in loaded.by_device))
+    return simulate(plan, profiles=bare).iteration_time_s
+
+
 def measure(kind: str, model: str, profile_dir: str, folder: str,
             args: argparse.Namespace) -> dict:
     path = os.path.join(folder, f"{model}-{kind}.yaml")
@@ -190,6 +205,7 @@ def measure(kind: str, model: str, profile_dir: str, folder: str,
     return {"kind": kind, "model": model, "ranks": plan.cluster.num_gpus,
             "load_average": list(os.getloadavg()), "layout": report["layout"],
             "predicted_ms": report["predicted_iteration_s"] * 1e3,
+            "predicted_without_host_ms": predicted_without_host_s(plan, profile_dir) * 1e3,
             "measured_ms": report["measured_iteration_s"] * 1e3,
             "range_ms": [x * 1e3 for x in report["measured_iteration_range_s"]],
             "error": report["iteration_error"], "foreign_cores": foreign}
@@ -205,13 +221,15 @@ def _short(layout: str) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | plan kind | ranks | layout | predicted ms | measured ms (median; "
-             "range) | error | foreign load (cores) | load average (1 min) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "range) | error | without host costs: predicted ms, error | foreign load "
+             "(cores) | load average (1 min) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        before = r["predicted_without_host_ms"]
         lines.append(f"| {r['model']} | {r['kind']} | {r['ranks']} | {_short(r['layout'])} | "
                      f"{r['predicted_ms']:.2f} | {r['measured_ms']:.2f} "
                      f"({r['range_ms'][0]:.2f}-{r['range_ms'][1]:.2f}) | "
-                     f"{r['error']:+.1%} | {r['foreign_cores']:.2f} | "
+                     f"{r['error']:+.1%} | {before:.2f}, "
+                     f"{before / r['measured_ms'] - 1:+.1%} | {r['foreign_cores']:.2f} | "
                      f"{r['load_average'][0]:.2f} |")
     within = sum(abs(r["error"]) <= 0.10 for r in rows)
     lines.append(f"\n{within} of {len(rows)} rows within 10%; median |error| "
