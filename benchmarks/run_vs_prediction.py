@@ -1,7 +1,7 @@
 """Measured iteration time of `plan run` against the profile-driven prediction, on this
 machine's CPU ranks, for every plan kind the executor runs (issue 17: within 10% each).
 
-    python benchmarks/run_vs_prediction.py [--models debug-small,debug-medium]
+    python -m benchmarks.run_vs_prediction [--models debug-small,debug-medium]
         [--profile DIR] [--steps 30] [--trials 3] [--kinds dp2,...] [--out DIR]
 
 Without --profile the machine is profiled first, per model (`plan profile --host-costs`:

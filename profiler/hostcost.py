@@ -20,6 +20,11 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   (executor/tensor_parallel.py) adds to a pass beyond its tp collectives (two per pass,
   each timed alone at the activation's size): DTensor's Python dispatch of each sharded op
   and the redistributions. `dtensor_root_*`: the same for the embedding and head.
+* `gemm_alone` (ranks 1) and `gemm_concurrent` (ranks N): a 256^3 fp32 GEMM's seconds on
+  one rank while the others wait, and on every rank at once. On the CPU the ranks of a
+  host share its cores, caches and memory bandwidth (and any other load on the machine),
+  so a rank computes slower than the one process an op profile was measured with: the
+  ratio is that slowdown, measured now on this host.
 
 All are measured per host with the framework this repository runs, never fitted to a
 plan. torch and the executor are imported only inside the functions that measure.
@@ -112,6 +117,7 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
                                                  repeats, calls=20),
                      variant=backend, ranks=world, size_bytes=4 * world, calls=20)
             for kind in HOST_COLLECTIVES]
+    rows += _share_rows(rank, world, repeats=max(repeats, 25))
     repeats = max(repeats, 25)  # differences of noisy times: more samples
     rows += _fsdp_rows(rank, world, backend=backend, family_model=family_model,
                        repeats=repeats)
@@ -119,6 +125,32 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
         rows += _dtensor_rows(rank, world, backend=backend, family_model=family_model,
                               sequence_parallel=sequence_parallel, repeats=repeats)
     return rows
+
+
+def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
+    """A GEMM's time alone (rank 0, the others blocked in a barrier) and on every rank at
+    once, sampled in turn."""
+    import torch
+    import torch.distributed as dist
+
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+    def gemm_s(calls: int = 10) -> float:
+        return _host_s(lambda: torch.mm(a, b), calls)
+
+    alone, together = [], []
+    for i in range(repeats + 3):
+        dist.barrier()
+        t = gemm_s() if rank == 0 else 0.0
+        dist.barrier()
+        both = torch.tensor([t, gemm_s()], dtype=torch.float64)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        if i >= 3:
+            alone.append(float(both[0]))
+            together.append(float(both[1]))
+    return [host_row("gemm_alone", alone, calls=10, size_bytes=3 * 4 * 256 * 256),
+            host_row("gemm_concurrent", together, ranks=world, calls=10,
+                     size_bytes=3 * 4 * 256 * 256)]
 
 
 def _samples(fn: Callable[[], None], repeats: int, *, calls: int) -> list[float]:

@@ -11,7 +11,10 @@ host (profiler/hostcost.py), else the analytic defaults:
   for each gather), so the simulator prices gathers one by one inside the pass instead of
   prefetched on a side stream;
 * DTensor (`dtensor_layer_s`, `dtensor_root_s`): what a tensor-parallel block (and the
-  embedding and head) adds to a pass beyond its tp collectives, held on the compute stream.
+  embedding and head) adds to a pass beyond its tp collectives, held on the compute stream;
+* shared cores (`shared_host_slowdown`): CPU ranks of one host share its cores, caches,
+  memory bandwidth and whatever else runs there, so each computes slower than the single
+  process that measured the op profile: a GEMM on every rank at once against one alone.
 
 Each is measured per host with the executor's framework and never fitted to a plan.
 """
@@ -23,11 +26,12 @@ from profiler.devices import DeviceSpec
 from profiler.store import Profile, Profiles
 
 __all__ = ["HOST_ANALYTIC_SOURCE", "backend", "dtensor_layer_s", "dtensor_root_s",
-           "fsdp_unit_s", "host_source", "launch_s"]
+           "fsdp_unit_s", "host_source", "launch_s", "shared_host_slowdown"]
 
 HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
                         "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "
-                        "their own stream; no DTensor overhead)")
+                        "their own stream; no DTensor overhead; CPU ranks compute as fast "
+                        "as one process alone)")
 
 
 def backend(dev: DeviceSpec) -> str:
@@ -77,6 +81,18 @@ def dtensor_root_s(dev: DeviceSpec, profile: Profile | None, tp: int,
     return _dtensor("root", dev, profile, tp, sequence_parallel)
 
 
+def shared_host_slowdown(dev: DeviceSpec, profile: Profile | None, ranks: int) -> float:
+    """How much slower each of `ranks` CPU ranks on one host computes than one process
+    alone (1 on GPUs, with one rank, or where not measured; never below 1)."""
+    if dev.vendor != "cpu" or profile is None or ranks <= 1:
+        return 1.0
+    alone = profile.host_s("gemm_alone")
+    together = profile.host_s("gemm_concurrent", ranks=ranks)
+    if alone is None or together is None:
+        return 1.0
+    return max(1.0, together / alone)
+
+
 def host_source(profiles: Profiles | None, devices: set[str]) -> str:
     """What priced the host-side costs of a plan on `devices`."""
     paths = sorted({p.path for name, p in (profiles.by_device if profiles else ())
@@ -84,5 +100,6 @@ def host_source(profiles: Profiles | None, devices: set[str]) -> str:
     if not paths:
         return HOST_ANALYTIC_SOURCE
     return (f"measured host costs {', '.join(paths)} (FSDP2 units and DTensor layers beyond "
-            "their collectives, which block the compute thread; per-op dispatch); "
+            "their collectives, which block the compute thread; per-op dispatch; CPU ranks "
+            "sharing the host's cores); "
             f"{HOST_ANALYTIC_SOURCE} for the rest")

@@ -29,7 +29,14 @@ from planner.costs.comm import (
     group_tiers,
 )
 from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, clear_op_cache, compute_source
-from planner.costs.host import dtensor_layer_s, dtensor_root_s, fsdp_unit_s, host_source, launch_s
+from planner.costs.host import (
+    dtensor_layer_s,
+    dtensor_root_s,
+    fsdp_unit_s,
+    host_source,
+    launch_s,
+    shared_host_slowdown,
+)
 from planner.costs.memory import (
     StageMemory,
     activation_memory,
@@ -100,6 +107,11 @@ class Part:
     def __mul__(self, k: float) -> Part:
         return Part(self.compute_s * k, self.tp_s * k, self.cp_s * k, self.host_s * k,
                     self.dp_s * k)
+
+    def slowed(self, k: float) -> Part:
+        """The part with its compute and host time `k` times longer (CPU ranks sharing a
+        host's cores), its collectives as they were."""
+        return replace(self, compute_s=self.compute_s * k, host_s=self.host_s * k)
 
 
 @dataclass(frozen=True)
@@ -619,10 +631,13 @@ def _passes(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, shape: Work
     tiers_key = (("tp", group_tiers(cluster, spec.tp_group)),
                  ("cp", group_tiers(cluster, spec.cp_group)))
     dev, recompute = spec.device, spec.placed.recompute
-    layer_fwd, layer_bwd = layer_parts(model, shape, dev, tiers_key, recompute, profiles)
+    k = _host_slowdown(cluster, spec, profiles)
+    layer_fwd, layer_bwd = (p.slowed(k) for p in layer_parts(model, shape, dev, tiers_key,
+                                                             recompute, profiles))
     zero = (Part(), Part())
     embed = _extra_parts(model, shape, dev, tiers_key, "embed", profiles) if spec.first else zero
     head = _extra_parts(model, shape, dev, tiers_key, "head", profiles) if spec.last else zero
+    embed, head = (embed[0].slowed(k), embed[1].slowed(k)), (head[0].slowed(k), head[1].slowed(k))
     p2p_s, p2p_transfer = _p2p(cluster, model, spec, shape, profiles)
     cost = StageCost(pipeline=0, stage=spec.index, device=dev.name,
                      num_layers=spec.placed.num_layers, num_params=stage_params(model, spec),
@@ -634,9 +649,19 @@ def _passes(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, shape: Work
                                               last=spec.last, recompute=recompute,
                                               layers_in_flight=0.0),
                      layer_weight_grad=_layer_weight_grad(model, shape, dev, tiers_key,
-                                                          recompute, profiles))
+                                                          recompute, profiles).slowed(k))
     _ = cost.forward_s, cost.backward_s, cost.weight_grad_s
     return cost
+
+
+def _host_slowdown(cluster: ClusterSpec, spec: StageSpec, profiles: Profiles | None) -> float:
+    """CPU ranks: how much slower each computes beside the other ranks of its host
+    (planner/costs/host.py `shared_host_slowdown`); 1 elsewhere."""
+    if spec.device.vendor != "cpu" or profiles is None:
+        return 1.0
+    group = cluster.node_groups[cluster.slots[spec.placed.devices[0]].group]
+    return shared_host_slowdown(spec.device, profiles.get(spec.device_name),
+                                group.gpus_per_node or 1)
 
 
 @dataclass(frozen=True)
@@ -667,8 +692,8 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
                          num_tensors=max(1, 6 * spec.placed.num_layers))
     states = model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
                                tp=spec.placed.tp, pp=spec.pp)
-    return ShardingTerms(sync, _compute_costs(spec.device, dtype, profiles).time_s(opt),
-                         states)
+    return ShardingTerms(sync, _compute_costs(spec.device, dtype, profiles).time_s(opt)
+                         * _host_slowdown(cluster, spec, profiles), states)
 
 
 def apply_sharding(cost: StageCost, terms: ShardingTerms) -> StageCost:

@@ -136,3 +136,24 @@ def test_old_profile_rows_are_read_unchanged(tmp_path):
     profile = _profiles(tmp_path, rows).get("CPU")
     assert profile.rows == rows
     assert dataclasses.replace(profile, rows=rows + HOST).host_rows == HOST
+
+
+def test_cpu_ranks_sharing_a_host_compute_slower_by_the_measured_ratio(tmp_path):
+    share = (_host("gemm_alone", 1e-3, variant=None, ranks=1),
+             _host("gemm_concurrent", 1.25e-3, variant=None, ranks=2))
+    bare = _profiles(tmp_path, _collectives())
+    measured = _profiles(tmp_path, _collectives() + share, "share.csv")
+    dp2 = _plan(dp=2, gbs=16)
+    b, a = plan_costs(dp2, bare).costs[0][0], plan_costs(dp2, measured).costs[0][0]
+    assert a.forward.compute_s == pytest.approx(1.25 * b.forward.compute_s)
+    assert a.optimizer_s == pytest.approx(1.25 * b.optimizer_s)
+    assert a.dp == b.dp  # collectives as measured
+    cfg = ParallelConfig(seq_len=64, dtype="fp32", mbs=8, gbs=8)  # one rank on the host
+    one = homogeneous_plan(SMALL, CPU.take(1), cfg, kernels=Kernels(attention="flash",
+                                                                     optimizer="fused"))
+    assert plan_costs(one, measured).costs[0][0].forward_s == \
+        pytest.approx(plan_costs(one, bare).costs[0][0].forward_s)
+    faster = (_host("gemm_alone", 1e-3, variant=None, ranks=1),
+              _host("gemm_concurrent", 0.9e-3, variant=None, ranks=2))
+    never_faster = _profiles(tmp_path, _collectives() + faster, "faster.csv")
+    assert plan_costs(dp2, never_faster).costs[0][0].forward_s == pytest.approx(b.forward_s)
