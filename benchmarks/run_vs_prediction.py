@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from planner.specs.cluster import homogeneous_cluster, load_cluster
+from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec, preset
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Stage, Training, save_plan
@@ -42,10 +42,13 @@ CLUSTER = load_cluster(os.path.join(ROOT, "cluster_specs", "local-cpu.yaml"))
 KERNELS = Kernels(attention="flash", optimizer="fused")
 
 
-def _cluster(num_ranks: int):
-    if num_ranks == 2:
-        return CLUSTER
-    return CLUSTER.take(num_ranks) if num_ranks < 2 else homogeneous_cluster("CPU", num_ranks)
+def _cluster(num_ranks: int) -> ClusterSpec:
+    """`num_ranks` CPU ranks on this host."""
+    if num_ranks <= 2:
+        return CLUSTER.take(num_ranks) if num_ranks < 2 else CLUSTER
+    return ClusterSpec(name=f"{num_ranks} CPU ranks", node_groups=(NodeGroup(
+        name="host", gpu="CPU", num_nodes=1, gpus_per_node=num_ranks,
+        intra_node_link="loopback"),)).resolved()
 
 
 def _homogeneous(model: ModelSpec, **knobs) -> Plan:
@@ -165,8 +168,8 @@ def trial(plan_path: str, profile_dir: str, steps: int, warmup: int) -> tuple[di
                  "--profile", profile_dir, "--json"])
     busy1, t1 = _busy_jiffies(), time.monotonic()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr)
+    if out.returncode != 0 or not out.stdout.strip().startswith("{"):
+        raise RuntimeError(out.stderr or out.stdout)
     ours = (after.ru_utime + after.ru_stime) - (before_children.ru_utime
                                                 + before_children.ru_stime)
     foreign = max(0.0, (busy1 - busy0) / hz - ours) / (t1 - t0)
@@ -293,7 +296,12 @@ def main() -> None:
                 os.makedirs(profile_dir)
                 profile(profile_dir, model)
             for kind in args.kinds.split(","):
-                rows.append(measure(kind, model, profile_dir, folder, args))
+                try:
+                    rows.append(measure(kind, model, profile_dir, folder, args))
+                except (RuntimeError, ValueError) as err:  # a run that failed: say so, go on
+                    print(f"{model} {kind}: failed: {str(err).strip()[-300:]}",
+                          file=sys.stderr, flush=True)
+                    continue
                 r = rows[-1]
                 print(f"{model} {kind}: predicted {r['predicted_ms']:.2f} ms, measured "
                       f"{r['measured_ms']:.2f} ms, error {r['error']:+.1%}, foreign load "
