@@ -5,9 +5,10 @@ machine's CPU ranks, for every plan kind the executor runs (issue 17: within 10%
         [--profile DIR] [--steps 30] [--trials 3] [--kinds dp2,...] [--out DIR]
 
 Without --profile the machine is profiled first, per model (`plan profile --host-costs`:
-the model's ops at the plans' shapes and the per-op dispatch; collectives over 2
-processes up to 4 MB (the model's largest gradient bucket for bigger models) with their
-fixed costs and FSDP2's and DTensor's per-layer costs). Each plan kind is saved as a
+the model's ops at the plans' shapes and the per-op dispatch; collectives over 2 and
+over 4 processes up to 4 MB (the model's largest gradient bucket for bigger models) with
+their fixed costs, FSDP2's and DTensor's per-layer costs and the ranks' sharing of the
+host's cores). Each plan kind is saved as a
 Plan on 2 CPU ranks and run with `plan run --plan ... --profile DIR --json`; its measured
 time is the median step after warm-up, its prediction the event simulation with the
 profile. The machine has 2 cores: another process's load doubles a 2-rank run's time, so
@@ -131,7 +132,10 @@ def profile(folder: str, model: str) -> None:
     for argv in (["--model", model, "--tp", "1,2", "--mbs", "4,8", "--seq", str(SEQ),
                   "--dtype", "fp32", "--host-costs", "-o", os.path.join(folder, "cpu-ops.csv")],
                  ["--collectives", "--host-costs", "--nprocs", "2", "--max-bytes",
-                  f"{state_mb}MB", "-o", os.path.join(folder, "cpu-collectives.csv")]):
+                  f"{state_mb}MB", "-o", os.path.join(folder, "cpu-collectives.csv")],
+                 # the 4-rank kinds: their groups, and 4 ranks sharing the host
+                 ["--collectives", "--host-costs", "--nprocs", "4", "--max-bytes",
+                  f"{state_mb}MB", "-o", os.path.join(folder, "cpu-collectives-4.csv")]):
         out = _plan(["profile", "--device", "cpu", *argv])
         assert out.returncode == 0, out.stderr
         print(out.stdout.strip(), file=sys.stderr)
@@ -295,6 +299,12 @@ def main() -> None:
                 profile_dir = os.path.join(folder, f"profiles-{model}")
                 os.makedirs(profile_dir)
                 profile(profile_dir, model)
+                if args.out:  # keep what the predictions were priced with
+                    import shutil
+
+                    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
+                    shutil.copytree(profile_dir, os.path.join(args.out,
+                                                              f"profiles-{model}-{stamp}"))
             for kind in args.kinds.split(","):
                 try:
                     rows.append(measure(kind, model, profile_dir, folder, args))

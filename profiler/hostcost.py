@@ -20,8 +20,8 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   (executor/tensor_parallel.py) adds to a pass beyond its tp collectives (two per pass,
   each timed alone at the activation's size): DTensor's Python dispatch of each sharded op
   and the redistributions. `dtensor_root_*`: the same for the embedding and head.
-* `gemm_alone` (ranks 1) and `gemm_concurrent` (ranks N): a 256^3 fp32 GEMM's seconds on
-  one rank while the others wait, and on every rank at once. On the CPU the ranks of a
+* `gemm_alone` and `gemm_concurrent` (ranks N: measured among N processes): a 256^3
+  fp32 GEMM's seconds on one rank while the others wait, and on every rank at once. On the CPU the ranks of a
   host share its cores, caches and memory bandwidth (and any other load on the machine),
   so a rank computes slower than the one process an op profile was measured with: the
   ratio is that slowdown, measured now on this host.
@@ -148,7 +148,8 @@ def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
         if i >= 3:
             alone.append(float(both[0]))
             together.append(float(both[1]))
-    return [host_row("gemm_alone", alone, calls=10, size_bytes=3 * 4 * 256 * 256),
+    # both keyed by the N-process run they were measured in, so that a ratio pairs them
+    return [host_row("gemm_alone", alone, ranks=world, calls=10, size_bytes=3 * 4 * 256 * 256),
             host_row("gemm_concurrent", together, ranks=world, calls=10,
                      size_bytes=3 * 4 * 256 * 256)]
 

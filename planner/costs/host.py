@@ -86,7 +86,7 @@ def shared_host_slowdown(dev: DeviceSpec, profile: Profile | None, ranks: int) -
     alone (1 on GPUs, with one rank, or where not measured; never below 1)."""
     if dev.vendor != "cpu" or profile is None or ranks <= 1:
         return 1.0
-    alone = profile.host_s("gemm_alone")
+    alone = profile.host_s("gemm_alone", ranks=ranks)
     together = profile.host_s("gemm_concurrent", ranks=ranks)
     if alone is None or together is None:
         return 1.0
