@@ -298,7 +298,8 @@ def main() -> None:
             if profile_dir is None:
                 profile_dir = os.path.join(folder, f"profiles-{model}")
                 os.makedirs(profile_dir)
-                profile(profile_dir, model)
+                wait_quiet(args.max_foreign, args.patience)  # a profile of a busy
+                profile(profile_dir, model)  # machine prices every row after it
                 if args.out:  # keep what the predictions were priced with
                     import shutil
 
