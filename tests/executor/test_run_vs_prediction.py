@@ -2,11 +2,13 @@
 (issue 17): the two plan kinds the simulator missed most before them, ZeRO-3 on FSDP2
 (-40%) and tp 2 with DTensor (-48%), on debug-small over 2 CPU ranks.
 
-The bound here is 25%, not the benchmark's 10%: CI runs on a shared 2-core machine where
-another process's load slows the two ranks unevenly (benchmarks/run_vs_prediction.py and
-docs/executor.md hold the 10% table and the load it was measured under). What cannot be
-blamed on load is also checked: the measured host costs move each prediction towards the
-measurement. A profile and a run that lose to a burst of load are retried once.
+The bound here is 25%, not the benchmark's 10%, and it is asserted only for a run during
+which other processes used at most 0.3 cores: CI runs on a shared 2-core machine where
+another process's load slows the two ranks unevenly and by more than the profile saw
+(docs/executor.md shows runs under a load average of 5-8 missing by 40-65%). A loaded
+attempt is retried (after waiting up to a minute for a quiet machine); if every attempt
+was loaded the test is skipped, saying so. What load cannot explain is asserted always:
+the measured host costs move each prediction towards the measurement.
 """
 
 import json
@@ -23,22 +25,24 @@ import run_vs_prediction as bench
 from planner.specs.model import preset
 from planner.specs.plan import save_plan
 
-MODEL, KINDS, BOUND, ATTEMPTS = "debug-small", ("dp2-zero3", "tp2"), 0.25, 2
+MODEL, KINDS, BOUND, ATTEMPTS = "debug-small", ("dp2-zero3", "tp2"), 0.25, 3
+QUIET_CORES = 0.3  # foreign load under which the bound is asserted
 
 
-def _errors(folder: str) -> dict[str, tuple[float, float]]:
-    """Per kind: (error with host costs, error without) of one run."""
+def _errors(folder: str) -> dict[str, tuple[float, float, float]]:
+    """Per kind: (error with host costs, error without, foreign load) of one run."""
+    bench.wait_quiet(QUIET_CORES, 60)
     bench.profile(folder, MODEL)
     out = {}
     for kind in KINDS:
         plan = bench.KINDS[kind](preset(MODEL))
         path = os.path.join(folder, f"{kind}.yaml")
         save_plan(plan, path)
-        report, _ = bench.trial(path, folder, steps=10, warmup=3)
+        report, foreign = bench.trial(path, folder, steps=10, warmup=3)
         measured = report["measured_iteration_s"]
         without = bench.predicted_without_host_s(plan, folder)
         assert "measured host costs" in report["prediction_source"]
-        out[kind] = (report["iteration_error"], without / measured - 1)
+        out[kind] = (report["iteration_error"], without / measured - 1, foreign)
     return out
 
 
@@ -50,10 +54,14 @@ def test_host_costs_bring_fsdp2_and_dtensor_runs_within_the_bound(tmp_path):
         folder.mkdir()
         errors = _errors(str(folder))
         tries.append(errors)
-        if all(abs(e) < BOUND and abs(e) < abs(before) for e, before in errors.values()):
-            break
-    last = tries[-1]
-    report = json.dumps(tries)
-    for kind, (error, before) in last.items():
-        assert abs(error) < abs(before), f"{kind}: host costs moved it away: {report}"
-        assert abs(error) < BOUND, f"{kind}: {error:+.1%} (errors per attempt {report})"
+        for kind, (error, before, _) in errors.items():
+            assert abs(error) < abs(before), \
+                f"{kind}: host costs moved it away: {json.dumps(tries)}"
+        quiet = all(f <= QUIET_CORES for _, _, f in errors.values())
+        if quiet:
+            for kind, (error, _, _) in errors.items():
+                assert abs(error) < BOUND, \
+                    f"{kind}: {error:+.1%} (errors per attempt {json.dumps(tries)})"
+            return
+    pytest.skip(f"every attempt ran beside other load (> {QUIET_CORES} cores): "
+                f"{json.dumps(tries)}")
