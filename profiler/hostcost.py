@@ -117,7 +117,7 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
                                                  repeats, calls=20),
                      variant=backend, ranks=world, size_bytes=4 * world, calls=20)
             for kind in HOST_COLLECTIVES]
-    rows += _share_rows(rank, world, repeats=max(repeats, 25))
+    rows += _share_rows(rank, world, repeats=max(repeats, 15))
     repeats = max(repeats, 25)  # differences of noisy times: more samples
     rows += _fsdp_rows(rank, world, backend=backend, family_model=family_model,
                        repeats=repeats)
@@ -135,7 +135,9 @@ def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
 
     a, b = torch.randn(256, 256), torch.randn(256, 256)
 
-    def gemm_s(calls: int = 10) -> float:
+    # ~30 ms a sample: several scheduler time slices, so that sharing the cores with the
+    # other ranks (and other load) shows as it does over a training step, not a burst
+    def gemm_s(calls: int = 100) -> float:
         return _host_s(lambda: torch.mm(a, b), calls)
 
     alone, together = [], []
@@ -149,8 +151,9 @@ def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
             alone.append(float(both[0]))
             together.append(float(both[1]))
     # both keyed by the N-process run they were measured in, so that a ratio pairs them
-    return [host_row("gemm_alone", alone, ranks=world, calls=10, size_bytes=3 * 4 * 256 * 256),
-            host_row("gemm_concurrent", together, ranks=world, calls=10,
+    return [host_row("gemm_alone", alone, ranks=world, calls=100,
+                     size_bytes=3 * 4 * 256 * 256),
+            host_row("gemm_concurrent", together, ranks=world, calls=100,
                      size_bytes=3 * 4 * 256 * 256)]
 
 
