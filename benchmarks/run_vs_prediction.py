@@ -127,15 +127,16 @@ def _plan(argv: list[str], quiet: bool = True) -> subprocess.CompletedProcess:
                           text=True, check=False, cwd=ROOT)
 
 
-def profile(folder: str, model: str) -> None:
+def profile(folder: str, model: str, *, nprocs: tuple[int, ...] = (2, 4)) -> None:
+    """The model's ops, and collectives and host costs over each of `nprocs` processes
+    (4: the 4-rank kinds' groups, and 4 ranks sharing the host)."""
     state_mb = max(4, min(64, 2 ** (preset(model).num_params() * 4 // 2**20).bit_length()))
-    for argv in (["--model", model, "--tp", "1,2", "--mbs", "4,8", "--seq", str(SEQ),
-                  "--dtype", "fp32", "--host-costs", "-o", os.path.join(folder, "cpu-ops.csv")],
-                 ["--collectives", "--host-costs", "--nprocs", "2", "--max-bytes",
-                  f"{state_mb}MB", "-o", os.path.join(folder, "cpu-collectives.csv")],
-                 # the 4-rank kinds: their groups, and 4 ranks sharing the host
-                 ["--collectives", "--host-costs", "--nprocs", "4", "--max-bytes",
-                  f"{state_mb}MB", "-o", os.path.join(folder, "cpu-collectives-4.csv")]):
+    ops = ["--model", model, "--tp", "1,2", "--mbs", "4,8", "--seq", str(SEQ), "--dtype",
+           "fp32", "--host-costs", "-o", os.path.join(folder, "cpu-ops.csv")]
+    for argv in (ops, *(["--collectives", "--host-costs", "--nprocs", str(n), "--max-bytes",
+                         f"{state_mb}MB", "-o", os.path.join(
+                             folder, "cpu-collectives.csv" if n == 2
+                             else f"cpu-collectives-{n}.csv")] for n in nprocs)):
         out = _plan(["profile", "--device", "cpu", *argv])
         assert out.returncode == 0, out.stderr
         print(out.stdout.strip(), file=sys.stderr)

@@ -32,7 +32,7 @@ QUIET_CORES = 0.3  # foreign load under which the bound is asserted
 def _errors(folder: str) -> dict[str, tuple[float, float, float]]:
     """Per kind: (error with host costs, error without, foreign load) of one run."""
     bench.wait_quiet(QUIET_CORES, 60)
-    bench.profile(folder, MODEL)
+    bench.profile(folder, MODEL, nprocs=(2,))
     out = {}
     for kind in KINDS:
         plan = bench.KINDS[kind](preset(MODEL))
