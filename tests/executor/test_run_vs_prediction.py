@@ -7,8 +7,12 @@ which other processes used at most 0.3 cores: CI runs on a shared 2-core machine
 another process's load slows the two ranks unevenly and by more than the profile saw
 (docs/executor.md shows runs under a load average of 5-8 missing by 40-65%). A loaded
 attempt is retried (after waiting up to a minute for a quiet machine); if every attempt
-was loaded the test is skipped, saying so. What load cannot explain is asserted always:
-the measured host costs move each prediction towards the measurement.
+was loaded the test is skipped, saying so. On a quiet run it also asserts that the
+measured host costs move each prediction towards the measurement. That is not asserted
+under load either: the shared-core ratio prices the load of the moment the profile was
+measured, and a run beside less load then lands on the other side (2026-12-01, foreign
+load 0.87 cores: tp2 +63% with host costs against -62% without; the attempts before,
++8% and +24% against -68% and -74%; dp2-zero3 -20%, -13%, -19% against -67%, -66%, -68%).
 """
 
 import json
@@ -54,12 +58,11 @@ def test_host_costs_bring_fsdp2_and_dtensor_runs_within_the_bound(tmp_path):
         folder.mkdir()
         errors = _errors(str(folder))
         tries.append(errors)
-        for kind, (error, before, _) in errors.items():
-            assert abs(error) < abs(before), \
-                f"{kind}: host costs moved it away: {json.dumps(tries)}"
         quiet = all(f <= QUIET_CORES for _, _, f in errors.values())
         if quiet:
-            for kind, (error, _, _) in errors.items():
+            for kind, (error, before, _) in errors.items():
+                assert abs(error) < abs(before), \
+                    f"{kind}: host costs moved it away: {json.dumps(tries)}"
                 assert abs(error) < BOUND, \
                     f"{kind}: {error:+.1%} (errors per attempt {json.dumps(tries)})"
             return
