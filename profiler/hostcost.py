@@ -20,11 +20,12 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   (executor/tensor_parallel.py) adds to a pass beyond its tp collectives (two per pass,
   each timed alone at the activation's size): DTensor's Python dispatch of each sharded op
   and the redistributions. `dtensor_root_*`: the same for the embedding and head.
-* `gemm_alone` and `gemm_concurrent` (ranks N: measured among N processes): a 256^3
-  fp32 GEMM's seconds on one rank while the others wait, and on every rank at once. On the CPU the ranks of a
-  host share its cores, caches and memory bandwidth (and any other load on the machine),
-  so a rank computes slower than the one process an op profile was measured with: the
-  ratio is that slowdown, measured now on this host.
+* `gemm_shared` (ranks n = 1..N, measured among N processes): a 256^3 fp32 GEMM's seconds
+  per call while n of the N ranks compute it at once (the others wait in a collective),
+  ~30 ms a sample. On the CPU the ranks of a host share its cores, caches and memory
+  bandwidth (and any other load on the machine), so a rank computes slower while others
+  compute too: the time at n against the time at 1 is that slowdown, measured now on this
+  host; the event simulation applies it only while n ranks compute at once.
 
 All are measured per host with the framework this repository runs, never fitted to a
 plan. torch and the executor are imported only inside the functions that measure.
@@ -128,8 +129,9 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
 
 
 def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
-    """A GEMM's time alone (rank 0, the others blocked in a barrier) and on every rank at
-    once, sampled in turn."""
+    """A GEMM's time while n of the `world` ranks compute it at once, n = 1..world (the
+    others wait in the all-reduce that collects the slowest rank's time), the counts
+    sampled in turn so that a burst of other load hits them alike."""
     import torch
     import torch.distributed as dist
 
@@ -140,21 +142,16 @@ def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
     def gemm_s(calls: int = 100) -> float:
         return _host_s(lambda: torch.mm(a, b), calls)
 
-    alone, together = [], []
+    times: dict[int, list[float]] = {n: [] for n in range(1, world + 1)}
     for i in range(repeats + 3):
-        dist.barrier()
-        t = gemm_s() if rank == 0 else 0.0
-        dist.barrier()
-        both = torch.tensor([t, gemm_s()], dtype=torch.float64)
-        dist.all_reduce(both, op=dist.ReduceOp.MAX)
-        if i >= 3:
-            alone.append(float(both[0]))
-            together.append(float(both[1]))
-    # both keyed by the N-process run they were measured in, so that a ratio pairs them
-    return [host_row("gemm_alone", alone, ranks=world, calls=100,
-                     size_bytes=3 * 4 * 256 * 256),
-            host_row("gemm_concurrent", together, ranks=world, calls=100,
-                     size_bytes=3 * 4 * 256 * 256)]
+        for n in times:
+            dist.barrier()
+            slowest = torch.tensor([gemm_s() if rank < n else 0.0], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            if i >= 3:
+                times[n].append(float(slowest))
+    return [host_row("gemm_shared", ts, ranks=n, calls=100, size_bytes=3 * 4 * 256 * 256)
+            for n, ts in times.items()]
 
 
 def _samples(fn: Callable[[], None], repeats: int, *, calls: int) -> list[float]:

@@ -12,21 +12,26 @@ host (profiler/hostcost.py), else the analytic defaults:
   prefetched on a side stream;
 * DTensor (`dtensor_layer_s`, `dtensor_root_s`): what a tensor-parallel block (and the
   embedding and head) adds to a pass beyond its tp collectives, held on the compute stream;
-* shared cores (`shared_host_slowdown`): CPU ranks of one host share its cores, caches,
-  memory bandwidth and whatever else runs there, so each computes slower than the single
-  process that measured the op profile: a GEMM on every rank at once against one alone.
+* shared cores (`shared_cores`): CPU ranks of one host share its cores, caches, memory
+  bandwidth and whatever else runs there, so each computes slower than the single process
+  that measured the op profile while other ranks compute too: a GEMM's time with n of the
+  host's ranks computing at once against one alone, n = 1..N. The event simulation applies
+  it only while that many ranks compute (planner/simulator/graph.py), so pipeline stages
+  that compute in turn are not slowed.
 
 Each is measured per host with the executor's framework and never fitted to a plan.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from profiler.analytic import launch_overhead_s
 from profiler.devices import DeviceSpec
 from profiler.store import Profile, Profiles
 
-__all__ = ["HOST_ANALYTIC_SOURCE", "backend", "dtensor_layer_s", "dtensor_root_s",
-           "fsdp_unit_s", "host_source", "launch_s"]
+__all__ = ["HOST_ANALYTIC_SOURCE", "SharedCoreSlowdown", "backend", "dtensor_layer_s",
+           "dtensor_root_s", "fsdp_unit_s", "host_source", "launch_s", "shared_cores"]
 
 HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
                         "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "
@@ -81,6 +86,48 @@ def dtensor_root_s(dev: DeviceSpec, profile: Profile | None, tp: int,
     return _dtensor("root", dev, profile, tp, sequence_parallel)
 
 
+@dataclass(frozen=True)
+class SharedCoreSlowdown:
+    """How much slower each CPU rank of a host computes while n of its ranks compute at
+    once than one alone: `measured[n - 1]` for n = 1..N (`gemm_shared` rows)."""
+
+    measured: tuple[float, ...]
+
+    def __call__(self, load: float) -> float:
+        """The slowdown at `load` ranks computing (fractional: a rank that spends part of
+        a task waiting in a collective counts for that part): linear between the measured
+        counts, 1 up to one rank, and beyond the largest count N each rank's fair share of
+        N ranks' throughput (k(N) * load / N, processor sharing)."""
+        k, n = self.measured, len(self.measured)
+        if load <= 1.0:
+            return 1.0
+        if load >= n:
+            return k[-1] * load / n
+        lo = int(load)
+        return k[lo - 1] + (load - lo) * (k[lo] - k[lo - 1])
+
+
+def shared_cores(dev: DeviceSpec, profile: Profile | None) -> SharedCoreSlowdown | None:
+    """The measured slowdown of `dev`'s ranks sharing a host (None on GPUs, which do not
+    share their compute, and where the profile has no `gemm_shared` rows). Never below 1
+    and never smaller for more ranks (a measurement's noise is not a speed-up)."""
+    if dev.vendor != "cpu" or profile is None:
+        return None
+    times: dict[int, float] = {}
+    for r in profile.host_rows:
+        if r.name == "gemm_shared" and r.variant in (None, ""):
+            times.setdefault(r.ranks, r.time_s)
+    if 1 not in times or len(times) < 2:
+        return None
+    out, k = [], 1.0
+    for n in range(1, max(times) + 1):
+        if n not in times:
+            break
+        k = max(k, times[n] / times[1])
+        out.append(k)
+    return SharedCoreSlowdown(tuple(out)) if len(out) > 1 else None
+
+
 def host_source(profiles: Profiles | None, devices: set[str]) -> str:
     """What priced the host-side costs of a plan on `devices`."""
     paths = sorted({p.path for name, p in (profiles.by_device if profiles else ())
@@ -89,5 +136,5 @@ def host_source(profiles: Profiles | None, devices: set[str]) -> str:
         return HOST_ANALYTIC_SOURCE
     return (f"measured host costs {', '.join(paths)} (FSDP2 units and DTensor layers beyond "
             "their collectives, which block the compute thread; per-op dispatch; CPU ranks "
-            "sharing the host's cores); "
+            "sharing the host's cores while they compute at once); "
             f"{HOST_ANALYTIC_SOURCE} for the rest")

@@ -1,12 +1,13 @@
 """Host-side costs (issue 17): profile rows of kind "host" priced on the right stream —
 FSDP2's units blocking the compute thread one by one, DTensor's per-block cost on the
-compute stream — and the analytic defaults (with their source) where a profile has none."""
+compute stream, CPU ranks sharing a host slowed only while they compute at once — and the
+analytic defaults (with their source) where a profile has none."""
 
 import dataclasses
 
 import pytest
 
-from planner.costs.host import HOST_ANALYTIC_SOURCE, fsdp_unit_s, launch_s
+from planner.costs.host import HOST_ANALYTIC_SOURCE, fsdp_unit_s, launch_s, shared_cores
 from planner.costs.stages import cost_sources, plan_costs
 from planner.simulator import simulate
 from planner.specs.cluster import load_cluster
@@ -136,3 +137,47 @@ def test_old_profile_rows_are_read_unchanged(tmp_path):
     profile = _profiles(tmp_path, rows).get("CPU")
     assert profile.rows == rows
     assert dataclasses.replace(profile, rows=rows + HOST).host_rows == HOST
+
+
+def _shared(*seconds: float) -> tuple:
+    """`gemm_shared` rows: a GEMM's seconds with 1, 2, ... ranks computing at once."""
+    return tuple(_host("gemm_shared", t, variant=None, ranks=n)
+                 for n, t in enumerate(seconds, start=1))
+
+
+def test_the_shared_core_slowdown_is_the_measured_ratio_per_rank_count(tmp_path):
+    profile = _profiles(tmp_path, _collectives() + _shared(1e-3, 1.2e-3, 1.5e-3, 2.2e-3)).get("CPU")
+    k = shared_cores(device("CPU"), profile)
+    assert k is not None and k.measured == pytest.approx((1.0, 1.2, 1.5, 2.2))
+    assert k(0.5) == k(1.0) == 1.0
+    assert k(2.5) == pytest.approx(1.35)  # between the measured counts
+    assert k(8.0) == pytest.approx(2.2 * 2)  # beyond: a fair share of 4 ranks' throughput
+    assert shared_cores(device("A100-80GB-SXM"), profile) is None  # GPUs share no compute
+    # noise is never a speed-up: at least 1, never less for more ranks
+    noisy = _profiles(tmp_path, _shared(1e-3, 0.9e-3, 1.4e-3, 1.3e-3), "noisy.csv").get("CPU")
+    assert shared_cores(device("CPU"), noisy).measured == pytest.approx((1.0, 1.0, 1.4, 1.4))
+    assert shared_cores(device("CPU"), _profiles(tmp_path, _collectives(), "bare.csv")
+                        .get("CPU")) is None
+
+
+def test_cpu_ranks_are_slowed_only_while_they_compute_at_once(tmp_path):
+    """dp ranks compute side by side the whole step: their compute is slowed by k(2);
+    two pipeline stages compute partly in turn (fill, drain, waits for the other stage):
+    slowed by less; one rank alone on its host: not at all."""
+    bare = _profiles(tmp_path, _collectives())
+    measured = _profiles(tmp_path, _collectives() + _shared(1e-3, 1.25e-3), "share.csv")
+    dp2 = _plan(dp=2, gbs=16)
+    before, after = simulate(dp2, profiles=bare), simulate(dp2, profiles=measured)
+    compute = before.breakdown.compute_s + before.breakdown.host_overhead_s
+    assert after.iteration_time_s == pytest.approx(before.iteration_time_s + 0.25 * compute,
+                                                   rel=0.02)
+    assert plan_costs(dp2, measured).costs == plan_costs(dp2, bare).costs  # costs unchanged
+    pp2 = _plan(pp=2, gbs=32)
+    slower = simulate(pp2, profiles=measured).iteration_time_s
+    alone = simulate(pp2, profiles=bare).iteration_time_s
+    assert alone < slower < 1.2 * alone
+    cfg = ParallelConfig(seq_len=64, dtype="fp32", mbs=8, gbs=8)
+    one = homogeneous_plan(SMALL, CPU.take(1), cfg, kernels=Kernels(attention="flash",
+                                                                     optimizer="fused"))
+    assert simulate(one, profiles=measured).iteration_time_s == \
+        simulate(one, profiles=bare).iteration_time_s
