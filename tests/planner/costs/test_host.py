@@ -158,6 +158,12 @@ def test_the_shared_core_slowdown_is_the_measured_ratio_per_rank_count(tmp_path)
     assert shared_cores(device("CPU"), noisy).measured == pytest.approx((1.0, 1.0, 1.4, 1.4))
     assert shared_cores(device("CPU"), _profiles(tmp_path, _collectives(), "bare.csv")
                         .get("CPU")) is None
+    # bursts of other load in some samples (the medians) are not the host's own sharing
+    bursts = (dataclasses.replace(_host("gemm_shared", 1e-3, variant=None, ranks=1), time_s=1.1e-3),
+              dataclasses.replace(_host("gemm_shared", 1.1e-3, variant=None, ranks=2),
+                                  time_s=2e-3))
+    k = shared_cores(device("CPU"), _profiles(tmp_path, bursts, "bursts.csv").get("CPU"))
+    assert k.measured == pytest.approx((1.0, 1.1))
 
 
 def test_cpu_ranks_are_slowed_only_while_they_compute_at_once(tmp_path):
