@@ -112,16 +112,18 @@ def shared_cores(dev: DeviceSpec, profile: Profile | None) -> SharedCoreSlowdown
     share their compute, and where the profile has no `gemm_shared` rows). Never below 1
     and never smaller for more ranks (a measurement's noise is not a speed-up).
 
-    The ratio of the samples' 10th percentiles, not of their medians: the host's own
-    sharing (cores, caches, memory bandwidth) is in every sample, other processes' load
-    only in some, and a plan's ranks are slowed by the former wherever they run; a
-    machine kept busy by other work for the whole measurement still shows in it."""
+    The ratio of the samples' 10th percentiles, not of their medians, and at each count
+    the least of the measurements the profile holds (one per collective run of N
+    processes): the host's own sharing (cores, caches, memory bandwidth) is in every
+    sample, other processes' load only in some, and a plan's ranks are slowed by the
+    former wherever they run; a machine kept busy by other work for a whole measurement
+    still shows in it."""
     if dev.vendor != "cpu" or profile is None:
         return None
     times: dict[int, float] = {}
     for r in profile.host_rows:
         if r.name == "gemm_shared" and r.variant in (None, ""):
-            times.setdefault(r.ranks, r.p10_s)
+            times[r.ranks] = min(times.get(r.ranks, r.p10_s), r.p10_s)
     if 1 not in times or len(times) < 2:
         return None
     out, k = [], 1.0

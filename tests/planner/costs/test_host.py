@@ -164,6 +164,10 @@ def test_the_shared_core_slowdown_is_the_measured_ratio_per_rank_count(tmp_path)
                                   time_s=2e-3))
     k = shared_cores(device("CPU"), _profiles(tmp_path, bursts, "bursts.csv").get("CPU"))
     assert k.measured == pytest.approx((1.0, 1.1))
+    # two measurements (2 and 4 processes), one of them beside a busy core: the least
+    busy = _shared(1e-3, 2e-3, 3e-3, 4e-3) + _shared(1.05e-3, 1.2e-3)
+    k = shared_cores(device("CPU"), _profiles(tmp_path, busy, "busy.csv").get("CPU"))
+    assert k.measured == pytest.approx((1.0, 1.2, 3.0, 4.0))
 
 
 def test_cpu_ranks_are_slowed_only_while_they_compute_at_once(tmp_path):
