@@ -39,6 +39,9 @@ class CollectiveSettings:
     repeats: int = 15
     min_sample_s: float = 2e-3
     budget_s_per_size: float = 2.0  # fewer samples for the largest sizes
+    # also the host costs of profiler/hostcost.py (tiny collectives, FSDP2's and DTensor's
+    # per-layer costs, for a tiny model of this preset's family); CPU only
+    host_costs_model: str | None = None
 
 
 def size_grid(min_bytes: int, max_bytes: int) -> tuple[int, ...]:
@@ -153,6 +156,13 @@ def _worker(rank: int, s: CollectiveSettings, init_file: str, results: object) -
             rows = _kind_rows(kind, rank, s.nprocs, device, s)
             if rank == 0:
                 results.put(rows)  # type: ignore[attr-defined]  # a multiprocessing queue
+        if s.host_costs_model is not None:
+            from profiler.hostcost import framework_rows
+
+            rows = framework_rows(rank, s.nprocs, backend="gloo",
+                                  family_model=s.host_costs_model, repeats=s.repeats)
+            if rank == 0:
+                results.put(rows)  # type: ignore[attr-defined]  # a multiprocessing queue
     finally:
         gc.collect()  # before destroy: avoids gloo's exit-time abort (see shared/notes)
         dist.destroy_process_group()
@@ -178,6 +188,10 @@ def measure_collectives(s: CollectiveSettings,
             for i, kind in enumerate(s.kinds):
                 if progress is not None:
                     progress(i, kind)
+                rows.extend(_next_rows(results, procs))
+            if s.host_costs_model is not None:
+                if progress is not None:
+                    progress(len(s.kinds), "host costs")
                 rows.extend(_next_rows(results, procs))
         except KeyboardInterrupt:
             _stop(procs)

@@ -41,7 +41,8 @@ __all__ = ["EXTRAPOLATION_LIMIT", "PROFILE_SCHEMA_VERSION", "MonotoneCurve", "Pr
 
 PROFILE_SCHEMA_VERSION = 1
 EXTRAPOLATION_LIMIT = 2.0  # answer sizes up to 2x beyond the measured range
-RowKind = Literal["gemm", "attention", "elementwise", "embedding", "optimizer", "collective"]
+RowKind = Literal["gemm", "attention", "elementwise", "embedding", "optimizer", "collective",
+                  "host"]
 _BY_FLOPS = ("gemm", "attention")  # time grows with FLOPs; other kinds with bytes moved
 
 
@@ -188,9 +189,24 @@ class Profile:
         """The alternatives measured for an op name (attention backends, optimizers)."""
         return frozenset(r.variant for r in self.rows if r.name == name and r.variant)
 
+    def host_s(self, name: str, *, variant: str | None = None, ranks: int = 1) -> float | None:
+        """A measured host cost (profiler/hostcost.py), or None where the profile has
+        none: of group size `ranks`, else of the nearest group size measured (the fixed
+        costs change little between neighbouring sizes; the nearest is the best guess)."""
+        found = [r for r in self.host_rows if r.name == name
+                 and (r.variant or "") == (variant or "")]
+        if not found:
+            return None
+        best = min(found, key=lambda r: (abs(r.ranks - ranks), r.ranks))
+        return best.time_s
+
     @property
     def op_rows(self) -> tuple[ProfileRow, ...]:
-        return tuple(r for r in self.rows if r.kind != "collective")
+        return tuple(r for r in self.rows if r.kind not in ("collective", "host"))
+
+    @cached_property
+    def host_rows(self) -> tuple[ProfileRow, ...]:
+        return tuple(r for r in self.rows if r.kind == "host")
 
     @property
     def collective_rows(self) -> tuple[ProfileRow, ...]:

@@ -99,6 +99,10 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
     m.add_argument("--collectives", action="store_true",
                    help="also measure collectives across --nprocs local processes")
     m.add_argument("--nprocs", type=int_in(1, 256), default=2, metavar="N")
+    m.add_argument("--host-costs", action="store_true",
+                   help="also measure host-side costs (profiler/hostcost.py): per-op dispatch "
+                        "with --model; with --collectives on the CPU, each collective's fixed "
+                        "cost and FSDP2's and DTensor's per-layer costs")
     m.add_argument("--min-bytes", type=bytes_arg, default=1024, metavar="SIZE")
     m.add_argument("--max-bytes", type=bytes_arg, default=256 * 1024**2, metavar="SIZE")
     m.add_argument("-o", "--output", required=True, type=path_arg, metavar="FILE",
@@ -137,6 +141,8 @@ class MeasureRequest:
     repeats: int = 15
     collectives: bool = False
     nprocs: int = 2
+    host_costs: bool = False
+    host_model: ModelSpec | None = None  # the model whose kind the host costs use (default: model)
     min_bytes: int = 1024
     max_bytes: int = 256 * 1024**2
 
@@ -158,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         seq=args.seq, dtype=args.dtype, attention=args.attention, optimizer=args.optimizer,
         sequence_parallel=args.sequence_parallel, threads=args.threads, warmup=args.warmup,
         repeats=args.repeats, collectives=args.collectives, nprocs=args.nprocs,
+        host_costs=args.host_costs,
         min_bytes=args.min_bytes, max_bytes=args.max_bytes))
 
 
@@ -235,6 +242,10 @@ def measure(req: MeasureRequest) -> int:
         rows.extend(measured.rows)
         interrupted = measured.interrupted
         notes.extend(f"skipped {c.name} [{c.variant}]: {why}" for c, why in measured.skipped)
+        if req.host_costs and not interrupted:
+            from profiler.hostcost import dispatch_rows
+
+            rows.extend(dispatch_rows(req.device, repeats=req.repeats))
     if req.collectives and not interrupted:
         coll, interrupted = _measure_collectives(req)
         rows.extend(coll)
@@ -269,14 +280,26 @@ def _measure_ops(req: MeasureRequest, model: ModelSpec, dev: DeviceSpec,
         bar.close()
 
 
+def _host_model(req: MeasureRequest) -> str | None:
+    """The tiny preset whose blocks the framework's host costs are measured on: the one of
+    the model's kind (SwiGLU and RMSNorm or GELU and LayerNorm); CPU only."""
+    if not req.host_costs or req.device != "cpu":
+        return None
+    model = req.host_model or req.model
+    return "debug-tiny-llama" if model is not None and model.activation == "swiglu" \
+        else "debug-tiny"
+
+
 def _measure_collectives(req: MeasureRequest) -> tuple[Sequence[ProfileRow], bool]:
     from profiler.collectives import CollectiveSettings, measure_collectives, size_grid
 
     settings = CollectiveSettings(nprocs=req.nprocs, device="cuda" if req.device != "cpu"
                                   else "cpu", sizes_bytes=size_grid(req.min_bytes,
                                                                     req.max_bytes),
-                                  warmup=req.warmup, repeats=req.repeats)
-    bar = ProgressBar(len(settings.kinds), title=f"collectives x{req.nprocs}")
+                                  warmup=req.warmup, repeats=req.repeats,
+                                  host_costs_model=_host_model(req))
+    bar = ProgressBar(len(settings.kinds) + int(settings.host_costs_model is not None),
+                      title=f"collectives x{req.nprocs}")
     try:
         return measure_collectives(settings, progress=bar)
     except RuntimeError as err:

@@ -240,12 +240,13 @@ def _profile_here(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSp
     mbs = tuple(sorted({m for m in (1, 4, min(16, args.gbs)) if m <= args.gbs}))
     requests = [MeasureRequest(model=model, output=os.path.join(folder, "cpu-ops.csv"),
                                command="", tp=tuple(tps), mbs=mbs,
-                               seq=(args.seq or model.seq_len,), dtype=dtype)]
+                               seq=(args.seq or model.seq_len,), dtype=dtype,
+                               host_costs=True)]
     if ranks > 1:
         state_bytes = 4 * model.num_params()
         cap = min(64 << 20, max(1 << 20, 1 << (state_bytes - 1).bit_length()))
         requests.append(MeasureRequest(model=None, command="", collectives=True, nprocs=ranks,
-                                       max_bytes=cap,
+                                       max_bytes=cap, host_costs=True, host_model=model,
                                        output=os.path.join(folder, "cpu-collectives.csv")))
     for req in requests:
         command = _measure_command(req, args)
@@ -274,6 +275,8 @@ def _measure_command(req: MeasureRequest, args: argparse.Namespace) -> str:
                  "--seq", ",".join(map(str, req.seq or ())), "--dtype", str(req.dtype)]
     if req.collectives:
         argv += ["--collectives", "--nprocs", str(req.nprocs), "--max-bytes", str(req.max_bytes)]
+    if req.host_costs:
+        argv += ["--host-costs"]
     return shlex.join([*argv, "-o", req.output])
 
 

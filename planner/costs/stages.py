@@ -30,6 +30,13 @@ from planner.costs.comm import (
     group_tiers,
 )
 from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, clear_op_cache, compute_source
+from planner.costs.host import (
+    dtensor_layer_s,
+    dtensor_root_s,
+    fsdp_unit_s,
+    host_source,
+    launch_s,
+)
 from planner.costs.memory import (
     StageMemory,
     activation_memory,
@@ -61,7 +68,6 @@ from planner.specs.choices import (
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Communication, Kernels, Plan, Sharding
-from profiler.analytic import launch_overhead_s
 from profiler.devices import DeviceSpec, device_efficiency
 from profiler.kernels import Attention
 from profiler.schema import cached_hash, coerce_choices
@@ -509,15 +515,20 @@ def layer_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_k
     so costs with and without a profile never mix."""
     tiers = dict(tiers_key)
     costs = _compute_costs(dev, shape.dtype, profiles)
-    launch_s = launch_overhead_s(dev)
+    profile = profiles.get(dev.name) if profiles else None
+    issue_s = launch_s(dev, profile)
     hidden = device_efficiency(dev).tp_comm_overlap
     work = layer_work(model, shape)
     again = _recomputed(work, recompute)
-    fwd = _part(work.forward, costs, tiers, launch_s, steady=True, tp_hidden=hidden,
+    fwd = _part(work.forward, costs, tiers, issue_s, steady=True, tp_hidden=hidden,
                 profiles=profiles)
-    bwd = _part((*again, *work.backward), costs, tiers, launch_s, steady=True, tp_hidden=hidden,
+    bwd = _part((*again, *work.backward), costs, tiers, issue_s, steady=True, tp_hidden=hidden,
                 profiles=profiles)
-    return fwd, bwd
+    # DTensor's dispatch of a tp block, on the compute stream (a full recompute runs the
+    # forward's again inside the backward)
+    dt_fwd, dt_bwd = dtensor_layer_s(dev, profile, shape.tp, shape.sequence_parallel)
+    again_s = dt_fwd if recompute == Recompute.FULL else 0.0
+    return (fwd + Part(host_s=dt_fwd), bwd + Part(host_s=dt_bwd + again_s))
 
 
 @cache
@@ -529,10 +540,10 @@ def _layer_weight_grad(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec,
     W needs only the saved input and the output gradient). Its host wait is at most the
     backward's, so the rest of the backward (B) never goes negative."""
     costs = _compute_costs(dev, shape.dtype, profiles)
-    launch_s = launch_overhead_s(dev)
+    issue_s = launch_s(dev, profiles.get(dev.name) if profiles else None)
     wgrad = tuple(op for op in layer_work(model, shape).backward
                   if isinstance(op, Op) and op.name.endswith(".wgrad"))
-    part = _part(wgrad, costs, {}, launch_s, steady=True, profiles=profiles)
+    part = _part(wgrad, costs, {}, issue_s, steady=True, profiles=profiles)
     bwd = layer_parts(model, shape, dev, tiers_key, recompute, profiles)[1]
     return replace(part, host_s=min(part.host_s, bwd.host_s))
 
@@ -543,10 +554,14 @@ def _extra_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_
     """Forward and backward of the embedding ("embed") or the head ("head")."""
     tiers = dict(tiers_key)
     costs = _compute_costs(dev, shape.dtype, profiles)
-    launch_s = launch_overhead_s(dev)
+    profile = profiles.get(dev.name) if profiles else None
+    issue_s = launch_s(dev, profile)
     fwd, bwd = embedding_work(model, shape) if which == "embed" else head_work(model, shape)[:2]
-    return (_part(fwd, costs, tiers, launch_s, profiles=profiles),
-            _part(bwd, costs, tiers, launch_s, profiles=profiles))
+    # DTensor's embedding, head and vocabulary-parallel loss, priced with the head
+    dt_fwd, dt_bwd = (dtensor_root_s(dev, profile, shape.tp, shape.sequence_parallel)
+                      if which == "head" else (0.0, 0.0))
+    return (_part(fwd, costs, tiers, issue_s, profiles=profiles) + Part(host_s=dt_fwd),
+            _part(bwd, costs, tiers, issue_s, profiles=profiles) + Part(host_s=dt_bwd))
 
 
 def bucket_params(comm: Communication, dp: int) -> float:
@@ -559,7 +574,8 @@ def bucket_params(comm: Communication, dp: int) -> float:
 @cache
 def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurrency: int,
             sharding: Sharding, dtype: str, profiles: Profiles | None = None, *,
-            comm: Communication, units: int = 1) -> DPSync:
+            comm: Communication, units: int = 1,
+            fsdp_host: tuple[float, float] | None = None) -> DPSync:
     """Traffic of the data-parallel group `group` (the ranks holding the same parameters:
     one GPU per replica and context-parallel rank, `StageSpec.dp_cp_group`) holding
     `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP), with
@@ -581,6 +597,12 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
       (Megatron's distributed optimizer) the reduce-scatter alone;
     * after the step, parameters are all-gathered from the 1/os shard back to the 1/p
       the model keeps, bucket by bucket.
+
+    `fsdp_host`: FSDP2's measured per-unit cost beyond its collectives (forward,
+    backward; planner/costs/host.py). With it the gathers and reduce-scatters block the
+    compute thread unit by unit, as FSDP2 runs them on this host: every unit of a pass
+    waits for its gather (no prefetch), and each backward's reduce-scatters and hooks are
+    held by it too (`param_microbatch_s` then carries all of it, none on a side stream).
     """
     dp = len(group)
     if dp == 1:
@@ -621,9 +643,13 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
     if p > 1:
         param_mb = 2 * time_s("param_microbatch", "all_gather", params * low, p, 1,
                               gather_units)
+    prefetch = comm.shard_prefetch
+    if fsdp_host is not None and gather_units:
+        param_mb += grad_mb + gather_units * (fsdp_host[0] + fsdp_host[1])
+        grad_mb, prefetch = 0.0, 0
     return DPSync(grad_it, grad_mb, param_it, param_mb, buckets=buckets,
                   overlap=comm.overlap_grad_reduce, gather_units=gather_units,
-                  prefetch=comm.shard_prefetch, detail=tuple(detail))
+                  prefetch=prefetch, detail=tuple(detail))
 
 
 def exposed_s(comm_s: float, window_s: float, sync: DPSync) -> float:
@@ -815,8 +841,13 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     `num_params` parameters per rank, sharded as `sharding` (none depend on the
     micro-batches: the search computes them once per stage kind)."""
     dtype = run.dtype
+    fsdp = None
+    if sharding.params == sharding.grads == sharding.optim > 1 and spec.placed.tp == 1:
+        # the executor's FSDP2 (executor/fsdp.py `fsdp_applies`), if measured here
+        fsdp = fsdp_unit_s(spec.device, profiles.get(spec.device_name) if profiles else None,
+                           sharding.params)
     sync = dp_sync(cluster, spec.dp_cp_group, num_params, spec.concurrency, sharding, dtype,
-                   profiles, comm=run.comm, units=shard_units(spec))
+                   profiles, comm=run.comm, units=shard_units(spec), fsdp_host=fsdp)
     opt = optimizer_work(num_params / sharding.optim, dtype=dtype,
                          implementation=run.kernels.optimizer,
                          num_tensors=max(1, 6 * spec.placed.num_layers),
@@ -1107,7 +1138,8 @@ def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
     precision = _PRECISION.get(DType(plan.training.dtype))
     extra = {"precision": precision} if precision else {}
     if profiles is None or not profiles.by_device:
-        return {"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE, **extra}
+        return {"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE,
+                "host": host_source(profiles, set()), **extra}
     priced = plan_costs(plan, profiles)
     uses: list[tuple[Profile | None, Op]] = []
     for pi in priced.representatives:
@@ -1115,4 +1147,6 @@ def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
             profile = profiles.get(spec.device_name)
             uses.extend((profile, op) for op in _stage_ops(plan.model, spec, priced.runs[pi]))
     return {"compute": compute_source(uses),
-            "communication": _comm_source(plan.cluster, priced.specs, profiles), **extra}
+            "communication": _comm_source(plan.cluster, priced.specs, profiles),
+            "host": host_source(profiles, {s.device_name for specs in priced.specs
+                                           for s in specs}), **extra}

@@ -51,7 +51,7 @@ class FitResult:
 
 
 def _op(row: ProfileRow) -> Op:
-    assert row.kind != "collective", "op rows only"
+    assert row.kind != "collective" and row.kind != "host", "op rows only"
     return Op(row.name, row.kind, row.flops, row.bytes, row.shape, row.kernels,
               variant=row.variant)
 

@@ -143,7 +143,7 @@ def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
         lines.append(f"{'op':20} {'variant':9} {'rows':>4} {'time':>19}  {'best FLOP/s':>13}  "
                      f"{'best bytes/s':>12}  efficiency (best)")
     for s in summaries:
-        if s.kind == "collective":
+        if s.kind in ("collective", "host"):
             continue
         flops = f"{s.best_flops_per_s / 1e9:7.1f} GFLOP/s" if s.best_flops_per_s else ""
         bw = f"{s.best_bytes_per_s / 1e9:7.2f} GB/s"
@@ -158,7 +158,12 @@ def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
             lines.append(f"{s.name:16} {s.ranks:5d} {_size(s.smallest_bytes):>7}.."
                          f"{_size(s.largest_bytes):<7}  {s.min_time_s * 1e3:7.3f} ms  "
                          f"{s.best_bytes_per_s / 1e9:18.2f} GB/s")
-    if any(s.beats_roofline for s in summaries):
+    hosts = [r for r in profile.rows if r.kind == "host"]
+    if hosts:  # profiler/hostcost.py: seconds each, not ops with a roofline
+        lines.append(f"{'host cost':24} {'variant':8} {'ranks':>5}  {'median':>10}")
+        lines += [f"{r.name:24} {r.variant or '':8} {r.ranks:5d}  {r.time_s * 1e3:7.3f} ms"
+                  for r in hosts]
+    if any(s.beats_roofline for s in summaries if s.kind != "host"):
         lines.append("above DRAM peak (cache): faster than the device's DRAM bandwidth allows "
                      "for the bytes the op is counted to move; its data stayed in cache (or "
                      "it moves none)")

@@ -19,6 +19,12 @@ Tasks, for every micro-batch j and model chunk c:
   sharded parameters are gathered one pass ahead of use, on a stream of their own; the optimizer step follows the
   last reduction, then updated parameters are gathered back (its exposed part: the next
   iteration's first forward hides the rest).
+
+CPU ranks of one host share its cores: where the profile measured how much slower n of
+them compute at once (`planner/costs/host.py` `shared_cores`), the schedule is a
+processor-sharing simulation in which each compute task's CPU work is slowed by the number
+of the host's ranks computing at that moment (`graph.SharedCores`); a simulated stage
+stands for its tp ranks and for the identical replicas folded into it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import math
 from dataclasses import dataclass
 
 from planner.costs.comm import group_tiers
+from planner.costs.host import shared_cores
 from planner.costs.stages import (
     Part,
     PlanCosts,
@@ -36,7 +43,7 @@ from planner.costs.stages import (
     gather_stall_s,
     plan_costs,
 )
-from planner.simulator.graph import Schedule, TaskGraph, schedule
+from planner.simulator.graph import Schedule, SharedCores, TaskGraph, schedule
 from planner.simulator.schedules import Pass, stage_order
 from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Plan
@@ -360,6 +367,47 @@ class _Builder:
                        TaskMeta(pi, si, detail=cost.dp.about("param_iteration")), after=(opt,))
 
 
+def _cpu_share(g: TaskGraph, t: int) -> float:
+    """The fraction of task `t`'s time that is CPU work on its rank: a pass's compute and
+    host time (not its in-line collectives or waits for gathers), all of the optimizer
+    step, none of a blocking send or receive."""
+    if g.kinds[t] == "optimizer":
+        return 1.0
+    part = g.meta[t].part
+    if part is None or part.total_s <= 0.0:
+        return 0.0
+    return (part.compute_s + part.host_s) / part.total_s
+
+
+def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles | None
+                 ) -> tuple[list[SharedCores], list[float]]:
+    """The hosts whose simulated compute streams share cores (CPU ranks, where the
+    profile measured the slowdown), and each task's CPU share (`_cpu_share`); ([], [])
+    where none do. A stream stands for the ranks of its stage on the host of the stage's
+    first rank, in every pipeline it represents."""
+    slots = plan.cluster.slots
+    ranks: dict[int, dict[int, float]] = {}  # node -> stream -> ranks on that node
+    slowdowns = {}
+    for pi, pipe in enumerate(plan.pipelines):
+        rep = priced.representative[pi]
+        for si, stage in enumerate(pipe.stages):
+            first = slots[stage.devices[0]]
+            dev = plan.cluster.node_groups[first.group].device
+            slowdown = shared_cores(dev, profiles.get(dev.name) if profiles else None)
+            if slowdown is None:
+                continue
+            node = first.node
+            slowdowns[node] = slowdown
+            stream = g.stream(f"p{rep}.s{si}.compute")
+            on_node = sum(slots[d].node == node for d in stage.devices)
+            ranks.setdefault(node, {})[stream] = ranks.get(node, {}).get(stream, 0) + on_node
+    hosts = [SharedCores(streams, slowdowns[node]) for node, streams in ranks.items()
+             if sum(streams.values()) > 1]
+    if not hosts:
+        return [], []
+    return hosts, [_cpu_share(g, t) for t in range(len(g))]
+
+
 def simulate_graph(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | None = None,
                    overlap_grad_reduce: bool = True,
                    profiles: Profiles | None = None) -> Simulation:
@@ -373,6 +421,8 @@ def simulate_graph(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | Non
     for pi in reps:
         b.pipeline(pi)
     b.data_parallel(reps)
-    return Simulation(plan=plan, costs=priced.costs, graph=b.g, schedule=schedule(b.g),
+    hosts, cpu_share = shared_hosts(plan, priced, b.g, profiles)
+    return Simulation(plan=plan, costs=priced.costs, graph=b.g,
+                      schedule=schedule(b.g, shared=hosts, cpu_share=cpu_share),
                       representatives=reps, representative=priced.representative,
                       in_flight_layers=b.in_flight, profiles=profiles)

@@ -8,15 +8,23 @@ predecessors have finished; each stream runs one task at a time, in
 order of readiness (ties by creation order). Compute streams get their program order as
 edges, so they run exactly the schedule's sequence; communication streams are FIFO, so
 contention between transfers on one link shows up as waiting.
+
+Ranks that share a host's cores (CPU ranks) also slow each other while they compute at
+once: `schedule(graph, shared=...)` then runs the same list scheduling as a fluid
+processor-sharing simulation (Kleinrock 1967): a task's CPU work progresses at
+1 / slowdown(load), where load is how many ranks of its host compute at that moment, so a
+rank computes at full speed while the others wait (pipeline bubbles) and slower while
+they compute too. Without shared hosts the fixed-duration scheduler runs.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Schedule", "TaskGraph"]
+__all__ = ["Schedule", "SharedCores", "TaskGraph", "schedule"]
 
 
 @dataclass
@@ -82,8 +90,25 @@ class Schedule:
         return max(self.end, default=0.0)
 
 
-def schedule(graph: TaskGraph) -> Schedule:
-    """List-schedule `graph`; raises if it has a cycle."""
+@dataclass(frozen=True)
+class SharedCores:
+    """Compute streams whose ranks share one host's cores. `streams`: stream id -> the
+    ranks of this host it stands for (a simulated stage stands for its tp ranks and its
+    identical replicas); `slowdown(load)`: how much longer a rank's CPU work takes while
+    `load` ranks of the host compute at once (1 for a load of 1 or less)."""
+
+    streams: Mapping[int, float]
+    slowdown: Callable[[float], float]
+
+
+def schedule(graph: TaskGraph, *, shared: Sequence[SharedCores] = (),
+             cpu_share: Sequence[float] = ()) -> Schedule:
+    """List-schedule `graph`; raises if it has a cycle. With `shared` hosts, tasks on their
+    streams are slowed by the host's load (`_schedule_shared`); `cpu_share`: per task, the
+    fraction of its duration that is CPU work (the rest, e.g. waiting in a collective, is
+    neither slowed nor counted in the load)."""
+    if shared:
+        return _schedule_shared(graph, shared, cpu_share)
     n = len(graph)
     succs, streams, durations = graph.succs, graph.streams, graph.durations
     remaining = list(graph.num_preds)
@@ -115,6 +140,105 @@ def schedule(graph: TaskGraph) -> Schedule:
             remaining[j] -= 1
             if remaining[j] == 0:
                 heapq.heappush(heap, (ready[j], j))
+    if done != n:
+        raise ValueError("task graph has a cycle")
+    return Schedule(start, end, binding)
+
+
+@dataclass
+class _Host:
+    """One shared host during the fluid simulation."""
+
+    cores: SharedCores
+    running: dict[int, float] = field(default_factory=dict)  # task -> work left (alone s)
+    speed: dict[int, float] = field(default_factory=dict)  # task -> alone s per s
+    since: float = 0.0  # when `running` last advanced
+
+
+def _schedule_shared(graph: TaskGraph, shared: Sequence[SharedCores],
+                     cpu_share: Sequence[float]) -> Schedule:
+    """`schedule` as a discrete-event simulation in which tasks on shared hosts' streams
+    progress at a rate set by the host's load: a task with CPU fraction w on a stream
+    standing for c ranks adds c * w to its host's load L and runs at 1 / (1 + w (k(L) - 1))
+    alone-seconds per second (its CPU work slowed by k, the rest not). Each stream still
+    runs one task at a time in order of readiness (ties by creation order), so with k = 1
+    it gives `schedule`'s times exactly."""
+    n = len(graph)
+    succs, streams, durations = graph.succs, graph.streams, graph.durations
+    host_of: dict[int, tuple[_Host, float]] = {}
+    for cores in shared:
+        h = _Host(cores)
+        host_of.update((sid, (h, ranks)) for sid, ranks in cores.streams.items())
+    remaining = list(graph.num_preds)
+    ready, start, end = [0.0] * n, [0.0] * n, [0.0] * n
+    binding = [-1] * n
+    version = [0] * n
+    busy = [-1] * len(graph.stream_names)  # the task each stream runs (-1: free)
+    last = [-1] * len(graph.stream_names)
+    waiting: list[list[tuple[float, int]]] = [[] for _ in graph.stream_names]
+    # events: (time, 0 = a task ends / 1 = a task is ready, task, version)
+    events = [(0.0, 1, i, 0) for i in range(n) if remaining[i] == 0]
+    heapq.heapify(events)
+
+    def advance(h: _Host, now: float) -> None:
+        """Progress `h`'s running tasks to `now` at the speeds they had."""
+        for t, left in h.running.items():
+            h.running[t] = max(0.0, left - (now - h.since) * h.speed[t])
+        h.since = now
+
+    def respeed(h: _Host, now: float) -> None:
+        """Set `h`'s running tasks' speeds for its load now, and the times they end."""
+        load = sum(host_of[streams[t]][1] * cpu_share[t] for t in h.running)
+        k = h.cores.slowdown(load)
+        for t, left in h.running.items():
+            h.speed[t] = 1.0 / (1.0 + cpu_share[t] * (k - 1.0))
+            version[t] += 1
+            heapq.heappush(events, (now + left / h.speed[t], 0, t, version[t]))
+
+    def begin(i: int, now: float) -> None:
+        s = streams[i]
+        busy[s], start[i] = i, now
+        shared_host = host_of.get(s)
+        if shared_host is None or not durations[i] or not cpu_share[i]:
+            heapq.heappush(events, (now + durations[i], 0, i, version[i]))
+            return
+        h = shared_host[0]
+        advance(h, now)
+        h.running[i] = durations[i]
+        respeed(h, now)
+
+    done = 0
+    while events:
+        now, kind, i, v = heapq.heappop(events)
+        if kind == 1:  # ready: start now, or wait for its stream
+            s = streams[i]
+            if busy[s] < 0:
+                begin(i, now)
+            else:
+                heapq.heappush(waiting[s], (now, i))
+            continue
+        if v != version[i]:
+            continue  # its host's load changed since this end was foreseen
+        s = streams[i]
+        end[i], busy[s], last[s] = now, -1, i
+        done += 1
+        shared_host = host_of.get(s)
+        if shared_host is not None and i in shared_host[0].running:
+            h = shared_host[0]
+            del h.running[i], h.speed[i]
+            advance(h, now)
+            respeed(h, now)
+        for j in succs[i]:
+            if now >= ready[j]:
+                ready[j], binding[j] = now, i
+            remaining[j] -= 1
+            if remaining[j] == 0:
+                heapq.heappush(events, (ready[j], 1, j, 0))
+        if waiting[s]:
+            r, j = heapq.heappop(waiting[s])
+            if now > r:
+                binding[j] = i
+            begin(j, now)
     if done != n:
         raise ValueError("task graph has a cycle")
     return Schedule(start, end, binding)

@@ -40,7 +40,9 @@ def _breakdown(sim: Simulation) -> Breakdown:
     """Where the critical stage's time went: its passes' compute and in-line collectives,
     the waits before them (for a transfer: pipeline comm; for a parameter gather:
     data-parallel comm; otherwise pipeline bubble), and what follows its last backward
-    (optimizer, exposed data-parallel reduction). The parts add up to the iteration."""
+    (optimizer, exposed data-parallel reduction). The parts add up to the iteration; on
+    CPU ranks sharing a host's cores, the time a pass was slowed by the others counts as
+    compute."""
     g, sched = sim.graph, sim.schedule
     pi, si = _critical_stage(sim)
     stream = g.stream(f"p{pi}.s{si}.compute")
@@ -58,7 +60,8 @@ def _breakdown(sim: Simulation) -> Breakdown:
             gap -= waited
         totals["bubble"] += max(gap, 0.0)
         part = g.meta[t].part
-        totals["compute"] += part.compute_s
+        # CPU ranks sharing a host: the time its compute was slowed by the others'
+        totals["compute"] += part.compute_s + (sched.end[t] - sched.start[t] - g.durations[t])
         totals["host"] += part.host_s
         totals["tp"] += part.tp_s
         totals["cp"] += part.cp_s
@@ -66,7 +69,7 @@ def _breakdown(sim: Simulation) -> Breakdown:
         totals["dp"] += part.dp_s
         cursor = sched.end[t]
     tail = sched.makespan_s - cursor
-    optimizer = next(g.durations[t] for t in range(len(g))
+    optimizer = next(sched.end[t] - sched.start[t] for t in range(len(g))
                      if g.kinds[t] == "optimizer" and g.streams[t] == stream)
     totals["opt"] = min(tail, optimizer)
     totals["dp"] += tail - totals["opt"]
@@ -126,7 +129,7 @@ def write_trace(sim: Simulation, path: str) -> None:
                         waiting_for_gathers_ms=meta.part.dp_s * 1e3)
         events.append({"ph": "X", "name": g.names[t], "cat": g.kinds[t], "pid": meta.pipeline,
                        "tid": g.streams[t], "ts": sched.start[t] * 1e6,
-                       "dur": g.durations[t] * 1e6, "args": args})
+                       "dur": (sched.end[t] - sched.start[t]) * 1e6, "args": args})
     with open(path, "w", encoding="utf-8") as fh:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms",
                    "otherData": {"model": sim.plan.model.name, "cluster": sim.plan.cluster.name,
@@ -156,9 +159,9 @@ def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
             continue
         kind = g.kinds[t]
         bars.setdefault((meta.stage, kind, meta.chunk), []).append(
-            (sched.start[t], g.durations[t], meta.microbatch))
-        if kind in _COMPUTE_KINDS and g.durations[t] > sched.makespan_s / 100:
-            labels.append((sched.start[t] + g.durations[t] / 2, meta.stage, meta.microbatch))
+            (sched.start[t], sched.end[t] - sched.start[t], meta.microbatch))
+        if kind in _COMPUTE_KINDS and sched.end[t] - sched.start[t] > sched.makespan_s / 100:
+            labels.append(((sched.start[t] + sched.end[t]) / 2, meta.stage, meta.microbatch))
     fig, ax = plt.subplots(figsize=(14, 0.45 * rows + 1.8))
     shades = {"F": plt.cm.Blues, "B": plt.cm.Greens, "W": plt.cm.Purples}
     for (stage, kind, chunk), spans in bars.items():

@@ -206,3 +206,27 @@ def test_each_stage_priced_at_its_own_sharding():
         assert plan_costs(mixed).costs[0][si].dp == plan_costs(whole[sh]).costs[0][si].dp
     assert (simulate(whole[zero3]).stages[1].memory.total_bytes
             < simulate(whole[zero1]).stages[1].memory.total_bytes)
+
+
+@pytest.mark.parametrize("schedule,vp,dp", [("1f1b", 1, 2), ("gpipe", 1, 1), ("zb-h1", 1, 2),
+                                            ("1f1b", 2, 1)])
+def test_processor_sharing_without_a_slowdown_is_the_list_schedule(schedule, vp, dp):
+    """The shared-core scheduler (CPU ranks sharing a host) with k = 1 gives the list
+    scheduler's start, end and binding of every task, exactly."""
+    from planner.simulator.graph import SharedCores
+    from planner.simulator.graph import schedule as list_schedule
+
+    plan = make_plan(pp=4, m=8, vp=vp, dp=dp, schedule=schedule, layers=4 * vp * 2)
+    g = simulate_graph(plan, costs=flat_costs(plan, fwd=1.0, bwd=2.0)).graph
+    computes = {s: 2.0 for s, name in enumerate(g.stream_names) if name.endswith("compute")}
+    plain = list_schedule(g)
+    shared = list_schedule(g, shared=[SharedCores(computes, lambda load: 1.0)],
+                           cpu_share=[1.0] * len(g))
+    assert (shared.start, shared.end, shared.binding) == (plain.start, plain.end, plain.binding)
+    # a slowdown of 2 for any load above one rank (every stream stands for 2 ranks):
+    # every compute task twice as long, the transfers as they were
+    slow = list_schedule(g, shared=[SharedCores(computes, lambda load: 2.0 if load > 1 else 1.0)],
+                         cpu_share=[1.0] * len(g))
+    for t in range(len(g)):
+        k = 2.0 if g.streams[t] in computes else 1.0
+        assert slow.end[t] - slow.start[t] == pytest.approx(k * g.durations[t], rel=1e-9)

@@ -1,0 +1,147 @@
+"""Host-side costs of a training step, from the "host" rows a profile measured on this
+host (profiler/hostcost.py), else the analytic defaults:
+
+* per-op dispatch: on a GPU the host issues each kernel (`launch_s`, the measured
+  `dispatch_forward` or the catalog's `launch_overhead_us`) while the device runs ahead;
+  on the CPU the op runs on the thread that dispatches it, so each op's measured time
+  already holds its dispatch and nothing is added;
+* FSDP2 (`fsdp_unit_s`): each unit's hooks and copies beyond its all-gather and
+  reduce-scatter, per forward and per backward. Where they were measured, the unit's
+  collectives are taken as blocking the compute thread (gloo has no streams; FSDP2 waits
+  for each gather), so the simulator prices gathers one by one inside the pass instead of
+  prefetched on a side stream;
+* DTensor (`dtensor_layer_s`, `dtensor_root_s`): what a tensor-parallel block (and the
+  embedding and head) adds to a pass beyond its tp collectives, held on the compute stream;
+* shared cores (`shared_cores`): CPU ranks of one host share its cores, caches, memory
+  bandwidth and whatever else runs there, so each computes slower than the single process
+  that measured the op profile while other ranks compute too: a GEMM's time with n of the
+  host's ranks computing at once against one alone, n = 1..N. The event simulation applies
+  it only while that many ranks compute (planner/simulator/graph.py), so pipeline stages
+  that compute in turn are not slowed.
+
+Each is measured per host with the executor's framework and never fitted to a plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from profiler.analytic import launch_overhead_s
+from profiler.devices import DeviceSpec
+from profiler.store import Profile, Profiles
+
+__all__ = ["HOST_ANALYTIC_SOURCE", "SharedCoreSlowdown", "backend", "dtensor_layer_s",
+           "dtensor_root_s", "fsdp_unit_s", "host_source", "launch_s", "shared_cores"]
+
+HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
+                        "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "
+                        "their own stream; no DTensor overhead; CPU ranks compute as fast "
+                        "as one process alone)")
+
+
+def backend(dev: DeviceSpec) -> str:
+    """The torch.distributed backend the executor uses on this device."""
+    return "gloo" if dev.vendor == "cpu" else "nccl"
+
+
+def launch_s(dev: DeviceSpec, profile: Profile | None) -> float:
+    """Host seconds to issue one kernel on a device that runs ahead of its host (zero on
+    the CPU: there, dispatch is part of each op's measured time)."""
+    default = launch_overhead_s(dev)
+    if default <= 0.0 or profile is None:
+        return default
+    measured = profile.host_s("dispatch_forward")
+    return default if measured is None else measured
+
+
+def fsdp_unit_s(dev: DeviceSpec, profile: Profile | None, ranks: int
+                ) -> tuple[float, float] | None:
+    """FSDP2's per-unit cost beyond its collectives, (forward, backward), or None."""
+    if profile is None:
+        return None
+    fwd = profile.host_s("fsdp_unit_forward", variant=backend(dev), ranks=ranks)
+    bwd = profile.host_s("fsdp_unit_backward", variant=backend(dev), ranks=ranks)
+    return None if fwd is None or bwd is None else (fwd, bwd)
+
+
+def _dtensor(name: str, dev: DeviceSpec, profile: Profile | None, tp: int,
+             sequence_parallel: bool) -> tuple[float, float]:
+    if profile is None or tp <= 1:
+        return 0.0, 0.0
+    variant = backend(dev) + ("+sp" if sequence_parallel else "")
+    fwd = profile.host_s(f"dtensor_{name}_forward", variant=variant, ranks=tp)
+    bwd = profile.host_s(f"dtensor_{name}_backward", variant=variant, ranks=tp)
+    return (fwd or 0.0, bwd or 0.0)
+
+
+def dtensor_layer_s(dev: DeviceSpec, profile: Profile | None, tp: int,
+                    sequence_parallel: bool) -> tuple[float, float]:
+    """DTensor's per-block cost beyond the tp collectives, (forward, backward)."""
+    return _dtensor("layer", dev, profile, tp, sequence_parallel)
+
+
+def dtensor_root_s(dev: DeviceSpec, profile: Profile | None, tp: int,
+                   sequence_parallel: bool) -> tuple[float, float]:
+    """DTensor's cost of the embedding, head and vocabulary-parallel loss together."""
+    return _dtensor("root", dev, profile, tp, sequence_parallel)
+
+
+@dataclass(frozen=True)
+class SharedCoreSlowdown:
+    """How much slower each CPU rank of a host computes while n of its ranks compute at
+    once than one alone: `measured[n - 1]` for n = 1..N (`gemm_shared` rows)."""
+
+    measured: tuple[float, ...]
+
+    def __call__(self, load: float) -> float:
+        """The slowdown at `load` ranks computing (fractional: a rank that spends part of
+        a task waiting in a collective counts for that part): linear between the measured
+        counts, 1 up to one rank, and beyond the largest count N each rank's fair share of
+        N ranks' throughput (k(N) * load / N, processor sharing)."""
+        k, n = self.measured, len(self.measured)
+        if load <= 1.0:
+            return 1.0
+        if load >= n:
+            return k[-1] * load / n
+        lo = int(load)
+        return k[lo - 1] + (load - lo) * (k[lo] - k[lo - 1])
+
+
+def shared_cores(dev: DeviceSpec, profile: Profile | None) -> SharedCoreSlowdown | None:
+    """The measured slowdown of `dev`'s ranks sharing a host (None on GPUs, which do not
+    share their compute, and where the profile has no `gemm_shared` rows). Never below 1
+    and never smaller for more ranks (a measurement's noise is not a speed-up).
+
+    The ratio of the samples' 10th percentiles, not of their medians, and at each count
+    the least of the measurements the profile holds (one per collective run of N
+    processes): the host's own sharing (cores, caches, memory bandwidth) is in every
+    sample, other processes' load only in some, and a plan's ranks are slowed by the
+    former wherever they run; a machine kept busy by other work for a whole measurement
+    still shows in it."""
+    if dev.vendor != "cpu" or profile is None:
+        return None
+    times: dict[int, float] = {}
+    for r in profile.host_rows:
+        if r.name == "gemm_shared" and r.variant in (None, ""):
+            times[r.ranks] = min(times.get(r.ranks, r.p10_s), r.p10_s)
+    if 1 not in times or len(times) < 2:
+        return None
+    out, k = [], 1.0
+    for n in range(1, max(times) + 1):
+        if n not in times:
+            break
+        k = max(k, times[n] / times[1])
+        out.append(k)
+    return SharedCoreSlowdown(tuple(out)) if len(out) > 1 else None
+
+
+def host_source(profiles: Profiles | None, devices: set[str]) -> str:
+    """What priced the host-side costs of a plan on `devices`."""
+    paths = sorted({p.path for name, p in (profiles.by_device if profiles else ())
+                    if name in devices and p.host_rows})
+    if not paths:
+        return HOST_ANALYTIC_SOURCE
+    return (f"measured host costs {', '.join(paths)} (FSDP2 units and DTensor layers beyond "
+            "their collectives, which block the compute thread; per-op dispatch; CPU ranks "
+            "sharing the host's cores while they compute at once); "
+            f"{HOST_ANALYTIC_SOURCE} for the rest")

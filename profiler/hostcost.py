@@ -1,0 +1,302 @@
+"""Measure the host-side costs a training step pays besides its ops' and collectives' own
+times: per-op dispatch, each collective's fixed cost per backend and group size, and the
+framework's per-layer blocking points (FSDP2's per-unit gathers, DTensor's dispatch of a
+tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.md):
+
+* `dispatch_forward`, `dispatch_backward` (ranks 1): host seconds per op a forward records
+  with autograd, and per node the autograd engine runs in a backward (a chain of tiny
+  ops, so the time is dispatch, not work); `autograd_call`: the fixed cost of one
+  backward call. On CUDA they time the host issuing the kernels (no synchronisation).
+* `latency.<collective>` (ranks N, variant the backend): a collective of a tiny tensor
+  (one element per rank), the fixed cost every call of it pays.
+* `fsdp_unit_forward`, `fsdp_unit_backward` (ranks N, variant the backend): what one
+  FSDP2 unit (`fully_shard` of a transformer block, as executor/fsdp.py wraps it) adds to
+  a forward and to a backward beyond its all-gather (and reduce-scatter) of that unit's
+  bytes: pre/post hooks, copy-in and copy-out. The marginal cost of one more block (a
+  tiny model with 5 blocks against 1, sharded against plain), less those collectives
+  timed alone at the block's size.
+* `dtensor_layer_forward`, `dtensor_layer_backward` (ranks N = tp, variant the backend,
+  "+sp" with sequence parallelism): what a tensor-parallel block under DTensor
+  (executor/tensor_parallel.py) adds to a pass beyond its tp collectives (two per pass,
+  each timed alone at the activation's size): DTensor's Python dispatch of each sharded op
+  and the redistributions. `dtensor_root_*`: the same for the embedding and head.
+* `gemm_shared` (ranks n = 1..N, measured among N processes): a 256^3 fp32 GEMM's seconds
+  per call while n of the N ranks compute it at once (the others wait in a collective),
+  ~30 ms a sample. On the CPU the ranks of a host share its cores, caches and memory
+  bandwidth (and any other load on the machine), so a rank computes slower while others
+  compute too: the time at n against the time at 1 is that slowdown, measured now on this
+  host; the event simulation applies it only while n ranks compute at once.
+
+All are measured per host with the framework this repository runs, never fitted to a
+plan. torch and the executor are imported only inside the functions that measure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from profiler.store import ProfileRow
+
+__all__ = ["FRAMEWORK_LAYERS", "HOST_COLLECTIVES", "dispatch_rows", "framework_rows",
+           "host_row"]
+
+HOST_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+FRAMEWORK_LAYERS = (1, 5)  # blocks of the two tiny models whose difference is one block
+_CHAIN = 32  # tiny ops per dispatch sample
+_TINY_SEQ = 16  # tokens of the tiny models' micro-batch (one sequence)
+
+
+def host_row(name: str, times: Sequence[float], *, variant: str | None = None,
+             ranks: int = 1, size_bytes: int = 0, calls: int = 1) -> ProfileRow:
+    """A "host" row from samples of seconds per call (the median; never below 0.1 us:
+    a cost is never free, and a difference of two noisy times may come out below zero)."""
+    ts = sorted(times)
+    floor = 1e-7
+    return ProfileRow(kind="host", name=name, variant=variant, shape=(size_bytes,),
+                      flops=0.0, bytes=float(size_bytes), ranks=ranks,
+                      time_s=max(statistics.median(ts), floor),
+                      p10_s=max(ts[len(ts) // 10], 0.0), p90_s=max(ts[-1 - len(ts) // 10], 0.0),
+                      samples=len(ts), calls=calls)
+
+
+# -- one process: dispatch -------------------------------------------------------------
+
+def dispatch_rows(device: str = "cpu", *, repeats: int = 15) -> list[ProfileRow]:
+    """Per-op forward and backward dispatch and the fixed cost of a backward call."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    leaf = torch.ones(1, device=device, requires_grad=True)
+    grad = torch.ones(1, device=device)
+
+    def chain() -> torch.Tensor:
+        y = leaf
+        for _ in range(_CHAIN):
+            y = y * 1.0
+        return y
+
+    def backward_of(out: torch.Tensor) -> Callable[[], object]:
+        return lambda: torch.autograd.grad(out, (leaf,), grad, retain_graph=True)
+
+    one = leaf * 1.0
+    long = chain()
+    fwd, call, bwd = [], [], []
+    for _ in range(repeats + 3):
+        fwd.append(_host_s(chain, 5) / _CHAIN)
+        call.append(_host_s(backward_of(one), 20))
+        bwd.append(_host_s(backward_of(long), 5))
+        if cuda:
+            torch.cuda.synchronize()
+    fwd, call, bwd = fwd[3:], call[3:], bwd[3:]
+    per_node = [max(b - c, 0.0) / _CHAIN for b, c in zip(bwd, call, strict=True)]
+    return [host_row("dispatch_forward", fwd, calls=5 * _CHAIN),
+            host_row("dispatch_backward", per_node, calls=5 * _CHAIN),
+            host_row("autograd_call", call, calls=20)]
+
+
+def _host_s(fn: Callable[[], object], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+# -- N processes: collective latency and the framework's blocking points -------------------
+
+def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "debug-tiny",
+                   repeats: int = 15) -> list[ProfileRow]:
+    """Run on every rank of an initialised process group of `world` ranks (gloo on the
+    CPU): rows of tiny collectives' fixed costs, FSDP2's per-unit cost and DTensor's
+    per-layer cost (the tiny model of `family_model`'s family). Rank 0's are kept."""
+    from profiler.collectives import _ops
+
+    rows = [host_row(f"latency.{kind}", _samples(_ops(kind, 4 * world, rank, world, "cpu"),
+                                                 repeats, calls=20),
+                     variant=backend, ranks=world, size_bytes=4 * world, calls=20)
+            for kind in HOST_COLLECTIVES]
+    rows += _share_rows(rank, world, repeats=max(repeats, 15))
+    repeats = max(repeats, 25)  # differences of noisy times: more samples
+    rows += _fsdp_rows(rank, world, backend=backend, family_model=family_model,
+                       repeats=repeats)
+    for sequence_parallel in (False, True):
+        rows += _dtensor_rows(rank, world, backend=backend, family_model=family_model,
+                              sequence_parallel=sequence_parallel, repeats=repeats)
+    return rows
+
+
+def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
+    """A GEMM's time while n of the `world` ranks compute it at once, n = 1..world (the
+    others wait in the all-reduce that collects the slowest rank's time), the counts
+    sampled in turn so that a burst of other load hits them alike."""
+    import torch
+    import torch.distributed as dist
+
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+    # ~30 ms a sample: several scheduler time slices, so that sharing the cores with the
+    # other ranks (and other load) shows as it does over a training step, not a burst
+    def gemm_s(calls: int = 100) -> float:
+        return _host_s(lambda: torch.mm(a, b), calls)
+
+    times: dict[int, list[float]] = {n: [] for n in range(1, world + 1)}
+    for i in range(repeats + 3):
+        for n in times:
+            dist.barrier()
+            slowest = torch.tensor([gemm_s() if rank < n else 0.0], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            if i >= 3:
+                times[n].append(float(slowest))
+    return [host_row("gemm_shared", ts, ranks=n, calls=100, size_bytes=3 * 4 * 256 * 256)
+            for n, ts in times.items()]
+
+
+def _samples(fn: Callable[[], None], repeats: int, *, calls: int) -> list[float]:
+    """The slowest rank's seconds per call, `repeats` samples after 3 untimed ones."""
+    from profiler.collectives import _sample_s
+
+    return [_sample_s(fn, calls, "cpu") for _ in range(repeats + 3)][3:]
+
+
+def _tiny(family_model: str, num_layers: int) -> Any:
+    """Tiny preset `family_model` with `num_layers` blocks."""
+    from planner.specs.model import preset
+
+    base = preset(family_model)
+    return dataclasses.replace(base, num_layers=num_layers, seq_len=_TINY_SEQ)
+
+
+def _pass_times(models: dict[tuple[str, int], tuple[object, object]], repeats: int, *,
+                vocab_parallel: bool = False
+                ) -> dict[tuple[str, int], tuple[list[float], list[float]]]:
+    """Forward and backward seconds (the slowest rank's) of each model (with its tokens),
+    `repeats` samples taken in turn, so that a burst of load on the machine hits every
+    model alike; `vocab_parallel`: the framed models' loss on vocabulary shards, as the
+    executor's tp runs it."""
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    out: dict[tuple[str, int], tuple[list[float], list[float]]] = {k: ([], []) for k in models}
+    for i in range(repeats + 3):
+        for key, (model, tokens) in models.items():
+            framed = key[0] == "framed"
+            dist.barrier()
+            with loss_parallel() if vocab_parallel and framed else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                loss = model(tokens, tokens)  # type: ignore[operator]  # an executor GPT
+                t1 = time.perf_counter()
+                loss.backward()
+                t2 = time.perf_counter()
+            model.zero_grad(set_to_none=True)  # type: ignore[attr-defined]  # an nn.Module
+            both = torch.tensor([t1 - t0, t2 - t1], dtype=torch.float64)
+            dist.all_reduce(both, op=dist.ReduceOp.MAX)
+            if i >= 3:
+                out[key][0].append(float(both[0]))
+                out[key][1].append(float(both[1]))
+    return out
+
+
+def _marginal(times: dict[tuple[str, int], tuple[list[float], list[float]]]
+              ) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per pass (forward, backward): what one more block adds framed against plain, and
+    what the rest (embedding, head) adds: differences of sample pairs taken in turn."""
+    lo, hi = FRAMEWORK_LAYERS
+
+    def extra(layers: int, which: int) -> list[float]:
+        return [f - p for f, p in zip(times[("framed", layers)][which],
+                                      times[("plain", layers)][which], strict=True)]
+
+    out = []
+    for which in (0, 1):
+        at_lo, at_hi = extra(lo, which), extra(hi, which)
+        per_layer = [(h - lo_) / (hi - lo) for h, lo_ in zip(at_hi, at_lo, strict=True)]
+        out.append(per_layer)
+        mid = statistics.median(per_layer)
+        out.append([x - lo * mid for x in at_lo])
+    return out[0], out[2], out[1], out[3]
+
+
+def _models(family_model: str, frame: Callable[[object], None]
+            ) -> dict[tuple[str, int], tuple[object, object]]:
+    """Plain and framed tiny models at each of FRAMEWORK_LAYERS, with their tokens."""
+    import torch
+
+    from executor.model import GPT
+
+    models: dict[tuple[str, int], tuple[object, object]] = {}
+    for layers in FRAMEWORK_LAYERS:
+        spec = _tiny(family_model, layers)
+        tokens = torch.randint(spec.vocab_size, (1, _TINY_SEQ))
+        for framed in (False, True):
+            model = GPT(spec, attention="math")
+            if framed:
+                frame(model)
+            models[("framed" if framed else "plain", layers)] = (model, tokens)
+    return models
+
+
+def _fsdp_rows(rank: int, world: int, *, backend: str, family_model: str,
+               repeats: int) -> list[ProfileRow]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from executor.model import GPT
+    from profiler.collectives import _ops
+
+    mesh = init_device_mesh("cpu", (world,))
+
+    def frame(model: object) -> None:
+        for unit in model.blocks.values():  # type: ignore[attr-defined]  # the root holds the rest
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        for u in model.modules():  # type: ignore[attr-defined]
+            if hasattr(u, "set_force_sum_reduction_for_comms"):
+                u.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+
+    times = _pass_times(_models(family_model, frame), repeats)
+    block = GPT(_tiny(family_model, 1)).blocks["0"]
+    block_bytes = 4 * sum(p.numel() for p in block.parameters())
+    gather = statistics.median(_samples(_ops("all_gather", block_bytes, rank, world, "cpu"),
+                                        repeats, calls=5))
+    scatter = statistics.median(_samples(_ops("reduce_scatter", block_bytes, rank, world,
+                                              "cpu"), repeats, calls=5))
+    fwd, bwd, _, _ = _marginal(times)
+    return [host_row("fsdp_unit_forward", [t - gather for t in fwd], variant=backend,
+                     ranks=world, size_bytes=block_bytes),
+            host_row("fsdp_unit_backward", [t - gather - scatter for t in bwd],
+                     variant=backend, ranks=world, size_bytes=block_bytes)]
+
+
+def _dtensor_rows(rank: int, world: int, *, backend: str, family_model: str,
+                  sequence_parallel: bool, repeats: int) -> list[ProfileRow]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from executor.tensor_parallel import apply_tensor_parallel
+    from profiler.collectives import _ops
+
+    spec = _tiny(family_model, 1)
+    if spec.kv_heads % world:
+        return []
+    mesh = init_device_mesh("cpu", (world,))
+
+    def frame(model: object) -> None:
+        apply_tensor_parallel(model, mesh, sequence_parallel=sequence_parallel)
+
+    times = _pass_times(_models(family_model, frame), repeats, vocab_parallel=True)
+    act_bytes = 4 * _TINY_SEQ * spec.hidden_size  # [1, s, h] in fp32
+    kinds = ("all_gather", "reduce_scatter") if sequence_parallel else ("all_reduce",)
+    comm = 2 * sum(statistics.median(_samples(_ops(k, act_bytes, rank, world, "cpu"),
+                                              repeats, calls=5)) for k in kinds)
+    fwd, bwd, root_fwd, root_bwd = _marginal(times)
+    variant = backend + ("+sp" if sequence_parallel else "")
+    return [host_row(name, [t - (comm if "layer" in name else 0.0) for t in ts],
+                     variant=variant, ranks=world, size_bytes=act_bytes)
+            for name, ts in (("dtensor_layer_forward", fwd), ("dtensor_layer_backward", bwd),
+                             ("dtensor_root_forward", root_fwd),
+                             ("dtensor_root_backward", root_bwd))]

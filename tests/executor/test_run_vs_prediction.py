@@ -1,0 +1,69 @@
+"""`plan run` against its prediction with the host-side costs measured on this machine
+(issue 17): the two plan kinds the simulator missed most before them, ZeRO-3 on FSDP2
+(-40%) and tp 2 with DTensor (-48%), on debug-small over 2 CPU ranks.
+
+Only what holds on a loaded machine is asserted on every run: the host costs add to both
+predictions, and the prediction without them stays below the measurement (the costs it
+leaves out are real; other load only adds). The closer prediction with host costs is
+asserted on a quiet run (other processes used at most 0.3 cores while it ran; a loaded
+attempt is retried after waiting up to a minute, and the test is skipped, saying so, if
+every attempt was loaded): under load the host rows themselves are measured inflated and
+the prediction can overshoot (2026-12-01, foreign load 0.87 cores: tp2 +63% with host
+costs against -62% without). The bounds of issue 17 (10% per kind) belong to
+benchmarks/run_vs_prediction.py and docs/executor.md, not to a test on a shared machine:
+on a quiet run of 2026-12-01 21:58 zero3 was -11% (-38% without) and tp2 -48% (-59%).
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+import run_vs_prediction as bench
+
+from planner.specs.model import preset
+from planner.specs.plan import save_plan
+
+MODEL, KINDS, ATTEMPTS = "debug-small", ("dp2-zero3", "tp2"), 3
+QUIET_CORES = 0.3  # foreign load under which the closer prediction is asserted
+
+
+def _errors(folder: str) -> dict[str, tuple[float, float, float]]:
+    """Per kind: (error with host costs, error without, foreign load) of one run."""
+    bench.wait_quiet(QUIET_CORES, 60)
+    bench.profile(folder, MODEL, nprocs=(2,))
+    out = {}
+    for kind in KINDS:
+        plan = bench.KINDS[kind](preset(MODEL))
+        path = os.path.join(folder, f"{kind}.yaml")
+        save_plan(plan, path)
+        report, foreign = bench.trial(path, folder, steps=10, warmup=3)
+        measured = report["measured_iteration_s"]
+        without = bench.predicted_without_host_s(plan, folder)
+        assert "measured host costs" in report["prediction_source"]
+        out[kind] = (report["iteration_error"], without / measured - 1, foreign)
+    return out
+
+
+@pytest.mark.slow
+def test_host_costs_move_fsdp2_and_dtensor_predictions_towards_the_run(tmp_path):
+    tries = []
+    for attempt in range(ATTEMPTS):
+        folder = tmp_path / str(attempt)
+        folder.mkdir()
+        errors = _errors(str(folder))
+        tries.append(errors)
+        for kind, (error, before, _) in errors.items():
+            assert error > before, f"{kind}: host costs priced nothing: {json.dumps(tries)}"
+            assert before < 0, f"{kind}: measured below the bare prediction: {json.dumps(tries)}"
+        if all(f <= QUIET_CORES for _, _, f in errors.values()):
+            for kind, (error, before, _) in errors.items():
+                assert abs(error) < abs(before), \
+                    f"{kind}: host costs moved it away: {json.dumps(tries)}"
+            return
+    pytest.skip(f"every attempt ran beside other load (> {QUIET_CORES} cores): "
+                f"{json.dumps(tries)}")

@@ -1,0 +1,193 @@
+"""Host-side costs (issue 17): profile rows of kind "host" priced on the right stream —
+FSDP2's units blocking the compute thread one by one, DTensor's per-block cost on the
+compute stream, CPU ranks sharing a host slowed only while they compute at once — and the
+analytic defaults (with their source) where a profile has none."""
+
+import dataclasses
+
+import pytest
+
+from planner.costs.host import HOST_ANALYTIC_SOURCE, fsdp_unit_s, launch_s, shared_cores
+from planner.costs.stages import cost_sources, plan_costs
+from planner.simulator import simulate
+from planner.specs.cluster import load_cluster
+from planner.specs.layout import ParallelConfig, homogeneous_plan
+from planner.specs.model import preset
+from planner.specs.plan import Kernels, Sharding
+from profiler.devices import device
+from profiler.store import (
+    PROFILE_SCHEMA_VERSION,
+    ProfileMeta,
+    ProfileRow,
+    Profiles,
+    load_profile,
+    save_profile,
+)
+
+CPU = load_cluster("cluster_specs/local-cpu.yaml")
+SMALL = preset("debug-small")
+META = ProfileMeta(schema_version=PROFILE_SCHEMA_VERSION, device="CPU", device_detail="test cpu",
+                   dtype="fp32", torch_version="2.13.0", host="h", created="2026-01-01T00:00:00Z",
+                   num_threads=1, warmup=3, repeats=15, world_size=2)
+
+
+def _host(name, t, variant="gloo", ranks=2, size=0):
+    return ProfileRow(kind="host", name=name, variant=variant, shape=(size,), flops=0.0,
+                      bytes=float(size), ranks=ranks, time_s=t, p10_s=t, p90_s=t, samples=9,
+                      calls=1)
+
+
+def _collectives(ranks=2):
+    return tuple(ProfileRow(kind="collective", name=kind, shape=(size,), flops=0.0,
+                            bytes=float(size), ranks=ranks, time_s=1e-4 + size / 1e9,
+                            p10_s=1e-4, p90_s=1e-4, samples=9, calls=1)
+                 for kind in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+                 for size in (1024, 1 << 20, 8 << 20))
+
+
+HOST = (_host("fsdp_unit_forward", 4e-4), _host("fsdp_unit_backward", 6e-4),
+        _host("dtensor_layer_forward", 1e-3, variant="gloo"),
+        _host("dtensor_layer_backward", 2e-3, variant="gloo"),
+        _host("dtensor_root_forward", 3e-3, variant="gloo"),
+        _host("dtensor_root_backward", 4e-3, variant="gloo"),
+        _host("dispatch_forward", 5e-6, variant=None, ranks=1))
+
+
+def _profiles(tmp_path, rows, name="p.csv"):
+    path = str(tmp_path / name)
+    save_profile(path, META, rows)
+    return Profiles((("CPU", load_profile(path)),))
+
+
+def _plan(**knobs):
+    cfg = ParallelConfig(seq_len=64, dtype="fp32", mbs=8, **knobs)
+    return homogeneous_plan(SMALL, CPU, cfg, kernels=Kernels(attention="flash",
+                                                              optimizer="fused"))
+
+
+def test_a_profile_without_host_rows_loads_and_answers_none(tmp_path):
+    old = _profiles(tmp_path, _collectives()).get("CPU")
+    assert old.host_rows == () and old.host_s("fsdp_unit_forward", variant="gloo") is None
+    assert fsdp_unit_s(device("CPU"), old, 2) is None
+    new = _profiles(tmp_path, _collectives() + HOST, "new.csv").get("CPU")
+    assert new.op_rows == ()  # host rows are not op rows (a collective profile stays one)
+    assert new.host_s("fsdp_unit_forward", variant="gloo", ranks=2) == 4e-4
+    assert new.host_s("fsdp_unit_forward", variant="gloo", ranks=4) == 4e-4  # nearest size
+    assert new.host_s("fsdp_unit_forward", variant="nccl") is None
+
+
+def test_dispatch_is_in_each_cpu_op_but_issues_gpu_kernels(tmp_path):
+    profile = _profiles(tmp_path, HOST).get("CPU")
+    assert launch_s(device("CPU"), profile) == 0.0  # the CPU runs each op as it dispatches
+    gpu = device("A100-80GB-SXM")
+    assert launch_s(gpu, profile) == 5e-6
+    assert launch_s(gpu, None) > 0.0  # the catalog's launch overhead
+
+
+def test_fsdp2_units_block_the_compute_thread_where_measured(tmp_path):
+    plan = _plan(dp=2, gbs=16, sharding=Sharding(params=2, grads=2, optim=2))
+    bare = _profiles(tmp_path, _collectives())
+    measured = _profiles(tmp_path, _collectives() + HOST, "host.csv")
+    before = plan_costs(plan, bare).costs[0][0].dp
+    after = plan_costs(plan, measured).costs[0][0].dp
+    units = SMALL.num_layers + 2  # a block each, the root's embedding and head
+    assert before.gather_units == after.gather_units == units
+    assert before.prefetch >= 1 and after.prefetch == 0  # no gather runs ahead
+    assert after.grad_microbatch_s == 0.0  # the reduce-scatters are held by the backward
+    assert after.param_microbatch_s == pytest.approx(
+        before.param_microbatch_s + before.grad_microbatch_s + units * (4e-4 + 6e-4))
+    slower = simulate(plan, profiles=measured).iteration_time_s
+    assert slower > simulate(plan, profiles=bare).iteration_time_s + units * 1e-3 * 0.99
+    # ZeRO-1 runs on flat buffers, not FSDP2: unchanged
+    zero1 = _plan(dp=2, gbs=16, sharding=Sharding(optim=2))
+    assert plan_costs(zero1, measured).costs[0][0].dp == plan_costs(zero1, bare).costs[0][0].dp
+
+
+def test_dtensor_costs_each_tp_block_and_the_root(tmp_path):
+    bare = _profiles(tmp_path, _collectives())
+    measured = _profiles(tmp_path, _collectives() + HOST, "host.csv")
+    tp2 = _plan(tp=2, gbs=8)
+    b, a = plan_costs(tp2, bare).costs[0][0], plan_costs(tp2, measured).costs[0][0]
+    assert a.layer_forward.host_s - b.layer_forward.host_s == pytest.approx(1e-3)
+    assert a.layer_backward.host_s - b.layer_backward.host_s == pytest.approx(2e-3)
+    assert a.head_forward.host_s - b.head_forward.host_s == pytest.approx(3e-3)
+    assert a.forward_s - b.forward_s == pytest.approx(SMALL.num_layers * 1e-3 + 3e-3)
+    # sequence parallelism measured apart: no "+sp" rows, no cost
+    sp = _plan(tp=2, gbs=8, sequence_parallel=True)
+    assert plan_costs(sp, measured).costs[0][0].forward_s == \
+        pytest.approx(plan_costs(sp, bare).costs[0][0].forward_s)
+    dp2 = _plan(dp=2, gbs=16)  # no tp: no DTensor
+    assert plan_costs(dp2, measured).costs[0][0].forward_s == \
+        pytest.approx(plan_costs(dp2, bare).costs[0][0].forward_s)
+
+
+def test_the_sources_say_what_priced_the_host_costs(tmp_path):
+    plan = _plan(dp=2, gbs=16)
+    assert cost_sources(plan, None)["host"] == HOST_ANALYTIC_SOURCE
+    assert cost_sources(plan, _profiles(tmp_path, _collectives()))["host"] == \
+        HOST_ANALYTIC_SOURCE
+    measured = _profiles(tmp_path, _collectives() + HOST, "host.csv")
+    assert cost_sources(plan, measured)["host"].startswith(
+        f"measured host costs {tmp_path / 'host.csv'}")
+
+
+def test_old_profile_rows_are_read_unchanged(tmp_path):
+    """A profile written before host rows existed reads back exactly."""
+    rows = _collectives()
+    profile = _profiles(tmp_path, rows).get("CPU")
+    assert profile.rows == rows
+    assert dataclasses.replace(profile, rows=rows + HOST).host_rows == HOST
+
+
+def _shared(*seconds: float) -> tuple:
+    """`gemm_shared` rows: a GEMM's seconds with 1, 2, ... ranks computing at once."""
+    return tuple(_host("gemm_shared", t, variant=None, ranks=n)
+                 for n, t in enumerate(seconds, start=1))
+
+
+def test_the_shared_core_slowdown_is_the_measured_ratio_per_rank_count(tmp_path):
+    profile = _profiles(tmp_path, _collectives() + _shared(1e-3, 1.2e-3, 1.5e-3, 2.2e-3)).get("CPU")
+    k = shared_cores(device("CPU"), profile)
+    assert k is not None and k.measured == pytest.approx((1.0, 1.2, 1.5, 2.2))
+    assert k(0.5) == k(1.0) == 1.0
+    assert k(2.5) == pytest.approx(1.35)  # between the measured counts
+    assert k(8.0) == pytest.approx(2.2 * 2)  # beyond: a fair share of 4 ranks' throughput
+    assert shared_cores(device("A100-80GB-SXM"), profile) is None  # GPUs share no compute
+    # noise is never a speed-up: at least 1, never less for more ranks
+    noisy = _profiles(tmp_path, _shared(1e-3, 0.9e-3, 1.4e-3, 1.3e-3), "noisy.csv").get("CPU")
+    assert shared_cores(device("CPU"), noisy).measured == pytest.approx((1.0, 1.0, 1.4, 1.4))
+    assert shared_cores(device("CPU"), _profiles(tmp_path, _collectives(), "bare.csv")
+                        .get("CPU")) is None
+    # bursts of other load in some samples (the medians) are not the host's own sharing
+    bursts = (dataclasses.replace(_host("gemm_shared", 1e-3, variant=None, ranks=1), time_s=1.1e-3),
+              dataclasses.replace(_host("gemm_shared", 1.1e-3, variant=None, ranks=2),
+                                  time_s=2e-3))
+    k = shared_cores(device("CPU"), _profiles(tmp_path, bursts, "bursts.csv").get("CPU"))
+    assert k.measured == pytest.approx((1.0, 1.1))
+    # two measurements (2 and 4 processes), one of them beside a busy core: the least
+    busy = _shared(1e-3, 2e-3, 3e-3, 4e-3) + _shared(1.05e-3, 1.2e-3)
+    k = shared_cores(device("CPU"), _profiles(tmp_path, busy, "busy.csv").get("CPU"))
+    assert k.measured == pytest.approx((1.0, 1.2, 3.0, 4.0))
+
+
+def test_cpu_ranks_are_slowed_only_while_they_compute_at_once(tmp_path):
+    """dp ranks compute side by side the whole step: their compute is slowed by k(2);
+    two pipeline stages compute partly in turn (fill, drain, waits for the other stage):
+    slowed by less; one rank alone on its host: not at all."""
+    bare = _profiles(tmp_path, _collectives())
+    measured = _profiles(tmp_path, _collectives() + _shared(1e-3, 1.25e-3), "share.csv")
+    dp2 = _plan(dp=2, gbs=16)
+    before, after = simulate(dp2, profiles=bare), simulate(dp2, profiles=measured)
+    compute = before.breakdown.compute_s + before.breakdown.host_overhead_s
+    assert after.iteration_time_s == pytest.approx(before.iteration_time_s + 0.25 * compute,
+                                                   rel=0.02)
+    assert plan_costs(dp2, measured).costs == plan_costs(dp2, bare).costs  # costs unchanged
+    pp2 = _plan(pp=2, gbs=32)
+    slower = simulate(pp2, profiles=measured).iteration_time_s
+    alone = simulate(pp2, profiles=bare).iteration_time_s
+    assert alone < slower < 1.2 * alone
+    cfg = ParallelConfig(seq_len=64, dtype="fp32", mbs=8, gbs=8)
+    one = homogeneous_plan(SMALL, CPU.take(1), cfg, kernels=Kernels(attention="flash",
+                                                                     optimizer="fused"))
+    assert simulate(one, profiles=measured).iteration_time_s == \
+        simulate(one, profiles=bare).iteration_time_s
