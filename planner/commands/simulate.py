@@ -43,6 +43,7 @@ from planner.specs.plan import (
     Plan,
     Sharding,
     describe_layout,
+    expert_words,
     load_plan,
     save_plan,
 )
@@ -277,9 +278,8 @@ def _check_simulation_size(plan: Plan) -> None:
 
 
 def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:
-    return (f"tp {cfg.tp}, pp {cfg.pp}, dp {cfg.dp}, cp {cfg.cp}, vp {cfg.vp}, "
-            f"{f'ep {cfg.ep}, ' if cfg.ep > 1 else ''}{f'etp {cfg.etp}, ' if cfg.etp else ''}"
-            f"{plan.training.schedule} schedule, "
+    return (f"tp {cfg.tp}, pp {cfg.pp}, dp {cfg.dp}, cp {cfg.cp}, vp {cfg.vp}"
+            f"{expert_words(plan.training)}, {plan.training.schedule} schedule, "
             f"mbs {cfg.mbs}, gbs {cfg.gbs}, seq {cfg.seq_len}, recompute {cfg.recompute}"
             f"{', sequence parallel' if cfg.sequence_parallel else ''}, {cfg.dtype}, "
             f"sharding P/G/OS {cfg.sharding.params}/{cfg.sharding.grads}/{cfg.sharding.optim}, "

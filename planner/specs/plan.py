@@ -41,7 +41,8 @@ from profiler.schema import SpecError, at, coerce_choices, dump, fail, load_yaml
 
 __all__ = ["REDUCE_DTYPES", "SCHEMA_VERSION", "TRAIN_DTYPES", "Communication", "Kernels",
            "Pipeline", "Plan", "Predicted", "Provenance", "Sharding", "Stage", "Training",
-           "describe_layout", "load_plan", "plan_from_dict", "plan_to_dict", "save_plan"]
+           "describe_layout", "expert_words", "flush_words", "load_plan", "plan_from_dict",
+           "plan_to_dict", "save_plan"]
 
 SCHEMA_VERSION = 1
 ReduceDType = Literal["fp32", "bf16", "fp16"]
@@ -459,18 +460,38 @@ class Plan:
         return sum(len(s.devices) for p in self.pipelines for s in p.stages)
 
 
+def expert_words(training: Training) -> str:
+    """', ep 8 (ep_layout data_parallel), etp 1, deepep dispatch': the expert settings of
+    a layout line, each only where it is set (the ep layout whenever ep > 1: which ranks
+    an ep group is changes its links and its price)."""
+    tr = training
+    ep = f", ep {tr.ep} (ep_layout {tr.ep_layout})" if tr.ep > 1 else ""
+    etp = f", etp {tr.etp}" if tr.etp else ""
+    dispatch = (f", {tr.comm.moe_dispatcher} dispatch"
+                if tr.comm.moe_dispatcher != Communication().moe_dispatcher else "")
+    return ep + etp + dispatch
+
+
+def flush_words(training: Training) -> str:
+    """', 4 pipeline flushes per step' where a step runs its micro-batches as several
+    schedules (`Training.pipeline_flushes` > 1), else nothing."""
+    flushes = training.pipeline_flushes
+    return f", {flushes} pipeline flushes per step" if flushes > 1 else ""
+
+
 def describe_layout(plan: Plan) -> str:
     """One line: the parallel layout, batch, schedule, sharding and kernels of a plan."""
     p0 = plan.pipelines[0]
     tr, k = plan.training, plan.kernels
     tps = sorted({s.tp for p in plan.pipelines for s in p.stages})
     micro = sorted({(p.micro_batch_size, p.num_microbatches) for p in plan.pipelines})
-    ep = (f", ep {tr.ep}" if tr.ep > 1 else "") + (f", etp {tr.etp}" if tr.etp else "")
-    return (f"dp {plan.dp}, pp {len(p0.stages)}, tp {'/'.join(map(str, tps))}{ep}, "
+    return (f"dp {plan.dp}, pp {len(p0.stages)}, tp {'/'.join(map(str, tps))}"
+            f"{expert_words(tr)}, "
             f"layers {'/'.join(str(s.num_layers) for s in p0.stages)}, "
             f"micro-batches {', '.join(f'{m}x{b}' for b, m in micro)} (count x size), "
             f"gbs {tr.global_batch_size}, seq {tr.seq_len}, {tr.dtype}, {tr.schedule}"
             f"{f' vp {tr.virtual_stages}' if tr.virtual_stages > 1 else ''}"
+            f"{flush_words(tr)}"
             f"{', sequence parallel' if tr.sequence_parallel else ''}, recompute "
             f"{p0.stages[0].recompute}, {plan.sharding_label}, "
             f"{k.attention} attention, {k.optimizer} AdamW"

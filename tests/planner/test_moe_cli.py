@@ -107,3 +107,19 @@ def test_simulate_prices_the_ep_groups_the_flag_names(capsys):
     code2, out, _ = run_cli([*argv, "--ep-layout", "data_parallel"], capsys)
     replicas = json.loads(out)["breakdown"]["ep_comm_s"]
     assert code == code2 == 0 and 0 < folded < replicas
+
+
+def test_simulate_summary_names_the_ep_layout_and_dispatcher_it_priced(capsys):
+    """The summary's layout line says which ep groups (`--ep-layout`) and which dispatcher
+    (`--moe-dispatcher`) the numbers are for: without them two runs of different price
+    printed the same line."""
+    argv = ["simulate", "--model", "mixtral-8x7b", "--gpus", "H100-80GB-SXM:16", "--tp", "4",
+            "--etp", "1", "--pp", "1", "--dp", "4", "--ep", "4", "--mbs", "1", "--gbs", "16",
+            "--sequence-parallel", "--method", "estimate"]
+    code, folded, _ = run_cli(argv, capsys)
+    code2, replicas, _ = run_cli([*argv, "--ep-layout", "data_parallel",
+                                  "--moe-dispatcher", "deepep"], capsys)
+    assert code == code2 == 0
+    assert "ep 4 (ep_layout folded), etp 1, 1f1b" in folded.splitlines()[1]
+    assert ("ep 4 (ep_layout data_parallel), etp 1, deepep dispatch, 1f1b"
+            in replicas.splitlines()[1])

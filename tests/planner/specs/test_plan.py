@@ -252,3 +252,32 @@ def test_master_weights_round_trip_and_are_described(tmp_path):
     data = plan_to_dict(plan)
     data["training"].pop("master_weights")
     assert plan_from_dict(data).training.master_weights  # older files: the default
+
+
+def test_layout_line_names_the_expert_layout_dispatch_and_pipeline_flushes():
+    """Plans that differ only in `training.ep_layout` (folded vs data_parallel: other ep
+    groups, another price at tp 2, etp 1), `comm.moe_dispatcher` or `pipeline_flushes`
+    must not print the same one-line layout (`plan simulate --plan`, `plan run`'s report,
+    the launch files' header)."""
+    from planner.specs.choices import EpLayout
+    from planner.specs.plan import describe_layout
+
+    cfg = ParallelConfig(tp=2, pp=2, dp=4, mbs=1, gbs=16, seq_len=64, ep=4, etp=1)
+    plan = homogeneous_plan(preset("mixtral-8x7b"), parse_gpus_arg("H100-80GB-SXM:16"), cfg)
+    tr = plan.training
+    variants = [plan] + [dataclasses.replace(plan, training=dataclasses.replace(tr, **change))
+                         for change in ({"ep_layout": EpLayout.DATA_PARALLEL},
+                                        {"comm": dataclasses.replace(tr.comm,
+                                                                     moe_dispatcher="deepep")},
+                                        {"pipeline_flushes": 2})]
+    for variant in variants:
+        variant.check("plan")
+    lines = [describe_layout(v) for v in variants]
+    assert len(set(lines)) == len(lines)
+    assert "ep 4 (ep_layout folded), etp 1," in lines[0]
+    assert "ep 4 (ep_layout data_parallel), etp 1," in lines[1]
+    assert ", deepep dispatch," in lines[2] and "dispatch" not in lines[0]
+    assert ", 1f1b, 2 pipeline flushes per step," in lines[3]
+    assert "flushes" not in lines[0]
+    dense = describe_layout(_homogeneous())
+    assert "ep_layout" not in dense and "dispatch" not in dense
