@@ -441,7 +441,7 @@ def _moe(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
     if not caps.moe_sequence_parallel and tr.sequence_parallel and max(tps) > 1:
         out.append(f"sequence parallelism on an MoE model: {name} runs the MoE layer on the "
                    "whole sequence")
-    if s.ep == 1:
+    if s.ep == 1 or "ep" not in caps.parallelisms:  # no ep at all: `_parallelisms` says so
         return out
     if caps.ep_within_dp and s.dp % s.ep:
         out.append(f"ep {s.ep} not dividing dp {s.dp}: {name} carves ep groups out of the "
