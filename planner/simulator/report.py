@@ -8,10 +8,11 @@ from planner.costs.memory import MEMORY_SOURCE
 from planner.costs.stages import cost_sources
 from planner.predict.results import Breakdown, SimResult, StageSummary, make_result
 from planner.simulator.build import Simulation, TaskMeta, simulate_graph
-from planner.specs.plan import Plan
+from planner.specs.plan import Plan, describe_layout
 from profiler.store import Profiles
 
-__all__ = ["SIMULATION_SOURCE", "simulate", "simulate_detailed", "write_gantt", "write_trace"]
+__all__ = ["SIMULATION_SOURCE", "gantt_title", "simulate", "simulate_detailed", "write_gantt",
+           "write_trace"]
 
 SIMULATION_SOURCE = ("event simulation (task graph list-scheduled over compute and "
                      "communication streams, planner/simulator)")
@@ -133,6 +134,7 @@ def write_trace(sim: Simulation, path: str) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms",
                    "otherData": {"model": sim.plan.model.name, "cluster": sim.plan.cluster.name,
+                                 "layout": describe_layout(sim.plan),
                                  "source": SIMULATION_SOURCE}}, fh)
 
 
@@ -180,9 +182,7 @@ def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
     ax.set_ylim(rows - 0.5, -0.5)
     ax.set_xlim(0, sched.makespan_s * 1.01)
     ax.set_xlabel("time (s)")
-    ax.set_title(f"{plan.model.name}: {plan.training.schedule}, {pp} stages, "
-                 f"{plan.pipelines[pi].num_microbatches} micro-batches, vp {vp}: "
-                 f"iteration {sched.makespan_s:.3g} s (simulated)")
+    ax.set_title(gantt_title(plan, pi, sched.makespan_s))
     split = any(kind == "W" for _, kind, _ in bars)
     handles = [Patch(color=plt.cm.Blues(0.6), label="forward"),
                Patch(color=plt.cm.Greens(0.6), label="backward: input grads (B, +recompute)" if split
@@ -195,6 +195,18 @@ def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def gantt_title(plan: Plan, pipeline: int, makespan_s: float) -> str:
+    """'gpt3-1.3b: 1f1b, 4 stages, 8 micro-batches in 2 pipeline flushes, vp 1: iteration
+    3.2 s (simulated)': what the picture of pipeline `pipeline` shows (the flushes, where a
+    step runs several schedules, are the fills and drains in the middle of the picture)."""
+    tr, pipe = plan.training, plan.pipelines[pipeline]
+    flushes = (f" in {tr.pipeline_flushes} pipeline flushes" if tr.pipeline_flushes > 1
+               else "")
+    return (f"{plan.model.name}: {tr.schedule}, {len(pipe.stages)} stages, "
+            f"{pipe.num_microbatches} micro-batches{flushes}, vp {tr.virtual_stages}: "
+            f"iteration {makespan_s:.3g} s (simulated)")
 
 
 def _merged(spans: list[tuple[float, float, int]]) -> list[tuple[float, float]]:

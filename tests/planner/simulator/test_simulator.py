@@ -51,6 +51,25 @@ def test_each_pipeline_flush_pays_its_own_fill_and_drain(pp, m, flushes, vp):
     assert simulate_graph(one, costs=flat_costs(one)).schedule.makespan_s < expected
 
 
+def test_gantt_title_and_trace_name_the_pipeline_flushes(tmp_path):
+    """A step of 2 schedules shows two fills and drains: the picture's title says why, and
+    the trace's metadata carries the plan's layout line (flushes included)."""
+    from planner.simulator.report import gantt_title
+
+    one = make_plan(pp=4, m=8)
+    two = dataclasses.replace(one, training=dataclasses.replace(one.training,
+                                                                pipeline_flushes=2))
+    assert gantt_title(one, 0, 3.21) == ("gpt3-1.3b: 1f1b, 4 stages, 8 micro-batches, vp 1: "
+                                         "iteration 3.21 s (simulated)")
+    assert gantt_title(two, 0, 3.21) == ("gpt3-1.3b: 1f1b, 4 stages, 8 micro-batches in 2 "
+                                         "pipeline flushes, vp 1: iteration 3.21 s (simulated)")
+    _, sim = simulate_detailed(two)
+    trace = tmp_path / "t.json"
+    write_trace(sim, str(trace))
+    layout = json.loads(trace.read_text())["otherData"]["layout"]
+    assert "1f1b, 2 pipeline flushes per step" in layout
+
+
 def test_flushed_order_runs_each_schedule_over_its_own_micro_batches():
     one = stage_order("1f1b", stage=1, pp=4, num_microbatches=4)
     two = stage_order("1f1b", stage=1, pp=4, num_microbatches=8, flushes=2)
