@@ -389,7 +389,8 @@ class Plan:
                      f"a multiple of training.pipeline_flushes ({flushes})")
             if (self.training.schedule.interleaved
                     and (p.num_microbatches // flushes) % len(p.stages)):
-                each = f" in each of its {flushes} schedules" if flushes > 1 else ""
+                each = (f" in each of its {flushes} schedules (training.pipeline_flushes: "
+                        f"{p.num_microbatches // flushes} each)" if flushes > 1 else "")
                 fail(at(where, f"pipelines[{pi}].num_microbatches"), p.num_microbatches,
                      f"interleaved-1f1b needs a multiple of the pipeline's {len(p.stages)} "
                      f"stages{each}")

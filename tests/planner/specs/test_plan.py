@@ -104,7 +104,8 @@ def test_homogeneous_layout_is_megatron_order():
     (lambda d: d["training"].update(schedule="interleaved-1f1b", virtual_stages=2,
                                     pipeline_flushes=4),
      r"pipelines\[0\].num_microbatches: 4 is not allowed \(interleaved-1f1b needs a "
-     r"multiple of the pipeline's 2 stages in each of its 4 schedules\)"),
+     r"multiple of the pipeline's 2 stages in each of its 4 schedules "
+     r"\(training.pipeline_flushes: 1 each\)\)"),
     (lambda d: d.update(training={**d["training"], "schedule": "zb-h1"}, pipelines=[
         {**d["pipelines"][0], "stages": [{**d["pipelines"][0]["stages"][0], "layers": [0, 4]}]},
         d["pipelines"][1]]),
