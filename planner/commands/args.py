@@ -106,7 +106,10 @@ def add_model_args(p: argparse.ArgumentParser, *, required: bool = True,
     if plan:
         g.add_argument("--plan", type=path_arg, metavar="FILE",
                        help="a Plan (.yaml/.json) to predict as it "
-                       "is (heterogeneous ones too); it brings its model, cluster and layout")
+                       "is (heterogeneous ones too); it brings its model, cluster and layout, "
+                       "and the settings only a plan file has (training.pipeline_flushes: "
+                       "pipeline schedules per step; training.master_weights: false for "
+                       "16-bit states without an fp32 master copy)")
 
 
 def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:

@@ -102,7 +102,9 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
     m.add_argument("--host-costs", action="store_true",
                    help="also measure host-side costs (profiler/hostcost.py): per-op dispatch "
                         "with --model; with --collectives on the CPU, each collective's fixed "
-                        "cost and FSDP2's and DTensor's per-layer costs")
+                        "cost, FSDP2's and DTensor's per-layer costs and how much slower a "
+                        "GEMM runs while n of the --nprocs ranks compute at once (gemm_shared: "
+                        "CPU ranks sharing the host's cores)")
     m.add_argument("--min-bytes", type=bytes_arg, default=1024, metavar="SIZE")
     m.add_argument("--max-bytes", type=bytes_arg, default=256 * 1024**2, metavar="SIZE")
     m.add_argument("-o", "--output", required=True, type=path_arg, metavar="FILE",

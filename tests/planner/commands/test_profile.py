@@ -37,3 +37,12 @@ def test_measure_output_checked_before_measuring(tmp_path, capsys):
     code, _, err = run_cli(["profile", "--model", "debug-tiny", "-o",
                             str(tmp_path / "missing" / "p.csv")], capsys)
     assert code == 2 and "(folder" in err and "does not exist)" in err, err
+
+
+def test_measure_help_says_what_host_costs_measure(capsys):
+    """`--host-costs` with `--collectives` also measures the shared-core slowdown
+    (`gemm_shared` rows) the event simulation prices: the help says so."""
+    code, out, _ = run_cli(["profile", "measure", "--help"], capsys)
+    text = " ".join(out.split())  # argparse wraps lines
+    assert code == 0 and "FSDP2's and DTensor's per-layer costs" in text
+    assert "while n of the --nprocs ranks compute at once (gemm_shared" in text

@@ -156,3 +156,14 @@ def test_a_key_or_name_with_control_characters_stays_one_line(tmp_path, capsys):
     odd.write_text("{}")
     code, out, err = run_cli(["simulate", "--plan", str(odd)], capsys)
     assert code == 2 and err.count("\n") == 1 and "a\\nb.yaml" in err, err
+
+
+def test_help_names_the_settings_only_a_plan_file_has(capsys):
+    """`plan simulate --help` is where a user learns of `training.pipeline_flushes` and
+    `training.master_weights`, which no flag sets, beside `--ep-layout`."""
+    code, out, _ = run_cli(["simulate", "--help"], capsys)
+    text = " ".join(out.split())  # argparse wraps lines
+    assert code == 0
+    assert "training.pipeline_flushes: pipeline schedules per step" in text
+    assert "training.master_weights: false for 16-bit states without an fp32 master copy" in text
+    assert "--ep-layout {folded,data_parallel}" in text
