@@ -45,6 +45,7 @@ from planner.specs.plan import (
     describe_layout,
     expert_words,
     load_plan,
+    plan_to_dict,
     save_plan,
 )
 from profiler.kernels import Attention
@@ -248,7 +249,11 @@ def _simulate_plan(args: argparse.Namespace, plan: Plan, *, profiles: Profiles |
                                   profiles=profiles), args.output)
     if args.json:
         k = plan.kernels
+        # what was simulated, beside its numbers: the layout line and the training
+        # settings as a plan file writes them
         print_json({**result.to_dict(), "model": plan.model.name, "cluster": plan.cluster.name,
+                    "layout": layout or describe_layout(plan),
+                    "training": plan_to_dict(plan)["training"],
                     "kernels": {"attention": k.attention, "optimizer": k.optimizer}})
     else:
         print(summary(plan, layout or describe_layout(plan), result))

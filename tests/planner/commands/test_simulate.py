@@ -167,3 +167,14 @@ def test_help_names_the_settings_only_a_plan_file_has(capsys):
     assert "training.pipeline_flushes: pipeline schedules per step" in text
     assert "training.master_weights: false for 16-bit states without an fp32 master copy" in text
     assert "--ep-layout {folded,data_parallel}" in text
+
+
+def test_json_names_what_was_simulated(capsys):
+    """`--json` carries the layout line and the training settings beside the numbers, so
+    that a script reading it knows which plan the numbers are of."""
+    code, out, err = run_cli(["simulate", *CONFIG, "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["layout"].startswith("tp 2, pp 2, dp 2"), data["layout"]
+    assert data["training"]["global_batch_size"] == 64
+    assert data["training"]["pipeline_flushes"] == 1 and data["training"]["ep"] == 1
