@@ -27,8 +27,7 @@ from planner.specs.plan import Sharding
 from profiler.devices import DeviceSpec
 
 __all__ = ["MEMORY_SOURCE", "StageMemory", "activation_memory", "in_flight_chunks",
-           "expert_shard_size", "model_state_bytes", "rank_expert_param_count",
-           "rank_param_count",
+           "model_state_bytes", "rank_expert_param_count", "rank_param_count",
            "rank_param_tensors",
            "runtime_reserve_bytes", "stage_memory"]
 
@@ -104,21 +103,6 @@ def rank_expert_param_count(model: ModelSpec, *, num_layers: int, etp: int, ep: 
     default tp)."""
     return float(_moe_layers(model, num_layers) * model.expert_params_per_moe_layer()
                  / (ep * etp))
-
-
-def expert_shard_size(size: int, *, tp: int, etp: int | None, ep: int,
-                      ep_layout: EpLayout = EpLayout.FOLDED) -> float:
-    """How many ranks share one copy of a routed-expert state that `size` ranks of the
-    stage's dp x cp group share one copy of a dense state over (a `Sharding` size): the
-    expert-data-parallel group holds dp x cp x tp / (ep x etp) ranks (Megatron-Core
-    parallel_state.py `get_expert_data_parallel_group`), so max(1, size x tp / (ep x etp));
-    with ep groups of data-parallel replicas only (`EpLayout.DATA_PARALLEL`, trainplan's
-    executor, executor/groups.py `expert_shard_layout`) the tp ranks are not among them:
-    size / ep. A size of 1 (replicated) stays 1."""
-    if size <= 1:
-        return 1.0
-    fold = tp / (etp or tp) if ep_layout == EpLayout.FOLDED else 1.0
-    return max(1.0, size * fold / ep)
 
 
 def rank_param_tensors(model: ModelSpec, *, num_layers: int, first: bool, last: bool,
@@ -223,8 +207,9 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     dense = params - expert_params
 
     def split(size: int) -> float:
-        return dense / size + expert_params / expert_shard_size(size, tp=tp, etp=etp, ep=ep,
-                                                                ep_layout=ep_layout)
+        fold = tp / (etp or tp) if ep_layout == EpLayout.FOLDED else 1.0
+        peers = size * fold / ep if size > 1 else 1.0
+        return dense / size + expert_params / max(1.0, peers)
 
     return (split(sharding.params) * low, split(sharding.grads) * state,
             split(sharding.optim) * (master + 2 * state), gathered)

@@ -40,7 +40,6 @@ from planner.costs.host import (
 from planner.costs.memory import (
     StageMemory,
     activation_memory,
-    expert_shard_size,
     in_flight_chunks,
     model_state_bytes,
     rank_expert_param_count,
@@ -76,8 +75,7 @@ from profiler.store import Profile, Profiles
 
 __all__ = ["DPSync", "Part", "PlacedStage", "PlanCosts",
            "RunSettings", "ShardingTerms", "StageCost", "StageSpec", "apply_sharding",
-           "bucket_params", "clear_cost_caches", "cost_sources", "dp_sync", "ep_paced", "ep_peers", "expert_dp_place",
-           "expert_sharding", "exposed_s",
+           "bucket_params", "clear_cost_caches", "cost_sources", "dp_sync", "ep_paced", "ep_peers", "exposed_s",
            "gather_stall_s", "group_signature", "layer_parts", "on_clear_cost_caches",
            "placement", "plan_costs", "plan_replicas", "plan_runs", "position_groups", "replica_key",
            "pass_key", "replica_specs", "shard_units", "sharding_states", "sharding_terms",
@@ -90,8 +88,6 @@ T = TypeVar("T")
 # latency-bound" (planner/data/reference/framework_defaults.md, E)
 MEGATRON_BUCKET_MIN_PARAMS = 40e6
 MEGATRON_BUCKET_PARAMS_PER_DP = 1e6
-# how a trace names the routed experts' data-parallel transfers (`DPSync.with_experts`)
-EXPERT_TERM_PREFIX = "experts: "
 
 
 @dataclass(frozen=True)
@@ -147,31 +143,8 @@ class DPSync:
         pass of every replica that shares this traffic asks)."""
         said: dict[str, str] = self.__dict__.setdefault("_about", {})
         if term not in said:
-            said[term] = "; ".join(
-                [t.describe() for name, t in self.detail if name == term]
-                + [f"{EXPERT_TERM_PREFIX}{t.describe()}" for name, t in self.detail
-                   if name == EXPERT_TERM_PREFIX + term])
+            said[term] = "; ".join(t.describe() for name, t in self.detail if name == term)
         return said[term]
-
-    def with_experts(self, experts: DPSync) -> DPSync:
-        """This (dense) traffic followed by the routed experts' own (`experts`, over their
-        expert-data-parallel group): Megatron-Core's DDP reduces the expert buffers' bucket
-        groups after the dense ones on the same stream, so the times add, as do the
-        buckets; the experts' transfers are labelled apart in traces."""
-        if experts == DPSync():
-            return self
-        if self == DPSync():
-            return replace(experts, detail=tuple((EXPERT_TERM_PREFIX + name, t)
-                                                 for name, t in experts.detail))
-        return DPSync(self.grad_iteration_s + experts.grad_iteration_s,
-                      self.grad_microbatch_s + experts.grad_microbatch_s,
-                      self.param_iteration_s + experts.param_iteration_s,
-                      self.param_microbatch_s + experts.param_microbatch_s,
-                      buckets=self.buckets + experts.buckets, overlap=self.overlap,
-                      gather_units=self.gather_units or experts.gather_units,
-                      prefetch=self.prefetch,
-                      detail=self.detail + tuple((EXPERT_TERM_PREFIX + name, t)
-                                                 for name, t in experts.detail))
 
     @property
     def gather_unit_s(self) -> float:
@@ -298,34 +271,6 @@ class StageSpec:
         members = [first + o for first in sorted(self.dp_group) for o in offsets]
         start = members.index(p.devices[0]) // p.ep * p.ep
         return tuple(members[start:start + p.ep])
-
-    @property
-    def expert_dp_group(self) -> tuple[int, ...]:
-        """The ranks holding the same routed experts as this stage's first GPU, which
-        reduce their gradients (and shard their states) together: Megatron-Core's
-        expert-data-parallel group (parallel_state.py `get_expert_data_parallel_group`,
-        dp x cp x tp / (ep x etp) ranks; its DDP keeps expert parameters in their own
-        buffers, distributed_data_parallel.py `expert_parallel_buffers`). Of the ranks
-        `ep_group` cuts into consecutive groups of ep (every etp-th GPU of the stage in
-        every replica, in rank order), the ones at this GPU's place in theirs: every ep-th,
-        from it. Laid out over data-parallel replicas (`EpLayout.DATA_PARALLEL`,
-        executor/topology.py `expert_dp_group`) the replicas at this one's place in their
-        ep groups, each with its context-parallel ranks (dp x cp / ep: tp ranks hold
-        other slices of the experts). With ep = 1 and etp = tp: `dp_cp_group`."""
-        p = self.placed
-        if p.ep_layout == EpLayout.DATA_PARALLEL:
-            if p.ep == 1:
-                return self.dp_cp_group
-            firsts = sorted(self.dp_group)
-            start = firsts.index(p.devices[0]) % p.ep
-            offsets = [d - p.devices[0] for d in p.devices[::p.tp]]
-            return tuple(first + o for first in firsts[start::p.ep] for o in offsets)
-        if p.ep == 1 and p.expert_tp == p.tp:
-            return self.dp_cp_group
-        offsets = [d - p.devices[0] for d in p.devices[::p.expert_tp]]
-        members = [first + o for first in sorted(self.dp_group) for o in offsets]
-        start = members.index(p.devices[0]) % p.ep
-        return tuple(members[start::p.ep])
 
 
 class _once(Generic[T]):
@@ -483,19 +428,7 @@ def stage_key(cluster: ClusterSpec, spec: StageSpec, *, dp_signature: object = N
     for `pass_key(cluster, spec)` where the caller has it."""
     return (pass_key(cluster, spec) if passes is None else passes,
             group_signature(cluster, spec.dp_group) if dp_signature is None else dp_signature,
-            spec.concurrency, expert_dp_place(cluster, spec))
-
-
-def expert_dp_place(cluster: ClusterSpec, spec: StageSpec) -> tuple | None:
-    """The links of a stage's expert-data-parallel group (its `group_signature`: the
-    routed experts' gradients sync over it, `sharding_terms`, whichever member asks);
-    None where it is the dp x cp group (ep = 1, etp = tp). Replicas of one stage position
-    at different places in their ep groups are in different expert-data-parallel groups,
-    which may cross other links."""
-    p = spec.placed
-    if p.ep == 1 and (p.expert_tp == p.tp or p.ep_layout == EpLayout.DATA_PARALLEL):
-        return None
-    return group_signature(cluster, spec.expert_dp_group)
+            spec.concurrency)
 
 
 def replica_key(cluster: ClusterSpec, specs: Sequence[StageSpec], run: RunSettings, *,
@@ -642,8 +575,7 @@ def bucket_params(comm: Communication, dp: int) -> float:
 def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurrency: int,
             sharding: Sharding, dtype: str, profiles: Profiles | None = None, *,
             comm: Communication, units: int = 1,
-            fsdp_host: tuple[float, float] | None = None,
-            bucket_dp: int | None = None) -> DPSync:
+            fsdp_host: tuple[float, float] | None = None) -> DPSync:
     """Traffic of the data-parallel group `group` (the ranks holding the same parameters:
     one GPU per replica and context-parallel rank, `StageSpec.dp_cp_group`) holding
     `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP), with
@@ -671,18 +603,13 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
     compute thread unit by unit, as FSDP2 runs them on this host: every unit of a pass
     waits for its gather (no prefetch), and each backward's reduce-scatters and hooks are
     held by it too (`param_microbatch_s` then carries all of it, none on a side stream).
-
-    `bucket_dp`: the data-parallel size the default bucket size follows where it is not
-    len(group): Megatron-Core sizes every buffer's buckets, the experts' too, by one
-    data-parallel size (distributed_data_parallel.py: `bucket_size = max(4e7, 1e6 x
-    get_data_parallel_world_size())`, set once before the dense and expert buffers).
     """
     dp = len(group)
     if dp == 1:
         return DPSync()
     low = DType(dtype).element_bytes
     grad_bytes = params * DType(comm.grad_reduce_dtype).element_bytes
-    buckets = max(1, math.ceil(params / bucket_params(comm, bucket_dp or dp)))
+    buckets = max(1, math.ceil(params / bucket_params(comm, dp)))
 
     detail: list[tuple[str, Transfer]] = []
 
@@ -914,51 +841,20 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     `num_params` parameters per rank, sharded as `sharding` (none depend on the
     micro-batches: the search computes them once per stage kind)."""
     dtype = run.dtype
-    p = spec.placed
     fsdp = None
-    if sharding.params == sharding.grads == sharding.optim > 1 and p.tp == 1:
+    if sharding.params == sharding.grads == sharding.optim > 1 and spec.placed.tp == 1:
         # the executor's FSDP2 (executor/fsdp.py `fsdp_applies`), if measured here
         fsdp = fsdp_unit_s(spec.device, profiles.get(spec.device_name) if profiles else None,
                            sharding.params)
-    # the routed experts' states sync over their own expert-data-parallel group, sharded
-    # as the memory model shards them (`model_state_bytes`); the rest over dp x cp
-    experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep)
-    group = spec.dp_cp_group
-    expert_group = spec.expert_dp_group if experts else group
-    if expert_group == group:
-        experts, expert_shards = 0.0, sharding
-    else:
-        expert_shards = expert_sharding(sharding, p)
-    units = shard_units(spec)
-    sync = dp_sync(cluster, group, num_params - experts, spec.concurrency, sharding, dtype,
-                   profiles, comm=run.comm, units=units, fsdp_host=fsdp)
-    if experts:
-        # FSDP2's per-unit host cost is the dense sync's; the experts' gathers and
-        # reduce-scatters block the compute thread alike (fsdp_host of zero)
-        sync = sync.with_experts(dp_sync(
-            cluster, expert_group, experts, spec.concurrency, expert_shards, dtype, profiles,
-            comm=run.comm, units=units, fsdp_host=None if fsdp is None else (0.0, 0.0),
-            bucket_dp=len(group)))
-    opt = optimizer_work((num_params - experts) / sharding.optim
-                         + experts / expert_shards.optim, dtype=dtype,
+    sync = dp_sync(cluster, spec.dp_cp_group, num_params, spec.concurrency, sharding, dtype,
+                   profiles, comm=run.comm, units=shard_units(spec), fsdp_host=fsdp)
+    opt = optimizer_work(num_params / sharding.optim, dtype=dtype,
                          implementation=run.kernels.optimizer,
                          num_tensors=max(1, 6 * spec.placed.num_layers),
                          master_weights=run.master_weights)
     return ShardingTerms(sync, _compute_costs(spec.device, dtype, profiles).time_s(opt),
                          sharding_states(model, spec, dtype, sharding, num_params,
                                          master_weights=run.master_weights))
-
-
-def expert_sharding(sharding: Sharding, placed: PlacedStage) -> Sharding:
-    """`sharding` (sizes over the stage's dp x cp group) as the routed experts' states are
-    sharded over their expert-data-parallel group (`memory.expert_shard_size`; whole
-    ranks: a fractional size, which Megatron-Core and the executor's preflight refuse,
-    rounds down)."""
-    def size(s: int) -> int:
-        return int(expert_shard_size(s, tp=placed.tp, etp=placed.expert_tp, ep=placed.ep,
-                                     ep_layout=placed.ep_layout))
-    return Sharding(params=size(sharding.params), grads=size(sharding.grads),
-                    optim=size(sharding.optim))
 
 
 def apply_sharding(cost: StageCost, terms: ShardingTerms) -> StageCost:

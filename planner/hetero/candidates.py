@@ -196,7 +196,6 @@ def _layout(ctx: _Context, t: Template, devices: Sequence[Sequence[tuple[int, ..
     groups = ([tuple(devices[r][k][0] for r in range(t.dp)) for k in range(t.pp)]
               if t.dp > 1 else None)
     peers = _ep_peers(t, groups)
-    expert_peers = _ep_peers(t, groups, expert_dp=True)
     signatures: dict[tuple, int] = memo.setdefault("dp_signatures", {})
     dp_token = ([signatures.setdefault(group_signature(cluster, g), len(signatures))
                  for g in groups] if groups is not None else None)
@@ -213,21 +212,13 @@ def _layout(ctx: _Context, t: Template, devices: Sequence[Sequence[tuple[int, ..
                      tuple(placement(cluster, [groups[k][q] for q in peers[r][k]],
                                      devices[r][k][0]) for k in range(t.pp)))
         pattern = (_pattern(cluster, devices[r]), ep_places)
-        # and the links of the group its routed experts' gradients sync over, stage by
-        # stage (`StageSpec.expert_dp_group`, `expert_dp_place`: the same for every member)
-        edp_places = (None if expert_peers is None or groups is None else
-                      tuple(group_signature(cluster, tuple(groups[k][q]
-                                                           for q in expert_peers[r][k]))
-                            for k in range(t.pp)))
-        row = (pattern, edp_places)
-        if row not in rows:
+        if pattern not in rows:
             passes = _pass_row(ctx, rep_slots, pattern, devices[r], groups, memo, ep=t.ep)
             concurrency = sum(len(stage) for stage in devices[r])
             tokens = (dp_token if dp_token is not None else
                       [signatures.setdefault(group_signature(cluster, (stage[0],)),
                                              len(signatures)) for stage in devices[r]])
-            keys = [(pk, tokens[k], concurrency, None if edp_places is None else edp_places[k])
-                    for k, pk in enumerate(passes)]
+            keys = [(pk, tokens[k], concurrency) for k, pk in enumerate(passes)]
             if any(key not in kind_of for key in keys):
                 new = replica_specs(cluster, _placed_stages(ctx, rep_slots, devices[r], memo,
                                                             ep=t.ep),
@@ -237,30 +228,25 @@ def _layout(ctx: _Context, t: Template, devices: Sequence[Sequence[tuple[int, ..
                         kind_of[key] = len(specs)
                         specs.append(spec)
                         pass_kind.append(key[0])
-            rows[row] = tuple(kind_of[key] for key in keys)
-        rep = seen.setdefault(rows[row], r)
+            rows[pattern] = tuple(kind_of[key] for key in keys)
+        rep = seen.setdefault(rows[pattern], r)
         representative.append(rep)
-        positions.setdefault(rep, rows[row])
+        positions.setdefault(rep, rows[pattern])
     return _Layout(tuple(tuple(d) for d in devices), tuple(positions), tuple(representative),
                    positions, peers)
 
 
-def _ep_peers(t: Template, groups: Sequence[tuple[int, ...]] | None, *,
-              expert_dp: bool = False) -> tuple[tuple[tuple[int, ...], ...], ...] | None:
+def _ep_peers(t: Template, groups: Sequence[tuple[int, ...]] | None
+              ) -> tuple[tuple[tuple[int, ...], ...], ...] | None:
     """[replica][position] -> the replicas of its ep group there: the position's replicas
     in GPU order of their first GPU, in consecutive groups of ep (`StageSpec.ep_group`,
-    `ep_peers`; a template's stages hold one expert rank each: cp 1, expert tp = tp).
-    `expert_dp`: the replicas of its expert-data-parallel group instead, every ep-th of
-    that order from it (`StageSpec.expert_dp_group`), in that order."""
+    `ep_peers`; a template's stages hold one expert rank each: cp 1, expert tp = tp)."""
     if t.ep == 1 or groups is None:
         return None
     rows: list[list[tuple[int, ...]]] = [[] for _ in range(t.dp)]
     for group in groups:
         order = sorted(range(t.dp), key=lambda r: group[r])
         for i, r in enumerate(order):
-            if expert_dp:
-                rows[r].append(tuple(order[i % t.ep::t.ep]))
-                continue
             start = i // t.ep * t.ep
             rows[r].append(tuple(sorted(order[start:start + t.ep])))
     return tuple(tuple(row) for row in rows)
