@@ -104,6 +104,13 @@ def homogeneous_candidate_is_its_plan(model, cluster, data):
                                   attention="flash" if cp > 1 else None)
     except SpecError:  # an invalid draw (the rules are tested on their own)
         assume(False)
+    _priced_as_its_plan(model, cluster, layout, cfg, micro, gbs=gbs, dtype=dtype,
+                        kernels=kernels, data=data)
+
+
+def _priced_as_its_plan(model, cluster, layout, cfg, micro, *, gbs, dtype, kernels, data):
+    """The layout model's price of `layout` at a drawn sharding = estimate() of the Plan it
+    writes (time and peak memory); returns the Plan."""
     lm = LayoutModel(model, cluster, layout, dtype=dtype, seq_len=model.seq_len, gbs=gbs,
                      kernels=kernels)
     sharding = data.draw(st.sampled_from(sharding_options(lm.levels)))
@@ -115,6 +122,7 @@ def homogeneous_candidate_is_its_plan(model, cluster, data):
     assert math.isclose(lm.iteration_s(costs, micro), result.iteration_time_s, rel_tol=EXACT)
     assert math.isclose(max(c.memory.total_bytes for c in costs),
                         max(s.memory.total_bytes for s in result.stages), rel_tol=EXACT)
+    return plan
 
 
 def mixed_candidate_is_its_plan(model, cluster, data):
@@ -212,18 +220,9 @@ def homogeneous_moe_candidate_is_its_plan(model, cluster, data):
         kernels = default_kernels([cluster.node_groups[0].device], dtype=dtype)
     except SpecError:
         assume(False)
-    lm = LayoutModel(model, cluster, layout, dtype=dtype, seq_len=model.seq_len, gbs=gbs,
-                     kernels=kernels)
-    sharding = data.draw(st.sampled_from(sharding_options(lm.levels)))
-    costs = lm.sharded(lm.stage_costs(micro), sharding)
-    plan = homogeneous_plan(model, cluster, ParallelConfig(
-                                **{**cfg.__dict__, "sharding": sharding, "dtype": dtype}),
-                            kernels=kernels)
+    plan = _priced_as_its_plan(model, cluster, layout, cfg, micro, gbs=gbs, dtype=dtype,
+                               kernels=kernels, data=data)
     assert plan.training.ep_layout is ep_layout
-    result = estimate(plan)
-    assert math.isclose(lm.iteration_s(costs, micro), result.iteration_time_s, rel_tol=EXACT)
-    assert math.isclose(max(c.memory.total_bytes for c in costs),
-                        max(s.memory.total_bytes for s in result.stages), rel_tol=EXACT)
 
 
 def _check_written(found, tmp_path):
