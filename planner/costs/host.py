@@ -30,13 +30,17 @@ from profiler.analytic import launch_overhead_s
 from profiler.devices import DeviceSpec
 from profiler.store import Profile, Profiles
 
-__all__ = ["HOST_ANALYTIC_SOURCE", "SharedCoreSlowdown", "backend", "dtensor_layer_s",
+__all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "SharedCoreSlowdown", "backend", "dtensor_layer_s",
            "dtensor_root_s", "fsdp_unit_s", "host_source", "launch_s", "shared_cores"]
 
 HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
                         "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "
                         "their own stream; no DTensor overhead; CPU ranks compute as fast "
                         "as one process alone)")
+# the same defaults as they apply to a plan on GPUs only (the CPU ones are noise there)
+HOST_ANALYTIC_GPU_SOURCE = ("analytic defaults (the catalog's per-kernel launch overhead, "
+                            "profiler/data/efficiency.yaml; FSDP gathers prefetched on their "
+                            "own stream; no DTensor overhead)")
 
 
 def backend(dev: DeviceSpec) -> str:
@@ -135,12 +139,13 @@ def shared_cores(dev: DeviceSpec, profile: Profile | None) -> SharedCoreSlowdown
     return SharedCoreSlowdown(tuple(out)) if len(out) > 1 else None
 
 
-def host_source(profiles: Profiles | None, devices: set[str]) -> str:
-    """What priced the host-side costs of a plan on `devices`."""
+def host_source(profiles: Profiles | None, devices: set[str], *, on_cpu: bool = True) -> str:
+    """What priced the host-side costs of a plan on `devices` (`on_cpu`: some of them are
+    CPU ranks; without, only the GPU defaults are named)."""
     paths = sorted({p.path for name, p in (profiles.by_device if profiles else ())
                     if name in devices and p.host_rows})
     if not paths:
-        return HOST_ANALYTIC_SOURCE
+        return HOST_ANALYTIC_SOURCE if on_cpu else HOST_ANALYTIC_GPU_SOURCE
     return (f"measured host costs {', '.join(paths)} (FSDP2 units and DTensor layers beyond "
             "their collectives, which block the compute thread; per-op dispatch; CPU ranks "
             "sharing the host's cores while they compute at once); "

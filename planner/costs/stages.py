@@ -1137,9 +1137,10 @@ def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
     how its dtype runs where that is not plain (fp8, tf32, fp32)."""
     precision = _PRECISION.get(DType(plan.training.dtype))
     extra = {"precision": precision} if precision else {}
+    on_cpu = any(g.device.vendor == "cpu" for g in plan.cluster.node_groups)
     if profiles is None or not profiles.by_device:
         return {"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE,
-                "host": host_source(profiles, set()), **extra}
+                "host": host_source(profiles, set(), on_cpu=on_cpu), **extra}
     priced = plan_costs(plan, profiles)
     uses: list[tuple[Profile | None, Op]] = []
     for pi in priced.representatives:
@@ -1149,4 +1150,4 @@ def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
     return {"compute": compute_source(uses),
             "communication": _comm_source(plan.cluster, priced.specs, profiles),
             "host": host_source(profiles, {s.device_name for specs in priced.specs
-                                           for s in specs}), **extra}
+                                           for s in specs}, on_cpu=on_cpu), **extra}

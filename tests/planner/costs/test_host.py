@@ -7,10 +7,16 @@ import dataclasses
 
 import pytest
 
-from planner.costs.host import HOST_ANALYTIC_SOURCE, fsdp_unit_s, launch_s, shared_cores
+from planner.costs.host import (
+    HOST_ANALYTIC_GPU_SOURCE,
+    HOST_ANALYTIC_SOURCE,
+    fsdp_unit_s,
+    launch_s,
+    shared_cores,
+)
 from planner.costs.stages import cost_sources, plan_costs
 from planner.simulator import simulate
-from planner.specs.cluster import load_cluster
+from planner.specs.cluster import load_cluster, parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
 from planner.specs.plan import Kernels, Sharding
@@ -129,6 +135,16 @@ def test_the_sources_say_what_priced_the_host_costs(tmp_path):
     measured = _profiles(tmp_path, _collectives() + HOST, "host.csv")
     assert cost_sources(plan, measured)["host"].startswith(
         f"measured host costs {tmp_path / 'host.csv'}")
+
+
+def test_a_gpu_plan_names_only_the_gpu_host_defaults():
+    """A plan on GPUs only names the defaults that price it (the catalog's launch overhead),
+    not the CPU ranks' (`make demo` printed "CPU ranks compute as fast as one process
+    alone" for GPT-3 on Selene)."""
+    plan = homogeneous_plan(preset("debug-small"), parse_gpus_arg("A100-80GB-SXM:8"),
+                            ParallelConfig(tp=1, pp=1, dp=8, mbs=1, gbs=8, seq_len=64))
+    host = cost_sources(plan, None)["host"]
+    assert host == HOST_ANALYTIC_GPU_SOURCE and "CPU" not in host
 
 
 def test_old_profile_rows_are_read_unchanged(tmp_path):
