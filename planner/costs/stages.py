@@ -961,26 +961,22 @@ def plan_costs(plan: Plan, profiles: Profiles | None = None) -> PlanCosts:
 
 def ep_peers(specs: Sequence[Sequence[StageSpec]]) -> list[tuple[tuple[int, ...], ...]] | None:
     """[replica][position] -> the replicas (indices into `specs`) whose stage at that
-    position is in this replica's ep group there, itself included (`StageSpec.ep_group`:
-    consecutive members in GPU order); None without expert parallelism across replicas.
-    Mixed plans place replicas out of GPU order, and each position's order may differ."""
+    position is in this replica's ep group there, itself included: the replicas holding
+    the GPUs of its `StageSpec.ep_group` (which knows the ep layout); None without expert
+    parallelism across replicas. Mixed plans place replicas out of GPU order, and each
+    position's order may differ."""
     pp = len(specs[0])
     if (specs[0][0].placed.ep == 1 or len(specs) == 1
             or any(len(rep) != pp for rep in specs)):
         return None
     rows: list[list[tuple[int, ...]]] = [[] for _ in specs]
     for k in range(pp):
-        order = sorted(range(len(specs)), key=lambda r: specs[r][k].placed.devices[0])
-        members: list[int] = []  # the replica of each member, in GPU order
-        first: dict[int, int] = {}
-        for r in order:
-            p = specs[r][k].placed
-            first[r] = len(members)
-            members.extend([r] * len(p.devices[::p.expert_tp]))
-        for r in range(len(specs)):
-            ep = specs[r][k].placed.ep
-            start = first[r] // ep * ep
-            rows[r].append(tuple(sorted(set(members[start:start + ep]))))
+        holder = {d: r for r, rep in enumerate(specs) for d in rep[k].placed.devices}
+        for r, rep in enumerate(specs):
+            # a GPU no replica holds here (replicas of unlike tp, which the executor
+            # refuses with ep) pairs with nobody
+            rows[r].append(tuple(sorted({r, *(holder[d] for d in rep[k].ep_group
+                                              if d in holder)})))
     return [tuple(row) for row in rows]
 
 

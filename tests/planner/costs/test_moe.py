@@ -311,20 +311,22 @@ def test_deepep_sends_a_token_once_to_each_rank_holding_its_experts():
         assert [c.top_k for c in comms] == [dedup, dedup]
 
 
-def _two_types_plan(ep):
-    """Mixtral as two one-GPU replicas, one on an A100 and one on a V100 (one DGX node
-    of each on one InfiniBand fabric): a mixed-replicas plan."""
+def _two_types_plan(ep, tp=1, **training):
+    """Mixtral as two tp-GPU replicas, one on A100s and one on V100s (one DGX node of
+    each on one InfiniBand fabric): a mixed-replicas plan."""
     from planner.specs.cluster import ClusterSpec, NodeGroup
     from planner.specs.plan import Kernels, Pipeline, Plan, Stage, Training
 
     cluster = ClusterSpec(name="a100+v100", node_groups=(
         NodeGroup(name="a", gpu="A100-80GB-SXM", num_nodes=1, island="ib"),
         NodeGroup(name="v", gpu="V100-32GB-SXM2", num_nodes=1, island="ib"))).resolved()
-    pipelines = tuple(Pipeline(stages=(Stage(layers=(0, MIXTRAL.num_layers), devices=(gpu,),
-                                             tp=1),), micro_batch_size=1, num_microbatches=4)
+    pipelines = tuple(Pipeline(stages=(Stage(layers=(0, MIXTRAL.num_layers),
+                                             devices=tuple(range(gpu, gpu + tp)), tp=tp),),
+                               micro_batch_size=1, num_microbatches=4)
                       for gpu in (0, 8))
     plan = Plan(model=MIXTRAL, cluster=cluster, pipelines=pipelines,
-                training=Training(global_batch_size=8, seq_len=4096, dtype="fp16", ep=ep),
+                training=Training(global_batch_size=8, seq_len=4096, dtype="fp16", ep=ep,
+                                  **training),
                 kernels=Kernels(attention="math"))
     plan.check("plan")
     return plan
@@ -357,3 +359,23 @@ def test_a_mixed_ep_group_crosses_its_slowest_link_and_waits_for_its_slowest_pee
         wait = (getattr(v100, pass_s) - getattr(own, pass_s)) / MIXTRAL.num_layers
         assert fast.ep_s == pytest.approx(mine.ep_s + wait, rel=1e-9)
     assert paired.representative == [0, 1]
+
+
+def test_ep_peers_follow_the_ep_layout_of_mixed_replicas():
+    """Laid out over data-parallel replicas (trainplan's executor), tp rank t of the A100
+    replica and of the V100 replica are one ep group (0, 8): the replicas are each
+    other's peers and pace each other. (Counting tp / etp members per replica, as Megatron
+    folds them, paired each replica with itself.)"""
+    from planner.costs.stages import ep_peers
+
+    plan = _two_types_plan(ep=2, tp=2, etp=1, ep_layout="data_parallel")
+    priced = plan_costs(plan)
+    assert priced.specs[0][0].ep_group == priced.specs[1][0].ep_group == (0, 8)
+    assert ep_peers(priced.specs) == [((0, 1),), ((0, 1),)]
+    a100, v100 = priced.costs[0][0], priced.costs[1][0]
+    assert a100.forward_s == pytest.approx(v100.forward_s, rel=1e-12)
+    # folded (Megatron), the two tp GPUs of each replica are its ep group: no pacing
+    folded = plan_costs(_two_types_plan(ep=2, tp=2, etp=1))
+    assert folded.specs[0][0].ep_group == (0, 1)
+    assert ep_peers(folded.specs) == [((0,),), ((1,),)]
+
