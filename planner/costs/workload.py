@@ -147,6 +147,21 @@ def _backward_of(op: Op) -> tuple[Op, ...]:
                share=op.share),)
 
 
+def _softmax(probs: float, dtype: str) -> Op:
+    """Megatron's scale-mask-softmax over `probs` score elements. Its fused kernel reads
+    and writes the scores once, but takes only 16-bit inputs (FusedScaleMaskSoftmax.
+    is_kernel_available requires `input_in_float16`; megatron/core/fusions/
+    fused_softmax.py, Megatron-DeepSpeed's megatron/model/fused_softmax.py alike): an
+    fp32 or tf32 run takes `forward_torch_softmax`, the mask (`attention_mask_func`, an
+    in-place masked_fill) and torch's softmax as two kernels, each reading and writing
+    the scores (a scale, where query-key layer scaling is on, would be a third)."""
+    elem = DType(dtype).element_bytes
+    if DType(dtype).storage is DType.FP32:
+        return _elementwise("attn.softmax", probs, elem, reads=2, writes=2, flops_per_elem=4,
+                            kernels=2)
+    return _elementwise("attn.softmax", probs, elem, reads=1, writes=1, flops_per_elem=4)
+
+
 def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op, ...]:
     """Scores, softmax and weighted sum for `heads` local query heads."""
     b, s, d = w.micro_batch_size, w.seq_len // w.cp, model.head_dim
@@ -154,11 +169,11 @@ def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op,
     elem = DType(w.dtype).element_bytes
     if not Attention(w.attention).fused:
         # Megatron's unfused path computes the full s x s matrix (Korthikanti et al. 2022 §4.1).
-        # Kernels: baddbmm, fused scale-mask-softmax, dropout (mask + apply), bmm + the
-        # permute copy back to [s, b, h].
+        # Kernels: baddbmm, scale-mask-softmax (fused in 16 bits, `_softmax`), dropout
+        # (mask + apply), bmm + the permute copy back to [s, b, h].
         probs = b * heads * s * s_kv
         ops = [_gemm("attn.scores", s, s_kv, d, elem, batch=b * heads),
-               _elementwise("attn.softmax", probs, elem, reads=1, writes=1, flops_per_elem=4)]
+               _softmax(probs, w.dtype)]
         if model.dropout:
             ops.append(_elementwise("attn.dropout", probs, elem, reads=1, writes=1.5, kernels=2,
                                     backward_kernels=1))

@@ -39,6 +39,33 @@ def test_flash_attention_skips_the_causal_half():
     assert core(flash) == pytest.approx(core(math) / 2)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "tf32"])
+def test_fp32_softmax_is_megatrons_unfused_path(dtype):
+    """Megatron's FusedScaleMaskSoftmax fuses scale, mask and softmax only for 16-bit
+    inputs (`is_kernel_available` requires `input_in_float16`, megatron/core/fusions/
+    fused_softmax.py): in fp32 / tf32 `forward_torch_softmax` runs the mask (an in-place
+    masked_fill) and torch's softmax as two kernels, each reading and writing the b x a x
+    s x s scores once. The math path's softmax then moves 4 fp32 words per score element
+    forward (twice what the fused kernel does), 6 backward (1.5x), in two launches."""
+    m = preset("megatron-22b")
+    b, s, tp = 2, 1024, 2
+    heads = m.num_heads // tp
+
+    def softmax(dt):
+        w = layer_work(m, WorkloadShape(micro_batch_size=b, seq_len=s, tp=tp, dtype=dt,
+                                        attention="math"))
+        [fwd] = [i for i in w.forward if isinstance(i, Op) and i.name == "attn.softmax"]
+        [bwd] = [i for i in w.backward if isinstance(i, Op) and i.name == "attn.softmax.bwd"]
+        return fwd, bwd
+
+    scores = b * heads * s * s
+    fwd, bwd = softmax(dtype)
+    assert fwd.bytes == pytest.approx(4 * 4 * scores) and fwd.kernels == 2
+    assert bwd.bytes == pytest.approx(6 * 4 * scores) and bwd.kernels == 2
+    fused, _ = softmax("bf16")  # the fused kernel: one read, one write of 2-byte scores
+    assert fused.bytes == pytest.approx(2 * 2 * scores) and fused.kernels == 1
+
+
 def test_model_and_hardware_flops_match_megatron_formulas():
     m = preset("megatron-175b")
     s, layers, h, V = 2048, m.num_layers, m.hidden_size, m.vocab_size
