@@ -47,6 +47,8 @@ class Op:
     shape: tuple[int, ...] = ()
     kernels: int = 1
     backward_kernels: int | None = None  # launches of its backward (default: `kernels`)
+    # DRAM bytes of an elementwise op's backward (default: 1.5 x `bytes`, `_backward_of`)
+    backward_bytes: float | None = None
     variant: str | None = None  # the implementation, where there are alternatives
     low_precision: bool = False  # a linear layer's GEMM: FP8 under fp8 training (TE Linear)
     # the fraction of the layers that run it (an average layer of a model with dense and
@@ -125,9 +127,12 @@ def _gemm(name: str, m: int, n: int, k: int, elem: int, batch: int = 1, kernels:
 
 def _elementwise(name: str, elements: float, elem: int, *, reads: float, writes: float,
                  flops_per_elem: float = 1.0, kernels: int = 1,
-                 backward_kernels: int | None = None) -> Op:
+                 backward_kernels: int | None = None,
+                 backward_bytes_per_elem: float | None = None) -> Op:
     return Op(name, "elementwise", flops_per_elem * elements, elem * elements * (reads + writes),
-              (int(elements),), kernels, backward_kernels)
+              (int(elements),), kernels, backward_kernels,
+              backward_bytes=(None if backward_bytes_per_elem is None
+                              else backward_bytes_per_elem * elements))
 
 
 def _backward_of(op: Op) -> tuple[Op, ...]:
@@ -142,23 +147,51 @@ def _backward_of(op: Op) -> tuple[Op, ...]:
         # FlashAttention-2 backward recomputes the scores: 2.5x the forward FLOPs (Dao 2023).
         return (Op(op.name + ".bwd", "attention", 2.5 * op.flops, 2.0 * op.bytes, op.shape,
                    bwd_kernels, variant=op.variant, share=op.share),)
-    # Elementwise backward reads the saved input and the output gradient, writes one grad.
-    return (Op(op.name + ".bwd", op.kind, op.flops, op.bytes * 1.5, op.shape, bwd_kernels,
+    # Elementwise backward reads the saved input and the output gradient, writes one grad
+    # (unless the op says what its backward moves).
+    bwd_bytes = op.bytes * 1.5 if op.backward_bytes is None else op.backward_bytes
+    return (Op(op.name + ".bwd", op.kind, op.flops, bwd_bytes, op.shape, bwd_kernels,
                share=op.share),)
 
 
-def _softmax(probs: float, dtype: str) -> Op:
+def _fused_softmax_fits(attn_batches: int, s_q: int, s_kv: int) -> bool:
+    """Whether Megatron's fused causal scale-mask-softmax takes these scores
+    (FusedScaleMaskSoftmax.is_kernel_available, megatron/core/fusions/fused_softmax.py;
+    Megatron-DeepSpeed's megatron/model/fused_softmax.py checks the same): 16 < s_kv <=
+    4096, s_q and s_kv multiples of 4, the b x heads-per-rank score matrices a multiple
+    of 4 and of the matrices one thread block takes (get_batch_per_block in
+    megatron/fused_kernels/scaled_masked_softmax.h: 128 threads, one warp of
+    min(32, next_pow2(s_kv)) threads a row, two rows a warp up to 128 keys)."""
+    if not (16 < s_kv <= 4096 and s_q % 4 == 0 and s_kv % 4 == 0 and attn_batches % 4 == 0):
+        return False
+    pow2 = 1 << max(0, math.ceil(math.log2(s_kv)))
+    per_block = (128 // min(pow2, 32)) * (2 if pow2 <= 128 else 1)
+    return attn_batches % per_block == 0
+
+
+def _softmax(probs: float, dtype: str, *, fused: bool = True) -> Op:
     """Megatron's scale-mask-softmax over `probs` score elements. Its fused kernel reads
     and writes the scores once, but takes only 16-bit inputs (FusedScaleMaskSoftmax.
     is_kernel_available requires `input_in_float16`; megatron/core/fusions/
     fused_softmax.py, Megatron-DeepSpeed's megatron/model/fused_softmax.py alike): an
     fp32 or tf32 run takes `forward_torch_softmax`, the mask (`attention_mask_func`, an
     in-place masked_fill) and torch's softmax as two kernels, each reading and writing
-    the scores (a scale, where query-key layer scaling is on, would be a third)."""
+    the scores (a scale, where query-key layer scaling is on, would be a third).
+
+    A 16-bit run whose scores the fused kernel does not take (`fused` false,
+    `_fused_softmax_fits`) takes the same torch path with query-key layer scaling on
+    (Megatron-DeepSpeed's default: `--no-query-key-layer-scaling` is store_false, and
+    scaling forces `attention_softmax_in_fp32`, megatron/arguments.py and
+    megatron/model/transformer.py): cast to fp32 (read 2 B, write 4), scale (4 + 4),
+    mask (4 + 4), softmax (4 + 4), cast back (4 + 2) = 36 B per score in 5 kernels; its
+    backward runs the five in reverse under autograd (6 + 12 + 8 + 8 + 6 = 40 B)."""
     elem = DType(dtype).element_bytes
     if DType(dtype).storage is DType.FP32:
         return _elementwise("attn.softmax", probs, elem, reads=2, writes=2, flops_per_elem=4,
                             kernels=2)
+    if not fused:
+        return _elementwise("attn.softmax", probs, 1, reads=18, writes=18, flops_per_elem=6,
+                            kernels=5, backward_bytes_per_elem=40)
     return _elementwise("attn.softmax", probs, elem, reads=1, writes=1, flops_per_elem=4)
 
 
@@ -173,8 +206,10 @@ def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op,
         # (mask + apply), bmm + the permute copy back to [s, b, h].
         probs = b * heads * s * s_kv
         ops = [_gemm("attn.scores", s, s_kv, d, elem, batch=b * heads),
-               _softmax(probs, w.dtype)]
+               _softmax(probs, w.dtype, fused=_fused_softmax_fits(b * heads, s, s_kv))]
         if model.dropout:
+            # forward: read the scores, write them and a byte mask; backward (torch's
+            # native_dropout_backward): read the gradient and the mask, write the gradient
             ops.append(_elementwise("attn.dropout", probs, elem, reads=1, writes=1.5, kernels=2,
                                     backward_kernels=1))
         ops.append(_gemm("attn.context", s, d, s_kv, elem, batch=b * heads, kernels=2))
@@ -254,7 +289,9 @@ def _ffn_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
 def _scaled(items: tuple[Work, ...], share: float) -> tuple[Work, ...]:
     """Work done on `share` of the layers, spread over all of them (an op keeps its shape
     and carries the share: `Op.share`)."""
-    return tuple(replace(i, flops=i.flops * share, bytes=i.bytes * share, share=i.share * share)
+    return tuple(replace(i, flops=i.flops * share, bytes=i.bytes * share, share=i.share * share,
+                         backward_bytes=(None if i.backward_bytes is None
+                                         else i.backward_bytes * share))
                  if isinstance(i, Op) else replace(i, share=i.share * share)
                  if isinstance(i, HostSync) else replace(i, bytes=i.bytes * share)
                  for i in items)

@@ -10,7 +10,7 @@ from planner.costs.workload import (
     layer_work,
     model_flops_per_token,
 )
-from planner.specs.model import preset
+from planner.specs.model import ModelSpec, preset
 
 
 def _gemm_flops(items):
@@ -64,6 +64,37 @@ def test_fp32_softmax_is_megatrons_unfused_path(dtype):
     assert bwd.bytes == pytest.approx(6 * 4 * scores) and bwd.kernels == 2
     fused, _ = softmax("bf16")  # the fused kernel: one read, one write of 2-byte scores
     assert fused.bytes == pytest.approx(2 * 2 * scores) and fused.kernels == 1
+
+
+@pytest.mark.parametrize(("b", "tp", "s", "fused"), [
+    (1, 8, 1024, False),  # 1 x 2 heads: 2 score matrices, not a multiple of 4
+    (2, 8, 1024, True),  # 4 matrices
+    (1, 4, 1024, True),
+    (3, 8, 1024, False),  # 6 matrices
+    (4, 8, 8192, False),  # keys beyond the kernel's 4096
+    (4, 8, 16, False),  # keys at or below 16
+])
+def test_fused_softmax_falls_back_where_megatron_does(b, tp, s, fused):
+    """FusedScaleMaskSoftmax.is_kernel_available (megatron/core/fusions/fused_softmax.py;
+    Megatron-DeepSpeed's megatron/model/fused_softmax.py: `attn_batch_size % 4 == 0`)
+    takes 16 < s_k <= 4096 and b x heads-per-rank score matrices a multiple of 4 (and of
+    the kernel's matrices per thread block, 4 for s_k > 128). Elsewhere a 16-bit run
+    takes the torch path with query-key layer scaling on (Megatron-DeepSpeed's default):
+    cast to fp32, scale, mask, softmax, cast back: 5 kernels, 36 bytes per score forward
+    and 40 backward, against the fused kernel's one launch and 4 bytes."""
+    m = ModelSpec(name="gpt-16-heads", num_layers=2, hidden_size=1024, ffn_hidden_size=4096,
+                  num_heads=16, vocab_size=50257, seq_len=s)
+    w = layer_work(m, WorkloadShape(micro_batch_size=b, seq_len=s, tp=tp, dtype="fp16",
+                                    attention="math"))
+    [fwd] = [i for i in w.forward if isinstance(i, Op) and i.name == "attn.softmax"]
+    [bwd] = [i for i in w.backward if isinstance(i, Op) and i.name == "attn.softmax.bwd"]
+    scores = b * (16 // tp) * s * s
+    if fused:
+        assert fwd.kernels == 1 and fwd.bytes == pytest.approx(4 * scores)
+        assert bwd.bytes == pytest.approx(6 * scores)
+    else:
+        assert fwd.kernels == 5 and fwd.bytes == pytest.approx(36 * scores)
+        assert bwd.kernels == 5 and bwd.bytes == pytest.approx(40 * scores)
 
 
 def test_model_and_hardware_flops_match_megatron_formulas():
