@@ -135,3 +135,20 @@ def test_tp_slices_share_the_slow_island_link():
     link = 1e9 / 8 * 0.96
     assert plan_costs(case.plan).costs[0][0].p2p_s == pytest.approx(activation / link, rel=0.02)
 
+
+def test_gradient_reduction_as_the_artifact_logged_it():
+    """The artifact logs each run's gradient reduction (`red_grads`, plan_config_N6_D2 /
+    N6_D3 / N6_D6.json, saha18uiuc/sailor@13b79423 and @37ded108, whose `real` are rows
+    34-36's): 5.46 / 8.89 / 22.64 s. Only stage 0 (the RTX-3090 node with RTX-2080
+    replicas, tp 8) reduces over the 1 Gb/s link in rows 34 and 35; its 8 tp rings share
+    it with no other stage's (row 36 has one stage). Counting every GPU of the replica
+    (24 in row 34) gave about 15.7 s there."""
+    from planner.costs.stages import plan_costs
+
+    logged = {"sailor-34": 5.4637, "sailor-35": 8.89421, "sailor-36": 22.63707}
+    cases = {c.id: c for c in sailor_cases()}
+    for case_id, seconds in logged.items():
+        plan = cases[case_id].plan
+        assert plan is not None
+        stage0 = plan_costs(plan).costs[0][0]
+        assert stage0.dp.grad_iteration_s == pytest.approx(seconds, rel=0.2), case_id
