@@ -8,10 +8,12 @@ slow Ethernet. Each row becomes a Plan exactly as written:
 * stages and replicas: `stage_replicas` lists, per pipeline stage, one [GPU, tp] per
   data-parallel replica; replica r is a Pipeline of stage k's r-th entry for every k,
   on tp GPUs of that type taken in order from the cluster;
-* layers: `stage_layers` counts the artifact's entries per stage, among them one for the
-  embedding (first stage) and one for the head (last stage), so a stage holds its count
-  less those (the plans hold the model's layer count less two: 22 for OPT-350M's 24,
-  30 for GPT-Neo-2.7B's 32; what ran is what the plan lists);
+* layers: `stage_layers` counts each stage's transformer layers: the artifact's
+  `layers_per_stage` lists its entries, one for the embedding (first stage) and one for
+  the head (last stage) among them, and the CSV holds those counts less the two (OPT-350M:
+  26 entries, Sailor's llm_info.json entry 0 the embedding, 1-24 the layers, 25 the head;
+  row 28's [0..11] / [12..25] are 11 / 13 layers), so the stages sum to the model's 24
+  (OPT-350M) or 32 (GPT-Neo-2.7B) layers;
 * the runs used Sailor's DeepSpeed-based runtime (its repository ships
   deepspeed/pipe_engine.py), so the plans take DeepSpeed's communication
   (`Communication.preset("deepspeed")`: blocking pipeline sends, gradients reduced after
@@ -34,7 +36,8 @@ lacks; a planner without tf32 scores fp32 and marks the row a lower bound).
 A row whose measured time is below what its own layout needs by the artifact's own
 measured per-layer profile (`sailor_gptneo_gh200_profile.csv`: GPT-Neo-2.7B on GH200)
 is not a run of that layout: it is printed with its error but left out of the mean
-(`profile_bound_s`; only row 8 is, see docs/calibration.md "Sailor").
+(`profile_bound_s`; only row 8 is, see docs/calibration.md "Sailor"); so is a row whose
+record the artifact copied from another run (`COPIED_RECORDS`: row 30).
 
 Run `python -m planner.calibration.sailor` for the table and the error by group.
 """
@@ -171,12 +174,9 @@ def _cluster(r: dict[str, str], types: list[str]) -> ClusterSpec:
 
 
 def _stage_layers(r: dict[str, str]) -> list[int]:
-    """Transformer layers per stage: the artifact's entries less the embedding (first
-    stage) and the head (last stage)."""
-    counts = [int(x) for x in r["stage_layers"].split("/")]
-    counts[0] -= 1
-    counts[-1] -= 1
-    return counts
+    """Transformer layers per stage, as the CSV counts them (the artifact's entries less
+    the embedding on the first stage and the head on the last)."""
+    return [int(x) for x in r["stage_layers"].split("/")]
 
 
 def _plan(r: dict[str, str], gpu_names: Mapping[str, tuple[str, ...]]) -> tuple[Plan | None, str]:
@@ -254,7 +254,18 @@ def profile_bound_s(r: dict[str, str]) -> float | None:
     return bound
 
 
+# Rows whose logged record is another run's: the artifact's plan_config_N3_D1.json (row 30,
+# dp 1) carries N6_D2's (row 34) `real` 59.45533 s, `max_mem` and `red_grads` 5.4637 s of
+# gradient reduction, which a run without data parallelism does not spend
+# (sailor/Planner/simulations/validation/mit/N3 and N6, saha18uiuc/sailor@13b79423, a
+# fork of eth-easl/sailor holding the same records).
+COPIED_RECORDS = {"30": "34"}
+
+
 def _inconsistent(r: dict[str, str]) -> str:
+    if r["row_id"] in COPIED_RECORDS:
+        return (f"its record (time, memory, 5.46 s of gradient reduction at dp 1) is row "
+                f"{COPIED_RECORDS[r['row_id']]}'s, copied in the artifact")
     bound = profile_bound_s(r)
     measured = float(r["measured_iter_time_s"])
     if bound is None or measured >= bound:

@@ -15,7 +15,7 @@ same `StageCost`s, so the search ranks what `plan simulate` predicts.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any, Generic, TypeVar
@@ -76,7 +76,7 @@ from profiler.store import Profile, Profiles
 __all__ = ["DPSync", "Part", "PlacedStage", "PlanCosts",
            "RunSettings", "ShardingTerms", "StageCost", "StageSpec", "apply_sharding",
            "bucket_params", "clear_cost_caches", "cost_sources", "dp_sync", "ep_paced", "ep_peers", "exposed_s",
-           "gather_stall_s", "group_signature", "layer_parts", "on_clear_cost_caches",
+           "gather_stall_s", "group_signature", "island_concurrency", "layer_parts", "on_clear_cost_caches",
            "placement", "plan_costs", "plan_replicas", "plan_runs", "position_groups", "replica_key",
            "pass_key", "replica_specs", "shard_units", "sharding_states", "sharding_terms",
            "stage_cost", "stage_key", "stage_passes",
@@ -354,6 +354,25 @@ def position_groups(replicas: Sequence[Sequence[PlacedStage]]) -> list[tuple[int
     return [tuple(rep[k].devices[0] for rep in replicas) for k in range(len(counts))]
 
 
+def island_concurrency(cluster: ClusterSpec, stage_devices: Sequence[Sequence[int]],
+                       groups: Sequence[tuple[int, ...]] | None) -> list[int]:
+    """Per stage of one replica: how many of the replica's GPUs send data-parallel
+    traffic over island links at the same time as this stage does. Every GPU of a stage
+    whose data-parallel (x context) group spans islands syncs its own shard over the
+    island link, all at the end of the step, so the link is shared by the GPUs of every
+    such stage; a stage whose group stays inside one island crosses no island link (1).
+    `groups`: each stage position's first GPU in every replica (None: one replica)."""
+    slots, node_groups = cluster.slots, cluster.node_groups
+
+    def islands(gpus: Iterable[int]) -> int:
+        return len({node_groups[slots[d].group].island for d in gpus})
+
+    crossing = [islands([*devs, *(groups[k] if groups is not None else ())]) > 1
+                for k, devs in enumerate(stage_devices)]
+    n = sum(len(devs) for devs, c in zip(stage_devices, crossing, strict=True) if c)
+    return [n if c else 1 for c in crossing]
+
+
 def replica_specs(cluster: ClusterSpec, stages: Sequence[PlacedStage], *,
                   groups: Sequence[tuple[int, ...]] | None,
                   shardings: Sequence[Sharding]) -> tuple[StageSpec, ...]:
@@ -362,7 +381,7 @@ def replica_specs(cluster: ClusterSpec, stages: Sequence[PlacedStage], *,
     last to the first, which interleaving uses)."""
     pp = len(stages)
     slots, node_groups = cluster.slots, cluster.node_groups
-    concurrency = sum(len(s.devices) for s in stages)
+    concurrency = island_concurrency(cluster, [s.devices for s in stages], groups)
     out = []
     for k, placed in enumerate(stages):
         nxt = stages[(k + 1) % pp]
@@ -370,7 +389,7 @@ def replica_specs(cluster: ClusterSpec, stages: Sequence[PlacedStage], *,
             device=node_groups[slots[placed.devices[0]].group].device, placed=placed,
             index=k, pp=pp, next_device=None if nxt is placed else nxt.devices[0],
             dp_group=groups[k] if groups is not None else (placed.devices[0],),
-            concurrency=concurrency, sharding=shardings[k]))
+            concurrency=concurrency[k], sharding=shardings[k]))
     return tuple(out)
 
 

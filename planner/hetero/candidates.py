@@ -33,6 +33,7 @@ from planner.costs.stages import (
     apply_sharding,
     ep_paced,
     group_signature,
+    island_concurrency,
     pass_key,
     placement,
     replica_specs,
@@ -214,11 +215,11 @@ def _layout(ctx: _Context, t: Template, devices: Sequence[Sequence[tuple[int, ..
         pattern = (_pattern(cluster, devices[r]), ep_places)
         if pattern not in rows:
             passes = _pass_row(ctx, rep_slots, pattern, devices[r], groups, memo, ep=t.ep)
-            concurrency = sum(len(stage) for stage in devices[r])
+            concurrency = island_concurrency(cluster, devices[r], groups)
             tokens = (dp_token if dp_token is not None else
                       [signatures.setdefault(group_signature(cluster, (stage[0],)),
                                              len(signatures)) for stage in devices[r]])
-            keys = [(pk, tokens[k], concurrency) for k, pk in enumerate(passes)]
+            keys = [(pk, tokens[k], concurrency[k]) for k, pk in enumerate(passes)]
             if any(key not in kind_of for key in keys):
                 new = replica_specs(cluster, _placed_stages(ctx, rep_slots, devices[r], memo,
                                                             ep=t.ep),

@@ -27,13 +27,14 @@ def test_every_row_is_a_plan_or_says_why_not():
 
 
 def test_gh200_layout_as_written():
-    """Row 1: GPT-Neo-2.7B, 4 stages x 4 replicas, [GH-96, tp 4] each, stage entries
-    6/9/9/8 with the embedding and the head among them: 5/9/9/7 layers."""
+    """Row 1: GPT-Neo-2.7B, 4 stages x 4 replicas, [GH-96, tp 4] each. The artifact lists
+    7/9/9/9 entries (plan_config_N16_D4.json: 0-6, 7-15, 16-24, 25-33), the embedding
+    and the head among them; the CSV's 6/9/9/8 are the transformer layers, 32 in all."""
     case = next(c for c in sailor_cases() if c.id == "sailor-01")
     plan = case.plan
-    assert plan.dp == 4 and [s.num_layers for s in plan.pipelines[0].stages] == [5, 9, 9, 7]
+    assert plan.dp == 4 and [s.num_layers for s in plan.pipelines[0].stages] == [6, 9, 9, 8]
     assert all(s.tp == 4 for p in plan.pipelines for s in p.stages)
-    assert plan.model.num_layers == 30 and plan.pipelines[0].num_microbatches == 64
+    assert plan.model.num_layers == 32 and plan.pipelines[0].num_microbatches == 64
     stage = plan.pipelines[1].stages[2]
     assert len({plan.cluster.slots[d].node for d in stage.devices}) == 1  # tp inside a node
     assert plan.training.comm.pipeline_p2p is PipelineP2P.BLOCKING  # DeepSpeed's engine
@@ -45,13 +46,13 @@ def test_mixed_cluster_with_stand_in_gpus():
     1 Gb/s link, the others on 25 GbE, GeForce-style PCIe inside nodes."""
     cases = {c.id: c for c in sailor_cases(gpu_names=STAND_INS)}
     plan = cases["sailor-30"].plan  # RTX-3090 / RTX-2080 / Titan-RTX stages, tp 8 each
-    assert plan is not None and [s.num_layers for s in plan.pipelines[0].stages] == [6, 9, 7]
+    assert plan is not None and [s.num_layers for s in plan.pipelines[0].stages] == [7, 9, 8]
     first, second = plan.pipelines[0].stages[0].devices[0], plan.pipelines[0].stages[1].devices[0]
     (islands,) = group_tiers(plan.cluster, (first, second))
     assert islands.name == "islands" and islands.bandwidth_bytes_per_s < 1e9 / 8
     assert plan.cluster.node_groups[0].intra_node_link == "pcie-host"
     s = score([c for c in cases.values() if c.group.startswith("mixed")], estimate)
-    assert len(s.errors) == 9
+    assert len(s.errors) == 8 and set(s.excluded) == {"sailor-30"}  # row 34's record
 
 
 def test_scores_by_group():
@@ -59,31 +60,34 @@ def test_scores_by_group():
     s = score(sailor_cases(), estimate)
     groups = s.by_group()
     assert {g: n for g, (_, _, n) in groups.items()} == {
-        "GH200 pipelined": 20, "GH200 data parallel": 6, "mixed RTX pipelined": 6,
+        "GH200 pipelined": 20, "GH200 data parallel": 6, "mixed RTX pipelined": 5,
         "mixed RTX data parallel": 3}
-    assert set(s.excluded) == {"sailor-08"}  # below its own profile (next test)
-    assert s.mape == pytest.approx(sum(abs(e) for e in s.errors.values()) / 35)
+    # row 8: below its own profile (next test); row 30: row 34's record, copied
+    assert set(s.excluded) == {"sailor-08", "sailor-30"}
+    assert s.mape == pytest.approx(sum(abs(e) for e in s.errors.values()) / 34)
 
 
 def test_row_8_is_below_the_artifacts_own_profile():
     """Sailor's measured profile of GPT-Neo-2.7B on one GH200 (eth-easl/sailor@142ddeb,
     profiles/GPT-Neo-2.7/GH-96/profile.json): one layer at micro-batch 4, tp 4 takes
-    3.206 ms forward + 7.259 ms backward. Row 8 (dp 4 x tp 4, 30 layers in one stage,
-    128 / (4 x 4) = 8 micro-batches) needs 8 x 30 x 10.465 ms = 2.51 s of layer compute
+    3.206 ms forward + 7.259 ms backward. Row 8 (dp 4 x tp 4, 32 layers in one stage,
+    128 / (4 x 4) = 8 micro-batches) needs 8 x 32 x 10.465 ms = 2.68 s of layer compute
     alone; it was logged at 1.061 s. Every other GPT-Neo row takes 1.14-3.4x its bound."""
     import csv
 
     from planner.calibration.sailor import SAILOR_CSV, profile_bound_s
 
     rows = {r["row_id"]: r for r in csv.DictReader(open(SAILOR_CSV, encoding="utf-8"))}
-    assert profile_bound_s(rows["8"]) == pytest.approx(8 * 30 * (3.206e-3 + 7.259e-3))
+    assert profile_bound_s(rows["8"]) == pytest.approx(8 * 32 * (3.206e-3 + 7.259e-3))
     ratios = {i: float(r["measured_iter_time_s"]) / b for i, r in rows.items()
               if (b := profile_bound_s(r)) is not None}
     assert len(ratios) == 12  # the GPT-Neo rows; OPT and the mixed rows have no profile
     assert ratios["8"] < 0.5 and min(v for i, v in ratios.items() if i != "8") > 1.1
     cases = {c.id: c for c in sailor_cases()}
     assert "Sailor's own profile" in cases["sailor-08"].inconsistent
-    assert all(not c.inconsistent for c in cases.values() if c.id != "sailor-08")
+    assert "copied" in cases["sailor-30"].inconsistent
+    assert all(not c.inconsistent for c in cases.values()
+               if c.id not in ("sailor-08", "sailor-30"))
 
 
 def test_rows_run_in_the_dtype_the_run_used():
@@ -99,12 +103,13 @@ def test_rows_run_in_the_dtype_the_run_used():
             assert on_cuda_cores(g.device, "tf32") == (g.device.arch == "turing"), g.gpu
 
 
-# Measured mean |error| of the event simulation over the 35 scored rows and per group
-# (rounded up by under a point); Sailor's own simulator on them: 9.6% (9.1 / 10.4 / 5.5 /
-# 19.9%). Row 8 (+218%) is printed but not scored: its logged time is 0.42x the compute
-# its layout needs by Sailor's own profile (docs/calibration.md, "Sailor").
-SAILOR_BOUND = {"all": 0.155, "GH200 pipelined": 0.15, "GH200 data parallel": 0.17,
-                "mixed RTX pipelined": 0.10, "mixed RTX data parallel": 0.305}
+# Measured mean |error| of the event simulation over the 34 scored rows and per group
+# (14.1%; 14.9 / 11.3 / 9.0 / 22.8%, rounded up by under a point); Sailor's own simulator
+# on them: 9.6% (9.1 / 10.4 / 4.1 / 19.9%). Row 8 (+260%) is printed but not scored: its
+# logged time is 0.40x the compute its layout needs by Sailor's own profile; row 30's
+# record is row 34's (docs/calibration.md, "Sailor").
+SAILOR_BOUND = {"all": 0.145, "GH200 pipelined": 0.15, "GH200 data parallel": 0.12,
+                "mixed RTX pipelined": 0.10, "mixed RTX data parallel": 0.235}
 
 
 def test_simulated_accuracy():
@@ -129,3 +134,21 @@ def test_tp_slices_share_the_slow_island_link():
     activation = 2 * 2048 * 1024 * 4
     link = 1e9 / 8 * 0.96
     assert plan_costs(case.plan).costs[0][0].p2p_s == pytest.approx(activation / link, rel=0.02)
+
+
+def test_gradient_reduction_as_the_artifact_logged_it():
+    """The artifact logs each run's gradient reduction (`red_grads`, plan_config_N6_D2 /
+    N6_D3 / N6_D6.json, saha18uiuc/sailor@13b79423 and @37ded108, whose `real` are rows
+    34-36's): 5.46 / 8.89 / 22.64 s. Only stage 0 (the RTX-3090 node with RTX-2080
+    replicas, tp 8) reduces over the 1 Gb/s link in rows 34 and 35; its 8 tp rings share
+    it with no other stage's (row 36 has one stage). Counting every GPU of the replica
+    (24 in row 34) gave about 15.7 s there."""
+    from planner.costs.stages import plan_costs
+
+    logged = {"sailor-34": 5.4637, "sailor-35": 8.89421, "sailor-36": 22.63707}
+    cases = {c.id: c for c in sailor_cases()}
+    for case_id, seconds in logged.items():
+        plan = cases[case_id].plan
+        assert plan is not None
+        stage0 = plan_costs(plan).costs[0][0]
+        assert stage0.dp.grad_iteration_s == pytest.approx(seconds, rel=0.2), case_id

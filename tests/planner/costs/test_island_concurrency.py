@@ -1,0 +1,58 @@
+"""Which GPUs share an island link when data-parallel groups reduce their gradients
+(`planner/costs/stages.py` `island_concurrency`, `replica_specs`).
+
+Every tp rank of a stage reduces its own shard over the stage's data-parallel group, all
+at the end of the step, so the GPUs of every stage whose group crosses an island link
+share that link; a stage whose group stays inside one island sends nothing over it. The
+Sailor artifact's logged gradient reductions (rows 34-36, `test_sailor.py`) measure it.
+"""
+
+from planner.costs.stages import PlacedStage, island_concurrency, replica_specs
+from planner.specs.choices import Recompute
+from planner.specs.cluster import ClusterSpec, IslandLink, NodeGroup
+from planner.specs.plan import Sharding
+
+
+def _two_islands() -> ClusterSpec:
+    """Node 0 (8 GPUs) on island "far", nodes 1-3 (8 GPUs each) on "main", joined by a
+    1 Gb/s link; 25 GbE inside "main"."""
+    far = NodeGroup(name="far", gpu="RTX3090-24GB", num_nodes=1, gpus_per_node=8,
+                    island="far")
+    main = NodeGroup(name="main", gpu="RTX2080-8GB", num_nodes=3, gpus_per_node=8,
+                     island="main")
+    return ClusterSpec(name="two islands", node_groups=(far, main),
+                       island_links=(IslandLink(islands=("far", "main"),
+                                                bandwidth_gbit_per_s=1.0, kind="ethernet"),)
+                       ).resolved()
+
+
+def _stage(first: int, tp: int = 8) -> PlacedStage:
+    return PlacedStage(devices=tuple(range(first, first + tp)), tp=tp, cp=1, num_layers=4,
+                       recompute=Recompute.NONE)
+
+
+def test_only_stages_whose_group_crosses_share_the_island_link():
+    """Two replicas of two stages, tp 8: stage 0 on node 0 (far) and node 2 (main), its
+    group crosses the link; stage 1 on nodes 1 and 3, both main. Stage 0's 8 tp rings
+    share the link (8), stage 1 crosses none (1); counting the whole replica gave 16 to
+    both."""
+    cluster = _two_islands()
+    replicas = [[_stage(0), _stage(8)], [_stage(16), _stage(24)]]
+    groups = [(0, 16), (8, 24)]  # each position's first GPU in every replica
+    specs = replica_specs(cluster, replicas[0], groups=groups, shardings=[Sharding()] * 2)
+    assert [s.concurrency for s in specs] == [8, 1]
+    assert island_concurrency(cluster, [(0,) * 8, (8,) * 8], groups) == [8, 1]
+
+
+def test_every_crossing_stage_shares_the_link():
+    """Both positions cross (stage 0 far with main, stage 1 main with far): all 16 GPUs
+    of the replica send over the link at once."""
+    cluster = _two_islands()
+    stages = [_stage(0, tp=4), _stage(8)]
+    groups = [(0, 16), (8, 4)]  # stage 1's other replica sits on node 0 (far)
+    assert island_concurrency(cluster, [s.devices for s in stages], groups) == [12, 12]
+
+
+def test_one_replica_crosses_nothing():
+    cluster = _two_islands()
+    assert island_concurrency(cluster, [tuple(range(8)), tuple(range(8, 16))], None) == [1, 1]
