@@ -8,10 +8,17 @@ slow Ethernet. Each row becomes a Plan exactly as written:
 * stages and replicas: `stage_replicas` lists, per pipeline stage, one [GPU, tp] per
   data-parallel replica; replica r is a Pipeline of stage k's r-th entry for every k,
   on tp GPUs of that type taken in order from the cluster;
-* layers: `stage_layers` counts the artifact's entries per stage, among them one for the
-  embedding (first stage) and one for the head (last stage), so a stage holds its count
-  less those (the plans hold the model's layer count less two: 22 for OPT-350M's 24,
-  30 for GPT-Neo-2.7B's 32; what ran is what the plan lists);
+* layers: `stage_layers` counts each stage's transformer layers, all of the model's
+  (24 for OPT-350M, 32 for GPT-Neo-2.7B), with the embedding on the first stage and the
+  head on the last besides. That is what DeepSpeed built: the run script passes the whole
+  model (`--num-layers 24`, eth-easl/sailor ae_scripts/clariden_scripts/run_opt.slurm) to
+  pretrain_gpt.py, whose `model_provider` builds OPTModelPipe / GPTNeoModelPipe without
+  `layers_per_stage`, so PipelineModule splits the layer specs with
+  `partition_method='uniform'` (deepspeed runtime/utils.py `partition_uniform`): OPT's
+  28 specs (two casts, embedding, 24 layers, head) and GPT-Neo's 36 (two casts,
+  embedding, 32 layers, final LayerNorm) fall into exactly the rows' splits (4/7/7/6,
+  11/13; 6/9/9/8, 15/17, 2/5/5/5/4/4/4/3), the casts and the embedding counting
+  towards the first stage and the head towards the last (`_stage_layers`);
 * the runs used Sailor's DeepSpeed-based runtime (its repository ships
   deepspeed/pipe_engine.py), so the plans take DeepSpeed's communication
   (`Communication.preset("deepspeed")`: blocking pipeline sends, gradients reduced after
@@ -171,12 +178,11 @@ def _cluster(r: dict[str, str], types: list[str]) -> ClusterSpec:
 
 
 def _stage_layers(r: dict[str, str]) -> list[int]:
-    """Transformer layers per stage: the artifact's entries less the embedding (first
-    stage) and the head (last stage)."""
-    counts = [int(x) for x in r["stage_layers"].split("/")]
-    counts[0] -= 1
-    counts[-1] -= 1
-    return counts
+    """Transformer layers per stage, as the row lists them: DeepSpeed's uniform split of
+    the model's layer specs (module docstring), whose first stage also holds the two
+    casts and the embedding and whose last holds the head, gives each stage exactly
+    these many transformer layers and all of the model's in total."""
+    return [int(x) for x in r["stage_layers"].split("/")]
 
 
 def _plan(r: dict[str, str], gpu_names: Mapping[str, tuple[str, ...]]) -> tuple[Plan | None, str]:
