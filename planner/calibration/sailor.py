@@ -8,12 +8,19 @@ slow Ethernet. Each row becomes a Plan exactly as written:
 * stages and replicas: `stage_replicas` lists, per pipeline stage, one [GPU, tp] per
   data-parallel replica; replica r is a Pipeline of stage k's r-th entry for every k,
   on tp GPUs of that type taken in order from the cluster;
-* layers: `stage_layers` counts each stage's transformer layers: the artifact's
-  `layers_per_stage` lists its entries, one for the embedding (first stage) and one for
-  the head (last stage) among them, and the CSV holds those counts less the two (OPT-350M:
-  26 entries, Sailor's llm_info.json entry 0 the embedding, 1-24 the layers, 25 the head;
-  row 28's [0..11] / [12..25] are 11 / 13 layers), so the stages sum to the model's 24
-  (OPT-350M) or 32 (GPT-Neo-2.7B) layers;
+* layers: `stage_layers` counts each stage's transformer layers, all of the model's
+  (24 for OPT-350M, 32 for GPT-Neo-2.7B), with the embedding on the first stage and the
+  head on the last besides. That is what DeepSpeed built: the run script passes the whole
+  model (`--num-layers 24`, eth-easl/sailor ae_scripts/clariden_scripts/run_opt.slurm) to
+  pretrain_gpt.py, whose `model_provider` builds OPTModelPipe / GPTNeoModelPipe without
+  `layers_per_stage`, so PipelineModule splits the layer specs with
+  `partition_method='uniform'` (deepspeed runtime/utils.py `partition_uniform`): OPT's
+  28 specs (two casts, embedding, 24 layers, head) and GPT-Neo's 36 (two casts,
+  embedding, 32 layers, final LayerNorm) fall into exactly the rows' splits (4/7/7/6,
+  11/13; 6/9/9/8, 15/17, 2/5/5/5/4/4/4/3), the casts and the embedding counting
+  towards the first stage and the head towards the last (`_stage_layers`); the
+  artifact's own `layers_per_stage` lists agree (OPT-350M: 26 entries, Sailor's
+  llm_info.json entry 0 the embedding, 1-24 the layers, 25 the head);
 * the runs used Sailor's DeepSpeed-based runtime (its repository ships
   deepspeed/pipe_engine.py), so the plans take DeepSpeed's communication
   (`Communication.preset("deepspeed")`: blocking pipeline sends, gradients reduced after
@@ -174,8 +181,10 @@ def _cluster(r: dict[str, str], types: list[str]) -> ClusterSpec:
 
 
 def _stage_layers(r: dict[str, str]) -> list[int]:
-    """Transformer layers per stage, as the CSV counts them (the artifact's entries less
-    the embedding on the first stage and the head on the last)."""
+    """Transformer layers per stage, as the row lists them: DeepSpeed's uniform split of
+    the model's layer specs (module docstring), whose first stage also holds the two
+    casts and the embedding and whose last holds the head, gives each stage exactly
+    these many transformer layers and all of the model's in total."""
     return [int(x) for x in r["stage_layers"].split("/")]
 
 

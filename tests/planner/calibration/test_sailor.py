@@ -29,7 +29,8 @@ def test_every_row_is_a_plan_or_says_why_not():
 def test_gh200_layout_as_written():
     """Row 1: GPT-Neo-2.7B, 4 stages x 4 replicas, [GH-96, tp 4] each. The artifact lists
     7/9/9/9 entries (plan_config_N16_D4.json: 0-6, 7-15, 16-24, 25-33), the embedding
-    and the head among them; the CSV's 6/9/9/8 are the transformer layers, 32 in all."""
+    and the head among them; the CSV's 6/9/9/8 are the transformer layers, 32 in all
+    (`test_stage_layers_are_deepspeeds_uniform_split`)."""
     case = next(c for c in sailor_cases() if c.id == "sailor-01")
     plan = case.plan
     assert plan.dp == 4 and [s.num_layers for s in plan.pipelines[0].stages] == [6, 9, 9, 8]
@@ -39,6 +40,37 @@ def test_gh200_layout_as_written():
     assert len({plan.cluster.slots[d].node for d in stage.devices}) == 1  # tp inside a node
     assert plan.training.comm.pipeline_p2p is PipelineP2P.BLOCKING  # DeepSpeed's engine
     assert plan.kernels.attention == "math"
+
+
+def test_stage_layers_are_deepspeeds_uniform_split():
+    """The runs built the whole model and let DeepSpeed split it: run_opt.slurm passes
+    `--num-layers 24` to pretrain_gpt.py, whose model_provider builds OPTModelPipe /
+    GPTNeoModelPipe without `layers_per_stage`, so PipelineModule takes
+    `partition_method='uniform'` over its layer specs (deepspeed runtime/utils.py
+    `partition_uniform`: equal chunks, the remainder one each to the first stages). The
+    specs are two casts, the embedding, the transformer layers and one last module (OPT's
+    head, GPT-Neo's final LayerNorm). That split gives every row's `stage_layers` as
+    transformer layers per stage, all of the model's in total; the plans hold them so."""
+    import csv
+    import json
+
+    from planner.calibration.sailor import SAILOR_CSV
+
+    def partition_uniform(items: int, parts: int) -> list[int]:
+        chunk, rest = divmod(items, parts)
+        return [p * chunk + min(p, rest) for p in range(parts + 1)]
+
+    cases = {c.id: c for c in sailor_cases(gpu_names=STAND_INS)}
+    for r in csv.DictReader(open(SAILOR_CSV, encoding="utf-8")):
+        layers, pp = int(r["layers"]), int(float(r["pp"]))
+        specs = ["cast", "embedding", "cast", *["layer"] * layers, "last"]
+        bounds = partition_uniform(len(specs), pp)
+        split = [specs[bounds[k]:bounds[k + 1]].count("layer") for k in range(pp)]
+        assert split == [int(x) for x in r["stage_layers"].split("/")], r["row_id"]
+        plan = cases[f"sailor-{int(r['row_id']):02d}"].plan
+        assert plan is not None and plan.model.num_layers == layers
+        assert len(json.loads(r["stage_replicas"])) == pp
+        assert [s.num_layers for s in plan.pipelines[0].stages] == split
 
 
 def test_mixed_cluster_with_stand_in_gpus():
@@ -72,7 +104,7 @@ def test_row_8_is_below_the_artifacts_own_profile():
     profiles/GPT-Neo-2.7/GH-96/profile.json): one layer at micro-batch 4, tp 4 takes
     3.206 ms forward + 7.259 ms backward. Row 8 (dp 4 x tp 4, 32 layers in one stage,
     128 / (4 x 4) = 8 micro-batches) needs 8 x 32 x 10.465 ms = 2.68 s of layer compute
-    alone; it was logged at 1.061 s. Every other GPT-Neo row takes 1.14-3.4x its bound."""
+    alone; it was logged at 1.061 s. Every other GPT-Neo row takes 1.10-3.2x its bound."""
     import csv
 
     from planner.calibration.sailor import SAILOR_CSV, profile_bound_s
