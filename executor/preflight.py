@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from planner.costs.kernels import supported_attention
 from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, DType, Recompute
+from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
 from profiler.schema import at, fail
 
-__all__ = ["check_runnable", "device_kind"]
+__all__ = ["check_model", "check_runnable", "device_kind"]
 
 
 def device_kind(plan: Plan) -> str:
@@ -134,6 +135,16 @@ def _check_recompute_modules(plan: Plan, where: str) -> None:
              "(core_attn)")
 
 
+def check_model(m: ModelSpec, where: str) -> None:
+    """Refuse a model the executor cannot build: its blocks run ordinary (grouped-query)
+    attention (executor/model.py)."""
+    if m.is_mla:
+        fail(at(where, "kv_lora_rank"), m.kv_lora_rank,
+             f"model {m.name} uses multi-head latent attention, which the executor does not "
+             "implement (latent down/up-projections, decoupled rotary key); it runs "
+             "ordinary attention only (kv_lora_rank none)")
+
+
 def _check_kernels(plan: Plan, kind: str, where: str) -> None:
     m, tr = plan.model, plan.training
     if not m.lm_head:
@@ -250,6 +261,7 @@ def check_runnable(plan: Plan, *, cuda_devices: int, where: str = "plan:",
     kind = device_kind(plan)
     if host:
         _check_host(plan, kind, cuda_devices, where)
+    check_model(plan.model, at(where, "model"))
     _check_replicas(plan, where)
     _check_stages(plan, where)
     _check_schedule(plan, where)

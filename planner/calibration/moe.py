@@ -22,8 +22,8 @@ full; the fastest plan that fits is the prediction.
 The measured iteration time comes from the row's metric by the source's own FLOP count:
 Megatron-LM's / Megatron-Bridge's MoE model FLOPs (active experts, causal attention at
 half: `source_flops_per_token`); NeMo AutoModel does not state its count, so its rows
-are timed by the time per global step its table prints. DeepSeek-V3's MLA is approximated in the preset (models.yaml), which
-moves its FLOP count by about 4%.
+are timed by the time per global step its table prints. DeepSeek-V3's MLA is counted as
+Megatron-LM's MLA branch counts it (`attention_core_flops_per_token`, `ModelSpec.attention_params`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import replace
 from typing import Literal
 
 from planner.calibration.published import VALIDATION_DIR, Case, ErrorSummary, summarize
-from planner.costs.workload import model_flops_per_token
+from planner.costs.workload import attention_core_flops_per_token, model_flops_per_token
 from planner.predict.results import SimResult
 from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, Recompute, RecomputeModule
 from planner.specs.cluster import parse_gpus_arg
@@ -59,10 +59,11 @@ _LAYOUT = ("gpus", "tp", "pp", "ep", "cp", "dp", "gbs", "seq")
 def source_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Megatron-LM's num_floating_point_operations for MoE models (and Megatron-Bridge's
     flop_utils): 3 x (forward GEMMs of the active weights and the logits + causal
-    attention at half: 2 x 2 x s/2 x q_dim per layer). `model_flops_per_token` counts
-    the attention in full, so half of its 12 x s x q_dim per layer comes off."""
+    attention at half: 2 x s/2 x heads x (d_qk + d_v) per layer, MLA's widths in its MLA
+    branch). `model_flops_per_token` counts the attention in full, so half of it comes
+    off (6 x s x q_dim per layer for ordinary heads)."""
     return (model_flops_per_token(model, seq_len)
-            - 6.0 * model.num_layers * seq_len * model.q_dim)
+            - 1.5 * model.num_layers * attention_core_flops_per_token(model, seq_len))
 
 
 def scored_rows(path: str = MOE_CSV) -> list[dict[str, str]]:
@@ -99,7 +100,9 @@ _MODULE_NAMES = {"norm": RecomputeModule.LAYERNORM, "layernorm": RecomputeModule
                  "moe": RecomputeModule.MOE, "mlp": RecomputeModule.MLP,
                  "shared_expert": RecomputeModule.SHARED_EXPERTS,
                  "shared_experts": RecomputeModule.SHARED_EXPERTS,
-                 "core_attn": RecomputeModule.CORE_ATTN}
+                 "core_attn": RecomputeModule.CORE_ATTN,
+                 "mla_up_proj": RecomputeModule.MLA_UP_PROJ,
+                 "mla up_proj": RecomputeModule.MLA_UP_PROJ}
 Recomputation = tuple[Recompute, tuple[RecomputeModule, ...]]
 
 
@@ -107,7 +110,7 @@ def recomputations(text: str) -> list[Recomputation]:
     """What a row's `recompute` cell says was recomputed: none, full, or selective with
     Megatron-Core's modules ("selective: layernorm, moe"; "select" alone: the default,
     core_attn). A cell that names no setting ("not stated") tries none, selective and
-    full; one naming a module this model has no term for (MLA's up-projection) none."""
+    full; one naming a module this model has no term for none."""
     text = text.strip()
     if text in ("none", "none listed"):
         return [(Recompute.NONE, DEFAULT_RECOMPUTE_MODULES)]

@@ -24,6 +24,15 @@ def _moe(m: ModelSpec) -> str:
     return f", MoE {m.num_experts} experts top-{m.experts_per_token}{shared}"
 
 
+def _attention(m: ModelSpec) -> str:
+    """", MLA q 1536 kv 512 qk 128+64 v 128" for multi-head latent attention."""
+    if not m.is_mla:
+        return ""
+    q = f"q {m.q_lora_rank} " if m.q_lora_rank else "q full "
+    return (f", MLA {q}kv {m.kv_lora_rank} qk {m.qk_nope_head_dim}+{m.qk_rope_head_dim} "
+            f"v {m.v_head_dim}")
+
+
 def run(args: argparse.Namespace) -> int:
     presets = model_presets()
     if args.json:
@@ -38,5 +47,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:18} {m.num_params() / 1e9:7.2f}B {m.num_active_params() / 1e9:7.2f}B "
               f"{m.num_layers:6d} {m.hidden_size:6d} {heads:>7} {m.ffn_hidden_size:6d} "
               f"{m.vocab_size:7d} {m.seq_len:5d}  {m.activation}, {m.norm}, "
-              f"{m.position_embedding}{', tied' if m.tied_embeddings else ''}{_moe(m)}")
+              f"{m.position_embedding}{', tied' if m.tied_embeddings else ''}{_attention(m)}"
+              f"{_moe(m)}")
     return 0

@@ -176,11 +176,12 @@ def _cuda_devices(kind: str) -> int:
 
 def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
     """The automatic mode: the best plan of `plan search` that the executor can run."""
-    from executor.preflight import check_runnable, device_kind
+    from executor.preflight import check_model, check_runnable, device_kind
     from planner.errors import InfeasiblePlan
     from planner.search import SearchRequest, search
 
     model = load_model(args.model_file) if args.model_file is not None else preset(args.model)
+    check_model(model, f"--model {model.name}:")  # before profiling and searching for it
     cluster = _cluster(args)
     cpu = all(g.device.vendor == "cpu" for g in cluster.node_groups)
     # GPUs: bf16 where every type has it, else fp16 (a V100), as `plan search` defaults

@@ -116,7 +116,10 @@ def rank_param_tensors(model: ModelSpec, *, num_layers: int, first: bool, last: 
     kv_local = max(model.kv_heads // tp, 1) * d
     q_local = model.num_heads // tp * d
     norm = (h, h) if model.norm == "layernorm" else (h,)  # weight (and bias)
-    attention = (*norm, h * (q_local + 2 * kv_local), q_local * h, *norm)
+    # MLA: replicated down-projections and latent norms, split up- and output projections
+    projections = (model.mla_tensors(tp) if model.is_mla
+                   else (h * (q_local + 2 * kv_local), q_local * h))
+    attention = (*norm, *projections, *norm)
     layer = (*attention, h * model.mlp_in_width // tp, model.ffn_hidden_size // tp * h)
     gated = 2 if model.activation == "swiglu" else 1
     shared = model.shared_ffn // tp

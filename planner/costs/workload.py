@@ -23,7 +23,7 @@ from planner.specs.model import ModelSpec
 from profiler.kernels import Attention
 
 __all__ = ["Comm", "HostSync", "LayerWork", "Op", "Work", "WorkloadShape", "embedding_work",
-           "expert_tokens_factor",
+           "attention_core_flops_per_token", "expert_tokens_factor",
            "hardware_flops_per_token", "head_work", "layer_work", "model_flops_per_token",
            "optimizer_work"]
 
@@ -196,8 +196,10 @@ def _softmax(probs: float, dtype: str, *, fused: bool = True) -> Op:
 
 
 def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op, ...]:
-    """Scores, softmax and weighted sum for `heads` local query heads."""
-    b, s, d = w.micro_batch_size, w.seq_len // w.cp, model.head_dim
+    """Scores, softmax and weighted sum for `heads` local query heads: scores over
+    `head_dim_qk`, values of `head_dim_v` (equal but for MLA: 192 and 128 in DeepSeek-V3)."""
+    b, s, d = w.micro_batch_size, w.seq_len // w.cp, model.head_dim_qk
+    d_v = model.head_dim_v
     s_kv = w.seq_len  # with cp, K/V of the whole sequence pass by (ring attention)
     elem = DType(w.dtype).element_bytes
     if not Attention(w.attention).fused:
@@ -212,14 +214,17 @@ def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op,
             # native_dropout_backward): read the gradient and the mask, write the gradient
             ops.append(_elementwise("attn.dropout", probs, elem, reads=1, writes=1.5, kernels=2,
                                     backward_kernels=1))
-        ops.append(_gemm("attn.context", s, d, s_kv, elem, batch=b * heads, kernels=2))
+        ops.append(_gemm("attn.context", s, d_v, s_kv, elem, batch=b * heads, kernels=2))
         return tuple(ops)
-    # Fused kernels skip the masked half of causal attention (FlashAttention, Dao 2022).
-    flops = 4.0 * b * heads * s * s_kv * d * 0.5
-    io = elem * b * s * d * (2 * heads + 2 * heads)  # read q, k, v (upper bound), write out
+    # Fused kernels skip the masked half of causal attention (FlashAttention, Dao 2022):
+    # 2 s s_kv d_qk for the scores and 2 s s_kv d_v for the context, per head, halved.
+    flops = 2.0 * b * heads * s * s_kv * (d + d_v) * 0.5
+    # read q and k (upper bound: k per query head), v, write out
+    io = elem * b * s * heads * (2 * d + 2 * d_v)
+    # MLA's shape names both widths (the profiles measured ordinary heads only)
+    shape = (b, heads, s, s_kv, d) if d == d_v else (b, heads, s, s_kv, d, d_v)
     # Kernels: the fused kernel and the layout copies around it.
-    return (Op("attn.core", "attention", flops, float(io), (b, heads, s, s_kv, d), 3,
-               variant=w.attention),)
+    return (Op("attn.core", "attention", flops, float(io), shape, 3, variant=w.attention),)
 
 
 @dataclass(frozen=True)
@@ -410,6 +415,88 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     return _Ffn(tuple(forward), tuple(backward), float(saved), tuple(modules))
 
 
+@dataclass(frozen=True)
+class _Projections:
+    """The attention's input projections: from the norm's output to Q, K and V."""
+
+    forward: tuple[Work, ...]
+    backward: tuple[Work, ...]
+    saved_bytes: float = 0.0  # kept for backward beside the norm output and Q, K, V
+    up: tuple[Work, ...] = ()  # what MLA's up-projection recompute (mla_up_proj) re-runs
+
+
+def _mla_projections(model: ModelSpec, w: WorkloadShape, hidden_in: tuple[Comm, ...],
+                     hidden_in_bwd: tuple[Comm, ...]) -> _Projections:
+    """MLA's projections as Megatron-Core's MLASelfAttention runs them with the TE layer
+    spec (megatron/core/transformer/multi_latent_attention.py, gpt_layer_specs.py):
+    the replicated down-projections (TELinear "duplicated") on the rank's own tokens,
+    [n_sp, h] -> the query latent [n_sp, q_lora] and the K/V latent plus the shared
+    rotary key [n_sp, kv_lora + rope]; the latents' RMSNorms (fused into the
+    up-projections, TELayerNormColumnParallelLinear); with sequence parallelism the
+    normed latents and the rotary key are all-gathered over tp (TE gathers the norm's
+    output; `gather_from_sequence_parallel_region` the key), not the hidden state;
+    the column-parallel up-projections to this rank's heads, [n, heads * (nope + rope)]
+    for Q and [n, heads * (nope + v)] for K and V; the rotary embedding applied to the
+    rope parts and Q, K, V concatenated (Megatron's fused_apply_mla_rope_for_q / _kv,
+    one kernel each). Without sequence parallelism the latents' gradients are summed
+    over tp (ColumnParallelLinear's copy_to_tensor_model_parallel_region). Without a
+    query latent (q_lora_rank none, DeepSeek-V2-Lite) Q comes from a column-parallel
+    projection of the gathered hidden state, as an ordinary QKV does."""
+    assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None
+    b, s, h, t = w.micro_batch_size, w.seq_len // w.cp, model.hidden_size, w.tp
+    elem = DType(w.dtype).element_bytes
+    linear = DType(w.dtype).gemm_operand_bytes
+    n = b * s
+    n_sp = n // t if w.sequence_parallel else n  # tokens of the replicated down-projections
+    heads, qk, v = model.num_heads // t, model.head_dim_qk, model.head_dim_v
+    rope, kv_rank, q_rank = model.qk_rope_head_dim, model.kv_lora_rank, model.q_lora_rank or 0
+    nope = qk - rope
+    latents = q_rank + kv_rank
+    kv_down = _gemm("attn.kv_down", n_sp, kv_rank + rope, h, linear, low_precision=True)
+    norm = _elementwise("attn.latent_norm", n_sp * latents, elem, reads=1.5, writes=1,
+                        flops_per_elem=5, kernels=2 if q_rank else 1, backward_kernels=4
+                        if q_rank else 2)
+    gather: list[Comm] = []
+    gather_bwd: list[Comm] = []
+    if t > 1 and w.sequence_parallel:
+        for name, width in (("attn.q_latent", q_rank), ("attn.kv_latent", kv_rank),
+                            ("attn.k_rope", rope)):
+            if width:
+                gather.append(Comm(name + ".allgather", "all_gather", n * width * elem, "tp"))
+                gather_bwd.append(Comm(name + ".allgather.bwd", "reduce_scatter",
+                                       n * width * elem, "tp"))
+    elif t > 1:
+        gather_bwd = [Comm(name + ".bwd", "all_reduce", n * width * elem, "tp")
+                      for name, width in (("attn.q_latent", q_rank), ("attn.kv_latent", kv_rank))
+                      if width]
+    kv_up = _gemm("attn.kv_up", n, heads * (nope + v), kv_rank, linear, low_precision=True)
+    # Megatron's fused MLA rope (megatron/core/fusions/fused_mla_yarn_rope_apply.py):
+    # Q's rotary part rotated in place; K (the rotary key broadcast to every head) and V
+    # written from the K/V up-projection, contiguous for the attention kernel
+    written = heads * (rope + qk + v)
+    rope_op = _elementwise("attn.rope", n * written, elem,
+                           reads=(heads * (rope + nope + v) + rope) / written, writes=1,
+                           flops_per_elem=1, kernels=2)
+    if q_rank:
+        q_down = _gemm("attn.q_down", n_sp, q_rank, h, linear, low_precision=True)
+        q_up = _gemm("attn.q_up", n, heads * qk, q_rank, linear, low_precision=True)
+        forward: tuple[Work, ...] = (q_down, kv_down, norm, *gather, q_up, kv_up, rope_op)
+        backward: tuple[Work, ...] = (
+            *_backward_of(rope_op), *_backward_of(kv_up), *_backward_of(q_up), *gather_bwd,
+            *_backward_of(norm), *_backward_of(kv_down), *_backward_of(q_down))
+        up: tuple[Work, ...] = (q_up, kv_up, rope_op)
+    else:
+        q_proj = _gemm("attn.q_proj", n, heads * qk, h, linear, low_precision=True)
+        forward = (kv_down, norm, *gather, *hidden_in, q_proj, kv_up, rope_op)
+        backward = (*_backward_of(rope_op), *_backward_of(kv_up), *_backward_of(q_proj),
+                    *hidden_in_bwd, *gather_bwd, *_backward_of(norm), *_backward_of(kv_down))
+        up = (q_proj, kv_up, rope_op)
+    # kept: the latents before their norm (its backward) and after it (the
+    # up-projections' inputs, the rank's own tokens: TE gathers them again for wgrad)
+    saved = n_sp * latents * (elem + linear)
+    return _Projections(forward, backward, float(saved), up)
+
+
 @cache
 def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
     """Ops of one transformer layer for one micro-batch on one tp/cp rank."""
@@ -452,38 +539,50 @@ def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
                     (Comm(name + ".bwd", "all_gather", act, "tp"),))
         return (Comm(name, "all_reduce", act, "tp"),), ()
 
+    # per rank: the K and V widths (ordinary: kv heads x d; MLA: every head's K and V,
+    # up-projected from the latent)
+    k_width, v_width = ((q_heads * model.head_dim_qk, q_heads * model.head_dim_v)
+                        if model.is_mla else (kv_heads * d, kv_heads * d))
     cp_comm: tuple[Comm, ...] = ()
-    if w.cp > 1:  # ring attention passes K and V around the cp group (Liu et al. 2023)
-        cp_comm = (Comm("attn.kv_ring", "send_recv", 2.0 * n * kv_heads * d * elem * (w.cp - 1),
-                        "cp"),)
+    if w.cp > 1:  # ring attention passes K and V around the cp group (Liu et al. 2023);
+        # MLA's too: Transformer Engine's ring takes the up-projected K and V it is given
+        cp_comm = (Comm("attn.kv_ring", "send_recv",
+                        float(n * (k_width + v_width) * elem * (w.cp - 1)), "cp"),)
     core = _attention_core(model, w, q_heads)
     attn_in, attn_in_bwd = block_in("attn.allgather")
     attn_out, attn_out_bwd = block_out("attn.reduce")
     mlp_in, mlp_in_bwd = block_in("mlp.allgather")
     mlp_out, mlp_out_bwd = block_out("mlp.reduce")
     attn_norm, mlp_norm = norm("attn.norm"), norm("mlp.norm")
-    # The QKV GEMM brings its bias add and the copies that split heads (4 launches).
-    qkv = _gemm("attn.qkv", n, (q_heads + 2 * kv_heads) * d, h, linear, kernels=4,
-                low_precision=True)
-    proj = _gemm("attn.proj", n, h, q_heads * d, linear, low_precision=True)
+    if model.is_mla:
+        qkv = _mla_projections(model, w, attn_in, attn_in_bwd)
+    else:
+        # The QKV GEMM brings its bias add and the copies that split heads (4 launches).
+        fused = _gemm("attn.qkv", n, (q_heads + 2 * kv_heads) * d, h, linear, kernels=4,
+                      low_precision=True)
+        qkv = _Projections((*attn_in, fused), (*_backward_of(fused), *attn_in_bwd))
+    proj = _gemm("attn.proj", n, h, q_heads * model.head_dim_v, linear, low_precision=True)
     ffn = _ffn_block(model, w, mlp_in, mlp_in_bwd, mlp_out, mlp_out_bwd)
     attn_res, mlp_res = residual("attn.residual"), residual("mlp.residual")
     forward: tuple[Work, ...] = (
-        attn_norm, *attn_in, qkv, *cp_comm, *core, proj, *attn_out, attn_res,
+        attn_norm, *qkv.forward, *cp_comm, *core, proj, *attn_out, attn_res,
         mlp_norm, *ffn.forward, mlp_res,
     )
     core_bwd = [b for op in reversed(core) for b in _backward_of(op)]
     backward: tuple[Work, ...] = (
         *_backward_of(mlp_res), *ffn.backward, *_backward_of(mlp_norm),
         *_backward_of(attn_res), *attn_out_bwd, *_backward_of(proj), *core_bwd, *cp_comm,
-        *_backward_of(qkv), *attn_in_bwd, *_backward_of(attn_norm),
+        *qkv.backward, *_backward_of(attn_norm),
     )
-    saved, core_bytes, norm_out_bytes = _saved_activation_bytes(model, w, q_heads, kv_heads,
-                                                                ffn.saved_bytes)
+    saved, core_bytes, norm_out_bytes = _saved_activation_bytes(
+        model, w, q_heads, k_width + v_width, ffn.saved_bytes + qkv.saved_bytes)
     # each recompute module: the forward work it re-runs and the saved bytes it frees
     parts: list[tuple[str, tuple[Work, ...], float]] = [
         ("layernorm", (attn_norm,), 0.0), ("core_attn", (*cp_comm, *core), core_bytes),
         ("layernorm", (mlp_norm,), norm_out_bytes), *ffn.modules]
+    if model.is_mla:  # Q, K and V are dropped after the core and projected again
+        parts.append(("mla_up_proj", qkv.up, n * (q_heads * model.head_dim_qk + k_width
+                                                  + v_width) * elem))
     chosen = set(w.recompute_modules)
     if "moe" in chosen:  # the MoE block's checkpoint already re-runs these
         chosen -= {"moe_act", "shared_experts"}
@@ -500,7 +599,7 @@ def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
 
 
 def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
-                            kv_heads: int, mlp: float) -> tuple[float, float, float]:
+                            kv_width: int, mlp: float) -> tuple[float, float, float]:
     """Bytes a layer keeps for backward without recompute, of which the attention core's
     (what recomputing it frees) and the two norms' outputs (the QKV and MLP inputs, what
     recomputing the norms frees: with fp8 Megatron has those linears save the bf16 norm
@@ -515,15 +614,15 @@ def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
     g = DType(w.dtype).gemm_operand_bytes  # inputs a linear layer saves (TE saves FP8 casts)
     n = b * s
     n_rep = n // t if w.sequence_parallel else n  # tensors not split by tp unless sp
-    d = model.head_dim
     mask = 1 if model.dropout else 0  # one byte per element
     # Replicated across tp (split by sp): two norm inputs, QKV input, MLP input, two masks.
     norm_outputs = n_rep * h * (g + g)
     replicated = n_rep * h * (2 * e + 2 * mask) + norm_outputs
-    # Split by tp: Q, K, V; the output-projection input; the MLP activations (`mlp`,
-    # from `_ffn_block`).
-    qkv = n * d * (q_heads + 2 * kv_heads) * e
-    proj_in = n * q_heads * d * g
+    # Split by tp: Q, K, V (K and V `kv_width` wide on this rank); the output-projection
+    # input; the MLP activations and MLA's latents (`mlp`, from `_ffn_block` and
+    # `_mla_projections`).
+    qkv = n * (q_heads * model.head_dim_qk + kv_width) * e
+    proj_in = n * q_heads * model.head_dim_v * g
     selective = replicated + qkv + proj_in + mlp
     if not Attention(w.attention).fused:
         scores = b * q_heads * s * w.seq_len
@@ -531,7 +630,7 @@ def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
     else:
         core = b * q_heads * s * 4  # fp32 log-sum-exp per row; the output is proj_in
     if g != e:  # the attention output is saved at full precision beside its FP8 cast
-        core += n * q_heads * d * e
+        core += n * q_heads * model.head_dim_v * e
     return float(selective + core), float(core), float(norm_outputs)
 
 
@@ -625,26 +724,46 @@ def optimizer_work(num_params: float, *, dtype: str, implementation: str = "fuse
               (int(num_params),), kernels[implementation], variant=implementation)
 
 
+def attention_core_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs of one layer's scores and context per token, the causal mask not
+    skipped: 2 x s x heads x (d_qk + d_v). MLA: scores over qk_nope + qk_rope, context
+    over v_head_dim (megatron/training/training.py num_floating_point_operations, MLA
+    branch: seq x heads x (qk_head_dim + qk_pos_emb_head_dim) + seq x heads x
+    v_head_dim, halved there for the causal mask)."""
+    return 2.0 * seq_len * model.num_heads * (model.head_dim_qk + model.head_dim_v)
+
+
 def _forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, float, float]:
     """(layer matmuls, attention scores+context, logits) forward FLOPs per token, with full
     (non-causal-skipping) attention as the Megatron-LM formula counts it; an MoE model's
     average layer counts its active experts only."""
     per_layer = sum(_layer_matmul_flops_per_token(model).values())
-    attention = 2 * 2 * seq_len * model.num_heads * model.head_dim
+    attention = attention_core_flops_per_token(model, seq_len)
     return per_layer, attention, 2.0 * model.hidden_size * model.vocab_size if model.lm_head else 0.0
+
+
+def _mla_up_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of MLA's up-projections (what mla_up_proj recomputes)."""
+    if not model.is_mla:
+        return 0.0
+    *q, _, _, kv_up, _ = model.mla_tensors()
+    return 2.0 * (q[-1] + kv_up)
 
 
 def _layer_matmul_flops_per_token(model: ModelSpec) -> dict[str, float]:
     """Forward matmul FLOPs per token of the model's average layer, by part: attention
     projections, dense MLP, MoE router + routed experts, shared experts."""
-    h, d = model.hidden_size, model.head_dim
+    h = model.hidden_size
     dense_mlp = h * model.mlp_in_width + model.ffn_hidden_size * h
     # An MoE layer's active weights: router, shared experts, top-k routed experts (how
     # Megatron-Bridge's flop_utils counts "model FLOPs" of MoE models)
     gated = 3 if model.activation == "swiglu" else 2
     share = model.moe_layer_fraction
-    return {"attention": 2 * (h * (model.num_heads + 2 * model.kv_heads) * d
-                              + model.num_heads * d * h),
+    # attention projections: 2 FLOPs per weight (MLA: megatron/training/training.py
+    # num_floating_point_operations counts q_lora x (h + heads x (qk + rope) + 1) +
+    # kv_lora x (h + heads x (qk + v) + 1) + h x rope + heads x v x h, the latent norms'
+    # weights included: exactly `ModelSpec.attention_params` with RMSNorm)
+    return {"attention": 2.0 * model.attention_params(),
             "mlp": 2 * (1 - share) * dense_mlp,
             "routed": 2 * share * h * (model.num_experts
                                        + gated * model.experts_per_token * model.expert_ffn),
@@ -668,7 +787,8 @@ def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str,
     re-runs the matmuls of its `modules` (norms and activations have none)."""
     per_layer, attention, _ = _forward_flops_per_token(model, seq_len)
     parts = _layer_matmul_flops_per_token(model)
-    selective = (attention if "core_attn" in modules else 0.0) + sum(
+    selective = (attention if "core_attn" in modules else 0.0) + (
+        _mla_up_flops_per_token(model) if "mla_up_proj" in modules else 0.0) + sum(
         parts[name] for name, chosen in (("mlp", "mlp"), ("routed", "moe"),
                                          ("shared_experts", "shared_experts"))
         if chosen in modules or (name == "shared_experts" and "moe" in modules))

@@ -56,6 +56,7 @@ def megatron_args(plan: Plan) -> list[str]:
         args += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
     if m.attention_head_dim is not None:
         args.append(f"--kv-channels {m.attention_head_dim}")
+    args += _megatron_mla(plan)
     args += _megatron_moe(plan)
     if m.activation == "swiglu":
         args.append("--swiglu")
@@ -78,14 +79,34 @@ def megatron_args(plan: Plan) -> list[str]:
         args.append("--recompute-granularity selective")
         if tr.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
             args.append("--recompute-modules " + " ".join(tr.recompute_modules))
-    args.append("--attention-backend "
-                + {"flash": "flash", "math": "unfused"}.get(plan.kernels.attention, "auto"))
+    backends = {"flash": "flash", "math": "unfused"}
+    if m.is_mla:  # Transformer Engine turns FlashAttention off when d_qk != d_v ("does not
+        # support MLA", attention/dot_product_attention/utils.py get_attention_backend);
+        # cuDNN's fused attention takes MLA's widths
+        backends["flash"] = "fused"
+    args.append("--attention-backend " + backends.get(plan.kernels.attention, "auto"))
     sh, ranks = plan.sharding, s.dp * s.cp  # the distributed optimizer's dp x cp group
     if (sh.params, sh.grads) == (1, 1) and 1 < sh.optim and ranks % sh.optim == 0:
         args.append("--use-distributed-optimizer")
         if sh.optim < ranks:  # partial distributed optimizer: dp x cp / optim instances
             args.append(f"--num-distributed-optimizer-instances {ranks // sh.optim}")
     return args
+
+
+def _megatron_mla(plan: Plan) -> list[str]:
+    """Megatron-Core's multi-latent attention (MLATransformerConfig; Megatron-LM
+    arguments.py): the latent ranks (no --q-lora-rank: a full-rank query), the head
+    widths, and --qk-layernorm for the latents' norms (the up-projections become
+    TELayerNormColumnParallelLinear, gpt_layer_specs.py)."""
+    m = plan.model
+    if not m.is_mla:
+        return []
+    args = ["--multi-latent-attention"]
+    if m.q_lora_rank is not None:
+        args.append(f"--q-lora-rank {m.q_lora_rank}")
+    return args + [f"--kv-lora-rank {m.kv_lora_rank}", f"--qk-head-dim {m.qk_nope_head_dim}",
+                   f"--qk-pos-emb-head-dim {m.qk_rope_head_dim}",
+                   f"--v-head-dim {m.v_head_dim}", "--qk-layernorm"]
 
 
 def _megatron_moe(plan: Plan) -> list[str]:
@@ -157,6 +178,8 @@ def _megatron(plan: Plan) -> Export:
 
 
 def _deepspeed(plan: Plan) -> Export:
+    # The config carries no model: that is the user's code (an MLA model too: AutoTP
+    # keeps DeepSeek's q_a_proj / kv_a_proj_with_mqa whole, module_inject/auto_tp.py).
     issues = unsupported(plan, CAPABILITIES["deepspeed"])
     s, sh, tr = plan_shape(plan), plan.sharding, plan.training
     config: dict = {
@@ -202,7 +225,11 @@ _TITAN_SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
                     Schedule.ZB_H1: "InterleavedZeroBubble"}
 # presets that are torchtitan 0.2.2 llama3 flavors (models/llama3/__init__.py)
 _TITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
-                  "llama3-405b": ("llama3", "405B")}
+                  "llama3-405b": ("llama3", "405B"),
+                  # models/deepseek_v3/__init__.py: MLA and DeepSeekMoE at these shapes
+                  "deepseek-v2-lite": ("deepseek_v3", "16B"),
+                  "deepseek-v2": ("deepseek_v3", "236B"),
+                  "deepseek-v3": ("deepseek_v3", "671B")}
 
 
 def _torchtitan(plan: Plan) -> Export:
@@ -216,9 +243,10 @@ def _torchtitan(plan: Plan) -> Export:
                       "torchtitan shards over dp_shard x cp, a multiple of cp")
     model = _TITAN_FLAVORS.get(plan.model.name)
     lines = ["[model]"]
+    mla = " with multi-latent attention (deepseek_v3)" if plan.model.is_mla else ""
     lines += ([f'name = "{model[0]}"', f'flavor = "{model[1]}"'] if model else
               [f"# {plan.model.name}: set name and flavor to a registered model of this shape "
-               f"({plan.model.num_layers} layers, hidden {plan.model.hidden_size})"])
+               f"({plan.model.num_layers} layers, hidden {plan.model.hidden_size}{mla})"])
     lines += [
         "", "[training]",
         # with pp > 1 a replica's batch is one step split into micro-batches; without,

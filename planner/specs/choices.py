@@ -85,6 +85,10 @@ class RecomputeModule(StrEnum):
     MOE = "moe"  # an MoE layer's whole block: router, dispatch, experts, combine, shared
     MOE_ACT = "moe_act"  # the routed experts' activation function
     SHARED_EXPERTS = "shared_experts"  # an MoE layer's shared experts
+    # MLA's up-projections and rotary embedding: Q, K and V are dropped after the
+    # attention core and recomputed from the latents (MultiLatentAttention
+    # recompute_up_proj, output-discarding)
+    MLA_UP_PROJ = "mla_up_proj"
 
 
 # Megatron-Core's default `recompute_modules`: selective recomputation of the attention core.

@@ -53,6 +53,27 @@ class ModelSpec:
         default=None, min=1, max=16_384,
         help="per-head width when num_heads x head_dim != hidden_size (Qwen3); default "
         "hidden_size / num_heads")
+    # Multi-head latent attention (MLA; DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434
+    # §2.1; Megatron-Core MLATransformerConfig): K and V come from one compressed latent
+    # of kv_lora_rank per token, Q from one of q_lora_rank (or straight from the hidden
+    # state), each latent RMS-normed, plus one rotary key of qk_rope_head_dim shared by
+    # all heads. A head's scores are over qk_nope_head_dim + qk_rope_head_dim, its values
+    # v_head_dim wide. kv_lora_rank none: ordinary (multi-head / grouped-query) attention.
+    kv_lora_rank: int | None = spec_field(
+        default=None, min=1, max=1_048_576,
+        help="MLA's compressed K/V width (Megatron --kv-lora-rank); none: ordinary attention")
+    q_lora_rank: int | None = spec_field(
+        default=None, min=1, max=1_048_576,
+        help="MLA's compressed query width (--q-lora-rank); none: a full-rank query "
+        "projection (DeepSeek-V2-Lite)")
+    qk_nope_head_dim: int | None = spec_field(
+        default=None, min=1, max=16_384,
+        help="MLA: a head's query/key width without rotary position (--qk-head-dim)")
+    qk_rope_head_dim: int | None = spec_field(
+        default=None, min=1, max=16_384,
+        help="MLA: the decoupled rotary query/key width (--qk-pos-emb-head-dim)")
+    v_head_dim: int | None = spec_field(
+        default=None, min=1, max=16_384, help="MLA: a head's value width (--v-head-dim)")
     # Mixture of experts (Shazeer et al. 2017; Fedus et al. 2022). 0 experts: a dense model.
     num_experts: int = spec_field(default=0, min=0, max=65_536,
                                   help="routed experts per MoE layer (0: dense)")
@@ -87,13 +108,39 @@ class ModelSpec:
         "Megatron's --moe-router-force-load-balancing benchmarks run)")
 
     def check(self, where: str) -> None:
-        if self.attention_head_dim is None and self.hidden_size % self.num_heads:
+        if not self.is_mla:
+            for name in ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, name) is not None:
+                    fail(at(where, name), getattr(self, name), "applies only to multi-head "
+                         "latent attention (set kv_lora_rank)")
+        if self.is_mla:
+            self._check_mla(where)
+        elif self.attention_head_dim is None and self.hidden_size % self.num_heads:
             fail(at(where, "num_heads"), self.num_heads,
                  f"must divide hidden_size {self.hidden_size}")
         if self.num_heads % self.kv_heads:
             fail(at(where, "num_kv_heads"), self.num_kv_heads,
                  f"must divide num_heads {self.num_heads}")
         self._check_moe(where)
+
+    def _check_mla(self, where: str) -> None:
+        """MLA needs its three head widths; every head has its own K and V (up-projected
+        from the shared latent) and the position is the decoupled rotary key."""
+        for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(self, name) is None:
+                fail(at(where, name), None, "required with kv_lora_rank (multi-head latent "
+                     "attention)")
+        if self.num_kv_heads not in (None, self.num_heads):
+            fail(at(where, "num_kv_heads"), self.num_kv_heads,
+                 f"with kv_lora_rank (MLA) every head has its own K and V: none or "
+                 f"num_heads {self.num_heads}")
+        if self.attention_head_dim is not None:
+            fail(at(where, "attention_head_dim"), self.attention_head_dim,
+                 "not with kv_lora_rank (MLA sets qk_nope_head_dim, qk_rope_head_dim and "
+                 "v_head_dim)")
+        if self.position_embedding != "rope":
+            fail(at(where, "position_embedding"), self.position_embedding,
+                 "rope with kv_lora_rank (MLA's decoupled rotary key)")
 
     def _check_moe(self, where: str) -> None:
         moe_only = {"experts_per_token": 0, "num_shared_experts": 0, "first_k_dense": 0,
@@ -115,6 +162,11 @@ class ModelSpec:
         if self.pad_to_capacity and self.capacity_factor is None:
             fail(at(where, "pad_to_capacity"), True, "needs capacity_factor (the capacity "
                  "the experts' tokens are padded to)")
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (kv_lora_rank set) rather than ordinary attention."""
+        return self.kv_lora_rank is not None
 
     @property
     def is_moe(self) -> bool:
@@ -159,7 +211,20 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
+        """An ordinary attention head's width (MLA's widths: `head_dim_qk`, `head_dim_v`)."""
         return self.attention_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def head_dim_qk(self) -> int:
+        """Width a head's scores are taken over: MLA's no-rope plus rotary part."""
+        if self.qk_nope_head_dim is not None and self.qk_rope_head_dim is not None:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
+        return self.head_dim
+
+    @property
+    def head_dim_v(self) -> int:
+        """Width of a head's values (and of its share of the attention output)."""
+        return self.v_head_dim or self.head_dim
 
     @property
     def q_dim(self) -> int:
@@ -177,9 +242,30 @@ class ModelSpec:
         return self.ffn_hidden_size * (2 if self.activation == "swiglu" else 1)
 
     def attention_params(self) -> int:
-        """QKV and output projection of one layer (no linear biases)."""
+        """QKV and output projection of one layer (no linear biases); for MLA its down-
+        and up-projections, the latents' norms and the output projection."""
         h = self.hidden_size
+        if self.is_mla:
+            return sum(self.mla_tensors())
         return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
+
+    def mla_tensors(self, tp: int = 1) -> tuple[int, ...]:
+        """MLA's weights on one of `tp` ranks, as Megatron-Core's MLASelfAttention splits
+        them (megatron/core/transformer/multi_latent_attention.py with the TE layer spec,
+        gpt_layer_specs.py): the down-projections to the latents are replicated
+        (TELinear, parallel_mode "duplicated"), the latent norms too (fused into the
+        column-parallel up-projections, TELayerNormColumnParallelLinear), the up-projections
+        split by heads (column parallel), the output projection by its input (row parallel).
+        In order: [q_down, q_norm, q_up] or [q_proj], kv_down, kv_norm, kv_up, proj."""
+        assert self.kv_lora_rank is not None
+        h, heads = self.hidden_size, self.num_heads // tp
+        qk, v = self.head_dim_qk, self.head_dim_v
+        nope, rope = qk - (self.qk_rope_head_dim or 0), self.qk_rope_head_dim or 0
+        norm = 2 if self.norm == "layernorm" else 1
+        q = ((h * self.q_lora_rank, norm * self.q_lora_rank, self.q_lora_rank * heads * qk)
+             if self.q_lora_rank else (h * heads * qk,))
+        r = self.kv_lora_rank
+        return (*q, h * (r + rope), norm * r, r * heads * (nope + v), heads * v * h)
 
     def params_per_layer(self) -> int:
         """Weights of one dense transformer layer (no linear biases; norm weights counted)."""

@@ -199,3 +199,16 @@ def test_master_weights_are_kept():
              r"keeps fp32 master weights")
     fp32 = replace(plan, training=replace(plan.training, dtype="fp32", master_weights=False))
     check_runnable(fp32, cuda_devices=0)
+
+
+def test_multi_latent_attention_is_refused_in_one_line():
+    """executor/model.py builds ordinary attention; an MLA model's plan (DeepSeek's) is
+    refused naming the model, not run into a shape error."""
+    mla = preset("deepseek-v2-lite")
+    plan = homogeneous_plan(mla, parse_gpus_arg("H100-80GB-SXM:8"),
+                            ParallelConfig(dp=8, mbs=1, gbs=8, seq_len=4096, ep=8))
+    with pytest.raises(SpecError) as err:
+        check_runnable(plan, cuda_devices=8)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("plan:model.kv_lora_rank: 512")
+    assert "deepseek-v2-lite" in message and "multi-head latent attention" in message

@@ -70,12 +70,15 @@ def test_dense_models_have_no_moe_ops():
 def test_model_flops_count_active_parameters():
     # Megatron-Bridge flop_utils (and Narayanan et al. 2021 App.): 6 x the weights a token
     # uses (routed experts top-k times; embeddings excluded, logits included) plus
-    # 12 x layers x seq x attention width for the scores and context.
+    # 6 x layers x seq x heads x (d_qk + d_v) for the scores and context (12 x layers x
+    # seq x attention width for ordinary heads; MLA's latent norms count as weights, as
+    # Megatron-LM's MLA branch counts them).
     for name in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"):
         m, s = preset(name), 4096
         norms = (2 * m.num_layers + 1) * m.hidden_size
         active = m.num_active_params() - m.embedding_params() - norms
-        expected = 6.0 * active + 12.0 * m.num_layers * s * m.q_dim
+        expected = (6.0 * active
+                    + 6.0 * m.num_layers * s * m.num_heads * (m.head_dim_qk + m.head_dim_v))
         assert model_flops_per_token(m, s) == pytest.approx(expected, rel=1e-6), name
 
 

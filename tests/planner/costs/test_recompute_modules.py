@@ -130,7 +130,7 @@ def test_plans_carry_and_check_their_modules():
     data["training"]["recompute_modules"] = ["moe", "moe"]
     with pytest.raises(SpecError, match="recompute_modules"):
         plan_from_dict(data)
-    data["training"]["recompute_modules"] = ["mla_up_proj"]
+    data["training"]["recompute_modules"] = ["qkv_proj"]  # not a Megatron-Core module
     with pytest.raises(SpecError, match="allowed"):
         plan_from_dict(data)
 

@@ -85,3 +85,34 @@ def test_sharding_per_stage_is_listed_as_unexpressible():
         out = export_plan(plan, fmt)
         assert any("differs between stages (P/G/OS per stage 1/4/4, 1/1/1, 1/1/4, 1/4/4)" in u
                    for u in out.unsupported), (fmt, out.unsupported)
+
+
+def _mla_plan(model: str, **kw):
+    cfg = dict(tp=2, pp=1, dp=8, ep=8, mbs=1, gbs=64, seq_len=4096, recompute="none",
+               sequence_parallel=True)
+    cfg.update(kw)
+    return homogeneous_plan(preset(model), parse_gpus_arg("H100-80GB-SXM:16"),
+                            ParallelConfig(**cfg), kernels=Kernels(attention="flash"))
+
+
+def test_megatron_mla_flags():
+    """Megatron-LM's MLA arguments (MLATransformerConfig): the latent ranks, the head
+    widths, --qk-layernorm for the latent norms; cuDNN's fused attention, as Transformer
+    Engine turns FlashAttention off when d_qk != d_v."""
+    text = export_plan(_mla_plan("deepseek-v2"), "megatron").text
+    for flag in ("--multi-latent-attention", "--q-lora-rank 1536", "--kv-lora-rank 512",
+                 "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128",
+                 "--qk-layernorm", "--attention-backend fused"):
+        assert flag in text, flag
+    lite = export_plan(_mla_plan("deepseek-v2-lite"), "megatron").text
+    assert "--multi-latent-attention" in lite and "--q-lora-rank" not in lite
+    plain = export_plan(_mla_plan("mixtral-8x7b"), "megatron").text
+    assert "--multi-latent-attention" not in plain and "--attention-backend flash" in plain
+
+
+def test_torchtitan_names_its_deepseek_flavors():
+    """torchtitan 0.2.2 models/deepseek_v3/__init__.py: "16B" (V2-Lite's shape), "236B",
+    "671B"."""
+    text = export_plan(_mla_plan("deepseek-v2", tp=1, dp=16, ep=16,
+                                 sequence_parallel=False), "torchtitan").text
+    assert 'name = "deepseek_v3"' in text and 'flavor = "236B"' in text

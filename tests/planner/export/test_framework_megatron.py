@@ -153,3 +153,34 @@ def test_selective_recompute_modules_reach_megatron_core():
     default = plan_on("H100-80GB-SXM:64", tp=2, pp=4, dp=8, mbs=1, gbs=128,
                       recompute="selective", sequence_parallel=True)
     assert "--recompute-modules" not in " ".join(export_plan(default, "megatron").text)
+
+
+def test_mla_flags_build_megatron_cores_mla_config():
+    """The MLA flags as Megatron-LM's core_transformer_config_from_args reads them: with
+    --multi-latent-attention the config is an MLATransformerConfig, each flag its field
+    (q_lora_rank None without --q-lora-rank, arguments.py's default)."""
+    tc_mod = framework("megatron.core.transformer.transformer_config")
+    for model, q_lora in (("deepseek-v2", 1536), ("deepseek-v2-lite", None)):
+        plan = plan_on("H100-80GB-SXM:16", model=model, tp=2, dp=8, ep=8, mbs=1, gbs=64,
+                       seq_len=4096, sequence_parallel=True)
+        out = export_plan(plan, "megatron")
+        assert out.unsupported == (), out.unsupported
+        kw = {k[2:].replace("-", "_"): v for k, v in _args(out.text).items()}
+        names = {f.name for f in dataclasses.fields(tc_mod.MLATransformerConfig)}
+        assert kw["multi_latent_attention"]
+        fields = {k: kw[k] for k in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                                     "v_head_dim", "qk_layernorm", "num_layers",
+                                     "hidden_size", "num_attention_heads", "num_moe_experts")
+                  if k in kw and k in names}
+        config = tc_mod.MLATransformerConfig(
+            **fields, q_lora_rank=kw.get("q_lora_rank"), rope_type="rope",
+            tensor_model_parallel_size=2, sequence_parallel=True,
+            num_moe_experts=kw["num_experts"], moe_router_topk=kw["moe_router_topk"],
+            moe_ffn_hidden_size=kw["moe_ffn_hidden_size"], ffn_hidden_size=kw["ffn_hidden_size"],
+            expert_model_parallel_size=8, gated_linear_unit=True, bf16=True,
+            add_bias_linear=False)  # the planner's models have none
+        m = plan.model
+        assert (config.q_lora_rank, config.kv_lora_rank, config.qk_head_dim,
+                config.qk_pos_emb_head_dim, config.v_head_dim, config.qk_layernorm) == (
+            q_lora, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, True)
+        assert kw["attention_backend"] == "fused"

@@ -90,8 +90,7 @@ def test_model_numbers_are_bounded(tmp_path, field, value, message):
 # Published total / active parameters of the MoE presets (sources in models.yaml):
 # Mixtral card 46.7B / 12.9B; NeMo docs 141B / 39B for 8x22B; DeepSeek-V3 report Table 1
 # 671B / 37B; Qwen3 model cards 30.5B / 3.3B and 235B / 22B; OLMoE paper 6.9B / 1.3B.
-# Totals within 1%; active counts within 5% (DeepSeek-V3's MLA is approximated by full
-# heads, +3% on its active count; Qwen3 ignores its QK-norm weights).
+# Totals within 1%; active counts within 5% (Qwen3 ignores its QK-norm weights).
 MOE_PUBLISHED = {
     "mixtral-8x7b": (46.7e9, 12.9e9), "mixtral-8x22b": (141e9, 39e9),
     "deepseek-v3": (671e9, 37e9), "qwen3-30b-a3b": (30.5e9, 3.3e9),
@@ -154,3 +153,62 @@ def test_moe_layer_count_in_closed_form_is_the_pattern(layers, k, freq):
                   vocab_size=256, seq_len=64, num_experts=4, experts_per_token=2, first_k_dense=k,
                   moe_layer_freq=freq)
     assert m.num_moe_layers == sum(m.is_moe_layer(i) for i in range(layers))
+
+
+# DeepSeek's MLA presets (sources in models.yaml): V3 report Table 1 671B / 37B; V2 paper
+# §3.1.2 236B / 21B; V2 paper App. B, V2-Lite 15.7B / 2.4B. Totals within 1%. DeepSeek's
+# activated counts leave out the input embedding (a lookup, no FLOPs): V3 36.6B, V2
+# 20.9B, V2-Lite 2.45B; this project's count (Mixtral's convention) includes it.
+MLA_PUBLISHED = {"deepseek-v3": (671e9, 37e9, 0.015), "deepseek-v2": (236e9, 21e9, 0.01),
+                 "deepseek-v2-lite": (15.7e9, 2.4e9, 0.025)}
+
+
+@pytest.mark.parametrize("name, counts", MLA_PUBLISHED.items())
+def test_mla_parameter_counts_match_published(name, counts):
+    m = preset(name)
+    total, active, tolerance = counts
+    assert m.is_mla and m.num_params() == pytest.approx(total, rel=0.01)
+    assert m.num_active_params() - m.vocab_size * m.hidden_size == pytest.approx(
+        active, rel=tolerance)
+
+
+def test_mla_attention_weights():
+    """DeepSeek-V3 (config.json): q_down 7168x1536, q_norm 1536, q_up 1536x128x192,
+    kv_down 7168x(512+64), kv_norm 512, kv_up 512x128x(128+128), o 128x128x7168."""
+    v3 = preset("deepseek-v3")
+    assert v3.head_dim_qk == 192 and v3.head_dim_v == 128
+    assert v3.attention_params() == (7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576
+                                     + 512 + 512 * 128 * 256 + 128 * 128 * 7168)
+    lite = preset("deepseek-v2-lite")  # no query latent: q 2048 x 16 x 192
+    assert lite.mla_tensors()[0] == 2048 * 16 * 192 and len(lite.mla_tensors()) == 5
+
+
+MLA_FIELDS = ("kv_lora_rank: 16\nqk_nope_head_dim: 8\nqk_rope_head_dim: 4\n"
+              "v_head_dim: 8\nposition_embedding: rope\n")
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("q_lora_rank: 32\n", r"q_lora_rank: 32 .*only to multi-head latent attention"),
+    ("v_head_dim: 8\n", r"v_head_dim: 8 .*set kv_lora_rank"),
+    ("kv_lora_rank: 16\nposition_embedding: rope\n",
+     r"qk_nope_head_dim: None .*required with kv_lora_rank"),
+    (MLA_FIELDS + "num_kv_heads: 2\n", r"num_kv_heads: 2 .*none or num_heads 4"),
+    (MLA_FIELDS + "attention_head_dim: 16\n", r"attention_head_dim: 16 .*not with kv_lora_rank"),
+    (MLA_FIELDS.replace("rope\n", "learned\n"), r"position_embedding: 'learned' .*rope"),
+    (MLA_FIELDS.replace("kv_lora_rank: 16", "kv_lora_rank: 0"), r"kv_lora_rank: 0 .*≥ 1"),
+])
+def test_mla_fields_are_checked(tmp_path, extra, message):
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\nnum_layers: 2\nhidden_size: 64\nffn_hidden_size: 128\n"
+                    "num_heads: 4\nvocab_size: 256\nseq_len: 64\n" + extra)
+    with pytest.raises(SpecError, match=message) as err:
+        load_model(str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_mla_model_loads(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\nnum_layers: 2\nhidden_size: 60\nffn_hidden_size: 128\n"
+                    "num_heads: 8\nvocab_size: 256\nseq_len: 64\n" + MLA_FIELDS)
+    m = load_model(str(path))  # heads need not divide hidden_size: MLA sets its own widths
+    assert m.is_mla and m.head_dim_qk == 12 and m.head_dim_v == 8
