@@ -66,6 +66,10 @@ def megatron_args(plan: Plan) -> list[str]:
                                                                      m.position_embedding))
     if not m.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
+    # The planner prices linear layers without biases (ModelSpec counts none); Megatron adds
+    # them unless told, and refuses biased experts under expert tensor parallelism
+    # (TransformerConfig: "Bias in Moe is only supported when ETP==1").
+    args.append("--disable-bias-linear")
     if not m.dropout:
         args += ["--attention-dropout 0", "--hidden-dropout 0"]
     args += _megatron_pipeline(plan, s)

@@ -55,6 +55,14 @@ def _megatron_configs(args: dict, world: int):
         fields["virtual_pipeline_model_parallel_size"] = (
             per_stage // kw["num_layers_per_virtual_pipeline_stage"])
     fields["attention_backend"] = enums.AttnBackend[kw["attention_backend"]]
+    if kw.get("disable_bias_linear"):  # arguments.py: store_false into add_bias_linear
+        fields["add_bias_linear"] = False
+    for flag, field in (("num_experts", "num_moe_experts"), ("moe_router_topk", None),
+                        ("moe_ffn_hidden_size", None),
+                        ("expert_model_parallel_size", None),
+                        ("expert_tensor_parallel_size", None)):
+        if flag in kw:
+            fields[field or flag] = kw[flag]
     if kw.get("swiglu"):
         fields["gated_linear_unit"] = True
     if "fp8_format" in kw:  # Megatron-LM's arguments: --fp8-format becomes config.fp8
@@ -153,6 +161,17 @@ def test_selective_recompute_modules_reach_megatron_core():
     default = plan_on("H100-80GB-SXM:64", tp=2, pp=4, dp=8, mbs=1, gbs=128,
                       recompute="selective", sequence_parallel=True)
     assert "--recompute-modules" not in " ".join(export_plan(default, "megatron").text)
+
+
+def test_moe_with_tensor_parallelism_round_trips_through_megatron_core():
+    """Mixtral with tp 2 and ep 4: Megatron-Core refuses linear biases on experts split by
+    expert tensor parallelism ("Bias in Moe is only supported when ETP==1"), and the
+    planner prices no biases: the export says --disable-bias-linear and builds."""
+    plan = plan_on("H100-80GB-SXM:16", model="mixtral-8x7b", tp=2, dp=8, ep=4, mbs=1,
+                   gbs=64, seq_len=4096, sequence_parallel=True)
+    config = _round_trip(plan)
+    assert config.add_bias_linear is False
+    assert (config.num_moe_experts, config.expert_model_parallel_size) == (8, 4)
 
 
 def test_mla_flags_build_megatron_cores_mla_config():
