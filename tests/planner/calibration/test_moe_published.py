@@ -22,17 +22,20 @@ def test_source_flops_count_causal_attention_at_half():
 
 
 def test_moe_rows_mean_error():
-    # Reached (21.3% over 20 rows, median 11.8%), not the 10% target. The rows run with
+    # Reached (15.1% over 21 rows, median 10.0%), not the 10% target. The rows run with
     # what their sources state: Megatron-Core's recompute modules (the long-context rows
     # fit with "layernorm, moe"), the Megatron-Bridge recipes' recompute none; 128k
-    # (dp 1, cp 8) fits with the distributed optimizer over dp x cp.
+    # (dp 1, cp 8) fits with the distributed optimizer over dp x cp; DeepSeek-V3 with its
+    # multi-head latent attention.
     # Left: the NeMo FP8 Qwen3-30B rows measure half the throughput of the same layout in
-    # the 25.09 container (-60% / -62%), DeepSeek-V3 on NeMo AutoModel fits only with full
-    # recompute (+50% / +76%), a tp 4 layout measures a third slower (zoo-q235-h100-e,
-    # -38%), forced-balance long-context rows are 11-16% slow (docs/calibration.md, "MoE").
+    # the 25.09 container (-60% / -62%, Megatron-Bridge #1998), a tp 4 layout measures a
+    # third slower (zoo-q235-h100-e, -41%), forced-balance long-context rows are 5-14%
+    # slow (docs/calibration.md, "MoE").
     s = score()
-    assert s.count >= 20, s.failed
-    assert s.mape <= 0.215, s.errors
+    assert s.count >= 21, s.failed
+    assert s.mape <= 0.155, s.errors
+    # DeepSeek-V3 on 256 H100 (NeMo AutoModel): MLA priced as the model runs it
+    assert abs(s.errors["automodel-dsv3-256"]) < 0.08
     # pp 32 x vp 3 over 94 layers: the embedding and the loss counted as layers
     assert abs(s.errors["zoo-q235-h100-d"]) < 0.12
     assert abs(s.errors["mb-2511-h100-qwen3-235b-a22b-fp8-cs-256"]) < 0.10  # ep 32, etp 1
