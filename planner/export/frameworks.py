@@ -76,6 +76,8 @@ class FrameworkCapabilities:
     # 16-bit training whose optimizer updates the 16-bit weights themselves, gradients and
     # Adam moments alike, with no fp32 master copy (Training.master_weights false)
     without_master_weights: bool = False
+    # multi-head latent attention (ModelSpec.kv_lora_rank: DeepSeek-V2 / V3)
+    latent_attention: bool = True
     notes: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -202,6 +204,7 @@ _TRAINPLAN = FrameworkCapabilities(
     ep_within_dp=True, ep_schedules=frozenset(Schedule) - {Schedule.ZB_H1},
     ep_recompute=frozenset({"none", "selective"}), ep_sharding_multiple=True,
     moe_expert_tp=False, moe_sequence_parallel=False, pipeline_split_slots=False,
+    latent_attention=False,  # executor/model.py: ordinary attention (preflight.check_model)
     notes={"pipeline split slots": " (executor/preflight.py: every chunk runs a layer)",
            "recompute modules": "the executor's selective recomputation re-runs the "
            "attention core (executor/model.py)",

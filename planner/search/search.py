@@ -217,6 +217,10 @@ def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
         others = [c.name for c in CAPABILITIES.values() if req.dtype in c.dtypes]
         fail("--dtype", req.dtype, f"{caps.version} trains in {', '.join(sorted(caps.dtypes))}"
              + (f"; --framework {' or '.join(others)} plans {req.dtype}" if others else ""))
+    if req.model.is_mla and not caps.latent_attention:
+        others = [c.name for c in CAPABILITIES.values() if c.latent_attention]
+        fail("--model", req.model.name, f"it uses multi-head latent attention, which "
+             f"{caps.version} does not run; --framework {' or '.join(others)} plans it")
     if req.attention is not None and req.attention not in caps.attention:
         fail("--attention", req.attention,
              f"{caps.version} has {', '.join(sorted(caps.attention))}")

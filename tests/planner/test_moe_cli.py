@@ -123,3 +123,18 @@ def test_simulate_summary_names_the_ep_layout_and_dispatcher_it_priced(capsys):
     assert "ep 4 (ep_layout folded), etp 1, 1f1b" in folded.splitlines()[1]
     assert ("ep 4 (ep_layout data_parallel), etp 1, deepep dispatch, 1f1b"
             in replicas.splitlines()[1])
+
+
+def test_search_refuses_latent_attention_where_the_framework_lacks_it(capsys):
+    """trainplan's executor runs ordinary attention only (executor/preflight.check_model):
+    a search for an MLA model under it is refused in one line that names the frameworks
+    that run it, as an fp8 search is; under Megatron it plans."""
+    argv = ["search", "--model", "deepseek-v2-lite", "--gpus", "H100-80GB-SXM:16",
+            "--gbs", "64", "--top", "1", "--json"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and out == ""
+    line = err.strip().splitlines()[-1]
+    assert "--model: 'deepseek-v2-lite' is not allowed" in line
+    assert "multi-head latent attention" in line and "--framework megatron" in line
+    code, out, _ = run_cli([*argv, "--framework", "megatron"], capsys)
+    assert code == 0 and json.loads(out)["plans"]
