@@ -20,7 +20,7 @@ from planner.commands.args import (
 from planner.commands.inputs import load_inputs, profiles_for
 from planner.describe import count_words
 from planner.outputs import check_output_dir
-from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES
+from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES, check_framework
 from planner.specs.cluster import train_dtype
 from planner.specs.plan import TRAIN_DTYPES
 from planner.whatif.report import plan_scenarios, write_report
@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.output, flag="-o")
     model, cluster = load_inputs(args)
     dtype = train_dtype((g.device for g in cluster.node_groups), args.dtype, where="--dtype")
+    # what the framework cannot run on any cluster fails every scenario alike: say so once
+    check_framework(args.framework, model, dtype)
     scenarios = [parse_scenario(text) for text in args.scenario]
     base = Setting(label="baseline", model=model, cluster=cluster, tokens=args.tokens)
     profiles = profiles_for(args, cluster, dtype)

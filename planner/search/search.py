@@ -60,7 +60,8 @@ from profiler.progress import ProgressBar
 from profiler.schema import SpecError, fail
 from profiler.store import Profiles
 
-__all__ = ["DEFAULT_HEADROOM_BYTES", "OBJECTIVES", "Ranked", "SearchRequest", "SearchResult", "prepare", "search"]
+__all__ = ["DEFAULT_HEADROOM_BYTES", "OBJECTIVES", "Ranked", "SearchRequest", "SearchResult",
+           "check_framework", "prepare", "search"]
 
 GIB = 1024**3
 # beyond the memory model's own runtime reserve (planner/costs/memory.py): PyTorch's
@@ -209,18 +210,26 @@ def _within_budget(req: SearchRequest, iteration_s: float, usd_hour: float | Non
     return iterations * (iteration_s * usd_hour / 3600 + egress_usd) <= req.max_budget_usd
 
 
-def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
-    if req.framework not in CAPABILITIES:
-        fail("--framework", req.framework, "allowed: " + ", ".join(FRAMEWORKS))
-    caps = req.capabilities
-    if req.dtype not in caps.dtypes:
-        others = [c.name for c in CAPABILITIES.values() if req.dtype in c.dtypes]
-        fail("--dtype", req.dtype, f"{caps.version} trains in {', '.join(sorted(caps.dtypes))}"
-             + (f"; --framework {' or '.join(others)} plans {req.dtype}" if others else ""))
-    if req.model.is_mla and not caps.latent_attention:
+def check_framework(framework: str, model: ModelSpec, dtype: str) -> FrameworkCapabilities:
+    """The framework's capabilities, after refusing in one line what it cannot run on any
+    cluster: the training dtype, a model with multi-head latent attention (each refusal
+    names the frameworks that can)."""
+    if framework not in CAPABILITIES:
+        fail("--framework", framework, "allowed: " + ", ".join(FRAMEWORKS))
+    caps = CAPABILITIES[framework]
+    if dtype not in caps.dtypes:
+        others = [c.name for c in CAPABILITIES.values() if dtype in c.dtypes]
+        fail("--dtype", dtype, f"{caps.version} trains in {', '.join(sorted(caps.dtypes))}"
+             + (f"; --framework {' or '.join(others)} plans {dtype}" if others else ""))
+    if model.is_mla and not caps.latent_attention:
         others = [c.name for c in CAPABILITIES.values() if c.latent_attention]
-        fail("--model", req.model.name, f"it uses multi-head latent attention, which "
+        fail("--model", model.name, f"it uses multi-head latent attention, which "
              f"{caps.version} does not run; --framework {' or '.join(others)} plans it")
+    return caps
+
+
+def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
+    caps = check_framework(req.framework, req.model, req.dtype)
     if req.attention is not None and req.attention not in caps.attention:
         fail("--attention", req.attention,
              f"{caps.version} has {', '.join(sorted(caps.attention))}")

@@ -86,3 +86,21 @@ def test_what_if_passes_the_framework_on(tmp_path):
     assert proc.returncode == 0, proc.stderr
     best = load_plan(str(tmp_path / "r" / "best-plan.yaml"))
     assert unsupported(best, CAPABILITIES["deepspeed"]) == [] and len(_gpu_types(best)) == 1
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--model", "llama2-7b", "--dtype", "fp8"],
+     "--dtype: 'fp8' is not allowed (trainplan 0.1.0 executor trains in bf16, fp16, fp32, "
+     "tf32; --framework megatron plans fp8)"),
+    (["--model", "deepseek-v2-lite"],
+     "--model: 'deepseek-v2-lite' is not allowed (it uses multi-head latent attention"),
+])
+def test_what_if_refuses_once_what_the_framework_never_runs(capsys, tmp_path, extra, message):
+    """A dtype or a model the framework cannot run on any cluster fails every scenario
+    alike: the command says so in one line (exit 2) instead of writing a report of
+    scenarios that each say "no plan"."""
+    out = tmp_path / "r"
+    code, _, err = run_cli(["what-if", *extra, "--gpus", "H100-80GB-SXM:16", "--tokens", "1e9",
+                            "--gbs", "64", "-o", str(out)], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
