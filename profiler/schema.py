@@ -40,6 +40,9 @@ class SpecError(ValueError):
     """Bad input a user can fix: the message names the field, the value and what is allowed."""
 
 
+YAML_WORDS: dict[object, str] = {True: "true", False: "false", None: "null"}
+
+
 def short_repr(value: object, limit: int = MAX_REPR_CHARS) -> str:
     """repr(value), cut to `limit` characters. It stops formatting once it has `limit`
     characters, so a huge (or alias-expanded, or self-containing) value costs nothing."""
@@ -78,6 +81,8 @@ def _repr_into(value: object, parts: list[str], budget: list[int], *, depth: int
         parts.append(closing)
         budget[0] -= 1
         return
+    elif isinstance(value, bool) or value is None:  # as a YAML or JSON file spells them
+        text = YAML_WORDS[value]
     elif isinstance(value, str):
         text = repr(value[:budget[0]])
     elif isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
@@ -102,7 +107,9 @@ def fail(where: str, value: object, allowed: str) -> typing.NoReturn:
     """Raise a SpecError in the one format every message uses."""
     if isinstance(value, enum.Enum):  # a choice reads as the user wrote it
         value = value.value
-    raise SpecError(f"{one_line(where)}: {short_repr(value)} is not allowed ({allowed})")
+    # a command-line flag left out reads as missing; true / false / null as in a file
+    text = "missing" if value is None and where.startswith("--") else short_repr(value)
+    raise SpecError(f"{one_line(where)}: {text} is not allowed ({allowed})")
 
 
 def at(where: str, name: str) -> str:

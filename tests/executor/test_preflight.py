@@ -195,7 +195,7 @@ def test_master_weights_are_kept():
     plan = homogeneous(SMALL, world=2, dp=2, mbs=1, gbs=2)
     check_runnable(plan, cuda_devices=0)
     bf16 = replace(plan, training=replace(plan.training, dtype="bf16", master_weights=False))
-    _refused(bf16, r"training.master_weights: False is not allowed \(true \(the executor "
+    _refused(bf16, r"training.master_weights: false is not allowed \(true \(the executor "
              r"keeps fp32 master weights")
     fp32 = replace(plan, training=replace(plan.training, dtype="fp32", master_weights=False))
     check_runnable(fp32, cuda_devices=0)

@@ -8,7 +8,7 @@ from tests.planner.cli_helpers import run_cli as _run
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["-o", "p.csv"], "--model: None is not allowed (give a model to measure its ops, or "
+    (["-o", "p.csv"], "--model: missing is not allowed (give a model to measure its ops, or "
                       "--collectives)"),
     (["--model", "debug-tiny", "--device", "tpu", "-o", "p.csv"],
      "--device: 'tpu' is not allowed (cpu, cuda or cuda:N)"),

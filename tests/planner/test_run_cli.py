@@ -118,7 +118,7 @@ def test_a_gpu_plan_is_refused_on_a_host_without_one(tmp_path, capsys, no_launch
     (["--plan", "p.yaml", "--resume"], "--resume and --checkpoint-every need it"),
     (["--plan", "p.yaml", "--steps", "2", "--warmup", "2"], "0 ≤ warmup < --steps 2"),
     (["--plan", "missing.yaml"], "missing.yaml: cannot read"),
-    (["--plan", "p.yaml", "--no-profile"], "--no-profile: True is not allowed (only with"),
+    (["--plan", "p.yaml", "--no-profile"], "--no-profile: true is not allowed (only with"),
     (["--model", "debug-tiny", "--gpus", "CPU:2", "--gbs", "8", "--no-profile", "--profile",
       "p"], "not allowed with argument --no-profile"),
 ])

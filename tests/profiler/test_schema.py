@@ -51,7 +51,7 @@ def test_round_trip_is_exact():
     ({"ratio": 0}, "ratio: 0.0 is not allowed (must be > 0)"),
     ({"ratio": "big"}, "ratio: 'big' is not allowed (expected a number)"),
     ({"items": [{"size": 1}, {"size": -2}]}, "items[1].size: -2 is not allowed (must be ≥ 1)"),
-    ({"inner": {"size": True}}, "inner.size: True is not allowed (expected an integer)"),
+    ({"inner": {"size": True}}, "inner.size: true is not allowed (expected an integer)"),
     ({"colour": "red"}, "colour: 'red' is not allowed (unknown field; known: name,"),
     ({"table": {"k": "v"}}, "table.k: 'v' is not allowed (expected a number)"),
 ])

@@ -108,7 +108,7 @@ def _write(tmp_path, text, name="p.csv"):
     (lambda t: t.replace("schema_version: 1", "schema_version: 2"),
      "p.csv:schema_version: 2 is not allowed (this trainplan reads profile schema version 1"),
     (lambda t: t.replace("# schema_version: 1\n", ""),
-     "p.csv:schema_version: None is not allowed"),
+     "p.csv:schema_version: null is not allowed"),
     (lambda t: t.replace("device: CPU", "device: Z100"), "'Z100' is not a known GPU type"),
     (lambda t: t.replace("num_threads: 1", "num_threads: 0"),
      "p.csv:num_threads: 0 is not allowed (must be ≥ 1)"),

@@ -191,7 +191,7 @@ MLA_FIELDS = ("kv_lora_rank: 16\nqk_nope_head_dim: 8\nqk_rope_head_dim: 4\n"
     ("q_lora_rank: 32\n", r"q_lora_rank: 32 .*only to multi-head latent attention"),
     ("v_head_dim: 8\n", r"v_head_dim: 8 .*set kv_lora_rank"),
     ("kv_lora_rank: 16\nposition_embedding: rope\n",
-     r"qk_nope_head_dim: None .*required with kv_lora_rank"),
+     r"qk_nope_head_dim: null .*required with kv_lora_rank"),
     (MLA_FIELDS + "num_kv_heads: 2\n", r"num_kv_heads: 2 .*none or num_heads 4"),
     (MLA_FIELDS + "attention_head_dim: 16\n", r"attention_head_dim: 16 .*not with kv_lora_rank"),
     (MLA_FIELDS.replace("rope\n", "learned\n"), r"position_embedding: 'learned' .*rope"),
