@@ -85,7 +85,7 @@ def _repr_into(value: object, parts: list[str], budget: list[int], *, depth: int
         text = YAML_WORDS[value]
     elif isinstance(value, str):
         text = repr(value[:budget[0]])
-    elif isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+    elif isinstance(value, int) and value.bit_length() > 256:  # bools are taken above
         text = f"<an integer of {value.bit_length()} bits>"
     else:
         text = repr(value)[:budget[0] + 1]
