@@ -1,12 +1,17 @@
 """Per-rank memory: model states under AMSP sharding, activations per recompute mode.
 
-Model states (Rajbhandari et al. 2020, ZeRO; Chen et al. 2023, AMSP): mixed-precision
+Model states (Rajbhandari et al. 2020, ZeRO; Chen et al. 2023, AMSP), as the framework
+keeps them (`Training.model_states`, one rule: `state_bytes_per_param`). Mixed-precision
 training keeps 16-bit weights, fp32 gradients (Megatron accumulates main grads in fp32)
 and an fp32 master copy plus Adam's two moments: 2 + 4 + 12 = 18 bytes per parameter,
-which reproduces Korthikanti et al. 2022 Figure 1. Without master weights
-(`Training.master_weights` false: the optimizer updates the 16-bit weights) gradients and
-moments are 16-bit too: 2 + 2 + 4 = 8 bytes. Parameters, gradients and optimizer states
-are each divided by their own sharding group size.
+which reproduces Korthikanti et al. 2022 Figure 1 and Megatron-Core's distributed-optimizer
+guide (18; 6 + 12/d with the optimizer sharded). Where the parameters are sharded as the
+optimizer states are (ZeRO-3 / HSDP: FSDP2, torchtitan, trainplan's executor) the fp32
+shard is the parameter and no 16-bit copy is kept: 4 + 4 + 8 = 16 bytes. DeepSpeed ZeRO
+keeps gradients in the training dtype: 2 + 2 + 12 = 16 bytes (ZeRO §3). Without master
+weights (`Training.master_weights` false: the optimizer updates the 16-bit weights)
+gradients and moments are 16-bit too: 2 + 2 + 4 = 8 bytes. Parameters, gradients and
+optimizer states are each divided by their own sharding group size.
 
 Activations (Korthikanti et al. 2022 §4): per layer and micro-batch from the workload's
 saved tensors; times the layers a rank holds and the micro-batches in flight under the
@@ -21,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from planner.costs.workload import WorkloadShape, head_work, layer_work
-from planner.specs.choices import DType, EpLayout, Recompute, Schedule
+from planner.specs.choices import DType, EpLayout, ModelStates, Recompute, Schedule
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Sharding
 from profiler.devices import DeviceSpec
@@ -29,7 +34,7 @@ from profiler.devices import DeviceSpec
 __all__ = ["MEMORY_SOURCE", "StageMemory", "activation_memory", "in_flight_chunks",
            "model_state_bytes", "rank_expert_param_count", "rank_param_count",
            "rank_param_tensors",
-           "runtime_reserve_bytes", "stage_memory"]
+           "runtime_reserve_bytes", "stage_memory", "state_bytes_per_param"]
 
 MEMORY_SOURCE = "analytic memory model (ZeRO/AMSP states; Korthikanti et al. 2022 activations)"
 GIB = 1024**3
@@ -174,19 +179,42 @@ def in_flight_chunks(*, schedule: Schedule, stage: int, pp: int, num_microbatche
     return min(num_microbatches, pp - stage)
 
 
+def state_bytes_per_param(*, dtype: str, master_weights: bool, sizes: tuple[float, float, float],
+                          states: ModelStates = ModelStates.FP32_GRADS
+                          ) -> tuple[float, float, float]:
+    """Bytes per parameter one rank keeps of (parameters, gradients, optimizer states) with
+    them sharded over `sizes` = (P, G, OS) ranks, as the framework `states` keeps them
+    (`ModelStates`, whose docstring gives the sources).
+
+    16-bit weights (fp32 when training in fp32), gradients (`DType.state_bytes`: fp32
+    beside a master copy; DeepSpeed: the training dtype), an fp32 master (mixed precision)
+    and Adam's two moments (`DType.state_bytes`). FSDP2's rule (`FP32_GRADS` with P = OS > 1
+    and a master copy): the fp32 shard is the parameter, counted as the parameters' bytes,
+    and no 16-bit copy is kept. FP8 training (Transformer Engine, fp8_model_params off) also
+    caches each weight's FP8 cast and its transpose for the backward: 2 bytes per parameter
+    beside the bf16 weights (Megatron-Core only: no sharded-parameter rule)."""
+    dt = DType(dtype)
+    p, g, o = sizes
+    low = dt.element_bytes + (2 if dt is DType.FP8 else 0)
+    master = 4 if dt.keeps_master(master_weights) else 0
+    state = dt.state_bytes(master_weights)  # each of: gradient, Adam's m, Adam's v
+    grad = dt.element_bytes if states is ModelStates.DEEPSPEED else state
+    if (states is ModelStates.FP32_GRADS and master and dt is not DType.FP8
+            and p == o > 1):
+        return master / p, grad / g, 2 * state / o
+    return low / p, grad / g, (master + 2 * state) / o
+
+
 def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: Sharding,
                       tp: int, pp: int, expert_params: float = 0.0,
                       ep: int = 1, etp: int | None = None, master_weights: bool = True,
-                      ep_layout: EpLayout = EpLayout.FOLDED
+                      ep_layout: EpLayout = EpLayout.FOLDED,
+                      states: ModelStates = ModelStates.FP32_GRADS
                       ) -> tuple[float, float, float, float]:
     """(parameters, gradients, optimizer states, gathered-parameter buffers) in bytes on one
-    rank holding `params` parameters: 16-bit weights (fp32 when training in fp32), fp32
-    gradients, fp32 master weights (mixed precision) and Adam's two moments, each divided
-    by its sharding group (without `master_weights`: no master copy, and gradients and
-    moments in the weights' dtype, `DType.state_bytes`); sharded parameters need the
-    layer in use and the next one gathered. FP8 training (Transformer Engine, fp8_model_params off) also caches each
-    weight's FP8 cast and its transpose for the backward: 2 bytes per parameter held
-    whole, beside the bf16 weights.
+    rank holding `params` parameters, each part at `state_bytes_per_param` over its own
+    sharding group (`states`: as `Training.model_states`); sharded parameters need the
+    layer in use and the next one gathered in the training dtype.
 
     The sharding sizes count ranks of the stage's data- x context-parallel group (dp x
     cp: context-parallel ranks hold the same weights, and Megatron-Core's distributed
@@ -200,22 +228,25 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     executor/groups.py `expert_shard_layout`) the tp ranks are not among them: S / ep."""
     dt = DType(dtype)
     low = dt.element_bytes + (2 if dt is DType.FP8 else 0)
-    master = 4 if dt.keeps_master(master_weights) else 0
-    state = dt.state_bytes(master_weights)  # each of: gradient, Adam's m, Adam's v
     gathered = 0.0
     if sharding.params > 1:
         layer = rank_param_count(model, num_layers=1, first=False, last=False, tp=tp, pp=pp,
                                  ep=ep, etp=etp)
         gathered = 2 * layer * low
-    dense = params - expert_params
+    fold = tp / (etp or tp) if ep_layout == EpLayout.FOLDED else 1.0
 
-    def split(size: int) -> float:
-        fold = tp / (etp or tp) if ep_layout == EpLayout.FOLDED else 1.0
-        peers = size * fold / ep if size > 1 else 1.0
-        return dense / size + expert_params / max(1.0, peers)
+    def expert_group(size: int) -> float:
+        return max(1.0, size * fold / ep) if size > 1 else 1.0
 
-    return (split(sharding.params) * low, split(sharding.grads) * state,
-            split(sharding.optim) * (master + 2 * state), gathered)
+    sizes = (sharding.params, sharding.grads, sharding.optim)
+    out = [0.0, 0.0, 0.0]
+    for count, group in ((params - expert_params, float), (expert_params, expert_group)):
+        if count:
+            per = state_bytes_per_param(dtype=dtype, master_weights=master_weights,
+                                        sizes=(group(sizes[0]), group(sizes[1]),
+                                               group(sizes[2])), states=states)
+            out = [o + count * b for o, b in zip(out, per, strict=True)]
+    return out[0], out[1], out[2], gathered
 
 
 def activation_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
@@ -246,7 +277,8 @@ def activation_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadSh
 def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
                  num_layers: int, first: bool, last: bool, pp: int, recompute: Recompute,
                  sharding: Sharding, layers_in_flight: float,
-                 master_weights: bool = True) -> StageMemory:
+                 master_weights: bool = True,
+                 states: ModelStates = ModelStates.FP32_GRADS) -> StageMemory:
     """Peak memory of one rank of a stage holding activations of `layers_in_flight`
     layer-micro-batches at its peak: `activation_memory` with the stage's model states."""
     params = rank_param_count(model, num_layers=num_layers, first=first, last=last,
@@ -255,7 +287,7 @@ def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
                                       ep=shape.ep)
     states = model_state_bytes(model, params=params, dtype=shape.dtype, sharding=sharding,
                                tp=shape.tp, pp=pp, expert_params=experts, ep=shape.ep,
-                               etp=shape.etp, master_weights=master_weights)
+                               etp=shape.etp, master_weights=master_weights, states=states)
     return activation_memory(model, device=device, shape=shape, num_layers=num_layers,
                              last=last, recompute=recompute,
                              layers_in_flight=layers_in_flight).with_states(*states)

@@ -61,6 +61,7 @@ from planner.specs.choices import (
     DEFAULT_RECOMPUTE_MODULES,
     DType,
     EpLayout,
+    ModelStates,
     Recompute,
     RecomputeModule,
     Schedule,
@@ -197,6 +198,8 @@ class RunSettings:
     # fp32 master weights, gradients and Adam moments beside 16-bit weights (Training.
     # master_weights); false: the optimizer updates the 16-bit weights, states alike
     master_weights: bool = True
+    # which framework's rule keeps the model states (Training.model_states)
+    model_states: ModelStates = ModelStates.FP32_GRADS
 
     def __post_init__(self) -> None:
         coerce_choices(self)
@@ -840,17 +843,18 @@ class ShardingTerms:
 
 
 def sharding_states(model: ModelSpec, spec: StageSpec, dtype: str, sharding: Sharding,
-                    num_params: float, *, master_weights: bool = True
+                    num_params: float, *, master_weights: bool = True,
+                    states: ModelStates = ModelStates.FP32_GRADS
                     ) -> tuple[float, float, float, float]:
     """Model-state bytes (params, grads, optimizer, gathered) of a stage holding
-    `num_params` parameters per rank, sharded as `sharding` (`master_weights`: as
-    `RunSettings.master_weights`)."""
+    `num_params` parameters per rank, sharded as `sharding` (`master_weights`, `states`: as
+    `RunSettings.master_weights`, `RunSettings.model_states`)."""
     p = spec.placed
     experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep)
     return model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
                              tp=p.tp, pp=spec.pp, expert_params=experts, ep=p.ep,
                              etp=p.expert_tp, master_weights=master_weights,
-                             ep_layout=p.ep_layout)
+                             ep_layout=p.ep_layout, states=states)
 
 
 def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings,
@@ -873,7 +877,8 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
                          master_weights=run.master_weights)
     return ShardingTerms(sync, _compute_costs(spec.device, dtype, profiles).time_s(opt),
                          sharding_states(model, spec, dtype, sharding, num_params,
-                                         master_weights=run.master_weights))
+                                         master_weights=run.master_weights,
+                                         states=run.model_states))
 
 
 def apply_sharding(cost: StageCost, terms: ShardingTerms) -> StageCost:
@@ -918,7 +923,7 @@ def plan_runs(plan: Plan) -> list[RunSettings]:
                         virtual_stages=tr.virtual_stages, kernels=plan.kernels, comm=tr.comm,
                         recompute_modules=tr.recompute_modules,
                         pipeline_flushes=tr.pipeline_flushes,
-                        master_weights=tr.master_weights)
+                        master_weights=tr.master_weights, model_states=tr.model_states)
             for p in plan.pipelines]
 
 

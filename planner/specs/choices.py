@@ -198,3 +198,29 @@ class EpLayout(StrEnum):
         """How many of a stage's ranks of one replica an ep group may take: tp / etp x cp
         folded (etp None: tp), 1 over data-parallel replicas only."""
         return tp // (etp or tp) * cp if self == EpLayout.FOLDED else 1
+
+
+class ModelStates(StrEnum):
+    """Which framework's rule says what a rank keeps of its model states in 16-bit training
+    with fp32 master weights (`costs/memory.state_bytes_per_param`; fp32 training and
+    `Training.master_weights` false keep the same under both).
+
+    FP32_GRADS: fp32 gradients beside 16-bit weights and an fp32 master copy with Adam's
+    moments, 2 + 4 + 12 = 18 bytes per parameter (Megatron-Core's distributed optimizer
+    guide: "bf16 parameters, fp32 gradients: 18, 6 + 12/d"). Where the parameters are
+    sharded as the optimizer states are (P = OS > 1: ZeRO-3, HSDP) the fp32 shard is the
+    parameter and no 16-bit copy of it is kept, 4 + 4 + 8 = 16 bytes: torch FSDP2
+    (`fully_shard` with `MixedPrecisionPolicy(param_dtype=bf16)`: "FSDP does not require
+    any extra memory to keep a high-precision copy of the parameters for the optimizer
+    step", torch/distributed/fsdp/_fully_shard/_fsdp_api.py), torchtitan, and trainplan's
+    executor (executor/fsdp.py; its flat-buffer engine, executor/data_parallel.py, does the
+    same at P = OS > 1).
+    DEEPSPEED: DeepSpeed ZeRO keeps the gradients in the training dtype (0.19.6
+    runtime/engine.py `get_data_types`: `data_types.grad_accum_dtype` unset is the model
+    dtype; zero/stage_1_and_2.py and zero/stage3.py accumulate in it) and stage 3 keeps
+    16-bit partitions beside the fp32 ones: 2 + 2 + 12 = 16 bytes, each part over its own
+    group (Rajbhandari et al. 2020 §3: (2 + 2 + K)Ψ with K = 12 for mixed-precision Adam).
+    """
+
+    FP32_GRADS = "fp32_grads"
+    DEEPSPEED = "deepspeed"

@@ -20,6 +20,7 @@ from planner.specs.choices import (
     DEFAULT_RECOMPUTE_MODULES,
     DType,
     EpLayout,
+    ModelStates,
     PipelineP2P,
     Recompute,
     RecomputeModule,
@@ -192,6 +193,12 @@ class Training:
         "gradients and Adam moments take the same dtype (8 bytes; NeMo AutoModel builds its "
         "models in config.torch_dtype and trains them with torch.optim.Adam). fp32 training "
         "has no master copy either way")
+    model_states: ModelStates = spec_field(
+        default=ModelStates.FP32_GRADS, help="what the framework keeps of the model states "
+        "with master weights: fp32_grads (Megatron-Core, FSDP2 / torchtitan, trainplan's "
+        "executor: fp32 gradients, 18 bytes per parameter; 16 where parameters shard as "
+        "the optimizer states do, the fp32 shard being the parameter) or deepspeed "
+        "(ZeRO: gradients in the training dtype, 16 bytes)")
     comm: Communication = Communication()
     ep: int = spec_field(default=1, min=1, max=MAX_GPUS,
                          help="expert parallel: each MoE layer's routed experts split over "
