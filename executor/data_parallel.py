@@ -9,7 +9,8 @@ run does what the simulator prices:
 
 * p > 1: `unshard()` all-gathers the parameters before each forward and backward,
   `reshard()` frees them after (the storage is released and refilled in place, so the
-  tensors autograd saved stay valid, as FSDP1 did);
+  tensors autograd saved stay valid, as FSDP1 did); with p = os in 16 bits (ZeRO-3, HSDP)
+  the fp32 master is the only copy of the shard, cast for each gather, as FSDP2 keeps it;
 * after every backward (`add_grads`): gradients are added to the fp32 buffer; with g > 1
   they are reduce-scattered inside the g group first and only the shard is kept;
 * `reduce_grads()` once per iteration: reduce-scatter over the members holding the same
@@ -120,7 +121,16 @@ class ShardedState:
         self.optimizer = make_optimizer([self.master])
         g_len = self.numel // layout.grads
         self.grad = torch.zeros(g_len, dtype=torch.float32, device=self.device)
-        self.master.grad = torch.zeros(self.chunk, dtype=torch.float32, device=self.device)
+        # P = OS > 1 in 16 bits (ZeRO-3, HSDP): the master is this rank's whole parameter
+        # shard, so the 16-bit shard is not kept (each gather casts the master, as FSDP2
+        # gathers its fp32 shards in param_dtype) and, G being P, the gradient shard is the
+        # optimizer's gradient (planner/costs/memory.py `state_bytes_per_param`: 16 bytes).
+        self.lean = layout.params == layout.optim > 1 and self.dtype != torch.float32
+        if self.lean:
+            self.pshard.untyped_storage().resize_(0)
+            self.master.grad = self.grad
+        else:
+            self.master.grad = torch.zeros(self.chunk, dtype=torch.float32, device=self.device)
 
     def _views(self, locals_: list[torch.Tensor]) -> None:
         """Point every parameter at its slice of the flat buffer (values copied in)."""
@@ -145,7 +155,8 @@ class ShardedState:
         storage = self.full.untyped_storage()
         if storage.size() == 0:
             storage.resize_(self.numel * self.full.element_size())
-            all_gather_single(self.full, self.pshard, group=self._group(self.layout.param_group))
+            shard = self.master.detach().to(self.dtype) if self.lean else self.pshard
+            all_gather_single(self.full, shard, group=self._group(self.layout.param_group))
 
     def reshard(self) -> None:
         """Free the full parameters (p > 1); this rank keeps its shard."""
@@ -189,7 +200,7 @@ class ShardedState:
         assert out is not None
         if len(lay.grad_reduce_group) > 1:
             reduce_scatter_single(out, self.grad, group=self._group(lay.grad_reduce_group))
-        else:
+        elif out is not self.grad:
             out.copy_(self.grad)
         if len(lay.replica_group) > 1:
             dist.all_reduce(out, group=self._group(lay.replica_group))
@@ -216,6 +227,8 @@ class ShardedState:
     def _publish(self) -> None:
         """Copy the master weights into the parameters (unless they are the same memory)
         and all-gather the optimizer shards that make up this rank's parameter shard."""
+        if self.lean:
+            return  # the master is the parameter shard (P = OS: nothing to gather)
         with torch.no_grad():
             if self.master.data_ptr() != self._os_view.data_ptr():
                 self._os_view.copy_(self.master)
@@ -256,9 +269,12 @@ class ShardedState:
         self._publish()
 
     def state_bytes(self) -> dict[str, int]:
-        """Bytes of model state this rank holds between iterations, by kind."""
-        params = self.pshard.numel() * self.pshard.element_size()
+        """Bytes of model state this rank holds between iterations, by kind (the lean
+        mode's fp32 master counted as the parameters, as FSDP2's shards are)."""
+        params = self.pshard.untyped_storage().nbytes()
         master = 0 if self.master.data_ptr() == self._os_view.data_ptr() else self.chunk * 4
+        if self.lean:
+            params, master = master, 0
         adam = sum(v.numel() * v.element_size()
                    for v in self.optimizer.state.get(self.master, {}).values())
         return {"params_bytes": params, "grads_bytes": self.grad.numel() * 4,

@@ -285,9 +285,9 @@ def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
                               tp=shape.tp, pp=pp, ep=shape.ep, etp=shape.etp)
     experts = rank_expert_param_count(model, num_layers=num_layers, etp=shape.etp or shape.tp,
                                       ep=shape.ep)
-    states = model_state_bytes(model, params=params, dtype=shape.dtype, sharding=sharding,
-                               tp=shape.tp, pp=pp, expert_params=experts, ep=shape.ep,
-                               etp=shape.etp, master_weights=master_weights, states=states)
+    held = model_state_bytes(model, params=params, dtype=shape.dtype, sharding=sharding,
+                             tp=shape.tp, pp=pp, expert_params=experts, ep=shape.ep,
+                             etp=shape.etp, master_weights=master_weights, states=states)
     return activation_memory(model, device=device, shape=shape, num_layers=num_layers,
                              last=last, recompute=recompute,
-                             layers_in_flight=layers_in_flight).with_states(*states)
+                             layers_in_flight=layers_in_flight).with_states(*held)

@@ -216,11 +216,11 @@ def test_a_checkpoint_of_another_model_is_refused(checkpointed, tmp_path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("kind", ["flat-zero1", "mixed-tp-zero1"])
+@pytest.mark.parametrize("kind", ["flat-zero1", "flat-zero3", "mixed-tp-zero1"])
 def test_bf16_checkpoints_hold_the_fp32_masters(tmp_path, kind):
     """In bf16 the checkpoint holds the fp32 master weights (flat buffers: the optimizer
-    shard's; mixed-tp ZeRO-1: each rank's sub-pieces), so a resume repeats the losses bit
-    for bit."""
+    shard's, at ZeRO-3 the only copy of the parameter shard; mixed-tp ZeRO-1: each rank's
+    sub-pieces), so a resume repeats the losses bit for bit."""
     from dataclasses import replace
 
     from tests.executor.distributed import explicit
@@ -228,6 +228,10 @@ def test_bf16_checkpoints_hold_the_fp32_masters(tmp_path, kind):
     llama = preset("debug-tiny-llama")
     if kind == "flat-zero1":
         plan = homogeneous(llama, world=2, dp=2, mbs=2, gbs=8, sharding=Sharding(optim=2))
+    elif kind == "flat-zero3":  # unequal micro-batch counts: flat buffers, not FSDP2
+        plan = explicit(llama, world=2, sharding=Sharding(params=2, grads=2, optim=2),
+                        pipelines=[(2, 3, [(0, 2, [0], 1, "none")]),
+                                   (1, 2, [(0, 2, [1], 1, "none")])])
     else:
         plan = explicit(llama, world=3, sharding=Sharding(optim=2), pipelines=[
             (2, 3, [(0, 2, [0], 1, "none")]), (2, 1, [(0, 2, [1, 2], 2, "none")])])

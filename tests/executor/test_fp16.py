@@ -100,15 +100,15 @@ def test_unscaling_divides_and_finds_inf_and_nan():
 
 
 # ---- distributed runs ------------------------------------------------------------------
-FP16_KINDS = ["dp2", "dp4-zero2", "dp2xpp2-zero3", "dp2xpp2-zb-h1", "tp2-sp",
-              "mixed-tp-dp2-zero1"]
+FP16_KINDS = ["dp2", "dp4-zero2", "dp2xpp2-zero3", "hetero-dp2-zero3", "dp2xpp2-zb-h1",
+              "tp2-sp", "mixed-tp-dp2-zero1"]
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("kind", FP16_KINDS)
 def test_fp16_plan_matches_one_process(kind, tmp_path):
     """Data parallelism, flat-buffer ZeRO-2, FSDP2 with pipelines and tied embeddings,
-    ZB-H1's split backward, sequence-parallel tp, mixed tp with ZeRO-1: every bucket kind
+    flat-buffer ZeRO-3 (its fp32 master gathered in 16 bits), ZB-H1's split backward, sequence-parallel tp, mixed tp with ZeRO-1: every bucket kind
     and both pipeline paths of the loss scale."""
     plan = _in(PLANS[kind](), "fp16")
     codes, metrics = run_forked(plan, tmp_path, steps=STEPS)
