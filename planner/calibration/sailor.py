@@ -24,7 +24,8 @@ slow Ethernet. Each row becomes a Plan exactly as written:
 * the runs used Sailor's DeepSpeed-based runtime (its repository ships
   deepspeed/pipe_engine.py), so the plans take DeepSpeed's communication
   (`Communication.preset("deepspeed")`: blocking pipeline sends, gradients reduced after
-  the backward in the training dtype), 1F1B, no recomputation;
+  the backward in the training dtype) and its model states (`ModelStates.DEEPSPEED`; in
+  fp32 the same bytes as every framework's), 1F1B, no recomputation;
 * attention is Megatron's unfused softmax between two batched GEMMs (`math`): the runs
   trained in fp32, which fused (flash) attention kernels do not take;
 * GPT-Neo in Megatron-DeepSpeed has no LM-head GEMM (GPTNeoModelPipe ends in a
@@ -64,7 +65,7 @@ from dataclasses import dataclass
 
 from planner.calibration.published import VALIDATION_DIR
 from planner.predict.results import SimResult
-from planner.specs.choices import Recompute
+from planner.specs.choices import ModelStates, Recompute
 from planner.specs.cluster import ClusterSpec, IslandLink, NodeGroup
 from planner.specs.model import ModelSpec
 from planner.specs.plan import (
@@ -220,7 +221,8 @@ def _plan(r: dict[str, str], gpu_names: Mapping[str, tuple[str, ...]]) -> tuple[
                                   num_microbatches=gbs // (mbs * dp)))
     training = Training(global_batch_size=gbs, seq_len=int(r["seq_len"]),
                         dtype=dtype,  # type: ignore[arg-type]  # one of TRAIN_DTYPES
-                        comm=Communication.preset("deepspeed", dtype=dtype))
+                        comm=Communication.preset("deepspeed", dtype=dtype),
+                        model_states=ModelStates.DEEPSPEED)
     plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
                 kernels=Kernels(attention=Attention.MATH))
     try:

@@ -92,3 +92,83 @@ def test_without_master_weights_states_are_sixteen_bit():
     fp32 = WorkloadShape(micro_batch_size=1, seq_len=4096, dtype="fp32")
     assert (stage_memory(m, shape=fp32, master_weights=False, **kw).model_states_bytes
             == pytest.approx(stage_memory(m, shape=fp32, **kw).model_states_bytes))
+
+
+# ---- model-state bytes per parameter as each framework keeps them -------------------------
+def _per_param(states: str, sizes: tuple[int, int, int], dtype: str = "bf16") -> float:
+    from planner.costs.memory import state_bytes_per_param
+    from planner.specs.choices import ModelStates
+
+    return sum(state_bytes_per_param(dtype=dtype, master_weights=True, sizes=sizes,
+                                     states=ModelStates(states)))
+
+
+@pytest.mark.parametrize("d", [1, 2, 8, 64])
+def test_megatron_keeps_18_bytes_6_plus_12_over_d_with_the_distributed_optimizer(d):
+    """Megatron-Core's distributed-optimizer guide (docs.nvidia.com/megatron-core
+    developer-guide, Distributed Optimizer): "bf16 parameters, fp32 gradients: 18"
+    without it, "6 + 12/d" with it (16-bit weights and fp32 main grads whole, fp32 main
+    parameters and Adam's moments over the d data-parallel ranks)."""
+    assert _per_param("fp32_grads", (1, 1, 1)) == 18
+    assert _per_param("fp32_grads", (1, 1, d)) == pytest.approx(6 + 12 / d)
+    # fp32 training: "fp32 parameters, fp32 gradients: 16, 8 + 8/d" (no master copy)
+    assert _per_param("fp32_grads", (1, 1, d), dtype="fp32") == pytest.approx(8 + 8 / d)
+
+
+@pytest.mark.parametrize("k", [2, 8, 128])
+def test_fsdp2_keeps_16_bytes_over_k_its_fp32_shard_being_the_master(k):
+    """torch FSDP2, fully_shard with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=
+    fp32) (torch/distributed/fsdp/_fully_shard/_fsdp_api.py: "FSDP does not require any
+    extra memory to keep a high-precision copy of the parameters for the optimizer step";
+    "The optimizer step uses the sharded parameter in the original dtype"): fp32 parameter
+    shards, fp32 gradient shards, Adam's fp32 moments: (4 + 4 + 8)/k, not Megatron's 18/k
+    (the 16-bit layer gathered for compute is the memory model's `gathered` buffer)."""
+    assert _per_param("fp32_grads", (k, k, k)) == pytest.approx(16 / k)
+    # HSDP / ZeRO-2 on AMSP's nested groups: only P = OS drops the 16-bit copy
+    assert _per_param("fp32_grads", (1, k, k)) == pytest.approx(2 + 16 / k)
+
+
+@pytest.mark.parametrize("nd", [1, 4, 64])
+def test_deepspeed_zero_keeps_16_bytes_2_plus_2_plus_12_each_over_its_stage(nd):
+    """Rajbhandari et al. 2020 (ZeRO) §3 and Figure 1: mixed-precision Adam keeps
+    2Ψ + 2Ψ + KΨ with K = 12 (16-bit parameters and gradients, fp32 parameters, momentum
+    and variance): 16Ψ replicated; P_os 4Ψ + 12Ψ/Nd, P_os+g 2Ψ + 14Ψ/Nd, P_os+g+p 16Ψ/Nd.
+    DeepSpeed 0.19.6 keeps gradients in the model dtype (runtime/engine.py
+    get_data_types: data_types.grad_accum_dtype unset is the model dtype)."""
+    assert _per_param("deepspeed", (1, 1, 1)) == 16
+    assert _per_param("deepspeed", (1, 1, nd)) == pytest.approx(4 + 12 / nd)
+    assert _per_param("deepspeed", (1, nd, nd)) == pytest.approx(2 + 14 / nd)
+    assert _per_param("deepspeed", (nd, nd, nd)) == pytest.approx(16 / nd)
+
+
+def test_the_rule_is_the_plans_and_reaches_the_stage_costs():
+    """`Training.model_states` reaches every stage's memory through `plan_costs`: a ZeRO-3
+    bf16 plan holds 16/k bytes per parameter under fp32_grads and deepspeed alike, and
+    ZeRO-1 differs by DeepSpeed's 16-bit gradients (2 bytes per parameter, whole)."""
+    import dataclasses
+
+    from planner.costs.stages import plan_costs
+    from planner.specs.cluster import ClusterSpec, NodeGroup
+    from planner.specs.layout import ParallelConfig, homogeneous_plan
+
+    m = preset("gpt3-1.3b")
+    cluster = ClusterSpec(name="8x A100", node_groups=(NodeGroup(
+        name="g", gpu="A100-80GB-SXM", num_nodes=1, gpus_per_node=8, nic="infiniband",
+        nics_per_node=8, nic_bandwidth_gbit_per_s=200),)).resolved()
+
+    def states(sharding: Sharding, rule: str) -> tuple[float, float]:
+        cfg = ParallelConfig(tp=1, pp=1, dp=8, mbs=1, gbs=8, seq_len=2048, dtype="bf16",
+                             sharding=sharding)
+        plan = homogeneous_plan(m, cluster, cfg)
+        plan = dataclasses.replace(plan, training=dataclasses.replace(
+            plan.training, model_states=rule))
+        costs = plan_costs(plan).costs[0][0]
+        return costs.memory.model_states_bytes, costs.num_params
+
+    zero3 = Sharding(params=8, grads=8, optim=8)
+    for rule in ("fp32_grads", "deepspeed"):
+        held, n = states(zero3, rule)
+        assert held == pytest.approx(16 * n / 8)
+    megatron, n = states(Sharding(optim=8), "fp32_grads")
+    deepspeed, _ = states(Sharding(optim=8), "deepspeed")
+    assert megatron - deepspeed == pytest.approx(2 * n)
