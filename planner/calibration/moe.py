@@ -4,8 +4,8 @@ The rows (planner/data/validation/moe_throughput.csv, sources in its README) tha
 priced as published: an H100 or H800 cluster (GB200 NVL72 racks and B200/B300 are not
 in this check), the layout complete (tp, pp, ep, cp, dp, gbs, seq; a missing micro-batch
 size is searched over 1, 2, 4 as `published.py` does), a stated training dtype (BF16, or
-FP8 with per-tensor scaling = this project's fp8), a model with a preset, and a
-throughput metric. GPU-hours of whole pre-training runs, MFU figures without their
+FP8 with per-tensor scaling, current or delayed = this project's fp8), a model with a
+preset, and a throughput metric or a step time. GPU-hours of whole pre-training runs, MFU figures without their
 layout and rows with no dtype are left out.
 
 Each row becomes `homogeneous_plan`s in Megatron's rank order with sequence parallelism
@@ -19,7 +19,8 @@ where the note names Megatron's --account-for-embedding-in-pipeline-split /
 --account-for-loss-in-pipeline-split. A row whose recompute is not stated tries none, selective and
 full; the fastest plan that fits is the prediction.
 
-The measured iteration time comes from the row's metric by the source's own FLOP count:
+The measured iteration time is the row's step time where its metric is one (`step_time_s`),
+else it comes from the row's metric by the source's own FLOP count:
 Megatron-LM's / Megatron-Bridge's MoE model FLOPs (active experts, causal attention at
 half: `source_flops_per_token`); NeMo AutoModel does not state its count, so its rows
 are timed by the time per global step its table prints. DeepSeek-V3's MLA is counted as
@@ -47,12 +48,15 @@ from planner.specs.plan import Kernels, Plan
 from planner.specs.rules import ep_problem
 from profiler.schema import SpecError
 
-__all__ = ["MOE_CSV", "moe_cases", "recomputations", "scored_rows", "source_flops_per_token"]
+__all__ = ["MOE_CSV", "measured_s", "moe_cases", "recomputations", "scored_rows",
+           "source_flops_per_token"]
 
 MOE_CSV = os.path.join(VALIDATION_DIR, "moe_throughput.csv")
 _GPUS = {"H100": "H100-80GB-SXM", "H800": "H800-80GB-SXM"}
-_DTYPES = {"BF16": "bf16", "FP8": "fp8", "FP8-CS": "fp8"}
-_METRICS = ("tflops_per_gpu", "model_tflops_per_gpu", "tokens_per_s_per_gpu")
+# Transformer Engine's per-tensor FP8 recipes: current scaling (CS) and delayed scaling (DS,
+# an amax history per tensor); not blockwise, MXFP8 or NVFP4
+_DTYPES = {"BF16": "bf16", "FP8": "fp8", "FP8-CS": "fp8", "FP8-DS": "fp8"}
+_METRICS = ("tflops_per_gpu", "model_tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
 _LAYOUT = ("gpus", "tp", "pp", "ep", "cp", "dp", "gbs", "seq")
 
 
@@ -80,9 +84,13 @@ _STEP_TIME = re.compile(r"step time ([0-9.]+) s")
 
 
 def measured_s(r: dict[str, str], model: ModelSpec) -> float:
-    """The iteration time the row's metric implies; where the source does not state how
-    it counts its FLOPs (NeMo AutoModel) but prints the time per global step, that time
+    """The iteration time the row's metric implies. A row whose metric is the step time
+    (`step_time_s`: the source prints seconds per step, as NVIDIA's DGX Cloud recipes do)
+    is that time; no FLOP count comes between. Where the source does not state how it
+    counts its FLOPs (NeMo AutoModel) but prints the time per global step, that time
     (reading its TFLOP/s by Megatron's count would move it by the difference)."""
+    if r["metric"] == "step_time_s":
+        return float(r["value"])
     stated = _STEP_TIME.search(r["note"])
     if stated and "counting method not stated" in r["flops_counting"]:
         return float(stated.group(1))

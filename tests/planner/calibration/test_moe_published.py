@@ -1,7 +1,13 @@
 """The simulator against published MoE training throughputs (issue 18.5; rows and
 sources: planner/data/validation/moe_throughput.csv and its README)."""
 
-from planner.calibration.moe import moe_cases, score, scored_rows, source_flops_per_token
+from planner.calibration.moe import (
+    measured_s,
+    moe_cases,
+    score,
+    scored_rows,
+    source_flops_per_token,
+)
 from planner.specs.model import preset
 
 
@@ -22,7 +28,8 @@ def test_source_flops_count_causal_attention_at_half():
 
 
 def test_moe_rows_mean_error():
-    # Reached (15.1% over 21 rows, median 10.0%), not the 10% target. The rows run with
+    # Reached (15.1% over the first 21 rows, median 10.0%; 14.7% over 43 with the DGX Cloud
+    # recipes' 22, median 10.5%), not the 10% target. The rows run with
     # what their sources state: Megatron-Core's recompute modules (the long-context rows
     # fit with "layernorm, moe"), the Megatron-Bridge recipes' recompute none; 128k
     # (dp 1, cp 8) fits with the distributed optimizer over dp x cp; DeepSeek-V3 with its
@@ -72,3 +79,38 @@ def test_no_false_does_not_fit():
     s = score()
     assert not s.failed, s.failed
     assert "automodel-qwen3-30b-8" in s.errors
+
+
+def test_dgx_cloud_recipe_rows_are_priced():
+    """NVIDIA/dgxc-benchmarking's H100 rows (README step times with their layouts, sources
+    in the CSV and its README) are read and priced: 22 rows (DeepSeek-V3 3, Qwen3-235B 1,
+    Grok-1 16, Llama 4 Maverick 2); the Grok-1 proxies (fewer layers, no preset) and the
+    GB200 rows are data only. A later change that drops them fails here."""
+    rows = [r for r in scored_rows() if r["id"].startswith("dgxc-")]
+    assert len(rows) == 22, [r["id"] for r in rows]
+    assert {r["model"] for r in rows} == {"deepseek-v3", "qwen3-235b-a22b", "grok-1",
+                                          "llama4-maverick"}
+    cases = {c.id: c for c in moe_cases() if c.id.startswith("dgxc-")}
+    assert len(cases) == 22 and all(c.plans for c in cases.values()), cases.keys()
+    s = score()
+    assert len([k for k in s.errors if k.startswith("dgxc-")]) == 22, s.failed
+
+
+def test_a_printed_step_time_is_the_measurement():
+    # DeepSeek-V3 on 1024 H100 (deepseek_v3/pretraining/README.md): 52.04 s per step,
+    # printed beside 163.7 TFLOPS_per_GPU; the row is timed by the step time, not by a FLOP
+    # count over the TFLOP/s (which would differ by the source's FLOP formula)
+    m = preset("deepseek-v3")
+    row = next(r for r in scored_rows() if r["id"] == "dgxc-dsv3-2505-h100-bf16-1024")
+    assert row["metric"] == "step_time_s"
+    assert measured_s(row, m) == 52.04
+    by_tflops = source_flops_per_token(m, 4096) * 8192 * 4096 / (1024 * 163.7e12)
+    assert 0.03 < 1 - by_tflops / 52.04 < 0.05  # 50.1 s by Megatron-LM's count: 3.7% apart
+
+
+def test_delayed_scaling_fp8_is_priced_as_fp8():
+    # Transformer Engine's delayed scaling keeps one scale per tensor (amax history), as
+    # current scaling does: this project's fp8; Grok-1 FP8 on 512 H100 (NeMo 24.12)
+    cases = {c.id: c for c in moe_cases()}
+    assert {p.training.dtype for p in cases["dgxc-grok1-2412-h100-fp8-512"].plans} == {"fp8"}
+    assert {p.training.dtype for p in cases["dgxc-grok1-2412-h100-bf16-512"].plans} == {"bf16"}
