@@ -11,10 +11,17 @@ Two datasets (planner/data/validation, see its README for sources):
   recompute, 1F1B, Megatron's fused-softmax (unfused) attention, and gradients reduced
   after the backward pass (their configs set use_gradient_bucket false).
 
-    python -m planner.calibration.published [--by tp,mbs,hidden ...]
+* held out: NVIDIA's DGX Cloud benchmarking recipes (NVIDIA/dgxc-benchmarking, 2024-25),
+  212 dense pre-training step times on H100 and GB200 (Llama 3.1 8B/70B/405B, Nemotron-4
+  15B/340B, GPT-3 175B; NeMo, BF16 and per-tensor FP8), dgxc_dense.csv in
+  published_visible.csv's columns; nothing was fitted to them. Every row is timed even where
+  the memory model calls the run out of memory (they ran), and those rows are counted.
 
-prints both datasets' errors and the vTrain error grouped by what its rows share
-(`vtrain_groups`), which is where a mechanism the model lacks shows first.
+    python -m planner.calibration.published [--by tp,mbs,hidden ...] [--dgxc-by gpu,tp ...] [-v]
+
+prints the datasets' errors, the vTrain error grouped by what its rows share
+(`vtrain_groups`), which is where a mechanism the model lacks shows first, and the held-out
+DGX Cloud error grouped by GPU, dtype, model and NeMo generation (`dgxc_groups`; -v: per row).
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ from planner.specs.plan import Kernels, Plan
 from profiler.kernels import Attention
 from profiler.schema import SpecError
 
-__all__ = ["VTRAIN_FIELDS", "Case", "ErrorSummary", "GroupError", "LayerCase",
+__all__ = ["DGXC_FIELDS", "VTRAIN_FIELDS", "Case", "ErrorSummary", "GroupError", "LayerCase",
+           "dgxc_cases", "dgxc_groups", "dgxc_rows", "dgxc_summary", "does_not_fit",
            "korthikanti_layer_cases", "layer_errors", "main", "published_cases", "summarize",
            "vtrain_cases", "vtrain_groups", "vtrain_rows"]
 
@@ -63,13 +71,22 @@ class ErrorSummary:
     errors: dict[str, float]  # case id -> signed relative error
 
 
+# Settings a row's `note` may state, in the words of the run's configuration (the CSV's
+# columns stay those of published_visible.csv): Megatron-Core's pipeline-split accounting and
+# a model trained without dropout (ModelSpec's default is Megatron-LM's 0.1).
+EMBEDDING_IN_SPLIT = "--account-for-embedding-in-pipeline-split"
+LOSS_IN_SPLIT = "--account-for-loss-in-pipeline-split"
+NO_DROPOUT = "no dropout"
+
+
 def _published_model(r: dict) -> ModelSpec:
     swiglu = int(r["ffn"]) != 4 * int(r["hidden"])
     return ModelSpec(name=r["model"], num_layers=int(r["layers"]), hidden_size=int(r["hidden"]),
                      ffn_hidden_size=int(r["ffn"]), num_heads=int(r["heads"]),
                      num_kv_heads=int(r["kv_heads"] or r["heads"]), vocab_size=int(r["vocab"]),
                      seq_len=int(r["seq"]), activation="swiglu" if swiglu else "gelu",
-                     norm="rmsnorm" if swiglu else "layernorm")
+                     norm="rmsnorm" if swiglu else "layernorm",
+                     dropout=NO_DROPOUT not in r.get("note", ""))
 
 
 def published_measured_s(r: dict) -> float:
@@ -114,11 +131,13 @@ def _csv_rows(path: str) -> list[dict[str, str]]:
 
 
 def published_cases(path: str | None = None) -> list[Case]:
+    """The rows of a CSV in published_visible.csv's columns (default that file) as Cases."""
     rows = _csv_rows(path or os.path.join(VALIDATION_DIR, "published_visible.csv"))
     cases = []
     for r in rows:
         model = _published_model(r)
         dp = int(r["dp"])
+        note = r.get("note", "")
         plans = []
         for mbs in ([int(r["mbs"])] if r["mbs"] else [1, 2, 4, 8]):
             if int(r["gbs"]) % (mbs * dp):
@@ -128,13 +147,29 @@ def published_cases(path: str | None = None) -> list[Case]:
                 vp=int(r["vp"] or 1), mbs=mbs, gbs=int(r["gbs"]), seq_len=int(r["seq"]),
                 recompute=Recompute(r["recompute"]), sequence_parallel=r["seq_par"] == "1",
                 sharding=sharding_preset(r["sharding"] or "none", dp * int(r["cp"] or 1)),
-                dtype=r["dtype"])  # type: ignore[arg-type]  # a published dtype name
+                dtype=r["dtype"],  # type: ignore[arg-type]  # a published dtype name
+                embedding_in_pipeline_split=EMBEDDING_IN_SPLIT in note,
+                loss_in_pipeline_split=LOSS_IN_SPLIT in note)
             plan = _try_plan(model, f"{r['gpu']}:{r['gpus']}", cfg,
                              Kernels(attention=Attention(r["attention"])))
             if plan is not None:
                 plans.append(plan)
         cases.append(Case(r["id"], tuple(plans), published_measured_s(r)))
     return cases
+
+
+DGXC_DENSE = os.path.join(VALIDATION_DIR, "dgxc_dense.csv")
+
+
+def dgxc_cases(path: str | None = None) -> list[Case]:
+    """NVIDIA DGX Cloud benchmarking recipes' dense pre-training rows (dgxc_dense.csv, a
+    held-out set: nothing in the cost model was fitted to it), converted as the published
+    rows are."""
+    return published_cases(path or DGXC_DENSE)
+
+
+def dgxc_rows(path: str | None = None) -> list[dict[str, str]]:
+    return _csv_rows(path or DGXC_DENSE)
 
 
 # the columns of vtrain_single_node_a100.csv, in order, before the measured time
@@ -172,13 +207,55 @@ def vtrain_cases(path: str | None = None) -> list[Case]:
 class GroupError:
     """The signed relative errors of the rows sharing one value of the grouping fields."""
 
-    key: tuple[int, ...]
+    key: tuple[int | str, ...]
     count: int
     mean: float  # signed: negative = predicted too fast
     mape: float
     low: float
     high: float
     share: float  # this group's part of the whole set's MAPE (sum |err| / all rows)
+
+
+def _sort_key(key: tuple[int | str, ...]) -> tuple[tuple[int, int, str], ...]:
+    return tuple((1, 0, v) if isinstance(v, str) else (0, v, "") for v in key)
+
+
+def _group(errors: dict[str, float], keys: dict[str, tuple[int | str, ...]]) -> list[GroupError]:
+    groups: dict[tuple[int | str, ...], list[float]] = {}
+    for case_id, key in keys.items():
+        e = errors.get(case_id)
+        if e is not None:
+            groups.setdefault(key, []).append(e)
+    total = len(errors)
+    return [GroupError(key, len(v), statistics.mean(v), statistics.mean(abs(e) for e in v),
+                       min(v), max(v), sum(abs(e) for e in v) / total)
+            for key, v in sorted(groups.items(), key=lambda kv: _sort_key(kv[0]))]
+
+
+def dgxc_framework(r: dict[str, str]) -> str:
+    """Which NeMo the row ran: the NeMo 2.0 recipes (NeMo-Run, 2025) or the NeMo
+    Framework Launcher's Hydra configs (2024)."""
+    return "NeMo 2.0" if "NeMo 2.0" in r["note"] else "NeMo launcher"
+
+
+DGXC_FIELDS: dict[str, Callable[[dict[str, str]], int | str]] = {
+    "gpu": lambda r: r["gpu"],
+    "dtype": lambda r: r["dtype"],
+    "model": lambda r: r["model"].split("-proxy")[0],
+    "framework": dgxc_framework,
+    "tp": lambda r: int(r["tp"]),
+}
+
+
+def dgxc_groups(errors: dict[str, float], by: tuple[str, ...],
+                path: str | None = None) -> list[GroupError]:
+    """The held-out DGX Cloud rows' errors grouped by `DGXC_FIELDS` (gpu, dtype, model,
+    framework, tp), sorted by key."""
+    unknown = [f for f in by if f not in DGXC_FIELDS]
+    if unknown:
+        raise ValueError(f"unknown DGX Cloud field(s) {unknown}; choose from {tuple(DGXC_FIELDS)}")
+    return _group(errors, {r["id"]: tuple(DGXC_FIELDS[f](r) for f in by)
+                           for r in dgxc_rows(path)})
 
 
 def vtrain_groups(errors: dict[str, float], by: tuple[str, ...],
@@ -188,15 +265,8 @@ def vtrain_groups(errors: dict[str, float], by: tuple[str, ...],
     unknown = [f for f in by if f not in VTRAIN_FIELDS]
     if unknown:
         raise ValueError(f"unknown vTrain field(s) {unknown}; choose from {VTRAIN_FIELDS}")
-    groups: dict[tuple[int, ...], list[float]] = {}
-    for i, (r, _) in enumerate(vtrain_rows(path)):
-        e = errors.get(f"vtrain-{i:04d}")
-        if e is not None:
-            groups.setdefault(tuple(r[f] for f in by), []).append(e)
-    total = len(errors)
-    return [GroupError(key, len(v), statistics.mean(v), statistics.mean(abs(e) for e in v),
-                       min(v), max(v), sum(abs(e) for e in v) / total)
-            for key, v in sorted(groups.items())]
+    return _group(errors, {f"vtrain-{i:04d}": tuple(r[f] for f in by)
+                           for i, (r, _) in enumerate(vtrain_rows(path))})
 
 
 @dataclass(frozen=True)
@@ -246,20 +316,31 @@ def layer_errors(cases: Iterable[LayerCase]) -> dict[str, float]:
     return out
 
 
-def predict_s(case: Case, simulate: Callable[[Plan], SimResult]) -> float | None:
-    """The fastest fitting candidate's predicted iteration time (None if none fits)."""
+def predict_s(case: Case, simulate: Callable[[Plan], SimResult], *,
+              require_fit: bool = True) -> float | None:
+    """The fastest fitting candidate's predicted iteration time (None if none fits). With
+    `require_fit` False a candidate the memory model rejects is timed too: the held-out
+    rows are runs that did fit, so their time is scored whatever the memory model says
+    (`does_not_fit` lists those rows)."""
     times = []
     for plan in case.plans:
         r = simulate(plan)
-        if r.fits:
+        if r.fits or not require_fit:
             times.append(r.iteration_time_s)
     return min(times) if times else None
 
 
-def summarize(cases: Iterable[Case], simulate: Callable[[Plan], SimResult]) -> ErrorSummary:
+def does_not_fit(cases: Iterable[Case], simulate: Callable[[Plan], SimResult]) -> list[str]:
+    """The cases none of whose plans fits in memory by the model (a measured run that the
+    memory model calls out of memory)."""
+    return [c.id for c in cases if not any(simulate(p).fits for p in c.plans)]
+
+
+def summarize(cases: Iterable[Case], simulate: Callable[[Plan], SimResult], *,
+              require_fit: bool = True) -> ErrorSummary:
     errors, failed = {}, []
     for case in cases:
-        predicted = predict_s(case, simulate)
+        predicted = predict_s(case, simulate, require_fit=require_fit)
         if predicted is None:
             failed.append(case.id)
             continue
@@ -275,6 +356,23 @@ def _print_summary(name: str, s: ErrorSummary) -> None:
           f"max {100 * s.max_abs:.2f}% ({s.count} rows, {len(s.failed)} failed)")
 
 
+def _print_groups(title: str, by: tuple[str, ...], groups: list[GroupError]) -> None:
+    print(f"{title} by {', '.join(by)}: rows, mean signed error, MAPE, range, "
+          "share of the set's MAPE")
+    for g in groups:
+        key = " ".join(f"{f} {v}" for f, v in zip(by, g.key, strict=True))
+        print(f"  {key:36s} {g.count:5d}  {100 * g.mean:+6.1f}%  {100 * g.mape:5.1f}%  "
+              f"[{100 * g.low:+6.1f}, {100 * g.high:+6.1f}]  {100 * g.share:5.2f}")
+
+
+def dgxc_summary(simulate: Callable[[Plan], SimResult],
+                 path: str | None = None) -> tuple[ErrorSummary, list[str]]:
+    """The held-out DGX Cloud rows: every row timed (fitting or not, see `predict_s`), and
+    the rows the memory model calls out of memory."""
+    cases = dgxc_cases(path)
+    return summarize(cases, simulate, require_fit=False), does_not_fit(cases, simulate)
+
+
 def main(argv: list[str] | None = None) -> int:
     from planner.simulator import simulate
 
@@ -284,18 +382,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--by", nargs="*", default=["tp", "pp", "dp", "mbs", "hidden", "layers",
                                                  "tp,mbs,hidden"],
                     help=f"vTrain groupings, comma-separated fields of {VTRAIN_FIELDS}")
+    ap.add_argument("--dgxc-by", nargs="*", default=["gpu", "dtype", "model", "framework",
+                                                     "gpu,tp", "gpu,dtype"],
+                    help="DGX Cloud groupings, comma-separated fields of "
+                         f"{tuple(DGXC_FIELDS)}")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="print every DGX Cloud row's signed error")
     args = ap.parse_args(argv)
     _print_summary("published rows (in process)", summarize(published_cases(), simulate))
     vt = summarize(vtrain_cases(), simulate)
     _print_summary("vTrain single-node A100", vt)
     for fields in args.by:
         by = tuple(fields.split(","))
-        print(f"vTrain by {', '.join(by)}: rows, mean signed error, MAPE, range, "
-              "share of the set's MAPE")
-        for g in vtrain_groups(vt.errors, by):
-            key = " ".join(f"{f} {v}" for f, v in zip(by, g.key, strict=True))
-            print(f"  {key:28s} {g.count:5d}  {100 * g.mean:+6.1f}%  {100 * g.mape:5.1f}%  "
-                  f"[{100 * g.low:+6.1f}, {100 * g.high:+6.1f}]  {100 * g.share:5.2f}")
+        _print_groups("vTrain", by, vtrain_groups(vt.errors, by))
+    dg, oom = dgxc_summary(simulate)
+    _print_summary("DGX Cloud recipes (held out)", dg)
+    print(f"  {len(oom)} of these runs the memory model calls out of memory (timed all the same)"
+          + (f": {', '.join(oom)}" if args.verbose else ""))
+    for fields in args.dgxc_by:
+        by = tuple(fields.split(","))
+        _print_groups("DGX Cloud", by, dgxc_groups(dg.errors, by))
+    if args.verbose:
+        measured = {c.id: c.measured_s for c in dgxc_cases()}
+        for case_id, e in dg.errors.items():
+            print(f"  {case_id:52s} measured {measured[case_id]:8.3f}s  err {100 * e:+6.1f}%")
     return 0
 
 
