@@ -125,6 +125,92 @@ def _gemm(name: str, m: int, n: int, k: int, elem: int, batch: int = 1, kernels:
               (batch, m, n, k), kernels, low_precision=low_precision)
 
 
+@dataclass(frozen=True)
+class _Linear:
+    """A linear layer's GEMM and the work Transformer Engine runs around it: under fp8 the
+    quantization of its inputs (`_linear`), before the GEMM in `forward` and before its
+    dgrad and wgrad in `backward`; otherwise the GEMM alone."""
+
+    gemm: Op
+    forward: tuple[Op, ...]
+    backward: tuple[Op, ...]
+
+
+def _quantize(name: str, elements: float, reads: float, writes: float, kernels: int) -> Op:
+    """A Transformer Engine quantization kernel over `elements` values: `reads` and
+    `writes` bytes per value; scaling and the amax it records: 2 FLOPs per value."""
+    return Op(name, "elementwise", 2.0 * elements, elements * (reads + writes),
+              (int(elements),), kernels)
+
+
+def _linear(gemm: Op, w: WorkloadShape, *, source: Literal["cast", "norm"] = "cast",
+            gather_in: int = 1, gather_grad: int = 1) -> _Linear:
+    """A low-precision GEMM with the FP8 quantization of its operands as Transformer
+    Engine runs it under delayed per-tensor scaling (this project's fp8), with
+    Megatron-Core's TE layer spec. Per value of the GEMM's input X [m, k] and of its
+    output gradient dY [m, n] (all `batch` groups of a GroupedLinear in one launch:
+    `fused_multi_quantize`, TE 2.x grouped_linear.py; `fp8_multi_cast_transpose_fused`,
+    TE 1.x):
+
+    * X from a plain Linear / GroupedLinear input (`source` "cast"): one fused
+      cast + transpose, read bf16 (2 B), write the FP8 copy and its transpose for wgrad
+      (1 + 1 B) (`fp8_cast_transpose_fused`, TE 1.x linear.py; the input quantizer's
+      rowwise + columnwise usage, TE 2.x). The amax is taken in the same pass: delayed
+      scaling reads its scale from the amax history (TE docs, "FP8 Delayed Scaling": one
+      tensor read per quantization, against two for current scaling).
+    * X from a norm fused into the linear (`source` "norm": TE LayerNormLinear,
+      Megatron's TELayerNormColumnParallelLinear): the norm kernel writes FP8 itself
+      (`layernorm_fwd` / `rmsnorm_fwd` use the fused kernel for FP8 delayed scaling,
+      csrc/extensions/normalization.cpp; the norm op's 1-byte write is the caller's); its
+      transpose for wgrad is a separate kernel, read 1 B, write 1 B, in backward
+      (`tex.fp8_transpose(ln_out_total)`, TE 1.x layernorm_linear.py).
+    * X all-gathered over `gather_in` tp ranks by TE (column-parallel with sequence
+      parallelism): cast rowwise before the gather on the rank's own rows (2 B read,
+      1 B written), and transposed after the gather again in backward (1 + 1 B, on all
+      m rows) (`cast_to_fp8` when `sequence_parallel`, TE 1.x linear.py; FP8 Float8
+      tensors gather rowwise only, TE 2.x `supports_only_rowwise_all_gather`).
+    * dY: one fused cast + transpose, 2 B read, 1 + 1 B written (`grad_output_preprocess`,
+      TE 1.x module/base.py: `fp8_cast_transpose_fused`); where TE all-gathers it over
+      `gather_grad` ranks (row-parallel with sequence parallelism) a cast of the rank's
+      own rows, the FP8 gather, and a transpose of all m rows (`cast_to_fp8`,
+      `gather_along_first_dim`, `tex.fp8_transpose`): two launches.
+
+    Not here: the weights' casts (once per step, on the first micro-batch:
+    `is_first_microbatch`, Megatron's `set_is_first_microbatch`; cached for the rest),
+    the amax reduction and scale update (one small all-reduce and one fused kernel per
+    autocast region and pass), and the halved bytes of TE's FP8 all-gathers."""
+    if w.dtype != DType.FP8.value or not gemm.low_precision:
+        return _Linear(gemm, (gemm,), _backward_of(gemm))
+    batch, m, n, k = gemm.shape
+    rows = batch * m
+    forward: list[Op] = []
+    backward: list[Op] = []
+    x, dy = rows * k, rows * n
+    if source == "norm":
+        backward.append(_quantize(gemm.name + ".fp8_transpose_x", x, 1, 1, 1))
+    elif gather_in > 1:
+        forward.append(_quantize(gemm.name + ".fp8_cast_x", x / gather_in, 2, 1, 1))
+        backward.append(_quantize(gemm.name + ".fp8_transpose_x", x, 1, 1, 1))
+    else:
+        forward.append(_quantize(gemm.name + ".fp8_cast_x", x, 2, 2, 1))
+    if gather_grad > 1:
+        backward.insert(0, Op(gemm.name + ".fp8_cast_dy", "elementwise", 2.0 * dy,
+                              dy / gather_grad * 3 + dy * 2, (int(dy),), 2))
+    else:
+        backward.insert(0, _quantize(gemm.name + ".fp8_cast_dy", dy, 2, 2, 1))
+    return _Linear(gemm, (*forward, gemm), (*backward, *_backward_of(gemm)))
+
+
+def _fp8_norm_output(norm: Op, w: WorkloadShape, share: float = 1.0) -> Op:
+    """A norm fused into the linear layer after it (TE LayerNormLinear) under fp8: the
+    kernel writes its output in FP8, 1 B a value instead of 2 (`_linear`, source
+    "norm"), on `share` of the layers; its backward is unchanged (bf16 gradients)."""
+    if w.dtype != DType.FP8.value or share == 0.0:
+        return norm
+    backward = 1.5 * norm.bytes if norm.backward_bytes is None else norm.backward_bytes
+    return replace(norm, bytes=norm.bytes - share * norm.shape[0], backward_bytes=backward)
+
+
 def _elementwise(name: str, elements: float, elem: int, *, reads: float, writes: float,
                  flops_per_elem: float = 1.0, kernels: int = 1,
                  backward_kernels: int | None = None,
@@ -239,18 +325,21 @@ class _Ffn:
     modules: tuple[tuple[str, tuple[Work, ...], float], ...] = ()
 
 
-def _mlp_ops(prefix: str, model: ModelSpec, *, tokens: float, ffn_local: int, elem: int,
-             linear: int, batch: int = 1) -> tuple[Op, Op, Op, float]:
+def _mlp_ops(prefix: str, model: ModelSpec, w: WorkloadShape, *, tokens: float,
+             ffn_local: int, elem: int, linear: int, batch: int = 1,
+             fc1_source: Literal["cast", "norm"] = "cast", tp_gather: int = 1
+             ) -> tuple[_Linear, Op, _Linear, float]:
     """fc1, activation, fc2 of an MLP (or of `batch` experts at once: a grouped GEMM of
     `tokens` rows each) and the bytes they keep for backward: the fc1 input is the
     block's, counted by the caller; gate and up for the activation's backward, its
-    output as fc2's input."""
+    output as fc2's input. `fc1_source` and `tp_gather` (the tp ranks TE gathers fc1's
+    input and fc2's output gradient over) place their FP8 quantization (`_linear`)."""
     rows = int(math.ceil(tokens))
     width = ffn_local * (2 if model.activation == "swiglu" else 1)
-    fc1 = _gemm(f"{prefix}.fc1", rows, width, model.hidden_size, linear, batch=batch,
-                low_precision=True)
-    fc2 = _gemm(f"{prefix}.fc2", rows, model.hidden_size, ffn_local, linear, batch=batch,
-                low_precision=True)
+    fc1 = _linear(_gemm(f"{prefix}.fc1", rows, width, model.hidden_size, linear, batch=batch,
+                        low_precision=True), w, source=fc1_source, gather_in=tp_gather)
+    fc2 = _linear(_gemm(f"{prefix}.fc2", rows, model.hidden_size, ffn_local, linear,
+                        batch=batch, low_precision=True), w, gather_grad=tp_gather)
     elements = batch * rows * ffn_local
     if model.activation == "swiglu":
         act = _elementwise(f"{prefix}.swiglu", elements, elem, reads=2, writes=1,
@@ -270,12 +359,14 @@ def _ffn_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     elem = DType(w.dtype).element_bytes
     linear = DType(w.dtype).gemm_operand_bytes
     n = w.micro_batch_size * w.seq_len // w.cp
-    fc1, act, fc2, saved = _mlp_ops("mlp", model, tokens=n,
+    # fc1 is TE's LayerNormLinear with the pre-MLP norm (TELayerNormColumnParallelLinear)
+    fc1, act, fc2, saved = _mlp_ops("mlp", model, w, tokens=n,
                                     ffn_local=model.ffn_hidden_size // w.tp, elem=elem,
-                                    linear=linear)
-    forward: tuple[Work, ...] = (*mlp_in, fc1, act, fc2, *mlp_out)
+                                    linear=linear, fc1_source="norm",
+                                    tp_gather=w.tp if w.sequence_parallel else 1)
+    forward: tuple[Work, ...] = (*mlp_in, *fc1.forward, act, *fc2.forward, *mlp_out)
     dense = _Ffn(forward,
-                 (*mlp_out_bwd, *_backward_of(fc2), *_backward_of(act), *_backward_of(fc1),
+                 (*mlp_out_bwd, *fc2.backward, *_backward_of(act), *fc1.backward,
                   *mlp_in_bwd), saved, (("mlp", forward, saved),))
     share = model.moe_layer_fraction
     if share == 0.0:
@@ -371,7 +462,9 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     combine = Comm("moe.combine", "all_to_all", routed * h * elem, "ep", *dedup)
     tp_in, tp_out, tp_in_bwd, tp_out_bwd = _expert_tp_comms(
         computed * h * elem if etp > 1 else 0.0, sequence_parallel=w.sequence_parallel)
-    fc1, act, fc2, saved = _mlp_ops("moe.expert", model, tokens=computed / local,
+    # TEGroupedLinear experts: TE quantizes each GEMM's input and output gradient for all
+    # local experts at once; the dispatcher, not TE, moves the tokens (no TE gathers)
+    fc1, act, fc2, saved = _mlp_ops("moe.expert", model, w, tokens=computed / local,
                                     ffn_local=model.expert_ffn // etp, elem=elem, linear=linear,
                                     batch=local)
     # kept: router probabilities (fp32), the permuted tokens (fc1's input) and their
@@ -390,23 +483,27 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     sync = w.dispatcher == "alltoall" and not model.pad_to_capacity
     record: tuple[Work, ...] = (HostSync("moe.tokens_per_expert.d2h", "record"),) if sync else ()
     wait: tuple[Work, ...] = (HostSync("moe.tokens_per_expert.sync", "wait"),) if sync else ()
-    forward: list[Work] = [router, topk, *record, permute, *wait, *send, *tp_in, fc1, act,
-                           fc2, *tp_out, *back, unpermute]
-    backward: list[Work] = [*_backward_of(unpermute), *back, *tp_out_bwd, *_backward_of(fc2),
-                            *_backward_of(act), *_backward_of(fc1), *tp_in_bwd, *send,
+    forward: list[Work] = [router, topk, *record, permute, *wait, *send, *tp_in,
+                           *fc1.forward, act, *fc2.forward, *tp_out, *back, unpermute]
+    backward: list[Work] = [*_backward_of(unpermute), *back, *tp_out_bwd, *fc2.backward,
+                            *_backward_of(act), *fc1.backward, *tp_in_bwd, *send,
                             *_backward_of(permute), *_backward_of(topk), *_backward_of(router)]
     # moe_act: fc2's input is dropped and the activation run again (with fp8, Megatron
-    # has fc2 save its bf16 input for this, `set_save_original_input`, then drops it)
+    # has fc2 save its bf16 input for this, `set_save_original_input`, then drops it, and
+    # TE quantizes the recomputed input again for wgrad: fc2's input cast)
     modules: list[tuple[str, tuple[Work, ...], float]] = [
-        ("moe_act", (act,), float(act.shape[0] * linear))]
+        ("moe_act", (act, *fc2.forward[:-1]), float(act.shape[0] * linear))]
     if model.num_shared_experts:
-        s1, s_act, s2, s_saved = _mlp_ops("moe.shared", model, tokens=n,
+        # a dense MLP of TE Linears on the normed hidden state (TENorm: not fused); with
+        # sequence parallelism TE gathers fc1's input and fc2's output gradient
+        s1, s_act, s2, s_saved = _mlp_ops("moe.shared", model, w, tokens=n,
                                           ffn_local=model.shared_ffn // t, elem=elem,
-                                          linear=linear)
-        shared: tuple[Work, ...] = (*mlp_in, s1, s_act, s2, *mlp_out)
+                                          linear=linear,
+                                          tp_gather=t if w.sequence_parallel else 1)
+        shared: tuple[Work, ...] = (*mlp_in, *s1.forward, s_act, *s2.forward, *mlp_out)
         forward.extend(shared)
-        backward[:0] = (*mlp_out_bwd, *_backward_of(s2), *_backward_of(s_act),
-                        *_backward_of(s1), *mlp_in_bwd)
+        backward[:0] = (*mlp_out_bwd, *s2.backward, *_backward_of(s_act),
+                        *s1.backward, *mlp_in_bwd)
         saved += s_saved
         modules.append(("shared_experts", shared, s_saved))
     # moe: the whole block again, its all-to-alls too (MoELayer checkpoints router,
@@ -452,10 +549,15 @@ def _mla_projections(model: ModelSpec, w: WorkloadShape, hidden_in: tuple[Comm, 
     rope, kv_rank, q_rank = model.qk_rope_head_dim, model.kv_lora_rank, model.q_lora_rank or 0
     nope = qk - rope
     latents = q_rank + kv_rank
-    kv_down = _gemm("attn.kv_down", n_sp, kv_rank + rope, h, linear, low_precision=True)
-    norm = _elementwise("attn.latent_norm", n_sp * latents, elem, reads=1.5, writes=1,
-                        flops_per_elem=5, kernels=2 if q_rank else 1, backward_kernels=4
-                        if q_rank else 2)
+    # the down-projections are TE Linears on the input norm's bf16 output (TENorm), each
+    # quantizing it; the latents' norms are fused into the up-projections
+    # (TELayerNormColumnParallelLinear), which TE gathers under sequence parallelism
+    gather_up = t if w.sequence_parallel else 1
+    kv_down = _linear(_gemm("attn.kv_down", n_sp, kv_rank + rope, h, linear,
+                            low_precision=True), w)
+    norm = _fp8_norm_output(_elementwise(
+        "attn.latent_norm", n_sp * latents, elem, reads=1.5, writes=1, flops_per_elem=5,
+        kernels=2 if q_rank else 1, backward_kernels=4 if q_rank else 2), w)
     gather: list[Comm] = []
     gather_bwd: list[Comm] = []
     if t > 1 and w.sequence_parallel:
@@ -469,7 +571,8 @@ def _mla_projections(model: ModelSpec, w: WorkloadShape, hidden_in: tuple[Comm, 
         gather_bwd = [Comm(name + ".bwd", "all_reduce", n * width * elem, "tp")
                       for name, width in (("attn.q_latent", q_rank), ("attn.kv_latent", kv_rank))
                       if width]
-    kv_up = _gemm("attn.kv_up", n, heads * (nope + v), kv_rank, linear, low_precision=True)
+    kv_up = _linear(_gemm("attn.kv_up", n, heads * (nope + v), kv_rank, linear,
+                          low_precision=True), w, source="norm", gather_in=gather_up)
     # Megatron's fused MLA rope (megatron/core/fusions/fused_mla_yarn_rope_apply.py):
     # Q's rotary part rotated in place; K (the rotary key broadcast to every head) and V
     # written from the K/V up-projection, contiguous for the attention kernel
@@ -478,19 +581,24 @@ def _mla_projections(model: ModelSpec, w: WorkloadShape, hidden_in: tuple[Comm, 
                            reads=(heads * (rope + nope + v) + rope) / written, writes=1,
                            flops_per_elem=1, kernels=2)
     if q_rank:
-        q_down = _gemm("attn.q_down", n_sp, q_rank, h, linear, low_precision=True)
-        q_up = _gemm("attn.q_up", n, heads * qk, q_rank, linear, low_precision=True)
-        forward: tuple[Work, ...] = (q_down, kv_down, norm, *gather, q_up, kv_up, rope_op)
+        q_down = _linear(_gemm("attn.q_down", n_sp, q_rank, h, linear, low_precision=True), w)
+        q_up = _linear(_gemm("attn.q_up", n, heads * qk, q_rank, linear, low_precision=True),
+                       w, source="norm", gather_in=gather_up)
+        forward: tuple[Work, ...] = (*q_down.forward, *kv_down.forward, norm, *gather,
+                                     *q_up.forward, *kv_up.forward, rope_op)
         backward: tuple[Work, ...] = (
-            *_backward_of(rope_op), *_backward_of(kv_up), *_backward_of(q_up), *gather_bwd,
-            *_backward_of(norm), *_backward_of(kv_down), *_backward_of(q_down))
-        up: tuple[Work, ...] = (q_up, kv_up, rope_op)
+            *_backward_of(rope_op), *kv_up.backward, *q_up.backward, *gather_bwd,
+            *_backward_of(norm), *kv_down.backward, *q_down.backward)
+        up: tuple[Work, ...] = (*q_up.forward, *kv_up.forward, rope_op)
     else:
-        q_proj = _gemm("attn.q_proj", n, heads * qk, h, linear, low_precision=True)
-        forward = (kv_down, norm, *gather, *hidden_in, q_proj, kv_up, rope_op)
-        backward = (*_backward_of(rope_op), *_backward_of(kv_up), *_backward_of(q_proj),
-                    *hidden_in_bwd, *gather_bwd, *_backward_of(norm), *_backward_of(kv_down))
-        up = (q_proj, kv_up, rope_op)
+        # Q from a column-parallel TE Linear on the gathered hidden state
+        q_proj = _linear(_gemm("attn.q_proj", n, heads * qk, h, linear, low_precision=True),
+                         w, gather_in=gather_up)
+        forward = (*kv_down.forward, norm, *gather, *hidden_in, *q_proj.forward,
+                   *kv_up.forward, rope_op)
+        backward = (*_backward_of(rope_op), *kv_up.backward, *q_proj.backward,
+                    *hidden_in_bwd, *gather_bwd, *_backward_of(norm), *kv_down.backward)
+        up = (*q_proj.forward, *kv_up.forward, rope_op)
     # kept: the latents before their norm (its backward) and after it (the
     # up-projections' inputs, the rank's own tokens: TE gathers them again for wgrad)
     saved = n_sp * latents * (elem + linear)
@@ -554,24 +662,31 @@ def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
     mlp_in, mlp_in_bwd = block_in("mlp.allgather")
     mlp_out, mlp_out_bwd = block_out("mlp.reduce")
     attn_norm, mlp_norm = norm("attn.norm"), norm("mlp.norm")
+    # the pre-MLP norm is fused into fc1 in dense layers only (an MoE layer's is a TENorm
+    # whose bf16 output the router and the dispatch take)
+    mlp_norm = _fp8_norm_output(mlp_norm, w, 1.0 - model.moe_layer_fraction)
     if model.is_mla:
         qkv = _mla_projections(model, w, attn_in, attn_in_bwd)
     else:
-        # The QKV GEMM brings its bias add and the copies that split heads (4 launches).
-        fused = _gemm("attn.qkv", n, (q_heads + 2 * kv_heads) * d, h, linear, kernels=4,
-                      low_precision=True)
-        qkv = _Projections((*attn_in, fused), (*_backward_of(fused), *attn_in_bwd))
-    proj = _gemm("attn.proj", n, h, q_heads * model.head_dim_v, linear, low_precision=True)
+        # The QKV GEMM brings its bias add and the copies that split heads (4 launches);
+        # with the input norm fused (TELayerNormColumnParallelLinear)
+        fused = _linear(_gemm("attn.qkv", n, (q_heads + 2 * kv_heads) * d, h, linear,
+                              kernels=4, low_precision=True), w, source="norm",
+                        gather_in=t if w.sequence_parallel else 1)
+        qkv = _Projections((*attn_in, *fused.forward), (*fused.backward, *attn_in_bwd))
+        attn_norm = _fp8_norm_output(attn_norm, w)
+    proj = _linear(_gemm("attn.proj", n, h, q_heads * model.head_dim_v, linear,
+                         low_precision=True), w, gather_grad=t if w.sequence_parallel else 1)
     ffn = _ffn_block(model, w, mlp_in, mlp_in_bwd, mlp_out, mlp_out_bwd)
     attn_res, mlp_res = residual("attn.residual"), residual("mlp.residual")
     forward: tuple[Work, ...] = (
-        attn_norm, *qkv.forward, *cp_comm, *core, proj, *attn_out, attn_res,
+        attn_norm, *qkv.forward, *cp_comm, *core, *proj.forward, *attn_out, attn_res,
         mlp_norm, *ffn.forward, mlp_res,
     )
     core_bwd = [b for op in reversed(core) for b in _backward_of(op)]
     backward: tuple[Work, ...] = (
         *_backward_of(mlp_res), *ffn.backward, *_backward_of(mlp_norm),
-        *_backward_of(attn_res), *attn_out_bwd, *_backward_of(proj), *core_bwd, *cp_comm,
+        *_backward_of(attn_res), *attn_out_bwd, *proj.backward, *core_bwd, *cp_comm,
         *qkv.backward, *_backward_of(attn_norm),
     )
     saved, core_bytes, norm_out_bytes = _saved_activation_bytes(
