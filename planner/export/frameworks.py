@@ -15,7 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from planner.specs.choices import DType, EpLayout, Recompute, RecomputeModule, Schedule
+from planner.specs.choices import (
+    DType,
+    EpLayout,
+    ModelStates,
+    Recompute,
+    RecomputeModule,
+    Schedule,
+)
 from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Plan
 
@@ -76,6 +83,10 @@ class FrameworkCapabilities:
     # 16-bit training whose optimizer updates the 16-bit weights themselves, gradients and
     # Adam moments alike, with no fp32 master copy (Training.master_weights false)
     without_master_weights: bool = False
+    # what it keeps of the model states with master weights (`ModelStates`: its sources);
+    # a search for it prices them so (`Training.model_states`), an export needs the plan's
+    # rule to be it
+    model_states: ModelStates
     # multi-head latent attention (ModelSpec.kv_lora_rank: DeepSeek-V2 / V3)
     latent_attention: bool = True
     notes: Mapping[str, str] = field(default_factory=dict)
@@ -97,6 +108,13 @@ _MEGATRON = FrameworkCapabilities(
     sequence_parallel="optional", uneven_stages=True, mixed_gpu_types=False, per_stage_tp=False,
     unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False,
     per_stage_recompute=False,
+    # fp32 main gradients: distributed/distributed_data_parallel.py keeps them in fp32
+    # where DistributedDataParallelConfig.grad_reduce_in_fp32 is on, which Megatron-LM
+    # turns on for bf16 (arguments.py validate_args: "accumulate and all-reduce gradients
+    # in fp32 for bfloat16 data type") and the export asks for in fp16
+    # (--accumulate-allreduce-grads-in-fp32): the distributed-optimizer guide's "bf16
+    # parameters, fp32 gradients: 18, 6 + 12/d"
+    model_states=ModelStates.FP32_GRADS,
     notes={
         "schedule zb-h1": "upstream Megatron-LM has no zero-bubble schedule; the zero-bubble "
         "fork sail-sg/zero-bubble-pipeline-parallelism runs a ZB-H1-like one with "
@@ -132,6 +150,9 @@ _DEEPSPEED = FrameworkCapabilities(
     sequence_parallel="never", uneven_stages=False, mixed_gpu_types=False, per_stage_tp=False,
     unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False, per_stage_recompute=False,
     tp_with_pp=False,
+    # gradients in the training dtype at every ZeRO stage (runtime/engine.py
+    # get_data_types: data_types.grad_accum_dtype unset is the model dtype)
+    model_states=ModelStates.DEEPSPEED,
     notes={
         "schedule zb-h1": "zero bubble is a Megatron-DeepSpeed flag (--enable-zbh1-pipeline), "
         "not in DeepSpeed's pipeline engine (TrainSchedule is 1F1B)",
@@ -166,6 +187,9 @@ _TORCHTITAN = FrameworkCapabilities(
     attention=frozenset({"flash", "memory_efficient", "math"}),  # SDPA backends
     sequence_parallel="with tp", uneven_stages=True, mixed_gpu_types=False,
     per_stage_tp=False, unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False, per_stage_recompute=False,
+    # FSDP2's MixedPrecisionPolicy (reduce_dtype None: the fp32 parameters' gradients;
+    # the fp32 shard is the parameter where it shards)
+    model_states=ModelStates.FP32_GRADS,
     notes={
         "schedule zb-h1": "torch.distributed.pipelining's ScheduleInterleavedZeroBubble runs "
         "it with one stage per rank, but torchtitan requires at least 2 stages per rank for "
@@ -205,6 +229,9 @@ _TRAINPLAN = FrameworkCapabilities(
     ep_recompute=frozenset({"none", "selective"}), ep_sharding_multiple=True,
     moe_expert_tp=False, moe_sequence_parallel=False, pipeline_split_slots=False,
     latent_attention=False,  # executor/model.py: ordinary attention (preflight.check_model)
+    # fp32 gradients beside fp32 masters (executor/precision.py); at P = OS > 1 the fp32
+    # shard is the parameter (executor/fsdp.py, executor/data_parallel.py)
+    model_states=ModelStates.FP32_GRADS,
     notes={"pipeline split slots": " (executor/preflight.py: every chunk runs a layer)",
            "recompute modules": "the executor's selective recomputation re-runs the "
            "attention core (executor/model.py)",
