@@ -27,8 +27,8 @@ from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Plan
 
 __all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
-           "chunk_layer_counts", "in_rank_order", "matches_pattern", "plan_chunk_counts", "plan_shape",
-           "unsupported"]
+           "chunk_layer_counts", "in_rank_order", "matches_pattern", "model_states_differ",
+           "plan_chunk_counts", "plan_shape", "unsupported"]
 
 # A model-state sharding pattern: one entry per (params, grads, optim), each "1"
 # (replicated), "dp" (sharded over all data-parallel replicas) or "k" (sharded within
@@ -130,6 +130,9 @@ _MEGATRON = FrameworkCapabilities(
         "beside the 16-bit weights (OptimizerConfig.main_params_dtype, fp32 or with "
         "--use-precision-aware-optimizer fp16; that option lowers main grads and Adam "
         "moments, not the copy away)",
+        "model states": "Megatron-LM accumulates and reduces main gradients in fp32 "
+        "(arguments.py turns --accumulate-allreduce-grads-in-fp32 on for bf16; the export "
+        "writes it for fp16)",
     },
 )
 
@@ -169,6 +172,9 @@ _DEEPSPEED = FrameworkCapabilities(
         "uneven stages": "PipelineModule(partition_method='uniform') balances layer counts",
         "master weights": "DeepSpeed's bf16 / fp16 optimizers (BF16_Optimizer, ZeRO) keep "
         "fp32 master weights and Adam moments",
+        "model states": "DeepSpeed accumulates gradients in the model dtype unless "
+        "data_types.grad_accum_dtype says otherwise, and takes fp32 only with bf16 at ZeRO "
+        "stage 1 (BF16_Optimizer, runtime/engine.py _do_optimizer_sanity_check)",
     },
 )
 
@@ -204,6 +210,8 @@ _TORCHTITAN = FrameworkCapabilities(
         "recompute of Korthikanti et al. 2022 that the plan was priced with",
         "master weights": "torchtitan builds its models in fp32 and computes in bf16 "
         "through FSDP2's MixedPrecisionPolicy (mixed_precision_param)",
+        "model states": "FSDP2 keeps the gradients of its fp32 parameters in fp32 "
+        "(MixedPrecisionPolicy reduce_dtype unset)",
     },
 )
 
@@ -238,7 +246,9 @@ _TRAINPLAN = FrameworkCapabilities(
            "ep": "the executor's ep groups are data-parallel ranks (folding tp or cp into "
            "ep is not implemented)",
            "master weights": "the executor keeps fp32 master weights and reduces fp32 "
-           "gradients (executor/precision.py)"},
+           "gradients (executor/precision.py)",
+           "model states": "the executor accumulates and reduces fp32 gradients "
+           "(executor/precision.py)"},
 )
 
 CAPABILITIES: dict[str, FrameworkCapabilities] = {
@@ -516,4 +526,22 @@ def _precision_and_kernels(plan: Plan, caps: FrameworkCapabilities) -> list[str]
             and not caps.without_master_weights):
         out.append(f"no fp32 master weights (training.master_weights false): {caps.version} "
                    f"updates an fp32 copy{_note(caps, 'master weights')}")
+    states = plan.training.model_states
+    if states != caps.model_states and model_states_differ(plan):
+        out.append(f"model states kept with {_STATES[states]} (training.model_states "
+                   f"{states}): {caps.version} keeps {_STATES[caps.model_states]}, "
+                   f"{'more' if states is ModelStates.DEEPSPEED else 'less'} memory than "
+                   f"the plan priced{_note(caps, 'model states')}")
     return out
+
+
+# what each rule keeps, in a refusal's words (`ModelStates` gives the sources)
+_STATES = {ModelStates.FP32_GRADS: "fp32 gradients",
+           ModelStates.DEEPSPEED: "gradients in the training dtype"}
+
+
+def model_states_differ(plan: Plan) -> bool:
+    """Whether the plan's model states take other bytes under another rule: only 16-bit
+    training with fp32 master weights keeps gradients in a dtype of the framework's
+    choosing (`costs/memory.state_bytes_per_param`)."""
+    return DType(plan.training.dtype).keeps_master(plan.training.master_weights)
