@@ -14,7 +14,11 @@ run does what the simulator prices:
 * after every backward (`add_grads`): gradients are added to the fp32 buffer; with g > 1
   they are reduce-scattered inside the g group first and only the shard is kept;
 * `reduce_grads()` once per iteration: reduce-scatter over the members holding the same
-  gradient shard, all-reduce over blocks of os replicas;
+  gradient shard, all-reduce over blocks of os replicas. The optimizer's fp32 gradient is
+  this rank's chunk of the gradient buffer, not a copy (the reduce-scatter writes it in
+  place, as Megatron-Core's distributed optimizer takes its shard's main_grad as a view
+  of the bucket's buffer): fp32 gradients take 4 bytes per parameter over g, as
+  planner/costs/memory.py `state_bytes_per_param` counts them;
 * `step()`: AdamW on the optimizer shard (fp32 master weights), then the members whose
   shards make up a parameter shard all-gather them; in fp16 the trainer first unscales
   `grads()` and, after an overflow on any rank, calls `skip_step()` instead
@@ -121,16 +125,18 @@ class ShardedState:
         self.optimizer = make_optimizer([self.master])
         g_len = self.numel // layout.grads
         self.grad = torch.zeros(g_len, dtype=torch.float32, device=self.device)
+        # The optimizer's gradient is its chunk of the gradient shard: all of it where G =
+        # OS, else the slice the end-of-iteration reduce-scatter leaves this member (its
+        # place in `grad_reduce_group`, stride g: position i // g), written in place.
+        at = layout.position % layout.optim // layout.grads * self.chunk
+        self.master.grad = self.grad[at:at + self.chunk]
         # P = OS > 1 in 16 bits (ZeRO-3, HSDP): the master is this rank's whole parameter
         # shard, so the 16-bit shard is not kept (each gather casts the master, as FSDP2
-        # gathers its fp32 shards in param_dtype) and, G being P, the gradient shard is the
-        # optimizer's gradient (planner/costs/memory.py `state_bytes_per_param`: 16 bytes).
+        # gathers its fp32 shards in param_dtype): 16 bytes per parameter over k
+        # (planner/costs/memory.py `state_bytes_per_param`).
         self.lean = layout.params == layout.optim > 1 and self.dtype != torch.float32
         if self.lean:
             self.pshard.untyped_storage().resize_(0)
-            self.master.grad = self.grad
-        else:
-            self.master.grad = torch.zeros(self.chunk, dtype=torch.float32, device=self.device)
 
     def _views(self, locals_: list[torch.Tensor]) -> None:
         """Point every parameter at its slice of the flat buffer (values copied in)."""
@@ -196,12 +202,10 @@ class ShardedState:
     def reduce_grads(self) -> None:
         """Sum this rank's optimizer shard of the gradients over all replicas."""
         lay = self.layout
-        out = self.master.grad
+        out = self.master.grad  # this rank's chunk of self.grad (`__init__`)
         assert out is not None
-        if len(lay.grad_reduce_group) > 1:
+        if len(lay.grad_reduce_group) > 1:  # in place: the rest of self.grad is spent
             reduce_scatter_single(out, self.grad, group=self._group(lay.grad_reduce_group))
-        elif out is not self.grad:
-            out.copy_(self.grad)
         if len(lay.replica_group) > 1:
             dist.all_reduce(out, group=self._group(lay.replica_group))
 
@@ -218,11 +222,10 @@ class ShardedState:
         self.skip_step()
 
     def skip_step(self) -> None:
-        """Zero the gradient buffers for the next iteration (without a step: an fp16
-        overflow somewhere; every rank skips alike, so no collective is left waiting)."""
+        """Zero the gradient buffer for the next iteration (without a step: an fp16
+        overflow somewhere; every rank skips alike, so no collective is left waiting).
+        The optimizer's gradient is a view of it."""
         self.grad.zero_()
-        assert self.master.grad is not None
-        self.master.grad.zero_()
 
     def _publish(self) -> None:
         """Copy the master weights into the parameters (unless they are the same memory)
@@ -270,12 +273,16 @@ class ShardedState:
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes of model state this rank holds between iterations, by kind (the lean
-        mode's fp32 master counted as the parameters, as FSDP2's shards are)."""
+        mode's fp32 master counted as the parameters, as FSDP2's shards are; gradients:
+        every buffer they are held in, once, the optimizer's being a view of the
+        gradient buffer)."""
+        held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in (self.grad, self.master.grad) if t is not None}
         params = self.pshard.untyped_storage().nbytes()
         master = 0 if self.master.data_ptr() == self._os_view.data_ptr() else self.chunk * 4
         if self.lean:
             params, master = master, 0
         adam = sum(v.numel() * v.element_size()
                    for v in self.optimizer.state.get(self.master, {}).values())
-        return {"params_bytes": params, "grads_bytes": self.grad.numel() * 4,
+        return {"params_bytes": params, "grads_bytes": sum(held.values()),
                 "optimizer_bytes": master + adam}

@@ -178,7 +178,10 @@ class MixedTpState(ShardedState):
         if self.optim > 1:
             self._sub_grad = self._gather(full)
             return
+        # the optimizer's gradient is the whole of self.grad (`ShardedState`: G = OS = 1):
+        # the summed slices overwrite this rank's own gradient, read into `full` above
         assert self.master.grad is not None
+        assert self.master.grad.data_ptr() == self.grad.data_ptr()
         self._keep_slices(full, self.master.grad)
 
     def grads(self) -> list[torch.Tensor]:

@@ -1,7 +1,7 @@
 """The nearest plan a framework expresses (`plan export --approximate`).
 
 Only settings change: the schedule (and the schedules per step), interleaving, sequence parallelism, model-state
-sharding (and fp32 master weights), recompute, the layer split, which ranks an ep group is, dtype and the
+sharding (and fp32 master weights, and the dtype gradients are kept in), recompute, the layer split, which ranks an ep group is, dtype and the
 attention kernel. The GPUs, the
 replicas and their batch shares stay, so a plan whose structure the framework lacks
 (mixed GPU types, unlike replicas, tp per stage, context parallelism it does not have)
@@ -14,7 +14,12 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from planner.export.frameworks import FrameworkCapabilities, matches_pattern, plan_shape
+from planner.export.frameworks import (
+    FrameworkCapabilities,
+    matches_pattern,
+    model_states_differ,
+    plan_shape,
+)
 from planner.specs.choices import DType, EpLayout, Recompute
 from planner.specs.layout import split_layers
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Training
@@ -30,7 +35,7 @@ def nearest(plan: Plan, caps: FrameworkCapabilities) -> tuple[Plan, list[str]]:
     no lines when nothing needs to change; check the result with `unsupported`)."""
     changes: list[str] = []
     for step in (_schedule, _sequence_parallel, _master_weights, _ep_layout, _sharding,
-                 _recompute, _even_split, _kernels):
+                 _recompute, _even_split, _kernels, _model_states):
         plan = step(plan, caps, changes)
     plan.check("plan")
     return plan, changes
@@ -84,6 +89,19 @@ def _master_weights(plan: Plan, caps: FrameworkCapabilities, changes: list[str])
         return plan
     changes.append("no fp32 master weights -> fp32 master weights, gradients and Adam moments")
     return _training(plan, master_weights=True)
+
+
+def _model_states(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:
+    """The framework's rule for the model states (`Training.model_states`): the layout
+    stays, the memory per parameter changes (2 bytes of each gradient more or less,
+    `costs/memory.state_bytes_per_param`). After `_master_weights` and `_kernels`, which
+    decide whether the rules differ at all."""
+    states = plan.training.model_states
+    if states == caps.model_states or not model_states_differ(plan):
+        return plan
+    changes.append(f"model states {states} -> {caps.model_states} (gradients in "
+                   f"{'fp32' if caps.model_states == 'fp32_grads' else 'the training dtype'})")
+    return _training(plan, model_states=caps.model_states)
 
 
 def _ep_layout(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:

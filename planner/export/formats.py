@@ -49,7 +49,12 @@ def megatron_args(plan: Plan) -> list[str]:
     ]
     # fp8: Transformer Engine's FP8 GEMMs with delayed per-tensor scaling (e4m3 forward,
     # e5m2 gradients: "hybrid"), bf16 elsewhere, as DType.FP8 prices it
-    args += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
+    # fp16: fp32 main gradients, as the plan prices them (ModelStates.FP32_GRADS), which
+    # Megatron-LM's arguments.py turns on by itself for bf16 only; the DDP config's
+    # grad_reduce_in_fp32 (distributed/distributed_data_parallel.py: main grads in the
+    # parameters' dtype without it)
+    args += {"bf16": ["--bf16"], "fp16": ["--fp16", "--accumulate-allreduce-grads-in-fp32"],
+             "fp32": [],
              "fp8": ["--bf16", "--fp8-format hybrid", "--transformer-impl transformer_engine"]
              }[tr.dtype]
     if m.kv_heads != m.num_heads:

@@ -15,13 +15,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from planner.specs.choices import DType, EpLayout, Recompute, RecomputeModule, Schedule
+from planner.specs.choices import (
+    DType,
+    EpLayout,
+    ModelStates,
+    Recompute,
+    RecomputeModule,
+    Schedule,
+)
 from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Plan
 
 __all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
-           "chunk_layer_counts", "in_rank_order", "matches_pattern", "plan_chunk_counts", "plan_shape",
-           "unsupported"]
+           "chunk_layer_counts", "in_rank_order", "matches_pattern", "model_states_differ",
+           "plan_chunk_counts", "plan_shape", "unsupported"]
 
 # A model-state sharding pattern: one entry per (params, grads, optim), each "1"
 # (replicated), "dp" (sharded over all data-parallel replicas) or "k" (sharded within
@@ -76,6 +83,10 @@ class FrameworkCapabilities:
     # 16-bit training whose optimizer updates the 16-bit weights themselves, gradients and
     # Adam moments alike, with no fp32 master copy (Training.master_weights false)
     without_master_weights: bool = False
+    # what it keeps of the model states with master weights (`ModelStates`: its sources);
+    # a search for it prices them so (`Training.model_states`), an export needs the plan's
+    # rule to be it
+    model_states: ModelStates
     # multi-head latent attention (ModelSpec.kv_lora_rank: DeepSeek-V2 / V3)
     latent_attention: bool = True
     notes: Mapping[str, str] = field(default_factory=dict)
@@ -97,6 +108,13 @@ _MEGATRON = FrameworkCapabilities(
     sequence_parallel="optional", uneven_stages=True, mixed_gpu_types=False, per_stage_tp=False,
     unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False,
     per_stage_recompute=False,
+    # fp32 main gradients: distributed/distributed_data_parallel.py keeps them in fp32
+    # where DistributedDataParallelConfig.grad_reduce_in_fp32 is on, which Megatron-LM
+    # turns on for bf16 (arguments.py validate_args: "accumulate and all-reduce gradients
+    # in fp32 for bfloat16 data type") and the export asks for in fp16
+    # (--accumulate-allreduce-grads-in-fp32): the distributed-optimizer guide's "bf16
+    # parameters, fp32 gradients: 18, 6 + 12/d"
+    model_states=ModelStates.FP32_GRADS,
     notes={
         "schedule zb-h1": "upstream Megatron-LM has no zero-bubble schedule; the zero-bubble "
         "fork sail-sg/zero-bubble-pipeline-parallelism runs a ZB-H1-like one with "
@@ -112,6 +130,9 @@ _MEGATRON = FrameworkCapabilities(
         "beside the 16-bit weights (OptimizerConfig.main_params_dtype, fp32 or with "
         "--use-precision-aware-optimizer fp16; that option lowers main grads and Adam "
         "moments, not the copy away)",
+        "model states": "Megatron-LM accumulates and reduces main gradients in fp32 "
+        "(arguments.py turns --accumulate-allreduce-grads-in-fp32 on for bf16; the export "
+        "writes it for fp16)",
     },
 )
 
@@ -132,6 +153,9 @@ _DEEPSPEED = FrameworkCapabilities(
     sequence_parallel="never", uneven_stages=False, mixed_gpu_types=False, per_stage_tp=False,
     unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False, per_stage_recompute=False,
     tp_with_pp=False,
+    # gradients in the training dtype at every ZeRO stage (runtime/engine.py
+    # get_data_types: data_types.grad_accum_dtype unset is the model dtype)
+    model_states=ModelStates.DEEPSPEED,
     notes={
         "schedule zb-h1": "zero bubble is a Megatron-DeepSpeed flag (--enable-zbh1-pipeline), "
         "not in DeepSpeed's pipeline engine (TrainSchedule is 1F1B)",
@@ -148,6 +172,9 @@ _DEEPSPEED = FrameworkCapabilities(
         "uneven stages": "PipelineModule(partition_method='uniform') balances layer counts",
         "master weights": "DeepSpeed's bf16 / fp16 optimizers (BF16_Optimizer, ZeRO) keep "
         "fp32 master weights and Adam moments",
+        "model states": "DeepSpeed accumulates gradients in the model dtype unless "
+        "data_types.grad_accum_dtype says otherwise, and takes fp32 only with bf16 at ZeRO "
+        "stage 1 (BF16_Optimizer, runtime/engine.py _do_optimizer_sanity_check)",
     },
 )
 
@@ -166,6 +193,9 @@ _TORCHTITAN = FrameworkCapabilities(
     attention=frozenset({"flash", "memory_efficient", "math"}),  # SDPA backends
     sequence_parallel="with tp", uneven_stages=True, mixed_gpu_types=False,
     per_stage_tp=False, unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False, per_stage_recompute=False,
+    # FSDP2's MixedPrecisionPolicy (reduce_dtype None: the fp32 parameters' gradients;
+    # the fp32 shard is the parameter where it shards)
+    model_states=ModelStates.FP32_GRADS,
     notes={
         "schedule zb-h1": "torch.distributed.pipelining's ScheduleInterleavedZeroBubble runs "
         "it with one stage per rank, but torchtitan requires at least 2 stages per rank for "
@@ -180,6 +210,8 @@ _TORCHTITAN = FrameworkCapabilities(
         "recompute of Korthikanti et al. 2022 that the plan was priced with",
         "master weights": "torchtitan builds its models in fp32 and computes in bf16 "
         "through FSDP2's MixedPrecisionPolicy (mixed_precision_param)",
+        "model states": "FSDP2 keeps the gradients of its fp32 parameters in fp32 "
+        "(MixedPrecisionPolicy reduce_dtype unset)",
     },
 )
 
@@ -205,13 +237,18 @@ _TRAINPLAN = FrameworkCapabilities(
     ep_recompute=frozenset({"none", "selective"}), ep_sharding_multiple=True,
     moe_expert_tp=False, moe_sequence_parallel=False, pipeline_split_slots=False,
     latent_attention=False,  # executor/model.py: ordinary attention (preflight.check_model)
+    # fp32 gradients beside fp32 masters (executor/precision.py); at P = OS > 1 the fp32
+    # shard is the parameter (executor/fsdp.py, executor/data_parallel.py)
+    model_states=ModelStates.FP32_GRADS,
     notes={"pipeline split slots": " (executor/preflight.py: every chunk runs a layer)",
            "recompute modules": "the executor's selective recomputation re-runs the "
            "attention core (executor/model.py)",
            "ep": "the executor's ep groups are data-parallel ranks (folding tp or cp into "
            "ep is not implemented)",
            "master weights": "the executor keeps fp32 master weights and reduces fp32 "
-           "gradients (executor/precision.py)"},
+           "gradients (executor/precision.py)",
+           "model states": "the executor accumulates and reduces fp32 gradients "
+           "(executor/precision.py)"},
 )
 
 CAPABILITIES: dict[str, FrameworkCapabilities] = {
@@ -489,4 +526,22 @@ def _precision_and_kernels(plan: Plan, caps: FrameworkCapabilities) -> list[str]
             and not caps.without_master_weights):
         out.append(f"no fp32 master weights (training.master_weights false): {caps.version} "
                    f"updates an fp32 copy{_note(caps, 'master weights')}")
+    states = plan.training.model_states
+    if states != caps.model_states and model_states_differ(plan):
+        out.append(f"model states kept with {_STATES[states]} (training.model_states "
+                   f"{states}): {caps.version} keeps {_STATES[caps.model_states]}, "
+                   f"{'more' if states is ModelStates.DEEPSPEED else 'less'} memory than "
+                   f"the plan priced{_note(caps, 'model states')}")
     return out
+
+
+# what each rule keeps, in a refusal's words (`ModelStates` gives the sources)
+_STATES = {ModelStates.FP32_GRADS: "fp32 gradients",
+           ModelStates.DEEPSPEED: "gradients in the training dtype"}
+
+
+def model_states_differ(plan: Plan) -> bool:
+    """Whether the plan's model states take other bytes under another rule: only 16-bit
+    training with fp32 master weights keeps gradients in a dtype of the framework's
+    choosing (`costs/memory.state_bytes_per_param`)."""
+    return DType(plan.training.dtype).keeps_master(plan.training.master_weights)

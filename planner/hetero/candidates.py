@@ -44,7 +44,7 @@ from planner.costs.stages import (
 from planner.hetero.placement import Pool, place
 from planner.hetero.split import layer_split_fast, least_feasible
 from planner.predict.estimate import pipeline_time, sends_s
-from planner.specs.choices import Recompute, Schedule
+from planner.specs.choices import ModelStates, Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Stage, Training
@@ -102,6 +102,7 @@ class Priced:
     schedule: Schedule = Schedule.ONE_F_ONE_B  # or zb-h1 (every replica runs the same one)
     stage_sharding: tuple[Sharding, ...] | None = None  # per position, where they differ
     attention: Attention | None = None  # asked for everywhere; else each GPU type's own
+    model_states: ModelStates = ModelStates.FP32_GRADS  # as priced (Training.model_states)
 
     def plan(self, model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, dtype: str,
              kernels: Kernels) -> Plan:
@@ -123,7 +124,7 @@ class Priced:
                             seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]  # dtype checked by the search request
                             schedule=self.schedule,
                             sequence_parallel=self.template.sequence_parallel,
-                            ep=self.template.ep)
+                            ep=self.template.ep, model_states=self.model_states)
         plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
                     sharding=self.sharding, stage_sharding=self.stage_sharding, kernels=kernels)
         plan.check("plan")
@@ -165,6 +166,7 @@ class _Context:
     kernels: Kernels
     profiles: Profiles | None
     attention: Attention | None = None  # asked for everywhere; else each GPU type's own
+    model_states: ModelStates = ModelStates.FP32_GRADS  # the framework's rule
 
 
 @dataclass(frozen=True)
@@ -309,7 +311,8 @@ def _run(ctx: _Context, t: Template, *, mbs: int, microbatches: int,
     return RunSettings(micro_batch_size=mbs, num_microbatches=microbatches,
                        seq_len=ctx.seq_len, dtype=ctx.dtype,
                        sequence_parallel=t.sequence_parallel, schedule=schedule,
-                       virtual_stages=1, kernels=ctx.kernels)
+                       virtual_stages=1, kernels=ctx.kernels,
+                       model_states=ctx.model_states)
 
 
 @dataclass(frozen=True)
@@ -397,7 +400,9 @@ def _passes_at(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int,
                sharding: Sharding) -> tuple[StageCost, StageMemory]:
     """A stage kind's passes and its memory at `sharding` (no data-parallel traffic)."""
     spec, base = _unsharded(pr, kind, recompute=recompute, layers=layers)
-    states = sharding_states(pr.ctx.model, spec, pr.ctx.dtype, sharding, base.num_params)
+    states = sharding_states(pr.ctx.model, spec, pr.ctx.dtype, sharding, base.num_params,
+                             master_weights=pr.run.master_weights,
+                             states=pr.run.model_states)
     return base, base.memory.with_states(*states)
 
 
@@ -426,15 +431,18 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *,
           layers: Sequence[int] | None = None, microbatches: Sequence[int] | None = None,
           schedule: Schedule = Schedule.ONE_F_ONE_B, relax: Sequence[Sharding] = (),
           stage_sharding: Sequence[Sharding] | None = None, profiles: Profiles | None = None,
-          memo: dict | None = None) -> Priced | None:
+          memo: dict | None = None, model_states: ModelStates = ModelStates.FP32_GRADS
+          ) -> Priced | None:
     """Split layers (unless given) and micro-batches (unless given), place the stages, and
     estimate the iteration under `schedule` (1f1b, or zb-h1 when pp > 1); None if the
     template cannot be placed or split. AMSP per stage: `stage_sharding` gives each stage
     position its own sharding; with `relax` (other sharding options) each position in turn
     takes the option, among those its memory allows, that shortens the iteration most
     (layers as split under `sharding`). `memo` keeps placements and stage costs across
-    calls on the same model, cluster, dtype, kernels, profiles."""
-    ctx = _Context(model, cluster, seq_len, dtype, gbs, kernels, profiles, attention)
+    calls on the same model, cluster, dtype, kernels, profiles and `model_states` (the
+    framework's rule, `Training.model_states`, which the Priced plan keeps)."""
+    ctx = _Context(model, cluster, seq_len, dtype, gbs, kernels, profiles, attention,
+                   model_states)
     schedule, recompute = Schedule(schedule), Recompute(recompute)
     memo = {} if memo is None else memo
     lay = _placed(ctx, template, pools, memo)
@@ -475,7 +483,8 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *,
     times = [finish[(q, mb)] for q, mb in zip(row_of, microbatches, strict=True)]
     return Priced(template, mbs, recompute, sharding, tuple(layers), tuple(microbatches),
                   lay.devices, max(times), fits, schedule,
-                  tuple(per_stage) if len(set(per_stage)) > 1 else None, attention)
+                  tuple(per_stage) if len(set(per_stage)) > 1 else None, attention,
+                  model_states)
 
 
 def _paced(lay: _Layout, costs: dict[int, list[StageCost]]

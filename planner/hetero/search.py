@@ -40,7 +40,7 @@ from planner.hetero.split import (
     proportional_split,
 )
 from planner.predict.results import SimResult
-from planner.specs.choices import Recompute, Schedule
+from planner.specs.choices import ModelStates, Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Kernels, Plan, Sharding
@@ -311,7 +311,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
                       bound_score: Callable[[Template, float], float],
                       profiles: Profiles | None = None,
                       attention: Attention | None = None, space: MixedSpace = MixedSpace(),
-                      progress: Callable[[], None] | None = None
+                      progress: Callable[[], None] | None = None,
+                      model_states: ModelStates = ModelStates.FP32_GRADS
                       ) -> tuple[list[Priced], int, dict[str, float]]:
     """Of the `chosen` templates' candidates: the `keep` best that fit by `score`, how many
     were priced, and for each GPU type the best score of a plan using it (or a lower bound
@@ -320,7 +321,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
     Branch and bound: templates are priced in order of `bound_score` (the score of their
     lower bound, `lower_bound_s`); once a template's bound is worse than the `keep`-th best
     score found, so are all the rest, and they are skipped. `progress()` is called once
-    per template."""
+    per template. Model states are priced as `model_states` keeps them (the framework's
+    rule, `Training.model_states`)."""
     pools = pools_by_type(cluster)
     score = _remembered(score)
     bounded = sorted(((bound_score(t, lower_bound_s(model, cluster, t, gbs=gbs, seq_len=seq_len,
@@ -343,7 +345,7 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
             for p in _cheapest_fitting(t, mbs, space, functools.partial(
                     _price_one, model, cluster, t, pools=pools, seq_len=seq_len, dtype=dtype,
                     gbs=gbs, kernels=kernels, profiles=profiles, memo=memo,
-                    attention=attention)):
+                    attention=attention, model_states=model_states)):
                 count += 1
                 if p is None or not p.fits:
                     continue
@@ -360,7 +362,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
                       recompute=p.recompute, sharding=p.sharding, seq_len=seq_len,
                       dtype=dtype, gbs=gbs, kernels=kernels, attention=p.attention,
                       layers=p.layers,
-                      schedule=schedule, relax=relax, profiles=profiles, memo=memo)
+                      schedule=schedule, relax=relax, profiles=profiles, memo=memo,
+                      model_states=model_states)
             count += 1
             if q is not None and q.fits:
                 best.append(q)
@@ -433,13 +436,15 @@ def _cheapest_fitting(t: Template, mbs: int, space: MixedSpace, price_fn: Callab
 
 def baselines_for(best: Priced, model: ModelSpec, cluster: ClusterSpec, *, gbs: int,
                   seq_len: int, dtype: str, kernels: Kernels,
-                  profiles: Profiles | None = None) -> list[tuple[str, Priced | None]]:
+                  profiles: Profiles | None = None,
+                  model_states: ModelStates = ModelStates.FP32_GRADS
+                  ) -> list[tuple[str, Priced | None]]:
     """The best template split the naive ways (uniform, proportional to throughput)."""
     pools = pools_by_type(cluster)
     t = best.template
     kw = dict(pools=pools, mbs=best.mbs, recompute=best.recompute, sharding=best.sharding,
               seq_len=seq_len, dtype=dtype, gbs=gbs, kernels=kernels, profiles=profiles,
-              attention=best.attention)
+              attention=best.attention, model_states=model_states)
 
     def priced(**split: object) -> Priced | None:
         """The split under the best plan's schedule or 1F1B, the faster of those that fit

@@ -43,7 +43,7 @@ from planner.search.sharding import (
     sharding_levels,
 )
 from planner.search.space import Layout, Micro
-from planner.specs.choices import Recompute
+from planner.specs.choices import ModelStates, Recompute
 from planner.specs.cluster import ClusterSpec
 from planner.specs.layout import megatron_devices, split_layers
 from planner.specs.model import ModelSpec
@@ -78,8 +78,10 @@ class LayoutModel:
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, dtype: str,
                  seq_len: int, gbs: int, kernels: Kernels, profiles: Profiles | None = None,
                  sharding: tuple[ShardPattern, ...] = (ANY_SHARDING,),
-                 ep_sharding_multiple: bool = False):
+                 ep_sharding_multiple: bool = False,
+                 model_states: ModelStates = ModelStates.FP32_GRADS):
         self.model, self.layout, self.profiles = model, layout, profiles
+        self.model_states = model_states  # the framework's rule (Training.model_states)
         self.cluster = cluster.take(layout.num_gpus, where="search")
         self.dtype, self.seq_len, self.gbs, self.kernels = dtype, seq_len, gbs, kernels
         group = self.cluster.node_groups[0]
@@ -145,7 +147,8 @@ class LayoutModel:
                            seq_len=self.seq_len, dtype=self.dtype,
                            sequence_parallel=micro.sequence_parallel,
                            schedule=micro.schedule.for_chunks(micro.vp),
-                           virtual_stages=micro.vp, kernels=self.kernels)
+                           virtual_stages=micro.vp, kernels=self.kernels,
+                           model_states=self.model_states)
 
     @functools.cache  # noqa: B019 (one LayoutModel per layout, for the search's lifetime)
     def spec(self, kind: int, recompute: Recompute) -> StageSpec:

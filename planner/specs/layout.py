@@ -13,6 +13,7 @@ from planner.specs.choices import (
     DEFAULT_RECOMPUTE_MODULES,
     DType,
     EpLayout,
+    ModelStates,
     Recompute,
     RecomputeModule,
     Schedule,
@@ -69,6 +70,8 @@ class ParallelConfig:
     # pipeline-split: the embedding (the loss) takes a layer's place in the split
     embedding_in_pipeline_split: bool = False
     loss_in_pipeline_split: bool = False
+    # what the framework keeps of the model states (Training.model_states)
+    model_states: ModelStates = ModelStates.FP32_GRADS
 
     @property
     def num_gpus(self) -> int:
@@ -182,7 +185,8 @@ def homogeneous_plan(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig
                         ep_layout=cfg.ep_layout,
                         recompute_modules=cfg.recompute_modules,
                         embedding_in_pipeline_split=cfg.embedding_in_pipeline_split,
-                        loss_in_pipeline_split=cfg.loss_in_pipeline_split)
+                        loss_in_pipeline_split=cfg.loss_in_pipeline_split,
+                        model_states=cfg.model_states)
     plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
                 sharding=cfg.sharding, kernels=kernels or Kernels())
     plan.check("plan")

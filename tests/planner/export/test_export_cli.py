@@ -289,3 +289,53 @@ def test_ep_groups_are_exported_as_priced():
         near, changes = nearest(p, caps)
         assert near.training.ep_layout == own
         assert f"ep groups {other} -> {own}" in changes
+
+
+def test_model_states_of_another_rule_are_not_exported_as_priced(tmp_path, capsys):
+    """What a rank keeps of its model states (`training.model_states`): DeepSpeed 0.19.6
+    keeps gradients in the training dtype (16 bytes per parameter unsharded), Megatron-Core,
+    torchtitan's FSDP2 and the executor in fp32 (18). A plan priced with one rule is listed
+    by the frameworks of the other (the layout is valid, the memory would not be what the
+    plan priced: 2 bytes per parameter of each gradient), as the master-weights setting is,
+    and --approximate switches to the framework's rule, naming the change. In fp32 (or
+    without master weights) both rules keep the same bytes and nobody lists it."""
+    from dataclasses import replace
+
+    from planner.export.approximate import nearest
+    from planner.specs.choices import ModelStates
+    from planner.specs.cluster import parse_gpus_arg
+    from planner.specs.layout import ParallelConfig, homogeneous_plan
+
+    def plan_in(dtype, rule):
+        return homogeneous_plan(preset("gpt3-1.3b"), parse_gpus_arg("A100-80GB-SXM:4"),
+                                ParallelConfig(dp=4, mbs=1, gbs=16, seq_len=2048, dtype=dtype,
+                                               sharding=Sharding(optim=4), model_states=rule))
+
+    for fmt, caps in CAPABILITIES.items():
+        for rule in ModelStates:
+            for dtype in ("bf16", "fp32"):
+                plan = plan_in(dtype, rule)
+                listed = [line for line in unsupported(plan, caps) if "model states" in line]
+                assert bool(listed) == (rule != caps.model_states and dtype == "bf16"), (
+                    fmt, rule, dtype, listed)
+            plan = plan_in("bf16", rule)
+            pure = replace(plan, training=replace(plan.training, master_weights=False))
+            assert not any("model states" in line for line in unsupported(pure, caps))
+            near, changes = nearest(plan, caps)
+            assert near.training.model_states == caps.model_states
+            assert [c for c in changes if c.startswith("model states")] == (
+                [] if rule == caps.model_states else [f"model states {rule} -> "
+                                                      f"{caps.model_states} (gradients in "
+                                                      f"{'fp32' if fmt != 'deepspeed' else 'the training dtype'})"])
+    path = str(tmp_path / "ds.yaml")
+    save_plan(plan_in("bf16", "deepspeed"), path)
+    code, out, err = run_cli(["export", path, "--format", "megatron"], capsys)
+    assert code == 2 and out == ""
+    assert ("model states kept with gradients in the training dtype (training.model_states "
+            "deepspeed): megatron-core 0.16.1 (Megatron-LM core_r0.16.0) keeps fp32 gradients, "
+            "more memory than the plan priced") in err
+    code, out, err = run_cli(["export", path, "--format", "megatron", "--approximate"], capsys)
+    assert code == 0 and "--use-distributed-optimizer" in out
+    assert "approximated: model states deepspeed -> fp32_grads (gradients in fp32)" in err
+    code, out, err = run_cli(["export", path, "--format", "deepspeed"], capsys)
+    assert (code, err) == (0, "")

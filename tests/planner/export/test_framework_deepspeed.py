@@ -24,6 +24,13 @@ class _DataParallel:
         return self.dp
 
 
+def _ds_plan(gpus: str, **kw):
+    """A plan priced as DeepSpeed keeps its model states (gradients in the training
+    dtype): one priced with fp32 gradients is refused (tests/planner/export/
+    test_export_cli.py)."""
+    return plan_on(gpus, model_states="deepspeed", **kw)
+
+
 def _parse(plan, monkeypatch):
     config_mod = framework("deepspeed.runtime.config")
     monkeypatch.setattr(config_mod.dist, "get_rank", lambda *a, **k: 0)
@@ -37,7 +44,7 @@ def _parse(plan, monkeypatch):
     (Sharding(params=8, grads=8, optim=8), 3, -1), (Sharding(params=2, grads=2, optim=2), 3, 2),
 ])
 def test_zero_stages_round_trip(sharding, stage, mics, monkeypatch):
-    plan = plan_on("H100-80GB-SXM:8", dp=8, mbs=2, gbs=64, sharding=sharding)
+    plan = _ds_plan("H100-80GB-SXM:8", dp=8, mbs=2, gbs=64, sharding=sharding)
     out, raw, config = _parse(plan, monkeypatch)
     assert out.unsupported == ()
     assert config.world_size == plan.dp
@@ -49,8 +56,8 @@ def test_zero_stages_round_trip(sharding, stage, mics, monkeypatch):
 
 
 def test_pipeline_engine_with_full_recompute(monkeypatch):
-    plan = plan_on("H100-80GB-SXM:16", pp=2, dp=8, mbs=1, gbs=64, recompute="full",
-                   sharding=Sharding(optim=8))
+    plan = _ds_plan("H100-80GB-SXM:16", pp=2, dp=8, mbs=1, gbs=64, recompute="full",
+                    sharding=Sharding(optim=8))
     out, _, config = _parse(plan, monkeypatch)
     assert out.unsupported == ()
     assert config.pipeline["stages"] == 2 and config.pipeline["partition"] == "uniform"
@@ -60,8 +67,8 @@ def test_pipeline_engine_with_full_recompute(monkeypatch):
 
 
 def test_autotp(monkeypatch):
-    plan = plan_on("H100-80GB-SXM:16", tp=2, dp=8, mbs=1, gbs=64,
-                   sharding=Sharding(grads=8, optim=8))
+    plan = _ds_plan("H100-80GB-SXM:16", tp=2, dp=8, mbs=1, gbs=64,
+                    sharding=Sharding(grads=8, optim=8))
     out, _, config = _parse(plan, monkeypatch)
     assert out.unsupported == ()
     assert config.tensor_parallel_config.autotp_size == 2

@@ -74,6 +74,10 @@ def _megatron_configs(args: dict, world: int):
     dp = world // (config.tensor_model_parallel_size * config.pipeline_model_parallel_size
                    * config.context_parallel_size)
     ddp = ddp_mod.DistributedDataParallelConfig(
+        # Megatron-LM's validate_args turns accumulate_allreduce_grads_in_fp32 on for bf16
+        # ("accumulate and all-reduce gradients in fp32 for bfloat16 data type"), and
+        # training.py hands it to the DDP config as grad_reduce_in_fp32
+        grad_reduce_in_fp32=bool(kw.get("accumulate_allreduce_grads_in_fp32") or kw.get("bf16")),
         use_distributed_optimizer=bool(kw.get("use_distributed_optimizer")),
         num_distributed_optimizer_instances=kw.get("num_distributed_optimizer_instances", 1))
     batches = calc.ConstantNumMicroBatchesCalculator(
@@ -96,6 +100,9 @@ def _round_trip(plan):
     assert config.recompute_granularity == {"none": None}.get(s.recompute[0], s.recompute[0])
     assert config.bf16 == (plan.training.dtype in ("bf16", "fp8"))  # fp8: bf16 elsewhere
     assert config.fp8 == ("hybrid" if plan.training.dtype == "fp8" else None)
+    # fp32 main gradients in 16-bit training, as the plan prices them (fp32_grads);
+    # fp32 training's gradients are fp32 whatever the flag
+    assert ddp.grad_reduce_in_fp32 == (plan.training.dtype != "fp32")
     sh = plan.sharding
     optim = dp // ddp.num_distributed_optimizer_instances if ddp.use_distributed_optimizer else 1
     assert (1, 1, optim) == (sh.params, sh.grads, sh.optim)
@@ -142,6 +149,20 @@ def test_fp8_runs_transformer_engine_gemms_with_delayed_scaling():
     plan = plan_on("H100-80GB-SXM:64", tp=2, pp=4, dp=8, mbs=1, gbs=128, dtype="fp8")
     config = _round_trip(plan)
     assert (config.fp8, config.fp8_recipe) == ("hybrid", "delayed")
+
+
+def test_fp16_keeps_fp32_main_gradients_as_priced():
+    """The plan prices fp32 main gradients (ModelStates.FP32_GRADS, 18 bytes per
+    parameter unsharded). Megatron-LM keeps them so in bf16 by itself, in fp16 only with
+    --accumulate-allreduce-grads-in-fp32 (the DDP config's grad_reduce_in_fp32; without it
+    distributed_data_parallel.py keeps main grads in the parameters' dtype), which the
+    export writes; fp32 training needs no flag."""
+    for dtype, flag in (("fp16", True), ("bf16", False), ("fp32", False)):
+        plan = plan_on("A100-80GB-SXM:8", model="gpt3-1.3b", dp=8, mbs=1, gbs=64, dtype=dtype,
+                       sharding=Sharding(optim=8))
+        _round_trip(plan)
+        text = export_plan(plan, "megatron").text
+        assert ("--accumulate-allreduce-grads-in-fp32" in text) == flag, dtype
 
 
 def test_refused_sharding_is_named():

@@ -196,3 +196,37 @@ def test_per_stage_sharding_is_a_local_optimum_that_fits():
                             replace(plan, stage_sharding=tuple(trial))).stages)
                         assert not fits or p.iteration_s >= q.iteration_s * (1 - 1e-9)
     assert relaxed >= 1
+
+
+def test_mixed_candidates_are_priced_and_written_with_the_frameworks_model_states():
+    """`price` splits layers within each stage's memory as the framework keeps the model
+    states (`model_states`, Training.model_states), and the Priced plan records it.
+    Llama-2 13B (13.0B parameters) in fp16, unsharded, on one pipeline of 2 A100-80GB (tp 2)
+    then 2 V100-32GB (tp 2): with DeepSpeed's 16-bit gradients (16 bytes per parameter)
+    the split (28, 12) fits, its V100 stage at 31.7 of 32.0 GiB; with fp32 gradients (18)
+    those 12 layers need 35.4 GiB and no split fits."""
+    from dataclasses import replace
+
+    from planner.simulator import simulate
+    from planner.specs.cluster import ClusterSpec
+    from profiler.schema import parse
+
+    cluster = parse(ClusterSpec, {"name": "two", "node_groups": [
+        {"name": "a", "gpu": "A100-80GB-SXM", "num_nodes": 1, "gpus_per_node": 2},
+        {"name": "v", "gpu": "V100-32GB-SXM2", "num_nodes": 1, "gpus_per_node": 2}]},
+        where="test:").resolved()
+    model = preset("llama2-13b")
+    t = Template(family="mixed-stages",
+                 replicas=((("A100-80GB-SXM", 2), ("V100-32GB-SXM2", 2)),))
+    kw = dict(pools=pools_by_type(cluster), mbs=1, recompute="full", sharding=Sharding(),
+              seq_len=512, dtype="fp16", gbs=16, kernels=Kernels(attention="flash"))
+    assert price(model, cluster, t, **kw) is None  # fp32_grads, the default
+    deepspeed = price(model, cluster, t, model_states="deepspeed", **kw)
+    assert deepspeed.fits and deepspeed.layers == (28, 12)
+    assert not price(model, cluster, t, layers=(28, 12), **kw).fits
+    plan = deepspeed.plan(model, cluster, seq_len=512, dtype="fp16",
+                          kernels=Kernels(attention="flash"))
+    assert plan.training.model_states == "deepspeed"
+    assert simulate(plan).fits
+    assert not simulate(replace(plan, training=replace(plan.training,
+                                                       model_states="fp32_grads"))).fits

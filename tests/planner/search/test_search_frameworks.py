@@ -265,3 +265,36 @@ def test_a_trainplan_moe_search_returns_plans_its_executor_runs():
         assert unsupported(r.plan, CAPABILITIES["trainplan"]) == []
         check_runnable(r.plan, cuda_devices=8, host=False)
         assert math.isclose(r.estimate_s, estimate(r.plan).iteration_time_s, rel_tol=EXACT)
+
+
+def test_a_deepspeed_search_prices_and_writes_deepspeeds_model_states(monkeypatch):
+    """Each framework's capabilities name what it keeps of the model states, and a search
+    for it prices them so. DeepSpeed 0.19.6 keeps gradients in the training dtype
+    (runtime/engine.py get_data_types): 2 + 2 + 12 = 16 bytes per parameter unsharded;
+    Megatron-Core fp32 main gradients, 18 (its distributed-optimizer guide). GPT-3 2.7B
+    whole on one L40S-48GB (45.0 GiB = 48.3 GB): its 2,650,816,000 parameters take
+    42.4 GB at 16 bytes, which with the 2 GiB runtime reserve (2.1 GB) fit, and 47.7 GB
+    at 18, which with it (49.9 GB) do not before any activation. DeepSpeed's search finds a plan, written with its
+    rule and simulated with its bytes; the same search with the rule as the only change,
+    and Megatron's, find none."""
+    assert {fw: str(CAPABILITIES[fw].model_states) for fw in FRAMEWORKS} == {
+        "megatron": "fp32_grads", "deepspeed": "deepspeed", "torchtitan": "fp32_grads",
+        "trainplan": "fp32_grads"}
+    request = dict(model=preset("gpt3-2.7b"), cluster=parse_gpus_arg("L40S-48GB:1"), gbs=8,
+                   seq_len=2048)
+    found = search(SearchRequest(**request, framework="deepspeed"))
+    plan, result = found.ranked[0].plan, found.ranked[0].result
+    assert plan.training.model_states == "deepspeed" and plan.sharding_label == "P/G/OS 1/1/1"
+    memory = result.stages[0].memory
+    params = 2_650_816_000
+    assert memory.params_bytes == memory.grads_bytes == 2 * params  # bf16 gradients
+    assert memory.optimizer_bytes == 12 * params
+    assert result.fits and memory.capacity_bytes == 45 * 1024**3
+    assert 18 * params + memory.reserve_bytes > memory.capacity_bytes > (
+        16 * params + memory.reserve_bytes)
+    monkeypatch.setitem(CAPABILITIES, "deepspeed", dataclasses.replace(
+        CAPABILITIES["deepspeed"], model_states="fp32_grads"))
+    with pytest.raises(InfeasiblePlan, match="nothing fits in memory"):
+        search(SearchRequest(**request, framework="deepspeed"))
+    with pytest.raises(InfeasiblePlan, match="nothing fits in memory"):
+        search(SearchRequest(**request, framework="megatron"))
