@@ -9,7 +9,8 @@ once, the batch adds up); these are the executor's own limits and this host's.
 from __future__ import annotations
 
 from planner.costs.kernels import supported_attention
-from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, DType, Recompute
+from planner.export.frameworks import model_states_differ
+from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, DType, ModelStates, Recompute
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
 from profiler.schema import at, fail
@@ -238,13 +239,18 @@ def _check_moe(plan: Plan, where: str) -> None:
 def _check_comm(plan: Plan, where: str) -> None:
     """The executor communicates and keeps its states as Megatron-LM does
     (`Communication`'s defaults): non-blocking pipeline sends, gradients reduced in fp32,
-    fp32 master weights beside 16-bit ones (executor/precision.py). Other settings
+    fp32 master weights and fp32 gradients beside 16-bit weights (executor/precision.py,
+    `ModelStates.FP32_GRADS`). Other settings
     describe other frameworks for prediction."""
     tr = plan.training
     if not tr.master_weights and DType(tr.dtype).master_weights:
         fail(at(where, "training.master_weights"), False,
              "true (the executor keeps fp32 master weights, gradients and Adam moments "
              "beside the 16-bit weights)")
+    if tr.model_states is not ModelStates.FP32_GRADS and model_states_differ(plan):
+        fail(at(where, "training.model_states"), str(tr.model_states),
+             "fp32_grads (the executor keeps fp32 gradients beside the 16-bit weights; "
+             "the plan was priced with less memory than a run of it holds)")
     comm = tr.comm
     if comm.pipeline_p2p.blocks_compute:
         fail(at(where, "training.comm.pipeline_p2p"), comm.pipeline_p2p,

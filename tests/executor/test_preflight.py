@@ -201,6 +201,27 @@ def test_master_weights_are_kept():
     check_runnable(fp32, cuda_devices=0)
 
 
+def test_model_states_are_the_executors_rule():
+    """A bf16 plan priced with DeepSpeed's model-state rule (gradients in bf16,
+    `training.model_states` deepspeed) is refused: the executor keeps fp32 gradients
+    (executor/data_parallel.py), 2 bytes per parameter more than the plan priced. In fp32
+    both rules keep the same bytes and the plan runs."""
+    from dataclasses import replace
+
+    from planner.specs.choices import ModelStates
+
+    plan = homogeneous(SMALL, world=2, dp=2, mbs=1, gbs=2)
+    ds = ModelStates.DEEPSPEED
+    bf16 = replace(plan, training=replace(plan.training, dtype="bf16", model_states=ds))
+    _refused(bf16, r"training.model_states: 'deepspeed' is not allowed \(fp32_grads \(the "
+             r"executor keeps fp32 gradients")
+    check_runnable(replace(bf16, training=replace(bf16.training,
+                                                  model_states=ModelStates.FP32_GRADS)),
+                   cuda_devices=0)
+    fp32 = replace(plan, training=replace(plan.training, dtype="fp32", model_states=ds))
+    check_runnable(fp32, cuda_devices=0)
+
+
 def test_multi_latent_attention_is_refused_in_one_line():
     """executor/model.py builds ordinary attention; an MLA model's plan (DeepSeek's) is
     refused naming the model, not run into a shape error."""
