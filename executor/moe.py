@@ -39,20 +39,26 @@ __all__ = ["MLP", "MoE", "all_to_all"]
 
 
 class MLP(nn.Module):
-    """h -> ffn -> h with GELU, or SwiGLU with gate and up fused in one GEMM."""
+    """h -> ffn -> h with GELU, or a gated linear unit (Shazeer 2020) with gate and up
+    fused in one GEMM: SwiGLU (SiLU of the gate times up) or GeGLU (GELU of the gate
+    times up; Grok-1). GELU is torch's (the erf form) in both; Grok-1's jax.nn.gelu and
+    Megatron-Core's fused geglu compute its tanh approximation, same shapes and bytes."""
 
     def __init__(self, spec: ModelSpec, ffn: int | None = None) -> None:
         super().__init__()
         ffn = ffn or spec.ffn_hidden_size
-        self.swiglu = spec.activation == "swiglu"
-        self.fc1 = nn.Linear(spec.hidden_size, ffn * (2 if self.swiglu else 1), bias=False)
+        self.activation = spec.activation
+        self.fc1 = nn.Linear(spec.hidden_size, ffn * (2 if spec.gated else 1), bias=False)
         self.fc2 = nn.Linear(ffn, spec.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.fc1(x)  # [.., ffn] (gelu) or [.., 2*ffn] (swiglu)
-        if self.swiglu:
+        y = self.fc1(x)  # [.., ffn] (gelu) or [.., 2*ffn] (gated: [gate | up])
+        if self.activation == "swiglu":
             gate, up = y.chunk(2, dim=-1)
-            y = F.silu(gate) * up  # Shazeer 2020
+            y = F.silu(gate) * up
+        elif self.activation == "geglu":
+            gate, up = y.chunk(2, dim=-1)
+            y = F.gelu(gate) * up
         else:
             y = F.gelu(y)
         return self.fc2(y)  # [.., h]

@@ -13,7 +13,7 @@ An MoE layer (executor/moe.py) is not split: every tp rank holds its router and 
 whole (expert tp 1) and runs them on the replicated input (no sequence parallelism,
 preflight), so its gradients are whole on every tp rank and need no tp reduction.
 
-The fused QKV (and SwiGLU gate|up) weights are regrouped first so that each rank's
+The fused QKV (and SwiGLU / GeGLU gate|up) weights are regrouped first so that each rank's
 contiguous block of rows is again [q | k | v] for its heads (Megatron-LM groups them the
 same way).
 """
@@ -46,13 +46,14 @@ def regroup_rows(weight: torch.Tensor, widths: list[int], tp: int) -> torch.Tens
 
 def fused_rows(model: GPT) -> dict[str, list[int]]:
     """The fused weights, by parameter name, and the widths of their row blocks (QKV:
-    [q | k | v]; SwiGLU's fc1: [gate | up]), which tensor parallelism regroups."""
+    [q | k | v]; a gated MLP's fc1, SwiGLU or GeGLU: [gate | up]), which tensor
+    parallelism regroups."""
     spec = model.spec
     out = {}
     for i in model.blocks:
         out[f"blocks.{i}.attn.qkv.weight"] = [spec.num_heads * spec.head_dim, spec.kv_dim,
                                               spec.kv_dim]
-        if spec.activation == "swiglu" and not isinstance(model.blocks[i].mlp, MoE):
+        if spec.gated and not isinstance(model.blocks[i].mlp, MoE):
             out[f"blocks.{i}.mlp.fc1.weight"] = [spec.ffn_hidden_size] * 2
     return out
 

@@ -279,6 +279,17 @@ def _swiglu(t: _Maker, n: int, f: int) -> Fragment:
     return Fragment((x,), (), forward)
 
 
+def _geglu(t: _Maker, n: int, f: int) -> Fragment:
+    """GELU of the gate times the up half (Shazeer 2020), as executor/moe.py's MLP."""
+    x = t(n, 2 * f)  # gate and up, from one fused GEMM
+
+    def forward() -> tuple[torch.Tensor, ...]:
+        gate, up = x.chunk(2, dim=-1)
+        return (F.gelu(gate) * up,)
+
+    return Fragment((x,), (), forward)
+
+
 def _embedding(t: _Maker, b: int, s: int, vocab: int, h: int, positions: int,
                dropout: int) -> Fragment:
     """Token lookup, plus learned positions when `positions` (their count) is set."""
@@ -318,6 +329,7 @@ IMPLS: dict[str, tuple[Callable[..., Fragment], tuple[str, ...]]] = {
     "residual": (_residual, ("n", "h", "dropout")),
     "gelu": (_gelu, ("n", "f")),
     "swiglu": (_swiglu, ("n", "f")),
+    "geglu": (_geglu, ("n", "f")),
     "embedding": (_embedding, ("b", "s", "vocab", "h", "positions", "dropout")),
     "cross_entropy": (_cross_entropy, ("n", "vocab")),
 }

@@ -284,12 +284,12 @@ def _measure_ops(req: MeasureRequest, model: ModelSpec, dev: DeviceSpec,
 
 def _host_model(req: MeasureRequest) -> str | None:
     """The tiny preset whose blocks the framework's host costs are measured on: the one of
-    the model's kind (SwiGLU and RMSNorm or GELU and LayerNorm); CPU only."""
+    the model's kind (SwiGLU and RMSNorm or GELU and LayerNorm; a GeGLU model takes the
+    SwiGLU one, whose MLP launches the same ops, the gate's function aside); CPU only."""
     if not req.host_costs or req.device != "cpu":
         return None
     model = req.host_model or req.model
-    return "debug-tiny-llama" if model is not None and model.activation == "swiglu" \
-        else "debug-tiny"
+    return "debug-tiny-llama" if model is not None and model.gated else "debug-tiny"
 
 
 def _measure_collectives(req: MeasureRequest) -> tuple[Sequence[ProfileRow], bool]:

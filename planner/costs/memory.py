@@ -126,7 +126,7 @@ def rank_param_tensors(model: ModelSpec, *, num_layers: int, first: bool, last: 
                    else (h * (q_local + 2 * kv_local), q_local * h))
     attention = (*norm, *projections, *norm)
     layer = (*attention, h * model.mlp_in_width // tp, model.ffn_hidden_size // tp * h)
-    gated = 2 if model.activation == "swiglu" else 1
+    gated = 2 if model.gated else 1
     shared = model.shared_ffn // tp
     expert = model.expert_ffn // (etp or tp)
     moe_layer = (*attention, model.num_experts * h,

@@ -335,19 +335,29 @@ def _mlp_ops(prefix: str, model: ModelSpec, w: WorkloadShape, *, tokens: float,
     output as fc2's input. `fc1_source` and `tp_gather` (the tp ranks TE gathers fc1's
     input and fc2's output gradient over) place their FP8 quantization (`_linear`)."""
     rows = int(math.ceil(tokens))
-    width = ffn_local * (2 if model.activation == "swiglu" else 1)
+    width = ffn_local * (2 if model.gated else 1)
     fc1 = _linear(_gemm(f"{prefix}.fc1", rows, width, model.hidden_size, linear, batch=batch,
                         low_precision=True), w, source=fc1_source, gather_in=tp_gather)
     fc2 = _linear(_gemm(f"{prefix}.fc2", rows, model.hidden_size, ffn_local, linear,
                         batch=batch, low_precision=True), w, gather_grad=tp_gather)
     elements = batch * rows * ffn_local
-    if model.activation == "swiglu":
-        act = _elementwise(f"{prefix}.swiglu", elements, elem, reads=2, writes=1,
-                           flops_per_elem=5)
+    # One kernel, named by the activation (`{prefix}.gelu`, `.swiglu`, `.geglu`); a gated
+    # one reads gate and up and writes act(gate) * up. FLOPs per output element, exp,
+    # erf and tanh one each: SwiGLU 5 (SiLU x / (1 + exp(-x)): negate, exp, add, divide;
+    # times up), GeGLU 9 (GELU at the 8 this model has always counted for gelu, times
+    # up; GELU's tanh form 0.5 x (1 + tanh(0.79788456 x (1 + 0.044715 x^2))), which
+    # Megatron-Core's fused geglu and Grok-1's jax.nn.gelu compute, is 9 by the same
+    # rule, its erf form 5). Elementwise ops are priced by their bytes (memory-bound:
+    # `analytic.memory_time_s`; a profile interpolates them by bytes too), so GeGLU and
+    # SwiGLU, which move the same bytes, take the same time unless a profile measured
+    # them apart (each under its own name, profiler/torch_ops.py).
+    if model.gated:
+        act = _elementwise(f"{prefix}.{model.activation}", elements, elem, reads=2, writes=1,
+                           flops_per_elem=5 if model.activation == "swiglu" else 9)
     else:
         act = _elementwise(f"{prefix}.gelu", elements, elem, reads=1, writes=1,
                            flops_per_elem=8)
-    saved = elements * (elem * (2 if model.activation == "swiglu" else 1) + linear)
+    saved = elements * (elem * (2 if model.gated else 1) + linear)
     return fc1, act, fc2, float(saved)
 
 
@@ -872,7 +882,7 @@ def _layer_matmul_flops_per_token(model: ModelSpec) -> dict[str, float]:
     dense_mlp = h * model.mlp_in_width + model.ffn_hidden_size * h
     # An MoE layer's active weights: router, shared experts, top-k routed experts (how
     # Megatron-Bridge's flop_utils counts "model FLOPs" of MoE models)
-    gated = 3 if model.activation == "swiglu" else 2
+    gated = 3 if model.gated else 2
     share = model.moe_layer_fraction
     # attention projections: 2 FLOPs per weight (MLA: megatron/training/training.py
     # num_floating_point_operations counts q_lora x (h + heads x (qk + rope) + 1) +

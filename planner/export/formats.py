@@ -188,7 +188,8 @@ def _megatron(plan: Plan) -> Export:
 
 def _deepspeed(plan: Plan) -> Export:
     # The config carries no model: that is the user's code (an MLA model too: AutoTP
-    # keeps DeepSeek's q_a_proj / kv_a_proj_with_mqa whole, module_inject/auto_tp.py).
+    # keeps DeepSeek's q_a_proj / kv_a_proj_with_mqa whole, module_inject/auto_tp.py;
+    # a GeGLU one too, whatever its activation).
     issues = unsupported(plan, CAPABILITIES["deepspeed"])
     s, sh, tr = plan_shape(plan), plan.sharding, plan.training
     config: dict = {
@@ -253,9 +254,14 @@ def _torchtitan(plan: Plan) -> Export:
     model = _TITAN_FLAVORS.get(plan.model.name)
     lines = ["[model]"]
     mla = " with multi-latent attention (deepseek_v3)" if plan.model.is_mla else ""
+    # torchtitan 0.2.2's own models gate their feed-forward with SiLU (models/llama3,
+    # llama4, qwen3, deepseek_v3, moe/moe.py; gpt_oss with x * sigmoid(1.702 x)): a GeGLU
+    # model is one the user registers (protocols/train_spec.py register_train_spec)
+    geglu = (", a GELU-gated feed-forward (GeGLU; torchtitan's own models gate with SiLU)"
+             if plan.model.activation == "geglu" else "")
     lines += ([f'name = "{model[0]}"', f'flavor = "{model[1]}"'] if model else
               [f"# {plan.model.name}: set name and flavor to a registered model of this shape "
-               f"({plan.model.num_layers} layers, hidden {plan.model.hidden_size}{mla})"])
+               f"({plan.model.num_layers} layers, hidden {plan.model.hidden_size}{mla}{geglu})"])
     lines += [
         "", "[training]",
         # with pp > 1 a replica's batch is one step split into micro-batches; without,

@@ -89,6 +89,10 @@ class FrameworkCapabilities:
     model_states: ModelStates
     # multi-head latent attention (ModelSpec.kv_lora_rank: DeepSeek-V2 / V3)
     latent_attention: bool = True
+    # MLP activations (ModelSpec.activation) its model takes; DeepSpeed's config and
+    # torchtitan's (a model registered by name, torchtitan's own or the user's:
+    # protocols/train_spec.py register_train_spec) leave the model to the user's code
+    activations: frozenset[str] = frozenset({"gelu", "swiglu", "geglu"})
     notes: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -115,7 +119,14 @@ _MEGATRON = FrameworkCapabilities(
     # (--accumulate-allreduce-grads-in-fp32): the distributed-optimizer guide's "bf16
     # parameters, fp32 gradients: 18, 6 + 12/d"
     model_states=ModelStates.FP32_GRADS,
+    # megatron/training/arguments.py core_transformer_config_from_args: gelu by default,
+    # --swiglu (F.silu, gated), --quick-geglu (quick_gelu x * sigmoid(1.702 x), gated),
+    # --squared-relu; no flag gates with GELU itself
+    activations=frozenset({"gelu", "swiglu"}),
     notes={
+        "activation geglu": "Megatron-LM's arguments gate the MLP with SiLU (--swiglu) or "
+        "x * sigmoid(1.702 x) (--quick-geglu), not GELU; Megatron-Core's TransformerConfig "
+        "takes activation_func F.gelu with gated_linear_unit from Python code only",
         "schedule zb-h1": "upstream Megatron-LM has no zero-bubble schedule; the zero-bubble "
         "fork sail-sg/zero-bubble-pipeline-parallelism runs a ZB-H1-like one with "
         "--enable-zero-bubble --zero-bubble-max-pending-backward PP",
@@ -362,7 +373,17 @@ def unsupported(plan: Plan, capabilities: FrameworkCapabilities) -> list[str]:
     out += _recompute(caps, s)
     out += _precision_and_kernels(plan, caps)
     out += _moe(plan, caps, s)
+    out += _model(plan, caps)
     return out
+
+
+def _model(plan: Plan, caps: FrameworkCapabilities) -> list[str]:
+    """The model's own architecture against what the framework's model takes."""
+    act = plan.model.activation
+    if act not in caps.activations:
+        return [f"activation {act}: {caps.version} has "
+                f"{', '.join(sorted(caps.activations))}{_note(caps, f'activation {act}')}"]
+    return []
 
 
 def _note(caps: FrameworkCapabilities, key: str) -> str:

@@ -63,6 +63,7 @@ def _forward_impl(model: ModelSpec, w: WorkloadShape, op: Op) -> tuple[str, tupl
         "mlp.residual": ("residual", (elements // h, h, dropout)),
         "mlp.gelu": ("gelu", (b * s, model.ffn_hidden_size // t)),
         "mlp.swiglu": ("swiglu", (b * s, model.ffn_hidden_size // t)),
+        "mlp.geglu": ("geglu", (b * s, model.ffn_hidden_size // t)),
         "embed.lookup": ("embedding", (b, s, -(-model.vocab_size // t), h,
                                        model.seq_len if model.position_embedding == "learned"
                                        else 0, dropout)),

@@ -218,8 +218,8 @@ def _within_budget(req: SearchRequest, iteration_s: float, usd_hour: float | Non
 
 def check_framework(framework: str, model: ModelSpec, dtype: str) -> FrameworkCapabilities:
     """The framework's capabilities, after refusing in one line what it cannot run on any
-    cluster: the training dtype, a model with multi-head latent attention (each refusal
-    names the frameworks that can)."""
+    cluster: the training dtype, a model with multi-head latent attention or an activation
+    it lacks (each refusal names the frameworks that can)."""
     if framework not in CAPABILITIES:
         fail("--framework", framework, "allowed: " + ", ".join(FRAMEWORKS))
     caps = CAPABILITIES[framework]
@@ -231,6 +231,11 @@ def check_framework(framework: str, model: ModelSpec, dtype: str) -> FrameworkCa
         others = [c.name for c in CAPABILITIES.values() if c.latent_attention]
         fail("--model", model.name, f"it uses multi-head latent attention, which "
              f"{caps.version} does not run; --framework {' or '.join(others)} plans it")
+    if model.activation not in caps.activations:
+        others = [c.name for c in CAPABILITIES.values() if model.activation in c.activations]
+        fail("--model", model.name, f"its activation {model.activation} is not among "
+             f"{caps.version}'s ({', '.join(sorted(caps.activations))}); --framework "
+             f"{' or '.join(others)} plans it")
     return caps
 
 

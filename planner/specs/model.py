@@ -34,13 +34,18 @@ class ModelSpec:
     num_layers: int = spec_field(min=1, max=1024)
     hidden_size: int = spec_field(min=1, max=262_144)
     ffn_hidden_size: int = spec_field(min=1, max=1_048_576,
-                                      help="MLP inner size (per gate for swiglu)")
+                                      help="MLP inner size (per half for the gated swiglu "
+                                      "and geglu)")
     num_heads: int = spec_field(min=1, max=16_384)
     num_kv_heads: int | None = spec_field(default=None, min=1, max=16_384,
                                           help="GQA; default num_heads")
     vocab_size: int = spec_field(min=1, max=16_777_216)
     seq_len: int = spec_field(min=1, max=MAX_SEQ_LEN, help="default training sequence length")
-    activation: Literal["gelu", "swiglu"] = "gelu"
+    # gelu: h -> ffn -> h with GELU between. swiglu, geglu: gated linear units (Shazeer
+    # 2020, "GLU Variants Improve Transformer", arXiv:2002.05202): fc1 computes a gate and
+    # an up projection of ffn each, fc2 takes act(gate) * up, with act SiLU (SwiGLU) or
+    # GELU (GeGLU; Grok-1: xai-org/grok-1 model.py DenseBlock, gelu(linear(x)) * linear_v(x))
+    activation: Literal["gelu", "swiglu", "geglu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     tied_embeddings: bool = False
     position_embedding: Literal["learned", "rope", "alibi"] = "rope"
@@ -81,7 +86,8 @@ class ModelSpec:
                                         help="top-k routed experts each token goes to")
     expert_ffn_hidden_size: int | None = spec_field(
         default=None, min=1, max=1_048_576,
-        help="one routed expert's inner size (per gate for swiglu); default ffn_hidden_size")
+        help="one routed expert's inner size (per half for swiglu / geglu); default "
+        "ffn_hidden_size")
     num_shared_experts: int = spec_field(default=0, min=0, max=1024,
                                          help="experts every token goes through (DeepSeekMoE)")
     shared_expert_ffn_hidden_size: int | None = spec_field(
@@ -203,8 +209,15 @@ class ModelSpec:
         """Inner size of all shared experts together (they run as one MLP)."""
         return self.num_shared_experts * (self.shared_expert_ffn_hidden_size or self.expert_ffn)
 
+    @property
+    def gated(self) -> bool:
+        """A gated linear unit (swiglu, geglu): three matrices, fc1 twice ffn wide (gate and
+        up fused), fc2 from ffn; gelu: two, fc1 ffn wide."""
+        return self.activation in ("swiglu", "geglu")
+
     def _mlp_params(self, ffn: int) -> int:
-        return self.hidden_size * ffn * (3 if self.activation == "swiglu" else 2)
+        return self.hidden_size * ffn * (3 if self.gated else 2)
+
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
@@ -238,8 +251,8 @@ class ModelSpec:
 
     @property
     def mlp_in_width(self) -> int:
-        """Output width of the first MLP GEMM (gate and up fused for swiglu)."""
-        return self.ffn_hidden_size * (2 if self.activation == "swiglu" else 1)
+        """Output width of the first MLP GEMM (gate and up fused when gated)."""
+        return self.ffn_hidden_size * (2 if self.gated else 1)
 
     def attention_params(self) -> int:
         """QKV and output projection of one layer (no linear biases); for MLA its down-

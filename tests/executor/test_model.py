@@ -14,7 +14,8 @@ from planner.specs.model import preset  # noqa: E402
 SPECS = [preset("debug-tiny"), preset("debug-tiny-llama"),
          dataclasses.replace(preset("debug-tiny-llama"), tied_embeddings=True, num_kv_heads=1),
          dataclasses.replace(preset("debug-tiny"), tied_embeddings=False, activation="swiglu",
-                             ffn_hidden_size=96, dropout=True)]
+                             ffn_hidden_size=96, dropout=True),
+         dataclasses.replace(preset("debug-tiny-llama"), activation="geglu")]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.name}-{s.activation}-{s.norm}")
@@ -89,3 +90,20 @@ def test_chunks_of_the_model_are_the_model(spec):
     torch.testing.assert_close(last.lm_head.weight,
                                whole.wte.weight if spec.tied_embeddings else
                                whole.lm_head.weight)
+
+
+def test_the_gated_mlps_compute_their_unit():
+    """fc1 gives [gate | up]; SwiGLU feeds SiLU(gate) * up to fc2, GeGLU GELU(gate) * up
+    (Shazeer 2020; Grok-1's DenseBlock: jax.nn.gelu(linear(x)) * linear_v(x))."""
+    from executor.moe import MLP
+
+    x = torch.randn(3, 5, 64)
+    outs = {}
+    for act, f in (("swiglu", torch.nn.functional.silu), ("geglu", torch.nn.functional.gelu)):
+        spec = dataclasses.replace(SPECS[1], activation=act)
+        torch.manual_seed(0)
+        mlp = MLP(spec)
+        gate, up = (x @ mlp.fc1.weight.T).chunk(2, dim=-1)
+        outs[act] = mlp(x)
+        torch.testing.assert_close(outs[act], (f(gate) * up) @ mlp.fc2.weight.T)
+    assert not torch.allclose(outs["swiglu"], outs["geglu"])

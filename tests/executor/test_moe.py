@@ -28,6 +28,7 @@ VARIANT = replace(MOE, router="sigmoid", num_shared_experts=1, capacity_factor=1
 SPARSE = replace(MOE, num_layers=4, first_k_dense=1, moe_layer_freq=2)
 STEPS, RTOL = 5, 1e-5
 DEEP = replace(MOE, num_layers=4)
+GEGLU = replace(MOE, activation="geglu", num_shared_experts=1)
 
 
 def _with_ep(plan, ep: int):
@@ -73,6 +74,8 @@ PLANS = {
     "moe-dp2xtp2-ep2": lambda: homogeneous(MOE, world=4, dp=2, tp=2, etp=1, ep=2, mbs=2,
                                            gbs=8, ep_layout="data_parallel"),
     "moe-variant-dp2-ep2": lambda: homogeneous(VARIANT, world=2, dp=2, ep=2, mbs=2, gbs=8),
+    # GeGLU experts (Grok-1's), with a shared expert, split over ep
+    "moe-geglu-dp2-ep2": lambda: homogeneous(GEGLU, world=2, dp=2, ep=2, mbs=2, gbs=8),
     # mixed plans' shapes (replicas placed out of GPU order, uneven stages)
     "moe-mixed-stages-ep2": _mixed_stages_ep2,
     "moe-mixed-replicas-ep2": _mixed_replicas_ep2,
@@ -86,9 +89,10 @@ def _reference(gbs: int, seq_len: int, spec=MOE) -> tuple[float, ...]:
 
 
 def test_the_moe_model_has_the_specs_parameters():
-    model = GPT(MOE)
-    assert sum(p.numel() for p in model.parameters()) == MOE.num_params()
-    assert all(isinstance(b.mlp, MoE) for b in model.blocks.values())
+    for spec in (MOE, GEGLU):
+        model = GPT(spec)
+        assert sum(p.numel() for p in model.parameters()) == spec.num_params()
+        assert all(isinstance(b.mlp, MoE) for b in model.blocks.values())
 
 
 def test_routing_renormalises_the_top_k_and_capacity_drops():

@@ -76,7 +76,7 @@ def test_gbs_not_divisible(capsys):
     (MODEL + "colour: red\n", "model.yaml:colour: 'red' is not allowed (unknown field; known: name,"),
     (MODEL.replace("num_layers: 4", "num_layers: -1"), "model.yaml:num_layers: -1 is not allowed (must be ≥ 1)"),
     (MODEL.replace("hidden_size: 256", "hidden_size: 0"), "hidden_size: 0 is not allowed (must be ≥ 1)"),
-    (MODEL + "activation: relu\n", "activation: 'relu' is not allowed (allowed: gelu, swiglu)"),
+    (MODEL + "activation: relu\n", "activation: 'relu' is not allowed (allowed: gelu, swiglu, geglu)"),
     ("name: m\nnum_layers: [4\n", "model.yaml: line 3: malformed YAML"),
 ])
 def test_bad_model_files(tmp_path, text, needle, capsys):

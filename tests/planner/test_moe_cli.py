@@ -138,3 +138,18 @@ def test_search_refuses_latent_attention_where_the_framework_lacks_it(capsys):
     assert "multi-head latent attention" in line and "--framework megatron" in line
     code, out, _ = run_cli([*argv, "--framework", "megatron"], capsys)
     assert code == 0 and json.loads(out)["plans"]
+
+
+def test_search_refuses_geglu_where_the_framework_lacks_it(capsys):
+    """Megatron-LM's arguments cannot gate with GELU (planner/export/frameworks.py): a
+    search for grok-1 (GeGLU) under Megatron is refused in one line naming the frameworks
+    that plan it; trainplan's executor runs it."""
+    argv = ["search", "--model", "grok-1", "--gpus", "H100-80GB-SXM:64", "--gbs", "64",
+            "--top", "1", "--json", "--framework", "megatron"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and out == ""
+    line = err.strip().splitlines()[-1]
+    assert "--model: 'grok-1' is not allowed" in line
+    assert ("its activation geglu is not among megatron-core 0.16.1 (Megatron-LM "
+            "core_r0.16.0)'s (gelu, swiglu); --framework deepspeed or torchtitan or "
+            "trainplan plans it") in line

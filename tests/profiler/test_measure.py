@@ -14,6 +14,7 @@ SMALL = {  # impl -> small dimensions
     "scores": (2, 4, 2, 8, 8, 4), "causal_softmax": (8, 8, 8), "dropout": (64,),
     "context": (2, 4, 2, 8, 8, 4), "layernorm": (8, 16), "rmsnorm": (8, 16),
     "residual": (8, 16, 1), "gelu": (8, 16), "swiglu": (8, 16),
+    "geglu": (8, 16),
     "embedding": (2, 8, 32, 16, 8, 1), "cross_entropy": (8, 32),
     "fp8_linear": (16, 32, 48), "fp8_qkv": (2, 8, 16, 2, 1, 8, 1),  # FP8: multiples of 16
 }
@@ -35,6 +36,19 @@ def test_qkv_splits_heads_as_the_model_does():
                            device="cpu")
     q, k, v = frag.forward()
     assert q.shape == (2, 4, 8, 4) and k.shape == v.shape == (2, 2, 8, 4)
+
+
+def test_the_gated_units_gate_the_up_half_with_their_function():
+    """SwiGLU: SiLU(gate) * up; GeGLU: GELU(gate) * up (Shazeer 2020), the input being
+    fc1's output [gate | up]."""
+    functions = {"swiglu": torch.nn.functional.silu, "geglu": torch.nn.functional.gelu}
+    outs = {}
+    for impl, act in functions.items():
+        frag = torch_ops.build(impl, (4, 8), variant=None, dtype=torch.float32, device="cpu")
+        gate, up = frag.inputs[0].chunk(2, dim=-1)
+        (outs[impl],) = frag.forward()
+        torch.testing.assert_close(outs[impl], act(gate) * up)
+    assert not torch.allclose(outs["swiglu"], outs["geglu"])
 
 
 def test_timing_reports_median_and_spread():

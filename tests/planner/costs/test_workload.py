@@ -158,3 +158,39 @@ def test_optimizer_step_traffic_follows_the_state_dtype():
     # fp32 training: the setting changes nothing
     assert (optimizer_work(1e6, dtype="fp32", master_weights=False).bytes
             == optimizer_work(1e6, dtype="fp32").bytes)
+
+
+def test_geglu_is_priced_as_swiglus_shape_with_its_own_op():
+    """GeGLU (Shazeer 2020) runs SwiGLU's GEMMs and moves the same bytes (reads gate and up,
+    writes their product; keeps both for backward); its elementwise op is `.geglu`, at 9
+    FLOPs an element (GELU's 8, as `mlp.gelu` counts it, and the gate's multiply) against
+    SwiGLU's 5 (SiLU x / (1 + exp(-x)): 4, and the multiply). Dense and MoE layers alike;
+    grok-1 (GeGLU) is priced exactly as its shape with SwiGLU."""
+    from dataclasses import replace
+
+    from planner.costs.compute import ComputeCosts
+    from profiler.devices import device
+
+    w = WorkloadShape(micro_batch_size=2, seq_len=1024, tp=2, ep=2, etp=1)
+    costs = ComputeCosts(device("H100-80GB-SXM"), "bf16")
+    for name in ("llama3-8b", "mixtral-8x7b"):
+        swiglu = preset(name)
+        geglu = replace(swiglu, activation="geglu")
+        a, b = layer_work(swiglu, w), layer_work(geglu, w)
+        acts = {}
+        for work, act in ((a, "swiglu"), (b, "geglu")):
+            ops = [o for o in work.forward if isinstance(o, Op) and o.name.endswith(act)]
+            assert ops and all(o.kind == "elementwise" for o in ops), (name, act)
+            acts[act] = ops
+        for s_op, g_op in zip(acts["swiglu"], acts["geglu"], strict=True):
+            assert g_op.name == s_op.name.replace("swiglu", "geglu")
+            assert g_op.bytes == s_op.bytes and g_op.shape == s_op.shape
+            assert g_op.flops == pytest.approx(s_op.flops * 9 / 5)
+        others = [(o.name, o.flops, o.bytes) for o in a.forward + a.backward
+                  if isinstance(o, Op) and "swiglu" not in o.name]
+        assert others == [(o.name, o.flops, o.bytes) for o in b.forward + b.backward
+                          if isinstance(o, Op) and "geglu" not in o.name]
+        assert (a.activation_bytes, a.selective_activation_bytes) == (
+            b.activation_bytes, b.selective_activation_bytes)
+        assert costs.total_s(a.forward + a.backward) == costs.total_s(b.forward + b.backward)
+        assert model_flops_per_token(geglu, 4096) == model_flops_per_token(swiglu, 4096)

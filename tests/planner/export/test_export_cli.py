@@ -339,3 +339,31 @@ def test_model_states_of_another_rule_are_not_exported_as_priced(tmp_path, capsy
     assert "approximated: model states deepspeed -> fp32_grads (gradients in fp32)" in err
     code, out, err = run_cli(["export", path, "--format", "deepspeed"], capsys)
     assert (code, err) == (0, "")
+
+
+def test_a_geglu_model_is_refused_by_megatron_in_one_line(tmp_path, capsys):
+    """grok-1 (GeGLU): Megatron-LM's arguments cannot gate with GELU, so `plan export` for
+    Megatron (its arguments, or a Slurm script carrying them) exits 2 with one line naming
+    the field, the value and what Megatron-LM has; --approximate cannot change the model.
+    DeepSpeed, torchtitan and the executor take it (whatever else of this plan they lack:
+    DeepSpeed has no ep)."""
+    from planner.specs.cluster import parse_gpus_arg
+    from planner.specs.layout import ParallelConfig, homogeneous_plan
+
+    path = str(tmp_path / "grok.yaml")
+    save_plan(homogeneous_plan(preset("grok-1"), parse_gpus_arg("H100-80GB-SXM:16"),
+                               ParallelConfig(dp=16, ep=8, mbs=1, gbs=64, seq_len=4096,
+                                              sharding=Sharding(params=16, grads=16,
+                                                                optim=16))), path)
+    for argv in (["--format", "megatron"], ["--format", "slurm", "--framework", "megatron"],
+                 ["--format", "megatron", "--approximate"]):
+        code, out, err = run_cli(["export", path, *argv, "-o", str(tmp_path / "out")], capsys)
+        assert code == 2 and out == "", argv
+        lines = [x for x in err.splitlines() if "activation" in x]
+        assert len(lines) == 1 and ("activation geglu: megatron-core 0.16.1 (Megatron-LM "
+                                    "core_r0.16.0) has gelu, swiglu (") in lines[0], err
+        assert not (tmp_path / "out").exists()
+    for argv, want in ((["--format", "deepspeed"], 2), (["--format", "torchtitan"], 0),
+                       (["--format", "slurm", "--framework", "trainplan"], 0)):
+        code, _, err = run_cli(["export", path, *argv], capsys)
+        assert "activation" not in err and code == want, (argv, err)

@@ -116,3 +116,27 @@ def test_torchtitan_names_its_deepseek_flavors():
     text = export_plan(_mla_plan("deepseek-v2", tp=1, dp=16, ep=16,
                                  sequence_parallel=False), "torchtitan").text
     assert 'name = "deepseek_v3"' in text and 'flavor = "236B"' in text
+
+
+def test_geglu_is_refused_by_megatron_only():
+    """Megatron-LM's command line (megatron/training/arguments.py, core_transformer_config_
+    from_args) gates the MLP with SiLU (--swiglu) or quick GELU x * sigmoid(1.702 x)
+    (--quick-geglu), never GELU: a GeGLU model (grok-1) would be exported as a GELU one, so
+    it is refused in one line naming the field, the value and what Megatron-LM has.
+    DeepSpeed's config and torchtitan's (a model the user registers) carry no activation."""
+    plan = _mla_plan("grok-1", tp=1, dp=16, ep=8, sequence_parallel=False)
+    megatron = export_plan(plan, "megatron")
+    refused = [u for u in megatron.unsupported if u.startswith("activation")]
+    assert refused == [
+        "activation geglu: megatron-core 0.16.1 (Megatron-LM core_r0.16.0) has gelu, swiglu "
+        "(Megatron-LM's arguments gate the MLP with SiLU (--swiglu) or x * sigmoid(1.702 x) "
+        "(--quick-geglu), not GELU; Megatron-Core's TransformerConfig takes activation_func "
+        "F.gelu with gated_linear_unit from Python code only)"]
+    assert "--swiglu" not in megatron.text
+    swiglu = export_plan(_mla_plan("mixtral-8x7b", tp=1, dp=16, ep=8,
+                                   sequence_parallel=False), "megatron")
+    assert "--swiglu" in swiglu.text and not swiglu.unsupported
+    for fmt in ("deepspeed", "torchtitan"):
+        assert not any("activation" in u for u in export_plan(plan, fmt).unsupported), fmt
+    titan = export_plan(plan, "torchtitan").text
+    assert "# grok-1: set name and flavor" in titan and "GELU-gated feed-forward (GeGLU" in titan

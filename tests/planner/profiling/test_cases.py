@@ -11,7 +11,9 @@ from planner.specs.model import preset
 from profiler.measure import OpCase
 
 MODELS = [preset("debug-tiny"), preset("debug-tiny-llama"),
-          dataclasses.replace(preset("debug-small"), dropout=True)]
+          dataclasses.replace(preset("debug-small"), dropout=True),
+          dataclasses.replace(preset("debug-tiny-llama"), name="debug-tiny-geglu",
+                              activation="geglu")]
 
 
 def _workload_keys(model, w):
@@ -100,3 +102,13 @@ def test_each_op_of_a_profile_has_the_dtype_it_ran_in():
                                          "head.logits", "attn.core.bwd", "optimizer.adamw")] \
         == ["fp8", "fp8", "fp8", "bf16", "bf16", "bf16"]
     assert op_dtype("tf32", "mlp.fc1") == "tf32" and op_dtype("bf16", "head.logits") == "bf16"
+
+
+def test_a_geglu_model_profiles_its_own_activation():
+    """GeGLU's elementwise op is measured as `mlp.geglu` by profiler/torch_ops.py's geglu
+    (GELU of the gate times up), at the shape SwiGLU's is."""
+    cases = {c.name: c for c in op_cases(MODELS[3], tps=(2,), micro_batch_sizes=(2,),
+                                         seq_lens=(32,), dtype="fp32", attentions=("flash",))}
+    assert "mlp.swiglu" not in cases
+    assert (cases["mlp.geglu"].impl, cases["mlp.geglu"].dims) == ("geglu", (2 * 32, 176 // 2))
+    assert cases["mlp.geglu.bwd"].impl == "geglu" and cases["mlp.geglu.bwd"].grad_of == "all"

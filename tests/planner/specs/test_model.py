@@ -212,3 +212,25 @@ def test_mla_model_loads(tmp_path):
                     "num_heads: 8\nvocab_size: 256\nseq_len: 64\n" + MLA_FIELDS)
     m = load_model(str(path))  # heads need not divide hidden_size: MLA sets its own widths
     assert m.is_mla and m.head_dim_qk == 12 and m.head_dim_v == 8
+
+
+def test_geglu_is_a_gated_unit_with_swiglus_shape(tmp_path):
+    """GeGLU (Shazeer 2020, arXiv:2002.05202: GELU(x W) * (x V), then W2) has SwiGLU's three
+    matrices; only GELU keeps two. Grok-1's is GeGLU (xai-org/grok-1 model.py DenseBlock:
+    jax.nn.gelu(linear(x)) * linear_v(x)) and its 314B parameters count it so."""
+    base = dict(name="m", num_layers=2, hidden_size=64, ffn_hidden_size=96, num_heads=4,
+                vocab_size=100, seq_len=32)
+    gelu, swiglu, geglu = (ModelSpec(**base, activation=a) for a in ("gelu", "swiglu", "geglu"))
+    assert not gelu.gated and swiglu.gated and geglu.gated
+    assert geglu.mlp_in_width == swiglu.mlp_in_width == 2 * gelu.mlp_in_width == 192
+    assert geglu.num_params() == swiglu.num_params() == gelu.num_params() + 2 * 64 * 96
+    grok = preset("grok-1")
+    assert grok.activation == "geglu"
+    assert grok.num_params() == pytest.approx(314e9, rel=0.01)  # "314B parameters" (README)
+    f = tmp_path / "m.yaml"
+    f.write_text("".join(f"{k}: {v}\n" for k, v in base.items()) + "activation: geglu\n")
+    assert load_model(str(f)).activation == "geglu"
+    f.write_text("".join(f"{k}: {v}\n" for k, v in base.items()) + "activation: reglu\n")
+    with pytest.raises(SpecError, match=r"activation: 'reglu' is not allowed \(allowed: gelu, "
+                                        r"swiglu, geglu\)"):
+        load_model(str(f))
