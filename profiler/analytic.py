@@ -67,13 +67,13 @@ def _tiles(eff: ArchEfficiency) -> list[tuple[int, int, float]]:
 
 
 def gemm_efficiency(batch: int, m: int, n: int, k: int, *, device: DeviceSpec,
-                    eff: ArchEfficiency | None = None, simt: bool = False) -> float:
-    """Fraction of peak FLOP/s a [m,k]x[k,n] GEMM (batched `batch` times) reaches, with the
-    best tile for its shape; `simt`: on the CUDA cores (of gemm_peak_flops)."""
+                    eff: ArchEfficiency | None = None, simt: bool = False,
+                    dtype: str = "bf16") -> float:
+    """Fraction of peak FLOP/s a [m,k]x[k,n] GEMM (batched `batch` times) of `dtype`
+    reaches, with the best tile for its shape; `simt`: on the CUDA cores (of
+    gemm_peak_flops)."""
     eff = eff or device_efficiency(device)
-    top = eff.gemm_efficiency
-    if simt and eff.simt_gemm_efficiency is not None:
-        top = eff.simt_gemm_efficiency
+    top = eff.gemm_peak_fraction(math_dtype(device, dtype), simt=simt)
     units = device.num_compute_units
     best = 0.0
     for tm, tn, tile_eff in _tiles(eff):
@@ -91,7 +91,8 @@ def gemm_time_s(batch: int, m: int, n: int, k: int, *, device: DeviceSpec, dtype
     flops = 2.0 * batch * m * n * k
     peak = gemm_peak_flops(device, dtype, eff)
     simt = on_cuda_cores(device, dtype, eff)
-    compute = flops / (peak * gemm_efficiency(batch, m, n, k, device=device, eff=eff, simt=simt))
+    compute = flops / (peak * gemm_efficiency(batch, m, n, k, device=device, eff=eff, simt=simt,
+                                              dtype=dtype))
     traffic = elem_bytes * batch * (m * k + k * n + m * n)
     memory = traffic / (device.memory_bandwidth_bytes_per_s * eff.memory_efficiency)
     return max(compute, memory) + eff.kernel_overhead_s

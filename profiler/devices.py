@@ -94,10 +94,27 @@ class ArchEfficiency:
         "None: the architecture's, else 0")
     tensor_cores: bool = spec_field(default=True, help="matrix units for its 16-bit dtypes "
                                     "(false: Pascal, RDNA2 run every GEMM on the CUDA cores)")
+    tf32_gemm_efficiency: float | None = spec_field(
+        default=None, gt=0, max=1, help="fraction of the datasheet TF32 tensor peak a large "
+        "TF32 GEMM sustains; None: gemm_efficiency (the 16-bit fraction)")
+    fp8_gemm_efficiency: float | None = spec_field(
+        default=None, gt=0, max=1, help="fraction of the datasheet FP8 tensor peak a large "
+        "FP8 GEMM sustains; None: gemm_efficiency (the 16-bit fraction)")
 
     @property
     def kernel_overhead_s(self) -> float:
         return self.kernel_overhead_us * 1e-6
+
+    def gemm_peak_fraction(self, math_dtype: str, *, simt: bool = False) -> float:
+        """The fraction of its peak (profiler/analytic.py gemm_peak_flops) the largest tile
+        of a GEMM in `math_dtype` sustains: each tensor-core precision its own where set
+        (power and data movement per FLOP differ between them), the CUDA cores theirs."""
+        if simt:
+            own = self.simt_gemm_efficiency
+        else:
+            own = {"tf32": self.tf32_gemm_efficiency,
+                   "fp8": self.fp8_gemm_efficiency}.get(math_dtype)
+        return self.gemm_efficiency if own is None else own
 
 
 @dataclass(frozen=True, kw_only=True)
