@@ -66,36 +66,61 @@ def _tiles(eff: ArchEfficiency) -> list[tuple[int, int, float]]:
     return out
 
 
+def _tile_fraction(tm: int, tn: int, tile_eff: float, batch: int, m: int, n: int, units: int,
+                   in_flight: int) -> float:
+    """Fraction of the tensor cores' steady rate a tile (tm, tn) keeps over `batch` [m, n]
+    outputs when at most `in_flight` of those GEMMs' tiles run at once (`units` SMs: the
+    last wave of tiles leaves some idle; padded partial tiles waste their padding)."""
+    per_gemm = math.ceil(m / tm) * math.ceil(n / tn)
+    tiles = per_gemm * batch
+    slots = min(units, in_flight * per_gemm)
+    waves = math.ceil(tiles / slots)
+    wave_util = tiles / (waves * units)
+    tile_util = (m * n * batch) / (tiles * tm * tn)
+    return tile_eff * wave_util * tile_util
+
+
 def gemm_efficiency(batch: int, m: int, n: int, k: int, *, device: DeviceSpec,
                     eff: ArchEfficiency | None = None, simt: bool = False,
-                    dtype: str = "bf16") -> float:
+                    dtype: str = "bf16", streams: int = 0) -> float:
     """Fraction of peak FLOP/s a [m,k]x[k,n] GEMM (batched `batch` times) of `dtype`
     reaches, with the best tile for its shape; `simt`: on the CUDA cores (of
-    gemm_peak_flops)."""
+    gemm_peak_flops).
+
+    `streams` > 0: the `batch` GEMMs are separate launches, round-robin over `streams`
+    CUDA streams (a grouped GEMM as Transformer Engine and the grouped_gemm package run
+    it on Hopper: `grouped_gemm_streams` in planner/costs/workload.py). Each launch's
+    tile is the best for its own shape alone (cuBLAS picks a kernel per call from that
+    call's m, n, k), and at most `streams` of them run at once, so their tiles share the
+    SMs only up to that many GEMMs' tiles."""
     eff = eff or device_efficiency(device)
     top = eff.gemm_peak_fraction(math_dtype(device, dtype), simt=simt)
     units = device.num_compute_units
-    best = 0.0
-    for tm, tn, tile_eff in _tiles(eff):
-        tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
-        waves = math.ceil(tiles / units)
-        wave_util = tiles / (waves * units)
-        tile_util = (m * n * batch) / (tiles * tm * tn)
-        best = max(best, tile_eff * wave_util * tile_util)
+    if streams > 0:
+        tm, tn, tile_eff = max(_tiles(eff), key=lambda t: _tile_fraction(
+            t[0], t[1], t[2], 1, m, n, units, 1))
+        best = _tile_fraction(tm, tn, tile_eff, batch, m, n, units, min(streams, batch))
+    else:
+        best = max(_tile_fraction(tm, tn, tile_eff, batch, m, n, units, batch)
+                   for tm, tn, tile_eff in _tiles(eff))
     return top * best * k / (k + eff.gemm_k_half)
 
 
 def gemm_time_s(batch: int, m: int, n: int, k: int, *, device: DeviceSpec, dtype: str,
-                elem_bytes: int) -> float:
+                elem_bytes: int, streams: int = 0) -> float:
+    """A GEMM's time: compute at `gemm_efficiency` or its DRAM traffic, whichever is
+    slower, and the kernel's gap; `streams` > 0 (separate launches over that many
+    streams): a gap per launch on each stream, the streams' gaps overlapping."""
     eff = device_efficiency(device)
     flops = 2.0 * batch * m * n * k
     peak = gemm_peak_flops(device, dtype, eff)
     simt = on_cuda_cores(device, dtype, eff)
     compute = flops / (peak * gemm_efficiency(batch, m, n, k, device=device, eff=eff, simt=simt,
-                                              dtype=dtype))
+                                              dtype=dtype, streams=streams))
     traffic = elem_bytes * batch * (m * k + k * n + m * n)
     memory = traffic / (device.memory_bandwidth_bytes_per_s * eff.memory_efficiency)
-    return max(compute, memory) + eff.kernel_overhead_s
+    launches = math.ceil(batch / streams) if streams > 0 else 1
+    return max(compute, memory) + launches * eff.kernel_overhead_s
 
 
 def attention_time_s(flops: float, io_bytes: float, *, device: DeviceSpec, dtype: str) -> float:

@@ -39,7 +39,8 @@ def _analytic_op_time_s(dev: DeviceSpec, dtype: str, op: Op) -> float:
         batch, m, n, k = op.shape
         precision = gemm_precision(dtype, op)
         return analytic.gemm_time_s(batch, m, n, k, device=dev, dtype=precision,
-                                    elem_bytes=precision.gemm_operand_bytes) + extra
+                                    elem_bytes=precision.gemm_operand_bytes,
+                                    streams=op.streams) + extra
     if op.kind == "attention":  # fused attention kernels run at the storage precision
         return analytic.attention_time_s(op.flops, op.bytes, device=dev,
                                          dtype=DType(dtype).storage) + extra

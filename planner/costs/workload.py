@@ -22,7 +22,8 @@ from planner.specs.choices import DType
 from planner.specs.model import ModelSpec
 from profiler.kernels import Attention
 
-__all__ = ["Comm", "HostSync", "LayerWork", "Op", "Work", "WorkloadShape", "embedding_work",
+__all__ = ["EXPERT_GEMM_STREAMS", "GROUPED_GEMM_STREAMS", "Comm", "HostSync", "LayerWork", "Op",
+           "Work", "WorkloadShape", "embedding_work",
            "attention_core_flops_per_token", "expert_tokens_factor",
            "hardware_flops_per_token", "head_work", "layer_work", "model_flops_per_token",
            "optimizer_work"]
@@ -30,6 +31,29 @@ __all__ = ["Comm", "HostSync", "LayerWork", "Op", "Work", "WorkloadShape", "embe
 OpKind = Literal["gemm", "attention", "elementwise", "embedding", "optimizer"]
 CommKind = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
 Axis = Literal["tp", "cp", "dp", "pp", "ep"]
+
+# The local experts' GEMMs as every MoE implementation this project prices runs them on
+# Hopper: one cuBLAS GEMM per expert, round-robin over 4 CUDA streams.
+# * Transformer Engine's GroupedLinear (Megatron-Core TEGroupedMLP, `--moe-grouped-gemm`
+#   with the TE spec): forward, dgrad and wgrad are each one `general_grouped_gemm` over
+#   `num_gemms = len(m_splits)` GEMMs (transformer_engine/pytorch/module/grouped_linear.py),
+#   which `nvte_multi_stream_cublas_gemm` / `nvte_multi_tensor_gemm` launches as one
+#   cublasLt GEMM per expert on compute stream `i % num_streams`
+#   (transformer_engine/common/gemm/cublaslt_gemm.cu `multi_stream_cublas_gemm`), with
+#   `num_compute_streams = 4` (common/util/multi_stream.cpp). TE's CUTLASS grouped GEMM
+#   runs only with NVTE_USE_CUTLASS_GROUPED_GEMM=1 (default off).
+# * The grouped_gemm package (`grouped_gemm.ops.gmm`: Megatron-Core's legacy GroupedMLP,
+#   NeMo AutoModel's GroupedExpertsDeepEP; AutoModel installs nv-grouped-gemm 1.1.4, the
+#   fanshiqing/grouped_gemm fork): on any device but sm80 `CublasGroupedGemm`, one
+#   cublasGemmEx per expert on `cublas_handle[i % NUM_STREAM]`, NUM_STREAM 4
+#   (csrc/grouped_gemm.cu); wgrad the same (`CublasGroupedGemmVariableK`).
+GROUPED_GEMM_STREAMS = 4
+# What `_moe_block` prices the local experts' GEMMs with: 0, one batched GEMM over all of
+# them (the catalog's calibration was made so); GROUPED_GEMM_STREAMS prices them as the
+# implementations above run them. Examined and not adopted (docs/calibration.md, "MoE":
+# "Grouped expert GEMMs"): it moves the MoE rows 14.0 -> 14.1% at the catalog's Hopper
+# GEMM rate and does not make the 0.594 refit adoptable.
+EXPERT_GEMM_STREAMS = 0
 
 
 @dataclass(frozen=True)
@@ -55,6 +79,9 @@ class Op:
     # MoE layers): `flops` and `bytes` count that share; `shape` stays the op's own, so
     # its time is `share` x the time of one run of the whole op (`ComputeCosts.time_s`)
     share: float = 1.0
+    # a GEMM's `batch` run as that many separate launches round-robin over `streams` CUDA
+    # streams (0: one batched launch): a grouped GEMM of local experts (`grouped_gemm_streams`)
+    streams: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,9 +147,9 @@ class LayerWork:
 
 
 def _gemm(name: str, m: int, n: int, k: int, elem: int, batch: int = 1, kernels: int = 1,
-          low_precision: bool = False) -> Op:
+          low_precision: bool = False, streams: int = 0) -> Op:
     return Op(name, "gemm", 2.0 * batch * m * n * k, float(elem * batch * (m * k + k * n + m * n)),
-              (batch, m, n, k), kernels, low_precision=low_precision)
+              (batch, m, n, k), kernels, low_precision=low_precision, streams=streams)
 
 
 @dataclass(frozen=True)
@@ -226,9 +253,9 @@ def _backward_of(op: Op) -> tuple[Op, ...]:
     if op.kind == "gemm":  # dgrad, and wgrad with whatever the forward added (bias grad)
         batch, m, n, k = op.shape
         return (Op(op.name + ".dgrad", "gemm", op.flops, op.bytes, (batch, m, k, n),
-                   low_precision=op.low_precision, share=op.share),
+                   low_precision=op.low_precision, share=op.share, streams=op.streams),
                 Op(op.name + ".wgrad", "gemm", op.flops, op.bytes, (batch, k, n, m), bwd_kernels,
-                   low_precision=op.low_precision, share=op.share))
+                   low_precision=op.low_precision, share=op.share, streams=op.streams))
     if op.kind == "attention":
         # FlashAttention-2 backward recomputes the scores: 2.5x the forward FLOPs (Dao 2023).
         return (Op(op.name + ".bwd", "attention", 2.5 * op.flops, 2.0 * op.bytes, op.shape,
@@ -327,8 +354,8 @@ class _Ffn:
 
 def _mlp_ops(prefix: str, model: ModelSpec, w: WorkloadShape, *, tokens: float,
              ffn_local: int, elem: int, linear: int, batch: int = 1,
-             fc1_source: Literal["cast", "norm"] = "cast", tp_gather: int = 1
-             ) -> tuple[_Linear, Op, _Linear, float]:
+             fc1_source: Literal["cast", "norm"] = "cast", tp_gather: int = 1,
+             streams: int = 0) -> tuple[_Linear, Op, _Linear, float]:
     """fc1, activation, fc2 of an MLP (or of `batch` experts at once: a grouped GEMM of
     `tokens` rows each) and the bytes they keep for backward: the fc1 input is the
     block's, counted by the caller; gate and up for the activation's backward, its
@@ -337,9 +364,11 @@ def _mlp_ops(prefix: str, model: ModelSpec, w: WorkloadShape, *, tokens: float,
     rows = int(math.ceil(tokens))
     width = ffn_local * (2 if model.gated else 1)
     fc1 = _linear(_gemm(f"{prefix}.fc1", rows, width, model.hidden_size, linear, batch=batch,
-                        low_precision=True), w, source=fc1_source, gather_in=tp_gather)
+                        low_precision=True, streams=streams), w, source=fc1_source,
+                  gather_in=tp_gather)
     fc2 = _linear(_gemm(f"{prefix}.fc2", rows, model.hidden_size, ffn_local, linear,
-                        batch=batch, low_precision=True), w, gather_grad=tp_gather)
+                        batch=batch, low_precision=True, streams=streams), w,
+                  gather_grad=tp_gather)
     elements = batch * rows * ffn_local
     # One kernel, named by the activation (`{prefix}.gelu`, `.swiglu`, `.geglu`); a gated
     # one reads gate and up and writes act(gate) * up. FLOPs per output element, exp,
@@ -476,7 +505,7 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     # local experts at once; the dispatcher, not TE, moves the tokens (no TE gathers)
     fc1, act, fc2, saved = _mlp_ops("moe.expert", model, w, tokens=computed / local,
                                     ffn_local=model.expert_ffn // etp, elem=elem, linear=linear,
-                                    batch=local)
+                                    batch=local, streams=EXPERT_GEMM_STREAMS)
     # kept: router probabilities (fp32), the permuted tokens (fc1's input) and their
     # probabilities: Megatron-Core's experts weigh their activation by them
     # (TEGroupedMLP `activation_func_with_probs`), so the unpermute is a plain scatter-add
