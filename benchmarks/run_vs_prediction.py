@@ -37,12 +37,24 @@ import time
 from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec, preset
-from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Stage, Training, save_plan
+from planner.specs.plan import (
+    Communication,
+    Kernels,
+    Pipeline,
+    Plan,
+    Sharding,
+    Stage,
+    Training,
+    save_plan,
+)
 
 SEQ = 64
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER = load_cluster(os.path.join(ROOT, "cluster_specs", "local-cpu.yaml"))
 KERNELS = Kernels(attention="flash", optimizer="fused")
+# the executor's communication (gradients reduced after the last backward), as a
+# trainplan search writes it: the prediction is of what `plan run` does
+COMM = Communication.preset("trainplan", dtype="fp32")
 
 
 def _cluster(num_ranks: int) -> ClusterSpec:
@@ -55,7 +67,7 @@ def _cluster(num_ranks: int) -> ClusterSpec:
 
 
 def _homogeneous(model: ModelSpec, **knobs) -> Plan:
-    cfg = ParallelConfig(seq_len=SEQ, dtype="fp32", **knobs)
+    cfg = ParallelConfig(seq_len=SEQ, dtype="fp32", comm=COMM, **knobs)
     return homogeneous_plan(model, _cluster(cfg.num_gpus), cfg, kernels=KERNELS)
 
 
@@ -65,7 +77,7 @@ def _mixed_tp(model: ModelSpec) -> Plan:
                       stages=(Stage(layers=(0, model.num_layers), devices=(0,)),)),
              Pipeline(micro_batch_size=8, num_microbatches=1,
                       stages=(Stage(layers=(0, model.num_layers), devices=(1, 2), tp=2),)))
-    training = Training(global_batch_size=32, seq_len=SEQ, dtype="fp32")
+    training = Training(global_batch_size=32, seq_len=SEQ, dtype="fp32", comm=COMM)
     plan = Plan(model=model, cluster=_cluster(3), training=training, pipelines=pipes,
                 kernels=KERNELS)
     plan.check("plan")
@@ -77,7 +89,7 @@ def _hetero(model: ModelSpec) -> Plan:
     pipes = tuple(Pipeline(micro_batch_size=8, num_microbatches=m,
                            stages=(Stage(layers=(0, model.num_layers), devices=(d,)),))
                   for d, m in ((0, 3), (1, 1)))
-    training = Training(global_batch_size=32, seq_len=SEQ, dtype="fp32")
+    training = Training(global_batch_size=32, seq_len=SEQ, dtype="fp32", comm=COMM)
     plan = Plan(model=model, cluster=CLUSTER, training=training, pipelines=pipes,
                 kernels=KERNELS)
     plan.check("plan")
@@ -92,7 +104,7 @@ def _uneven_pp(model: ModelSpec, schedule: str) -> Plan:
     cut = model.num_layers // 2 + 1
     stages = (Stage(layers=(0, cut), devices=(0,)), Stage(layers=(cut, model.num_layers),
                                                            devices=(1,)))
-    training = Training(global_batch_size=32, seq_len=SEQ, dtype="fp32",
+    training = Training(global_batch_size=32, seq_len=SEQ, dtype="fp32", comm=COMM,
                         schedule=schedule)  # type: ignore[arg-type]
     plan = Plan(model=model, cluster=CLUSTER, training=training, kernels=KERNELS,
                 pipelines=(Pipeline(micro_batch_size=8, num_microbatches=4, stages=stages),))

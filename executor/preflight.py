@@ -237,11 +237,13 @@ def _check_moe(plan: Plan, where: str) -> None:
 
 
 def _check_comm(plan: Plan, where: str) -> None:
-    """The executor communicates and keeps its states as Megatron-LM does
-    (`Communication`'s defaults): non-blocking pipeline sends, gradients reduced in fp32,
-    fp32 master weights and fp32 gradients beside 16-bit weights (executor/precision.py,
-    `ModelStates.FP32_GRADS`). Other settings
-    describe other frameworks for prediction."""
+    """The executor communicates as `Communication.preset("trainplan")` says
+    (non-blocking pipeline sends, fp32 gradients reduced once per iteration after the
+    last backward) and keeps fp32 master weights and fp32 gradients beside 16-bit weights
+    (executor/precision.py, `ModelStates.FP32_GRADS`). Blocking sends and 16-bit
+    reductions describe other frameworks for prediction; a plan priced with the
+    reduction overlapped (Megatron-LM's) runs, slower than priced where its gradients
+    span several buckets."""
     tr = plan.training
     if not tr.master_weights and DType(tr.dtype).master_weights:
         fail(at(where, "training.master_weights"), False,

@@ -1,8 +1,8 @@
 """The nearest plan a framework expresses (`plan export --approximate`).
 
 Only settings change: the schedule (and the schedules per step), interleaving, sequence parallelism, model-state
-sharding (and fp32 master weights, and the dtype gradients are kept in), recompute, the layer split, which ranks an ep group is, dtype and the
-attention kernel. The GPUs, the
+sharding (and fp32 master weights, and the dtype gradients are kept in), recompute, the layer split, which ranks an ep group is, dtype, the
+attention kernel and how the framework communicates (`Training.comm`). The GPUs, the
 replicas and their batch shares stay, so a plan whose structure the framework lacks
 (mixed GPU types, unlike replicas, tp per stage, context parallelism it does not have)
 has no approximation here: that needs a new search for the framework.
@@ -16,6 +16,8 @@ from typing import Any
 
 from planner.export.frameworks import (
     FrameworkCapabilities,
+    comm_differences,
+    framework_comm,
     matches_pattern,
     model_states_differ,
     plan_shape,
@@ -35,7 +37,7 @@ def nearest(plan: Plan, caps: FrameworkCapabilities) -> tuple[Plan, list[str]]:
     no lines when nothing needs to change; check the result with `unsupported`)."""
     changes: list[str] = []
     for step in (_schedule, _sequence_parallel, _master_weights, _ep_layout, _sharding,
-                 _recompute, _even_split, _kernels, _model_states):
+                 _recompute, _even_split, _kernels, _model_states, _communication):
         plan = step(plan, caps, changes)
     plan.check("plan")
     return plan, changes
@@ -102,6 +104,25 @@ def _model_states(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -
     changes.append(f"model states {states} -> {caps.model_states} (gradients in "
                    f"{'fp32' if caps.model_states == 'fp32_grads' else 'the training dtype'})")
     return _training(plan, model_states=caps.model_states)
+
+
+def _communication(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:
+    """The framework's way of communicating where the plan's differs and its config cannot
+    say so (`comm_differences`: pipeline sends, when gradients are reduced, their dtype and
+    buckets); the layout stays, the times change. Last: the other steps decide which
+    settings price the plan at all."""
+    differ = comm_differences(plan, caps)
+    if not differ:
+        return plan
+    theirs = framework_comm(plan, caps)
+    for key, mine, value in differ:
+        changes.append(f"comm.{key} {_setting(mine)} -> {_setting(value)}")
+    return _training(plan, comm=replace(plan.training.comm, **{
+        key: getattr(theirs, key) for key, _, _ in differ}))
+
+
+def _setting(value: object) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def _ep_layout(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:

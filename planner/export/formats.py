@@ -20,7 +20,7 @@ from planner.export.frameworks import (
     unsupported,
 )
 from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, Recompute, Schedule
-from planner.specs.plan import Plan
+from planner.specs.plan import Communication, Plan
 
 __all__ = ["CONFIG_FILES", "Export", "FORMATS", "export_plan", "megatron_args"]
 
@@ -99,6 +99,19 @@ def megatron_args(plan: Plan) -> list[str]:
         args.append("--use-distributed-optimizer")
         if sh.optim < ranks:  # partial distributed optimizer: dp x cp / optim instances
             args.append(f"--num-distributed-optimizer-instances {ranks // sh.optim}")
+    return args + _megatron_comm(plan, ranks)
+
+
+def _megatron_comm(plan: Plan, ranks: int) -> list[str]:
+    """The gradient reduction as the plan prices it (`Training.comm`): overlapped with the
+    backward, which Megatron-Core's DistributedDataParallelConfig leaves off unless asked
+    (overlap_grad_reduce False), and the bucket size where the plan sets one (bucket_size
+    None is the max(4e7, 1e6 x dp) the plan prices otherwise)."""
+    comm, args = plan.training.comm, []
+    if ranks > 1 and comm.overlap_grad_reduce:
+        args.append("--overlap-grad-reduce")
+    if ranks > 1 and comm.grad_bucket_params is not None:
+        args.append(f"--ddp-bucket-size {round(comm.grad_bucket_params)}")
     return args
 
 
@@ -202,9 +215,19 @@ def _deepspeed(plan: Plan) -> Export:
         config["bf16"] = {"enabled": True}
     elif tr.dtype == "fp16":
         config["fp16"] = {"enabled": True}
+    # the reduction's dtype where the plan's is not DeepSpeed's default, the training dtype
+    # (runtime/engine.py communication_data_type)
+    if tr.comm.grad_reduce_dtype != Communication.preset("deepspeed", dtype=tr.dtype
+                                                          ).grad_reduce_dtype:
+        config["communication_data_type"] = tr.comm.grad_reduce_dtype
     # Always written, stage 0 included: a config without it would leave the sharding to
     # DeepSpeed's default, which is not what the plan says.
     config["zero_optimization"] = _zero(sh.params, sh.grads, sh.optim, s.dp * s.cp)
+    if config["zero_optimization"]["stage"] == 3:
+        # ZeRO-3 overlaps its reductions with the backward by default (runtime/zero/
+        # config.py overlap_comm_valid); the plan's DeepSpeed reduces after it
+        # (`Communication.preset`, FrameworkCapabilities.comm_settable has no overlap)
+        config["zero_optimization"]["overlap_comm"] = False
     if s.tp > 1:
         config["tensor_parallel"] = {"autotp_size": s.tp}
     full = s.recompute[0] == Recompute.FULL

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from planner.costs.stages import bucket_params
 from planner.specs.choices import (
     DType,
     EpLayout,
@@ -24,11 +25,12 @@ from planner.specs.choices import (
     Schedule,
 )
 from planner.specs.layout import chunk_sizes
-from planner.specs.plan import Plan
+from planner.specs.plan import Communication, Plan
 
 __all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
-           "chunk_layer_counts", "in_rank_order", "matches_pattern", "model_states_differ",
-           "plan_chunk_counts", "plan_shape", "unsupported"]
+           "chunk_layer_counts", "comm_differences", "framework_comm", "in_rank_order",
+           "matches_pattern", "model_states_differ", "plan_chunk_counts", "plan_shape",
+           "unsupported"]
 
 # A model-state sharding pattern: one entry per (params, grads, optim), each "1"
 # (replicated), "dp" (sharded over all data-parallel replicas) or "k" (sharded within
@@ -87,6 +89,11 @@ class FrameworkCapabilities:
     # a search for it prices them so (`Training.model_states`), an export needs the plan's
     # rule to be it
     model_states: ModelStates
+    # how it communicates: a `Communication.preset` name, which a search for it prices
+    # and writes (`Training.comm`); an export needs the plan's settings to be the
+    # preset's, except those in `comm_settable`, which its config writes as the plan has them
+    comm: str
+    comm_settable: frozenset[str] = frozenset()
     # multi-head latent attention (ModelSpec.kv_lora_rank: DeepSeek-V2 / V3)
     latent_attention: bool = True
     # MLP activations (ModelSpec.activation) its model takes; DeepSpeed's config and
@@ -123,6 +130,10 @@ _MEGATRON = FrameworkCapabilities(
     # --swiglu (F.silu, gated), --quick-geglu (quick_gelu x * sigmoid(1.702 x), gated),
     # --squared-relu; no flag gates with GELU itself
     activations=frozenset({"gelu", "swiglu"}),
+    # Megatron-Core's DDP and p2p defaults (`Communication`'s); the export writes
+    # --overlap-grad-reduce (DistributedDataParallelConfig.overlap_grad_reduce, False
+    # unless asked) and --ddp-bucket-size (bucket_size) as the plan has them
+    comm="megatron", comm_settable=frozenset({"overlap_grad_reduce", "grad_bucket_params"}),
     notes={
         "activation geglu": "Megatron-LM's arguments gate the MLP with SiLU (--swiglu) or "
         "x * sigmoid(1.702 x) (--quick-geglu), not GELU; Megatron-Core's TransformerConfig "
@@ -144,6 +155,10 @@ _MEGATRON = FrameworkCapabilities(
         "model states": "Megatron-LM accumulates and reduces main gradients in fp32 "
         "(arguments.py turns --accumulate-allreduce-grads-in-fp32 on for bf16; the export "
         "writes it for fp16)",
+        "comm pipeline_p2p": "Megatron-Core sends with batch_isend_irecv beside the compute "
+        "(batch_p2p_comm; overlap_p2p_comm is non-blocking too)",
+        "comm grad_reduce_dtype": "its gradients are reduced as its fp32 main gradients are "
+        "kept (training.model_states fp32_grads)",
     },
 )
 
@@ -167,6 +182,11 @@ _DEEPSPEED = FrameworkCapabilities(
     # gradients in the training dtype at every ZeRO stage (runtime/engine.py
     # get_data_types: data_types.grad_accum_dtype unset is the model dtype)
     model_states=ModelStates.DEEPSPEED,
+    # runtime/pipe/p2p.py's blocking send / recv, the engine's reduction after the backward
+    # (runtime/zero/config.py: overlap_comm is on by default at stage 3 alone; the export
+    # writes it off there), reduce_bucket_size 5e8; the config's communication_data_type
+    # (runtime/config.py) sets the reduction dtype, which the export writes
+    comm="deepspeed", comm_settable=frozenset({"grad_reduce_dtype"}),
     notes={
         "schedule zb-h1": "zero bubble is a Megatron-DeepSpeed flag (--enable-zbh1-pipeline), "
         "not in DeepSpeed's pipeline engine (TrainSchedule is 1F1B)",
@@ -186,6 +206,12 @@ _DEEPSPEED = FrameworkCapabilities(
         "model states": "DeepSpeed accumulates gradients in the model dtype unless "
         "data_types.grad_accum_dtype says otherwise, and takes fp32 only with bf16 at ZeRO "
         "stage 1 (BF16_Optimizer, runtime/engine.py _do_optimizer_sanity_check)",
+        "comm pipeline_p2p": "runtime/pipe/p2p.py asserts async_op == False and calls the "
+        "blocking dist.send / dist.recv",
+        "comm overlap_grad_reduce": "the pipeline engine reduces in _exec_reduce_grads after "
+        "the last backward, and the export turns ZeRO's overlap_comm off",
+        "comm grad_bucket_params": "reduce_bucket_size 5e8 elements, the engine's "
+        "MEMORY_OPT_ALLREDUCE_SIZE without ZeRO",
     },
 )
 
@@ -207,6 +233,9 @@ _TORCHTITAN = FrameworkCapabilities(
     # FSDP2's MixedPrecisionPolicy (reduce_dtype None: the fp32 parameters' gradients;
     # the fp32 shard is the parameter where it shards)
     model_states=ModelStates.FP32_GRADS,
+    # FSDP2 / DDP reducing in the backward in fp32 (training.mixed_precision_reduce admits
+    # "float32" alone), torch.distributed.pipelining's batched sends
+    comm="fsdp2",
     notes={
         "schedule zb-h1": "torch.distributed.pipelining's ScheduleInterleavedZeroBubble runs "
         "it with one stage per rank, but torchtitan requires at least 2 stages per rank for "
@@ -223,6 +252,10 @@ _TORCHTITAN = FrameworkCapabilities(
         "through FSDP2's MixedPrecisionPolicy (mixed_precision_param)",
         "model states": "FSDP2 keeps the gradients of its fp32 parameters in fp32 "
         "(MixedPrecisionPolicy reduce_dtype unset)",
+        "comm pipeline_p2p": "torch.distributed.pipelining sends with batch_isend_irecv",
+        "comm overlap_grad_reduce": "FSDP2's reduce-scatters and DDP's buckets run in the "
+        "backward",
+        "comm grad_reduce_dtype": "training.mixed_precision_reduce admits float32 alone",
     },
 )
 
@@ -251,6 +284,9 @@ _TRAINPLAN = FrameworkCapabilities(
     # fp32 gradients beside fp32 masters (executor/precision.py); at P = OS > 1 the fp32
     # shard is the parameter (executor/fsdp.py, executor/data_parallel.py)
     model_states=ModelStates.FP32_GRADS,
+    # non-blocking sends, fp32 gradients reduced after the last backward (Communication.
+    # preset "trainplan": executor/pipeline.py, executor/data_parallel.py)
+    comm="trainplan",
     notes={"pipeline split slots": " (executor/preflight.py: every chunk runs a layer)",
            "recompute modules": "the executor's selective recomputation re-runs the "
            "attention core (executor/model.py)",
@@ -259,6 +295,11 @@ _TRAINPLAN = FrameworkCapabilities(
            "master weights": "the executor keeps fp32 master weights and reduces fp32 "
            "gradients (executor/precision.py)",
            "model states": "the executor accumulates and reduces fp32 gradients "
+           "(executor/precision.py)",
+           "comm pipeline_p2p": "executor/pipeline.py sends with isend / irecv",
+           "comm overlap_grad_reduce": "the flat-buffer engine reduces once per iteration "
+           "after the last backward (executor/data_parallel.py reduce_grads)",
+           "comm grad_reduce_dtype": "the executor reduces fp32 gradients "
            "(executor/precision.py)"},
 )
 
@@ -374,6 +415,7 @@ def unsupported(plan: Plan, capabilities: FrameworkCapabilities) -> list[str]:
     out += _precision_and_kernels(plan, caps)
     out += _moe(plan, caps, s)
     out += _model(plan, caps)
+    out += _communication(plan, caps)
     return out
 
 
@@ -566,3 +608,63 @@ def model_states_differ(plan: Plan) -> bool:
     training with fp32 master weights keeps gradients in a dtype of the framework's
     choosing (`costs/memory.state_bytes_per_param`)."""
     return DType(plan.training.dtype).keeps_master(plan.training.master_weights)
+
+
+def framework_comm(plan: Plan, caps: FrameworkCapabilities) -> Communication:
+    """How the framework communicates when it trains the plan (its preset in the plan's
+    dtype)."""
+    return Communication.preset(caps.comm, dtype=plan.training.dtype)
+
+
+def _comm_values(plan: Plan, comm: Communication) -> dict[str, object]:
+    """The settings of `comm` that change how `plan` is priced: pipeline sends with
+    pp > 1; the gradient reduction where a data-parallel group has more than one rank
+    (its buckets as `dp_sync` cuts them); ZeRO-3 units where parameters are sharded.
+    The MoE dispatch settings are the exporters' own (`--moe-token-dispatcher-type`)."""
+    out: dict[str, object] = {}
+    if any(len(p.stages) > 1 for p in plan.pipelines):
+        out["pipeline_p2p"] = comm.pipeline_p2p
+    ranks = plan.dp * max(s.cp for p in plan.pipelines for s in p.stages)
+    if ranks > 1:
+        out["overlap_grad_reduce"] = comm.overlap_grad_reduce
+        out["grad_reduce_dtype"] = comm.grad_reduce_dtype
+        out["grad_bucket_params"] = bucket_params(comm, plan.dp)
+    if any(sh.params > 1 for sh in plan.shardings):
+        out["shard_unit_params"] = comm.shard_unit_params
+        out["shard_prefetch"] = comm.shard_prefetch
+    return out
+
+
+def comm_differences(plan: Plan, caps: FrameworkCapabilities
+                     ) -> list[tuple[str, object, object]]:
+    """(setting, the plan's value, the framework's) for each `Communication` setting that
+    prices this plan, differs from how the framework communicates, and is not one its
+    config writes (`comm_settable`): the framework would run the plan otherwise than it
+    was priced."""
+    mine, theirs = _comm_values(plan, plan.training.comm), _comm_values(
+        plan, framework_comm(plan, caps))
+    return [(key, value, theirs[key]) for key, value in mine.items()
+            if key not in caps.comm_settable and value != theirs[key]]
+
+
+# a Communication setting's value in a refusal's words
+_COMM_WORDS = {
+    "pipeline_p2p": lambda v: {"batched": "pipeline sends beside the compute (batched "
+                               "isend / irecv)", "blocking": "blocking pipeline sends "
+                               "holding both stages' compute"}[str(v)],
+    "overlap_grad_reduce": lambda v: ("gradients reduced while the backward runs" if v
+                                      else "gradients reduced after the last backward"),
+    "grad_reduce_dtype": lambda v: f"gradients reduced in {v}",
+    "grad_bucket_params": lambda v: f"gradient buckets of {v:.3g} parameters",
+    "shard_unit_params": lambda v: ("one ZeRO-3 unit per layer" if v is None
+                                    else f"ZeRO-3 units of {v:.3g} parameters"),
+    "shard_prefetch": lambda v: f"{v} ZeRO-3 unit(s) gathered ahead",
+}
+
+
+def _communication(plan: Plan, caps: FrameworkCapabilities) -> list[str]:
+    return [f"{_COMM_WORDS[key](mine)} (training.comm.{key} "
+            f"{mine if not isinstance(mine, float) else f'{mine:.3g}'}): {caps.version} "
+            f"runs {_COMM_WORDS[key](theirs)}, which the plan was not priced with"
+            f"{_note(caps, f'comm {key}')}"
+            for key, mine, theirs in comm_differences(plan, caps)]

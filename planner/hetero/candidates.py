@@ -47,7 +47,16 @@ from planner.predict.estimate import pipeline_time, sends_s
 from planner.specs.choices import ModelStates, Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Stage, Training
+from planner.specs.plan import (
+    DEFAULT_COMM,
+    Communication,
+    Kernels,
+    Pipeline,
+    Plan,
+    Sharding,
+    Stage,
+    Training,
+)
 from profiler.kernels import Attention
 from profiler.store import Profiles
 
@@ -103,6 +112,7 @@ class Priced:
     stage_sharding: tuple[Sharding, ...] | None = None  # per position, where they differ
     attention: Attention | None = None  # asked for everywhere; else each GPU type's own
     model_states: ModelStates = ModelStates.FP32_GRADS  # as priced (Training.model_states)
+    comm: Communication = Communication()  # as priced (Training.comm)
 
     def plan(self, model: ModelSpec, cluster: ClusterSpec, *, seq_len: int, dtype: str,
              kernels: Kernels) -> Plan:
@@ -124,7 +134,8 @@ class Priced:
                             seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]  # dtype checked by the search request
                             schedule=self.schedule,
                             sequence_parallel=self.template.sequence_parallel,
-                            ep=self.template.ep, model_states=self.model_states)
+                            ep=self.template.ep, model_states=self.model_states,
+                            comm=self.comm)
         plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
                     sharding=self.sharding, stage_sharding=self.stage_sharding, kernels=kernels)
         plan.check("plan")
@@ -167,6 +178,7 @@ class _Context:
     profiles: Profiles | None
     attention: Attention | None = None  # asked for everywhere; else each GPU type's own
     model_states: ModelStates = ModelStates.FP32_GRADS  # the framework's rule
+    comm: Communication = Communication()  # how the framework communicates
 
 
 @dataclass(frozen=True)
@@ -312,7 +324,7 @@ def _run(ctx: _Context, t: Template, *, mbs: int, microbatches: int,
                        seq_len=ctx.seq_len, dtype=ctx.dtype,
                        sequence_parallel=t.sequence_parallel, schedule=schedule,
                        virtual_stages=1, kernels=ctx.kernels,
-                       model_states=ctx.model_states)
+                       model_states=ctx.model_states, comm=ctx.comm)
 
 
 @dataclass(frozen=True)
@@ -431,18 +443,19 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *,
           layers: Sequence[int] | None = None, microbatches: Sequence[int] | None = None,
           schedule: Schedule = Schedule.ONE_F_ONE_B, relax: Sequence[Sharding] = (),
           stage_sharding: Sequence[Sharding] | None = None, profiles: Profiles | None = None,
-          memo: dict | None = None, model_states: ModelStates = ModelStates.FP32_GRADS
-          ) -> Priced | None:
+          memo: dict | None = None, model_states: ModelStates = ModelStates.FP32_GRADS,
+          comm: Communication = DEFAULT_COMM) -> Priced | None:
     """Split layers (unless given) and micro-batches (unless given), place the stages, and
     estimate the iteration under `schedule` (1f1b, or zb-h1 when pp > 1); None if the
     template cannot be placed or split. AMSP per stage: `stage_sharding` gives each stage
     position its own sharding; with `relax` (other sharding options) each position in turn
     takes the option, among those its memory allows, that shortens the iteration most
     (layers as split under `sharding`). `memo` keeps placements and stage costs across
-    calls on the same model, cluster, dtype, kernels, profiles and `model_states` (the
-    framework's rule, `Training.model_states`, which the Priced plan keeps)."""
+    calls on the same model, cluster, dtype, kernels, profiles, `model_states` (the
+    framework's rule, `Training.model_states`) and `comm` (how it communicates,
+    `Training.comm`), both of which the Priced plan keeps."""
     ctx = _Context(model, cluster, seq_len, dtype, gbs, kernels, profiles, attention,
-                   model_states)
+                   model_states, comm)
     schedule, recompute = Schedule(schedule), Recompute(recompute)
     memo = {} if memo is None else memo
     lay = _placed(ctx, template, pools, memo)
@@ -484,7 +497,7 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *,
     return Priced(template, mbs, recompute, sharding, tuple(layers), tuple(microbatches),
                   lay.devices, max(times), fits, schedule,
                   tuple(per_stage) if len(set(per_stage)) > 1 else None, attention,
-                  model_states)
+                  model_states, comm)
 
 
 def _paced(lay: _Layout, costs: dict[int, list[StageCost]]

@@ -43,7 +43,7 @@ from planner.predict.results import SimResult
 from planner.specs.choices import ModelStates, Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Kernels, Plan, Sharding
+from planner.specs.plan import DEFAULT_COMM, Communication, Kernels, Plan, Sharding
 from planner.specs.rules import tp_problem
 from profiler.devices import device
 from profiler.kernels import Attention
@@ -312,7 +312,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
                       profiles: Profiles | None = None,
                       attention: Attention | None = None, space: MixedSpace = MixedSpace(),
                       progress: Callable[[], None] | None = None,
-                      model_states: ModelStates = ModelStates.FP32_GRADS
+                      model_states: ModelStates = ModelStates.FP32_GRADS,
+                      comm: Communication = DEFAULT_COMM
                       ) -> tuple[list[Priced], int, dict[str, float]]:
     """Of the `chosen` templates' candidates: the `keep` best that fit by `score`, how many
     were priced, and for each GPU type the best score of a plan using it (or a lower bound
@@ -322,7 +323,7 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
     lower bound, `lower_bound_s`); once a template's bound is worse than the `keep`-th best
     score found, so are all the rest, and they are skipped. `progress()` is called once
     per template. Model states are priced as `model_states` keeps them (the framework's
-    rule, `Training.model_states`)."""
+    rule, `Training.model_states`), communication as `comm` issues it (`Training.comm`)."""
     pools = pools_by_type(cluster)
     score = _remembered(score)
     bounded = sorted(((bound_score(t, lower_bound_s(model, cluster, t, gbs=gbs, seq_len=seq_len,
@@ -345,7 +346,7 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
             for p in _cheapest_fitting(t, mbs, space, functools.partial(
                     _price_one, model, cluster, t, pools=pools, seq_len=seq_len, dtype=dtype,
                     gbs=gbs, kernels=kernels, profiles=profiles, memo=memo,
-                    attention=attention, model_states=model_states)):
+                    attention=attention, model_states=model_states, comm=comm)):
                 count += 1
                 if p is None or not p.fits:
                     continue
@@ -363,7 +364,7 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
                       dtype=dtype, gbs=gbs, kernels=kernels, attention=p.attention,
                       layers=p.layers,
                       schedule=schedule, relax=relax, profiles=profiles, memo=memo,
-                      model_states=model_states)
+                      model_states=model_states, comm=comm)
             count += 1
             if q is not None and q.fits:
                 best.append(q)
@@ -437,14 +438,15 @@ def _cheapest_fitting(t: Template, mbs: int, space: MixedSpace, price_fn: Callab
 def baselines_for(best: Priced, model: ModelSpec, cluster: ClusterSpec, *, gbs: int,
                   seq_len: int, dtype: str, kernels: Kernels,
                   profiles: Profiles | None = None,
-                  model_states: ModelStates = ModelStates.FP32_GRADS
+                  model_states: ModelStates = ModelStates.FP32_GRADS,
+                  comm: Communication = DEFAULT_COMM
                   ) -> list[tuple[str, Priced | None]]:
     """The best template split the naive ways (uniform, proportional to throughput)."""
     pools = pools_by_type(cluster)
     t = best.template
     kw = dict(pools=pools, mbs=best.mbs, recompute=best.recompute, sharding=best.sharding,
               seq_len=seq_len, dtype=dtype, gbs=gbs, kernels=kernels, profiles=profiles,
-              attention=best.attention, model_states=model_states)
+              attention=best.attention, model_states=model_states, comm=comm)
 
     def priced(**split: object) -> Priced | None:
         """The split under the best plan's schedule or 1F1B, the faster of those that fit

@@ -47,7 +47,7 @@ from planner.specs.choices import ModelStates, Recompute
 from planner.specs.cluster import ClusterSpec
 from planner.specs.layout import megatron_devices, split_layers
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Communication, Kernels, Sharding
+from planner.specs.plan import DEFAULT_COMM, Communication, Kernels, Sharding
 from profiler.store import Profiles
 
 __all__ = ["Evaluation", "LayoutModel"]
@@ -79,9 +79,11 @@ class LayoutModel:
                  seq_len: int, gbs: int, kernels: Kernels, profiles: Profiles | None = None,
                  sharding: tuple[ShardPattern, ...] = (ANY_SHARDING,),
                  ep_sharding_multiple: bool = False,
-                 model_states: ModelStates = ModelStates.FP32_GRADS):
+                 model_states: ModelStates = ModelStates.FP32_GRADS,
+                 comm: Communication = DEFAULT_COMM):
         self.model, self.layout, self.profiles = model, layout, profiles
         self.model_states = model_states  # the framework's rule (Training.model_states)
+        self.comm = comm  # how the framework communicates (Training.comm)
         self.cluster = cluster.take(layout.num_gpus, where="search")
         self.dtype, self.seq_len, self.gbs, self.kernels = dtype, seq_len, gbs, kernels
         group = self.cluster.node_groups[0]
@@ -148,7 +150,7 @@ class LayoutModel:
                            sequence_parallel=micro.sequence_parallel,
                            schedule=micro.schedule.for_chunks(micro.vp),
                            virtual_stages=micro.vp, kernels=self.kernels,
-                           model_states=self.model_states)
+                           model_states=self.model_states, comm=self.comm)
 
     @functools.cache  # noqa: B019 (one LayoutModel per layout, for the search's lifetime)
     def spec(self, kind: int, recompute: Recompute) -> StageSpec:
@@ -276,11 +278,14 @@ class LayoutModel:
         # gathers and computes interleave: `estimate._microbatch_s`); reduce-scatters that
         # outlast the micro-batch's work add at least their excess
         extra = np.maximum(0.0, grad_mb[:, s] - work)
-        # the search plans Megatron's communication (RunSettings.comm): its buckets
-        buckets = max(1, math.ceil(first.num_params / bucket_params(Communication(),
+        # the framework's buckets (RunSettings.comm), all exposed where it reduces after
+        # the backward (`exposed_s`)
+        buckets = max(1, math.ceil(first.num_params / bucket_params(self.comm,
                                                                    self.layout.dp)))
         window = first.weight_grad_s if schedule.splits_backward else first.backward_s
         grads = grad_mb[:, f] + grad_it[:, f]
+        if not self.comm.overlap_grad_reduce:
+            return path_s + m * extra + grads + optimizer[:, f] + param_it[:, f]
         tail = (np.maximum(grads / buckets, grads - window) + optimizer[:, f]
                 + np.maximum(param_it[:, f] / buckets, param_it[:, f] - first.forward_s))
         return path_s + m * extra + tail

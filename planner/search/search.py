@@ -53,7 +53,7 @@ from planner.specs.choices import DType, ModelStates
 from planner.specs.cluster import ClusterSpec, check_train_dtype
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Kernels, Plan, Sharding
+from planner.specs.plan import Communication, Kernels, Plan, Sharding
 from profiler.devices import device
 from profiler.kernels import Attention
 from profiler.progress import ProgressBar
@@ -105,6 +105,12 @@ class SearchRequest:
         """What the framework keeps of the model states: every candidate is priced, and
         every plan written (`Training.model_states`), with it."""
         return self.capabilities.model_states
+
+    @property
+    def comm(self) -> Communication:
+        """How the framework communicates (its `Communication.preset` in the request's
+        dtype): every candidate is priced, and every plan written (`Training.comm`), so."""
+        return Communication.preset(self.capabilities.comm, dtype=self.dtype)
 
 
 @dataclass(frozen=True)
@@ -291,7 +297,7 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace, 
                                      profiles=req.profiles,
                                      sharding=space.sharding_patterns(lo.pp),
                                      ep_sharding_multiple=space.ep_sharding_multiple,
-                                     model_states=req.model_states)
+                                     model_states=req.model_states, comm=req.comm)
             evaluations.append((i, [models[lo].evaluate(mi) for mi in micros]))
             count += len(micros)
         tick()  # progress: one layout
@@ -342,7 +348,8 @@ def _plan(req: SearchRequest, cluster: ClusterSpec, ev: Evaluation, sharding: Sh
                          gbs=req.gbs, seq_len=req.seq_len, recompute=mi.recompute,
                          sequence_parallel=mi.sequence_parallel, sharding=sharding,
                          dtype=req.dtype, schedule=mi.schedule, ep=lo.ep, etp=lo.etp,
-                         ep_layout=lo.ep_layout, model_states=req.model_states)
+                         ep_layout=lo.ep_layout, model_states=req.model_states,
+                         comm=req.comm)
     sub = cluster.take(lo.num_gpus, where="search")
     return homogeneous_plan(req.model, sub, cfg, kernels=_kernels(req, cluster))
 
@@ -465,7 +472,7 @@ def _evaluate_task(req: SearchRequest, task: tuple) -> object:
     return hetero_candidates(req.model, req.cluster, payload, gbs=req.gbs,
                              seq_len=req.seq_len, dtype=req.dtype,
                              kernels=_kernels(req, req.cluster),
-                             model_states=req.model_states,
+                             model_states=req.model_states, comm=req.comm,
                              score=functools.partial(_priced_score, req),
                              bound_score=functools.partial(_bound_score, req),
                              keep=max(req.confirm, req.top), profiles=req.profiles,
@@ -567,7 +574,7 @@ def _task_key(req: SearchRequest, task: tuple) -> tuple:
     """What one unit of the search's pure work (`_evaluate_task`) depends on."""
     kind, payload = task
     common = (kind, req.model, req.gbs, req.seq_len, req.dtype, req.attention, req.profiles,
-              req.framework, req.model_states)
+              req.framework, req.model_states, req.comm)
     if kind == "homogeneous":
         cluster, shard, shards = payload
         return (*common, _cost_view(cluster, prices=False), _space(req, cluster), shard, shards)
@@ -806,7 +813,7 @@ def _mixed(req: SearchRequest, per_type: dict[str, list[tuple[float, Ranked]]],
         for name, naive in baselines_for(leaders[0], req.model, cluster, gbs=req.gbs,
                                          seq_len=req.seq_len, dtype=req.dtype,
                                          kernels=kernels, profiles=req.profiles,
-                                         model_states=req.model_states):
+                                         model_states=req.model_states, comm=req.comm):
             baselines.append(_rate_baseline(req, name, naive, kernels, simulate_fn))
     return confirmed, baselines
 
@@ -827,7 +834,8 @@ def _refine(req: SearchRequest, p: Priced, kernels: Kernels, simulate_fn: Callab
                   dtype=req.dtype, gbs=req.gbs, kernels=kernels, attention=p.attention,
                   layers=layers,
                   microbatches=p.microbatches, schedule=p.schedule, profiles=req.profiles,
-                  stage_sharding=p.stage_sharding, model_states=req.model_states)
+                  stage_sharding=p.stage_sharding, model_states=req.model_states,
+                  comm=req.comm)
         if q is None or not q.fits:
             return float("inf"), None
         plan = q.plan(req.model, req.cluster, seq_len=req.seq_len, dtype=req.dtype,
@@ -837,8 +845,8 @@ def _refine(req: SearchRequest, p: Priced, kernels: Kernels, simulate_fn: Callab
     seen: dict[tuple[int, ...], tuple[float, Priced | None]] = {}
     starts = [p.layers] + [naive.layers for _, naive in baselines_for(
         p, req.model, req.cluster, gbs=req.gbs, seq_len=req.seq_len, dtype=req.dtype,
-        kernels=kernels, profiles=req.profiles, model_states=req.model_states)
-        if naive is not None]
+        kernels=kernels, profiles=req.profiles, model_states=req.model_states,
+        comm=req.comm) if naive is not None]
     for layers in starts:
         seen.setdefault(tuple(layers), rated(tuple(layers)))
     best = min(seen, key=lambda k: seen[k][0])

@@ -310,6 +310,10 @@ class _Builder:
             stream = self._dp_stream(first, si)
             reductions = []
             grad = cost.dp.grad_iteration_s + cost.dp.grad_microbatch_s
+            # a framework that reduces after the backward (DeepSpeed, trainplan's
+            # executor) starts every chunk's reduction after the stage's last backward
+            whole = (() if self.overlap and cost.dp.overlap else
+                     tuple(self.last_compute[(q, si)] for q in reps))
             if grad:  # one reduction per bucket, once every replica has computed it
                 for c in range(vp):
                     pieces = [self.buckets[(q, si, c)] for q in reps]
@@ -317,7 +321,7 @@ class _Builder:
                     for k in range(count):
                         # replicas of other GPU types cut their backward into other numbers
                         # of buckets: wait for the piece holding the same share of grads
-                        after = tuple(p[k * len(p) // count] for p in pieces)
+                        after = tuple(p[k * len(p) // count] for p in pieces) + whole
                         reductions.append(self.g.add(
                             f"grad-sync s{si}c{c}[{k}]", "dp", stream, grad / vp / count,
                             TaskMeta(first, si, c, detail=cost.dp.about("grad_iteration")),

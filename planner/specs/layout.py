@@ -22,6 +22,7 @@ from planner.specs.choices import (
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import (
+    Communication,
     Kernels,
     Pipeline,
     Plan,
@@ -72,6 +73,8 @@ class ParallelConfig:
     loss_in_pipeline_split: bool = False
     # what the framework keeps of the model states (Training.model_states)
     model_states: ModelStates = ModelStates.FP32_GRADS
+    # how the framework communicates (Training.comm; default Megatron-LM's)
+    comm: Communication = Communication()
 
     @property
     def num_gpus(self) -> int:
@@ -186,7 +189,7 @@ def homogeneous_plan(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig
                         recompute_modules=cfg.recompute_modules,
                         embedding_in_pipeline_split=cfg.embedding_in_pipeline_split,
                         loss_in_pipeline_split=cfg.loss_in_pipeline_split,
-                        model_states=cfg.model_states)
+                        model_states=cfg.model_states, comm=cfg.comm)
     plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
                 sharding=cfg.sharding, kernels=kernels or Kernels())
     plan.check("plan")

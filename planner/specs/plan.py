@@ -40,13 +40,15 @@ from planner.specs.rules import (
 from profiler.kernels import Attention, OptimizerKernel
 from profiler.schema import SpecError, at, coerce_choices, dump, fail, load_yaml, parse, spec_field
 
-__all__ = ["REDUCE_DTYPES", "SCHEMA_VERSION", "TRAIN_DTYPES", "Communication", "Kernels",
+__all__ = ["COMM_PRESETS", "DEFAULT_COMM", "REDUCE_DTYPES", "SCHEMA_VERSION", "TRAIN_DTYPES", "Communication", "Kernels",
            "Pipeline", "Plan", "Predicted", "Provenance", "Sharding", "Stage", "Training",
            "describe_layout", "expert_words", "flush_words", "load_plan", "plan_from_dict",
            "plan_to_dict", "save_plan"]
 
 SCHEMA_VERSION = 1
 ReduceDType = Literal["fp32", "bf16", "fp16"]
+# the frameworks `Communication.preset` knows
+COMM_PRESETS = ("megatron", "deepspeed", "fsdp2", "trainplan")
 REDUCE_DTYPES: tuple[str, ...] = get_args(ReduceDType)
 
 
@@ -125,7 +127,9 @@ class Communication:
     """How the training framework issues its communication. The defaults are
     Megatron-LM's (Megatron-Core 0.16 `DistributedDataParallelConfig`,
     `ModelParallelConfig`), which the cost model assumed before these settings existed;
-    `Communication.preset` gives DeepSpeed's and FSDP2's. Sources:
+    `Communication.preset` gives DeepSpeed's, FSDP2's and trainplan's executor's, and a
+    search plans with its framework's (planner/export/frameworks.py
+    `FrameworkCapabilities.comm`). Sources:
     planner/data/reference/framework_defaults.md."""
 
     # pipeline sends: batched isend/irecv beside the compute (Megatron) or blocking (DeepSpeed)
@@ -158,12 +162,26 @@ class Communication:
 
     @classmethod
     def preset(cls, framework: str, *, dtype: str) -> Communication:
-        """A framework's defaults for training in `dtype`: "megatron" (the defaults),
-        "deepspeed" (0.19: blocking pipeline p2p, reduction after the backward in the
-        training dtype, reduce_bucket_size 5e8 elements) or "fsdp2" (torch
-        fully_shard: reduce_dtype None, i.e. the fp32 gradients of fp32 parameters, one
-        unit per block, one unit prefetched)."""
-        reduce_dtype = dtype if dtype in REDUCE_DTYPES else "fp32"
+        """A framework's defaults for training in `dtype` (`COMM_PRESETS`):
+
+        * "megatron": the defaults;
+        * "deepspeed" (0.19: blocking pipeline p2p, reduction after the backward in the
+          training dtype, reduce_bucket_size 5e8 elements);
+        * "fsdp2" (torch fully_shard as torchtitan 0.2.2 applies it: MixedPrecisionPolicy
+          reduce_dtype float32, config/job_config.py `mixed_precision_reduce` admitting
+          "float32" alone; reduce-scatters in the backward; one unit per block, the next
+          one prefetched, FSDP2's implicit default, models/llama3/infra/parallelize.py
+          `apply_fsdp` setting no explicit prefetch; DDP, `replicate`, also reduces in the
+          backward; torch.distributed.pipelining's `batch_isend_irecv` sends);
+        * "trainplan" (this repository's executor: non-blocking isend / irecv with each
+          receive posted one ahead, executor/pipeline.py `Links`; the flat-buffer engine
+          reduces fp32 gradients once per iteration, after the last backward,
+          executor/data_parallel.py `reduce_grads` called from executor/runtime.py
+          `iteration` once the pipeline has run, nothing overlapped; its FSDP2 path,
+          executor/fsdp.py, taken at P = G = OS > 1 with tp 1 and equal micro-batch
+          counts, reduces in the backward as FSDP2 does, and is priced as the flat engine:
+          only HSDP's all-reduce across blocks, which FSDP2 overlaps, differs)."""
+        reduce_dtype = str(dtype) if dtype in REDUCE_DTYPES else "fp32"  # a DType: its name
         if framework == "megatron":
             return cls()
         if framework == "deepspeed":
@@ -171,8 +189,14 @@ class Communication:
                        grad_reduce_dtype=reduce_dtype,  # type: ignore[arg-type]  # checked above
                        grad_bucket_params=5e8)
         if framework == "fsdp2":
-            return cls(overlap_grad_reduce=True, grad_reduce_dtype="fp32")
-        fail("framework", framework, "megatron, deepspeed or fsdp2")
+            return cls(overlap_grad_reduce=True, grad_reduce_dtype="fp32", shard_prefetch=1)
+        if framework == "trainplan":
+            return cls(overlap_grad_reduce=False, grad_reduce_dtype="fp32")
+        fail("framework", framework, " or ".join(COMM_PRESETS))
+
+
+# Megatron-LM's communication, `Communication`'s defaults (what a plan without settings has)
+DEFAULT_COMM = Communication()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,14 +7,16 @@ from planner.search.sharding import allowed_options, sharding_levels
 from planner.search.space import candidates, default_space, for_framework, layouts
 from planner.simulator import simulate
 from planner.specs.layout import ParallelConfig, homogeneous_plan
+from planner.specs.plan import Communication
 
 
 def exhaustive_best(model, cluster, *, gbs, seq_len, dtype="bf16", framework="trainplan"):
-    """(best simulated iteration time, its plan, number simulated)."""
-    group = cluster.node_groups[0]
+    """(best simulated iteration time, its plan, number simulated), each plan with the
+    framework's model-state rule and communication, as its search writes them."""
+    group, caps = cluster.node_groups[0], CAPABILITIES[framework]
     space = for_framework(default_space(model, num_gpus=(cluster.num_gpus,),
                                         gpus_per_node=group.gpus_per_node, seq_len=seq_len),
-                          CAPABILITIES[framework])
+                          caps)
     kernels = default_kernels([group.device])
     best, best_plan, count = float("inf"), None, 0
     for lo in layouts(space, model, gbs=gbs, seq_len=seq_len):
@@ -26,7 +28,9 @@ def exhaustive_best(model, cluster, *, gbs, seq_len, dtype="bf16", framework="tr
                                      mbs=mi.mbs, gbs=gbs, seq_len=seq_len,
                                      recompute=mi.recompute,
                                      sequence_parallel=mi.sequence_parallel, sharding=sh,
-                                     dtype=dtype, schedule=mi.schedule)
+                                     dtype=dtype, schedule=mi.schedule,
+                                     model_states=caps.model_states,
+                                     comm=Communication.preset(caps.comm, dtype=dtype))
                 plan = homogeneous_plan(model, cluster, cfg, kernels=kernels)
                 r = simulate(plan)
                 count += 1

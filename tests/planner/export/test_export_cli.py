@@ -14,6 +14,7 @@ from planner.export.launch import plan_nodes
 from planner.specs.cluster import load_cluster
 from planner.specs.model import preset
 from planner.specs.plan import (
+    Communication,
     Kernels,
     Pipeline,
     Plan,
@@ -74,7 +75,8 @@ def test_approximate_writes_the_nearest_and_both_times(tmp_path, capsys):
 
 
 def mixed_plan() -> Plan:
-    """Two replicas of unlike GPU types on mixed-a100-v100: one A100 node, two V100 nodes."""
+    """Two replicas of unlike GPU types on mixed-a100-v100: one A100 node, two V100 nodes,
+    priced as trainplan's executor communicates (gradients reduced after the backward)."""
     cluster = load_cluster(MIXED)
     model = preset("llama2-13b")
     a100 = Pipeline(micro_batch_size=1, num_microbatches=12, stages=(
@@ -86,7 +88,8 @@ def mixed_plan() -> Plan:
         Stage(layers=(22, 40), devices=tuple(range(first_v100 + 8, first_v100 + 12)), tp=4,
               recompute="full")))
     plan = Plan(model=model, cluster=cluster, pipelines=(a100, v100),
-                training=Training(global_batch_size=16, seq_len=4096, dtype="fp32"),
+                training=Training(global_batch_size=16, seq_len=4096, dtype="fp32",
+                                  comm=Communication.preset("trainplan", dtype="fp32")),
                 kernels=Kernels(attention="math"))
     plan.check("plan")
     return plan
@@ -306,10 +309,11 @@ def test_model_states_of_another_rule_are_not_exported_as_priced(tmp_path, capsy
     from planner.specs.cluster import parse_gpus_arg
     from planner.specs.layout import ParallelConfig, homogeneous_plan
 
-    def plan_in(dtype, rule):
+    def plan_in(dtype, rule, comm="megatron"):
         return homogeneous_plan(preset("gpt3-1.3b"), parse_gpus_arg("A100-80GB-SXM:4"),
                                 ParallelConfig(dp=4, mbs=1, gbs=16, seq_len=2048, dtype=dtype,
-                                               sharding=Sharding(optim=4), model_states=rule))
+                                               sharding=Sharding(optim=4), model_states=rule,
+                                               comm=Communication.preset(comm, dtype=dtype)))
 
     for fmt, caps in CAPABILITIES.items():
         for rule in ModelStates:
@@ -327,8 +331,8 @@ def test_model_states_of_another_rule_are_not_exported_as_priced(tmp_path, capsy
                 [] if rule == caps.model_states else [f"model states {rule} -> "
                                                       f"{caps.model_states} (gradients in "
                                                       f"{'fp32' if fmt != 'deepspeed' else 'the training dtype'})"])
-    path = str(tmp_path / "ds.yaml")
-    save_plan(plan_in("bf16", "deepspeed"), path)
+    path = str(tmp_path / "ds.yaml")  # a DeepSpeed plan: its model states, its communication
+    save_plan(plan_in("bf16", "deepspeed", comm="deepspeed"), path)
     code, out, err = run_cli(["export", path, "--format", "megatron"], capsys)
     assert code == 2 and out == ""
     assert ("model states kept with gradients in the training dtype (training.model_states "
@@ -363,7 +367,82 @@ def test_a_geglu_model_is_refused_by_megatron_in_one_line(tmp_path, capsys):
         assert len(lines) == 1 and ("activation geglu: megatron-core 0.16.1 (Megatron-LM "
                                     "core_r0.16.0) has gelu, swiglu (") in lines[0], err
         assert not (tmp_path / "out").exists()
-    for argv, want in ((["--format", "deepspeed"], 2), (["--format", "torchtitan"], 0),
-                       (["--format", "slurm", "--framework", "trainplan"], 0)):
-        code, _, err = run_cli(["export", path, *argv], capsys)
+    # the executor's run of it: a plan priced with the executor's communication (it reduces
+    # gradients after the backward), so that nothing but the activation is in question
+    own = str(tmp_path / "grok-trainplan.yaml")
+    save_plan(homogeneous_plan(preset("grok-1"), parse_gpus_arg("H100-80GB-SXM:16"),
+                               ParallelConfig(dp=16, ep=8, mbs=1, gbs=64, seq_len=4096,
+                                              sharding=Sharding(params=16, grads=16,
+                                                                optim=16),
+                                              comm=Communication.preset("trainplan",
+                                                                        dtype="bf16"))), own)
+    for plan_path, argv, want in ((path, ["--format", "deepspeed"], 2),
+                                  (path, ["--format", "torchtitan"], 0),
+                                  (own, ["--format", "slurm", "--framework", "trainplan"], 0)):
+        code, _, err = run_cli(["export", plan_path, *argv], capsys)
         assert "activation" not in err and code == want, (argv, err)
+
+
+def test_communication_of_another_framework_is_not_exported_as_priced(tmp_path, capsys):
+    """How a plan was priced to communicate (`training.comm`) against how the framework
+    does (`FrameworkCapabilities.comm`, `Communication.preset`). GPT-3 1.3B in bf16 on 8
+    A100s, pp 2 x dp 4 with the optimizer sharded: a plan priced as one framework
+    communicates exports as another only where the other's config can say so (Megatron-LM:
+    --overlap-grad-reduce, --ddp-bucket-size; DeepSpeed: communication_data_type);
+    otherwise `unsupported` lists the setting and --approximate takes the framework's. A
+    plan on one GPU prices no communication, and nobody lists it."""
+    from dataclasses import replace
+
+    from planner.export.approximate import nearest
+    from planner.export.frameworks import comm_differences
+    from planner.specs.cluster import parse_gpus_arg
+    from planner.specs.layout import ParallelConfig, homogeneous_plan
+
+    def plan_in(comm, *, gpus=8, pp=2):
+        return homogeneous_plan(preset("gpt3-1.3b"), parse_gpus_arg(f"A100-80GB-SXM:{gpus}"),
+                                ParallelConfig(pp=pp, dp=gpus // pp, mbs=1, gbs=16,
+                                               seq_len=2048, sharding=Sharding(optim=gpus // pp),
+                                               comm=Communication.preset(comm, dtype="bf16")))
+
+    def listed(plan, caps):
+        return sorted(key for key, _, _ in comm_differences(plan, caps))
+
+    megatron, deepspeed = CAPABILITIES["megatron"], CAPABILITIES["deepspeed"]
+    # batched vs blocking sends; overlapped vs after the backward; Megatron's 4e7-parameter
+    # buckets vs 5e8; the reduction's dtype DeepSpeed's config writes
+    assert listed(plan_in("megatron"), deepspeed) == [
+        "grad_bucket_params", "overlap_grad_reduce", "pipeline_p2p"]
+    # Megatron-LM writes the overlap and the buckets, not blocking sends or a bf16 reduction
+    assert listed(plan_in("deepspeed"), megatron) == ["grad_reduce_dtype", "pipeline_p2p"]
+    # the executor reduces after the backward; torchtitan's FSDP2 / DDP during it
+    assert listed(plan_in("trainplan"), CAPABILITIES["torchtitan"]) == ["overlap_grad_reduce"]
+    assert listed(plan_in("megatron"), CAPABILITIES["trainplan"]) == ["overlap_grad_reduce"]
+    for fmt, caps in CAPABILITIES.items():
+        assert listed(plan_in(caps.comm), caps) == [], fmt
+        for comm in ("megatron", "deepspeed", "fsdp2", "trainplan"):
+            assert listed(plan_in(comm, gpus=1, pp=1), caps) == [], (fmt, comm)
+            near, changes = nearest(plan_in(comm), caps)
+            assert listed(near, caps) == [] and not any(
+                "training.comm." in line for line in unsupported(near, caps)), (fmt, comm)
+            assert len([c for c in changes if c.startswith("comm.")]) == len(
+                listed(plan_in(comm), caps))
+    path = str(tmp_path / "megatron-comm.yaml")  # DeepSpeed's model states: comm alone differs
+    save_plan(replace(plan_in("megatron"), training=replace(
+        plan_in("megatron").training, model_states="deepspeed")), path)
+    code, out, err = run_cli(["export", path, "--format", "deepspeed"], capsys)
+    assert code == 2 and out == ""
+    assert ("pipeline sends beside the compute (batched isend / irecv) (training.comm."
+            "pipeline_p2p batched): deepspeed 0.19.6 runs blocking pipeline sends holding both "
+            "stages' compute, which the plan was not priced with") in err
+    code, out, err = run_cli(["export", path, "--format", "deepspeed", "--approximate"], capsys)
+    assert code == 0
+    for change in ("comm.pipeline_p2p batched -> blocking",
+                   "comm.overlap_grad_reduce True -> False",
+                   "comm.grad_bucket_params 4e+07 -> 5e+08"):
+        assert f"plan export: approximated: {change}" in err
+    # fp32 reduction, as priced: DeepSpeed's config says so
+    assert '"communication_data_type": "fp32"' in out
+    path = str(tmp_path / "megatron.yaml")
+    save_plan(plan_in("megatron"), path)
+    code, out, err = run_cli(["export", path, "--format", "megatron"], capsys)
+    assert (code, err) == (0, "") and "--overlap-grad-reduce" in out

@@ -10,7 +10,7 @@ import pytest
 
 from planner.export.formats import export_plan
 from planner.export.frameworks import plan_shape
-from planner.specs.plan import Sharding
+from planner.specs.plan import Communication, Sharding
 from tests.planner.export.framework_helpers import framework, gpt3_on_selene, plan_on
 
 pytestmark = pytest.mark.frameworks
@@ -26,9 +26,11 @@ class _DataParallel:
 
 def _ds_plan(gpus: str, **kw):
     """A plan priced as DeepSpeed keeps its model states (gradients in the training
-    dtype): one priced with fp32 gradients is refused (tests/planner/export/
+    dtype) and communicates (`Communication.preset`): one priced with fp32 gradients, or
+    with Megatron's overlapped reduction, is refused (tests/planner/export/
     test_export_cli.py)."""
-    return plan_on(gpus, model_states="deepspeed", **kw)
+    return plan_on(gpus, model_states="deepspeed",
+                   comm=Communication.preset("deepspeed", dtype=kw.get("dtype", "bf16")), **kw)
 
 
 def _parse(plan, monkeypatch):
@@ -53,6 +55,23 @@ def test_zero_stages_round_trip(sharding, stage, mics, monkeypatch):
     assert config.zero_optimization_stage == stage
     assert config.zero_config.mics_shard_size == mics
     assert config.bfloat16_config.enabled
+    # reduced after the backward, as priced (ZeRO-3 would overlap by default), in bf16
+    assert config.zero_config.overlap_comm is False
+    assert config.communication_data_type is None  # the engine's default: the bf16 of training
+
+
+def test_a_reduction_in_fp32_is_written_as_the_communication_dtype(monkeypatch):
+    """DeepSpeed reduces in the training dtype unless the config's communication_data_type
+    says otherwise (runtime/engine.py); a plan whose gradients are reduced in fp32 says so,
+    and its other settings stay DeepSpeed's."""
+    import dataclasses
+
+    plan = _ds_plan("H100-80GB-SXM:8", dp=8, mbs=2, gbs=64, sharding=Sharding(optim=8))
+    fp32 = dataclasses.replace(plan, training=dataclasses.replace(
+        plan.training, comm=dataclasses.replace(plan.training.comm, grad_reduce_dtype="fp32")))
+    out, raw, config = _parse(fp32, monkeypatch)
+    assert out.unsupported == () and raw["communication_data_type"] == "fp32"
+    assert config.communication_data_type == framework("torch").float32
 
 
 def test_pipeline_engine_with_full_recompute(monkeypatch):

@@ -79,6 +79,9 @@ def _megatron_configs(args: dict, world: int):
         # training.py hands it to the DDP config as grad_reduce_in_fp32
         grad_reduce_in_fp32=bool(kw.get("accumulate_allreduce_grads_in_fp32") or kw.get("bf16")),
         use_distributed_optimizer=bool(kw.get("use_distributed_optimizer")),
+        # training.py hands --overlap-grad-reduce and --ddp-bucket-size over as these
+        overlap_grad_reduce=bool(kw.get("overlap_grad_reduce")),
+        bucket_size=kw.get("ddp_bucket_size"),
         num_distributed_optimizer_instances=kw.get("num_distributed_optimizer_instances", 1))
     batches = calc.ConstantNumMicroBatchesCalculator(
         kw["global_batch_size"], kw["micro_batch_size"], dp,
@@ -103,6 +106,11 @@ def _round_trip(plan):
     # fp32 main gradients in 16-bit training, as the plan prices them (fp32_grads);
     # fp32 training's gradients are fp32 whatever the flag
     assert ddp.grad_reduce_in_fp32 == (plan.training.dtype != "fp32")
+    # the gradient reduction overlapped with the backward where the plan priced it so
+    # (Megatron-Core's default is not to), in the plan's buckets
+    comm, ranks = plan.training.comm, s.dp * s.cp
+    assert ddp.overlap_grad_reduce == (comm.overlap_grad_reduce and ranks > 1)
+    assert ddp.bucket_size == (comm.grad_bucket_params if ranks > 1 else None)
     sh = plan.sharding
     optim = dp // ddp.num_distributed_optimizer_instances if ddp.use_distributed_optimizer else 1
     assert (1, 1, optim) == (sh.params, sh.grads, sh.optim)

@@ -298,3 +298,88 @@ def test_a_deepspeed_search_prices_and_writes_deepspeeds_model_states(monkeypatc
         search(SearchRequest(**request, framework="deepspeed"))
     with pytest.raises(InfeasiblePlan, match="nothing fits in memory"):
         search(SearchRequest(**request, framework="megatron"))
+
+
+def _ethernet_pair():
+    """Two DGX A100 nodes joined by one 25 Gb/s Ethernet NIC each."""
+    from planner.specs.cluster import ClusterSpec
+    from profiler.schema import parse
+
+    return parse(ClusterSpec, {"name": "ethernet pair", "node_groups": [
+        {"name": "a", "gpu": "A100-80GB-SXM", "num_nodes": 2, "gpus_per_node": 8,
+         "nic": "ethernet", "nics_per_node": 1, "nic_bandwidth_gbit_per_s": 25}]},
+        where="test:").resolved()
+
+
+def _with_comm(plan, **settings):
+    return dataclasses.replace(plan, training=dataclasses.replace(
+        plan.training, comm=dataclasses.replace(plan.training.comm, **settings)))
+
+
+def test_a_deepspeed_search_prices_and_writes_deepspeeds_communication(monkeypatch):
+    """Each framework's capabilities name how it communicates (`Communication.preset`),
+    and a search for it prices its plans so and writes it in them. GPT-3 2.7B (gbs 64,
+    seq 2048) on two DGX A100 nodes joined by 25 Gb/s Ethernet: DeepSpeed's best plan puts
+    one pipeline stage on each node (pp 2 over the Ethernet link, dp 8 inside the nodes,
+    ZeRO-1) and carries DeepSpeed 0.19's settings: blocking sends (runtime/pipe/p2p.py),
+    gradients reduced in bf16 after the backward. Its iteration, 1.62 s simulated, is the
+    search's; each activation's blocking send over the Ethernet link holds both stages'
+    compute, so with Megatron-Core's batched isend / irecv beside the compute it would take
+    1.22 s (-25%), and with the reduction overlapped with the backward 1.61 s (the dp 8
+    reduction runs over NVLink: 0.02 s of it is exposed). The same search with Megatron's
+    communication as the only change finds the same layout at 1.20 s, as does Megatron's
+    own search: DeepSpeed's is 35% slower, the direction blocking sends imply."""
+    from planner.simulator import simulate
+    from planner.specs.choices import PipelineP2P
+    from planner.specs.plan import Communication
+
+    assert {fw: CAPABILITIES[fw].comm for fw in FRAMEWORKS} == {
+        "megatron": "megatron", "deepspeed": "deepspeed", "torchtitan": "fsdp2",
+        "trainplan": "trainplan"}
+    request = dict(model=preset("gpt3-2.7b"), cluster=_ethernet_pair(), gbs=64, seq_len=2048)
+    best = search(SearchRequest(**request, framework="deepspeed")).ranked[0]
+    plan = best.plan
+    assert plan.training.comm == Communication.preset("deepspeed", dtype="bf16")
+    assert plan.training.comm.pipeline_p2p is PipelineP2P.BLOCKING
+    assert not plan.training.comm.overlap_grad_reduce
+    assert plan.training.comm.grad_reduce_dtype == "bf16"
+    assert unsupported(plan, CAPABILITIES["deepspeed"]) == []
+    stages = plan.pipelines[0].stages
+    assert len(stages) == 2 and plan.dp == 8 and plan.sharding_label == "P/G/OS 1/1/8"
+    assert {d // 8 for d in stages[0].devices} != {d // 8 for d in stages[1].devices}
+    own = simulate(plan).iteration_time_s
+    assert math.isclose(best.result.iteration_time_s, own, rel_tol=EXACT)
+    assert own == pytest.approx(1.62, abs=0.01)
+    batched = simulate(_with_comm(plan, pipeline_p2p="batched")).iteration_time_s
+    overlapped = simulate(_with_comm(plan, overlap_grad_reduce=True)).iteration_time_s
+    assert batched == pytest.approx(1.22, abs=0.01) and own > overlapped > batched
+
+    monkeypatch.setitem(CAPABILITIES, "deepspeed", dataclasses.replace(
+        CAPABILITIES["deepspeed"], comm="megatron"))
+    as_megatron = search(SearchRequest(**request, framework="deepspeed")).ranked[0]
+    monkeypatch.undo()
+    megatron = search(SearchRequest(**request, framework="megatron")).ranked[0]
+    for other in (as_megatron, megatron):
+        assert other.plan.training.comm == Communication()
+        # priced as written: the second DeepSpeed search reuses none of the first's work
+        assert math.isclose(other.estimate_s, estimate(other.plan).iteration_time_s,
+                            rel_tol=EXACT)
+        assert other.result.iteration_time_s == pytest.approx(1.20, abs=0.01)
+        assert own / other.result.iteration_time_s == pytest.approx(1.35, abs=0.01)
+
+
+def test_each_frameworks_search_plans_with_its_communication():
+    """Every framework's search writes its own communication in its plans, the executor's
+    (trainplan: gradients reduced after the last backward, executor/data_parallel.py) and
+    FSDP2's (torchtitan: in fp32 during the backward) included."""
+    from planner.specs.plan import Communication
+
+    request = dict(model=preset("gpt3-1.3b"), cluster=parse_gpus_arg("A100-80GB-SXM:8"),
+                   gbs=32, seq_len=2048, top=2)
+    for fw in FRAMEWORKS:
+        for ranked in search(SearchRequest(**request, framework=fw)).ranked:
+            assert ranked.plan.training.comm == Communication.preset(
+                CAPABILITIES[fw].comm, dtype="bf16"), fw
+            assert unsupported(ranked.plan, CAPABILITIES[fw]) == [], fw
+    assert not Communication.preset("trainplan", dtype="bf16").overlap_grad_reduce
+    assert Communication.preset("fsdp2", dtype="bf16").overlap_grad_reduce
