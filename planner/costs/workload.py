@@ -22,10 +22,11 @@ from planner.specs.choices import DType
 from planner.specs.model import ModelSpec
 from profiler.kernels import Attention
 
-__all__ = ["EXPERT_GEMM_STREAMS", "GROUPED_GEMM_STREAMS", "Comm", "HostSync", "LayerWork", "Op",
-           "Work", "WorkloadShape", "embedding_work",
+__all__ = ["EXPERT_GEMM_STREAMS", "FP8_QUANTIZE_SUFFIXES", "GROUPED_GEMM_STREAMS", "Comm",
+           "HostSync", "LayerWork", "Op", "Work", "WorkloadShape", "embedding_work",
            "attention_core_flops_per_token", "expert_tokens_factor",
-           "hardware_flops_per_token", "head_work", "layer_work", "model_flops_per_token",
+           "hardware_flops_per_token", "head_work", "is_fp8_quantization", "layer_work",
+           "model_flops_per_token",
            "optimizer_work"]
 
 OpKind = Literal["gemm", "attention", "elementwise", "embedding", "optimizer"]
@@ -161,6 +162,17 @@ class _Linear:
     gemm: Op
     forward: tuple[Op, ...]
     backward: tuple[Op, ...]
+
+
+# The names Transformer Engine's FP8 quantization kernels take (`_linear`): a linear's name
+# with one of these suffixes. `plan profile` does not measure them (planner/profiling/cases.py):
+# they are priced from their bytes.
+FP8_QUANTIZE_SUFFIXES = (".fp8_cast_x", ".fp8_transpose_x", ".fp8_cast_dy")
+
+
+def is_fp8_quantization(op: Op) -> bool:
+    """Whether `op` is one of TE's FP8 quantization kernels around a linear layer."""
+    return op.name.endswith(FP8_QUANTIZE_SUFFIXES)
 
 
 def _quantize(name: str, elements: float, reads: float, writes: float, kernels: int) -> Op:
