@@ -88,11 +88,25 @@ def _in_pool(fn: Callable[[Any], T], items: Sequence[Any], n: int, context: Any,
     global _work
     results: list[Any] = [None] * len(items)
     _work = (fn, items)
+    # SIGINT and SIGTERM are blocked while the workers are forked: a worker inherits the
+    # parent's handlers (SIGTERM raises KeyboardInterrupt, planner/cli.py) and, until its
+    # initializer has replaced them, a signal in its start-up (the pool's terminate, or
+    # a terminal's Ctrl-C to the group) printed a KeyboardInterrupt traceback. The
+    # workers unblock them once their own handlers are set (`_worker_init`); the parent,
+    # once the pool exists, takes any that arrived meanwhile.
+    blocked = _blockable()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked) if blocked else None
     try:
         pool = context.Pool(n, initializer=_worker_init, initargs=(os.getpid(),))
+    except BaseException:
+        if previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        raise
     finally:
         _work = None  # the workers have their copy from the fork
     try:
+        if previous is not None:  # a signal that came meanwhile is raised here
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         done = pool.imap_unordered(_call, range(len(items)))
         for _ in items:
             while True:  # redraw the bar while the workers count
@@ -121,12 +135,26 @@ def _call(index: int) -> tuple[int, Any]:
     return index, fn(items[index])
 
 
+def _blockable() -> set[signal.Signals]:
+    """The stop signals a fork is shielded from, where the platform can block them (and
+    only from the main thread, where Python handles signals)."""
+    import threading
+
+    if not hasattr(signal, "pthread_sigmask") or \
+            threading.current_thread() is not threading.main_thread():
+        return set()
+    return {signal.SIGINT, signal.SIGTERM}
+
+
 def _worker_init(parent: int) -> None:
     """A worker leaves Ctrl-C to its parent (the terminal sends it to the whole process
     group), stops on SIGTERM (the pool's terminate; a fork inherits the parent's handler,
     which would raise instead) and dies with its parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    blocked = _blockable()
+    if blocked:  # blocked by the parent across the fork (`_in_pool`)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
