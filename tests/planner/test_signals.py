@@ -46,9 +46,18 @@ def _alive(pids):
     return out
 
 
+def _as_a_shell_starts_it():
+    """A command a shell runs in the foreground has Ctrl-C's default action. A test run
+    started in the background by a non-interactive shell (`make test &`) ignores SIGINT,
+    and every process it starts inherits that (POSIX), so the `plan` under test gets it as
+    a terminal would give it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def _start_and_wait_for_children(argv, *, at_least, timeout_s=60, **kw):
     proc = subprocess.Popen(PLAN + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, **kw)
+                            text=True, preexec_fn=_as_a_shell_starts_it, **kw)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         kids = _children(proc.pid)
