@@ -17,7 +17,6 @@ from typing import Any
 from planner.export.frameworks import (
     FrameworkCapabilities,
     comm_differences,
-    framework_comm,
     matches_pattern,
     model_states_differ,
     plan_shape,
@@ -114,7 +113,7 @@ def _communication(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) 
     differ = comm_differences(plan, caps)
     if not differ:
         return plan
-    theirs = framework_comm(plan, caps)
+    theirs = caps.communication(plan.training.dtype)
     for key, mine, value in differ:
         changes.append(f"comm.{key} {_setting(mine)} -> {_setting(value)}")
     return _training(plan, comm=replace(plan.training.comm, **{

@@ -28,7 +28,7 @@ from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Communication, Plan
 
 __all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
-           "chunk_layer_counts", "comm_differences", "framework_comm", "in_rank_order",
+           "chunk_layer_counts", "comm_differences", "in_rank_order",
            "matches_pattern", "model_states_differ", "plan_chunk_counts", "plan_shape",
            "unsupported"]
 
@@ -101,6 +101,11 @@ class FrameworkCapabilities:
     # protocols/train_spec.py register_train_spec) leave the model to the user's code
     activations: frozenset[str] = frozenset({"gelu", "swiglu", "geglu"})
     notes: Mapping[str, str] = field(default_factory=dict)
+
+    def communication(self, dtype: str) -> Communication:
+        """How it communicates when it trains in `dtype` (its `Communication.preset`): what
+        a search for it prices and writes, and what an export holds a plan's settings to."""
+        return Communication.preset(self.comm, dtype=dtype)
 
 
 _MEGATRON = FrameworkCapabilities(
@@ -610,12 +615,6 @@ def model_states_differ(plan: Plan) -> bool:
     return DType(plan.training.dtype).keeps_master(plan.training.master_weights)
 
 
-def framework_comm(plan: Plan, caps: FrameworkCapabilities) -> Communication:
-    """How the framework communicates when it trains the plan (its preset in the plan's
-    dtype)."""
-    return Communication.preset(caps.comm, dtype=plan.training.dtype)
-
-
 def _comm_values(plan: Plan, comm: Communication) -> dict[str, object]:
     """The settings of `comm` that change how `plan` is priced: pipeline sends with
     pp > 1; the gradient reduction where a data-parallel group has more than one rank
@@ -641,8 +640,8 @@ def comm_differences(plan: Plan, caps: FrameworkCapabilities
     prices this plan, differs from how the framework communicates, and is not one its
     config writes (`comm_settable`): the framework would run the plan otherwise than it
     was priced."""
-    mine, theirs = _comm_values(plan, plan.training.comm), _comm_values(
-        plan, framework_comm(plan, caps))
+    mine = _comm_values(plan, plan.training.comm)
+    theirs = _comm_values(plan, caps.communication(plan.training.dtype))
     return [(key, value, theirs[key]) for key, value in mine.items()
             if key not in caps.comm_settable and value != theirs[key]]
 

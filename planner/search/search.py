@@ -110,7 +110,7 @@ class SearchRequest:
     def comm(self) -> Communication:
         """How the framework communicates (its `Communication.preset` in the request's
         dtype): every candidate is priced, and every plan written (`Training.comm`), so."""
-        return Communication.preset(self.capabilities.comm, dtype=self.dtype)
+        return self.capabilities.communication(self.dtype)
 
 
 @dataclass(frozen=True)
