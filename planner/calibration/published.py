@@ -1,6 +1,6 @@
 """Published measurements as plans, and the simulator's error against them.
 
-Two datasets (planner/data/validation, see its README for sources):
+Four datasets (planner/data/validation, see its README for sources):
 
 * published table rows (Korthikanti et al. 2022, Megatron-LM README tables): converted
   exactly as `benchmarks/score_published.py` converts them for `plan simulate`
@@ -8,8 +8,15 @@ Two datasets (planner/data/validation, see its README for sources):
   did not publish one), so in-process numbers equal the scorer's;
 * vTrain's 1,440 single-node A100 measurements (Bang et al. 2024, ground_truth_single):
   GPT models (ffn 4h, vocab 50257, sequence 1024) in Megatron-DeepSpeed with fp16, full
-  recompute, 1F1B, Megatron's fused-softmax (unfused) attention, and gradients reduced
-  after the backward pass (their configs set use_gradient_bucket false).
+  recompute, 1F1B, Megatron's fused-softmax (unfused) attention; scored with Megatron-LM's
+  communication defaults, which the Ampere calibration was fitted with (their configs set
+  use_gradient_bucket false: reduction after the backward, see docs/calibration.md).
+
+* held out: vTrain's 109 multi-node A100 measurements (ground_truth_multi: GPT 3.6B, 18.4B,
+  39.1B and 175B on 64-512 A100s, sequence 2048, nodes of 8 with 800 Gb/s of InfiniBand),
+  converted as the single-node rows are, with the gradient reduction their configs state
+  (one fp16 all-reduce after the last backward); nothing was fitted to them, and every row
+  is timed even where the memory model calls it out of memory.
 
 * held out: NVIDIA's DGX Cloud benchmarking recipes (NVIDIA/dgxc-benchmarking, 2024-25),
   212 dense pre-training step times on H100 and GB200 (Llama 3.1 8B/70B/405B, Nemotron-4
@@ -17,11 +24,12 @@ Two datasets (planner/data/validation, see its README for sources):
   published_visible.csv's columns; nothing was fitted to them. Every row is timed even where
   the memory model calls the run out of memory (they ran), and those rows are counted.
 
-    python -m planner.calibration.published [--by tp,mbs,hidden ...] [--dgxc-by gpu,tp ...] [-v]
+    python -m planner.calibration.published [--by tp,mbs,hidden ...] [--multi-by gpus,tp ...]
+        [--dgxc-by gpu,tp ...] [-v]
 
 prints the datasets' errors, the vTrain error grouped by what its rows share
-(`vtrain_groups`), which is where a mechanism the model lacks shows first, and the held-out
-DGX Cloud error grouped by GPU, dtype, model and NeMo generation (`dgxc_groups`; -v: per row).
+(`vtrain_groups`, `vtrain_multi_groups`), which is where a mechanism the model lacks shows
+first, and the held-out DGX Cloud error grouped by GPU, dtype, model and NeMo generation (`dgxc_groups`; -v: per row).
 """
 
 from __future__ import annotations
@@ -36,17 +44,18 @@ from dataclasses import dataclass
 from planner.costs.workload import WorkloadShape
 from planner.predict.results import SimResult
 from planner.specs.choices import DType, Recompute
-from planner.specs.cluster import parse_gpus_arg
+from planner.specs.cluster import ClusterSpec, NodeGroup, parse_gpus_arg
 from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Kernels, Plan
+from planner.specs.plan import DEFAULT_COMM, Communication, Kernels, Plan
 from profiler.kernels import Attention
 from profiler.schema import SpecError
 
-__all__ = ["DGXC_FIELDS", "VTRAIN_FIELDS", "Case", "ErrorSummary", "GroupError", "LayerCase",
+__all__ = ["DGXC_FIELDS", "VTRAIN_FIELDS", "VTRAIN_MULTI_COMM", "VTRAIN_MULTI_FIELDS", "Case", "ErrorSummary", "GroupError", "LayerCase",
            "dgxc_cases", "dgxc_groups", "dgxc_rows", "dgxc_summary", "does_not_fit",
            "korthikanti_layer_cases", "layer_errors", "main", "published_cases", "summarize",
-           "vtrain_cases", "vtrain_groups", "vtrain_rows"]
+           "vtrain_cases", "vtrain_groups", "vtrain_multi_cases", "vtrain_multi_groups",
+           "vtrain_multi_rows", "vtrain_rows"]
 
 VALIDATION_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "validation")
 
@@ -114,9 +123,9 @@ def published_measured_s(r: dict) -> float:
     raise ValueError(f"unknown metric {metric!r}")
 
 
-def _try_plan(model: ModelSpec, gpus: str, cfg: ParallelConfig,
+def _try_plan(model: ModelSpec, gpus: str | ClusterSpec, cfg: ParallelConfig,
               kernels: Kernels | None = None) -> Plan | None:
-    cluster = parse_gpus_arg(gpus)
+    cluster = parse_gpus_arg(gpus) if isinstance(gpus, str) else gpus
     try:
         check_parallel(cfg, model, cluster)
         kernels = kernels or Kernels()
@@ -187,20 +196,75 @@ def vtrain_rows(path: str | None = None) -> list[tuple[dict[str, int], float]]:
             for row in rows]
 
 
+def _vtrain_case(case_id: str, r: dict[str, int], measured_s: float,
+                 gpus: str | ClusterSpec, comm: Communication = DEFAULT_COMM) -> Case:
+    """A vTrain row as a plan: GPT (ffn 4h, vocab 50257, learned positions, tied
+    embeddings, dropout) in Megatron-DeepSpeed with fp16, full recompute, 1F1B and
+    Megatron's fused-softmax attention, as vTrain's validation configs set it
+    (config/validation/*: use_checkpoint true, pipeline_scheduling 1f1b)."""
+    h, layers, seq = r["hidden"], r["layers"], r["seq"]
+    model = ModelSpec(name=f"gpt-h{h}-l{layers}", num_layers=layers, hidden_size=h,
+                      ffn_hidden_size=4 * h, num_heads=r["heads"], vocab_size=50257,
+                      seq_len=seq, activation="gelu", norm="layernorm",
+                      position_embedding="learned", tied_embeddings=True, dropout=True)
+    cfg = ParallelConfig(tp=r["tp"], pp=r["pp"], dp=r["dp"], mbs=r["mbs"], gbs=r["gbs"],
+                         seq_len=seq, recompute=Recompute.FULL, dtype=DType.FP16, comm=comm)
+    plan = _try_plan(model, gpus, cfg, Kernels(attention=Attention.MATH))
+    return Case(case_id, (plan,) if plan else (), measured_s)
+
+
 def vtrain_cases(path: str | None = None) -> list[Case]:
-    cases = []
-    for i, (r, measured_s) in enumerate(vtrain_rows(path)):
-        h, layers, seq = r["hidden"], r["layers"], r["seq"]
-        model = ModelSpec(name=f"gpt-h{h}-l{layers}", num_layers=layers, hidden_size=h,
-                          ffn_hidden_size=4 * h, num_heads=r["heads"], vocab_size=50257,
-                          seq_len=seq, activation="gelu", norm="layernorm",
-                          position_embedding="learned", tied_embeddings=True, dropout=True)
-        cfg = ParallelConfig(tp=r["tp"], pp=r["pp"], dp=r["dp"], mbs=r["mbs"], gbs=r["gbs"],
-                             seq_len=seq, recompute=Recompute.FULL, dtype=DType.FP16)
-        plan = _try_plan(model, f"A100-80GB-SXM:{r['gpus']}", cfg,
-                         Kernels(attention=Attention.MATH))
-        cases.append(Case(f"vtrain-{i:04d}", (plan,) if plan else (), measured_s))
-    return cases
+    return [_vtrain_case(f"vtrain-{i:04d}", r, measured_s, f"A100-80GB-SXM:{r['gpus']}")
+            for i, (r, measured_s) in enumerate(vtrain_rows(path))]
+
+
+# vtrain_multi_node_a100.csv's columns before the measured time (its first column, the
+# model's size in billions, is left out: the shape columns define the model)
+VTRAIN_MULTI_FIELDS = ("gpus", "gbs", "mbs", "hidden", "heads", "layers", "seq", "tp", "dp",
+                       "pp")
+VTRAIN_MULTI = os.path.join(VALIDATION_DIR, "vtrain_multi_node_a100.csv")
+# vTrain's multi-node cluster as its validation configs describe it
+# (config/validation/multi/*.json: node_size 8, inter_node_bandwidth 800 "total bandwidth
+# of inter-node communication in Gbps", src/config.py): DGX-A100-style nodes of eight
+# NVSwitch-connected A100s with 800 Gb/s of InfiniBand each, taken as four 200 Gb/s HDR
+# NICs (the configs give the total, not the NIC count).
+VTRAIN_MULTI_NICS = 4
+VTRAIN_MULTI_NIC_GBIT = 200.0
+# How those runs reduced gradients, as vTrain's configs and simulator state them:
+# `use_gradient_bucket: false` (one all-reduce after the last backward, src/predictor.py
+# `create_layer_graph`, "comm across dp", added after the last backward node) of 16-bit
+# gradients (its ParamInfo elem_size 2). The single-node rows are scored with Megatron-LM's
+# defaults, which the Ampere calibration was fitted with (docs/calibration.md, "Defaults").
+VTRAIN_MULTI_COMM = Communication(overlap_grad_reduce=False, grad_reduce_dtype="fp16")
+
+
+def vtrain_multi_rows(path: str | None = None) -> list[tuple[dict[str, int], float]]:
+    """Each multi-node vTrain row's configuration (VTRAIN_MULTI_FIELDS) and measured
+    iteration seconds."""
+    with open(path or VTRAIN_MULTI, newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        next(reader)
+        rows = [[float(x) for x in row] for row in reader]
+    return [(dict(zip(VTRAIN_MULTI_FIELDS, (int(x) for x in row[1:-1]), strict=True)),
+             row[-1] / 1e3) for row in rows]
+
+
+def vtrain_multi_cluster(gpus: int) -> ClusterSpec:
+    nodes = max(1, gpus // 8)
+    group = NodeGroup(name="vtrain-a100", gpu="A100-80GB-SXM", num_nodes=nodes,
+                      gpus_per_node=min(gpus, 8), nic="infiniband",
+                      nics_per_node=VTRAIN_MULTI_NICS,
+                      nic_bandwidth_gbit_per_s=VTRAIN_MULTI_NIC_GBIT)
+    return ClusterSpec(name=f"vTrain {gpus}x A100", node_groups=(group,)).resolved()
+
+
+def vtrain_multi_cases(path: str | None = None) -> list[Case]:
+    """vTrain's multi-node ground truth (64-512 A100s; a held-out set: nothing in the cost
+    model was fitted to it), converted as the single-node rows are."""
+    return [_vtrain_case(f"vtrain-multi-{i:03d}", r, measured_s, vtrain_multi_cluster(r["gpus"]),
+                         VTRAIN_MULTI_COMM)
+            for i, (r, measured_s) in enumerate(vtrain_multi_rows(path))]
+
 
 
 @dataclass(frozen=True)
@@ -267,6 +331,17 @@ def vtrain_groups(errors: dict[str, float], by: tuple[str, ...],
         raise ValueError(f"unknown vTrain field(s) {unknown}; choose from {VTRAIN_FIELDS}")
     return _group(errors, {f"vtrain-{i:04d}": tuple(r[f] for f in by)
                            for i, (r, _) in enumerate(vtrain_rows(path))})
+
+
+def vtrain_multi_groups(errors: dict[str, float], by: tuple[str, ...],
+                        path: str | None = None) -> list[GroupError]:
+    """The multi-node vTrain errors (ids "vtrain-multi-NNN") grouped by the
+    VTRAIN_MULTI_FIELDS in `by`, sorted by key."""
+    unknown = [f for f in by if f not in VTRAIN_MULTI_FIELDS]
+    if unknown:
+        raise ValueError(f"unknown vTrain field(s) {unknown}; choose from {VTRAIN_MULTI_FIELDS}")
+    return _group(errors, {f"vtrain-multi-{i:03d}": tuple(r[f] for f in by)
+                           for i, (r, _) in enumerate(vtrain_multi_rows(path))})
 
 
 @dataclass(frozen=True)
@@ -382,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--by", nargs="*", default=["tp", "pp", "dp", "mbs", "hidden", "layers",
                                                  "tp,mbs,hidden"],
                     help=f"vTrain groupings, comma-separated fields of {VTRAIN_FIELDS}")
+    ap.add_argument("--multi-by", nargs="*", default=["gpus", "tp", "gpus,tp"],
+                    help="multi-node vTrain groupings, comma-separated fields of "
+                         f"{VTRAIN_MULTI_FIELDS}")
     ap.add_argument("--dgxc-by", nargs="*", default=["gpu", "dtype", "model", "framework",
                                                      "gpu,tp", "gpu,dtype"],
                     help="DGX Cloud groupings, comma-separated fields of "
@@ -395,6 +473,11 @@ def main(argv: list[str] | None = None) -> int:
     for fields in args.by:
         by = tuple(fields.split(","))
         _print_groups("vTrain", by, vtrain_groups(vt.errors, by))
+    vm = summarize(vtrain_multi_cases(), simulate, require_fit=False)
+    _print_summary("vTrain multi-node A100 (held out)", vm)
+    for fields in args.multi_by:
+        by = tuple(fields.split(","))
+        _print_groups("vTrain multi-node", by, vtrain_multi_groups(vm.errors, by))
     dg, oom = dgxc_summary(simulate)
     _print_summary("DGX Cloud recipes (held out)", dg)
     print(f"  {len(oom)} of these runs the memory model calls out of memory (timed all the same)"
