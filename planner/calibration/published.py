@@ -8,14 +8,12 @@ Four datasets (planner/data/validation, see its README for sources):
   did not publish one), so in-process numbers equal the scorer's;
 * vTrain's 1,440 single-node A100 measurements (Bang et al. 2024, ground_truth_single):
   GPT models (ffn 4h, vocab 50257, sequence 1024) in Megatron-DeepSpeed with fp16, full
-  recompute, 1F1B, Megatron's fused-softmax (unfused) attention; scored with Megatron-LM's
-  communication defaults, which the Ampere calibration was fitted with (their configs set
-  use_gradient_bucket false: reduction after the backward, see docs/calibration.md).
+  recompute, 1F1B, Megatron's fused-softmax (unfused) attention, and gradients reduced in
+  fp16 after the backward pass (their configs set use_gradient_bucket false: `VTRAIN_COMM`).
 
 * held out: vTrain's 109 multi-node A100 measurements (ground_truth_multi: GPT 3.6B, 18.4B,
   39.1B and 175B on 64-512 A100s, sequence 2048, nodes of 8 with 800 Gb/s of InfiniBand),
-  converted as the single-node rows are, with the gradient reduction their configs state
-  (one fp16 all-reduce after the last backward); nothing was fitted to them, and every row
+  converted as the single-node rows are; nothing was fitted to them, and every row
   is timed even where the memory model calls it out of memory.
 
 * held out: NVIDIA's DGX Cloud benchmarking recipes (NVIDIA/dgxc-benchmarking, 2024-25),
@@ -47,11 +45,12 @@ from planner.specs.choices import DType, Recompute
 from planner.specs.cluster import ClusterSpec, NodeGroup, parse_gpus_arg
 from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
 from planner.specs.model import ModelSpec
-from planner.specs.plan import DEFAULT_COMM, Communication, Kernels, Plan
+from planner.specs.plan import Communication, Kernels, Plan
 from profiler.kernels import Attention
 from profiler.schema import SpecError
 
-__all__ = ["DGXC_FIELDS", "VTRAIN_FIELDS", "VTRAIN_MULTI_COMM", "VTRAIN_MULTI_FIELDS", "Case", "ErrorSummary", "GroupError", "LayerCase",
+__all__ = ["DGXC_FIELDS", "VTRAIN_COMM", "VTRAIN_FIELDS", "VTRAIN_MULTI_FIELDS", "Case",
+           "ErrorSummary", "GroupError", "LayerCase",
            "dgxc_cases", "dgxc_groups", "dgxc_rows", "dgxc_summary", "does_not_fit",
            "korthikanti_layer_cases", "layer_errors", "main", "published_cases", "summarize",
            "vtrain_cases", "vtrain_groups", "vtrain_multi_cases", "vtrain_multi_groups",
@@ -196,19 +195,30 @@ def vtrain_rows(path: str | None = None) -> list[tuple[dict[str, int], float]]:
             for row in rows]
 
 
+# How vTrain's runs reduced gradients, single-node and multi-node alike, as its validation
+# configs and simulator state them: `use_gradient_bucket: false` (config/validation/*), one
+# all-reduce after the last backward (src/predictor.py `create_layer_graph`, "comm across dp",
+# added after the last backward node) of 16-bit gradients (its ParamInfo elem_size 2); what
+# Megatron-DeepSpeed's engine does without ZeRO (the reduction at the accumulation boundary,
+# after the backward, in the training dtype).
+VTRAIN_COMM = Communication(overlap_grad_reduce=False, grad_reduce_dtype="fp16")
+
+
 def _vtrain_case(case_id: str, r: dict[str, int], measured_s: float,
-                 gpus: str | ClusterSpec, comm: Communication = DEFAULT_COMM) -> Case:
+                 gpus: str | ClusterSpec) -> Case:
     """A vTrain row as a plan: GPT (ffn 4h, vocab 50257, learned positions, tied
-    embeddings, dropout) in Megatron-DeepSpeed with fp16, full recompute, 1F1B and
-    Megatron's fused-softmax attention, as vTrain's validation configs set it
-    (config/validation/*: use_checkpoint true, pipeline_scheduling 1f1b)."""
+    embeddings, dropout) in Megatron-DeepSpeed with fp16, full recompute, 1F1B,
+    Megatron's fused-softmax attention and `VTRAIN_COMM`, as vTrain's validation configs
+    set it (config/validation/*: use_checkpoint true, pipeline_scheduling 1f1b,
+    use_gradient_bucket false)."""
     h, layers, seq = r["hidden"], r["layers"], r["seq"]
     model = ModelSpec(name=f"gpt-h{h}-l{layers}", num_layers=layers, hidden_size=h,
                       ffn_hidden_size=4 * h, num_heads=r["heads"], vocab_size=50257,
                       seq_len=seq, activation="gelu", norm="layernorm",
                       position_embedding="learned", tied_embeddings=True, dropout=True)
     cfg = ParallelConfig(tp=r["tp"], pp=r["pp"], dp=r["dp"], mbs=r["mbs"], gbs=r["gbs"],
-                         seq_len=seq, recompute=Recompute.FULL, dtype=DType.FP16, comm=comm)
+                         seq_len=seq, recompute=Recompute.FULL, dtype=DType.FP16,
+                         comm=VTRAIN_COMM)
     plan = _try_plan(model, gpus, cfg, Kernels(attention=Attention.MATH))
     return Case(case_id, (plan,) if plan else (), measured_s)
 
@@ -230,12 +240,6 @@ VTRAIN_MULTI = os.path.join(VALIDATION_DIR, "vtrain_multi_node_a100.csv")
 # NICs (the configs give the total, not the NIC count).
 VTRAIN_MULTI_NICS = 4
 VTRAIN_MULTI_NIC_GBIT = 200.0
-# How those runs reduced gradients, as vTrain's configs and simulator state them:
-# `use_gradient_bucket: false` (one all-reduce after the last backward, src/predictor.py
-# `create_layer_graph`, "comm across dp", added after the last backward node) of 16-bit
-# gradients (its ParamInfo elem_size 2). The single-node rows are scored with Megatron-LM's
-# defaults, which the Ampere calibration was fitted with (docs/calibration.md, "Defaults").
-VTRAIN_MULTI_COMM = Communication(overlap_grad_reduce=False, grad_reduce_dtype="fp16")
 
 
 def vtrain_multi_rows(path: str | None = None) -> list[tuple[dict[str, int], float]]:
@@ -261,8 +265,7 @@ def vtrain_multi_cluster(gpus: int) -> ClusterSpec:
 def vtrain_multi_cases(path: str | None = None) -> list[Case]:
     """vTrain's multi-node ground truth (64-512 A100s; a held-out set: nothing in the cost
     model was fitted to it), converted as the single-node rows are."""
-    return [_vtrain_case(f"vtrain-multi-{i:03d}", r, measured_s, vtrain_multi_cluster(r["gpus"]),
-                         VTRAIN_MULTI_COMM)
+    return [_vtrain_case(f"vtrain-multi-{i:03d}", r, measured_s, vtrain_multi_cluster(r["gpus"]))
             for i, (r, measured_s) in enumerate(vtrain_multi_rows(path))]
 
 

@@ -13,7 +13,7 @@ predictions worse: find the mechanism, never widen a bound to pass.
 import pytest
 
 from planner.calibration.published import (
-    VTRAIN_MULTI_COMM,
+    VTRAIN_COMM,
     summarize,
     vtrain_multi_cases,
     vtrain_multi_cluster,
@@ -50,10 +50,10 @@ def test_the_cluster_and_communication_are_the_configs():
     assert group.num_nodes == 64 and group.gpus_per_node == 8
     assert group.nics_per_node * group.nic_bandwidth_gbit_per_s == pytest.approx(800)
     assert group.nic == "infiniband"
-    assert not VTRAIN_MULTI_COMM.overlap_grad_reduce
-    assert VTRAIN_MULTI_COMM.grad_reduce_dtype == "fp16"
+    assert not VTRAIN_COMM.overlap_grad_reduce
+    assert VTRAIN_COMM.grad_reduce_dtype == "fp16"
     plan = vtrain_multi_cases()[0].plans[0]
-    assert plan.training.comm == VTRAIN_MULTI_COMM
+    assert plan.training.comm == VTRAIN_COMM
 
 
 def test_held_out_error(summary):
