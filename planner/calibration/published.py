@@ -314,37 +314,45 @@ DGXC_FIELDS: dict[str, Callable[[dict[str, str]], int | str]] = {
 }
 
 
+def _group_rows(errors: dict[str, float], by: tuple[str, ...],
+                rows: Iterable[tuple[str, Callable[[str], int | str]]],
+                fields: Iterable[str], what: str) -> list[GroupError]:
+    """`errors` grouped by the `fields` named in `by`: `rows` gives each case id and its
+    field values (a function of the field's name)."""
+    allowed = tuple(fields)
+    unknown = [f for f in by if f not in allowed]
+    if unknown:
+        raise ValueError(f"unknown {what} field(s) {unknown}; choose from {allowed}")
+    return _group(errors, {case_id: tuple(value(f) for f in by) for case_id, value in rows})
+
+
 def dgxc_groups(errors: dict[str, float], by: tuple[str, ...],
                 path: str | None = None) -> list[GroupError]:
     """The held-out DGX Cloud rows' errors grouped by `DGXC_FIELDS` (gpu, dtype, model,
     framework, tp), sorted by key."""
-    unknown = [f for f in by if f not in DGXC_FIELDS]
-    if unknown:
-        raise ValueError(f"unknown DGX Cloud field(s) {unknown}; choose from {tuple(DGXC_FIELDS)}")
-    return _group(errors, {r["id"]: tuple(DGXC_FIELDS[f](r) for f in by)
-                           for r in dgxc_rows(path)})
+    def values(r: dict[str, str]) -> Callable[[str], int | str]:
+        return lambda f: DGXC_FIELDS[f](r)
+
+    return _group_rows(errors, by, ((r["id"], values(r)) for r in dgxc_rows(path)),
+                       DGXC_FIELDS, "DGX Cloud")
 
 
 def vtrain_groups(errors: dict[str, float], by: tuple[str, ...],
                   path: str | None = None) -> list[GroupError]:
     """vTrain's errors (`summarize(...).errors`, ids "vtrain-NNNN") grouped by the
     VTRAIN_FIELDS in `by`, sorted by key."""
-    unknown = [f for f in by if f not in VTRAIN_FIELDS]
-    if unknown:
-        raise ValueError(f"unknown vTrain field(s) {unknown}; choose from {VTRAIN_FIELDS}")
-    return _group(errors, {f"vtrain-{i:04d}": tuple(r[f] for f in by)
-                           for i, (r, _) in enumerate(vtrain_rows(path))})
+    return _group_rows(errors, by, ((f"vtrain-{i:04d}", r.__getitem__)
+                                    for i, (r, _) in enumerate(vtrain_rows(path))),
+                       VTRAIN_FIELDS, "vTrain")
 
 
 def vtrain_multi_groups(errors: dict[str, float], by: tuple[str, ...],
                         path: str | None = None) -> list[GroupError]:
     """The multi-node vTrain errors (ids "vtrain-multi-NNN") grouped by the
     VTRAIN_MULTI_FIELDS in `by`, sorted by key."""
-    unknown = [f for f in by if f not in VTRAIN_MULTI_FIELDS]
-    if unknown:
-        raise ValueError(f"unknown vTrain field(s) {unknown}; choose from {VTRAIN_MULTI_FIELDS}")
-    return _group(errors, {f"vtrain-multi-{i:03d}": tuple(r[f] for f in by)
-                           for i, (r, _) in enumerate(vtrain_multi_rows(path))})
+    return _group_rows(errors, by, ((f"vtrain-multi-{i:03d}", r.__getitem__)
+                                    for i, (r, _) in enumerate(vtrain_multi_rows(path))),
+                       VTRAIN_MULTI_FIELDS, "vTrain")
 
 
 @dataclass(frozen=True)
