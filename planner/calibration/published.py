@@ -85,6 +85,11 @@ class ErrorSummary:
 EMBEDDING_IN_SPLIT = "--account-for-embedding-in-pipeline-split"
 LOSS_IN_SPLIT = "--account-for-loss-in-pipeline-split"
 NO_DROPOUT = "no dropout"
+# FP8 with FP8 primary weights (NeMo fp8_params / fp8_param_gather: Training.fp8_params)
+# and Megatron-Core's gradient buffer in bf16 (grad_reduce_in_fp32 False:
+# Communication.grad_reduce_dtype), as the FP8 recipes that say so set them
+FP8_PARAMS = "fp8 params"
+BF16_GRADS = "grad_reduce_in_fp32 False"
 
 
 def _published_model(r: dict) -> ModelSpec:
@@ -157,7 +162,10 @@ def published_cases(path: str | None = None) -> list[Case]:
                 sharding=sharding_preset(r["sharding"] or "none", dp * int(r["cp"] or 1)),
                 dtype=r["dtype"],  # type: ignore[arg-type]  # a published dtype name
                 embedding_in_pipeline_split=EMBEDDING_IN_SPLIT in note,
-                loss_in_pipeline_split=LOSS_IN_SPLIT in note)
+                loss_in_pipeline_split=LOSS_IN_SPLIT in note,
+                fp8_params=FP8_PARAMS in note and r["dtype"] == "fp8",
+                comm=Communication(grad_reduce_dtype="bf16") if BF16_GRADS in note
+                else DEFAULT_COMM)
             plan = _try_plan(model, f"{r['gpu']}:{r['gpus']}", cfg,
                              Kernels(attention=Attention(r["attention"])))
             if plan is not None:

@@ -31,9 +31,9 @@ from planner.specs.model import ModelSpec
 from planner.specs.plan import Sharding
 from profiler.devices import DeviceSpec
 
-__all__ = ["MEMORY_SOURCE", "StageMemory", "activation_memory", "in_flight_chunks",
+__all__ = ["FP8_WEIGHT_CACHE_BYTES", "MEMORY_SOURCE", "StageMemory", "activation_memory", "in_flight_chunks",
            "model_state_bytes", "rank_expert_param_count", "rank_param_count",
-           "rank_param_tensors",
+           "rank_param_tensors", "rank_te_weight_count",
            "runtime_reserve_bytes", "stage_memory", "state_bytes_per_param"]
 
 MEMORY_SOURCE = "analytic memory model (ZeRO/AMSP states; Korthikanti et al. 2022 activations)"
@@ -157,6 +157,23 @@ def rank_param_count(model: ModelSpec, *, num_layers: int, first: bool, last: bo
                                         tp=tp, pp=pp, ep=ep, etp=etp)))
 
 
+def rank_te_weight_count(model: ModelSpec, *, num_layers: int, tp: int, ep: int = 1,
+                         etp: int | None = None) -> float:
+    """Parameters of one tp rank of a stage that are the weights of Transformer Engine's
+    linear layers: the attention projections, the MLP and the experts' GEMMs
+    (Megatron-Core's TELayerNormColumnParallelLinear, TERowParallelLinear,
+    TEGroupedLinear). Under FP8 these are the weights TE casts to FP8; the embedding
+    (VocabParallelEmbedding), the output layer (tensor_parallel.ColumnParallelLinear,
+    gpt_model.py), the norms and the router are not TE linear modules and stay 16-bit.
+    MLA's latent norms, counted among its tensors, are counted here too (a few thousand
+    parameters)."""
+    layer = rank_param_count(model, num_layers=num_layers, first=False, last=False, tp=tp,
+                             pp=1, ep=ep, etp=etp)
+    norms = (2 if model.norm == "layernorm" else 1) * model.hidden_size * 2  # two per layer
+    router = model.num_experts * model.hidden_size
+    return layer - num_layers * norms - _moe_layers(model, num_layers) * router
+
+
 def in_flight_chunks(*, schedule: Schedule, stage: int, pp: int, num_microbatches: int,
                      virtual_stages: int) -> int:
     """Model chunks x micro-batches whose activations a stage holds at its peak.
@@ -180,8 +197,8 @@ def in_flight_chunks(*, schedule: Schedule, stage: int, pp: int, num_microbatche
 
 
 def state_bytes_per_param(*, dtype: str, master_weights: bool, sizes: tuple[float, float, float],
-                          states: ModelStates = ModelStates.FP32_GRADS
-                          ) -> tuple[float, float, float]:
+                          states: ModelStates = ModelStates.FP32_GRADS,
+                          grad_dtype: str | None = None) -> tuple[float, float, float]:
     """Bytes per parameter one rank keeps of (parameters, gradients, optimizer states) with
     them sharded over `sizes` = (P, G, OS) ranks, as the framework `states` keeps them
     (`ModelStates`, whose docstring gives the sources).
@@ -190,31 +207,68 @@ def state_bytes_per_param(*, dtype: str, master_weights: bool, sizes: tuple[floa
     beside a master copy; DeepSpeed: the training dtype), an fp32 master (mixed precision)
     and Adam's two moments (`DType.state_bytes`). FSDP2's rule (`FP32_GRADS` with P = OS > 1
     and a master copy): the fp32 shard is the parameter, counted as the parameters' bytes,
-    and no 16-bit copy is kept. FP8 training (Transformer Engine, fp8_model_params off) also
-    caches each weight's FP8 cast and its transpose for the backward: 2 bytes per parameter
-    beside the bf16 weights (Megatron-Core only: no sharded-parameter rule)."""
+    and no 16-bit copy is kept. FP8 training keeps bf16 weights here; the FP8 copies
+    Transformer Engine caches of its linear layers' weights are `model_state_bytes`'s.
+
+    `grad_dtype`: the dtype Megatron-Core keeps its gradient buffer in, which is the dtype
+    it reduces them in (`DistributedDataParallelConfig.grad_reduce_in_fp32`;
+    param_and_grad_buffer.py allocates the grad buffer in fp32 only with it;
+    `Communication.grad_reduce_dtype`). A 16-bit buffer holds 2 bytes per parameter:
+    2 + 2 + 12/d. Megatron-LM's docs/source/distrib_optimizer.md table gives 4 + 16/d
+    ("fp16 param, fp16 grads: 20"): its 4/d more is the optimizer's fp32 copy of its
+    gradient shard, made for the step (distrib_optimizer.py `_copy_model_grads_to_main_grads`:
+    `shard_model_grad.float()`) and dropped by the next `zero_grad`, so it exists only
+    after the backward has freed the activations, never beside them; the activation peak
+    priced here leaves it out (the step's own peak, states + 4/d, is not priced: it is
+    below the activation peak wherever activations exceed 4/d bytes per parameter).
+    None or fp32: the fp32 buffer of `FP32_GRADS`."""
     dt = DType(dtype)
     p, g, o = sizes
-    low = dt.element_bytes + (2 if dt is DType.FP8 else 0)
+    low = dt.element_bytes
     master = 4 if dt.keeps_master(master_weights) else 0
     state = dt.state_bytes(master_weights)  # each of: gradient, Adam's m, Adam's v
     grad = dt.element_bytes if states is ModelStates.DEEPSPEED else state
     if (states is ModelStates.FP32_GRADS and master and dt is not DType.FP8
             and p == o > 1):
         return master / p, grad / g, 2 * state / o
+    if (states is ModelStates.FP32_GRADS and master and grad_dtype is not None
+            and DType(grad_dtype).element_bytes < grad):
+        # a 16-bit gradient buffer (the step's fp32 copy of its shard: not at this peak)
+        return low / p, DType(grad_dtype).element_bytes / g, (master + 2 * state) / o
     return low / p, grad / g, (master + 2 * state) / o
+
+
+# Bytes per weight Transformer Engine keeps beside a 16-bit weight under FP8 (delayed
+# per-tensor scaling) when the weights are not FP8 themselves: the FP8 cast and its
+# transpose, cached across a step's micro-batches (TE 1.x module/base.py `set_fp8_weights`:
+# "workspace buffers ... used for FP8 training when the module parameters are not natively
+# in FP8 ... `weight1_fp8` and `weight1_t_fp8`, cache the FP8 values and transposed FP8
+# values in between microbatches"; `prepare_forward` creates them "only when fp8 weight
+# caching is used and weights are not in fp8"; TE 2.x linear.py: `get_weight_workspace(...,
+# cache_name="weight", update_workspace=is_first_microbatch)`). With FP8 primary weights
+# (TE `fp8_model_init`; Megatron-Core `fp8_param`, NeMo `fp8_params` / `fp8_param_gather`)
+# the weight is the FP8 tensor, 1 byte and 1 for its transpose, in place of the 16-bit
+# one: 2 bytes, as a bf16 weight, and no cache.
+FP8_WEIGHT_CACHE_BYTES = 2
 
 
 def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: Sharding,
                       tp: int, pp: int, expert_params: float = 0.0,
                       ep: int = 1, etp: int | None = None, master_weights: bool = True,
                       ep_layout: EpLayout = EpLayout.FOLDED,
-                      states: ModelStates = ModelStates.FP32_GRADS
+                      states: ModelStates = ModelStates.FP32_GRADS,
+                      te_weights: float | None = None, fp8_params: bool = False,
+                      grad_dtype: str | None = None
                       ) -> tuple[float, float, float, float]:
     """(parameters, gradients, optimizer states, gathered-parameter buffers) in bytes on one
     rank holding `params` parameters, each part at `state_bytes_per_param` over its own
-    sharding group (`states`: as `Training.model_states`); sharded parameters need the
-    layer in use and the next one gathered in the training dtype.
+    sharding group (`states`: as `Training.model_states`; `grad_dtype`: the gradient
+    buffer's dtype, `state_bytes_per_param`); sharded parameters need the layer in use and
+    the next one gathered in the training dtype.
+
+    FP8: of `params`, the `te_weights` weights of Transformer Engine's linear layers
+    (`rank_te_weight_count`; None: all of them) carry TE's FP8 weight cache,
+    `FP8_WEIGHT_CACHE_BYTES` each, unless `fp8_params` (FP8 primary weights: none).
 
     The sharding sizes count ranks of the stage's data- x context-parallel group (dp x
     cp: context-parallel ranks hold the same weights, and Megatron-Core's distributed
@@ -227,7 +281,7 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     groups of data-parallel replicas only (`EpLayout.DATA_PARALLEL`: trainplan's executor,
     executor/groups.py `expert_shard_layout`) the tp ranks are not among them: S / ep."""
     dt = DType(dtype)
-    low = dt.element_bytes + (2 if dt is DType.FP8 else 0)
+    low = dt.element_bytes + (FP8_WEIGHT_CACHE_BYTES if dt is DType.FP8 else 0)
     gathered = 0.0
     if sharding.params > 1:
         layer = rank_param_count(model, num_layers=1, first=False, last=False, tp=tp, pp=pp,
@@ -244,8 +298,14 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
         if count:
             per = state_bytes_per_param(dtype=dtype, master_weights=master_weights,
                                         sizes=(group(sizes[0]), group(sizes[1]),
-                                               group(sizes[2])), states=states)
+                                               group(sizes[2])), states=states,
+                                        grad_dtype=grad_dtype)
             out = [o + count * b for o, b in zip(out, per, strict=True)]
+    if dt is DType.FP8 and not fp8_params:
+        cached = params if te_weights is None else te_weights
+        dense = max(cached - expert_params, 0.0)
+        out[0] += FP8_WEIGHT_CACHE_BYTES * (dense / sharding.params
+                                            + expert_params / expert_group(sharding.params))
     return out[0], out[1], out[2], gathered
 
 
@@ -278,16 +338,22 @@ def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
                  num_layers: int, first: bool, last: bool, pp: int, recompute: Recompute,
                  sharding: Sharding, layers_in_flight: float,
                  master_weights: bool = True,
-                 states: ModelStates = ModelStates.FP32_GRADS) -> StageMemory:
+                 states: ModelStates = ModelStates.FP32_GRADS, fp8_params: bool = False,
+                 grad_dtype: str | None = None) -> StageMemory:
     """Peak memory of one rank of a stage holding activations of `layers_in_flight`
-    layer-micro-batches at its peak: `activation_memory` with the stage's model states."""
+    layer-micro-batches at its peak: `activation_memory` with the stage's model states
+    (`fp8_params`, `grad_dtype`: as `model_state_bytes`)."""
     params = rank_param_count(model, num_layers=num_layers, first=first, last=last,
                               tp=shape.tp, pp=pp, ep=shape.ep, etp=shape.etp)
     experts = rank_expert_param_count(model, num_layers=num_layers, etp=shape.etp or shape.tp,
                                       ep=shape.ep)
     held = model_state_bytes(model, params=params, dtype=shape.dtype, sharding=sharding,
                              tp=shape.tp, pp=pp, expert_params=experts, ep=shape.ep,
-                             etp=shape.etp, master_weights=master_weights, states=states)
+                             etp=shape.etp, master_weights=master_weights, states=states,
+                             te_weights=rank_te_weight_count(model, num_layers=num_layers,
+                                                             tp=shape.tp, ep=shape.ep,
+                                                             etp=shape.etp),
+                             fp8_params=fp8_params, grad_dtype=grad_dtype)
     return activation_memory(model, device=device, shape=shape, num_layers=num_layers,
                              last=last, recompute=recompute,
                              layers_in_flight=layers_in_flight).with_states(*held)

@@ -44,6 +44,7 @@ from planner.costs.memory import (
     model_state_bytes,
     rank_expert_param_count,
     rank_param_count,
+    rank_te_weight_count,
 )
 from planner.costs.workload import (
     Comm,
@@ -200,6 +201,8 @@ class RunSettings:
     master_weights: bool = True
     # which framework's rule keeps the model states (Training.model_states)
     model_states: ModelStates = ModelStates.FP32_GRADS
+    # FP8 training with FP8 primary weights (Training.fp8_params)
+    fp8_params: bool = False
 
     def __post_init__(self) -> None:
         coerce_choices(self)
@@ -844,17 +847,22 @@ class ShardingTerms:
 
 def sharding_states(model: ModelSpec, spec: StageSpec, dtype: str, sharding: Sharding,
                     num_params: float, *, master_weights: bool = True,
-                    states: ModelStates = ModelStates.FP32_GRADS
-                    ) -> tuple[float, float, float, float]:
+                    states: ModelStates = ModelStates.FP32_GRADS, fp8_params: bool = False,
+                    grad_dtype: str | None = None) -> tuple[float, float, float, float]:
     """Model-state bytes (params, grads, optimizer, gathered) of a stage holding
-    `num_params` parameters per rank, sharded as `sharding` (`master_weights`, `states`: as
-    `RunSettings.master_weights`, `RunSettings.model_states`)."""
+    `num_params` parameters per rank, sharded as `sharding` (`master_weights`, `states`,
+    `fp8_params`: as `RunSettings.master_weights`, `.model_states`, `.fp8_params`;
+    `grad_dtype`: the run's `comm.grad_reduce_dtype`, the dtype Megatron-Core keeps its
+    gradient buffer in, `memory.state_bytes_per_param`)."""
     p = spec.placed
     experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep)
+    te = rank_te_weight_count(model, num_layers=p.num_layers, tp=p.tp, ep=p.ep,
+                              etp=p.expert_tp)
     return model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
                              tp=p.tp, pp=spec.pp, expert_params=experts, ep=p.ep,
                              etp=p.expert_tp, master_weights=master_weights,
-                             ep_layout=p.ep_layout, states=states)
+                             ep_layout=p.ep_layout, states=states, te_weights=te,
+                             fp8_params=fp8_params, grad_dtype=grad_dtype)
 
 
 def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings,
@@ -878,7 +886,9 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     return ShardingTerms(sync, _compute_costs(spec.device, dtype, profiles).time_s(opt),
                          sharding_states(model, spec, dtype, sharding, num_params,
                                          master_weights=run.master_weights,
-                                         states=run.model_states))
+                                         states=run.model_states,
+                                         fp8_params=run.fp8_params,
+                                         grad_dtype=run.comm.grad_reduce_dtype))
 
 
 def apply_sharding(cost: StageCost, terms: ShardingTerms) -> StageCost:
@@ -923,7 +933,8 @@ def plan_runs(plan: Plan) -> list[RunSettings]:
                         virtual_stages=tr.virtual_stages, kernels=plan.kernels, comm=tr.comm,
                         recompute_modules=tr.recompute_modules,
                         pipeline_flushes=tr.pipeline_flushes,
-                        master_weights=tr.master_weights, model_states=tr.model_states)
+                        master_weights=tr.master_weights, model_states=tr.model_states,
+                        fp8_params=tr.fp8_params)
             for p in plan.pipelines]
 
 

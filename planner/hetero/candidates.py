@@ -414,7 +414,8 @@ def _passes_at(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int,
     spec, base = _unsharded(pr, kind, recompute=recompute, layers=layers)
     states = sharding_states(pr.ctx.model, spec, pr.ctx.dtype, sharding, base.num_params,
                              master_weights=pr.run.master_weights,
-                             states=pr.run.model_states)
+                             states=pr.run.model_states, fp8_params=pr.run.fp8_params,
+                             grad_dtype=pr.run.comm.grad_reduce_dtype)
     return base, base.memory.with_states(*states)
 
 

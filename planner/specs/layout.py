@@ -73,6 +73,8 @@ class ParallelConfig:
     loss_in_pipeline_split: bool = False
     # what the framework keeps of the model states (Training.model_states)
     model_states: ModelStates = ModelStates.FP32_GRADS
+    # fp8 with FP8 primary weights (Training.fp8_params)
+    fp8_params: bool = False
     # how the framework communicates (Training.comm; default Megatron-LM's)
     comm: Communication = Communication()
 
@@ -189,7 +191,8 @@ def homogeneous_plan(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig
                         recompute_modules=cfg.recompute_modules,
                         embedding_in_pipeline_split=cfg.embedding_in_pipeline_split,
                         loss_in_pipeline_split=cfg.loss_in_pipeline_split,
-                        model_states=cfg.model_states, comm=cfg.comm)
+                        model_states=cfg.model_states, fp8_params=cfg.fp8_params,
+                        comm=cfg.comm)
     plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
                 sharding=cfg.sharding, kernels=kernels or Kernels())
     plan.check("plan")

@@ -223,6 +223,11 @@ class Training:
         "executor: fp32 gradients, 18 bytes per parameter; 16 where parameters shard as "
         "the optimizer states do, the fp32 shard being the parameter) or deepspeed "
         "(ZeRO: gradients in the training dtype, 16 bytes)")
+    fp8_params: bool = spec_field(
+        default=False, help="fp8 training keeps its Transformer Engine linear weights in FP8 "
+        "(TE fp8_model_init; Megatron-Core fp8_param, NeMo fp8_params / fp8_param_gather: "
+        "1 byte and 1 for the transpose, no bf16 copy); false: bf16 weights, and TE caches "
+        "an FP8 copy and its transpose of each (2 bytes more)")
     comm: Communication = Communication()
     ep: int = spec_field(default=1, min=1, max=MAX_GPUS,
                          help="expert parallel: each MoE layer's routed experts split over "
@@ -260,6 +265,8 @@ class Training:
         if self.schedule.interleaved != (self.virtual_stages > 1):
             fail(at(where, "virtual_stages"), self.virtual_stages,
                  "> 1 exactly when schedule is interleaved-1f1b")
+        if self.fp8_params and self.dtype != DType.FP8:
+            fail(at(where, "fp8_params"), self.fp8_params, "applies only to dtype fp8")
         modules = self.recompute_modules
         if not modules or len(set(modules)) != len(modules):
             fail(at(where, "recompute_modules"), [str(m) for m in modules],

@@ -58,7 +58,10 @@ def test_the_notes_settings_reach_the_plans():
 def test_held_out_error_stays_within_its_guard(summary):
     s, oom = summary
     assert s.mape <= 0.15, f"MAPE {s.mape:.4f}"
-    assert len(oom) <= 38, oom  # runs the memory model calls out of memory (they ran)
+    # runs the memory model calls out of memory (they ran): 38 before the FP8 weight
+    # caches, FP8 primary weights and 16-bit gradient buffers were priced as the recipes
+    # keep them (tests/planner/costs/test_fp8_model_states.py)
+    assert len(oom) <= 11, oom
 
 
 def test_groups_split_the_rows_by_gpu_and_name_their_fields():
