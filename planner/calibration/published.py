@@ -45,7 +45,7 @@ from planner.specs.choices import DType, Recompute
 from planner.specs.cluster import ClusterSpec, NodeGroup, parse_gpus_arg
 from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan, sharding_preset
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Communication, Kernels, Plan
+from planner.specs.plan import DEFAULT_COMM, Communication, Kernels, Plan
 from profiler.kernels import Attention
 from profiler.schema import SpecError
 

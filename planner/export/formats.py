@@ -57,6 +57,11 @@ def megatron_args(plan: Plan) -> list[str]:
              "fp32": [],
              "fp8": ["--bf16", "--fp8-format hybrid", "--transformer-impl transformer_engine"]
              }[tr.dtype]
+    if tr.fp8_params:
+        # FP8 primary weights, as the plan prices their memory (Training.fp8_params):
+        # Megatron-LM's --fp8-param-gather ("keep the compute param in fp8 ... and perform
+        # the param all-gather in fp8"; TransformerConfig.fp8_param)
+        args.append("--fp8-param-gather")
     if m.kv_heads != m.num_heads:
         args += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
     if m.attention_head_dim is not None:

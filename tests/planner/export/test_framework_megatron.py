@@ -67,6 +67,8 @@ def _megatron_configs(args: dict, world: int):
         fields["gated_linear_unit"] = True
     if "fp8_format" in kw:  # Megatron-LM's arguments: --fp8-format becomes config.fp8
         fields["fp8"] = kw["fp8_format"]
+    if kw.get("fp8_param_gather"):  # arguments.py: kw_args['fp8_param'] = args.fp8_param_gather
+        fields["fp8_param"] = True
     dtype = torch.bfloat16 if kw.get("bf16") else torch.float16 if kw.get("fp16") else None
     if dtype is not None:
         fields.update(params_dtype=dtype, pipeline_dtype=dtype)
@@ -103,6 +105,7 @@ def _round_trip(plan):
     assert config.recompute_granularity == {"none": None}.get(s.recompute[0], s.recompute[0])
     assert config.bf16 == (plan.training.dtype in ("bf16", "fp8"))  # fp8: bf16 elsewhere
     assert config.fp8 == ("hybrid" if plan.training.dtype == "fp8" else None)
+    assert config.fp8_param == plan.training.fp8_params  # FP8 primary weights as priced
     # fp32 main gradients in 16-bit training, as the plan prices them (fp32_grads);
     # fp32 training's gradients are fp32 whatever the flag
     assert ddp.grad_reduce_in_fp32 == (plan.training.dtype != "fp32")
@@ -157,6 +160,18 @@ def test_fp8_runs_transformer_engine_gemms_with_delayed_scaling():
     plan = plan_on("H100-80GB-SXM:64", tp=2, pp=4, dp=8, mbs=1, gbs=128, dtype="fp8")
     config = _round_trip(plan)
     assert (config.fp8, config.fp8_recipe) == ("hybrid", "delayed")
+
+
+def test_fp8_primary_weights_reach_megatron_core():
+    """Training.fp8_params (the memory model's FP8 primary weights: Megatron-Core
+    TransformerConfig.fp8_param) is written as --fp8-param-gather, which Megatron-LM's
+    arguments hand to the config as fp8_param."""
+    base = plan_on("H100-80GB-SXM:64", tp=2, pp=4, dp=8, mbs=1, gbs=128, dtype="fp8")
+    plan = dataclasses.replace(base, training=dataclasses.replace(base.training,
+                                                                   fp8_params=True))
+    config = _round_trip(plan)
+    assert config.fp8_param and config.fp8 == "hybrid"
+    assert not _round_trip(base).fp8_param
 
 
 def test_fp16_keeps_fp32_main_gradients_as_priced():
