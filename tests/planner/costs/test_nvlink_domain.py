@@ -12,7 +12,7 @@ import math
 import pytest
 
 from planner.costs.comm import collective_choices, collective_time_s, group_tiers
-from planner.specs.cluster import ClusterSpec, homogeneous_cluster, parse_gpus_arg
+from planner.specs.cluster import ClusterSpec, homogeneous_cluster, load_cluster, parse_gpus_arg
 from profiler.devices import catalog, link_kind
 from profiler.schema import parse
 
@@ -117,3 +117,9 @@ def test_a_domain_never_spans_two_node_groups():
 def test_last_rack_may_be_partial():
     c = _gb200(nodes=20)  # a full rack and 2 trays of the next
     assert [c.slots[k].domain for k in (0, 71, 72, 79)] == [0, 0, 1, 1]
+
+
+def test_the_shipped_nvl72_spec_is_four_racks():
+    c = load_cluster("cluster_specs/gb200-nvl72.yaml")
+    assert c.num_gpus == 288 and len({s.domain for s in c.slots}) == 4
+    assert [t.name for t in group_tiers(c, tuple(range(0, 288, 72)))] == ["network"]
