@@ -68,6 +68,15 @@ class NodeTemplate:
     nic: NicName = "infiniband"
     nics_per_node: int = spec_field(default=1, min=0)
     nic_bandwidth_gbit_per_s: float = spec_field(default=100.0, gt=0)
+    nvlink_domain_gpus: int | None = spec_field(
+        default=None, min=1, max=65_536, help="GPUs of consecutive nodes that share one "
+        "NVLink domain (a GB200 NVL72 rack: 72, 18 trays of 4); None: the node")
+
+    def check(self, where: str) -> None:
+        if self.nvlink_domain_gpus is not None and self.nvlink_domain_gpus % self.gpus_per_node:
+            fail(at(where, "nvlink_domain_gpus"), self.nvlink_domain_gpus,
+                 f"a multiple of gpus_per_node ({self.gpus_per_node}): whole nodes share "
+                 "an NVLink domain")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,7 +31,9 @@ def run(args: argparse.Namespace) -> int:
         node = ("none (a cluster file gives its nodes)" if n is None else
                 f"{n.name}: {n.gpus_per_node} GPUs on {d.intra_node_link} "
                 f"({d.intra_node_bandwidth_gb_per_s:g} GB/s), {n.nics_per_node}x "
-                f"{n.nic_bandwidth_gbit_per_s:g} Gb/s {n.nic}")
+                f"{n.nic_bandwidth_gbit_per_s:g} Gb/s {n.nic}"
+                + (f"; NVLink domain of {n.nvlink_domain_gpus} GPUs"
+                   if n.nvlink_domain_gpus not in (None, n.gpus_per_node) else ""))
         print(f"{name:16} {d.memory_gib:6.1f}GiB {half:7.1f}TF/s "
               f"{d.peak_tflops.get('fp32', 0.0):5.1f}TF "
               f"{d.memory_bandwidth_gb_per_s:6.0f}GB/s  {node}")

@@ -1,8 +1,13 @@
 """Collective and point-to-point times as NCCL runs them.
 
-A group of ranks is seen as tiers: ranks inside a node (NVLink / NVSwitch / PCIe), nodes
+A group of ranks is seen as tiers: ranks inside an NVLink domain (NVLink / NVSwitch /
+PCIe: a node, or the consecutive nodes of a GB200 NVL72 rack, `GpuSlot.domain`), domains
 inside an island (the NICs: RDMA, or TCP sockets on Ethernet), and islands (the links
-between them, e.g. two datacenters).
+between them, e.g. two datacenters). Every "node" below reads "NVLink domain" where the
+domain spans nodes: NCCL runs a multi-node NVLink (MNNVL) clique over the P2P transport as
+it runs one node (NVIDIA/nccl#1159; NCCL 2.20.3 ncclTopoTuneModel: "MNNVL support - treat
+as a single NVLink connected node", nNodes = 1), NVLS aside (2.20.3: "MNNVL: NVLS not yet
+supported"), so NVLS stays inside one node.
 
 Collectives follow NCCL's own cost model (NCCL 2.20.3 src/graph/tuning.cc, constants in
 profiler/data/nccl.yaml, formulas in planner/data/reference/nccl_tuner.md): for every
@@ -38,6 +43,7 @@ the model answers the rest.
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,14 +122,17 @@ def _nic_rank_share(g: NodeGroup, ranks_on_node: int) -> float:
     return node / g.gpus_per_node
 
 
-def _node_tier(cluster: ClusterSpec, by_node: dict[int, list[GpuSlot]], arch: str | None
+def _node_tier(cluster: ClusterSpec, by_domain: dict[int, list[GpuSlot]], arch: str | None
                ) -> Tier:
-    per_node = max(len(v) for v in by_node.values())
+    """The members inside each NVLink domain, over the domain's link."""
+    per_node = max(len(v) for v in by_domain.values())
     bw = p2p = nvls = math.inf
     lat, channels, hw, rdma = 0.0, 1 << 30, "nvlink", True
     gpus = set()
-    sharp_arch = nccl_tuning().arch_row(arch) == "hopper"  # NVLink SHARP: sm_90 and later
-    for node_members in by_node.values():
+    # NVLink SHARP: sm_90 and later, members of one node (NCCL 2.20.3 turns NVLS off on MNNVL)
+    sharp_arch = (nccl_tuning().arch_row(arch) == "hopper"
+                  and all(len({s.node for s in v}) == 1 for v in by_domain.values()))
+    for node_members in by_domain.values():
         g = cluster.node_groups[node_members[0].group]
         assert g.intra_node_link is not None
         kind = link_kind(g.intra_node_link)
@@ -140,20 +149,23 @@ def _node_tier(cluster: ClusterSpec, by_node: dict[int, list[GpuSlot]], arch: st
                 gpus.pop() if len(gpus) == 1 else None, arch, nvls_bytes_per_s=nvls)
 
 
-def _network_tier(cluster: ClusterSpec, by_node: dict[int, list[GpuSlot]], fanout: int,
+def _network_tier(cluster: ClusterSpec, by_domain: dict[int, list[GpuSlot]], fanout: int,
                   arch: str | None) -> Tier:
+    """The NVLink domains of the group joined by their nodes' NICs: a domain's members
+    send through the NICs of the nodes they sit on, each its share of its own node's."""
     bus = p2p = math.inf
     lat, channels, rdma = 0.0, 1 << 30, True
-    for node_members in by_node.values():
-        g = cluster.node_groups[node_members[0].group]
-        share = _nic_rank_share(g, len(node_members))
-        bus = min(bus, share * len(node_members))
-        p2p = min(p2p, share)
+    for domain_members in by_domain.values():
+        g = cluster.node_groups[domain_members[0].group]
+        on_node = collections.Counter(s.node for s in domain_members).values()
+        shares = [(_nic_rank_share(g, ranks), ranks) for ranks in on_node]
+        bus = min(bus, sum(share * ranks for share, ranks in shares))
+        p2p = min(p2p, min(share for share, _ in shares))
         nic = link_kind(g.nic)  # type: ignore[arg-type]  # nic is set once the cluster is resolved
         lat = max(lat, nic.latency_s)
-        channels = min(channels, (g.nics_per_node or 1) * nic.channels)
+        channels = min(channels, len(on_node) * (g.nics_per_node or 1) * nic.channels)
         rdma = rdma and nic.rdma
-    rails = {tuple(sorted(s.local for s in v)) for v in by_node.values()}
+    rails = {tuple(sorted(s.local for s in v)) for v in by_domain.values()}
     return Tier("network", fanout, bus, lat, "net", p2p, channels, rdma, None, arch,
                 aligned=len(rails) == 1)
 
@@ -162,28 +174,29 @@ def _network_tier(cluster: ClusterSpec, by_node: dict[int, list[GpuSlot]], fanou
 def group_tiers(cluster: ClusterSpec, devices: tuple[int, ...], concurrency: int = 1
                 ) -> tuple[Tier, ...]:
     """Tiers of the group of GPUs `devices` (global indices), innermost first;
-    `concurrency` groups cross the island links at the same time."""
+    `concurrency` groups cross the island links at the same time. Members of one NVLink
+    domain (`GpuSlot.domain`) share the inner tier; domains are joined by the NICs."""
     slots = cluster.slots
     members = [slots[d] for d in devices]
-    by_node: dict[int, list[GpuSlot]] = {}
+    by_domain: dict[int, list[GpuSlot]] = {}
     for s in members:
-        by_node.setdefault(s.node, []).append(s)
+        by_domain.setdefault(s.domain, []).append(s)
     archs = {cluster.node_groups[s.group].device.arch for s in members}
     arch = archs.pop() if len(archs) == 1 else None
     tiers = []
-    if max(len(v) for v in by_node.values()) > 1:
-        tiers.append(_node_tier(cluster, by_node, arch))
-    nodes_by_island: dict[str, set[int]] = {}
+    if max(len(v) for v in by_domain.values()) > 1:
+        tiers.append(_node_tier(cluster, by_domain, arch))
+    domains_by_island: dict[str, set[int]] = {}
     for s in members:
-        nodes_by_island.setdefault(cluster.node_groups[s.group].island, set()).add(s.node)
-    nodes_per_island = max(len(v) for v in nodes_by_island.values())
-    network = _network_tier(cluster, by_node, nodes_per_island, arch)
-    if nodes_per_island > 1:
+        domains_by_island.setdefault(cluster.node_groups[s.group].island, set()).add(s.domain)
+    domains_per_island = max(len(v) for v in domains_by_island.values())
+    network = _network_tier(cluster, by_domain, domains_per_island, arch)
+    if domains_per_island > 1:
         tiers.append(network)
-    islands = sorted(nodes_by_island)
+    islands = sorted(domains_by_island)
     if len(islands) > 1:
-        per_node = max(len(v) for v in by_node.values())
-        ranks_per_island = max(per_node * len(v) for v in nodes_by_island.values())
+        per_node = max(len(v) for v in by_domain.values())
+        ranks_per_island = max(per_node * len(v) for v in domains_by_island.values())
         bus, lat, channels, rdma = network.p2p_bandwidth_bytes_per_s, 0.0, 1 << 30, True
         p2p = bus
         for i, a in enumerate(islands):

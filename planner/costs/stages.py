@@ -402,21 +402,22 @@ def replica_specs(cluster: ClusterSpec, stages: Sequence[PlacedStage], *,
 @cache
 def group_signature(cluster: ClusterSpec, group: tuple[int, ...]) -> tuple:
     """What the links of a group of GPUs depend on: each member's node group (its GPU,
-    links, NICs and island), which members share a node, and which sit on the same rails
-    (local index, counted from the first member's: `comm._network_tier` compares the
-    nodes' local indices, which a common shift keeps equal). Groups with equal signatures
-    cost the same for every collective among them or among any of their sub-groups."""
+    links, NICs and island), which members share a node and which an NVLink domain, and
+    which sit on the same rails (local index, counted from the first member's:
+    `comm._network_tier` compares the nodes' local indices, which a common shift keeps
+    equal). Groups with equal signatures cost the same for every collective among them or
+    among any of their sub-groups."""
     return placement(cluster, group, group[0])
 
 
 def placement(cluster: ClusterSpec, gpus: Sequence[int], origin: int) -> tuple:
-    """Where the GPUs `gpus` sit, counted from the GPU `origin`: each one's node group, node
-    and local index (rail) as offsets from origin's. Two sets of GPUs with equal
-    placements have the same links among them (`group_signature`)."""
+    """Where the GPUs `gpus` sit, counted from the GPU `origin`: each one's node group,
+    node, NVLink domain and local index (rail) as offsets from origin's. Two sets of GPUs
+    with equal placements have the same links among them (`group_signature`)."""
     slots = cluster.slots
-    node0, local0 = slots[origin].node, slots[origin].local
-    return tuple((slots[d].group, slots[d].node - node0, slots[d].local - local0)
-                 for d in gpus)
+    node0, domain0, local0 = slots[origin].node, slots[origin].domain, slots[origin].local
+    return tuple((slots[d].group, slots[d].node - node0, slots[d].domain - domain0,
+                  slots[d].local - local0) for d in gpus)
 
 
 def _link_tiers(cluster: ClusterSpec, spec: StageSpec

@@ -295,10 +295,10 @@ def _pass_row(ctx: _Context, rep_slots: Sequence[Slot], pattern: tuple,
     row: list[int] = []
     specs: tuple[StageSpec, ...] | None = None
     for k, slot in enumerate(rep_slots):
-        (_, n0, l0), nxt = own[k][0], own[(k + 1) % pp][0]
+        (_, n0, d0, l0), nxt = own[k][0], own[(k + 1) % pp][0]
         key = (slot, k == 0, k == pp - 1, pp,
-               tuple((g, n - n0, loc - l0) for g, n, loc in own[k]),
-               None if pp == 1 else (nxt[0], nxt[1] - n0, nxt[2] - l0),
+               tuple((g, n - n0, d - d0, loc - l0) for g, n, d, loc in own[k]),
+               None if pp == 1 else (nxt[0], nxt[1] - n0, nxt[2] - d0, nxt[3] - l0),
                ep, None if ep_places is None else ep_places[k])
         if key not in stage_ids:
             if specs is None:
@@ -311,10 +311,10 @@ def _pass_row(ctx: _Context, rep_slots: Sequence[Slot], pattern: tuple,
 
 
 def _pattern(cluster: ClusterSpec, replica: Sequence[tuple[int, ...]]) -> tuple:
-    """Where a replica's GPUs are: each one's node group, node and local index, counted
-    from the replica's first GPU. Replicas of one pattern have the same stage keys (links
-    are found from node groups, shared nodes and rails: `group_signature`; every replica's
-    stage k syncs over one group)."""
+    """Where a replica's GPUs are: each one's node group, node, NVLink domain and local
+    index, counted from the replica's first GPU. Replicas of one pattern have the same
+    stage keys (links are found from node groups, shared nodes and domains and rails:
+    `group_signature`; every replica's stage k syncs over one group)."""
     return tuple(placement(cluster, stage, replica[0][0]) for stage in replica)
 
 

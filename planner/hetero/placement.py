@@ -8,7 +8,7 @@ island, and a pipeline may cross islands between positions. How many replicas of
 position go to each island is an assignment problem: an ILP that keeps each position in as
 few islands as capacity allows, weighted by that position's data-parallel traffic.
 Within an island, a position's replicas take consecutive GPUs, so tensor-parallel groups
-stay inside a node and data-parallel peers share nodes where they fit.
+stay inside a node (an NVLink domain) and data-parallel peers share nodes where they fit.
 """
 
 from __future__ import annotations
@@ -28,21 +28,21 @@ class Pool:
     gpu: str
     island: str
     gpus: tuple[int, ...]
-    gpus_per_node: int
+    nvlink_domain_gpus: int  # the GPUs one tensor-parallel group may span over NVLink
 
 
 def pools_by_type(cluster: ClusterSpec) -> dict[str, list[Pool]]:
     """GPU type -> its pools (one per island), in cluster order."""
     found: dict[tuple[str, str], list[int]] = {}
-    per_node: dict[tuple[str, str], int] = {}
+    per_domain: dict[tuple[str, str], int] = {}
     for slot in cluster.slots:
         g = cluster.node_groups[slot.group]
         key = (g.gpu, g.island)
         found.setdefault(key, []).append(slot.index)
-        per_node[key] = g.gpus_per_node or 1
+        per_domain[key] = g.nvlink_domain_gpus or g.gpus_per_node or 1
     out: dict[str, list[Pool]] = {}
     for (gpu, island), gpus in found.items():
-        out.setdefault(gpu, []).append(Pool(gpu, island, tuple(gpus), per_node[(gpu, island)]))
+        out.setdefault(gpu, []).append(Pool(gpu, island, tuple(gpus), per_domain[(gpu, island)]))
     return out
 
 

@@ -171,8 +171,9 @@ def _speed(gpu: str) -> float:
     return d.peak_tflops.get("bf16", d.peak_tflops.get("fp16", 0.0))
 
 
-def _tp_options(model: ModelSpec, gpus_per_node: int, space: MixedSpace) -> list[int]:
-    return [t for t in space.tp if t <= gpus_per_node and tp_problem(model, t) is None]
+def _tp_options(model: ModelSpec, nvlink_domain_gpus: int, space: MixedSpace) -> list[int]:
+    """Tensor-parallel degrees inside one NVLink domain (a node; a GB200 NVL72 rack)."""
+    return [t for t in space.tp if t <= nvlink_domain_gpus and tp_problem(model, t) is None]
 
 
 def templates(model: ModelSpec, pools: dict[str, list[Pool]], gbs: int,
@@ -181,7 +182,8 @@ def templates(model: ModelSpec, pools: dict[str, list[Pool]], gbs: int,
     types = sorted(pools, key=lambda g: (-device(g).memory_gib, -_speed(g)))
     layers = model.num_layers
     total = {g: sum(len(p.gpus) for p in pools[g]) for g in types}
-    tps = {g: _tp_options(model, min(p.gpus_per_node for p in pools[g]), space) for g in types}
+    tps = {g: _tp_options(model, min(p.nvlink_domain_gpus for p in pools[g]), space)
+           for g in types}
     families = {"mixed-stages": _mixed_stages, "mixed-replicas": _mixed_replicas}
     for size in range(2, len(types) + 1):
         for subset in itertools.combinations(types, size):
@@ -285,7 +287,7 @@ def lower_bound_s(model: ModelSpec, cluster: ClusterSpec, t: Template, *, gbs: i
 def _layer_time_s(model: ModelSpec, cluster: ClusterSpec, slot: tuple[str, int], *, mbs: int,
                   seq_len: int, dtype: str, kernels: Kernels, profiles: Profiles | None,
                   attention: Attention | None, ep: int = 1) -> float:
-    """One layer's forward and backward on `slot` (tp ranks inside one node of its type,
+    """One layer's forward and backward on `slot` (tp ranks inside one NVLink domain of its type,
     nothing recomputed), as the cost builder prices a middle stage's layer; with ep > 1
     its E/ep local experts' GEMMs and no all-to-all (a stage alone: no peers to trade
     with, nor to wait for), which the placed stage only adds to."""

@@ -122,8 +122,9 @@ class LayoutModel:
         self.memo: dict[tuple, object] = {}  # what later steps work out for this layout
         self._pass_memo: dict[tuple, list[StageCost]] = {}  # `_passes`
         # sizes count the dp x cp ranks holding the same parameters (`Sharding`), of
-        # which a node holds gpus_per_node / tp
-        self.levels = sharding_levels(lo.dp * lo.cp, max(1, group.gpus_per_node // lo.tp))
+        # which an NVLink domain holds nvlink_domain_gpus / tp
+        assert group.nvlink_domain_gpus is not None
+        self.levels = sharding_levels(lo.dp * lo.cp, max(1, group.nvlink_domain_gpus // lo.tp))
         # the shardings this layout may take (`sharding`: the framework's patterns)
         self.choices = allowed_options(self.levels, dp=lo.dp * lo.cp, patterns=sharding)
         if ep_sharding_multiple and lo.ep > 1:  # expert states in whole ep groups
@@ -133,10 +134,10 @@ class LayoutModel:
 
     def _representatives(self, devices: list[list[tuple[int, ...]]]) -> list[int]:
         """The first replica of each placement pattern: the node group of every GPU, which
-        node it is on and its local index, counted from the replica's first GPU. Replicas of
-        one pattern have the same stage keys (links are found from node groups, shared
-        nodes and rails, `group_signature`, and every replica's stage k syncs over the same
-        group), so the rest are skipped."""
+        node and NVLink domain it is in and its local index, counted from the replica's
+        first GPU. Replicas of one pattern have the same stage keys (links are found from
+        node groups, shared nodes and domains and rails, `group_signature`, and every
+        replica's stage k syncs over the same group), so the rest are skipped."""
         seen: dict[tuple, int] = {}
         for d, replica in enumerate(devices):
             gpus = [g for stage in replica for g in stage]

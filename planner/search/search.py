@@ -379,10 +379,11 @@ def _space(req: SearchRequest, cluster: ClusterSpec) -> tuple[SearchSpace, str |
     if req.space is not None:
         return for_framework(req.space, caps), None
     per_node = cluster.node_groups[0].gpus_per_node or 1
+    domain = cluster.node_groups[0].nvlink_domain_gpus or per_node
 
     def space_of(n: int) -> SearchSpace:
         return default_space(req.model, num_gpus=_gpu_counts(n, per_node, req.objective),
-                             gpus_per_node=per_node, seq_len=req.seq_len)
+                             nvlink_domain_gpus=domain, seq_len=req.seq_len)
 
     def first_layout(space: SearchSpace) -> Layout | None:
         return next(layouts(space, req.model, gbs=req.gbs, seq_len=req.seq_len), None)

@@ -1,8 +1,8 @@
 """AMSP's sharding space and the choice within it (Chen et al. 2023).
 
 Parameters, gradients and optimizer states each get a sharding group size from the
-levels of the data-parallel group: replicated (1), the replicas inside a node, those on
-2, 4, … nodes, and the whole group. ZeRO-1/2/3 and MiCS are points of this space; a
+levels of the data-parallel group: replicated (1), the replicas inside a node (an NVLink
+domain: NVL72's rack), those on 2, 4, … nodes, and the whole group. ZeRO-1/2/3 and MiCS are points of this space; a
 framework runs only some of them (`allowed_options`, its patterns over (P, G, OS)).
 
 The choice under a memory cap is a small integer program: one binary per option, exactly
@@ -25,8 +25,9 @@ __all__ = ["ShardingOption", "allowed_options", "choose", "pareto_options", "sha
 
 
 def sharding_levels(dp: int, replicas_per_node: int) -> tuple[int, ...]:
-    """Group sizes a model state may be sharded over: 1, within a node, across 2, 4, …
-    nodes, and all of the data-parallel group."""
+    """Group sizes a model state may be sharded over: 1, within a node (`replicas_per_node`:
+    those of one NVLink domain), across 2, 4, … of them, and all of the data-parallel
+    group."""
     levels = {1, dp}
     unit = replicas_per_node if replicas_per_node > 1 and dp % replicas_per_node == 0 else 1
     size = unit

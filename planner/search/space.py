@@ -107,15 +107,15 @@ def _powers_of_two(limit: int) -> tuple[int, ...]:
     return tuple(1 << i for i in range(limit.bit_length()) if 1 << i <= limit)
 
 
-def default_space(model: ModelSpec, *, num_gpus: tuple[int, ...], gpus_per_node: int,
+def default_space(model: ModelSpec, *, num_gpus: tuple[int, ...], nvlink_domain_gpus: int,
                   seq_len: int) -> SearchSpace:
-    """Tensor parallel inside a node, context parallel for long sequences (chunks of at
+    """Tensor parallel inside an NVLink domain (a node; a GB200 NVL72 rack), context parallel for long sequences (chunks of at
     least 1,024 tokens), any pipeline depth up to the layer count; for an MoE model,
     every power-of-two expert-parallel degree that divides the experts."""
     most = max(num_gpus)
     return SearchSpace(
         num_gpus=num_gpus,
-        tp=_powers_of_two(gpus_per_node),
+        tp=_powers_of_two(nvlink_domain_gpus),
         cp=tuple(c for c in _powers_of_two(16) if c == 1 or seq_len // c >= 2048),
         pp=tuple(p for p in range(1, min(model.num_layers, most) + 1) if most % p == 0),
         ep=tuple(e for e in _powers_of_two(min(model.num_experts, most))

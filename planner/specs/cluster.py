@@ -1,7 +1,9 @@
 """ClusterSpec: node groups of GPUs, their networks, islands and datacenters.
 
-A node group is a set of identical nodes. Nodes of one *island* share a non-blocking
-network fabric (an InfiniBand or RoCE island, or an Ethernet segment); islands are
+A node group is a set of identical nodes. Consecutive nodes of a group may share one
+NVLink domain (`nvlink_domain_gpus`: a GB200 NVL72 rack is 18 nodes of 4 GPUs whose NVLink
+reaches all 72); elsewhere the domain is the node. Nodes of one *island* share a
+non-blocking network fabric (an InfiniBand or RoCE island, or an Ethernet segment); islands are
 joined by explicit links with a bandwidth and a latency (the link between two
 datacenters is one of these). GPUs are numbered group by group, node by node.
 """
@@ -44,6 +46,10 @@ class NodeGroup:
     nics_per_node: int | None = spec_field(default=None, min=1, max=64)
     nic_bandwidth_gbit_per_s: float | None = spec_field(default=None, min=0.1, max=100_000,
                                                         help="per NIC; 0.1 to 100,000")
+    nvlink_domain_gpus: int | None = spec_field(
+        default=None, min=1, max=65_536, help="GPUs of consecutive nodes sharing one NVLink "
+        "domain, a multiple of gpus_per_node (GB200 NVL72: 72); default: the GPU type's "
+        "standard node's, else the node")
     island: str = "island0"
     datacenter: str = "dc0"
     price_per_gpu_hour_usd: float | None = spec_field(default=None, min=0, max=10_000)
@@ -66,6 +72,12 @@ class NodeGroup:
         return self.intra_node_bandwidth_gb_per_s * 1e9
 
     @property
+    def nodes_per_domain(self) -> int:
+        """Consecutive nodes of this group that share one NVLink domain."""
+        assert self.nvlink_domain_gpus is not None and self.gpus_per_node is not None
+        return self.nvlink_domain_gpus // self.gpus_per_node
+
+    @property
     def node_nic_bandwidth_bytes_per_s(self) -> float:
         """All NICs of one node together, one direction."""
         assert self.nics_per_node is not None and self.nic_bandwidth_gbit_per_s is not None
@@ -80,10 +92,19 @@ class NodeGroup:
                 if getattr(self, name) is None:
                     raise SpecError(f"{at(where, name)}: missing (GPU type {dev.name!r} "
                                     "defines no standard node to take it from)")
+        per_node: int = self.gpus_per_node or node.gpus_per_node  # type: ignore[union-attr]  # checked above
+        domain = (self.nvlink_domain_gpus or (node.nvlink_domain_gpus if node else None)
+                  or per_node)
+        if domain % per_node:
+            fail(at(where, "nvlink_domain_gpus"), domain,
+                 f"a multiple of gpus_per_node ({per_node}): whole nodes share an NVLink domain"
+                 + ("" if self.nvlink_domain_gpus else f" ({dev.name}'s standard node's; "
+                    "set nvlink_domain_gpus for nodes of another size)"))
         return replace(
             self,
             gpu=dev.name,
-            gpus_per_node=self.gpus_per_node or node.gpus_per_node,  # type: ignore[union-attr]  # checked above
+            gpus_per_node=per_node,
+            nvlink_domain_gpus=domain,
             intra_node_link=self.intra_node_link or dev.intra_node_link,  # type: ignore[arg-type]  # resolved from the catalog's link name
             intra_node_bandwidth_gb_per_s=(self.intra_node_bandwidth_gb_per_s
                                            or dev.intra_node_bandwidth_gb_per_s),
@@ -120,12 +141,15 @@ class IslandLink:
 
 @dataclass(frozen=True)
 class GpuSlot:
-    """Where one GPU sits: its global index, node group, global node index and local slot."""
+    """Where one GPU sits: its global index, node group, global node index, local slot
+    and NVLink domain (global index: the GPUs NVLink reaches from it are those of its
+    domain, the node's or several nodes' on GB200 NVL72; beyond it the NICs)."""
 
     index: int
     group: int
     node: int
     local: int
+    domain: int
 
 
 MAX_NODE_GROUPS = 256
@@ -221,7 +245,7 @@ class ClusterSpec:
         return all(g.gpus_per_node is not None and g.intra_node_link is not None
                    and g.intra_node_bandwidth_gb_per_s is not None and g.nic is not None
                    and g.nics_per_node is not None and g.nic_bandwidth_gbit_per_s is not None
-                   for g in self.node_groups)
+                   and g.nvlink_domain_gpus is not None for g in self.node_groups)
 
     @property
     def num_gpus(self) -> int:
@@ -243,7 +267,8 @@ class ClusterSpec:
         first = self.node_groups[0]
         assert first.gpus_per_node is not None, "resolve the cluster first"
         if num_gpus < first.gpus_per_node:
-            part = replace(first, num_nodes=1, gpus_per_node=num_gpus)
+            part = replace(first, num_nodes=1, gpus_per_node=num_gpus,
+                           nvlink_domain_gpus=num_gpus)
             return replace(self, name=f"{self.name} (first {num_gpus} GPUs)",
                            node_groups=(part,), island_links=())
         groups, left = [], num_gpus
@@ -270,14 +295,19 @@ class ClusterSpec:
 
     @functools.cached_property
     def slots(self) -> tuple[GpuSlot, ...]:
-        """Every GPU in global order (computed once per cluster)."""
+        """Every GPU in global order (computed once per cluster). Nodes are filled in
+        order, so an NVLink domain is `nodes_per_domain` consecutive nodes of one group
+        (the group's last domain may hold fewer); a domain never spans two groups."""
         out: list[GpuSlot] = []
-        node = 0
+        node = domain = 0
         for gi, g in enumerate(self.node_groups):
             assert g.gpus_per_node is not None, "resolve the cluster first"
-            for _n in range(g.num_nodes):
-                out.extend(GpuSlot(len(out), gi, node, k) for k in range(g.gpus_per_node))
+            per_domain = g.nodes_per_domain
+            for n in range(g.num_nodes):
+                out.extend(GpuSlot(len(out), gi, node, k, domain + n // per_domain)
+                           for k in range(g.gpus_per_node))
                 node += 1
+            domain += -(-g.num_nodes // per_domain)
         return tuple(out)
 
 

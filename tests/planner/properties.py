@@ -80,6 +80,8 @@ def clusters(draw: st.DrawFn, *, max_types: int = 4, max_nodes: int = 64,
         for key, values in optional.items():
             if draw(st.booleans()):
                 group[key] = draw(values)
+        if "gpus_per_node" in group and draw(st.booleans()):  # an NVLink domain of 1-4 nodes
+            group["nvlink_domain_gpus"] = group["gpus_per_node"] * draw(st.integers(1, 4))
         groups.append(group)
     used = sorted({g["island"] for g in groups})
     links = [{"islands": [a, b], "bandwidth_gbit_per_s": draw(st.floats(0.1, 10_000)),

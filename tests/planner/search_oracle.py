@@ -15,12 +15,13 @@ def exhaustive_best(model, cluster, *, gbs, seq_len, dtype="bf16", framework="tr
     framework's model-state rule and communication, as its search writes them."""
     group, caps = cluster.node_groups[0], CAPABILITIES[framework]
     space = for_framework(default_space(model, num_gpus=(cluster.num_gpus,),
-                                        gpus_per_node=group.gpus_per_node, seq_len=seq_len),
+                                        nvlink_domain_gpus=group.nvlink_domain_gpus,
+                                        seq_len=seq_len),
                           caps)
     kernels = default_kernels([group.device])
     best, best_plan, count = float("inf"), None, 0
     for lo in layouts(space, model, gbs=gbs, seq_len=seq_len):
-        levels = sharding_levels(lo.dp, max(1, group.gpus_per_node // (lo.tp * lo.cp)))
+        levels = sharding_levels(lo.dp, max(1, group.nvlink_domain_gpus // (lo.tp * lo.cp)))
         for mi in candidates(space, model, lo, gbs=gbs):
             for sh in allowed_options(levels, dp=lo.dp,
                                       patterns=space.sharding_patterns(lo.pp)):

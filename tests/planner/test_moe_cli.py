@@ -35,7 +35,7 @@ def test_megatron_and_trainplan_search_spaces_have_ep():
     """Both run expert parallelism (trainplan's executor within its limits, which
     tests/planner/search/test_search_frameworks.py checks); a dense model has none."""
     model = preset("mixtral-8x7b")
-    space = default_space(model, num_gpus=(64,), gpus_per_node=8, seq_len=4096)
+    space = default_space(model, num_gpus=(64,), nvlink_domain_gpus=8, seq_len=4096)
     assert space.ep == (1, 2, 4, 8)
     mega = for_framework(space, CAPABILITIES["megatron"])
     ours = for_framework(space, CAPABILITIES["trainplan"])
@@ -43,7 +43,7 @@ def test_megatron_and_trainplan_search_spaces_have_ep():
     for framework in (mega, ours):
         eps = {lo.ep for lo in layouts(framework, model, gbs=256, seq_len=4096)}
         assert eps == {1, 2, 4, 8}
-    dense = default_space(preset("llama3-8b"), num_gpus=(64,), gpus_per_node=8, seq_len=4096)
+    dense = default_space(preset("llama3-8b"), num_gpus=(64,), nvlink_domain_gpus=8, seq_len=4096)
     assert dense.ep == (1,)
 
 

@@ -52,7 +52,7 @@ def test_search_takes_zero_bubble_where_it_is_faster():
     1F1B room for a larger micro-batch). (Without a pipeline, ZeRO-3 over the replicas is
     as fast: its gathers overlap unit by unit.)"""
     model, cluster = preset("gpt3-175b"), parse_gpus_arg("A100-80GB-SXM:128")
-    space = default_space(model, num_gpus=(128,), gpus_per_node=8, seq_len=2048)
+    space = default_space(model, num_gpus=(128,), nvlink_domain_gpus=8, seq_len=2048)
     space = dataclasses.replace(space, vp=(1,), pp=tuple(p for p in space.pp if p > 1))
     best = {}
     for schedules in (("1f1b",), ("1f1b", "zb-h1")):

@@ -33,7 +33,7 @@ def _gpu_types(plan):
 
 
 def _candidates(framework, model, *, n=64, gbs=128, seq_len=4096):
-    space = default_space(model, num_gpus=(n,), gpus_per_node=8, seq_len=seq_len)
+    space = default_space(model, num_gpus=(n,), nvlink_domain_gpus=8, seq_len=seq_len)
     if framework is not None:
         space = for_framework(space, CAPABILITIES[framework])
     return [(lo, mi) for lo in layouts(space, model, gbs=gbs, seq_len=seq_len)

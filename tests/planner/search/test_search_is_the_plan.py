@@ -69,6 +69,25 @@ def clusters(draw: st.DrawFn, *, types: int) -> ClusterSpec:
     return parse(ClusterSpec, data, where="random:").resolved()
 
 
+@st.composite
+def domain_clusters(draw: st.DrawFn, *, types: int) -> ClusterSpec:
+    """GB200 node groups whose NVLink domain spans 1-4 of their nodes (NVL72's rack, made
+    small), with a node group of another type where `types` is 2: domains change which
+    groups share the inner tier, so the search's keys must tell them apart."""
+    per_node = draw(st.sampled_from((1, 2, 4)))
+    groups = [NodeGroup(name="g0", gpu="GB200-186GB", num_nodes=draw(st.integers(1, 6)),
+                        gpus_per_node=per_node,
+                        nvlink_domain_gpus=per_node * draw(st.sampled_from((1, 2, 4))),
+                        island="i0")]
+    if types == 2:
+        groups.append(NodeGroup(name="g1", gpu=draw(st.sampled_from(GPUS)),
+                                num_nodes=draw(st.integers(1, 3)),
+                                gpus_per_node=draw(st.sampled_from((2, 4))), island="i0"))
+    from profiler.schema import dump, parse
+    return parse(ClusterSpec, {"name": "domains", "node_groups": [dump(g) for g in groups]},
+                 where="domains:").resolved()
+
+
 def _dtype(cluster: ClusterSpec) -> DType:
     """What `plan search` trains in by default: bf16, or fp16 with a V100 in the cluster."""
     return train_dtype((g.device for g in cluster.node_groups), None, where="--dtype")
@@ -270,6 +289,12 @@ MIXED_MOE = given(model=moe_models(), cluster=clusters(types=2), data=st.data())
 test_a_mixed_moe_candidate_is_priced_as_its_plan = examples(150)(
     MIXED_MOE(mixed_moe_candidate_is_its_plan))
 test_the_search_writes_what_it_ranked = examples(60)(SEARCHES(search_writes_what_it_ranked))
+test_a_candidate_over_nvlink_domains_is_priced_as_its_plan = examples(100)(
+    given(model=models(), cluster=domain_clusters(types=1), data=st.data())(
+        homogeneous_candidate_is_its_plan))
+test_a_mixed_candidate_over_nvlink_domains_is_priced_as_its_plan = examples(60)(
+    given(model=models(), cluster=domain_clusters(types=2), data=st.data())(
+        mixed_candidate_is_its_plan))
 # The long run (python -m pytest -m fuzz): not in `make test`.
 test_long_homogeneous = pytest.mark.fuzz(examples(3000)(
     HOMOGENEOUS(homogeneous_candidate_is_its_plan)))

@@ -6,7 +6,7 @@ from planner.specs.model import preset
 
 def test_layouts_use_every_gpu_and_respect_heads_and_batch():
     model = preset("llama2-70b")  # 64 heads, 8 kv heads, 80 layers
-    space = default_space(model, num_gpus=(256,), gpus_per_node=8, seq_len=4096)
+    space = default_space(model, num_gpus=(256,), nvlink_domain_gpus=8, seq_len=4096)
     found = list(layouts(space, model, gbs=512, seq_len=4096))
     assert found
     for lo in found:
@@ -18,7 +18,7 @@ def test_layouts_use_every_gpu_and_respect_heads_and_batch():
 
 def test_candidates_respect_interleaving_and_batch():
     model = preset("gpt3-13b")
-    space = default_space(model, num_gpus=(64,), gpus_per_node=8, seq_len=2048)
+    space = default_space(model, num_gpus=(64,), nvlink_domain_gpus=8, seq_len=2048)
     for lo in layouts(space, model, gbs=128, seq_len=2048):
         for mi in candidates(space, model, lo, gbs=128):
             m = mi.num_microbatches(128, lo.dp)

@@ -108,3 +108,51 @@ def test_many_islands_are_refused_before_their_pairs_are_checked():
               for i in range(200)]
     with pytest.raises(SpecError, match=r"'200 islands' is not allowed \(at most 32\)"):
         parse(ClusterSpec, {"name": "c", "node_groups": groups})
+
+
+# --- an NVLink domain over several nodes (GB200 NVL72) -------------------------------------
+
+def test_nvlink_domain_defaults_to_the_catalog_or_the_node():
+    gb200 = parse_gpus_arg("GB200-186GB:8").node_groups[0]
+    assert (gb200.gpus_per_node, gb200.nvlink_domain_gpus) == (4, 72)
+    h100 = parse_gpus_arg("H100-80GB-SXM:16").node_groups[0]
+    assert h100.nvlink_domain_gpus == h100.gpus_per_node == 8
+    data = {"name": "c", "node_groups": [
+        {"name": "a", "gpu": "GB200-186GB", "num_nodes": 4, "nvlink_domain_gpus": 8}]}
+    own = parse(ClusterSpec, data).resolved()
+    assert [s.domain for s in own.slots[::4]] == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("group, message", [
+    ({"gpu": "H100-80GB-SXM", "nvlink_domain_gpus": 12},
+     "node_groups[0].nvlink_domain_gpus: 12 is not allowed (a multiple of gpus_per_node (8)"),
+    ({"gpu": "GB200-186GB", "gpus_per_node": 5},  # the catalog's 72 over trays of 5
+     "node_groups[0].nvlink_domain_gpus: 72 is not allowed (a multiple of gpus_per_node (5)"),
+    ({"gpu": "GB200-186GB", "nvlink_domain_gpus": 0},
+     "node_groups[0].nvlink_domain_gpus: 0 is not allowed (must be ≥ 1)"),
+    ({"gpu": "GB200-186GB", "nvlink_domain_gpus": 1_000_000}, "must be ≤ 65536"),
+])
+def test_nvlink_domain_is_whole_nodes(group, message):
+    data = {"name": "c", "node_groups": [{"name": "a", "num_nodes": 2, **group}]}
+    with pytest.raises(SpecError) as err:
+        parse(ClusterSpec, data, where="c.yaml:").resolved("c.yaml:")
+    assert str(err.value).startswith("c.yaml:") and message in str(err.value), str(err.value)
+
+
+def test_a_bad_nvlink_domain_in_a_cluster_file_is_one_line_and_exit_2(tmp_path, capsys):
+    from tests.planner.cli_helpers import run_cli
+
+    path = tmp_path / "c.yaml"
+    path.write_text("name: c\nnode_groups:\n  - {name: a, gpu: H100-80GB-SXM, num_nodes: 2,"
+                    " nvlink_domain_gpus: 12}\n")
+    code, out, err = run_cli(["simulate", "--model", "llama2-7b", "--cluster", str(path),
+                              "--tp", "8", "--pp", "1", "--dp", "2", "--mbs", "1", "--gbs", "16"],
+                             capsys)
+    assert code == 2 and out == ""
+    assert err.strip().count("\n") == 0, err
+    assert "nvlink_domain_gpus: 12 is not allowed (a multiple of gpus_per_node (8)" in err
+
+
+def test_take_of_part_of_a_tray_is_its_own_domain():
+    part = parse_gpus_arg("GB200-186GB:144").take(2)
+    assert part.node_groups[0].nvlink_domain_gpus == 2 and part.num_gpus == 2
