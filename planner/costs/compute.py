@@ -16,13 +16,52 @@ from functools import cache
 from planner.costs.workload import Op
 from planner.specs.choices import DType
 from profiler import analytic
-from profiler.devices import DeviceSpec
+from profiler.devices import DeviceSpec, device
+from profiler.schema import SpecError
 from profiler.store import Profile
 
-__all__ = ["ANALYTIC_SOURCE", "ComputeCosts", "clear_op_cache", "compute_source",
-           "measured_op_time_s"]
+__all__ = ["ANALYTIC_SOURCE", "ARCH_CALIBRATION", "ComputeCosts", "calibration_source",
+           "clear_op_cache", "compute_source", "measured_op_time_s"]
 
 ANALYTIC_SOURCE = "analytic device model (datasheet peak x efficiency, profiler/data/efficiency.yaml)"
+
+
+# What the shipped analytic parameters of each architecture were fitted to
+# (profiler/data/efficiency.yaml, docs/calibration.md "Calibrated values"); the others carry
+# the nearest calibrated generation's values, with no measurement of their own behind them.
+ARCH_CALIBRATION = {
+    "volta": "fitted to Megatron-LM's 2020 V100 rows",
+    "ampere": "fitted to vTrain's 1,440 A100 runs, Korthikanti et al. 2022 and Megatron-LM's "
+              "A100 rows",
+    "hopper": "fitted to three Megatron-Core r0.8 H100 rows (the DGX Cloud H100 rows, held "
+              "out, are 9-17% slower than measured in bf16)",
+}
+
+
+def calibration_source(devices: Iterable[DeviceSpec]) -> str:
+    """Where the analytic parameters of each GPU type come from, so that a user can tell a
+    calibrated prediction from a starting value: the type's own fit in the shipped catalog
+    (Zorse's per-layer times), a catalog file's own values, its architecture's fit
+    (`ARCH_CALIBRATION`), or none."""
+    parts = []
+    for dev in sorted(set(devices), key=lambda d: d.name):
+        if dev.vendor == "cpu":
+            continue  # CPU ranks are priced from a profile measured on the host
+        try:
+            shipped = device(dev.name) == dev
+        except SpecError:
+            shipped = False
+        if dev.efficiency is not None:
+            parts.append(f"{dev.name}: its own parameters, "
+                         + ("fitted to Zorse's measured layer times (docs/calibration.md, "
+                            '"Zorse")' if shipped else "from the catalog file"))
+        elif dev.arch in ARCH_CALIBRATION:
+            parts.append(f"{dev.name}: {dev.arch}'s parameters, {ARCH_CALIBRATION[dev.arch]}")
+        else:
+            parts.append(f"{dev.name}: {dev.arch}'s parameters, NOT calibrated against any "
+                         "measurement (the nearest calibrated generation's starting values: "
+                         "measure a profile with `plan profile` to replace them)")
+    return "; ".join(parts)
 
 
 def gemm_precision(dtype: str, op: Op) -> DType:

@@ -29,7 +29,13 @@ from planner.costs.comm import (
     dispatch_time_s,
     group_tiers,
 )
-from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, clear_op_cache, compute_source
+from planner.costs.compute import (
+    ANALYTIC_SOURCE,
+    ComputeCosts,
+    calibration_source,
+    clear_op_cache,
+    compute_source,
+)
 from planner.costs.host import (
     dtensor_layer_s,
     dtensor_root_s,
@@ -1170,16 +1176,20 @@ def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
     precision = _PRECISION.get(DType(plan.training.dtype))
     extra = {"precision": precision} if precision else {}
     on_cpu = any(g.device.vendor == "cpu" for g in plan.cluster.node_groups)
+    calibration = calibration_source(g.device for g in plan.cluster.node_groups
+                                     if profiles is None or profiles.get(g.device.name) is None)
+    if calibration:
+        extra = {"calibration": calibration, **extra}
     if profiles is None or not profiles.by_device:
-        return {"compute": ANALYTIC_SOURCE, "communication": COMM_SOURCE,
-                "host": host_source(profiles, set(), on_cpu=on_cpu), **extra}
+        return {"compute": ANALYTIC_SOURCE, **extra, "communication": COMM_SOURCE,
+                "host": host_source(profiles, set(), on_cpu=on_cpu)}
     priced = plan_costs(plan, profiles)
     uses: list[tuple[Profile | None, Op]] = []
     for pi in priced.representatives:
         for spec in priced.specs[pi]:
             profile = profiles.get(spec.device_name)
             uses.extend((profile, op) for op in _stage_ops(plan.model, spec, priced.runs[pi]))
-    return {"compute": compute_source(uses),
+    return {"compute": compute_source(uses), **extra,
             "communication": _comm_source(plan.cluster, priced.specs, profiles),
             "host": host_source(profiles, {s.device_name for specs in priced.specs
-                                           for s in specs}, on_cpu=on_cpu), **extra}
+                                           for s in specs}, on_cpu=on_cpu)}

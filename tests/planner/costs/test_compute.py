@@ -76,3 +76,23 @@ def test_plan_costs_and_sources_use_the_profile(tmp_path):
     sources = cost_sources(plan, profiles)
     assert "measured profile" in sources["compute"] and "gemm" in sources["compute"]
     assert cost_sources(plan, None)["compute"] == ANALYTIC_SOURCE
+
+
+def test_calibration_source_says_what_each_gpu_types_numbers_rest_on():
+    """`sources: calibration` (planner/costs/compute.py `calibration_source`): a fitted
+    architecture names its data (docs/calibration.md), a catalog type with its own fit names
+    Zorse, an architecture without measurements says so, and a catalog file's own values are
+    named as the file's."""
+    import dataclasses
+
+    from planner.costs.compute import calibration_source
+    from profiler.devices import device
+
+    text = calibration_source([device("A100-80GB-SXM"), device("GB200-186GB"), device("L4-24GB")])
+    a100, gb200, l4 = text.split("; ")
+    assert "vTrain" in a100 and "ampere" in a100
+    assert gb200.startswith("GB200-186GB") and "NOT calibrated" in gb200
+    assert "Zorse" in l4
+    custom = dataclasses.replace(device("L4-24GB"), memory_gib=20)  # a user's variant
+    assert "from the catalog file" in calibration_source([custom])
+    assert calibration_source([device("CPU")]) == ""
