@@ -1,6 +1,6 @@
 """Published measurements as plans, and the simulator's error against them.
 
-Four datasets (planner/data/validation, see its README for sources):
+Five datasets (planner/data/validation, see its README for sources):
 
 * published table rows (Korthikanti et al. 2022, Megatron-LM README tables): converted
   exactly as `benchmarks/score_published.py` converts them for `plan simulate`
@@ -22,12 +22,20 @@ Four datasets (planner/data/validation, see its README for sources):
   published_visible.csv's columns; nothing was fitted to them. Every row is timed even where
   the memory model calls the run out of memory (they ran), and those rows are counted.
 
+* held out: MosaicML LLM Foundry's MPT benchmarks (mosaicml/llm-foundry
+  scripts/train/benchmarking/README.md), 201 training throughputs of MPT 125M-70B with
+  Composer's FSDP FULL_SHARD (ZeRO-3 data parallelism alone) on 8-128 H100 and A100 GPUs,
+  foundry_fsdp.csv in the same columns, communicating as Composer does (`FOUNDRY_COMM`);
+  every row timed even where the memory model calls it out of memory.
+
     python -m planner.calibration.published [--by tp,mbs,hidden ...] [--multi-by gpus,tp ...]
-        [--dgxc-by gpu,tp ...] [-v]
+        [--dgxc-by gpu,tp ...] [--foundry-by gpu,gpus ...] [--sets foundry ...] [-v]
 
 prints the datasets' errors, the vTrain error grouped by what its rows share
 (`vtrain_groups`, `vtrain_multi_groups`), which is where a mechanism the model lacks shows
-first, and the held-out DGX Cloud error grouped by GPU, dtype, model and NeMo generation (`dgxc_groups`; -v: per row).
+first, the held-out DGX Cloud error grouped by GPU, dtype, model and NeMo generation
+(`dgxc_groups`) and the held-out LLM Foundry error grouped by GPU, dtype, model, GPU count,
+sequence and micro-batch (`foundry_groups`; -v: per row of both).
 """
 
 from __future__ import annotations
@@ -49,9 +57,10 @@ from planner.specs.plan import DEFAULT_COMM, Communication, Kernels, Plan
 from profiler.kernels import Attention
 from profiler.schema import SpecError
 
-__all__ = ["DGXC_FIELDS", "VTRAIN_COMM", "VTRAIN_FIELDS", "VTRAIN_MULTI_FIELDS", "Case",
-           "ErrorSummary", "GroupError", "LayerCase",
+__all__ = ["DGXC_FIELDS", "FOUNDRY_COMM", "FOUNDRY_FIELDS", "VTRAIN_COMM", "VTRAIN_FIELDS",
+           "VTRAIN_MULTI_FIELDS", "Case", "ErrorSummary", "GroupError", "LayerCase",
            "dgxc_cases", "dgxc_groups", "dgxc_rows", "dgxc_summary", "does_not_fit",
+           "foundry_cases", "foundry_groups", "foundry_rows", "foundry_summary",
            "korthikanti_layer_cases", "layer_errors", "main", "published_cases", "summarize",
            "vtrain_cases", "vtrain_groups", "vtrain_multi_cases", "vtrain_multi_groups",
            "vtrain_multi_rows", "vtrain_rows"]
@@ -90,6 +99,12 @@ NO_DROPOUT = "no dropout"
 # Communication.grad_reduce_dtype), as the FP8 recipes that say so set them
 FP8_PARAMS = "fp8 params"
 BF16_GRADS = "grad_reduce_in_fp32 False"
+# ... and a model whose output layer is its input embedding, and one with a learned position
+# table rather than rotary positions (ModelSpec's defaults: untied, rope): MPT as LLM
+# Foundry's benchmark yamls build it (MPTConfig's defaults tie_word_embeddings True,
+# learned_pos_emb True)
+TIED_EMBEDDINGS = "tied embeddings"
+LEARNED_POSITIONS = "learned position embeddings"
 
 
 def _published_model(r: dict) -> ModelSpec:
@@ -99,6 +114,9 @@ def _published_model(r: dict) -> ModelSpec:
                      num_kv_heads=int(r["kv_heads"] or r["heads"]), vocab_size=int(r["vocab"]),
                      seq_len=int(r["seq"]), activation="swiglu" if swiglu else "gelu",
                      norm="rmsnorm" if swiglu else "layernorm",
+                     tied_embeddings=TIED_EMBEDDINGS in r.get("note", ""),
+                     position_embedding=("learned" if LEARNED_POSITIONS in r.get("note", "")
+                                         else "rope"),
                      dropout=NO_DROPOUT not in r.get("note", ""))
 
 
@@ -143,8 +161,9 @@ def _csv_rows(path: str) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def published_cases(path: str | None = None) -> list[Case]:
-    """The rows of a CSV in published_visible.csv's columns (default that file) as Cases."""
+def published_cases(path: str | None = None, *, comm: Communication | None = None) -> list[Case]:
+    """The rows of a CSV in published_visible.csv's columns (default that file) as Cases,
+    communicating as `comm` says (default Megatron-LM's, `Communication()`)."""
     rows = _csv_rows(path or os.path.join(VALIDATION_DIR, "published_visible.csv"))
     cases = []
     for r in rows:
@@ -164,8 +183,8 @@ def published_cases(path: str | None = None) -> list[Case]:
                 embedding_in_pipeline_split=EMBEDDING_IN_SPLIT in note,
                 loss_in_pipeline_split=LOSS_IN_SPLIT in note,
                 fp8_params=FP8_PARAMS in note and r["dtype"] == "fp8",
-                comm=Communication(grad_reduce_dtype="bf16") if BF16_GRADS in note
-                else DEFAULT_COMM)
+                comm=(Communication(grad_reduce_dtype="bf16") if BF16_GRADS in note
+                      else comm or DEFAULT_COMM))
             plan = _try_plan(model, f"{r['gpu']}:{r['gpus']}", cfg,
                              Kernels(attention=Attention(r["attention"])))
             if plan is not None:
@@ -186,6 +205,36 @@ def dgxc_cases(path: str | None = None) -> list[Case]:
 
 def dgxc_rows(path: str | None = None) -> list[dict[str, str]]:
     return _csv_rows(path or DGXC_DENSE)
+
+
+FOUNDRY_FSDP = os.path.join(VALIDATION_DIR, "foundry_fsdp.csv")
+# How Composer ran LLM Foundry's MPT benchmarks (scripts/train/benchmarking/README.md: torch
+# FSDP1 FULL_SHARD, one FSDP unit per MPTBlock, mixed_precision DEFAULT, or PURE in the older
+# A100 tables): gradients reduce-scattered in bf16 during the backward, the next block's
+# parameters gathered ahead. Composer's get_mixed_precision (mosaicml/composer@0099561e
+# composer/trainer/mosaic_fsdp_utils.py) sets DEFAULT to param_dtype = buffer_dtype = the
+# autocast dtype and leaves reduce_dtype None, which torch's MixedPrecision takes as
+# param_dtype (bf16; also for amp_fp8, whose torch dtype _get_torch_dtype gives as bf16);
+# PURE sets all three to it; DEFAULT's fp32 reduction came with mosaicml/composer#2628
+# (October 2023). Composer's FSDP defaults (composer/trainer/dist_strategy.py
+# prepare_fsdp_module): backward_prefetch BACKWARD_POST (the next unit's all-gather issued
+# in the backward), forward_prefetch False, and the benchmark sets limit_all_gathers True
+# (submit_benchmarks.py mod_parameters), which lets the CPU issue the next unit's forward
+# all-gather while the current one computes: one unit ahead both ways.
+FOUNDRY_COMM = Communication(overlap_grad_reduce=True, grad_reduce_dtype="bf16",
+                             shard_prefetch=1)
+
+
+def foundry_cases(path: str | None = None) -> list[Case]:
+    """MosaicML LLM Foundry's MPT training throughputs (foundry_fsdp.csv, a held-out set:
+    nothing in the cost model was fitted to it): ZeRO-3 data parallelism (FSDP FULL_SHARD)
+    on 8-128 H100 / A100 GPUs, converted as the published rows are and communicating as
+    Composer's FSDP does (`FOUNDRY_COMM`)."""
+    return published_cases(path or FOUNDRY_FSDP, comm=FOUNDRY_COMM)
+
+
+def foundry_rows(path: str | None = None) -> list[dict[str, str]]:
+    return _csv_rows(path or FOUNDRY_FSDP)
 
 
 # the columns of vtrain_single_node_a100.csv, in order, before the measured time
@@ -334,15 +383,41 @@ def _group_rows(errors: dict[str, float], by: tuple[str, ...],
     return _group(errors, {case_id: tuple(value(f) for f in by) for case_id, value in rows})
 
 
+RowField = Callable[[dict[str, str]], int | str]
+
+
+def _row_groups(errors: dict[str, float], by: tuple[str, ...], rows: list[dict[str, str]],
+                fields: dict[str, RowField], dataset: str) -> list[GroupError]:
+    """The errors of CSV rows (ids in their `id` column) grouped by the `fields` in `by`."""
+    def values(r: dict[str, str]) -> Callable[[str], int | str]:
+        return lambda f: fields[f](r)
+
+    return _group_rows(errors, by, ((r["id"], values(r)) for r in rows), fields, dataset)
+
+
 def dgxc_groups(errors: dict[str, float], by: tuple[str, ...],
                 path: str | None = None) -> list[GroupError]:
     """The held-out DGX Cloud rows' errors grouped by `DGXC_FIELDS` (gpu, dtype, model,
     framework, tp), sorted by key."""
-    def values(r: dict[str, str]) -> Callable[[str], int | str]:
-        return lambda f: DGXC_FIELDS[f](r)
+    return _row_groups(errors, by, dgxc_rows(path), DGXC_FIELDS, "DGX Cloud")
 
-    return _group_rows(errors, by, ((r["id"], values(r)) for r in dgxc_rows(path)),
-                       DGXC_FIELDS, "DGX Cloud")
+
+FOUNDRY_FIELDS: dict[str, RowField] = {
+    "gpu": lambda r: r["gpu"],
+    "dtype": lambda r: r["dtype"],
+    "model": lambda r: r["model"],
+    "gpus": lambda r: int(r["gpus"]),
+    "seq": lambda r: int(r["seq"]),
+    "mbs": lambda r: int(r["mbs"]),
+    "recompute": lambda r: r["recompute"],
+}
+
+
+def foundry_groups(errors: dict[str, float], by: tuple[str, ...],
+                   path: str | None = None) -> list[GroupError]:
+    """The held-out LLM Foundry rows' errors grouped by `FOUNDRY_FIELDS` (gpu, dtype, model,
+    gpus, seq, mbs, recompute), sorted by key."""
+    return _row_groups(errors, by, foundry_rows(path), FOUNDRY_FIELDS, "LLM Foundry")
 
 
 def vtrain_groups(errors: dict[str, float], by: tuple[str, ...],
@@ -467,6 +542,35 @@ def dgxc_summary(simulate: Callable[[Plan], SimResult],
     return summarize(cases, simulate, require_fit=False), does_not_fit(cases, simulate)
 
 
+def foundry_summary(simulate: Callable[[Plan], SimResult],
+                    path: str | None = None) -> tuple[ErrorSummary, list[str]]:
+    """The held-out LLM Foundry rows: every row timed (fitting or not, see `predict_s`),
+    and the rows the memory model calls out of memory."""
+    cases = foundry_cases(path)
+    return summarize(cases, simulate, require_fit=False), does_not_fit(cases, simulate)
+
+
+DATASETS = ("published", "vtrain", "vtrain-multi", "dgxc", "foundry")
+
+
+def _print_held_out(name: str, short: str, summary: ErrorSummary, oom: list[str],
+                    cases: list[Case], groupings: list[str],
+                    groups: Callable[[dict[str, float], tuple[str, ...]], list[GroupError]],
+                    verbose: bool) -> None:
+    """A held-out set's error, its runs the memory model calls out of memory, its groups
+    and (verbose) every row's error."""
+    _print_summary(name, summary)
+    print(f"  {len(oom)} of these runs the memory model calls out of memory (timed all the same)"
+          + (f": {', '.join(oom)}" if verbose else ""))
+    for fields in groupings:
+        by = tuple(fields.split(","))
+        _print_groups(short, by, groups(summary.errors, by))
+    if verbose:
+        measured = {c.id: c.measured_s for c in cases}
+        for case_id, e in summary.errors.items():
+            print(f"  {case_id:52s} measured {measured[case_id]:8.3f}s  err {100 * e:+6.1f}%")
+
+
 def main(argv: list[str] | None = None) -> int:
     from planner.simulator import simulate
 
@@ -483,31 +587,37 @@ def main(argv: list[str] | None = None) -> int:
                                                      "gpu,tp", "gpu,dtype"],
                     help="DGX Cloud groupings, comma-separated fields of "
                          f"{tuple(DGXC_FIELDS)}")
+    ap.add_argument("--foundry-by", nargs="*", default=["gpu", "dtype", "model", "gpus",
+                                                        "gpu,gpus", "seq", "mbs", "recompute",
+                                                        "gpu,dtype,model,gpus"],
+                    help="LLM Foundry groupings, comma-separated fields of "
+                         f"{tuple(FOUNDRY_FIELDS)}")
+    ap.add_argument("--sets", nargs="*", choices=DATASETS, default=list(DATASETS),
+                    help="which datasets to score (default all)")
     ap.add_argument("-v", "--verbose", action="store_true",
-                    help="print every DGX Cloud row's signed error")
+                    help="print every DGX Cloud and LLM Foundry row's signed error")
     args = ap.parse_args(argv)
-    _print_summary("published rows (in process)", summarize(published_cases(), simulate))
-    vt = summarize(vtrain_cases(), simulate)
-    _print_summary("vTrain single-node A100", vt)
-    for fields in args.by:
-        by = tuple(fields.split(","))
-        _print_groups("vTrain", by, vtrain_groups(vt.errors, by))
-    vm = summarize(vtrain_multi_cases(), simulate, require_fit=False)
-    _print_summary("vTrain multi-node A100 (held out)", vm)
-    for fields in args.multi_by:
-        by = tuple(fields.split(","))
-        _print_groups("vTrain multi-node", by, vtrain_multi_groups(vm.errors, by))
-    dg, oom = dgxc_summary(simulate)
-    _print_summary("DGX Cloud recipes (held out)", dg)
-    print(f"  {len(oom)} of these runs the memory model calls out of memory (timed all the same)"
-          + (f": {', '.join(oom)}" if args.verbose else ""))
-    for fields in args.dgxc_by:
-        by = tuple(fields.split(","))
-        _print_groups("DGX Cloud", by, dgxc_groups(dg.errors, by))
-    if args.verbose:
-        measured = {c.id: c.measured_s for c in dgxc_cases()}
-        for case_id, e in dg.errors.items():
-            print(f"  {case_id:52s} measured {measured[case_id]:8.3f}s  err {100 * e:+6.1f}%")
+    if "published" in args.sets:
+        _print_summary("published rows (in process)", summarize(published_cases(), simulate))
+    if "vtrain" in args.sets:
+        vt = summarize(vtrain_cases(), simulate)
+        _print_summary("vTrain single-node A100", vt)
+        for fields in args.by:
+            by = tuple(fields.split(","))
+            _print_groups("vTrain", by, vtrain_groups(vt.errors, by))
+    if "vtrain-multi" in args.sets:
+        vm = summarize(vtrain_multi_cases(), simulate, require_fit=False)
+        _print_summary("vTrain multi-node A100 (held out)", vm)
+        for fields in args.multi_by:
+            by = tuple(fields.split(","))
+            _print_groups("vTrain multi-node", by, vtrain_multi_groups(vm.errors, by))
+    if "dgxc" in args.sets:
+        _print_held_out("DGX Cloud recipes (held out)", "DGX Cloud", *dgxc_summary(simulate),
+                        dgxc_cases(), args.dgxc_by, dgxc_groups, args.verbose)
+    if "foundry" in args.sets:
+        _print_held_out("LLM Foundry FSDP (held out)", "LLM Foundry",
+                        *foundry_summary(simulate), foundry_cases(), args.foundry_by,
+                        foundry_groups, args.verbose)
     return 0
 
 
