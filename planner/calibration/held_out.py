@@ -4,8 +4,8 @@
 
 prints, per group, the rows, the mean signed and the mean absolute error before (the
 catalog) and after (with the `--set` values): the published rows, the DGX Cloud recipes
-by GPU, dtype and NeMo generation, the MoE rows by GPU and dtype, and Sailor's rows by
-cluster. A calibration proposal is judged on the groups it was not fitted to
+by GPU, dtype and NeMo generation, vTrain's multi-node runs, LLM Foundry's FSDP runs by GPU
+and dtype, the MoE rows by GPU and dtype, and Sailor's rows by cluster. A calibration proposal is judged on the groups it was not fitted to
 (docs/calibration.md, "Hopper (H100)": the split).
 """
 
@@ -21,8 +21,11 @@ from planner.calibration.published import (
     dgxc_framework,
     dgxc_rows,
     dgxc_summary,
+    foundry_rows,
+    foundry_summary,
     published_cases,
     summarize,
+    vtrain_multi_cases,
 )
 from planner.costs.stages import clear_cost_caches
 from planner.predict.estimate import estimate
@@ -42,6 +45,12 @@ def group_errors() -> Errors:
     for r in dgxc_rows():
         key = f"DGX Cloud {r['gpu']} {r['dtype']} {dgxc_framework(r)}"
         groups.setdefault(key, {})[r["id"]] = dgxc.errors[r["id"]]
+    groups["vTrain multi-node A100"] = summarize(vtrain_multi_cases(), simulate,
+                                                 require_fit=False).errors
+    foundry, _ = foundry_summary(simulate)
+    for r in foundry_rows():
+        key = f"LLM Foundry {r['gpu']} {r['dtype']}"
+        groups.setdefault(key, {})[r["id"]] = foundry.errors[r["id"]]
     moe_errors = moe.score(estimate).errors
     for r in moe.scored_rows():
         if r["id"] in moe_errors:
