@@ -179,6 +179,11 @@ class ClusterSpec:
             if g.name in names:
                 fail(at(where, f"node_groups[{i}].name"), g.name, "names must be unique")
             names.add(g.name)
+            if (g.nvlink_domain_gpus is not None and g.gpus_per_node is not None
+                    and g.nvlink_domain_gpus % g.gpus_per_node):
+                fail(at(where, f"node_groups[{i}].nvlink_domain_gpus"), g.nvlink_domain_gpus,
+                     f"a multiple of gpus_per_node ({g.gpus_per_node}): whole nodes share an "
+                     "NVLink domain")
             if g.gpu_spec is None and g.gpu not in defined:
                 try:
                     device(g.gpu)

@@ -61,6 +61,7 @@ def _replicas_edit(data):  # two replicas, split at different boundaries
         {**p, "stages": [{**p["stages"][0], "layers": [0, 2], "devices": [2]}]}]
     data["training"]["global_batch_size"] = 8
     data["cluster"]["node_groups"][0]["gpus_per_node"] = 3
+    data["cluster"]["node_groups"][0]["nvlink_domain_gpus"] = 3  # a node, as the plan's 2 was
 
 
 def _cp_edit(data):
@@ -72,6 +73,8 @@ def _cp_edit(data):
     (_stages_edit, "pipelines[0].stages[1].layers: [1, 0] is not allowed"),
     (_replicas_edit, "the executor needs every replica to split the layers at the same"),
     (_cp_edit, "context parallelism is not implemented by the executor"),
+    (lambda d: d["cluster"]["node_groups"][0].update(gpus_per_node=3),  # domain left at 2
+     "nvlink_domain_gpus: 2 is not allowed (a multiple of gpus_per_node (3)"),
     (lambda d: d["kernels"].update(attention="memory_efficient"),
      "kernels.attention: 'memory_efficient' is not allowed (CPU runs flash, math in fp32)"),
 ])

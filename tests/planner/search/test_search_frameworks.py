@@ -292,8 +292,12 @@ def test_a_deepspeed_search_prices_and_writes_deepspeeds_model_states(monkeypatc
     assert result.fits and memory.capacity_bytes == 45 * 1024**3
     assert 18 * params + memory.reserve_bytes > memory.capacity_bytes > (
         16 * params + memory.reserve_bytes)
+    # DeepSpeed with Megatron-Core's rule: fp32 gradients, reduced as they are kept (the
+    # rule's gradient buffer takes the reduction's dtype, Megatron-Core's
+    # grad_reduce_in_fp32: costs/memory.py `state_bytes_per_param`), so its fp32 reduction
+    # goes with it
     monkeypatch.setitem(CAPABILITIES, "deepspeed", dataclasses.replace(
-        CAPABILITIES["deepspeed"], model_states="fp32_grads"))
+        CAPABILITIES["deepspeed"], model_states="fp32_grads", comm="megatron"))
     with pytest.raises(InfeasiblePlan, match="nothing fits in memory"):
         search(SearchRequest(**request, framework="deepspeed"))
     with pytest.raises(InfeasiblePlan, match="nothing fits in memory"):
