@@ -8,8 +8,9 @@ Five datasets (planner/data/validation, see its README for sources):
   did not publish one), so in-process numbers equal the scorer's;
 * vTrain's 1,440 single-node A100 measurements (Bang et al. 2024, ground_truth_single):
   GPT models (ffn 4h, vocab 50257, sequence 1024) in Megatron-DeepSpeed with fp16, full
-  recompute, 1F1B, Megatron's fused-softmax (unfused) attention, and gradients reduced in
-  fp16 after the backward pass (their configs set use_gradient_bucket false: `VTRAIN_COMM`).
+  recompute, 1F1B, Megatron's fused-softmax (unfused) attention, and DeepSpeed's engine's
+  communication (`VTRAIN_COMM`: blocking pipeline sends, gradients all-reduced in fp16
+  after the backward pass; their configs set use_gradient_bucket false).
 
 * held out: vTrain's 109 multi-node A100 measurements (ground_truth_multi: GPT 3.6B, 18.4B,
   39.1B and 175B on 64-512 A100s, sequence 2048, nodes of 8 with 800 Gb/s of InfiniBand),
@@ -252,13 +253,30 @@ def vtrain_rows(path: str | None = None) -> list[tuple[dict[str, int], float]]:
             for row in rows]
 
 
-# How vTrain's runs reduced gradients, single-node and multi-node alike, as its validation
-# configs and simulator state them: `use_gradient_bucket: false` (config/validation/*), one
-# all-reduce after the last backward (src/predictor.py `create_layer_graph`, "comm across dp",
-# added after the last backward node) of 16-bit gradients (its ParamInfo elem_size 2); what
-# Megatron-DeepSpeed's engine does without ZeRO (the reduction at the accumulation boundary,
-# after the backward, in the training dtype).
-VTRAIN_COMM = Communication(overlap_grad_reduce=False, grad_reduce_dtype="fp16")
+# How vTrain's runs communicated, single-node and multi-node alike: DeepSpeed's engine as
+# Megatron-DeepSpeed drives it (vTrain data/README.md: "collected using Megatron-DeepSpeed").
+# With --deepspeed, pretrain_gpt.py builds GPTModelPipe and training.py trains it with
+# DeepSpeed's PipelineEngine (`args.ds_pipeline_enabled = not args.no_pipeline_parallel`;
+# the repository's scripts pass --no-pipeline-parallel only at pp 1, where the plain
+# DeepSpeedEngine runs Megatron's schedule without pipeline sends). Hence
+# `Communication.preset("deepspeed")` in fp16:
+# * pipeline sends blocking: deepspeed/runtime/pipe/p2p.py asserts `async_op == False` and
+#   calls dist.send / dist.recv (PipelineP2P.BLOCKING);
+# * gradients all-reduced after the backward, in the training dtype: the PipelineEngine
+#   sets `enable_backward_allreduce = False` and runs ReduceGrads once, after the schedule's
+#   last backward (`_exec_reduce_grads` -> `allreduce_gradients`), the DeepSpeedEngine at the
+#   accumulation boundary; vTrain's configs say the same (use_gradient_bucket false;
+#   src/predictor.py adds one all-reduce of 2-byte gradients, "comm across dp", after the
+#   last backward node);
+# * in buckets of MEMORY_OPT_ALLREDUCE_SIZE = 5e8 elements (runtime/engine.py,
+#   `buffered_allreduce_fallback(elements_per_buffer=...)`).
+# Not priced: with tp > 1 the PipelineEngine sends 1/tp of each activation from each tp rank
+# (pipe_partitioned / grad_partitioned, both True by default, runtime/config.py
+# `get_pipeline_config`), as `_p2p` assumes, but then all-gathers it over the tp group three
+# times per micro-batch and stage boundary (runtime/utils.py `PartitionedTensor.full`) and
+# sends a partition-meta tensor beside each slice; see docs/calibration.md "What vTrain's
+# runs ran" for its size.
+VTRAIN_COMM = Communication.preset("deepspeed", dtype="fp16")
 
 
 def _vtrain_case(case_id: str, r: dict[str, int], measured_s: float,
