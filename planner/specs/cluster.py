@@ -30,6 +30,14 @@ LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "pcie-host", "loopback"
 NicName = Literal["infiniband", "roce", "ethernet"]
 
 
+def _check_domain(where: str, domain: int, per_node: int, why: str = "") -> None:
+    """An NVLink domain is whole nodes (`NodeGroup.nvlink_domain_gpus`)."""
+    if domain % per_node:
+        fail(at(where, "nvlink_domain_gpus"), domain,
+             f"a multiple of gpus_per_node ({per_node}): whole nodes share an NVLink domain"
+             + why)
+
+
 @dataclass(frozen=True, kw_only=True)
 class NodeGroup:
     """Identical nodes; fields left out take the GPU type's standard node from the catalog."""
@@ -71,6 +79,10 @@ class NodeGroup:
         assert self.intra_node_bandwidth_gb_per_s is not None
         return self.intra_node_bandwidth_gb_per_s * 1e9
 
+    def check(self, where: str) -> None:
+        if self.nvlink_domain_gpus is not None and self.gpus_per_node is not None:
+            _check_domain(where, self.nvlink_domain_gpus, self.gpus_per_node)
+
     @property
     def nodes_per_domain(self) -> int:
         """Consecutive nodes of this group that share one NVLink domain."""
@@ -95,11 +107,9 @@ class NodeGroup:
         per_node: int = self.gpus_per_node or node.gpus_per_node  # type: ignore[union-attr]  # checked above
         domain = (self.nvlink_domain_gpus or (node.nvlink_domain_gpus if node else None)
                   or per_node)
-        if domain % per_node:
-            fail(at(where, "nvlink_domain_gpus"), domain,
-                 f"a multiple of gpus_per_node ({per_node}): whole nodes share an NVLink domain"
-                 + ("" if self.nvlink_domain_gpus else f" ({dev.name}'s standard node's; "
-                    "set nvlink_domain_gpus for nodes of another size)"))
+        _check_domain(where, domain, per_node,
+                      "" if self.nvlink_domain_gpus else f" ({dev.name}'s standard node's; "
+                      "set nvlink_domain_gpus for nodes of another size)")
         return replace(
             self,
             gpu=dev.name,
@@ -179,11 +189,6 @@ class ClusterSpec:
             if g.name in names:
                 fail(at(where, f"node_groups[{i}].name"), g.name, "names must be unique")
             names.add(g.name)
-            if (g.nvlink_domain_gpus is not None and g.gpus_per_node is not None
-                    and g.nvlink_domain_gpus % g.gpus_per_node):
-                fail(at(where, f"node_groups[{i}].nvlink_domain_gpus"), g.nvlink_domain_gpus,
-                     f"a multiple of gpus_per_node ({g.gpus_per_node}): whole nodes share an "
-                     "NVLink domain")
             if g.gpu_spec is None and g.gpu not in defined:
                 try:
                     device(g.gpu)
