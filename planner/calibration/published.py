@@ -61,7 +61,7 @@ from profiler.schema import SpecError
 __all__ = ["DGXC_FIELDS", "FOUNDRY_COMM", "FOUNDRY_FIELDS", "VTRAIN_COMM", "VTRAIN_FIELDS",
            "VTRAIN_MULTI_FIELDS", "Case", "ErrorSummary", "GroupError", "LayerCase",
            "dgxc_cases", "dgxc_groups", "dgxc_rows", "dgxc_summary", "does_not_fit",
-           "foundry_cases", "foundry_groups", "foundry_rows", "foundry_summary",
+           "foundry_cases", "foundry_groups", "foundry_rows", "foundry_summary", "held_out_summary",
            "korthikanti_layer_cases", "layer_errors", "main", "published_cases", "summarize",
            "vtrain_cases", "vtrain_groups", "vtrain_multi_cases", "vtrain_multi_groups",
            "vtrain_multi_rows", "vtrain_rows"]
@@ -552,37 +552,55 @@ def _print_groups(title: str, by: tuple[str, ...], groups: list[GroupError]) -> 
               f"[{100 * g.low:+6.1f}, {100 * g.high:+6.1f}]  {100 * g.share:5.2f}")
 
 
+def held_out_summary(cases: list[Case], simulate: Callable[[Plan], SimResult]
+                     ) -> tuple[ErrorSummary, list[str]]:
+    """Runs that ran: every row timed (fitting or not, see `predict_s`), and the rows the
+    memory model calls out of memory; each plan simulated once for both."""
+    results: dict[int, SimResult] = {}
+
+    def once(plan: Plan) -> SimResult:
+        if id(plan) not in results:  # the cases hold their plans: ids stay theirs
+            results[id(plan)] = simulate(plan)
+        return results[id(plan)]
+
+    return summarize(cases, once, require_fit=False), does_not_fit(cases, once)
+
+
 def dgxc_summary(simulate: Callable[[Plan], SimResult],
                  path: str | None = None) -> tuple[ErrorSummary, list[str]]:
-    """The held-out DGX Cloud rows: every row timed (fitting or not, see `predict_s`), and
-    the rows the memory model calls out of memory."""
-    cases = dgxc_cases(path)
-    return summarize(cases, simulate, require_fit=False), does_not_fit(cases, simulate)
+    """The held-out DGX Cloud rows (`held_out_summary`)."""
+    return held_out_summary(dgxc_cases(path), simulate)
 
 
 def foundry_summary(simulate: Callable[[Plan], SimResult],
                     path: str | None = None) -> tuple[ErrorSummary, list[str]]:
-    """The held-out LLM Foundry rows: every row timed (fitting or not, see `predict_s`),
-    and the rows the memory model calls out of memory."""
-    cases = foundry_cases(path)
-    return summarize(cases, simulate, require_fit=False), does_not_fit(cases, simulate)
+    """The held-out LLM Foundry rows (`held_out_summary`)."""
+    return held_out_summary(foundry_cases(path), simulate)
 
 
 DATASETS = ("published", "vtrain", "vtrain-multi", "dgxc", "foundry")
 
 
-def _print_held_out(name: str, short: str, summary: ErrorSummary, oom: list[str],
-                    cases: list[Case], groupings: list[str],
-                    groups: Callable[[dict[str, float], tuple[str, ...]], list[GroupError]],
-                    verbose: bool) -> None:
+Grouping = Callable[[dict[str, float], tuple[str, ...]], list[GroupError]]
+
+
+def _print_groupings(short: str, errors: dict[str, float], groupings: list[str],
+                     groups: Grouping) -> None:
+    """Each grouping (comma-separated fields) of a set's errors."""
+    for fields in groupings:
+        by = tuple(fields.split(","))
+        _print_groups(short, by, groups(errors, by))
+
+
+def _print_held_out(name: str, short: str, cases: list[Case], simulate: Callable[[Plan], SimResult],
+                    groupings: list[str], groups: Grouping, verbose: bool) -> None:
     """A held-out set's error, its runs the memory model calls out of memory, its groups
     and (verbose) every row's error."""
+    summary, oom = held_out_summary(cases, simulate)
     _print_summary(name, summary)
     print(f"  {len(oom)} of these runs the memory model calls out of memory (timed all the same)"
           + (f": {', '.join(oom)}" if verbose else ""))
-    for fields in groupings:
-        by = tuple(fields.split(","))
-        _print_groups(short, by, groups(summary.errors, by))
+    _print_groupings(short, summary.errors, groupings, groups)
     if verbose:
         measured = {c.id: c.measured_s for c in cases}
         for case_id, e in summary.errors.items():
@@ -620,22 +638,17 @@ def main(argv: list[str] | None = None) -> int:
     if "vtrain" in args.sets:
         vt = summarize(vtrain_cases(), simulate)
         _print_summary("vTrain single-node A100", vt)
-        for fields in args.by:
-            by = tuple(fields.split(","))
-            _print_groups("vTrain", by, vtrain_groups(vt.errors, by))
+        _print_groupings("vTrain", vt.errors, args.by, vtrain_groups)
     if "vtrain-multi" in args.sets:
         vm = summarize(vtrain_multi_cases(), simulate, require_fit=False)
         _print_summary("vTrain multi-node A100 (held out)", vm)
-        for fields in args.multi_by:
-            by = tuple(fields.split(","))
-            _print_groups("vTrain multi-node", by, vtrain_multi_groups(vm.errors, by))
+        _print_groupings("vTrain multi-node", vm.errors, args.multi_by, vtrain_multi_groups)
     if "dgxc" in args.sets:
-        _print_held_out("DGX Cloud recipes (held out)", "DGX Cloud", *dgxc_summary(simulate),
-                        dgxc_cases(), args.dgxc_by, dgxc_groups, args.verbose)
+        _print_held_out("DGX Cloud recipes (held out)", "DGX Cloud", dgxc_cases(), simulate,
+                        args.dgxc_by, dgxc_groups, args.verbose)
     if "foundry" in args.sets:
-        _print_held_out("LLM Foundry FSDP (held out)", "LLM Foundry",
-                        *foundry_summary(simulate), foundry_cases(), args.foundry_by,
-                        foundry_groups, args.verbose)
+        _print_held_out("LLM Foundry FSDP (held out)", "LLM Foundry", foundry_cases(), simulate,
+                        args.foundry_by, foundry_groups, args.verbose)
     return 0
 
 
