@@ -137,10 +137,14 @@ def _per_stage(plan, *shardings):
     return plan
 
 
-@functools.cache
 def _reference(name: str, gbs: int, seq_len: int) -> tuple[float, ...]:
-    return tuple(reference_losses(preset(name), global_batch_size=gbs, seq_len=seq_len,
-                                  steps=STEPS, learning_rate=TEST_LR))
+    return _spec_reference(preset(name), gbs, seq_len)
+
+
+@functools.cache
+def _spec_reference(spec, gbs: int, seq_len: int) -> tuple[float, ...]:
+    return tuple(reference_losses(spec, global_batch_size=gbs, seq_len=seq_len, steps=STEPS,
+                                  learning_rate=TEST_LR))
 
 
 @pytest.mark.multiprocess
@@ -166,12 +170,6 @@ GEGLU_PLANS = {
     "geglu-tp2xpp2-sp": lambda: homogeneous(GEGLU, world=4, tp=2, pp=2, mbs=2, gbs=8,
                                             sequence_parallel=True),
 }
-
-
-@functools.cache
-def _spec_reference(spec, gbs: int, seq_len: int) -> tuple[float, ...]:
-    return tuple(reference_losses(spec, global_batch_size=gbs, seq_len=seq_len, steps=STEPS,
-                                  learning_rate=TEST_LR))
 
 
 @pytest.mark.multiprocess
