@@ -159,8 +159,11 @@ def _schedule_shared(graph: TaskGraph, shared: Sequence[SharedCores],
                      cpu_share: Sequence[float]) -> Schedule:
     """`schedule` as a discrete-event simulation in which tasks on shared hosts' streams
     progress at a rate set by the host's load: a task with CPU fraction w on a stream
-    standing for c ranks adds c * w to its host's load L and runs at 1 / (1 + w (k(L) - 1))
-    alone-seconds per second (its CPU work slowed by k, the rest not). Each stream still
+    standing for c ranks adds c * w to the load the host's other streams see, and runs at
+    1 / (1 + w (k(L) - 1)) alone-seconds per second (its CPU work slowed by k, the rest
+    not), L = c + the other running tasks' c * w: the c ranks of its own stream run the
+    same ops in lockstep, so while it computes they all do (a pass that blocks in
+    collectives for part of its time still computes 4 ranks at once on 4 lockstep ranks). Each stream still
     runs one task at a time in order of readiness (ties by creation order), so with k = 1
     it gives `schedule`'s times exactly."""
     n = len(graph)
@@ -187,10 +190,15 @@ def _schedule_shared(graph: TaskGraph, shared: Sequence[SharedCores],
         h.since = now
 
     def respeed(h: _Host, now: float) -> None:
-        """Set `h`'s running tasks' speeds for its load now, and the times they end."""
-        load = sum(host_of[streams[t]][1] * cpu_share[t] for t in h.running)
-        k = h.cores.slowdown(load)
+        """Set `h`'s running tasks' speeds for its load now, and the times they end. A
+        task's CPU work runs beside its own stream's other ranks' CPU work (they are one
+        stage's tp ranks or identical replicas, running the same ops at the same time, so
+        their CPU phases coincide whatever the task's share) and beside the other
+        streams' ranks in proportion to those tasks' CPU shares (independent phases)."""
+        spread = {t: host_of[streams[t]][1] * cpu_share[t] for t in h.running}
+        total = sum(spread.values())
         for t, left in h.running.items():
+            k = h.cores.slowdown(total - spread[t] + host_of[streams[t]][1])
             h.speed[t] = 1.0 / (1.0 + cpu_share[t] * (k - 1.0))
             version[t] += 1
             heapq.heappush(events, (now + left / h.speed[t], 0, t, version[t]))

@@ -249,3 +249,27 @@ def test_processor_sharing_without_a_slowdown_is_the_list_schedule(schedule, vp,
     for t in range(len(g)):
         k = 2.0 if g.streams[t] in computes else 1.0
         assert slow.end[t] - slow.start[t] == pytest.approx(k * g.durations[t], rel=1e-9)
+
+
+def test_lockstep_ranks_compute_at_once_whatever_their_cpu_share():
+    """A stream standing for 4 lockstep ranks (identical replicas running the same ops at
+    the same time) whose pass is half compute, half waiting in blocking collectives:
+    while it computes all 4 ranks compute, so its CPU half is slowed by k(4), not by k of
+    the averaged load 4 x 0.5 = 2. A second stream's ranks count by their share."""
+    from planner.simulator.graph import SharedCores, TaskGraph
+    from planner.simulator.graph import schedule as list_schedule
+
+    def k(load: float) -> float:  # 2 cores: processor sharing above 2 ranks
+        return max(1.0, load / 2.0)
+
+    g = TaskGraph()
+    a = g.stream("p0.s0.compute")
+    g.add("F", "F", a, 1.0)
+    out = list_schedule(g, shared=[SharedCores({a: 4.0}, k)], cpu_share=[0.5])
+    assert out.end[0] == pytest.approx(0.5 * k(4.0) + 0.5)  # 1.5 s, not 1.0 s
+    # beside a second stream of 2 ranks whose task is all CPU work: each sees its own
+    # ranks whole and the other's by share
+    b = g.stream("p1.s0.compute")
+    g.add("G", "F", b, 10.0)
+    both = list_schedule(g, shared=[SharedCores({a: 4.0, b: 2.0}, k)], cpu_share=[0.5, 1.0])
+    assert both.end[0] == pytest.approx(0.5 * k(4.0 + 2.0) + 0.5)
