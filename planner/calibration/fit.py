@@ -16,7 +16,10 @@ InfiniBand from the multi-node rows; Volta from the Megatron-LM V100 rows; Hoppe
 Cloud recipes' NeMo-launcher H100 BF16 rows (`HOPPER_CALIBRATION`; the other DGX Cloud
 rows, every FP8 row, the MoE rows, Sailor's GH200 rows, Zorse and GB200 are held out:
 `python -m planner.calibration.held_out` scores them). Hopper's refit is not adopted
-yet (docs/calibration.md, "Hopper (H100)": it breaks held-out MoE checks).
+yet (docs/calibration.md, "Hopper (H100)": it breaks held-out MoE checks). Blackwell
+(B200, GB200: the 16-bit and the FP8 GEMM rate) from the DGX Cloud GB200 rows, BF16 and
+FP8 (`BLACKWELL_CALIBRATION`); Megatron-Bridge's B200 / GB200 rows are held out
+(docs/calibration.md, "Blackwell").
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ from profiler.devices import (
     parameter_overrides,
 )
 
-__all__ = ["HOPPER_CALIBRATION", "Parameter", "RanAnyway", "fit", "hopper_calibration_cases",
-           "main", "minimize_bounded", "with_values"]
+__all__ = ["BLACKWELL_CALIBRATION", "HOPPER_CALIBRATION", "Parameter", "RanAnyway",
+           "blackwell_calibration_cases", "fit", "hopper_calibration_cases", "main",
+           "minimize_bounded", "with_values"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,10 @@ class Parameter:
     def current(self) -> float:
         kind, name = self.target.split(":")
         spec = arch_efficiency(name) if kind == "arch" else link_kind(name)
-        return float(getattr(spec, self.field))
+        value = getattr(spec, self.field)
+        if value is None and isinstance(spec, ArchEfficiency):  # tf32_ / fp8_: unset is
+            value = spec.gemm_efficiency                         # the 16-bit fraction
+        return float(value)
 
 
 SPACES: dict[str, list[Parameter]] = {
@@ -97,11 +104,26 @@ SPACES: dict[str, list[Parameter]] = {
         Parameter("arch:hopper", "gemm_efficiency", 0.4, 0.95),
         Parameter("arch:hopper", "tp_comm_overlap", 0.0, 1.0),
     ],
+    # The 18 DGX Cloud GB200 rows (9 BF16, 9 FP8): the 16-bit and the FP8 GEMM rate, each
+    # the fraction of its own datasheet dense peak (B200 2.25 / 4.5, GB200 2.5 / 5 PFLOP/s).
+    # Everything else keeps its starting value; Megatron-Bridge's B200 / GB200 rows (FP8-CS)
+    # are held out (docs/calibration.md, "Blackwell": the split was written down first).
+    "blackwell": [
+        Parameter("arch:blackwell", "gemm_efficiency", 0.4, 0.95),
+        Parameter("arch:blackwell", "fp8_gemm_efficiency", 0.4, 0.95),
+    ],
 }
 
 # The DGX Cloud rows Hopper is fitted on: H100 BF16 under the NeMo Framework Launcher
 # (2024). NeMo 2.0's H100 BF16 rows, every FP8 row and GB200 stay held out.
 HOPPER_CALIBRATION = {"gpu": "H100-80GB-SXM", "dtype": "bf16", "framework": "NeMo launcher"}
+
+# The rows Blackwell is fitted on: every DGX Cloud GB200 row (NeMo 2.0, BF16 and FP8 with
+# delayed per-tensor scaling; Llama 3.1 405B at tp 4, Nemotron-4 340B at tp 8). Held out:
+# Megatron-Bridge's 12 B200 / GB200 rows (mbridge_blackwell.csv: FP8 with current
+# per-tensor scaling, 25.09-26.02 containers, B200 nodes and Megatron-FSDP layouts the fit
+# never sees).
+BLACKWELL_CALIBRATION = {"gpu": "GB200-186GB"}
 
 
 @dataclass(frozen=True)
@@ -122,7 +144,15 @@ def hopper_calibration_cases() -> list[Case]:
     return [c for c in dgxc_cases() if c.id in chosen]
 
 
+def blackwell_calibration_cases() -> list[Case]:
+    """The DGX Cloud rows of `BLACKWELL_CALIBRATION`."""
+    chosen = {r["id"] for r in dgxc_rows() if r["gpu"] == BLACKWELL_CALIBRATION["gpu"]}
+    return [c for c in dgxc_cases() if c.id in chosen]
+
+
 def _dataset(arch: str, rows: int) -> list[Dataset]:
+    if arch == "blackwell":  # no published_visible.csv row runs on Blackwell
+        return [RanAnyway(tuple(blackwell_calibration_cases()))]
     gpu_prefix = {"ampere": "A100", "volta": "V100", "hopper": "H100"}[arch]
     published = [c for c in published_cases() if c.plans and
                  c.plans[0].cluster.node_groups[0].gpu.startswith(gpu_prefix)]

@@ -4,7 +4,8 @@
 
 prints, per group, the rows, the mean signed and the mean absolute error before (the
 catalog) and after (with the `--set` values): the published rows, the DGX Cloud recipes
-by GPU, dtype and NeMo generation, vTrain's multi-node runs, LLM Foundry's FSDP runs by GPU
+by GPU, dtype and NeMo generation, Megatron-Bridge's B200 / GB200 rows by GPU,
+vTrain's multi-node runs, LLM Foundry's FSDP runs by GPU
 and dtype, the MoE rows by GPU and dtype, and Sailor's rows by cluster. A calibration proposal is judged on the groups it was not fitted to
 (docs/calibration.md, "Hopper (H100)": the split).
 """
@@ -23,6 +24,9 @@ from planner.calibration.published import (
     dgxc_summary,
     foundry_rows,
     foundry_summary,
+    held_out_summary,
+    mbridge_cases,
+    mbridge_rows,
     published_cases,
     summarize,
     vtrain_multi_cases,
@@ -45,6 +49,10 @@ def group_errors() -> Errors:
     for r in dgxc_rows():
         key = f"DGX Cloud {r['gpu']} {r['dtype']} {dgxc_framework(r)}"
         groups.setdefault(key, {})[r["id"]] = dgxc.errors[r["id"]]
+    mbridge, _ = held_out_summary(mbridge_cases(), simulate)
+    for r in mbridge_rows():
+        key = f"Megatron-Bridge {r['gpu']} {r['dtype']}"
+        groups.setdefault(key, {})[r["id"]] = mbridge.errors[r["id"]]
     groups["vTrain multi-node A100"] = summarize(vtrain_multi_cases(), simulate,
                                                  require_fit=False).errors
     foundry, _ = foundry_summary(simulate)

@@ -23,6 +23,13 @@ Five datasets (planner/data/validation, see its README for sources):
   published_visible.csv's columns; nothing was fitted to them. Every row is timed even where
   the memory model calls the run out of memory (they ran), and those rows are counted.
 
+* held out: NVIDIA Megatron-Bridge's published B200 / GB200 dense pre-training throughputs
+  (NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, 25.09 / 25.11 / 26.02
+  tables), 12 rows of Llama 3 8B / 70B and Llama 3.1 405B in per-tensor current-scaling FP8
+  (FP8-CS), mbridge_blackwell.csv in the same columns; every row timed even where the memory
+  model calls it out of memory. Blackwell's calibration holds them out
+  (planner/calibration/fit.py `BLACKWELL_CALIBRATION`).
+
 * held out: MosaicML LLM Foundry's MPT benchmarks (mosaicml/llm-foundry
   scripts/train/benchmarking/README.md), 201 training throughputs of MPT 125M-70B with
   Composer's FSDP FULL_SHARD (ZeRO-3 data parallelism alone) on 8-128 H100 and A100 GPUs,
@@ -30,7 +37,8 @@ Five datasets (planner/data/validation, see its README for sources):
   every row timed even where the memory model calls it out of memory.
 
     python -m planner.calibration.published [--by tp,mbs,hidden ...] [--multi-by gpus,tp ...]
-        [--dgxc-by gpu,tp ...] [--foundry-by gpu,gpus ...] [--sets foundry ...] [-v]
+        [--dgxc-by gpu,tp ...] [--mbridge-by gpu,release ...] [--foundry-by gpu,gpus ...]
+        [--sets foundry ...] [-v]
 
 prints the datasets' errors, the vTrain error grouped by what its rows share
 (`vtrain_groups`, `vtrain_multi_groups`), which is where a mechanism the model lacks shows
@@ -58,13 +66,14 @@ from planner.specs.plan import DEFAULT_COMM, Communication, Kernels, Plan
 from profiler.kernels import Attention
 from profiler.schema import SpecError
 
-__all__ = ["DGXC_FIELDS", "FOUNDRY_COMM", "FOUNDRY_FIELDS", "VTRAIN_COMM", "VTRAIN_FIELDS",
-           "VTRAIN_MULTI_FIELDS", "Case", "ErrorSummary", "GroupError", "LayerCase",
-           "dgxc_cases", "dgxc_groups", "dgxc_rows", "dgxc_summary", "does_not_fit",
-           "foundry_cases", "foundry_groups", "foundry_rows", "foundry_summary", "held_out_summary",
-           "korthikanti_layer_cases", "layer_errors", "main", "published_cases", "summarize",
-           "vtrain_cases", "vtrain_groups", "vtrain_multi_cases", "vtrain_multi_groups",
-           "vtrain_multi_rows", "vtrain_rows"]
+__all__ = ["DGXC_FIELDS", "FOUNDRY_COMM", "FOUNDRY_FIELDS", "MBRIDGE_FIELDS", "VTRAIN_COMM",
+           "VTRAIN_FIELDS", "VTRAIN_MULTI_FIELDS", "Case", "ErrorSummary", "GroupError",
+           "LayerCase", "dgxc_cases", "dgxc_groups", "dgxc_rows", "dgxc_summary", "does_not_fit",
+           "foundry_cases", "foundry_groups", "foundry_rows", "foundry_summary",
+           "held_out_summary", "korthikanti_layer_cases", "layer_errors", "main", "mbridge_cases",
+           "mbridge_groups", "mbridge_rows", "published_cases", "summarize", "vtrain_cases",
+           "vtrain_groups", "vtrain_multi_cases", "vtrain_multi_groups", "vtrain_multi_rows",
+           "vtrain_rows"]
 
 VALIDATION_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "validation")
 
@@ -206,6 +215,20 @@ def dgxc_cases(path: str | None = None) -> list[Case]:
 
 def dgxc_rows(path: str | None = None) -> list[dict[str, str]]:
     return _csv_rows(path or DGXC_DENSE)
+
+
+MBRIDGE_BLACKWELL = os.path.join(VALIDATION_DIR, "mbridge_blackwell.csv")
+
+
+def mbridge_cases(path: str | None = None) -> list[Case]:
+    """Megatron-Bridge's published B200 / GB200 dense pre-training throughputs
+    (mbridge_blackwell.csv; held out from Blackwell's calibration), converted as the
+    published rows are."""
+    return published_cases(path or MBRIDGE_BLACKWELL)
+
+
+def mbridge_rows(path: str | None = None) -> list[dict[str, str]]:
+    return _csv_rows(path or MBRIDGE_BLACKWELL)
 
 
 FOUNDRY_FSDP = os.path.join(VALIDATION_DIR, "foundry_fsdp.csv")
@@ -420,6 +443,21 @@ def dgxc_groups(errors: dict[str, float], by: tuple[str, ...],
     return _row_groups(errors, by, dgxc_rows(path), DGXC_FIELDS, "DGX Cloud")
 
 
+MBRIDGE_FIELDS: dict[str, RowField] = {
+    "gpu": lambda r: r["gpu"],
+    "model": lambda r: r["model"],
+    "release": lambda r: r["id"].rsplit("-", 1)[1],  # the NeMo container, 2509 = 25.09
+    "sharding": lambda r: r["sharding"],
+}
+
+
+def mbridge_groups(errors: dict[str, float], by: tuple[str, ...],
+                   path: str | None = None) -> list[GroupError]:
+    """The held-out Megatron-Bridge Blackwell rows' errors grouped by `MBRIDGE_FIELDS`
+    (gpu, model, release, sharding), sorted by key."""
+    return _row_groups(errors, by, mbridge_rows(path), MBRIDGE_FIELDS, "Megatron-Bridge")
+
+
 FOUNDRY_FIELDS: dict[str, RowField] = {
     "gpu": lambda r: r["gpu"],
     "dtype": lambda r: r["dtype"],
@@ -578,7 +616,7 @@ def foundry_summary(simulate: Callable[[Plan], SimResult],
     return held_out_summary(foundry_cases(path), simulate)
 
 
-DATASETS = ("published", "vtrain", "vtrain-multi", "dgxc", "foundry")
+DATASETS = ("published", "vtrain", "vtrain-multi", "dgxc", "mbridge", "foundry")
 
 
 Grouping = Callable[[dict[str, float], tuple[str, ...]], list[GroupError]]
@@ -623,6 +661,9 @@ def main(argv: list[str] | None = None) -> int:
                                                      "gpu,tp", "gpu,dtype"],
                     help="DGX Cloud groupings, comma-separated fields of "
                          f"{tuple(DGXC_FIELDS)}")
+    ap.add_argument("--mbridge-by", nargs="*", default=["gpu", "model", "release", "sharding"],
+                    help="Megatron-Bridge Blackwell groupings, comma-separated fields of "
+                         f"{tuple(MBRIDGE_FIELDS)}")
     ap.add_argument("--foundry-by", nargs="*", default=["gpu", "dtype", "model", "gpus",
                                                         "gpu,gpus", "seq", "mbs", "recompute",
                                                         "gpu,dtype,model,gpus"],
@@ -631,7 +672,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sets", nargs="*", choices=DATASETS, default=list(DATASETS),
                     help="which datasets to score (default all)")
     ap.add_argument("-v", "--verbose", action="store_true",
-                    help="print every DGX Cloud and LLM Foundry row's signed error")
+                    help="print every DGX Cloud, Megatron-Bridge and LLM Foundry row's "
+                         "signed error")
     args = ap.parse_args(argv)
     if "published" in args.sets:
         _print_summary("published rows (in process)", summarize(published_cases(), simulate))
@@ -646,6 +688,9 @@ def main(argv: list[str] | None = None) -> int:
     if "dgxc" in args.sets:
         _print_held_out("DGX Cloud recipes (held out)", "DGX Cloud", dgxc_cases(), simulate,
                         args.dgxc_by, dgxc_groups, args.verbose)
+    if "mbridge" in args.sets:
+        _print_held_out("Megatron-Bridge B200 / GB200 (held out)", "Megatron-Bridge",
+                        mbridge_cases(), simulate, args.mbridge_by, mbridge_groups, args.verbose)
     if "foundry" in args.sets:
         _print_held_out("LLM Foundry FSDP (held out)", "LLM Foundry", foundry_cases(), simulate,
                         args.foundry_by, foundry_groups, args.verbose)

@@ -33,13 +33,23 @@ def _time_s(gpu: str, dtype: str) -> float:
 
 def test_unset_fields_fall_back_to_the_16_bit_fraction():
     """Every architecture without the fields prices TF32 and FP8 GEMMs as before."""
-    for arch in ("volta", "ampere", "ada", "blackwell", "cdna3"):
+    for arch in ("volta", "ampere", "ada", "cdna3"):
         eff = arch_efficiency(arch)
         assert eff.tf32_gemm_efficiency is None and eff.fp8_gemm_efficiency is None, arch
         for dtype in ("tf32", "bf16", "fp16", "fp8"):
             assert eff.gemm_peak_fraction(dtype) == eff.gemm_efficiency, (arch, dtype)
     ampere = arch_efficiency("ampere")
     assert ampere.gemm_peak_fraction("fp32", simt=True) == ampere.simt_gemm_efficiency
+
+
+def test_blackwell_prices_fp8_at_its_own_fit_and_tf32_at_the_16_bit_one():
+    """Blackwell's fit (docs/calibration.md "Blackwell") set the 16-bit and the FP8 fraction
+    from the DGX Cloud GB200 rows; no TF32 row was used, so TF32 keeps the 16-bit one."""
+    bw = arch_efficiency("blackwell")
+    assert (bw.gemm_efficiency, bw.fp8_gemm_efficiency) == (0.645, 0.613)
+    assert bw.tf32_gemm_efficiency is None
+    assert bw.gemm_peak_fraction("fp8") == 0.613
+    assert bw.gemm_peak_fraction("tf32") == bw.gemm_peak_fraction("bf16") == 0.645
 
 
 def test_hopper_holds_tf32_and_fp8_at_the_three_row_fit():

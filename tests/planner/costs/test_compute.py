@@ -88,11 +88,14 @@ def test_calibration_source_says_what_each_gpu_types_numbers_rest_on():
     from planner.costs.compute import calibration_source
     from profiler.devices import device
 
-    text = calibration_source([device("A100-80GB-SXM"), device("GB200-186GB"), device("L4-24GB")])
-    a100, gb200, l4 = text.split("; ")
+    text = calibration_source([device("A100-80GB-SXM"), device("GB200-186GB"), device("L4-24GB"),
+                               device("MI300X-192GB")])
+    a100, gb200, l4, mi300x = text.split("; ")
     assert "vTrain" in a100 and "ampere" in a100
-    assert gb200.startswith("GB200-186GB") and "NOT calibrated" in gb200
+    assert gb200.startswith("GB200-186GB") and "DGX Cloud GB200" in gb200
+    assert "Megatron-Bridge" in gb200 and "NOT calibrated" not in gb200
     assert "Zorse" in l4
+    assert mi300x.startswith("MI300X-192GB") and "NOT calibrated" in mi300x
     custom = dataclasses.replace(device("L4-24GB"), memory_gib=20)  # a user's variant
     assert "from the catalog file" in calibration_source([custom])
     assert calibration_source([device("CPU")]) == ""
