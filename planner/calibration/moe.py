@@ -37,7 +37,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
 
-from planner.calibration.published import VALIDATION_DIR, Case, ErrorSummary, summarize
+from planner.calibration.published import (
+    BF16_GRADS,
+    VALIDATION_DIR,
+    Case,
+    ErrorSummary,
+    summarize,
+)
 from planner.costs.workload import attention_core_flops_per_token, model_flops_per_token
 from planner.predict.results import SimResult
 from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, Recompute, RecomputeModule
@@ -161,7 +167,9 @@ def _plans(r: dict[str, str], model: ModelSpec) -> tuple[Plan, ...]:
             except SpecError:
                 continue
             tr = plan.training
-            comm = replace(tr.comm, moe_dispatcher=_dispatcher(r), moe_routing=_routing(r))
+            comm = replace(tr.comm, moe_dispatcher=_dispatcher(r), moe_routing=_routing(r),
+                           grad_reduce_dtype="bf16" if BF16_GRADS in r["note"]
+                           else tr.comm.grad_reduce_dtype)
             plans.append(replace(plan, training=replace(
                 tr, comm=comm, pipeline_flushes=_flushes(r, dp * int(r["cp"])),
                 master_weights=_master_weights(r))))

@@ -76,6 +76,11 @@ def test_cases_carry_their_plans():
     assert mixtral.plans[0].training.master_weights
     for row in ("automodel-qwen3-30b-8", "automodel-dsv3-256", "automodel-dsv3-1024"):
         assert {p.training.master_weights for p in cases[row].plans} == {False}, row
+    # gradients reduced in bf16 where the row's recipe sets grad_reduce_in_fp32 False
+    # (Megatron-Bridge's Qwen3 recipes, cited in the notes), else Megatron's fp32
+    assert {p.training.comm.grad_reduce_dtype
+            for p in cases["mb-2511-h100-qwen3-235b-a22b-fp8-cs-256"].plans} == {"bf16"}
+    assert {p.training.comm.grad_reduce_dtype for p in mixtral.plans} == {"fp32"}
 
 
 def test_no_false_does_not_fit():
