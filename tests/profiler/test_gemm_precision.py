@@ -46,10 +46,10 @@ def test_blackwell_prices_fp8_at_its_own_fit_and_tf32_at_the_16_bit_one():
     """Blackwell's fit (docs/calibration.md "Blackwell") set the 16-bit and the FP8 fraction
     from the DGX Cloud GB200 rows; no TF32 row was used, so TF32 keeps the 16-bit one."""
     bw = arch_efficiency("blackwell")
-    assert (bw.gemm_efficiency, bw.fp8_gemm_efficiency) == (0.645, 0.613)
+    assert (bw.gemm_efficiency, bw.fp8_gemm_efficiency) == (0.613, 0.589)
     assert bw.tf32_gemm_efficiency is None
-    assert bw.gemm_peak_fraction("fp8") == 0.613
-    assert bw.gemm_peak_fraction("tf32") == bw.gemm_peak_fraction("bf16") == 0.645
+    assert bw.gemm_peak_fraction("fp8") == 0.589
+    assert bw.gemm_peak_fraction("tf32") == bw.gemm_peak_fraction("bf16") == 0.613
 
 
 def test_hopper_holds_tf32_and_fp8_at_the_three_row_fit():
