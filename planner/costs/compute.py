@@ -38,7 +38,7 @@ ARCH_CALIBRATION = {
     # the GEMM rates only; every other blackwell value is a starting value
     "blackwell": "its 16-bit and FP8 GEMM rates fitted to the 18 DGX Cloud GB200 rows (NeMo "
                  "2.0, BF16 and FP8), the rest starting values (held out: Megatron-Bridge's "
-                 "B200 / GB200 FP8 rows, 9-17% too fast on average), measured on B200 and "
+                 "B200 / GB200 FP8 rows, 6-14% too fast on average), measured on B200 and "
                  "GB200 only",
 }
 
