@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.calibration.published import (
+    DGXC_FIELDS,
     Case,
     LayerCase,
     dgxc_cases,
-    dgxc_framework,
     dgxc_rows,
     korthikanti_layer_cases,
     layer_errors,
@@ -137,17 +137,21 @@ class RanAnyway:
 Dataset = list[Case] | list[LayerCase] | RanAnyway
 
 
+def _dgxc_calibration_cases(selection: dict[str, str]) -> list[Case]:
+    """The DGX Cloud rows whose `DGXC_FIELDS` values are those of `selection`."""
+    chosen = {r["id"] for r in dgxc_rows()
+              if all(DGXC_FIELDS[field](r) == value for field, value in selection.items())}
+    return [c for c in dgxc_cases() if c.id in chosen]
+
+
 def hopper_calibration_cases() -> list[Case]:
     """The DGX Cloud rows of `HOPPER_CALIBRATION`."""
-    chosen = {r["id"] for r in dgxc_rows()
-              if (r["gpu"], r["dtype"], dgxc_framework(r)) == tuple(HOPPER_CALIBRATION.values())}
-    return [c for c in dgxc_cases() if c.id in chosen]
+    return _dgxc_calibration_cases(HOPPER_CALIBRATION)
 
 
 def blackwell_calibration_cases() -> list[Case]:
     """The DGX Cloud rows of `BLACKWELL_CALIBRATION`."""
-    chosen = {r["id"] for r in dgxc_rows() if r["gpu"] == BLACKWELL_CALIBRATION["gpu"]}
-    return [c for c in dgxc_cases() if c.id in chosen]
+    return _dgxc_calibration_cases(BLACKWELL_CALIBRATION)
 
 
 def _dataset(arch: str, rows: int) -> list[Dataset]:

@@ -45,20 +45,20 @@ def group_errors() -> Errors:
     """Each scorer's signed errors by group, under the parameters in force (every scorer's
     own method: the event simulation, the closed-form estimate for the MoE rows)."""
     groups: Errors = {"published rows": summarize(published_cases(), simulate).errors}
-    dgxc, _ = dgxc_summary(simulate)
-    for r in dgxc_rows():
-        key = f"DGX Cloud {r['gpu']} {r['dtype']} {dgxc_framework(r)}"
-        groups.setdefault(key, {})[r["id"]] = dgxc.errors[r["id"]]
-    mbridge, _ = held_out_summary(mbridge_cases(), simulate)
-    for r in mbridge_rows():
-        key = f"Megatron-Bridge {r['gpu']} {r['dtype']}"
-        groups.setdefault(key, {})[r["id"]] = mbridge.errors[r["id"]]
+
+    def by_row(errors: dict[str, float], rows: list[dict[str, str]],
+               key: Callable[[dict[str, str]], str]) -> None:
+        for r in rows:
+            groups.setdefault(key(r), {})[r["id"]] = errors[r["id"]]
+
+    by_row(dgxc_summary(simulate)[0].errors, dgxc_rows(),
+           lambda r: f"DGX Cloud {r['gpu']} {r['dtype']} {dgxc_framework(r)}")
+    by_row(held_out_summary(mbridge_cases(), simulate)[0].errors, mbridge_rows(),
+           lambda r: f"Megatron-Bridge {r['gpu']} {r['dtype']}")
     groups["vTrain multi-node A100"] = summarize(vtrain_multi_cases(), simulate,
                                                  require_fit=False).errors
-    foundry, _ = foundry_summary(simulate)
-    for r in foundry_rows():
-        key = f"LLM Foundry {r['gpu']} {r['dtype']}"
-        groups.setdefault(key, {})[r["id"]] = foundry.errors[r["id"]]
+    by_row(foundry_summary(simulate)[0].errors, foundry_rows(),
+           lambda r: f"LLM Foundry {r['gpu']} {r['dtype']}")
     moe_errors = moe.score(estimate).errors
     for r in moe.scored_rows():
         if r["id"] in moe_errors:
