@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from profiler.store import ProfileRow
+from profiler.store import ProfileRow, RowKind
 
 __all__ = ["COLLECTIVES", "CollectiveSettings", "measure_collectives", "size_grid"]
 
@@ -88,8 +88,9 @@ def _ops(kind: str, size: int, rank: int, world: int, device: str) -> Callable[[
     raise ValueError(f"unknown collective {kind!r}")
 
 
-def _sample_s(fn: Callable[[], None], calls: int, device: str) -> float:
-    """The slowest rank's seconds per call over `calls` back-to-back calls."""
+def _sample_s(fn: Callable[[], None], calls: int, device: str) -> tuple[float, float]:
+    """The slowest rank's seconds per call over `calls` back-to-back calls, and the CPU
+    seconds per call of a rank's process (all its threads; the mean over the ranks)."""
     import time
 
     import torch
@@ -98,16 +99,18 @@ def _sample_s(fn: Callable[[], None], calls: int, device: str) -> float:
     dist.barrier()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(calls):
         fn()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     elapsed = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64)
+    busy = torch.tensor([(time.process_time() - cpu) / calls], dtype=torch.float64)
     if device.startswith("cuda"):
-        elapsed = elapsed.to(device)
+        elapsed, busy = elapsed.to(device), busy.to(device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed.item())
+    dist.all_reduce(busy)
+    return float(elapsed.item()), float(busy.item()) / dist.get_world_size()
 
 
 def _kind_rows(kind: str, rank: int, world: int, device: str,
@@ -116,23 +119,34 @@ def _kind_rows(kind: str, rank: int, world: int, device: str,
     fns = [_ops(kind, size, rank, world, device) for size in s.sizes_bytes]
     calls, rounds = [], []
     for fn in fns:  # warm up; agree on calls per sample and on the number of rounds
-        first = min(_sample_s(fn, 1, device) for _ in range(max(s.warmup, 1)))
+        first = min(_sample_s(fn, 1, device)[0] for _ in range(max(s.warmup, 1)))
         calls.append(max(1, math.ceil(s.min_sample_s / max(first, 1e-9))))
         rounds.append(max(5, min(s.repeats, math.floor(s.budget_s_per_size / max(first, 1e-9)))))
     times: list[list[float]] = [[] for _ in fns]
+    busy: list[list[float]] = [[] for _ in fns]
     for r in range(max(rounds)):
         for i, fn in enumerate(fns):
             if r < rounds[i]:
-                times[i].append(_sample_s(fn, calls[i], device))
+                wall, cpu = _sample_s(fn, calls[i], device)
+                times[i].append(wall)
+                busy[i].append(cpu)
     factor = 0.5 if kind == "send_recv" else 1.0  # a ping-pong is two one-way sends
     rows = []
-    for size, ts, n in zip(s.sizes_bytes, times, calls, strict=True):
-        ts = sorted(t * factor for t in ts)
-        rows.append(ProfileRow(kind="collective", name=kind, shape=(size,), flops=0.0,
-                               bytes=float(size), ranks=world, time_s=statistics.median(ts),
-                               p10_s=ts[len(ts) // 10], p90_s=ts[-1 - len(ts) // 10],
-                               samples=len(ts), calls=n))
+    for size, ts, cs, n in zip(s.sizes_bytes, times, busy, calls, strict=True):
+        rows.append(_row("collective", kind, None, size, world, [t * factor for t in ts], n))
+        if device == "cpu":  # gloo runs the collective on the ranks' own cores
+            rows.append(_row("host", f"cpu.{kind}", "gloo", size, world,
+                             [max(c * factor, 1e-9) for c in cs], n))
     return rows
+
+
+def _row(kind: RowKind, name: str, variant: str | None, size: int, world: int,
+         samples: list[float], calls: int) -> ProfileRow:
+    ts = sorted(samples)
+    return ProfileRow(kind=kind, name=name, variant=variant, shape=(size,), flops=0.0,
+                      bytes=float(size), ranks=world, time_s=statistics.median(ts),
+                      p10_s=ts[len(ts) // 10], p90_s=ts[-1 - len(ts) // 10],
+                      samples=len(ts), calls=calls)
 
 
 def _worker(rank: int, s: CollectiveSettings, init_file: str, results: object) -> None:

@@ -158,7 +158,7 @@ def _samples(fn: Callable[[], None], repeats: int, *, calls: int) -> list[float]
     """The slowest rank's seconds per call, `repeats` samples after 3 untimed ones."""
     from profiler.collectives import _sample_s
 
-    return [_sample_s(fn, calls, "cpu") for _ in range(repeats + 3)][3:]
+    return [_sample_s(fn, calls, "cpu")[0] for _ in range(repeats + 3)][3:]
 
 
 def _tiny(family_model: str, num_layers: int) -> Any:

@@ -675,6 +675,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="print every DGX Cloud, Megatron-Bridge and LLM Foundry row's "
                          "signed error")
     args = ap.parse_args(argv)
+    for option, groupings, fields in (
+            ("--by", args.by, VTRAIN_FIELDS), ("--multi-by", args.multi_by, VTRAIN_MULTI_FIELDS),
+            ("--dgxc-by", args.dgxc_by, DGXC_FIELDS), ("--mbridge-by", args.mbridge_by,
+                                                        MBRIDGE_FIELDS),
+            ("--foundry-by", args.foundry_by, FOUNDRY_FIELDS)):
+        for grouping in groupings:
+            unknown = [f for f in grouping.split(",") if f not in fields]
+            if unknown:  # before minutes of scoring
+                ap.error(f"{option}: unknown field {unknown[0]!r} in {grouping!r}; choose "
+                         f"from {', '.join(fields)}")
     if "published" in args.sets:
         _print_summary("published rows (in process)", summarize(published_cases(), simulate))
     if "vtrain" in args.sets:

@@ -17,7 +17,11 @@ host (profiler/hostcost.py), else the analytic defaults:
   that measured the op profile while other ranks compute too: a GEMM's time with n of the
   host's ranks computing at once against one alone, n = 1..N. The event simulation applies
   it only while that many ranks compute (planner/simulator/graph.py), so pipeline stages
-  that compute in turn are not slowed.
+  that compute in turn are not slowed;
+* collectives as CPU work (`collective_cpu_share`): gloo runs a collective on its ranks'
+  own cores (copies, reductions, loopback TCP), so the share of its time a rank's process
+  is busy loads the host like compute, slowing the ranks that compute meanwhile and
+  being slowed by them.
 
 Each is measured per host with the executor's framework and never fitted to a plan.
 """
@@ -30,8 +34,9 @@ from profiler.analytic import launch_overhead_s
 from profiler.devices import DeviceSpec
 from profiler.store import Profile, Profiles
 
-__all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "SharedCoreSlowdown", "backend", "dtensor_layer_s",
-           "dtensor_root_s", "fsdp_unit_s", "host_source", "launch_s", "shared_cores"]
+__all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "SharedCoreSlowdown", "backend",
+           "collective_cpu_share", "dtensor_layer_s", "dtensor_root_s", "fsdp_unit_s",
+           "host_source", "launch_s", "shared_cores"]
 
 HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
                         "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "
@@ -137,6 +142,31 @@ def shared_cores(dev: DeviceSpec, profile: Profile | None) -> SharedCoreSlowdown
         k = max(k, times[n] / times[1])
         out.append(k)
     return SharedCoreSlowdown(tuple(out)) if len(out) > 1 else None
+
+
+def collective_cpu_share(dev: DeviceSpec, profile: Profile | None, ranks: int
+                         ) -> float | None:
+    """The share of a collective's time that each of its ranks' processes is busy on the
+    CPU (gloo: copies, reductions, loopback TCP), as the profile measured it with a group
+    of `ranks` processes alone on the host (the nearest group size measured): the median,
+    over every collective and size it timed, of the `cpu.<collective>` row's CPU seconds
+    per call against the collective's seconds per call, at most 1. None on GPUs (NCCL
+    runs on the GPU) and where the profile has no such rows (older profiles: collectives
+    then load no core, as before)."""
+    if dev.vendor != "cpu" or profile is None:
+        return None
+    cpu = {(r.name[len("cpu."):], r.shape, r.ranks): r.time_s for r in profile.host_rows
+           if r.name.startswith("cpu.") and (r.variant or "") == backend(dev)}
+    if not cpu:
+        return None
+    nearest = min({g for _, _, g in cpu}, key=lambda g: (abs(g - ranks), g))
+    shares = sorted(min(1.0, cpu[(r.name, r.shape, r.ranks)] / r.time_s)
+                    for r in profile.collective_rows
+                    if r.ranks == nearest and (r.name, r.shape, r.ranks) in cpu)
+    if not shares:
+        return None
+    mid = len(shares) // 2
+    return shares[mid] if len(shares) % 2 else (shares[mid - 1] + shares[mid]) / 2
 
 
 def host_source(profiles: Profiles | None, devices: set[str], *, on_cpu: bool = True) -> str:

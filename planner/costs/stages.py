@@ -154,6 +154,11 @@ class DPSync:
             said[term] = "; ".join(t.describe() for name, t in self.detail if name == term)
         return said[term]
 
+    def group_ranks(self, term: str) -> int:
+        """The largest group one of the term's transfers spans (0 where it has none)."""
+        return max((math.prod(t.fanout for t in x.tiers) for name, x in self.detail
+                    if name == term), default=0)
+
     @property
     def gather_unit_s(self) -> float:
         """One unit's all-gather (sharded parameters)."""

@@ -30,10 +30,11 @@ stands for its tp ranks and for the identical replicas folded into it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.costs.comm import group_tiers
-from planner.costs.host import shared_cores
+from planner.costs.host import collective_cpu_share, shared_cores
 from planner.costs.stages import (
     Part,
     PlanCosts,
@@ -47,7 +48,8 @@ from planner.simulator.graph import Schedule, SharedCores, TaskGraph, schedule
 from planner.simulator.schedules import Pass, stage_order
 from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Plan
-from profiler.store import Profiles
+from profiler.devices import DeviceSpec
+from profiler.store import Profile, Profiles
 
 # A chunk's last backward is simulated in at most this many gradient-bucket pieces: real
 # plans have up to a few hundred buckets per stage (Megatron's max(4e7, 1e6 x dp)
@@ -66,6 +68,7 @@ class TaskMeta:
     microbatch: int = -1
     part: Part | None = None  # compute-stream tasks: what their time is spent on
     detail: str = ""  # communication tasks: the collective, its size, group and algorithm
+    ranks: int = 0  # communication tasks: the largest group of their collectives
 
 
 @dataclass
@@ -176,7 +179,8 @@ class _Builder:
             if phase == grad and cost.dp.grad_microbatch_s and j != last_grad[c]:
                 g.add(f"reduce-scatter p{pi}s{si}{grad}{c}.{j}", "dp", self._dp_stream(pi, si),
                       cost.dp.grad_microbatch_s / vp,
-                      TaskMeta(pi, si, c, j, detail=cost.dp.about("grad_microbatch")),
+                      TaskMeta(pi, si, c, j, detail=cost.dp.about("grad_microbatch"),
+                               ranks=cost.dp.group_ranks("grad_microbatch")),
                       after=(tid,))
             held += layers[c] if phase == "F" else -layers[c] if phase == grad else 0
             peak = max(peak, held)
@@ -196,7 +200,8 @@ class _Builder:
         units = dp.gather_units / vp
         stream = self._dp_stream(pi, si, "param gather")
         ahead = prev2 if dp.prefetch >= 1 else prev
-        meta = TaskMeta(pi, si, c, j, detail=dp.about("param_microbatch"))
+        meta = TaskMeta(pi, si, c, j, detail=dp.about("param_microbatch"),
+                        ranks=dp.group_ranks("param_microbatch"))
         label = f"p{pi}s{si}{phase}{c}.{j}"
         first = self.g.add(f"all-gather {label} unit 1/{units:g}", "dp", stream,
                            dp.gather_unit_s, meta, after=(ahead,) if ahead >= 0 else ())
@@ -265,16 +270,18 @@ class _Builder:
         stream, dur, detail = self.links[key]
         if not blocking:
             return self.g.add(f"send {label} p{pi} s{src}->s{dst}", "send", stream, dur,
-                              TaskMeta(pi, src, detail=detail), after=(src_task,))
+                              TaskMeta(pi, src, detail=detail, ranks=2), after=(src_task,))
         g = self.g
         send = g.add(f"send {label} p{pi} s{src}->s{dst} (blocking)", "send",
-                     g.stream(f"p{pi}.s{src}.compute"), dur, TaskMeta(pi, src, detail=detail),
+                     g.stream(f"p{pi}.s{src}.compute"), dur,
+                     TaskMeta(pi, src, detail=detail, ranks=2),
                      after=(src_task,))
         if src_task in self.next_compute:
             g.edge(send, self.next_compute[src_task])
         before = self.prev_compute.get(consumer)
         return g.add(f"recv {label} p{pi} s{src}->s{dst} (blocking)", "recv",
-                     g.stream(f"p{pi}.s{dst}.compute"), dur, TaskMeta(pi, dst, detail=detail),
+                     g.stream(f"p{pi}.s{dst}.compute"), dur,
+                     TaskMeta(pi, dst, detail=detail, ranks=2),
                      after=(src_task,) if before is None else (src_task, before))
 
     def _cross_stage_edges(self, pi: int, si: int, pp: int, vp: int, m: int) -> None:
@@ -324,7 +331,8 @@ class _Builder:
                         after = tuple(p[k * len(p) // count] for p in pieces) + whole
                         reductions.append(self.g.add(
                             f"grad-sync s{si}c{c}[{k}]", "dp", stream, grad / vp / count,
-                            TaskMeta(first, si, c, detail=cost.dp.about("grad_iteration")),
+                            TaskMeta(first, si, c, detail=cost.dp.about("grad_iteration"),
+                                     ranks=cost.dp.group_ranks("grad_iteration")),
                             after=after))
             for pi in reps:
                 self._optimizer(pi, si, self.costs[pi][si], reductions)
@@ -353,7 +361,8 @@ class _Builder:
             tid = self.g.add(f"grad-sync layers {lo}-{hi}", "dp",
                              _comm_stream(self.g, plan, pi0, si0, group, "grad reduce"),
                              sync.grad_iteration_s + sync.grad_microbatch_s,
-                             TaskMeta(pi0, si0, detail=sync.about("grad_iteration")),
+                             TaskMeta(pi0, si0, detail=sync.about("grad_iteration"),
+                                      ranks=sync.group_ranks("grad_iteration")),
                              after=after)
             for pi, si in holders:
                 per_stage_reductions.setdefault((rep_of[pi], si), []).append(tid)
@@ -368,48 +377,100 @@ class _Builder:
         if cost.dp.param_iteration_s:  # overlapped with the next iteration's forward
             self.g.add(f"param-gather p{pi}s{si}", "dp", self._dp_stream(pi, si, "param gather"),
                        exposed_s(cost.dp.param_iteration_s, cost.forward_s, cost.dp),
-                       TaskMeta(pi, si, detail=cost.dp.about("param_iteration")), after=(opt,))
+                       TaskMeta(pi, si, detail=cost.dp.about("param_iteration"),
+                                ranks=cost.dp.group_ranks("param_iteration")), after=(opt,))
 
 
-def _cpu_share(g: TaskGraph, t: int) -> float:
+@dataclass(frozen=True)
+class _HostLoad:
+    """What the shared-core scheduler needs: the hosts, and per task its CPU share and the
+    load its duration was measured at (`graph.schedule`)."""
+
+    hosts: list[SharedCores]
+    cpu_share: list[float]
+    ref_load: list[float]
+
+
+def _cpu_share(g: TaskGraph, t: int, collective_share: Callable[[int], float],
+               groups: Part) -> float:
     """The fraction of task `t`'s time that is CPU work on its rank: a pass's compute and
-    host time (not its in-line collectives or waits for gathers), all of the optimizer
-    step, none of a blocking send or receive."""
+    host time, and of its in-line collectives (and waits for gathers) the share their
+    processes are busy (`collective_share` of the group size, `groups` holding each
+    axis's: gloo's; 0 where not measured); all of the optimizer step; of a communication
+    task, that share."""
     if g.kinds[t] == "optimizer":
         return 1.0
-    part = g.meta[t].part
+    meta = g.meta[t]
+    if meta.ranks:
+        return collective_share(meta.ranks)
+    part = meta.part
     if part is None or part.total_s <= 0.0:
         return 0.0
-    return (part.compute_s + part.host_s) / part.total_s
+    busy = sum(getattr(part, axis) * collective_share(int(getattr(groups, axis)))
+               for axis in ("tp_s", "cp_s", "dp_s", "ep_s") if getattr(part, axis))
+    return (part.compute_s + part.host_s + busy) / part.total_s
 
 
 def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles | None
-                 ) -> tuple[list[SharedCores], list[float]]:
-    """The hosts whose simulated compute streams share cores (CPU ranks, where the
-    profile measured the slowdown), and each task's CPU share (`_cpu_share`); ([], [])
-    where none do. A stream stands for the ranks of its stage on the host of the stage's
-    first rank, in every pipeline it represents."""
+                 ) -> _HostLoad:
+    """The hosts whose simulated streams share cores (CPU ranks, where the profile
+    measured the slowdown), and each task's CPU share (`_cpu_share`) and reference load;
+    empty where none do. A stage's streams (compute, and its sends, reductions and
+    gathers) stand for the ranks of the stage on the host of its first rank, in every
+    pipeline they represent. A collective was measured with a group of its size alone on
+    the host: its reference load is that group's ranks times their CPU share."""
     slots = plan.cluster.slots
     ranks: dict[int, dict[int, float]] = {}  # node -> stream -> ranks on that node
     slowdowns = {}
+    shares: dict[str, Callable[[int], float]] = {}  # device -> group size -> CPU share
+    share_of_stream: dict[int, tuple[Callable[[int], float], Part]] = {}
     for pi, pipe in enumerate(plan.pipelines):
         rep = priced.representative[pi]
         for si, stage in enumerate(pipe.stages):
             first = slots[stage.devices[0]]
             dev = plan.cluster.node_groups[first.group].device
-            slowdown = shared_cores(dev, profiles.get(dev.name) if profiles else None)
+            profile = profiles.get(dev.name) if profiles else None
+            slowdown = shared_cores(dev, profile)
             if slowdown is None:
                 continue
             node = first.node
             slowdowns[node] = slowdown
-            stream = g.stream(f"p{rep}.s{si}.compute")
+            if dev.name not in shares:
+                shares[dev.name] = _share_by_ranks(dev, profile)
             on_node = sum(slots[d].node == node for d in stage.devices)
-            ranks.setdefault(node, {})[stream] = ranks.get(node, {}).get(stream, 0) + on_node
+            # each axis's group size, in the place of its seconds
+            groups = Part(tp_s=stage.tp, cp_s=stage.cp, ep_s=plan.training.ep or 1,
+                          dp_s=priced.costs[rep][si].dp.group_ranks("param_microbatch")
+                          or plan.dp)
+            prefix = f"p{rep}.s{si}."
+            for sid, name in enumerate(g.stream_names):
+                if name.startswith(prefix):
+                    ranks.setdefault(node, {})[sid] = ranks.get(node, {}).get(sid, 0) + on_node
+                    share_of_stream[sid] = (shares[dev.name], groups)
     hosts = [SharedCores(streams, slowdowns[node]) for node, streams in ranks.items()
              if sum(streams.values()) > 1]
     if not hosts:
-        return [], []
-    return hosts, [_cpu_share(g, t) for t in range(len(g))]
+        return _HostLoad([], [], [])
+    none: tuple[Callable[[int], float], Part] = (lambda n: 0.0, Part())  # on no shared host
+    cpu, ref = [], []
+    for t in range(len(g)):
+        share, groups = share_of_stream.get(g.streams[t], none)
+        cpu.append(_cpu_share(g, t, share, groups))
+        n = g.meta[t].ranks if g.kinds[t] != "optimizer" else 0
+        ref.append(n * share(n) if n else 0.0)
+    return _HostLoad(hosts, cpu, ref)
+
+
+def _share_by_ranks(dev: DeviceSpec, profile: Profile | None) -> Callable[[int], float]:
+    """`host.collective_cpu_share` of `dev` by group size (0 where not measured)."""
+    cache: dict[int, float] = {}
+
+    def share(n: int) -> float:
+        if n not in cache:
+            cache[n] = collective_cpu_share(dev, profile, n) or 0.0
+        return cache[n]
+
+    return share
 
 
 def simulate_graph(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | None = None,
@@ -425,8 +486,9 @@ def simulate_graph(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | Non
     for pi in reps:
         b.pipeline(pi)
     b.data_parallel(reps)
-    hosts, cpu_share = shared_hosts(plan, priced, b.g, profiles)
+    load = shared_hosts(plan, priced, b.g, profiles)
     return Simulation(plan=plan, costs=priced.costs, graph=b.g,
-                      schedule=schedule(b.g, shared=hosts, cpu_share=cpu_share),
+                      schedule=schedule(b.g, shared=load.hosts, cpu_share=load.cpu_share,
+                                        ref_load=load.ref_load),
                       representatives=reps, representative=priced.representative,
                       in_flight_layers=b.in_flight, profiles=profiles)

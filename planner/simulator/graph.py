@@ -14,7 +14,10 @@ once: `schedule(graph, shared=...)` then runs the same list scheduling as a flui
 processor-sharing simulation (Kleinrock 1967): a task's CPU work progresses at
 1 / slowdown(load), where load is how many ranks of its host compute at that moment, so a
 rank computes at full speed while the others wait (pipeline bubbles) and slower while
-they compute too. Without shared hosts the fixed-duration scheduler runs.
+they compute too. A collective on such a host (gloo) is CPU work too, for the share of
+its time its ranks' processes were busy when the profile measured it with its group
+alone (`ref_load`): it loads the host by that share and is slowed only by load beyond
+what it was measured at. Without shared hosts the fixed-duration scheduler runs.
 """
 
 from __future__ import annotations
@@ -102,13 +105,16 @@ class SharedCores:
 
 
 def schedule(graph: TaskGraph, *, shared: Sequence[SharedCores] = (),
-             cpu_share: Sequence[float] = ()) -> Schedule:
+             cpu_share: Sequence[float] = (), ref_load: Sequence[float] = ()) -> Schedule:
     """List-schedule `graph`; raises if it has a cycle. With `shared` hosts, tasks on their
     streams are slowed by the host's load (`_schedule_shared`); `cpu_share`: per task, the
-    fraction of its duration that is CPU work (the rest, e.g. waiting in a collective, is
-    neither slowed nor counted in the load)."""
+    fraction of its duration that is CPU work (the rest, e.g. waiting for a peer, is
+    neither slowed nor counted in the load); `ref_load`: per task, 0 for work measured by
+    one process alone (a pass: its stream's ranks compute in lockstep), else the host load
+    its duration was measured at (a collective measured with its group: its ranks times
+    its CPU share)."""
     if shared:
-        return _schedule_shared(graph, shared, cpu_share)
+        return _schedule_shared(graph, shared, cpu_share, ref_load)
     n = len(graph)
     succs, streams, durations = graph.succs, graph.streams, graph.durations
     remaining = list(graph.num_preds)
@@ -156,16 +162,19 @@ class _Host:
 
 
 def _schedule_shared(graph: TaskGraph, shared: Sequence[SharedCores],
-                     cpu_share: Sequence[float]) -> Schedule:
+                     cpu_share: Sequence[float], ref_load: Sequence[float] = ()) -> Schedule:
     """`schedule` as a discrete-event simulation in which tasks on shared hosts' streams
     progress at a rate set by the host's load: a task with CPU fraction w on a stream
     standing for c ranks adds c * w to the load the host's other streams see, and runs at
-    1 / (1 + w (k(L) - 1)) alone-seconds per second (its CPU work slowed by k, the rest
-    not), L = c + the other running tasks' c * w: the c ranks of its own stream run the
-    same ops in lockstep, so while it computes they all do (a pass that blocks in
-    collectives for part of its time still computes 4 ranks at once on 4 lockstep ranks). Each stream still
-    runs one task at a time in order of readiness (ties by creation order), so with k = 1
-    it gives `schedule`'s times exactly."""
+    1 / (1 + w (k(L) / k(L0) - 1)) alone-seconds per second (its CPU work slowed by k
+    relative to the load L0 it was measured at, the rest not). A pass (`ref_load` 0) was
+    measured alone (L0 = 1) and sees L = c + the other running tasks' c * w: the c ranks
+    of its own stream run the same ops in lockstep, so while it computes they all do (a
+    pass that blocks in collectives for part of its time still computes 4 ranks at once
+    on 4 lockstep ranks). A collective (`ref_load` L0 > 0) sees L = every running task's
+    c * w, its own included. Each stream still runs one task at a time in order of
+    readiness (ties by creation order), so with k = 1 it gives `schedule`'s times
+    exactly."""
     n = len(graph)
     succs, streams, durations = graph.succs, graph.streams, graph.durations
     host_of: dict[int, tuple[_Host, float]] = {}
@@ -198,8 +207,12 @@ def _schedule_shared(graph: TaskGraph, shared: Sequence[SharedCores],
         spread = {t: host_of[streams[t]][1] * cpu_share[t] for t in h.running}
         total = sum(spread.values())
         for t, left in h.running.items():
-            k = h.cores.slowdown(total - spread[t] + host_of[streams[t]][1])
-            h.speed[t] = 1.0 / (1.0 + cpu_share[t] * (k - 1.0))
+            ref = ref_load[t] if ref_load else 0.0
+            if ref > 0.0:  # a collective, measured with its group at load `ref`
+                k = h.cores.slowdown(total) / h.cores.slowdown(ref)
+            else:
+                k = h.cores.slowdown(total - spread[t] + host_of[streams[t]][1])
+            h.speed[t] = 1.0 / (1.0 + cpu_share[t] * (max(k, 1.0) - 1.0))
             version[t] += 1
             heapq.heappush(events, (now + left / h.speed[t], 0, t, version[t]))
 

@@ -5,8 +5,10 @@ import pytest
 pytest.importorskip("torch")
 
 from planner.costs.comm import collective_time_s, group_tiers
+from planner.costs.host import collective_cpu_share
 from planner.specs.cluster import load_cluster
 from profiler.collectives import COLLECTIVES, CollectiveSettings, measure_collectives
+from profiler.devices import device
 from profiler.store import load_profiles, save_profile
 from tests.planner.profile_helpers import meta
 
@@ -29,7 +31,8 @@ def test_all_reduce_between_profiled_sizes_is_predicted_within_15_percent(tmp_pa
     for attempt in range(ATTEMPTS):
         settings = CollectiveSettings(nprocs=2, kinds=("all_reduce",), repeats=201,
                                       sizes_bytes=(1 * MB, 2 * MB, target, 4 * MB, 8 * MB))
-        rows, interrupted = measure_collectives(settings)
+        measured, interrupted = measure_collectives(settings)
+        rows = [r for r in measured if r.kind == "collective"]
         assert not interrupted and len(rows) == 5
         fresh = next(r.time_s for r in rows if r.bytes == target)
         path = str(tmp_path / f"coll-{attempt}.csv")
@@ -56,6 +59,13 @@ def test_every_collective_is_measured_from_the_command_line(tmp_path, capsys):
     assert code == 0, err
     profile = load_profile(path)
     assert profile.meta.world_size == 2 and not profile.op_rows
-    assert {r.name for r in profile.rows} == set(COLLECTIVES)
+    assert {r.name for r in profile.collective_rows} == set(COLLECTIVES)
     assert {r.bytes for r in profile.rows} == {1024.0, 2048.0, 4096.0, 8192.0, 16384.0}
     assert all(r.ranks == 2 and r.time_s > 0 for r in profile.rows)
+    # gloo runs each collective on the ranks' cores: their CPU seconds per call, beside
+    # each collective row, busy for part of the call (waiting for the peer is not CPU)
+    cpu = {(r.name, r.bytes): r for r in profile.host_rows}
+    assert set(cpu) == {(f"cpu.{r.name}", r.bytes) for r in profile.collective_rows}
+    assert all(r.variant == "gloo" and r.ranks == 2 for r in cpu.values())
+    share = collective_cpu_share(device("CPU"), profile, 2)
+    assert share is not None and 0.0 < share <= 1.0

@@ -76,3 +76,16 @@ def test_vtrain_groups_split_the_error_by_what_rows_share():
     assert sum(g.share for g in groups.values()) == pytest.approx(total)
     with pytest.raises(ValueError, match="unknown vTrain field"):
         vtrain_groups(errors, ("batch",))
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--by", "tp,model"], "--by: unknown field 'model' in 'tp,model'; choose from gpus"),
+    (["--dgxc-by", "gpu", "rack"], "--dgxc-by: unknown field 'rack' in 'rack'"),
+])
+def test_an_unknown_grouping_field_is_a_usage_error_before_scoring(argv, said, capsys):
+    from planner.calibration.published import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert said in capsys.readouterr().err

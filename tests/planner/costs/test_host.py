@@ -10,6 +10,7 @@ import pytest
 from planner.costs.host import (
     HOST_ANALYTIC_GPU_SOURCE,
     HOST_ANALYTIC_SOURCE,
+    collective_cpu_share,
     fsdp_unit_s,
     launch_s,
     shared_cores,
@@ -207,3 +208,46 @@ def test_cpu_ranks_are_slowed_only_while_they_compute_at_once(tmp_path):
                                                                      optimizer="fused"))
     assert simulate(one, profiles=measured).iteration_time_s == \
         simulate(one, profiles=bare).iteration_time_s
+
+
+def _cpu_rows(share, ranks=2):
+    """`cpu.<collective>` rows: `share` of each `_collectives` row's time on the CPU."""
+    return tuple(_host(f"cpu.{r.name}", share * r.time_s, ranks=ranks, size=int(r.bytes))
+                 for r in _collectives(ranks))
+
+
+def test_a_collective_cpu_share_is_the_median_measured_ratio(tmp_path):
+    rows = _collectives() + _cpu_rows(0.6) + _collectives(4) + _cpu_rows(0.3, ranks=4)
+    profile = _profiles(tmp_path, rows).get("CPU")
+    assert collective_cpu_share(device("CPU"), profile, 2) == pytest.approx(0.6)
+    assert collective_cpu_share(device("CPU"), profile, 4) == pytest.approx(0.3)
+    assert collective_cpu_share(device("CPU"), profile, 3) == pytest.approx(0.6)  # nearest
+    assert collective_cpu_share(device("CPU"), profile, 16) == pytest.approx(0.3)
+    # never above 1 (threads beside the caller); none on GPUs or without the rows
+    busy = _profiles(tmp_path, _collectives() + _cpu_rows(1.5), "busy.csv").get("CPU")
+    assert collective_cpu_share(device("CPU"), busy, 2) == 1.0
+    assert collective_cpu_share(device("A100-80GB-SXM"), profile, 2) is None
+    bare = _profiles(tmp_path, _collectives(), "bare.csv").get("CPU")
+    assert collective_cpu_share(device("CPU"), bare, 2) is None
+
+
+def test_gloo_collectives_load_the_cores_the_ranks_compute_on(tmp_path):
+    """ZeRO-3 on 2 CPU ranks: its gathers and reduce-scatters run on the ranks' cores
+    (gloo), so where the profile measured their CPU share they slow the ranks computing
+    meanwhile and are slowed by them; a share near 0 prices them as before, and costs are
+    the same either way (the schedule moves, not the ops)."""
+    shared = _collectives() + _shared(1e-3, 1.6e-3)
+    plan = _plan(dp=2, gbs=16, sharding=Sharding(params=2, grads=2, optim=2))
+    before = simulate(plan, profiles=_profiles(tmp_path, shared)).iteration_time_s
+    idle = simulate(plan, profiles=_profiles(tmp_path, shared + _cpu_rows(1e-6), "idle.csv"))
+    assert idle.iteration_time_s == pytest.approx(before, rel=1e-5)
+    busy = _profiles(tmp_path, shared + _cpu_rows(0.7), "busy.csv")
+    after = simulate(plan, profiles=busy).iteration_time_s
+    assert after > before * 1.01
+    assert plan_costs(plan, busy).costs == plan_costs(plan, _profiles(tmp_path, shared)).costs
+    # one rank alone on its host shares nothing
+    cfg = ParallelConfig(seq_len=64, dtype="fp32", mbs=8, gbs=8)
+    one = homogeneous_plan(SMALL, CPU.take(1), cfg, kernels=Kernels(attention="flash",
+                                                                     optimizer="fused"))
+    assert simulate(one, profiles=busy).iteration_time_s == \
+        simulate(one, profiles=_profiles(tmp_path, shared)).iteration_time_s

@@ -273,3 +273,34 @@ def test_lockstep_ranks_compute_at_once_whatever_their_cpu_share():
     g.add("G", "F", b, 10.0)
     both = list_schedule(g, shared=[SharedCores({a: 4.0, b: 2.0}, k)], cpu_share=[0.5, 1.0])
     assert both.end[0] == pytest.approx(0.5 * k(4.0 + 2.0) + 0.5)
+
+
+def test_a_collective_is_slowed_only_by_load_beyond_what_it_was_measured_at():
+    """A gloo collective on a shared host is CPU work for part of its time: measured with
+    its group alone (2 ranks busy 60% of the call: load 1.2), it runs as measured when
+    nothing else runs, adds its ranks' share to the load a pass beside it sees, and is
+    slowed by k(L) / k(1.2) while that pass computes."""
+    from planner.simulator.graph import SharedCores, TaskGraph
+    from planner.simulator.graph import schedule as list_schedule
+
+    def k(load: float) -> float:  # 1 core: processor sharing above one rank
+        return max(1.0, load)
+
+    g = TaskGraph()
+    comm = g.stream("p0.s0.grad reduce (in node)")
+    g.add("reduce", "dp", comm, 1.0)
+    host = [SharedCores({comm: 2.0}, k)]
+    alone = list_schedule(g, shared=host, cpu_share=[0.6], ref_load=[1.2])
+    assert alone.end[0] == pytest.approx(1.0)
+    compute = g.stream("p0.s0.compute")
+    g.add("B", "B", compute, 10.0)
+    host = [SharedCores({comm: 2.0, compute: 2.0}, k)]
+    both = list_schedule(g, shared=host, cpu_share=[0.6, 1.0], ref_load=[1.2, 0.0])
+    load = 2.0 * 0.6 + 2.0  # the collective's ranks by share, the pass's whole
+    assert both.end[0] == pytest.approx(0.4 + 0.6 * k(load) / k(1.2))
+    # the pass computed at k(2 + 1.2) while the collective ran, then at k(2)
+    done = both.end[0] / k(load)
+    assert both.end[1] == pytest.approx(both.end[0] + (10.0 - done) * k(2.0))
+    # without a reference load (older callers) the collective is a pass, as before
+    old = list_schedule(g, shared=host, cpu_share=[0.0, 1.0])
+    assert old.end[1] == pytest.approx(10.0 * k(2.0))
