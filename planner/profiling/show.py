@@ -17,6 +17,7 @@ size, log axes where sizes span decades.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -151,14 +152,18 @@ def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
         lines.append(f"{s.name:20} {s.variant:9} {s.rows:4d} {times:>19}  {flops:>13}  "
                      f"{bw:>12}  {_efficiency_cell(s)}")
     colls = [s for s in summaries if s.kind == "collective"]
+    busy = _cpu_busy(profile)
     if colls:
         lines.append(f"{'collective':16} {'ranks':>5} {'sizes':>16}  {'at smallest':>10}  "
-                     f"{'bus bandwidth at largest':>24}")
+                     f"{'bus bandwidth at largest':>24}" + ("  CPU busy (median)" if busy else ""))
         for s in colls:
+            share = busy.get((s.name, s.ranks))
             lines.append(f"{s.name:16} {s.ranks:5d} {_size(s.smallest_bytes):>7}.."
                          f"{_size(s.largest_bytes):<7}  {s.min_time_s * 1e3:7.3f} ms  "
-                         f"{s.best_bytes_per_s / 1e9:18.2f} GB/s")
-    hosts = [r for r in profile.rows if r.kind == "host"]
+                         f"{s.best_bytes_per_s / 1e9:18.2f} GB/s"
+                         + (f"  {share:17.0%}" if share is not None else ""))
+    # the per-size CPU seconds of each collective are summed up in its row above
+    hosts = [r for r in profile.rows if r.kind == "host" and not r.name.startswith("cpu.")]
     if hosts:  # profiler/hostcost.py: seconds each, not ops with a roofline
         lines.append(f"{'host cost':24} {'variant':8} {'ranks':>5}  {'median':>10}")
         lines += [f"{r.name:24} {r.variant or '':8} {r.ranks:5d}  {r.time_s * 1e3:7.3f} ms"
@@ -168,6 +173,19 @@ def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
                      "for the bytes the op is counted to move; its data stayed in cache (or "
                      "it moves none)")
     return lines
+
+
+def _cpu_busy(profile: Profile) -> dict[tuple[str, int], float]:
+    """Per (collective, ranks): the median over its sizes of the share of its time a
+    rank's process was busy (`cpu.<collective>` rows against the collective's)."""
+    cpu = {(r.name[len("cpu."):], r.shape, r.ranks): r.time_s for r in profile.rows
+           if r.kind == "host" and r.name.startswith("cpu.")}
+    shares: dict[tuple[str, int], list[float]] = {}
+    for r in profile.collective_rows:
+        if (r.name, r.shape, r.ranks) in cpu:
+            shares.setdefault((r.name, r.ranks), []).append(
+                cpu[(r.name, r.shape, r.ranks)] / r.time_s)
+    return {key: statistics.median(v) for key, v in shares.items()}
 
 
 # --- the plot ----------------------------------------------------------------------------

@@ -73,3 +73,16 @@ def test_the_plot_keeps_keys_off_the_data_and_draws_no_vertical_strokes():
                     assert ax.get_xscale() == "log", ax.get_title()
         finally:
             plt.close(fig)
+
+
+def test_a_collectives_cpu_share_is_one_column_not_a_row_per_size():
+    """gloo's `cpu.<collective>` rows (one per size) read as the collective's median CPU
+    share, beside its bandwidth; the other host costs stay listed."""
+    profile = load_profile("benchmarks/results/profiles-debug-small-2026-12-02T1235/"
+                           "cpu-collectives.csv")
+    lines = _lines(profile, summarise(profile))
+    assert "CPU busy (median)" in lines[2]
+    row = next(line for line in lines if line.startswith("all_reduce "))
+    assert re.search(r"GB/s\s+\d{1,3}%$", row)
+    assert not any(line.startswith("cpu.") for line in lines)
+    assert any(line.startswith("gemm_shared") for line in lines)
