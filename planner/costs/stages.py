@@ -155,9 +155,13 @@ class DPSync:
         return said[term]
 
     def group_ranks(self, term: str) -> int:
-        """The largest group one of the term's transfers spans (0 where it has none)."""
-        return max((math.prod(t.fanout for t in x.tiers) for name, x in self.detail
-                    if name == term), default=0)
+        """The largest group one of the term's transfers spans (0 where it has none;
+        worked out once, as `about`)."""
+        known: dict[str, int] = self.__dict__.setdefault("_ranks", {})
+        if term not in known:
+            known[term] = max((math.prod(t.fanout for t in x.tiers) for name, x in self.detail
+                               if name == term), default=0)
+        return known[term]
 
     @property
     def gather_unit_s(self) -> float:

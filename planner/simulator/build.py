@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.costs.comm import group_tiers
 from planner.costs.host import collective_cpu_share, shared_cores
@@ -60,8 +61,10 @@ MAX_SIMULATED_BUCKETS = 1024
 __all__ = ["Simulation", "TaskMeta", "simulate_graph"]
 
 
-@dataclass(frozen=True)
-class TaskMeta:
+class TaskMeta(NamedTuple):
+    """What a task is for (traces, the report, the shared-core load); a named tuple, made
+    once per task: hundreds per plan, millions in a search's exhaustive check."""
+
     pipeline: int
     stage: int
     chunk: int = 0
@@ -115,6 +118,19 @@ def _comm_stream(g: TaskGraph, plan: Plan, pi: int, si: int, devices: tuple[int,
     return g.stream(f"p{pi}.s{si}.{kind} ({'network' if inter else 'in node'})")
 
 
+class _Link(NamedTuple):
+    """The sends from one stage to another of a pipeline, worked out once: blocking
+    (DeepSpeed: on both compute streams) or not (on the sender's stream for the link),
+    seconds each, and the tasks' streams and meta."""
+
+    blocking: bool
+    seconds: float
+    send_stream: int
+    recv_stream: int
+    send_meta: TaskMeta
+    recv_meta: TaskMeta
+
+
 class _Builder:
     def __init__(self, plan: Plan, priced: PlanCosts, overlap: bool,
                  profiles: Profiles | None):
@@ -126,9 +142,9 @@ class _Builder:
         self.buckets: dict[tuple[int, int, int], list[int]] = {}  # (p,s,c) -> last-grad pieces
         self.last_compute: dict[tuple[int, int], int] = {}
         self.in_flight: dict[tuple[int, int], float] = {}
-        # (p, src, dst) -> send stream, time, description
-        self.links: dict[tuple[int, int, int], tuple[int, float, str]] = {}
+        self.links: dict[tuple[int, int, int], _Link] = {}  # (p, src, dst) -> its sends
         self.dp_groups: dict[int, tuple[int, ...]] = {}  # stage -> its data-parallel group
+        self.dp_streams: dict[tuple[int, int, str], int] = {}  # (p, s, kind) -> stream
         self.next_compute: dict[int, int] = {}  # compute task -> the stage's next one
         self.prev_compute: dict[int, int] = {}  # compute task -> the stage's previous one
 
@@ -244,10 +260,14 @@ class _Builder:
         """The stream of stage `si`'s data-parallel group (aligned replicas): reductions on
         one, parameter gathers on another (FSDP and DeepSpeed issue them on separate
         streams, so a gather does not queue behind pending reductions)."""
-        if si not in self.dp_groups:  # the same for every pipeline: found once per stage
-            self.dp_groups[si] = tuple(p.stages[min(si, len(p.stages) - 1)].devices[0]
-                                       for p in self.plan.pipelines)
-        return _comm_stream(self.g, self.plan, pi, si, self.dp_groups[si], kind)
+        key = (pi, si, kind)
+        if key not in self.dp_streams:  # asked for by every pass of a sharded stage
+            if si not in self.dp_groups:  # the same for every pipeline: once per stage
+                self.dp_groups[si] = tuple(p.stages[min(si, len(p.stages) - 1)].devices[0]
+                                           for p in self.plan.pipelines)
+            self.dp_streams[key] = _comm_stream(self.g, self.plan, pi, si, self.dp_groups[si],
+                                                kind)
+        return self.dp_streams[key]
 
     def _send(self, pi: int, src: int, dst: int, src_task: int, label: str,
               consumer: int) -> int:
@@ -257,31 +277,32 @@ class _Builder:
         compute for the send (its next pass waits) and the receiver's for the receive
         (right before the consumer, as DeepSpeed's instruction order has it)."""
         key = (pi, src, dst)
-        pipe = self.plan.pipelines[pi]
-        blocking = self.costs[pi][src].p2p_blocking
         if key not in self.links:
+            pipe = self.plan.pipelines[pi]
+            blocking = self.costs[pi][src].p2p_blocking
             devices = (pipe.stages[src].devices[0], pipe.stages[dst].devices[0])
-            stream = (-1 if blocking else
-                      _comm_stream(self.g, self.plan, pi, src, devices, "pipeline sends"))
             forward = dst == (src + 1) % len(pipe.stages)
             link = self.costs[pi][src if forward else dst]
             about = link.p2p_transfer.describe() if link.p2p_transfer else ""
-            self.links[key] = (stream, link.p2p_s, about)
-        stream, dur, detail = self.links[key]
-        if not blocking:
-            return self.g.add(f"send {label} p{pi} s{src}->s{dst}", "send", stream, dur,
-                              TaskMeta(pi, src, detail=detail, ranks=2), after=(src_task,))
+            g = self.g
+            self.links[key] = _Link(
+                blocking, link.p2p_s,
+                g.stream(f"p{pi}.s{src}.compute") if blocking else
+                _comm_stream(g, self.plan, pi, src, devices, "pipeline sends"),
+                g.stream(f"p{pi}.s{dst}.compute"),
+                TaskMeta(pi, src, detail=about, ranks=2), TaskMeta(pi, dst, detail=about, ranks=2))
+        ln = self.links[key]
+        if not ln.blocking:
+            return self.g.add(f"send {label} p{pi} s{src}->s{dst}", "send", ln.send_stream,
+                              ln.seconds, ln.send_meta, after=(src_task,))
         g = self.g
-        send = g.add(f"send {label} p{pi} s{src}->s{dst} (blocking)", "send",
-                     g.stream(f"p{pi}.s{src}.compute"), dur,
-                     TaskMeta(pi, src, detail=detail, ranks=2),
-                     after=(src_task,))
+        send = g.add(f"send {label} p{pi} s{src}->s{dst} (blocking)", "send", ln.send_stream,
+                     ln.seconds, ln.send_meta, after=(src_task,))
         if src_task in self.next_compute:
             g.edge(send, self.next_compute[src_task])
         before = self.prev_compute.get(consumer)
-        return g.add(f"recv {label} p{pi} s{src}->s{dst} (blocking)", "recv",
-                     g.stream(f"p{pi}.s{dst}.compute"), dur,
-                     TaskMeta(pi, dst, detail=detail, ranks=2),
+        return g.add(f"recv {label} p{pi} s{src}->s{dst} (blocking)", "recv", ln.recv_stream,
+                     ln.seconds, ln.recv_meta,
                      after=(src_task,) if before is None else (src_task, before))
 
     def _cross_stage_edges(self, pi: int, si: int, pp: int, vp: int, m: int) -> None:

@@ -59,9 +59,10 @@ class TaskGraph:
         self.durations.append(duration_s)
         self.meta.append(meta)
         self.succs.append([])
-        self.num_preds.append(0)
+        self.num_preds.append(len(after))
+        succs = self.succs
         for p in after:
-            self.edge(p, tid)
+            succs[p].append(tid)
         return tid
 
     def edge(self, before: int, after: int) -> None:
