@@ -212,6 +212,21 @@ class Profile:
     def collective_rows(self) -> tuple[ProfileRow, ...]:
         return tuple(r for r in self.rows if r.kind == "collective")
 
+    @cached_property
+    def collective_cpu_shares(self) -> dict[tuple[str, int], list[float]]:
+        """Per (collective, group size), for each size measured: the share of the
+        collective's seconds per call that a rank's process was busy on the CPU, its
+        `cpu.<collective>` host row against its collective row (written for gloo,
+        profiler/collectives.py). Uncapped: threads beside the caller may add up past 1."""
+        cpu = {(r.name[len("cpu."):], r.shape, r.ranks): r.time_s for r in self.host_rows
+               if r.name.startswith("cpu.")}
+        shares: dict[tuple[str, int], list[float]] = {}
+        for r in self.collective_rows:
+            busy = cpu.get((r.name, r.shape, r.ranks))
+            if busy is not None:
+                shares.setdefault((r.name, r.ranks), []).append(busy / r.time_s)
+        return shares
+
 
 def _key(r: ProfileRow) -> SeriesKey:
     return (r.kind, r.name, r.variant or "", r.ranks)

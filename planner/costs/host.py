@@ -28,6 +28,7 @@ Each is measured per host with the executor's framework and never fitted to a pl
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from profiler.analytic import launch_overhead_s
@@ -153,20 +154,12 @@ def collective_cpu_share(dev: DeviceSpec, profile: Profile | None, ranks: int
     per call against the collective's seconds per call, at most 1. None on GPUs (NCCL
     runs on the GPU) and where the profile has no such rows (older profiles: collectives
     then load no core, as before)."""
-    if dev.vendor != "cpu" or profile is None:
+    if dev.vendor != "cpu" or profile is None or not profile.collective_cpu_shares:
         return None
-    cpu = {(r.name[len("cpu."):], r.shape, r.ranks): r.time_s for r in profile.host_rows
-           if r.name.startswith("cpu.") and (r.variant or "") == backend(dev)}
-    if not cpu:
-        return None
-    nearest = min({g for _, _, g in cpu}, key=lambda g: (abs(g - ranks), g))
-    shares = sorted(min(1.0, cpu[(r.name, r.shape, r.ranks)] / r.time_s)
-                    for r in profile.collective_rows
-                    if r.ranks == nearest and (r.name, r.shape, r.ranks) in cpu)
-    if not shares:
-        return None
-    mid = len(shares) // 2
-    return shares[mid] if len(shares) % 2 else (shares[mid - 1] + shares[mid]) / 2
+    measured = profile.collective_cpu_shares
+    nearest = min({g for _, g in measured}, key=lambda g: (abs(g - ranks), g))
+    return statistics.median(min(1.0, share) for (_, g), shares in measured.items()
+                             if g == nearest for share in shares)
 
 
 def host_source(profiles: Profiles | None, devices: set[str], *, on_cpu: bool = True) -> str:

@@ -152,7 +152,7 @@ def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
         lines.append(f"{s.name:20} {s.variant:9} {s.rows:4d} {times:>19}  {flops:>13}  "
                      f"{bw:>12}  {_efficiency_cell(s)}")
     colls = [s for s in summaries if s.kind == "collective"]
-    busy = _cpu_busy(profile)
+    busy = {key: statistics.median(v) for key, v in profile.collective_cpu_shares.items()}
     if colls:
         lines.append(f"{'collective':16} {'ranks':>5} {'sizes':>16}  {'at smallest':>10}  "
                      f"{'bus bandwidth at largest':>24}" + ("  CPU busy (median)" if busy else ""))
@@ -173,19 +173,6 @@ def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
                      "for the bytes the op is counted to move; its data stayed in cache (or "
                      "it moves none)")
     return lines
-
-
-def _cpu_busy(profile: Profile) -> dict[tuple[str, int], float]:
-    """Per (collective, ranks): the median over its sizes of the share of its time a
-    rank's process was busy (`cpu.<collective>` rows against the collective's)."""
-    cpu = {(r.name[len("cpu."):], r.shape, r.ranks): r.time_s for r in profile.rows
-           if r.kind == "host" and r.name.startswith("cpu.")}
-    shares: dict[tuple[str, int], list[float]] = {}
-    for r in profile.collective_rows:
-        if (r.name, r.shape, r.ranks) in cpu:
-            shares.setdefault((r.name, r.ranks), []).append(
-                cpu[(r.name, r.shape, r.ranks)] / r.time_s)
-    return {key: statistics.median(v) for key, v in shares.items()}
 
 
 # --- the plot ----------------------------------------------------------------------------

@@ -413,12 +413,12 @@ class _HostLoad:
 
 
 def _cpu_share(g: TaskGraph, t: int, collective_share: Callable[[int], float],
-               groups: Part) -> float:
+               groups: dict[str, int]) -> float:
     """The fraction of task `t`'s time that is CPU work on its rank: a pass's compute and
     host time, and of its in-line collectives (and waits for gathers) the share their
-    processes are busy (`collective_share` of the group size, `groups` holding each
-    axis's: gloo's; 0 where not measured); all of the optimizer step; of a communication
-    task, that share."""
+    processes are busy (`collective_share` of the group size; `groups`: each in-line
+    `Part` field's group size; gloo's share, 0 where not measured); all of the optimizer
+    step; of a communication task, that share."""
     if g.kinds[t] == "optimizer":
         return 1.0
     meta = g.meta[t]
@@ -427,8 +427,8 @@ def _cpu_share(g: TaskGraph, t: int, collective_share: Callable[[int], float],
     part = meta.part
     if part is None or part.total_s <= 0.0:
         return 0.0
-    busy = sum(getattr(part, axis) * collective_share(int(getattr(groups, axis)))
-               for axis in ("tp_s", "cp_s", "dp_s", "ep_s") if getattr(part, axis))
+    busy = sum(getattr(part, field) * collective_share(ranks)
+               for field, ranks in groups.items() if getattr(part, field))
     return (part.compute_s + part.host_s + busy) / part.total_s
 
 
@@ -444,7 +444,7 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
     ranks: dict[int, dict[int, float]] = {}  # node -> stream -> ranks on that node
     slowdowns = {}
     shares: dict[str, Callable[[int], float]] = {}  # device -> group size -> CPU share
-    share_of_stream: dict[int, tuple[Callable[[int], float], Part]] = {}
+    share_of_stream: dict[int, tuple[Callable[[int], float], dict[str, int]]] = {}
     for pi, pipe in enumerate(plan.pipelines):
         rep = priced.representative[pi]
         for si, stage in enumerate(pipe.stages):
@@ -459,10 +459,9 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
             if dev.name not in shares:
                 shares[dev.name] = _share_by_ranks(dev, profile)
             on_node = sum(slots[d].node == node for d in stage.devices)
-            # each axis's group size, in the place of its seconds
-            groups = Part(tp_s=stage.tp, cp_s=stage.cp, ep_s=plan.training.ep or 1,
-                          dp_s=priced.costs[rep][si].dp.group_ranks("param_microbatch")
-                          or plan.dp)
+            groups = {"tp_s": stage.tp, "cp_s": stage.cp, "ep_s": plan.training.ep or 1,
+                      "dp_s": priced.costs[rep][si].dp.group_ranks("param_microbatch")
+                      or plan.dp}
             prefix = f"p{rep}.s{si}."
             for sid, name in enumerate(g.stream_names):
                 if name.startswith(prefix):
@@ -472,12 +471,12 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
              if sum(streams.values()) > 1]
     if not hosts:
         return _HostLoad([], [], [])
-    none: tuple[Callable[[int], float], Part] = (lambda n: 0.0, Part())  # on no shared host
+    none: tuple[Callable[[int], float], dict[str, int]] = (lambda n: 0.0, {})  # no shared host
     cpu, ref = [], []
     for t in range(len(g)):
         share, groups = share_of_stream.get(g.streams[t], none)
         cpu.append(_cpu_share(g, t, share, groups))
-        n = g.meta[t].ranks if g.kinds[t] != "optimizer" else 0
+        n = g.meta[t].ranks  # a communication task's group (0 for passes, the optimizer)
         ref.append(n * share(n) if n else 0.0)
     return _HostLoad(hosts, cpu, ref)
 
