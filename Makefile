@@ -30,10 +30,14 @@ demo: $(BIN)/plan
 	@echo "  plan export scratch/plan.yaml --format megatron --approximate   # Megatron-LM flags"
 	@echo "  make report   # what-if scenarios of a mixed cluster: reports/mixed-a100-v100/"
 
+# The tests that need no quiet machine run on every core (pytest-xdist), then the
+# `serial` ones (they time what they run, or start several processes) one at a time.
+TEST_JOBS ?= auto
 test: $(VENV)/.frameworks
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile -m 'not fuzz and not serial'
+	$(BIN)/pytest -q -m 'serial and not fuzz'
 
 lint: $(BIN)/plan
 	$(BIN)/ruff check .

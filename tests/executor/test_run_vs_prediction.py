@@ -73,6 +73,7 @@ def _closer(quiet: list[dict[str, tuple[float, float, float]]], kind: str) -> bo
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # times what it runs
 def test_host_costs_move_fsdp2_and_dtensor_predictions_towards_the_run(tmp_path):
     tries, quiet = [], []
     for attempt in range(ATTEMPTS):

@@ -39,6 +39,7 @@ def _predict(path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # times what it runs
 def test_predicted_step_matches_the_measured_step(tmp_path, capsys):
     errors = []
     for attempt in range(ATTEMPTS):

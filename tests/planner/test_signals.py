@@ -77,7 +77,9 @@ def _gone(pids, timeout_s=20):
     return not _alive(pids)
 
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+# serial: each test starts process groups and waits a bounded time for them to end
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
+              pytest.mark.serial]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

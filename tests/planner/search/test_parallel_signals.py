@@ -10,8 +10,10 @@ import pytest
 
 from planner.search.parallel import parallel_map
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="fork and pthread_sigmask")
+# serial: starts a worker pool and waits a bounded time for its workers
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                 reason="fork and pthread_sigmask"),
+              pytest.mark.serial]
 STOPS = {signal.SIGINT, signal.SIGTERM}
 
 
