@@ -2,7 +2,7 @@
 machine's CPU ranks, for every plan kind the executor runs (issue 17: within 10% each).
 
     python -m benchmarks.run_vs_prediction [--models debug-small,debug-medium]
-        [--profile DIR] [--steps 30] [--trials 3] [--kinds dp2,...] [--out DIR]
+        [--profile DIR] [--steps 30] [--trials 3] [--rounds 3] [--kinds dp2,...] [--out DIR]
 
 Without --profile the machine is profiled first, per model (`plan profile --host-costs`:
 the model's ops at the plans' shapes and the per-op dispatch; collectives over 2 and
@@ -23,9 +23,12 @@ profile's GEMMs 1.4-2.3x slower for a minute at 0.00 foreign cores). So a fixed 
 one thread (`speed_probe_s`) is timed before and after the profile and each trial: a
 trial run at a speed more than --max-drift (15%) away from the profile's is repeated like a
 loaded one, a profile whose two probes differ by more is measured again, and the table
-gives each row's speed against the profile's. Kinds of 3 or 4 ranks (HSDP, AMSP, mixed
-tp) oversubscribe a 2-core machine: their rows say so. With --out, the table and the machine's description
-(CPU model, cores, load average, torch version) go to DIR/run_vs_prediction-<date>.json/.md.
+gives each row's speed against the profile's. The probes do not see a slowdown inside a
+trial (one kind measured 659-995 ms in the same hour): with --rounds N every kind is
+measured N times, kind after kind, so that the drift falls on all kinds alike, and a row is
+its median round. Kinds of 3 or 4 ranks (HSDP, AMSP, mixed tp) oversubscribe a 2-core
+machine: their rows say so. With --out, the table and the machine's description (CPU
+model, cores, load average, torch version) go to DIR/run_vs_prediction-<date>.json/.md.
 """
 
 import argparse
@@ -292,6 +295,13 @@ def measure(kind: str, model: str, profile_dir: str, folder: str,
             "speed_vs_profile": speed}
 
 
+def median_of_rounds(rounds: list[dict]) -> dict:
+    """A kind's row over --rounds: the round whose measured time is the median (the lower
+    one of an even count), with every round's measured milliseconds beside it."""
+    ordered = sorted(rounds, key=lambda r: r["measured_ms"])
+    return {**ordered[(len(ordered) - 1) // 2], "rounds_ms": [r["measured_ms"] for r in rounds]}
+
+
 def _short(layout: str) -> str:
     """The layout without what every kind shares (batch, dtype, kernels)."""
     drop = ("gbs", "seq", "fp32", "recompute", "P/G/OS 1/1/1")
@@ -302,14 +312,16 @@ def _short(layout: str) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | plan kind | ranks | layout | predicted ms | measured ms (median; "
-             "range) | error | without host costs: predicted ms, error | foreign load "
+             "range; rounds) | error | without host costs: predicted ms, error | foreign load "
              "(cores) | speed vs profile | load average (1 min) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         before = r["predicted_without_host_ms"]
         lines.append(f"| {r['model']} | {r['kind']} | {r['ranks']} | {_short(r['layout'])} | "
                      f"{r['predicted_ms']:.2f} | {r['measured_ms']:.2f} "
-                     f"({r['range_ms'][0]:.2f}-{r['range_ms'][1]:.2f}) | "
+                     f"({r['range_ms'][0]:.2f}-{r['range_ms'][1]:.2f}"
+                     + (f"; {'/'.join(f'{x:.1f}' for x in r['rounds_ms'])}"
+                        if len(r.get("rounds_ms", ())) > 1 else "") + ") | "
                      f"{r['error']:+.1%} | {before:.2f}, "
                      f"{before / r['measured_ms'] - 1:+.1%} | {r['foreign_cores']:.2f} | "
                      f"{r.get('speed_vs_profile', float('nan')):.2f} | "
@@ -365,7 +377,7 @@ def write_results(out: str, rows: list[dict], args: argparse.Namespace,
     os.makedirs(out, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
     about = {"machine": machine(), "steps": args.steps, "warmup": args.warmup,
-             "trials": args.trials, "profile_foreign_cores": profile_foreign, "rows": rows}
+             "trials": args.trials, "rounds": args.rounds, "profile_foreign_cores": profile_foreign, "rows": rows}
     base = os.path.join(out, f"run_vs_prediction-{stamp}")
     with open(base + ".json", "w", encoding="utf-8") as fh:
         json.dump(about, fh, indent=1)
@@ -374,7 +386,8 @@ def write_results(out: str, rows: list[dict], args: argparse.Namespace,
         fh.write(f"# Predicted against measured, {m['date']}\n\n{m['cpu']}, {m['cores']} "
                  f"cores, torch {m['torch']}, load average at the end "
                  f"{', '.join(f'{x:.2f}' for x in m['load_average'])}; {args.steps} steps "
-                 f"({args.warmup} warm-up), up to {args.trials} trials per row; foreign "
+                 f"({args.warmup} warm-up), {args.rounds} round(s) of every kind, up to "
+                 f"{args.trials} trials per kind and round; foreign "
                  f"load while the profile was measured: "
                  f"{', '.join(f'{k} {v:.2f} cores' for k, v in profile_foreign.items())}."
                  "\n\n"
@@ -392,7 +405,12 @@ def main() -> None:
     ap.add_argument("--out", help="write the results (JSON and markdown) into this folder")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=3,
+                    help="runs of a kind in a round while its runs were disturbed (foreign "
+                    "load, speed drift); the least disturbed one counts")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="times every kind is measured, one kind after the other, so that "
+                    "the machine's drift falls on every kind alike; a row is its median round")
     ap.add_argument("--max-foreign", type=float, default=0.1,
                     help="foreign load (cores) above which a trial is repeated")
     ap.add_argument("--max-drift", type=float, default=0.15,
@@ -424,19 +442,22 @@ def main() -> None:
             else:  # a profile of another time: the speed now is the reference
                 wait_quiet(args.max_foreign, args.patience)
                 reference_s = speed_probe_s()
-            for kind in args.kinds.split(","):
+            by_kind: dict[str, list[dict]] = {}
+            for rnd, kind in ((n, k) for n in range(args.rounds)
+                              for k in args.kinds.split(",")):
                 try:
-                    rows.append(measure(kind, model, profile_dir, folder, args, reference_s))
+                    r = measure(kind, model, profile_dir, folder, args, reference_s)
                 except (RuntimeError, ValueError) as err:  # a run that failed: say so, go on
                     print(f"{model} {kind}: failed: {str(err).strip()[-300:]}",
                           file=sys.stderr, flush=True)
                     continue
-                r = rows[-1]
-                print(f"{model} {kind}: predicted {r['predicted_ms']:.2f} ms, measured "
+                by_kind.setdefault(kind, []).append(r)
+                print(f"round {rnd + 1}: {model} {kind}: predicted {r['predicted_ms']:.2f} ms, measured "
                       f"{r['measured_ms']:.2f} ms, error {r['error']:+.1%}, foreign load "
                       f"{r['foreign_cores']:.2f} cores, speed vs profile "
                       f"{r['speed_vs_profile']:.2f}, load average "
                       f"{r['load_average'][0]:.2f}", file=sys.stderr, flush=True)
+            rows.extend(median_of_rounds(rounds) for rounds in by_kind.values())
         print(table(rows))
     if args.out:
         write_results(args.out, rows, args, profile_foreign)

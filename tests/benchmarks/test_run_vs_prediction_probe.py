@@ -35,3 +35,13 @@ def test_the_probe_times_its_gemm():
     t = bench.speed_probe_s()
     assert 0 < t < 1.0
     assert 2 * m * n * k / t > 1e8  # over 0.1 GFLOP/s: it ran the GEMM, not a no-op
+
+
+def test_a_row_over_rounds_is_its_median_round():
+    rounds = [{"measured_ms": m, "error": e} for m, e in ((120.0, -0.2), (100.0, 0.0),
+                                                          (140.0, -0.3))]
+    row = bench.median_of_rounds(rounds)
+    assert row["measured_ms"] == 120.0 and row["error"] == -0.2
+    assert row["rounds_ms"] == [120.0, 100.0, 140.0]
+    assert bench.median_of_rounds(rounds[:2])["measured_ms"] == 100.0  # the lower of two
+    assert bench.median_of_rounds(rounds[:1])["rounds_ms"] == [120.0]
