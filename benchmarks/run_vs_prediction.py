@@ -359,7 +359,7 @@ def quietest_profile(folder: str, model: str, args: argparse.Namespace,
         before = speed_probe_s()
         foreign = profile(path, model)
         after = speed_probe_s()
-        drift = before / after
+        drift = speed_against(before, (after,))
         print(f"{model} profile {attempt}: foreign load {foreign:.2f} cores, speed after "
               f"against before {drift:.2f}", file=sys.stderr, flush=True)
         score = disturbance(foreign / 2, drift, args)
