@@ -61,8 +61,8 @@ def receives_s(costs: Sequence[StageCost], stage: int, vp: int) -> float:
 def _microbatch_s(c: StageCost, pp: int, vp: int, receives: float = 0.0) -> float:
     """One micro-batch on a stage: compute, its collectives, the transfers, the ZeRO-3
     parameter gathers its compute cannot hide (the first unit of each pass, and what a
-    gather-bound pass waits for), and sharded-gradient reduce-scatters that outlast the
-    next micro-batch's work."""
+    gather-bound pass waits for), and sharded-gradient reduce-scatters: all of each where
+    the framework runs them in line, else what outlasts the next micro-batch's work."""
     work = c.forward.compute_s + c.backward.compute_s
     extra = 0.0
     if c.dp.gather_units:
@@ -70,7 +70,11 @@ def _microbatch_s(c: StageCost, pp: int, vp: int, receives: float = 0.0) -> floa
         extra += 2 * c.dp.gather_unit_s + vp * (
             gather_stall_s(c.dp, c.forward.compute_s / vp, units)
             + gather_stall_s(c.dp, c.backward.compute_s / vp, units))
-    extra += max(0.0, c.dp.grad_microbatch_s - work)
+    # sharded-gradient reduce-scatters: in line where the framework does not overlap its
+    # reduction (`Communication.overlap_grad_reduce`), else what outlasts the next
+    # micro-batch's work
+    extra += (max(0.0, c.dp.grad_microbatch_s - work) if c.dp.overlap
+              else c.dp.grad_microbatch_s)
     return c.forward_s + c.backward_s + sends_s(c, pp, vp) + receives + extra
 
 
@@ -78,7 +82,7 @@ def _backlog_s(c: StageCost, m: int, schedule: Schedule) -> float:
     """Sharded gradients: how much of the previous micro-batch's reduce-scatter is still
     running when the last gradient pass starts (one forward after it under 1F1B, the
     forward and B under ZB-H1, none under GPipe's back-to-back backwards)."""
-    if m < 2 or not c.dp.grad_microbatch_s:
+    if m < 2 or not c.dp.grad_microbatch_s or not c.dp.overlap:  # none left: in line
         return 0.0
     if schedule == Schedule.GPIPE:
         gap = 0.0
@@ -167,7 +171,9 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
     for c, key in zip(costs, keys, strict=True):
         if key not in memo:
             w = c.weight_grad_s if zb else 0.0
-            last_grads = c.dp.grad_microbatch_s + c.dp.grad_iteration_s
+            # the last micro-batch's reduce-scatter: in its pass where it runs in line
+            last_grads = c.dp.grad_iteration_s + (c.dp.grad_microbatch_s if c.dp.overlap
+                                                  else 0.0)
             # buckets are cut from the last gradient pass: the backward, or ZB-H1's last W,
             # less what the previous micro-batch's reduce-scatter still holds of the stream
             window = (w if zb else c.backward_s) - _backlog_s(c, m, schedule)

@@ -285,8 +285,9 @@ class LayoutModel:
                                                                    self.layout.dp)))
         window = first.weight_grad_s if schedule.splits_backward else first.backward_s
         grads = grad_mb[:, f] + grad_it[:, f]
-        if not self.comm.overlap_grad_reduce:
-            return path_s + m * extra + grads + optimizer[:, f] + param_it[:, f]
+        if not self.comm.overlap_grad_reduce:  # every micro-batch's reduce-scatter in line
+            return (path_s + m * grad_mb[:, s] + grad_it[:, f] + optimizer[:, f]
+                    + param_it[:, f])
         tail = (np.maximum(grads / buckets, grads - window) + optimizer[:, f]
                 + np.maximum(param_it[:, f] / buckets, param_it[:, f] - first.forward_s))
         return path_s + m * extra + tail

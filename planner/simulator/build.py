@@ -15,7 +15,9 @@ Tasks, for every micro-batch j and model chunk c:
   joins the two stages; the receiver's pass depends on the send.
 * data parallelism: the last backward (W) of each chunk is cut into gradient buckets, each
   reduced on the data-parallel group's stream as soon as it is ready (overlap, as PyTorch
-  DDP and Megatron do); sharded gradients are reduce-scattered after every backward (W);
+  DDP and Megatron do); sharded gradients are reduce-scattered after every backward (W),
+  beside the next pass, or before it where the framework reduces in line
+  (`Communication.overlap_grad_reduce` false);
   sharded parameters are gathered one pass ahead of use, on a stream of their own; the optimizer step follows the
   last reduction, then updated parameters are gathered back (its exposed part: the next
   iteration's first forward hides the rest).
@@ -174,9 +176,15 @@ class _Builder:
         layers = chunk_layers(cost.num_layers, vp, slots)
         last_grad = {c: max(j for ph, cc, j in order if ph == grad and cc == c)
                      for c in range(vp)}
+        # a framework that does not overlap its gradient reduction (DeepSpeed without
+        # overlap_comm, trainplan's executor) reduce-scatters a micro-batch's sharded
+        # gradients in line: the next pass waits for it
+        in_line, waits_for = not (self.overlap and cost.dp.overlap), -1
         for phase, c, j in order:
             part = parts[c][phase]
             after = (prev,) if prev >= 0 else ()
+            if waits_for >= 0:
+                after, waits_for = (*after, waits_for), -1
             name = f"{phase}{c}.{j}" if vp > 1 else f"{phase}{j}"
             if cost.dp.gather_units and phase != "W":
                 part, gather = self._gathers(pi, si, (phase, c, j), part, prev, prev2)
@@ -193,11 +201,12 @@ class _Builder:
                 self.next_compute[prev] = first
                 self.prev_compute[first] = prev
             if phase == grad and cost.dp.grad_microbatch_s and j != last_grad[c]:
-                g.add(f"reduce-scatter p{pi}s{si}{grad}{c}.{j}", "dp", self._dp_stream(pi, si),
-                      cost.dp.grad_microbatch_s / vp,
-                      TaskMeta(pi, si, c, j, detail=cost.dp.about("grad_microbatch"),
-                               ranks=cost.dp.group_ranks("grad_microbatch")),
-                      after=(tid,))
+                rs = g.add(f"reduce-scatter p{pi}s{si}{grad}{c}.{j}", "dp",
+                           self._dp_stream(pi, si), cost.dp.grad_microbatch_s / vp,
+                           TaskMeta(pi, si, c, j, detail=cost.dp.about("grad_microbatch"),
+                                    ranks=cost.dp.group_ranks("grad_microbatch")),
+                           after=(tid,))
+                waits_for = rs if in_line else -1
             held += layers[c] if phase == "F" else -layers[c] if phase == grad else 0
             peak = max(peak, held)
             prev2, prev = prev, tid

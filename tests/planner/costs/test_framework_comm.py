@@ -156,3 +156,40 @@ def test_gradients_reduced_after_the_backward_are_exposed():
         gap = predict(late).iteration_time_s - predict(plan).iteration_time_s
         assert gap == pytest.approx(sync - sync / plan_costs(plan).costs[0][0].dp.buckets,
                                     rel=0.15)
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_sharded_gradients_reduced_in_line_hold_every_micro_batch(pp):
+    """ZeRO-2 reduce-scatters the gradients of every micro-batch (Rajbhandari et al.
+    2020, section 5.2). DeepSpeed without `overlap_comm` reduces each bucket on the
+    compute stream (deepspeed/runtime/zero/stage_1_and_2.py: its `reduction_stream`
+    only with overlap_comm, else the current stream), and trainplan's executor calls the
+    reduce-scatter at the backward's end (executor/data_parallel.py `add_grads`): the next
+    pass waits for it. So all m of them are exposed, where overlapped buckets expose only
+    what outlasts the next micro-batch."""
+    m = 4
+    plan = homogeneous_plan(preset("gpt3-1.3b"), parse_gpus_arg("A100-80GB-SXM:16"),
+                            ParallelConfig(dp=16 // pp, pp=pp, mbs=1, gbs=m * 16 // pp,
+                                           seq_len=2048,
+                                           sharding=sharding_preset("zero2", 16 // pp)))
+    in_line = with_comm(plan, dataclasses.replace(MEGATRON, overlap_grad_reduce=False))
+    costs = plan_costs(in_line).costs[0]
+    rs = min(c.dp.grad_microbatch_s for c in costs)
+    most = max(c.dp.grad_microbatch_s + c.dp.grad_iteration_s + c.dp.param_iteration_s
+               for c in costs)  # the iteration's reduction and gather: not overlapped either
+    assert rs > 1e-3 and min(c.forward_s for c in costs) > rs  # overlapped, they hide
+    for predict in (simulate, estimate):
+        gap = predict(in_line).iteration_time_s - predict(plan).iteration_time_s
+        # in line: each stage's m reduce-scatters (the pipeline's fill and drain cross
+        # the others'), the iteration's reduction and the gather after the step;
+        # overlapped: the last micro-batch's exposed buckets
+        assert (m - 1) * rs < gap < (m + pp - 1) * most + 1e-9
+    _, sim = simulate_detailed(in_line)
+    g, start, binding = sim.graph, sim.schedule.start, sim.schedule.binding
+    held = [i for i in range(len(g)) if g.names[i].startswith("reduce-scatter p0s")]
+    assert len(held) == pp * (m - 1)
+    for i in held:  # the pass after each one waits for it
+        nxt = [k for k in g.succs[i] if g.kinds[k] in ("F", "B")]
+        assert nxt and all(start[k] >= sim.schedule.end[i] - 1e-12 for k in nxt)
+        # (in a pipeline the pass may wait longer, for the other stage)
+        assert pp > 1 or any(binding[k] == i for k in nxt)
