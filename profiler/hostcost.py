@@ -20,6 +20,11 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   (executor/tensor_parallel.py) adds to a pass beyond its tp collectives (two per pass,
   each timed alone at the activation's size): DTensor's Python dispatch of each sharded op
   and the redistributions. `dtensor_root_*`: the same for the embedding and head.
+* `arrival_skew`, `arrival_segment` (ranks N, size the segment's GEMM calls): after the
+  same segment of compute on every rank, how much later than the ranks' mean the last one
+  arrives at the collective that ends it, and the segment's duration. A synchronising
+  group waits for its slowest rank at every collective; the slope of the one over the
+  other is how much longer ranks of this host compute when they must keep in step.
 * `gemm_shared` (ranks n = 1..N, measured among N processes): a 256^3 fp32 GEMM's seconds
   per call while n of the N ranks compute it at once (the others wait in a collective),
   ~30 ms a sample. On the CPU the ranks of a host share its cores, caches and memory
@@ -119,6 +124,7 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
                      variant=backend, ranks=world, size_bytes=4 * world, calls=20)
             for kind in HOST_COLLECTIVES]
     rows += _share_rows(rank, world, repeats=max(repeats, 15))
+    rows += _skew_rows(rank, world, repeats=max(repeats, 15))
     repeats = max(repeats, 25)  # differences of noisy times: more samples
     rows += _fsdp_rows(rank, world, backend=backend, family_model=family_model,
                        repeats=repeats)
@@ -152,6 +158,45 @@ def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
                 times[n].append(float(slowest))
     return [host_row("gemm_shared", ts, ranks=n, calls=100, size_bytes=3 * 4 * 256 * 256)
             for n, ts in times.items()]
+
+
+# GEMM calls (256^3 fp32, ~0.35 ms each on a 2020s x86 core) between two synchronisations:
+# segments of ~3 to ~45 ms, the compute a training step's ranks do between collectives
+SKEW_SEGMENTS = (8, 32, 128)
+
+
+def _skew_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
+    """How long the ranks of a synchronising group wait for the slowest (Hoefler et al.
+    2010, "Characterizing the Influence of System Noise on Large-Scale Applications by
+    Simulation", SC10: a collective completes when its last rank arrives, so every rank's
+    noise between two collectives adds up as the maximum over the ranks). Every rank
+    computes the same segment of K GEMMs after a barrier; `arrival_skew` is the latest
+    rank's arrival less the ranks' mean arrival (one host: one monotonic clock),
+    `arrival_segment` the segment's mean duration, per K (the row's size), the segments
+    sampled in turn."""
+    import torch
+    import torch.distributed as dist
+
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    skew: dict[int, list[float]] = {k: [] for k in SKEW_SEGMENTS}
+    segment: dict[int, list[float]] = {k: [] for k in SKEW_SEGMENTS}
+    for i in range(repeats + 3):
+        for k in SKEW_SEGMENTS:
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(k):
+                torch.mm(a, b)
+            arrive = time.perf_counter()
+            times = torch.zeros(2, world, dtype=torch.float64)
+            times[0, rank], times[1, rank] = start, arrive
+            dist.all_reduce(times)  # every rank's own slots: the sum is the table
+            if i >= 3:
+                skew[k].append(float(times[1].max() - times[1].mean()))
+                segment[k].append(float((times[1] - times[0]).mean()))
+    return [row for k in SKEW_SEGMENTS
+            for row in (host_row("arrival_segment", segment[k], ranks=world, size_bytes=k,
+                                 calls=k),
+                        host_row("arrival_skew", skew[k], ranks=world, size_bytes=k, calls=k))]
 
 
 def _samples(fn: Callable[[], None], repeats: int, *, calls: int) -> list[float]:

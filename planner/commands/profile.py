@@ -104,7 +104,9 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
                         "with --model; with --collectives on the CPU, each collective's fixed "
                         "cost, FSDP2's and DTensor's per-layer costs and how much slower a "
                         "GEMM runs while n of the --nprocs ranks compute at once (gemm_shared: "
-                        "CPU ranks sharing the host's cores)")
+                        "CPU ranks sharing the host's cores), and how late the slowest rank "
+                        "reaches a collective after the same compute (arrival_skew: ranks "
+                        "in step)")
     m.add_argument("--min-bytes", type=bytes_arg, default=1024, metavar="SIZE")
     m.add_argument("--max-bytes", type=bytes_arg, default=256 * 1024**2, metavar="SIZE")
     m.add_argument("-o", "--output", required=True, type=path_arg, metavar="FILE",

@@ -18,6 +18,10 @@ host (profiler/hostcost.py), else the analytic defaults:
   host's ranks computing at once against one alone, n = 1..N. The event simulation applies
   it only while that many ranks compute (planner/simulator/graph.py), so pipeline stages
   that compute in turn are not slowed;
+* ranks in step (`sync_skew`): a group that synchronises at every collective runs at
+  the pace of its slowest rank (Hoefler et al. 2010); the measured lateness of the last
+  rank per second of compute before a collective lengthens each synchronised rank's
+  compute in the event simulation;
 * collectives as CPU work (`collective_cpu_share`): gloo runs a collective on its ranks'
   own cores (copies, reductions, loopback TCP), so the share of its time a rank's process
   is busy loads the host like compute, slowing the ranks that compute meanwhile and
@@ -37,7 +41,7 @@ from profiler.store import Profile, Profiles
 
 __all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "SharedCoreSlowdown", "backend",
            "collective_cpu_share", "dtensor_layer_s", "dtensor_root_s", "fsdp_unit_s",
-           "host_source", "launch_s", "shared_cores"]
+           "host_source", "launch_s", "shared_cores", "sync_skew"]
 
 HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
                         "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "
@@ -145,6 +149,35 @@ def shared_cores(dev: DeviceSpec, profile: Profile | None) -> SharedCoreSlowdown
     return SharedCoreSlowdown(tuple(out)) if len(out) > 1 else None
 
 
+def sync_skew(dev: DeviceSpec, profile: Profile | None, ranks: int) -> float | None:
+    """How much longer a rank's compute takes, as a fraction of it, when `ranks` ranks of
+    this host must keep in step: each collective waits for the last rank to arrive, and
+    the ranks' speeds differ from moment to moment, so a group runs at the pace of its
+    slowest (Hoefler et al. 2010, SC10). The slope of a least-squares line through the
+    profile's `arrival_skew` against `arrival_segment` rows (the latest rank's lateness
+    against the segment of compute before the collective) at the nearest group size
+    measured; its intercept, the lateness after no compute, is left out: the collectives'
+    and the framework rows' samples were taken at collectives too. None on GPUs and
+    where the profile has no such rows; never below 0 (noise is not a speed-up)."""
+    if dev.vendor != "cpu" or profile is None or ranks < 2:
+        return None
+    points: dict[int, dict[tuple, list[float]]] = {}
+    for r in profile.host_rows:
+        if r.name in ("arrival_skew", "arrival_segment"):
+            pair = points.setdefault(r.ranks, {}).setdefault(r.shape, [0.0, 0.0])
+            pair[r.name == "arrival_skew"] = r.time_s
+    if not points:
+        return None
+    nearest = min(points, key=lambda g: (abs(g - ranks), g))
+    xs, ys = zip(*points[nearest].values(), strict=True)
+    if len(xs) < 2 or max(xs) <= min(xs):
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+             / sum((x - mx) ** 2 for x in xs))
+    return max(0.0, slope)
+
+
 def collective_cpu_share(dev: DeviceSpec, profile: Profile | None, ranks: int
                          ) -> float | None:
     """The share of a collective's time that each of its ranks' processes is busy on the
@@ -171,5 +204,6 @@ def host_source(profiles: Profiles | None, devices: set[str], *, on_cpu: bool = 
         return HOST_ANALYTIC_SOURCE if on_cpu else HOST_ANALYTIC_GPU_SOURCE
     return (f"measured host costs {', '.join(paths)} (FSDP2 units and DTensor layers beyond "
             "their collectives, which block the compute thread; per-op dispatch; CPU ranks "
-            "sharing the host's cores while they compute at once); "
+            "sharing the host's cores while they compute at once; ranks in step waiting "
+            "for the slowest); "
             f"{HOST_ANALYTIC_SOURCE} for the rest")

@@ -26,7 +26,10 @@ CPU ranks of one host share its cores: where the profile measured how much slowe
 them compute at once (`planner/costs/host.py` `shared_cores`), the schedule is a
 processor-sharing simulation in which each compute task's CPU work is slowed by the number
 of the host's ranks computing at that moment (`graph.SharedCores`); a simulated stage
-stands for its tp ranks and for the identical replicas folded into it.
+stands for its tp ranks and for the identical replicas folded into it. Ranks that keep
+in step (a tp group, the replicas of a data-parallel reduction) wait for the slowest at
+every collective: where the profile measured how late the last rank arrives per second of
+compute (`host.sync_skew`), their passes are that much longer (`in_step`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from planner.costs.comm import group_tiers
-from planner.costs.host import collective_cpu_share, shared_cores
+from planner.costs.host import collective_cpu_share, shared_cores, sync_skew
 from planner.costs.stages import (
     Part,
     PlanCosts,
@@ -490,6 +493,44 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
     return _HostLoad(hosts, cpu, ref)
 
 
+def sync_group(plan: Plan, pi: int, si: int) -> int:
+    """The ranks that keep in step with stage `si` of pipeline `pi` within an iteration:
+    its tp x cp ranks (their in-line collectives), and under data parallelism the same
+    stage of every replica (the gradient reduction; pipeline neighbours are not counted)."""
+    stage = plan.pipelines[pi].stages[si]
+    if plan.dp == 1:
+        return len(stage.devices)
+    if plan.aligned_stages:
+        return sum(len(p.stages[si].devices) for p in plan.pipelines)
+    return len(stage.devices) * plan.dp
+
+
+def in_step(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles | None) -> None:
+    """CPU ranks that synchronise run at the pace of the slowest (`host.sync_skew`, where
+    the profile measured it): each compute-stream pass of a stage in a group of n > 1
+    ranks takes its compute and host time times the measured lateness per second longer,
+    counted as compute (the others wait for the slowest rank's). Passes of one rank
+    alone, and GPUs, are unchanged."""
+    if profiles is None:
+        return
+    slope: dict[tuple[int, int], float] = {}
+    for pi in priced.representatives:
+        for si, stage in enumerate(plan.pipelines[pi].stages):
+            dev = plan.cluster.node_groups[plan.cluster.slots[stage.devices[0]].group].device
+            skew = sync_skew(dev, profiles.get(dev.name), sync_group(plan, pi, si))
+            if skew:
+                slope[(pi, si)] = skew
+    if not slope:
+        return
+    for t in range(len(g)):
+        meta = g.meta[t]
+        k = slope.get((meta.pipeline, meta.stage)) if g.kinds[t] in ("F", "B", "W") else None
+        if k and meta.part is not None:
+            extra = k * (meta.part.compute_s + meta.part.host_s)
+            g.durations[t] += extra
+            g.meta[t] = meta._replace(part=meta.part + Part(compute_s=extra))
+
+
 def _share_by_ranks(dev: DeviceSpec, profile: Profile | None) -> Callable[[int], float]:
     """`host.collective_cpu_share` of `dev` by group size (0 where not measured)."""
     cache: dict[int, float] = {}
@@ -515,6 +556,7 @@ def simulate_graph(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | Non
     for pi in reps:
         b.pipeline(pi)
     b.data_parallel(reps)
+    in_step(plan, priced, b.g, profiles)
     load = shared_hosts(plan, priced, b.g, profiles)
     return Simulation(plan=plan, costs=priced.costs, graph=b.g,
                       schedule=schedule(b.g, shared=load.hosts, cpu_share=load.cpu_share,

@@ -14,6 +14,7 @@ from planner.costs.host import (
     fsdp_unit_s,
     launch_s,
     shared_cores,
+    sync_skew,
 )
 from planner.costs.stages import cost_sources, plan_costs
 from planner.simulator import simulate
@@ -251,3 +252,53 @@ def test_gloo_collectives_load_the_cores_the_ranks_compute_on(tmp_path):
                                                                      optimizer="fused"))
     assert simulate(one, profiles=busy).iteration_time_s == \
         simulate(one, profiles=_profiles(tmp_path, shared)).iteration_time_s
+
+
+def _skew(lateness_per_s, floor=2e-4, ranks=2):
+    """`arrival_skew` / `arrival_segment` rows: the last rank `floor` + `lateness_per_s`
+    x the segment late after segments of 3, 11 and 45 ms."""
+    rows = []
+    for calls, seconds in ((8, 3e-3), (32, 11e-3), (128, 45e-3)):
+        rows += [_host("arrival_segment", seconds, variant=None, ranks=ranks, size=calls),
+                 _host("arrival_skew", floor + lateness_per_s * seconds, variant=None,
+                       ranks=ranks, size=calls)]
+    return tuple(rows)
+
+
+def test_the_lateness_of_the_slowest_rank_is_the_slope_over_the_segment(tmp_path):
+    """Hoefler et al. 2010: a collective waits for its last rank, whose lateness grows
+    with the compute before it; the intercept (a collective's own wake-up) is left to
+    the collective rows."""
+    profile = _profiles(tmp_path, _collectives() + _skew(0.04) + _skew(0.09, ranks=4)
+                        ).get("CPU")
+    assert sync_skew(device("CPU"), profile, 2) == pytest.approx(0.04)
+    assert sync_skew(device("CPU"), profile, 4) == pytest.approx(0.09)
+    assert sync_skew(device("CPU"), profile, 3) == pytest.approx(0.04)  # the nearest, lower
+    assert sync_skew(device("CPU"), profile, 1) is None  # nobody to wait for
+    assert sync_skew(device("A100-80GB-SXM"), profile, 2) is None
+    assert sync_skew(device("CPU"), _profiles(tmp_path, _collectives(), "bare.csv")
+                     .get("CPU"), 2) is None
+    noisy = _profiles(tmp_path, _skew(-0.01, floor=1e-3), "noisy.csv").get("CPU")
+    assert sync_skew(device("CPU"), noisy, 2) == 0.0  # noise is not a speed-up
+
+
+def test_ranks_in_step_compute_at_the_pace_of_the_slowest(tmp_path):
+    """dp and tp ranks synchronise every step: their passes are longer by the measured
+    lateness per second of compute; one rank alone, and pipeline stages that are each one
+    rank, wait for no peer's lateness (their sends are priced by the schedule)."""
+    bare = _profiles(tmp_path, _collectives())
+    late = _profiles(tmp_path, _collectives() + _skew(0.05), "late.csv")
+    for plan in (_plan(dp=2, gbs=16), _plan(tp=2, gbs=8)):
+        before, after = simulate(plan, profiles=bare), simulate(plan, profiles=late)
+        compute = before.breakdown.compute_s + before.breakdown.host_overhead_s
+        assert after.iteration_time_s == pytest.approx(before.iteration_time_s + 0.05 * compute,
+                                                       rel=0.02)
+        assert after.breakdown.compute_s == pytest.approx(
+            before.breakdown.compute_s + 0.05 * compute, rel=0.02)
+        assert plan_costs(plan, late).costs == plan_costs(plan, bare).costs  # costs unchanged
+    for plan in (_plan(pp=2, gbs=32),
+                 homogeneous_plan(SMALL, CPU.take(1), ParallelConfig(seq_len=64, dtype="fp32",
+                                                                     mbs=8, gbs=8),
+                                  kernels=Kernels(attention="flash", optimizer="fused"))):
+        assert simulate(plan, profiles=late).iteration_time_s == \
+            simulate(plan, profiles=bare).iteration_time_s
