@@ -33,6 +33,7 @@ Each is measured per host with the executor's framework and never fitted to a pl
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from profiler.analytic import launch_overhead_s
@@ -168,14 +169,15 @@ def sync_skew(dev: DeviceSpec, profile: Profile | None, ranks: int) -> float | N
             pair[r.name == "arrival_skew"] = r.time_s
     if not points:
         return None
-    nearest = min(points, key=lambda g: (abs(g - ranks), g))
-    xs, ys = zip(*points[nearest].values(), strict=True)
+    xs, ys = zip(*points[_nearest(points, ranks)].values(), strict=True)
     if len(xs) < 2 or max(xs) <= min(xs):
         return None
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-             / sum((x - mx) ** 2 for x in xs))
-    return max(0.0, slope)
+    return max(0.0, statistics.linear_regression(xs, ys).slope)
+
+
+def _nearest(sizes: Iterable[int], ranks: int) -> int:
+    """The measured group size nearest `ranks` (the smaller of two as near)."""
+    return min(sizes, key=lambda g: (abs(g - ranks), g))
 
 
 def collective_cpu_share(dev: DeviceSpec, profile: Profile | None, ranks: int
@@ -190,7 +192,7 @@ def collective_cpu_share(dev: DeviceSpec, profile: Profile | None, ranks: int
     if dev.vendor != "cpu" or profile is None or not profile.collective_cpu_shares:
         return None
     measured = profile.collective_cpu_shares
-    nearest = min({g for _, g in measured}, key=lambda g: (abs(g - ranks), g))
+    nearest = _nearest({g for _, g in measured}, ranks)
     return statistics.median(min(1.0, share) for (_, g), shares in measured.items()
                              if g == nearest for share in shares)
 

@@ -274,20 +274,22 @@ class LayoutModel:
         grad_it, grad_mb, param_it, param_mb, optimizer = (terms[:, :, j] for j in range(5))
         s, f = kinds[slow], kinds[0]
         c, first = base[s], base[f]
-        work = c.forward.compute_s + c.backward.compute_s
         # ZeRO-3 gathers add at least nothing (what they add depends on how the units'
-        # gathers and computes interleave: `estimate._microbatch_s`); reduce-scatters that
-        # outlast the micro-batch's work add at least their excess
+        # gathers and computes interleave: `estimate._microbatch_s`)
+        if not self.comm.overlap_grad_reduce:
+            # every micro-batch's reduce-scatter in line, the rest after the backward, all
+            # exposed (`exposed_s`)
+            return (path_s + m * grad_mb[:, s] + grad_it[:, f] + optimizer[:, f]
+                    + param_it[:, f])
+        # overlapped reduce-scatters that outlast the micro-batch's work add at least
+        # their excess
+        work = c.forward.compute_s + c.backward.compute_s
         extra = np.maximum(0.0, grad_mb[:, s] - work)
-        # the framework's buckets (RunSettings.comm), all exposed where it reduces after
-        # the backward (`exposed_s`)
+        # the framework's buckets (RunSettings.comm)
         buckets = max(1, math.ceil(first.num_params / bucket_params(self.comm,
                                                                    self.layout.dp)))
         window = first.weight_grad_s if schedule.splits_backward else first.backward_s
         grads = grad_mb[:, f] + grad_it[:, f]
-        if not self.comm.overlap_grad_reduce:  # every micro-batch's reduce-scatter in line
-            return (path_s + m * grad_mb[:, s] + grad_it[:, f] + optimizer[:, f]
-                    + param_it[:, f])
         tail = (np.maximum(grads / buckets, grads - window) + optimizer[:, f]
                 + np.maximum(param_it[:, f] / buckets, param_it[:, f] - first.forward_s))
         return path_s + m * extra + tail
