@@ -9,8 +9,10 @@ the CPU time the rank used beside its wall time (issue 17: the unexplained part 
 Rank 0 prints, per rank, the median milliseconds of each phase over the steps after the
 warm-up: `run` (StageRunner: every forward and backward, pipeline transfers and in-line
 collectives), `reduce` (tied-embedding and data-parallel gradient reduction: waits for the
-slowest rank too), `step` (optimizer), `total`, and `cpu` (this process's CPU time in the
-step: wall minus cpu is time spent waiting).
+slowest rank too), `step` (optimizer), `total`, `cpu` (this process's CPU time in the
+step: wall minus cpu is time spent waiting), and `hand_off` (inside `run`: taking each
+backward's gradients into the buffer, `add_grads`, with sequence parallelism's norm
+gradients all-reduced there).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
-PHASES = ("run", "reduce", "step", "total", "cpu")
+PHASES = ("run", "reduce", "step", "total", "cpu", "hand_off")
 
 
 def main() -> None:
@@ -55,7 +58,19 @@ def main() -> None:
     trainer = Trainer(plan, topo, rank, device, create_groups(plan, topo, rank, timeout=timeout),
                       watchdog, RunSettings(steps=args.steps, run_dir=run_dir))
     samples: dict[str, list[float]] = {k: [] for k in PHASES}
+    hand_off = [0.0]
+
+    def timed(add: Callable[..., None]) -> Callable[..., None]:
+        def add_grads(**kw: bool) -> None:
+            t = time.perf_counter()
+            add(**kw)
+            hand_off[0] += time.perf_counter() - t
+        return add_grads
+
+    for s in trainer.states:
+        s.add_grads = timed(s.add_grads)  # timing only
     for step in range(args.steps):
+        hand_off[0] = 0.0
         c0, t0 = time.process_time(), time.perf_counter()
         trainer.runner.run(step)
         t1 = time.perf_counter()
@@ -69,7 +84,8 @@ def main() -> None:
         for s in trainer.states:
             s.step()
         t3, c3 = time.perf_counter(), time.process_time()
-        for k, v in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t3 - t0, c3 - c0), strict=True):
+        for k, v in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t3 - t0, c3 - c0, hand_off[0]),
+                        strict=True):
             samples[k].append(v)
     mine = {k: statistics.median(v[args.warmup:]) * 1e3 for k, v in samples.items()}
     everyone: list[dict] = [{} for _ in range(dist.get_world_size())]

@@ -19,7 +19,10 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   "+sp" with sequence parallelism): what a tensor-parallel block under DTensor
   (executor/tensor_parallel.py) adds to a pass beyond its tp collectives (two per pass,
   each timed alone at the activation's size): DTensor's Python dispatch of each sharded op
-  and the redistributions. `dtensor_root_*`: the same for the embedding and head.
+  and the redistributions, and the backward's gradient hand-off as the executor does it
+  after every backward (`grad_hand_off`: with sequence parallelism each norm weight's and
+  bias's partial gradient all-reduced, one blocking redistribution per parameter).
+  `dtensor_root_*`: the same for the embedding and head (the final norm's gradients).
 * `arrival_skew`, `arrival_segment` (ranks N, size the segment's GEMM calls): after the
   same segment of compute on every rank, how much later than the ranks' mean the last one
   arrives at the collective that ends it, and the segment's duration. A synchronising
@@ -47,7 +50,7 @@ from typing import Any
 from profiler.store import ProfileRow
 
 __all__ = ["FRAMEWORK_LAYERS", "HOST_COLLECTIVES", "dispatch_rows", "framework_rows",
-           "host_row"]
+           "grad_hand_off", "host_row"]
 
 HOST_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 FRAMEWORK_LAYERS = (1, 5)  # blocks of the two tiny models whose difference is one block
@@ -215,12 +218,14 @@ def _tiny(family_model: str, num_layers: int) -> Any:
 
 
 def _pass_times(models: dict[tuple[str, int], tuple[object, object]], repeats: int, *,
-                vocab_parallel: bool = False
+                vocab_parallel: bool = False,
+                hand_off: Callable[[object], object] | None = None
                 ) -> dict[tuple[str, int], tuple[list[float], list[float]]]:
     """Forward and backward seconds (the slowest rank's) of each model (with its tokens),
     `repeats` samples taken in turn, so that a burst of load on the machine hits every
     model alike; `vocab_parallel`: the framed models' loss on vocabulary shards, as the
-    executor's tp runs it."""
+    executor's tp runs it; `hand_off`: what the executor does with a model's gradients
+    after each backward, timed as part of it."""
     import contextlib
 
     import torch
@@ -237,6 +242,8 @@ def _pass_times(models: dict[tuple[str, int], tuple[object, object]], repeats: i
                 loss = model(tokens, tokens)  # type: ignore[operator]  # an executor GPT
                 t1 = time.perf_counter()
                 loss.backward()
+                if hand_off is not None:
+                    hand_off(model)
                 t2 = time.perf_counter()
             model.zero_grad(set_to_none=True)  # type: ignore[attr-defined]  # an nn.Module
             both = torch.tensor([t1 - t0, t2 - t1], dtype=torch.float64)
@@ -318,6 +325,17 @@ def _fsdp_rows(rank: int, world: int, *, backend: str, family_model: str,
                      variant=backend, ranks=world, size_bytes=block_bytes)]
 
 
+def grad_hand_off(model: object) -> list[object]:
+    """The gradients of `model` as the executor takes them after each backward
+    (executor/data_parallel.py `add_grads` calls `local_grad` on every parameter): a
+    DTensor gradient that is still a partial sum, as a sequence-parallel norm's weight
+    and bias are (their input is split over the sequence), is all-reduced to the
+    parameter's layout here, one blocking redistribution per parameter."""
+    from executor.data_parallel import local_grad
+
+    return [local_grad(p) for p in model.parameters()]  # type: ignore[attr-defined]  # an nn.Module
+
+
 def _dtensor_rows(rank: int, world: int, *, backend: str, family_model: str,
                   sequence_parallel: bool, repeats: int) -> list[ProfileRow]:
     from torch.distributed.device_mesh import init_device_mesh
@@ -333,7 +351,8 @@ def _dtensor_rows(rank: int, world: int, *, backend: str, family_model: str,
     def frame(model: object) -> None:
         apply_tensor_parallel(model, mesh, sequence_parallel=sequence_parallel)
 
-    times = _pass_times(_models(family_model, frame), repeats, vocab_parallel=True)
+    times = _pass_times(_models(family_model, frame), repeats, vocab_parallel=True,
+                        hand_off=grad_hand_off)
     act_bytes = 4 * _TINY_SEQ * spec.hidden_size  # [1, s, h] in fp32
     kinds = ("all_gather", "reduce_scatter") if sequence_parallel else ("all_reduce",)
     comm = 2 * sum(statistics.median(_samples(_ops(k, act_bytes, rank, world, "cpu"),

@@ -33,3 +33,84 @@ def test_the_last_ranks_lateness_is_measured_per_segment_of_compute(tmp_path):
     segment = [t for n, _, _, t, _ in rows if n == "arrival_segment"]
     assert segment == sorted(segment) and segment[-1] > 4 * segment[0]
     assert all(t >= 0.0 for n, _, _, t, _ in rows if n == "arrival_skew")
+
+
+def _hand_off_worker(rank: int, world: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from executor.model import GPT
+    from executor.tensor_parallel import apply_tensor_parallel
+    from profiler.hostcost import _tiny, grad_hand_off
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)
+    torch.manual_seed(0)
+    spec = _tiny("debug-tiny", 2)
+    model = GPT(spec, attention="math")
+    apply_tensor_parallel(model, init_device_mesh("cpu", (world,)), sequence_parallel=True)
+    tokens = torch.randint(spec.vocab_size, (1, 16))
+    with loss_parallel():
+        model(tokens, tokens).backward()
+    names = [n for n, _ in model.named_parameters()]
+    partial = [n for n, p in model.named_parameters()
+               if isinstance(p.grad, DTensor) and p.grad.placements != p.placements]
+    before = {n: p.grad.to_local().clone() for n, p in model.named_parameters() if n in partial}
+    after = dict(zip(names, grad_hand_off(model), strict=True))
+    gathered: list[dict] = [{} for _ in range(world)]
+    dist.all_gather_object(gathered, {"partial": partial, "before": before,
+                                      "after": {n: after[n] for n in partial}})
+    if rank == 0:
+        torch.save(gathered, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiprocess
+def test_the_gradient_hand_off_reduces_sequence_parallel_norm_gradients(tmp_path):
+    """Under sequence parallelism each norm's weight and bias gradient leaves the
+    backward as a partial sum over the ranks' sequence shards; the hand-off the DTensor
+    rows time (the executor's `local_grad` on every parameter) all-reduces each one, so
+    the ranks' partial gradients differ before it and agree after it, equal to their sum."""
+    out = str(tmp_path / "grads.pt")
+    torch.multiprocessing.spawn(_hand_off_worker, args=(2, str(tmp_path / "store"), out),
+                                nprocs=2)
+    r0, r1 = torch.load(out)
+    # two blocks of two LayerNorms and the final one: weight and bias each
+    assert sorted(r0["partial"]) == sorted(r1["partial"]) and len(r0["partial"]) == 10
+    assert all("norm" in n for n in r0["partial"])
+    for n in r0["partial"]:
+        assert not torch.allclose(r0["before"][n], r1["before"][n])
+        torch.testing.assert_close(r0["after"][n], r1["after"][n])
+        torch.testing.assert_close(r0["after"][n], r0["before"][n] + r1["before"][n])
+
+
+def _pass_worker(rank: int, world: int, store: str, out: str) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    from profiler.hostcost import _models, _pass_times
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)
+    models = _models("debug-tiny", lambda _model: None)
+    plain = _pass_times(models, 3)
+    handed = _pass_times(models, 3, hand_off=lambda _model: time.sleep(0.05))
+    if rank == 0:
+        torch.save({k: (min(plain[k][1]), min(handed[k][1])) for k in models}, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiprocess
+def test_the_gradient_hand_off_is_timed_as_part_of_the_backward(tmp_path):
+    """What the executor does with the gradients after a backward counts in the
+    backward's time (a 50 ms hand-off: every backward sample about that much longer)."""
+    out = str(tmp_path / "times.pt")
+    torch.multiprocessing.spawn(_pass_worker, args=(1, str(tmp_path / "store"), out),
+                                nprocs=1)
+    for plain, handed in torch.load(out).values():
+        assert handed >= plain + 0.04
