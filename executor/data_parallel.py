@@ -12,7 +12,10 @@ run does what the simulator prices:
   tensors autograd saved stay valid, as FSDP1 did); with p = os in 16 bits (ZeRO-3, HSDP)
   the fp32 master is the only copy of the shard, cast for each gather, as FSDP2 keeps it;
 * after every backward (`add_grads`): gradients are added to the fp32 buffer; with g > 1
-  they are reduce-scattered inside the g group first and only the shard is kept;
+  they are reduce-scattered inside the g group first and only the shard is kept. With
+  g = 1 and fp32 parameters (plain tensors) each parameter's `.grad` is its slice of the
+  buffer from the start, so autograd accumulates into it in place and there is nothing
+  to copy (Megatron-Core's `main_grad`, DDP's `gradient_as_bucket_view`);
 * `reduce_grads()` once per iteration: reduce-scatter over the members holding the same
   gradient shard, all-reduce over blocks of os replicas. The optimizer's fp32 gradient is
   this rank's chunk of the gradient buffer, not a copy (the reduce-scatter writes it in
@@ -130,6 +133,7 @@ class ShardedState:
         # place in `grad_reduce_group`, stride g: position i // g), written in place.
         at = layout.position % layout.optim // layout.grads * self.chunk
         self.master.grad = self.grad[at:at + self.chunk]
+        self._grad_views = self._bucket_views(locals_)
         # P = OS > 1 in 16 bits (ZeRO-3, HSDP): the master is this rank's whole parameter
         # shard, so the 16-bit shard is not kept (each gather casts the master, as FSDP2
         # gathers its fp32 shards in param_dtype): 16 bytes per parameter over k
@@ -149,6 +153,22 @@ class ShardedState:
                 t.data = view.view_as(t)
                 self.offsets.append((at, t.numel()))
                 at += t.numel()
+
+    def _bucket_views(self, locals_: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """Each parameter's slice of the gradient buffer, set as its `.grad`, where the
+        buffer holds every gradient whole (g = 1) in the parameters' own dtype (fp32) and
+        the parameters are plain tensors (a DTensor's gradient is a DTensor, and sequence
+        parallelism leaves some partial: `local_grad` reduces those); else None."""
+        from torch.distributed.tensor import DTensor
+
+        if (self.layout.grads != 1 or self.dtype != torch.float32
+                or any(isinstance(p, DTensor) for p in self.params)):
+            return None
+        views = [self.grad[at:at + n].view_as(t)
+                 for (at, n), t in zip(self.offsets, locals_, strict=True)]
+        for p, v in zip(self.params, views, strict=True):
+            p.grad = v
+        return views
 
     def _group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
         return self.groups[ranks]
@@ -177,6 +197,9 @@ class ShardedState:
         """Take the gradients of one backward into the buffer (and free them). A `ghost`
         backward (a micro-batch this replica does not have) adds zeros, so that the
         per-micro-batch collectives of g > 1 still match the other replicas'."""
+        if self._grad_views is not None:
+            self._keep_views()
+            return
         grads = [None if ghost else local_grad(p) for p in self.params]
         for p in self.params:
             p.grad = None
@@ -193,6 +216,18 @@ class ShardedState:
             shard = torch.empty_like(self.grad)
             reduce_scatter_single(shard, packed, group=self._group(self.layout.grad_group))
             self.grad.add_(shard)
+
+    def _keep_views(self) -> None:
+        """Autograd has accumulated into the buffer's views; a gradient that is not its
+        view (the `.grad` was dropped or replaced since) is added in and the view set
+        back."""
+        assert self._grad_views is not None
+        with torch.no_grad():
+            for p, v in zip(self.params, self._grad_views, strict=True):
+                if p.grad is not v:
+                    if p.grad is not None:
+                        v.add_(p.grad)
+                    p.grad = v
 
     def tied_grads(self) -> list[torch.Tensor]:
         """The gradients to sum with the tied twin's (same layout on both) before

@@ -55,3 +55,37 @@ def test_the_optimizers_gradient_is_its_chunk_of_the_gradient_buffer(sizes, dtyp
             dtype="bf16" if keeps_master else "fp32", master_weights=True,
             sizes=(p, g, os_))
         assert st.state_bytes()["grads_bytes"] == grads_per_param * n
+
+
+@pytest.mark.parametrize("sizes", [(1, 1, 1), (1, 1, 4)])
+def test_fp32_gradients_accumulate_in_the_buffer_without_a_copy(sizes):
+    """G = 1 in fp32: each parameter's `.grad` is its slice of the gradient buffer, so two
+    backwards sum into the buffer in place (Megatron-Core's main_grad, DDP's
+    gradient_as_bucket_view) and `add_grads` copies nothing; a `.grad` dropped between
+    backwards (`zero_grad(set_to_none=True)` elsewhere) is added in and the view set back."""
+    st = _state(sizes, 0, torch.float32)
+    w, b = st.params
+    x = torch.randn(3, 8)
+    expected = torch.zeros(st.numel)
+    for scale in (1.0, 2.0):
+        loss = scale * ((x @ w.t()).sum() + b.pow(2).sum())
+        loss.backward()
+        st.add_grads()
+        expected[:48] += scale * x.sum(0).repeat(6)
+        expected[48:64] += scale * 2 * b.detach()
+    assert w.grad.data_ptr() == st.grad.data_ptr()
+    assert b.grad.data_ptr() == st.grad.data_ptr() + 48 * 4
+    torch.testing.assert_close(st.grad[:64], expected[:64])
+    w.grad = None
+    (x @ w.t()).sum().backward()
+    st.add_grads()
+    expected[:48] += x.sum(0).repeat(6)
+    assert w.grad.data_ptr() == st.grad.data_ptr()
+    torch.testing.assert_close(st.grad[:64], expected[:64])
+
+
+def test_16_bit_and_sharded_gradients_are_still_copied():
+    """Only fp32 parameters with G = 1 get views: bf16 parameters' gradients are bf16 (the
+    buffer is fp32), and with G > 1 a backward's gradients are reduce-scattered first."""
+    assert _state((1, 1, 1), 0, torch.bfloat16).params[0].grad is None
+    assert _state((1, 2, 4), 0, torch.float32).params[0].grad is None
