@@ -194,9 +194,10 @@ class ShardedState:
         pass
 
     def add_grads(self, *, ghost: bool = False) -> None:
-        """Take the gradients of one backward into the buffer (and free them). A `ghost`
-        backward (a micro-batch this replica does not have) adds zeros, so that the
-        per-micro-batch collectives of g > 1 still match the other replicas'."""
+        """Take the gradients of one backward into the buffer (and free them; where they
+        are the buffer's views already, `_keep_views`). A `ghost` backward (a micro-batch
+        this replica does not have) adds zeros, so that the per-micro-batch collectives of
+        g > 1 still match the other replicas'."""
         if self._grad_views is not None:
             self._keep_views()
             return

@@ -103,7 +103,7 @@ def keep_freed_memory() -> bool:
     """Have the C allocator keep the memory a step frees for the next step (glibc: no
     heap trimming, no mmap for blocks under 1 GiB); whether it took. glibc's defaults
     hand the activations freed at the end of each backward back to the kernel and fault
-    them in again in the next forward: ~800-1,300 page faults and 2 ms of system time a
+    them in again in the next forward: ~600-1,500 page faults and 1-3 ms of system time a
     debug-small step on this VM, in no op's profile row (the profiler times each op in a
     loop that reuses its memory). PyTorch's performance tuning guide ("CPU specific
     optimizations": switch the memory allocator) recommends allocators that reuse memory

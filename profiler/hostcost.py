@@ -326,11 +326,12 @@ def _fsdp_rows(rank: int, world: int, *, backend: str, family_model: str,
 
 
 def grad_hand_off(model: object) -> list[object]:
-    """The gradients of `model` as the executor takes them after each backward
-    (executor/data_parallel.py `add_grads` calls `local_grad` on every parameter): a
-    DTensor gradient that is still a partial sum, as a sequence-parallel norm's weight
-    and bias are (their input is split over the sequence), is all-reduced to the
-    parameter's layout here, one blocking redistribution per parameter."""
+    """The gradients of `model` as the executor takes them after each backward of a
+    tensor-parallel chunk (executor/data_parallel.py `add_grads` calls `local_grad` on
+    every parameter of a DTensor model): a DTensor gradient that is still a partial sum,
+    as a sequence-parallel norm's weight and bias are (their input is split over the
+    sequence), is all-reduced to the parameter's layout here, one blocking
+    redistribution per parameter. On the plain models it only reads `.grad`."""
     from executor.data_parallel import local_grad
 
     return [local_grad(p) for p in model.parameters()]  # type: ignore[attr-defined]  # an nn.Module
