@@ -17,6 +17,7 @@ from planner.export.formats import FORMATS, export_plan
 from planner.export.frameworks import CAPABILITIES, FRAMEWORKS, unsupported
 from planner.outputs import check_distinct, check_output_file, write_text
 from planner.specs.plan import Plan, load_plan, plan_to_dict
+from profiler.schema import fail
 
 __all__ = ["add_parser", "run"]
 
@@ -45,8 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _framework(args: argparse.Namespace) -> str:
     if args.format in FORMATS:
         if args.framework not in (None, args.format):
-            raise SystemExit(f"plan export: --framework {args.framework}: only with --format "
-                             "slurm or kubernetes (the format names the framework here)")
+            fail("--framework", args.framework, "only with --format slurm or kubernetes (the "
+                 "format names the framework here)")
         return args.format
     return args.framework or "trainplan"
 

@@ -257,7 +257,9 @@ def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
     if req.max_budget_usd is not None and req.tokens is None:
         fail("--max-budget", req.max_budget_usd, "needs --tokens (what the budget buys)")
     if (req.objective == "cost" or req.max_budget_usd is not None) and _price(cluster) is None:
-        fail("--objective" if req.objective == "cost" else "--max-budget", req.objective,
+        field, value = (("--objective", req.objective) if req.objective == "cost"
+                        else ("--max-budget", req.max_budget_usd))
+        fail(field, value,
              "needs prices: a --cluster spec with price_per_gpu_hour_usd on every node group")
     check_train_dtype((g.device for g in cluster.node_groups), req.dtype, where="--dtype")
 

@@ -166,7 +166,8 @@ def _footer(result: SearchResult, req: SearchRequest, flagged: bool) -> list[str
     for b in _baselines(result):
         rated = ("-" if b["iteration_time_s"] is None else
                  f"{b['iteration_time_s']:.3f} s/iteration; the best plan is "
-                 f"{b['best_is_faster_by'] * 100:.1f}% faster")
+                 f"{abs(b['best_is_faster_by']) * 100:.1f}% "
+                 + ("faster" if b["best_is_faster_by"] >= 0 else "slower"))
         lines += wrapped(f"baseline {b['name']}: {rated}"
                          + (f" ({b['note']})" if b["note"] else ""))
     for n in result.notes:

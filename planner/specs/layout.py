@@ -107,7 +107,9 @@ def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, 
     check_tp(model, cfg.tp, where=at(where, "tp"))
     slots = (model.num_layers + int(cfg.embedding_in_pipeline_split)
              + int(cfg.loss_in_pipeline_split))
-    require(at(where, "pp"), cfg.pp, chunks_problem(slots, cfg.pp, cfg.vp))
+    # with interleaving, the chunks per stage are what the user added: name --vp
+    knob = "vp" if cfg.vp > 1 else "pp"
+    require(at(where, knob), getattr(cfg, knob), chunks_problem(slots, cfg.pp, cfg.vp))
     if cfg.num_gpus != cluster.num_gpus:
         fail(at(where, "dp"), cfg.dp,
              f"tp*pp*dp*cp = {cfg.tp}*{cfg.pp}*{cfg.dp}*{cfg.cp} = {cfg.num_gpus} must equal "

@@ -198,6 +198,8 @@ def test_search_table_json_and_plan(tmp_path, capsys):
     (["--max-budget", "100"], "--max-budget: 100.0 is not allowed (needs --tokens"),
     (["--objective", "time-to-train"], "needs --tokens"),
     (["--tokens", "-5"], "--tokens: -5.0 is not allowed (must be > 0)"),
+    # the budget is what cannot be judged without prices: it is the value named
+    (["--tokens", "1e9", "--max-budget", "100"], "--max-budget: 100.0 is not allowed (needs prices"),
 ])
 def test_search_bad_input(extra, needle, capsys):
     argv = ["search", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8", "--gbs", "16", *extra]

@@ -39,3 +39,12 @@ def test_written_whole(tmp_path, monkeypatch, capsys, plan_file):
                            capsys)
     assert code == 0, err
     assert sorted(os.listdir(tmp_path)) == ["args.sh", "p.yaml"]
+
+
+def test_a_framework_beside_a_framework_format_is_bad_input(capsys, plan_file):
+    """--format megatron names the framework; another --framework is refused like any
+    bad flag: exit 2, one line naming the flag and the value."""
+    code, _, err = run_cli(["export", plan_file, "--format", "megatron", "--framework",
+                            "deepspeed"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--framework: 'deepspeed' is not allowed (only with --format slurm or kubernetes" in err

@@ -50,8 +50,8 @@ def _cfg(**kw):
 def test_interleaved_split_counts_embedding_and_loss():
     """pp 2 x vp 4 over 6 layers: 8 chunks need 8 slots, which the embedding and the loss
     make up; the first chunk holds only the embedding, the last only the loss."""
-    with pytest.raises(SpecError, match="model chunks"):
-        check_parallel(_cfg(), MODEL, CLUSTER)
+    with pytest.raises(SpecError, match=r"^--vp: 4 is not allowed \(pp\*vp = 8 model chunks"):
+        check_parallel(_cfg(), MODEL, CLUSTER)  # interleaving added the chunks: --vp named
     cfg = _cfg(embedding_in_pipeline_split=True, loss_in_pipeline_split=True)
     check_parallel(cfg, MODEL, CLUSTER)
     plan = homogeneous_plan(MODEL, CLUSTER, cfg)
@@ -86,3 +86,8 @@ def test_embedding_only_and_head_only_stages():
     assert [s.num_layers for s in plan.pipelines[0].stages] == [0, 1, 1, 0]
     assert simulate(plan).iteration_time_s > 0
     assert "--pipeline-model-parallel-layout 'E|t*1|t*1|L'" in export_plan(plan, "megatron").text
+
+
+def test_more_stages_than_layers_names_pp():
+    with pytest.raises(SpecError, match=r"^--pp: 8 is not allowed \(pp\*vp = 8 model chunks"):
+        check_parallel(_cfg(pp=8, vp=1), MODEL, CLUSTER)
