@@ -1,10 +1,16 @@
 """`plan replan`: the path back after nodes die. The cluster of a Plan less the lost
-nodes is searched again for the plan's own model, global batch, sequence length, dtype
-and attention kernel, and the best plan is written; its run resumes the old run's
-checkpoints (`plan run --plan NEW --checkpoint-dir DIR --resume`: checkpoints are
+nodes is searched again for the plan's own model, global batch, sequence length, dtype,
+framework and attention kernel, and the best plan is written; its run resumes the old
+run's checkpoints (`plan run --plan NEW --checkpoint-dir DIR --resume`: checkpoints are
 layout-independent, executor/checkpoint.py).
 
     plan replan --plan plan.yaml --without 1:A100-80GB-SXM -o plan-b.yaml
+
+The framework is the one whose communication the plan carries (a plan searched with
+`--framework megatron` keeps Megatron-LM's, and with it fp8), unless `--framework` says
+otherwise. The attention kernel is kept where every GPU left runs it; else each GPU type
+takes its own, as a search does. A searched plan holds only the GPUs it uses; `--cluster`
+gives the whole cluster (the plan's GPUs, idle ones too) to take the lost nodes from.
 
 Nodes of a type are taken away from the last node group of that type first (as `plan
 what-if`'s `remove`); the new plan numbers the remaining GPUs from 0.
@@ -18,16 +24,18 @@ import re
 import sys
 from dataclasses import replace
 
-from planner.commands.args import positive_int, print_json
+from planner.commands.args import add_framework_arg, path_arg, positive_int, print_json
 from planner.commands.inputs import profiles_for, with_prediction
+from planner.costs.kernels import default_kernels
 from planner.errors import InfeasiblePlan
+from planner.export.frameworks import CAPABILITIES
 from planner.search import SearchRequest, search
-from planner.specs.cluster import ClusterSpec, NodeGroup
+from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster
 from planner.specs.plan import Plan, describe_layout, load_plan, save_plan
 from profiler.devices import device
 from profiler.schema import SpecError, fail
 
-__all__ = ["add_parser", "run", "without_nodes"]
+__all__ = ["add_parser", "framework_of", "kept_attention", "run", "without_nodes"]
 
 PLAN_EXTENSIONS = (".yaml", ".yml", ".json")
 
@@ -40,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--plan NEW --checkpoint-dir DIR --resume` then continues the old run from its "
         "checkpoints under the new layout.")
     p.add_argument("--plan", required=True, metavar="FILE", help="the plan that ran")
+    p.add_argument("--cluster", type=path_arg, metavar="FILE",
+                   help="the whole cluster the plan ran on, idle GPUs too (default: the "
+                   "plan's own cluster, which holds only the GPUs it uses)")
     p.add_argument("--without", required=True, action="append", metavar="N:TYPE",
                    help="N lost nodes of GPU type TYPE (repeatable)")
     p.add_argument("-o", "--output", required=True, metavar="PLAN",
@@ -49,6 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", metavar="FILE|DIR", action="append",
                    help="measured profile(s) to price the search, as `plan search`")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_framework_arg(p)
+    p.set_defaults(framework=None)  # default: the framework the plan was searched for
 
 
 def _lost(text: str) -> tuple[int, str]:
@@ -101,17 +114,43 @@ def _check_output(path: str) -> None:
         fail("--output", path, "a file, not a folder")
 
 
+def framework_of(plan: Plan) -> str:
+    """The framework a plan was searched for: the one whose communication it carries
+    (`FrameworkCapabilities.communication`), this project's executor where none does."""
+    dtype = plan.training.dtype
+    return next((name for name, caps in CAPABILITIES.items()
+                 if caps.communication(dtype) == plan.training.comm), "trainplan")
+
+
+def kept_attention(plan: Plan, cluster: ClusterSpec) -> str | None:
+    """The plan's attention kernel where every GPU type of `cluster` runs it in the plan's
+    dtype, else None (each GPU type its own, as a search without --attention)."""
+    try:
+        default_kernels([g.device for g in cluster.node_groups], dtype=plan.training.dtype,
+                        attention=plan.kernels.attention)
+    except SpecError:
+        return None
+    return plan.kernels.attention
+
+
 def run(args: argparse.Namespace) -> int:
     _check_output(args.output)
     old = load_plan(args.plan)
-    cluster = old.cluster.resolved()
+    cluster = (load_cluster(args.cluster) if args.cluster else old.cluster).resolved()
     for text in args.without:
-        cluster = without_nodes(cluster, *_lost(text)).resolved()
+        try:
+            cluster = without_nodes(cluster, *_lost(text)).resolved()
+        except SpecError as err:
+            if args.cluster:
+                raise
+            raise SpecError(f"{err}; the plan's cluster holds only the GPUs it uses: "
+                            "--cluster FILE gives the whole cluster") from None
     tr = old.training
     profiles = profiles_for(args, cluster, tr.dtype)
     req = SearchRequest(model=old.model, cluster=cluster, gbs=tr.global_batch_size,
-                        seq_len=tr.seq_len, dtype=tr.dtype, attention=old.kernels.attention,
-                        top=args.top, profiles=profiles)
+                        seq_len=tr.seq_len, dtype=tr.dtype,
+                        attention=kept_attention(old, cluster), top=args.top,
+                        profiles=profiles, framework=args.framework or framework_of(old))
     try:
         best = search(req).ranked[0]
     except InfeasiblePlan as err:

@@ -1,7 +1,9 @@
 """`plan replan --without N:TYPE`: the cluster of a plan less lost nodes, searched again for
-the plan's own model, batch, sequence, dtype and attention; bad input is one line, exit 2;
+the plan's own model, batch, sequence, dtype, framework and attention (where every GPU
+left runs it); bad input is one line, exit 2;
 no plan on what is left exits 1, as `plan search` does."""
 
+import dataclasses
 import json
 
 import pytest
@@ -101,3 +103,62 @@ def test_nothing_fits_on_what_is_left_exits_1(tmp_path, capsys):
                             "7:A100-80GB-SXM", "-o", str(out)], capsys)
     assert code == 1 and err.startswith("plan replan: no plan on ") and "Traceback" not in err
     assert "nothing fits in memory" in err and not out.exists()
+
+
+def _mixed_plan(tmp_path, *, a100_nodes, v100_nodes, **cfg):
+    """A plan on A100 nodes (flash attention), saved with a cluster that has V100 nodes too
+    (or not); the V100s run no flash attention in fp16."""
+    groups = [NodeGroup(name="a", gpu="A100-80GB-SXM", num_nodes=a100_nodes)]
+    if v100_nodes:
+        groups.append(NodeGroup(name="v", gpu="V100-32GB-SXM2", num_nodes=v100_nodes))
+    cluster = ClusterSpec(name="mixed", node_groups=tuple(groups)).resolved()
+    a100 = ClusterSpec(name="a", node_groups=(groups[0],)).resolved()
+    plan = homogeneous_plan(preset("gpt3-125m"), a100, ParallelConfig(
+        dp=8 * a100_nodes, mbs=1, gbs=16 * a100_nodes, seq_len=1024, dtype="fp16", **cfg),
+        kernels=Kernels(attention="flash"))
+    path = tmp_path / "mixed.yaml"
+    save_plan(plan, str(path))
+    return path, cluster
+
+
+def test_an_attention_kernel_a_gpu_left_cannot_run_is_not_asked_for(tmp_path, capsys):
+    """The old plan's flash attention is kept only where every GPU left runs it: with V100s
+    in the cluster each GPU type takes its own, as a search without --attention does."""
+    plan, cluster = _mixed_plan(tmp_path, a100_nodes=2, v100_nodes=1)
+    whole = tmp_path / "whole.yaml"
+    whole.write_text("name: mixed\nnode_groups:\n"
+                     "  - {name: a, gpu: A100-80GB-SXM, num_nodes: 2}\n"
+                     "  - {name: v, gpu: V100-32GB-SXM2, num_nodes: 1}\n")
+    out = tmp_path / "b.yaml"
+    code, _, err = run_cli(["replan", "--plan", str(plan), "--cluster", str(whole),
+                            "--without", "1:A100-80GB-SXM", "-o", str(out)], capsys)
+    assert code == 0, err  # asked for flash, the search refused the V100s (exit 2)
+    from planner.commands.replan import kept_attention
+
+    assert kept_attention(load_plan(str(plan)), cluster) is None
+    assert kept_attention(load_plan(str(plan)), load_plan(str(plan)).cluster) == "flash"
+
+
+def test_the_whole_cluster_is_where_lost_nodes_are_taken_from(tmp_path, capsys):
+    """A searched plan's cluster holds only the GPUs it used: losing them all leaves
+    nothing there, and the message says --cluster gives the whole cluster."""
+    plan, cluster = _mixed_plan(tmp_path, a100_nodes=1, v100_nodes=0)
+    code, _, err = run_cli(["replan", "--plan", str(plan), "--without", "1:A100-80GB-SXM",
+                            "-o", str(tmp_path / "b.yaml")], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "would leave no GPUs" in err and "--cluster FILE gives the whole cluster" in err
+
+
+def test_the_framework_is_the_one_whose_communication_the_plan_carries():
+    from planner.commands.replan import framework_of
+    from planner.export.frameworks import CAPABILITIES
+
+    plan = homogeneous_plan(preset("gpt3-125m"), parse_gpus_arg("H100-80GB-SXM:8"),
+                            ParallelConfig(dp=8, mbs=1, gbs=8, seq_len=1024, dtype="bf16"))
+    assert framework_of(plan) == "megatron"  # Communication's defaults are Megatron-LM's
+    for name, caps in CAPABILITIES.items():
+        comm = caps.communication("bf16")
+        if all(CAPABILITIES[o].communication("bf16") != comm for o in CAPABILITIES if o != name):
+            moved = dataclasses.replace(plan, training=dataclasses.replace(plan.training,
+                                                                           comm=comm))
+            assert framework_of(moved) == name
