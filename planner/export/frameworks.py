@@ -489,6 +489,12 @@ def _parallelisms(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list
     if not sp and s.tp > 1 and caps.sequence_parallel == "with tp":
         out.append(f"tp {s.tp} without sequence parallelism: {caps.version} always runs it "
                    f"with tp{_note(caps, 'sequence parallel')}")
+    local = plan.training.seq_len // max(s.cp, 1)  # a context-parallel rank's sequence
+    if sp and s.tp > 1 and caps.name == "megatron" and local % s.tp:
+        # Megatron-Core scatters the sequence over the tp ranks and asserts an even split
+        # (tensor_parallel/mappings.py `_split_along_first_dim`)
+        out.append(f"sequence parallelism with tp {s.tp} over a sequence of {local} tokens "
+                   f"per rank: {caps.version} splits the sequence evenly over the tp ranks")
     return out
 
 

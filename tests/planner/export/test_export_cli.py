@@ -446,3 +446,17 @@ def test_communication_of_another_framework_is_not_exported_as_priced(tmp_path, 
     save_plan(plan_in("megatron"), path)
     code, out, err = run_cli(["export", path, "--format", "megatron"], capsys)
     assert (code, err) == (0, "") and "--overlap-grad-reduce" in out
+
+
+def test_megatron_refuses_a_sequence_that_tp_does_not_split_evenly():
+    """Megatron-Core scatters the sequence over the tp ranks under sequence parallelism
+    and asserts an even split (tensor_parallel/mappings.py `_split_along_first_dim`)."""
+    from tests.planner.export.framework_helpers import plan_on
+
+    uneven = plan_on("A100-80GB-SXM:8", tp=8, dp=1, gbs=8, seq_len=2044,
+                     sequence_parallel=True)
+    even = plan_on("A100-80GB-SXM:8", tp=8, dp=1, gbs=8, seq_len=2048,
+                   sequence_parallel=True)
+    assert any("over a sequence of 2044 tokens" in u
+               for u in unsupported(uneven, CAPABILITIES["megatron"]))
+    assert not any("tokens per rank" in u for u in unsupported(even, CAPABILITIES["megatron"]))
