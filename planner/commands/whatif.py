@@ -25,6 +25,7 @@ from planner.specs.cluster import train_dtype
 from planner.specs.plan import TRAIN_DTYPES
 from planner.whatif.report import plan_scenarios, write_report
 from planner.whatif.scenarios import Setting, parse_scenario
+from profiler.schema import SpecError
 
 __all__ = ["add_parser", "run"]
 
@@ -80,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
                           memory_headroom_bytes=args.memory_headroom,
                           max_budget_usd=args.max_budget, profiles=profiles,
                           framework=args.framework)
+    if all(r.refused for r in rows):  # bad input for every scenario: no report to write
+        raise SpecError(rows[0].refused)
     title = f"What if: {model.name} on {cluster.name}, {count_words(args.tokens)} tokens"
     paths = write_report(rows, args.output, title=title,
                          command=shlex.join(["plan", *args.argv]), profiles=profiles)

@@ -40,6 +40,7 @@ class Row:
     note: str  # why there is no plan, or what to know about this one
     headroom_wanted_bytes: float = DEFAULT_HEADROOM_BYTES  # free memory asked for
     recompute_s: float = 0.0  # of the iteration: recomputation the plan's memory needs
+    refused: str = ""  # the input error (a SpecError's message) that left it without a plan
 
     @property
     def label(self) -> str:
@@ -177,8 +178,11 @@ def _plan_one(setting: Setting, **kw: object) -> Row:
         check_train_dtype((g.device for g in setting.cluster.node_groups), req.dtype,
                           where="--dtype")
         found = search(req)
-    except (InfeasiblePlan, SpecError) as err:
+    except InfeasiblePlan as err:
         return Row(setting, None, f"no plan: {err}", req.memory_headroom_bytes)
+    except SpecError as err:  # this scenario's input (another may add what it lacks)
+        return Row(setting, None, f"no plan: {err}", req.memory_headroom_bytes,
+                   refused=str(err))
     best = found.ranked[0]
     notes = list(found.notes)
     unpriced = sorted({g.gpu for g in setting.cluster.node_groups

@@ -30,3 +30,19 @@ def test_refused_before_planning(tmp_path, monkeypatch, capsys, flags, needle):
     assert err.count("\n") == 1 and "Traceback" not in err
     assert (tmp_path / "notes.txt").read_text() == "my notes"
     assert not (tmp_path / "r").exists()
+
+
+def test_a_refusal_every_scenario_shares_is_bad_input(tmp_path, monkeypatch, capsys):
+    """--objective cost on a cluster without prices: no scenario can be planned, so it is
+    one line and exit 2 (was: a report of rows without a plan, exit 0). Where a scenario
+    adds the prices, it plans and the baseline's row says why it has none."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["what-if", "--model", "gpt3-125m", "--gpus", "H100-80GB-SXM:8", "--gbs", "16",
+            "--tokens", "1e9", "--objective", "cost", "-o", "r"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--objective: 'cost' is not allowed (needs prices" in err
+    assert not (tmp_path / "r").exists()
+    code, out, err = run_cli([*argv, "--scenario", "priced: price H100-80GB-SXM 2.5"], capsys)
+    assert code == 0, err
+    assert "baseline: no plan: --objective" in out and "priced: " in out
