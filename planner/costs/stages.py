@@ -43,6 +43,7 @@ from planner.costs.host import (
     host_source,
     launch_s,
 )
+from planner.costs.kernels import attention_for, supported_attention
 from planner.costs.memory import (
     StageMemory,
     activation_memory,
@@ -75,7 +76,7 @@ from planner.specs.choices import (
 )
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Communication, Kernels, Plan, Sharding
+from planner.specs.plan import Communication, Kernels, Plan, Sharding, Stage
 from profiler.devices import DeviceSpec, device_efficiency
 from profiler.kernels import Attention
 from profiler.schema import cached_hash, coerce_choices
@@ -933,9 +934,24 @@ def stage_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: Run
 
 # -- a whole Plan ---------------------------------------------------------------------------
 
+def stage_attention(plan: Plan, stage: Stage) -> Attention:
+    """The attention kernel a stage runs: its own where set; else the plan's, where the
+    stage's GPU type runs it in the plan's dtype, and otherwise that GPU type's own (a
+    plan on mixed GPU types names the first type's default: V100s, say, run no flash
+    attention in fp16; `planner/costs/kernels.py`)."""
+    asked = plan.attention_of(stage)
+    if stage.attention is not None:
+        return asked
+    slot = plan.cluster.slots[stage.devices[0]]
+    dev = plan.cluster.node_groups[slot.group].device
+    if asked in supported_attention(dev, plan.training.dtype):
+        return asked
+    return attention_for(dev, plan.training.dtype)
+
+
 def plan_replicas(plan: Plan) -> list[list[PlacedStage]]:
     return [[PlacedStage(devices=s.devices, tp=s.tp, cp=s.cp, num_layers=s.num_layers,
-                         recompute=s.recompute, attention=plan.attention_of(s),
+                         recompute=s.recompute, attention=stage_attention(plan, s),
                          ep=plan.training.ep, etp=plan.training.etp,
                          ep_layout=plan.training.ep_layout)
              for s in pipe.stages] for pipe in plan.pipelines]

@@ -128,3 +128,20 @@ def _gpus(plan):
     groups, slots = plan.cluster.node_groups, plan.cluster.slots
     return {groups[slots[d].group].gpu for p in plan.pipelines for s in p.stages
             for d in s.devices}
+
+
+def test_a_gpu_type_that_cannot_run_the_plans_attention_runs_its_own():
+    """A plan on A100s and V100s names the first type's default (flash); the V100 stages
+    run memory-efficient attention in fp16 (FlashAttention needs sm80), and are priced so."""
+    from planner.costs.stages import plan_replicas
+    from planner.specs.cluster import ClusterSpec, NodeGroup
+    from planner.specs.plan import Kernels
+
+    cluster = ClusterSpec(name="av", node_groups=(
+        NodeGroup(name="a", gpu="A100-80GB-SXM", num_nodes=1),
+        NodeGroup(name="v", gpu="V100-32GB-SXM2", num_nodes=1))).resolved()
+    plan = homogeneous_plan(preset("gpt3-125m"), cluster, ParallelConfig(
+        dp=16, mbs=1, gbs=16, seq_len=1024, dtype="fp16"), kernels=Kernels(attention="flash"))
+    by_gpu = {cluster.node_groups[cluster.slots[st[0].devices[0]].group].gpu: st[0].attention
+              for st in plan_replicas(plan)}
+    assert by_gpu == {"A100-80GB-SXM": "flash", "V100-32GB-SXM2": "memory_efficient"}
