@@ -35,6 +35,10 @@ def int_in(low: int, high: int = MAX_INT_FLAG) -> Callable[[str], int]:
     """An argparse type: an ASCII integer in [low, high]."""
 
     def parse(text: str) -> int:
+        if re.fullmatch(r"\s*[+-]?[0-9]{20,}\s*", text):  # a whole number, far out of range
+            bound = f"≥ {low}" if text.strip().startswith("-") else f"≤ {high:,}"
+            raise argparse.ArgumentTypeError(f"{short_repr(text)} is not allowed (must be "
+                                             f"{bound})")
         if not re.fullmatch(r"\s*[+-]?[0-9]{1,19}\s*", text):
             raise argparse.ArgumentTypeError(f"{short_repr(text)} is not an integer")
         value = int(text)

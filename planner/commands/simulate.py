@@ -140,9 +140,14 @@ def _sharding(args: argparse.Namespace) -> Sharding:
     params = args.shard_params or 1
     grads = args.shard_grads or params
     optim = args.shard_optim or grads
-    sharding = Sharding(params=params, grads=grads, optim=optim)
-    sharding.check("--shard")
-    return sharding
+    # named by the flags (a left-out one takes the level before it)
+    if grads % params:
+        fail("--shard-grads", grads, f"must be a multiple of --shard-params ({params})")
+    if optim % grads:
+        fail("--shard-optim", optim, f"must be a multiple of the gradient sharding ({grads}"
+             + (")" if args.shard_grads else ": --shard-grads, which defaults to "
+                "--shard-params)"))
+    return Sharding(params=params, grads=grads, optim=optim)
 
 
 _LAYOUT_FLAGS = ("tp", "pp", "dp", "mbs", "gbs")  # required without --plan

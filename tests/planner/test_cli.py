@@ -46,6 +46,12 @@ MODEL = ("name: m\nnum_layers: 4\nhidden_size: 256\nffn_hidden_size: 1024\nnum_h
      "with argument --plan"),
     (_swap("--recompute", "some"), "argument --recompute: invalid choice: 'some'"),
     (GOOD + ["--shard-params", "3"], "--shard-params: 3 is not allowed (must divide dp = 1)"),
+    # named by the flags the user has, and what a left-out one defaults to
+    (GOOD + ["--shard-params", "8", "--shard-optim", "2"], "--shard-optim: 2 is not allowed "
+     "(must be a multiple of the gradient sharding (8: --shard-grads, which defaults to "
+     "--shard-params))"),
+    (GOOD + ["--shard-params", "2", "--shard-grads", "3"], "--shard-grads: 3 is not allowed "
+     "(must be a multiple of --shard-params (2))"),
     (_swap("--gpus", "V100-32GB-SXM3:64") + ["--dtype", "bf16"], "V100-32GB-SXM3 has no bf16"),
     (GOOD + ["--schedule", "zb-h2"], "argument --schedule: invalid choice: 'zb-h2' (choose from "
      "'1f1b', 'gpipe', 'zb-h1')"),

@@ -33,7 +33,9 @@ def test_number_in_keeps_good_values():
     (gbs_arg, "1e9", "'1e9' is not an integer"),
     (gbs_arg, "²", "'²' is not an integer"),
     (gbs_arg, "0", "0 is not allowed (must be ≥ 1)"),
-    (gbs_arg, "9" * 5000, "is not an integer"),
+    (gbs_arg, "9" * 5000, "is not allowed (must be ≤ 65,536)"),  # a whole number, too large
+    (gbs_arg, "99999999999999999999", "is not allowed (must be ≤ 65,536)"),
+    (gbs_arg, "-99999999999999999999", "is not allowed (must be ≥ 1)"),
     (int_list, "1,²", "is not a comma-separated list"),
     (int_list, ",".join(["1"] * 100), "at most 64 integers"),
     (path_arg, "", "'' is not allowed (a file name)"),
