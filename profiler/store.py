@@ -368,6 +368,7 @@ def load_profiles(paths: Sequence[str], *, devices: Sequence[str], dtype: str,
     trained in `dtype`. A file named explicitly must fit (its device is one of `devices`,
     its op rows are of `dtype`); files in a folder that do not fit are skipped."""
     chosen: dict[str, list[Profile]] = {}
+    skipped: list[str] = []  # what the folders held that did not fit: "device dtype"
     for path in paths:
         explicit = not os.path.isdir(path)
         files = [path] if explicit else sorted(
@@ -379,11 +380,17 @@ def load_profiles(paths: Sequence[str], *, devices: Sequence[str], dtype: str,
                 if explicit:
                     fail(f"{where} {file}: device", meta.device,
                          f"the plan's GPUs are {', '.join(devices)}")
+                skipped.append(f"{meta.device} {meta.dtype}")
                 continue
             if profile.op_rows and meta.dtype != dtype:
                 if explicit:
                     fail(f"{where} {file}: dtype", meta.dtype,
                          f"the plan trains in {dtype} (--dtype); profile that dtype")
+                skipped.append(f"{meta.device} {meta.dtype}")
                 continue
             chosen.setdefault(meta.device, []).append(profile)
+    if paths and not chosen:  # folders only, none of it fits: the flag would do nothing
+        held = ", ".join(sorted(set(skipped))) or "no profile (*.csv)"
+        fail(where, ", ".join(paths), f"a profile of {' or '.join(devices)} in {dtype}; "
+             f"it holds {held}")
     return Profiles(tuple((name, _merge(ps)) for name, ps in sorted(chosen.items())))

@@ -159,7 +159,10 @@ def test_a_folder_picks_the_profiles_of_the_plans_devices(tmp_path):
     merged = profiles.get("CPU")
     assert merged is not None and len(merged.rows) == len(ROWS)
     assert merged.collective_time_s("all_reduce", 1024, 2) == 2e-5
-    assert load_profiles([str(folder)], devices=["V100-32GB-SXM2"], dtype="fp32").by_device == ()
+    # a folder with nothing for the plan would leave --profile doing nothing: said, exit 2
+    with pytest.raises(SpecError, match=r"a profile of V100-32GB-SXM2 in fp32; it holds "
+                                        r"CPU fp32, H100-80GB-SXM bf16"):
+        load_profiles([str(folder)], devices=["V100-32GB-SXM2"], dtype="fp32")
 
 
 def test_the_example_profiles_load():
