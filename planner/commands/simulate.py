@@ -204,6 +204,11 @@ def run(args: argparse.Namespace) -> int:
         return _simulate_plan(args, _plan_from_args(args))
     _require_configuration(args)
     model, cluster = load_inputs(args)
+    if not model.is_moe:  # expert settings on a dense model would be silently ignored
+        for flag in ("ep_layout", "moe_dispatcher"):
+            if getattr(args, flag) is not None:
+                fail(f"--{flag.replace('_', '-')}", getattr(args, flag),
+                     f"only for mixture-of-experts models ({model.name} has no experts)")
     cfg = config_from_args(args, model)
     if args.cluster is not None:  # a configuration may use the first part of a larger cluster
         cluster = cluster.take(cfg.num_gpus)

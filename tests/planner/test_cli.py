@@ -46,6 +46,8 @@ MODEL = ("name: m\nnum_layers: 4\nhidden_size: 256\nffn_hidden_size: 1024\nnum_h
      "with argument --plan"),
     (_swap("--recompute", "some"), "argument --recompute: invalid choice: 'some'"),
     (GOOD + ["--shard-params", "3"], "--shard-params: 3 is not allowed (must divide dp = 1)"),
+    (GOOD + ["--moe-dispatcher", "deepep"], "--moe-dispatcher: 'deepep' is not allowed (only "
+     "for mixture-of-experts models (gpt3-175b has no experts))"),
     # named by the flags the user has, and what a left-out one defaults to
     (GOOD + ["--shard-params", "8", "--shard-optim", "2"], "--shard-optim: 2 is not allowed "
      "(must be a multiple of the gradient sharding (8: --shard-grads, which defaults to "
