@@ -17,7 +17,16 @@ from importlib import resources
 from typing import Literal
 
 from profiler.kernels import ARCH_ATTENTION, Attention
-from profiler.schema import SpecError, at, fail, load_yaml, load_yaml_text, parse, spec_field
+from profiler.schema import (
+    SpecError,
+    at,
+    dump,
+    fail,
+    load_yaml,
+    load_yaml_text,
+    parse,
+    spec_field,
+)
 
 __all__ = [
     "DTYPES",
@@ -274,8 +283,23 @@ def parse_catalog(raw: object, *, where: str) -> dict[str, DeviceSpec]:
 
 def load_catalog(path: str) -> dict[str, DeviceSpec]:
     """A catalog file (`--catalog FILE`, or what `plan profile fit` writes): device types
-    that add to the shipped catalog or override its entries of the same name."""
-    return parse_catalog(load_yaml(path), where=f"{path}:")
+    that add to the shipped catalog or override its entries of the same name. An entry
+    for a shipped type may give only the fields it changes (`{A100-80GB-SXM: {memory_gib:
+    40}}`); the rest are the shipped entry's."""
+    raw = load_yaml(path)
+    if isinstance(raw, Mapping):
+        shipped = catalog()
+        raw = {name: ({**_fields(shipped[str(name)]), **entry}
+                      if str(name) in shipped and isinstance(entry, Mapping) else entry)
+               for name, entry in raw.items()}
+    return parse_catalog(raw, where=f"{path}:")
+
+
+def _fields(dev: DeviceSpec) -> dict:
+    """A shipped device's fields as its catalog entry gives them (without its name)."""
+    out = dump(dev)
+    out.pop("name", None)
+    return out
 
 
 def _data(name: str) -> object:

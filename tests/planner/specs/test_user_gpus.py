@@ -85,6 +85,19 @@ def test_a_catalog_file_overrides_an_entry_for_every_command(tmp_path, capsys):
     assert "A100-80GB-SXM      80.0GiB   156.0TF/s" in listing
 
 
+def test_a_catalog_entry_for_a_shipped_type_may_give_only_what_it_changes(tmp_path, capsys):
+    """{A100-80GB-SXM: {memory_gib: 40}}: the 40 GB memory over the shipped entry's fields
+    (was: refused for every field it left out)."""
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text("A100-80GB-SXM: {memory_gib: 40}\n")
+    code, listing, err = run_cli(["gpus", "--catalog", str(catalog)], capsys)
+    assert code == 0, err
+    assert "A100-80GB-SXM      40.0GiB   312.0TF/s" in listing
+    catalog.write_text("Z100: {memory_gib: 40}\n")  # a new type still needs every field
+    code, _, err = run_cli(["gpus", "--catalog", str(catalog)], capsys)
+    assert code == 2 and "Z100.vendor: missing" in err
+
+
 def test_profile_fit_writes_a_catalog_file(tmp_path, capsys):
     """`plan profile fit -o` writes the profiled type with its fitted parameters, which
     --catalog then uses (no editing of package data)."""
