@@ -9,7 +9,7 @@ import math
 import re
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from planner.export.frameworks import CAPABILITIES
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TOKENS, MAX_USD
@@ -22,7 +22,13 @@ __all__ = ["Parser", "add_catalog_arg", "add_cluster_args", "add_framework_arg",
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2)."""
+    """argparse with one-line errors (exit 2), and negative numbers in any notation taken
+    as values (argparse's own pattern knows only -5 and -.5: `--tokens -1e9` read as a flag
+    said "expected one argument" instead of naming the value's bound)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")

@@ -206,6 +206,8 @@ def test_search_table_json_and_plan(tmp_path, capsys):
     (["--max-budget", "100"], "--max-budget: 100.0 is not allowed (needs --tokens"),
     (["--objective", "time-to-train"], "needs --tokens"),
     (["--tokens", "-5"], "--tokens: -5.0 is not allowed (must be > 0)"),
+    # a negative number in e-notation is a value, not a flag
+    (["--tokens", "-1e9"], "--tokens: -1000000000.0 is not allowed (must be > 0)"),
     # the budget is what cannot be judged without prices: it is the value named
     (["--tokens", "1e9", "--max-budget", "100"], "--max-budget: 100.0 is not allowed (needs prices"),
 ])
