@@ -69,6 +69,8 @@ class FrameworkCapabilities:
     per_stage_sharding: bool
     per_stage_recompute: bool
     tp_with_pp: bool = True
+    # tp divides the key/value heads (no copies of a KV head on several tp ranks)
+    kv_heads_split: bool = False
     rank_order: str | None = "tp-cp-dp-pp"  # how it numbers ranks (None: as the plan says)
     # what selective recomputation can re-run (Training.recompute_modules)
     recompute_modules: frozenset[str] = frozenset(RecomputeModule)
@@ -116,6 +118,9 @@ _MEGATRON = FrameworkCapabilities(
     # within dp / instances replicas), transformer/enums.py AttnBackend.
     name="megatron", version="megatron-core 0.16.1 (Megatron-LM core_r0.16.0)",
     parallelisms=frozenset({"tp", "pp", "dp", "cp", "vp", "ep"}),
+    # transformer/attention.py: num_query_groups_per_partition = divide(num_query_groups,
+    # tp world size), which asserts an even split
+    kv_heads_split=True,
     schedules=frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B}),
     sharding=(NO_SHARDING, ZERO1, ("1", "1", "k")),
     recompute=frozenset({"none", "selective", "full"}),
@@ -489,6 +494,10 @@ def _parallelisms(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list
     if not sp and s.tp > 1 and caps.sequence_parallel == "with tp":
         out.append(f"tp {s.tp} without sequence parallelism: {caps.version} always runs it "
                    f"with tp{_note(caps, 'sequence parallel')}")
+    kv = plan.model.kv_heads
+    if caps.kv_heads_split and kv % s.tp:
+        out.append(f"tp {s.tp} over {kv} key/value heads: {caps.version} splits the "
+                   "key/value heads over the tp ranks (tp must divide them)")
     local = plan.training.seq_len // max(s.cp, 1)  # a context-parallel rank's sequence
     if sp and s.tp > 1 and caps.name == "megatron" and local % s.tp:
         # Megatron-Core scatters the sequence over the tp ranks and asserts an even split

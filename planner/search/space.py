@@ -80,6 +80,7 @@ class SearchSpace:
     sharding_with_pp: tuple[ShardPattern, ...] | None = None
     tp_with_pp: bool = True  # tp > 1 and pp > 1 in one layout
     uneven_stages: bool = True  # stages (and chunks) of different layer counts
+    kv_heads_split: bool = False  # tp must divide the key/value heads (the framework's rule)
     ep: tuple[int, ...] = (1,)  # expert-parallel degrees (MoE models)
     # MoE limits of a framework (FrameworkCapabilities): ep groups of data-parallel ranks
     # only; schedules and recompute modes with ep > 1 (None: any); expert tp 1 where
@@ -147,6 +148,7 @@ def for_framework(space: SearchSpace, caps: FrameworkCapabilities) -> SearchSpac
         sharding=caps.sharding, sharding_with_pp=caps.sharding_with_pp,
         tp_with_pp=space.tp_with_pp and caps.tp_with_pp,
         uneven_stages=space.uneven_stages and caps.uneven_stages,
+        kv_heads_split=space.kv_heads_split or caps.kv_heads_split,
         ep_within_dp=caps.ep_within_dp,
         ep_schedules=None if caps.ep_schedules is None
         else tuple(s for s in Schedule if s in caps.ep_schedules),
@@ -161,6 +163,11 @@ def for_framework(space: SearchSpace, caps: FrameworkCapabilities) -> SearchSpac
 
 def tp_fits_heads(model: ModelSpec, tp: int) -> bool:
     return tp_problem(model, tp) is None
+
+
+def kv_heads_split_where_needed(space: SearchSpace, model: ModelSpec, tp: int) -> bool:
+    """tp divides the key/value heads, where the space's framework copies none."""
+    return not space.kv_heads_split or model.kv_heads % tp == 0
 
 
 def cp_fits_sequence(seq_len: int, cp: int) -> bool:
@@ -241,13 +248,16 @@ def missing_for(space: SearchSpace, model: ModelSpec, layout: Layout) -> list[st
     checks = (("tp", layout.tp in space.tp), ("context parallelism", layout.cp in space.cp),
               ("pp", layout.pp in space.pp),
               ("tp with pp", tp_with_pp_allowed(space, layout.tp, layout.pp)),
-              ("uneven stages", stages_even_where_needed(space, model, layout.pp)))
+              ("uneven stages", stages_even_where_needed(space, model, layout.pp)),
+              ("tp beyond the key/value heads",
+               kv_heads_split_where_needed(space, model, layout.tp)))
     return [what for what, ok in checks if not ok]
 
 
 def layouts(space: SearchSpace, model: ModelSpec, *, gbs: int, seq_len: int) -> Iterator[Layout]:
     for n, tp, cp, pp in itertools.product(space.num_gpus, space.tp, space.cp, space.pp):
         if not (split_fits_gpus(n, tp, cp, pp) and tp_fits_heads(model, tp)
+                and kv_heads_split_where_needed(space, model, tp)
                 and cp_fits_sequence(seq_len, cp) and pp_fits_layers(model, pp)
                 and tp_with_pp_allowed(space, tp, pp)
                 and stages_even_where_needed(space, model, pp)):

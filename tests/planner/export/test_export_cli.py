@@ -460,3 +460,28 @@ def test_megatron_refuses_a_sequence_that_tp_does_not_split_evenly():
     assert any("over a sequence of 2044 tokens" in u
                for u in unsupported(uneven, CAPABILITIES["megatron"]))
     assert not any("tokens per rank" in u for u in unsupported(even, CAPABILITIES["megatron"]))
+
+
+def test_megatron_splits_the_key_value_heads_over_tp():
+    """Megatron-Core divides the query groups by the tp size and asserts an even split
+    (transformer/attention.py `num_query_groups_per_partition = divide(...)`): tp 4 over
+    debug-tiny-llama's 2 KV heads is refused, and a search for Megatron-LM never picks it."""
+    from planner.search import SearchRequest, search
+    from planner.specs.cluster import parse_gpus_arg
+    from planner.specs.plan import DType
+    from tests.planner.export.framework_helpers import plan_on
+
+    replicated = plan_on("A100-80GB-SXM:8", model="debug-tiny-llama", tp=4, dp=2, gbs=8,
+                         seq_len=128)
+    split = plan_on("A100-80GB-SXM:8", model="debug-tiny-llama", tp=2, dp=4, gbs=8,
+                    seq_len=128)
+    assert any("tp 4 over 2 key/value heads" in u
+               for u in unsupported(replicated, CAPABILITIES["megatron"]))
+    assert not any("key/value heads" in u for u in unsupported(split, CAPABILITIES["megatron"]))
+    assert not any("key/value heads" in u
+                   for u in unsupported(replicated, CAPABILITIES["trainplan"]))
+    found = search(SearchRequest(model=preset("debug-tiny-llama"),
+                                 cluster=parse_gpus_arg("A100-80GB-SXM:8"), gbs=8, seq_len=128,
+                                 dtype=DType.BF16, framework="megatron", top=50))
+    assert found.ranked and all(s.tp <= 2 for r in found.ranked
+                                for p in r.plan.pipelines for s in p.stages)
