@@ -920,7 +920,9 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
         idle = len(mine) - used.get(gpu, 0)
         if not idle:
             continue
-        if idle < len(mine):
+        if idle < len(mine) and req.objective == "cost":
+            why = "a plan on more of them costs more"
+        elif idle < len(mine):
             why = "they do not divide evenly into the plan's replicas and stages"
         elif req.objective == "cost" and gpu in with_type:
             why = "every plan that uses them costs more"

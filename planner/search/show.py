@@ -98,6 +98,16 @@ def search_json(result: SearchResult, req: SearchRequest) -> dict:
             "plans": [_row(r, req) for r in result.ranked]}
 
 
+def _gpus_cell(row: dict, req: SearchRequest) -> str:
+    """The GPUs a plan uses; on a cluster of several types, with the type where the plan
+    uses one (`8 H100`), since two such rows differ only there (mixed plans: a line per
+    kind of replica below their row)."""
+    types = row["gpu_types"]
+    if len({g.gpu for g in req.cluster.node_groups}) == 1 or len(types) != 1:
+        return str(row["gpus"])
+    return f"{row['gpus']} {next(iter(types)).split('-')[0]}"
+
+
 def _days(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d" if seconds >= 86400 else f"{seconds / 3600:.1f} h"
 
@@ -123,7 +133,7 @@ def search_table(result: SearchResult, req: SearchRequest, *, wide: bool = False
         flagged = flagged or low
         shard = ("per stage" if plan.stage_sharding else
                  sharding_cell(plan.sharding, plan.dp_cp))
-        row = [str(i), str(d["gpus"]), layout_cell(plan), str(d["mbs"]), str(d["recompute"]), shard, f"{d['iteration_time_s']:.3f}",
+        row = [str(i), _gpus_cell(d, req), layout_cell(plan), str(d["mbs"]), str(d["recompute"]), shard, f"{d['iteration_time_s']:.3f}",
                f"{d['mfu'] * 100:.1f}%", f"{d['peak_memory_bytes'] / GIB:.1f}",
                f"{d['memory_headroom_bytes'] / GIB:.1f}{' !' if low else '  '}"]
         if priced:

@@ -291,3 +291,22 @@ def test_simulate_a_plan_file_as_written(tmp_path, capsys):
     from planner.specs.plan import describe_layout
 
     assert code == 0 and f"  {describe_layout(written)}\n" in out
+
+
+def test_search_table_on_several_gpu_types_names_the_type_and_which_way_a_baseline_is(
+        capsys):
+    """Cost on a cluster of H100s and A100s: one-GPU plans of either type differ only by
+    the type, so the GPUs column names it; a baseline faster than the cheapest plan reads
+    'slower' (was '-96% faster'); GPUs a cheaper plan leaves idle cost more, not 'do not
+    divide evenly'."""
+    import pathlib
+
+    two_dc = pathlib.Path(__file__).resolve().parents[2] / "cluster_specs" / "two-datacenter.yaml"
+    code, out, err = _run(["search", "--model", "gpt3-125m", "--cluster", str(two_dc),
+                           "--gbs", "256", "--objective", "cost", "--tokens", "1e9"], capsys)
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines() if line[:1].isdigit()]
+    assert {r[2] for r in rows} >= {"H100", "A100"}
+    assert "% faster" not in out.split("baseline uniform")[1].splitlines()[0]
+    assert "the best plan is" in out and "slower" in out
+    assert "do not divide evenly" not in out and "a plan on more of them costs more" in out
