@@ -18,6 +18,7 @@ from planner.commands.args import (
 )
 from planner.commands.inputs import load_inputs, profiles_for, with_prediction
 from planner.costs.kernels import default_kernels, fastest_kernels
+from planner.costs.stages import with_stage_attention
 from planner.outputs import (
     PICTURE_SUFFIXES,
     PLAN_SUFFIXES,
@@ -45,6 +46,7 @@ from planner.specs.plan import (
     describe_layout,
     expert_words,
     load_plan,
+    other_attention,
     plan_to_dict,
     save_plan,
 )
@@ -219,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
                               attention=args.attention)
     if not kernels.attention.fused and cfg.cp > 1:
         fail("--attention", "math", "context parallelism needs a fused attention kernel")
-    plan = homogeneous_plan(model, cluster, cfg, kernels=kernels)
+    plan = with_stage_attention(homogeneous_plan(model, cluster, cfg, kernels=kernels))
     if args.moe_dispatcher:
         tr = plan.training
         plan = replace(plan, training=replace(tr, comm=replace(
@@ -298,7 +300,8 @@ def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:
             f"mbs {cfg.mbs}, gbs {cfg.gbs}, seq {cfg.seq_len}, recompute {cfg.recompute}"
             f"{', sequence parallel' if cfg.sequence_parallel else ''}, {cfg.dtype}, "
             f"sharding P/G/OS {cfg.sharding.params}/{cfg.sharding.grads}/{cfg.sharding.optim}, "
-            f"{plan.kernels.attention} attention, {plan.kernels.optimizer} AdamW")
+            f"{plan.kernels.attention} attention{other_attention(plan)}, "
+            f"{plan.kernels.optimizer} AdamW")
 
 
 def summary(plan: Plan, layout: str, r: SimResult) -> str:

@@ -949,6 +949,17 @@ def stage_attention(plan: Plan, stage: Stage) -> Attention:
     return attention_for(dev, plan.training.dtype)
 
 
+def with_stage_attention(plan: Plan) -> Plan:
+    """`plan` with each stage's attention kernel written where its GPU type runs another
+    than the plan's (`stage_attention`), so that the plan file and its description say
+    what each stage runs."""
+    pipes = tuple(replace(p, stages=tuple(
+        s if stage_attention(plan, s) == plan.attention_of(s)
+        else replace(s, attention=stage_attention(plan, s)) for s in p.stages))
+        for p in plan.pipelines)
+    return plan if pipes == plan.pipelines else replace(plan, pipelines=pipes)
+
+
 def plan_replicas(plan: Plan) -> list[list[PlacedStage]]:
     return [[PlacedStage(devices=s.devices, tp=s.tp, cp=s.cp, num_layers=s.num_layers,
                          recompute=s.recompute, attention=stage_attention(plan, s),

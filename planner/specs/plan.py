@@ -42,7 +42,8 @@ from profiler.schema import SpecError, at, coerce_choices, dump, fail, load_yaml
 
 __all__ = ["COMM_PRESETS", "DEFAULT_COMM", "REDUCE_DTYPES", "SCHEMA_VERSION", "TRAIN_DTYPES", "Communication", "Kernels",
            "Pipeline", "Plan", "Predicted", "Provenance", "Sharding", "Stage", "Training",
-           "describe_layout", "expert_words", "flush_words", "load_plan", "plan_from_dict",
+           "describe_layout", "expert_words", "flush_words", "load_plan", "other_attention",
+           "plan_from_dict",
            "plan_to_dict", "save_plan"]
 
 SCHEMA_VERSION = 1
@@ -533,8 +534,15 @@ def describe_layout(plan: Plan) -> str:
             f"{flush_words(tr)}"
             f"{', sequence parallel' if tr.sequence_parallel else ''}, recompute "
             f"{p0.stages[0].recompute}, {plan.sharding_label}, "
-            f"{k.attention} attention, {k.optimizer} AdamW"
+            f"{k.attention} attention{other_attention(plan)}, {k.optimizer} AdamW"
             f"{'' if tr.master_weights else ' without fp32 master weights'}")
+
+
+def other_attention(plan: Plan) -> str:
+    """Stages that run another attention kernel than the plan's (GPU types without it)."""
+    other = sorted({str(s.attention) for p in plan.pipelines for s in p.stages
+                    if s.attention is not None and s.attention != plan.kernels.attention})
+    return f" ({', '.join(other)} on some stages)" if other else ""
 
 
 def plan_to_dict(plan: Plan) -> dict:

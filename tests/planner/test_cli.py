@@ -310,3 +310,24 @@ def test_search_table_on_several_gpu_types_names_the_type_and_which_way_a_baseli
     assert "% faster" not in out.split("baseline uniform")[1].splitlines()[0]
     assert "the best plan is" in out and "slower" in out
     assert "do not divide evenly" not in out and "a plan on more of them costs more" in out
+
+
+def test_simulate_on_mixed_types_writes_what_each_stage_runs(tmp_path, capsys):
+    """A100s with V100s in fp16: the plan names flash (the first type's default) and its
+    V100 stages say they run memory-efficient attention, in the file and the output."""
+    from planner.specs.plan import load_plan
+
+    cluster = tmp_path / "av.yaml"
+    cluster.write_text("name: av\nnode_groups:\n  - {name: a, gpu: A100-80GB-SXM, num_nodes: 1}\n"
+                       "  - {name: v, gpu: V100-32GB-SXM2, num_nodes: 1}\n")
+    out = tmp_path / "p.yaml"
+    code, text, err = _run(["simulate", "--model", "gpt3-125m", "--cluster", str(cluster),
+                            "--tp", "1", "--pp", "1", "--dp", "16", "--mbs", "1", "--gbs", "16",
+                            "--seq", "1024", "-o", str(out)], capsys)
+    assert code == 0, err
+    assert "flash attention (memory_efficient on some stages)" in text
+    plan = load_plan(str(out))
+    groups, slots = plan.cluster.node_groups, plan.cluster.slots
+    runs = {(groups[slots[s.devices[0]].group].gpu, plan.attention_of(s))
+            for p in plan.pipelines for s in p.stages}
+    assert runs == {("A100-80GB-SXM", "flash"), ("V100-32GB-SXM2", "memory_efficient")}
