@@ -1,16 +1,18 @@
-"""The analytic GEMM model against measured kernel throughput on Hopper (held out).
+"""The analytic GEMM model against measured kernel throughput on Hopper and Blackwell
+(held out).
 
-planner/data/reference/xla_matmul_sm90.csv is OpenXLA's default matmul performance table
-for sm_90 (`kDefaultMatmulPTable`, xla/service/gpu/model/matmul_interpolator_data.h;
-collected by xla/tools/matmul_perf_table_gen: every b in {1, 2, 4} and m, n, k in
-{256, ..., 4096}, each dot compiled by XLA with its autotuned backend and timed on the
-GPU): 375 shapes in bf16 and in f32, whose throughput (up to 401 TFLOP/s, six times the
-67 TFLOP/s of the CUDA cores) says XLA ran them on the tensor cores in TF32. Each shape's
-measured time is set beside `profiler.analytic.gemm_time_s` on the catalog's
-H100-80GB-SXM (the measured bf16 rate, up to 793 TFLOP/s, is above the 756 of the PCIe
-part). Nothing was fitted to the table (docs/calibration.md, "GEMM kernels on Hopper").
+planner/data/reference/xla_matmul_sm90.csv and xla_matmul_sm100.csv are OpenXLA's default
+matmul performance tables (`kDefaultMatmulPTable`, matmul_interpolator_data.h; collected by
+xla/tools/matmul_perf_table_gen: every b in {1, 2, 4} and m, n, k in {256, ..., 4096}, each
+dot compiled by XLA with its autotuned backend and timed on the GPU): 375 shapes each, in
+bf16 and in f32 (whose throughput, up to 401 TFLOP/s on sm_90, six times the 67 TFLOP/s of
+the CUDA cores, says XLA ran them on the tensor cores in TF32), and on sm_100 in FP8 (e4m3
+x e4m3 -> bf16). Each shape's measured time is set beside `profiler.analytic.gemm_time_s`
+on the catalog's H100-80GB-SXM (sm_90: the measured bf16 rate, up to 793 TFLOP/s, is above
+the 756 of the PCIe part) and B200-180GB (sm_100). Nothing was fitted to the tables
+(docs/calibration.md, "GEMM kernels on Hopper"; sources in planner/data/reference/README.md).
 
-    python -m planner.calibration.gemm_kernels [--device NAME] [-v]
+    python -m planner.calibration.gemm_kernels [--arch sm_90|sm_100] [--device NAME] [-v]
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ from dataclasses import dataclass
 from profiler.analytic import gemm_time_s
 from profiler.devices import DeviceSpec, device
 
-__all__ = ["BANDS_US", "KernelCase", "bands", "kernel_cases", "main", "rank_correlation"]
+__all__ = ["BANDS_US", "TABLES", "KernelCase", "bands", "kernel_cases", "main", "rank_correlation"]
 
-TABLE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "reference",
-                     "xla_matmul_sm90.csv")
+_REFERENCE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "reference")
+# each table and the catalog GPU it is priced on
+TABLES = {"sm_90": (os.path.join(_REFERENCE, "xla_matmul_sm90.csv"), "H100-80GB-SXM"),
+          "sm_100": (os.path.join(_REFERENCE, "xla_matmul_sm100.csv"), "B200-180GB")}
+TABLE = TABLES["sm_90"][0]
 # the table's dtype -> the precision its kernels ran in (f32 dots: TF32 tensor cores)
-MATH = {"bf16": "bf16", "f32": "tf32"}
-ELEM_BYTES = {"bf16": 2, "f32": 4}
+MATH = {"bf16": "bf16", "f32": "tf32", "fp8": "fp8"}
+ELEM_BYTES = {"bf16": 2, "f32": 4, "fp8": 1}
 # bands of measured kernel time, microseconds (upper bounds)
 BANDS_US = (10.0, 30.0, 100.0, 300.0, float("inf"))
 
@@ -145,11 +150,14 @@ def _report(cases: list[KernelCase], verbose: bool) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="H100-80GB-SXM",
-                    help="the catalog GPU to price the shapes on (an sm_90 part)")
+    ap.add_argument("--arch", choices=tuple(TABLES), default="sm_90",
+                    help="the table: sm_90 (Hopper) or sm_100 (Blackwell)")
+    ap.add_argument("--device", help="the catalog GPU to price the shapes on (default: "
+                    + ", ".join(f"{a}: {dev}" for a, (_, dev) in TABLES.items()) + ")")
     ap.add_argument("-v", "--verbose", action="store_true", help="every shape")
     args = ap.parse_args(argv)
-    _report(kernel_cases(device(args.device)), args.verbose)
+    path, default = TABLES[args.arch]
+    _report(kernel_cases(device(args.device or default), path), args.verbose)
 
 
 if __name__ == "__main__":

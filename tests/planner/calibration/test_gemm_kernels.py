@@ -1,10 +1,11 @@
-"""The analytic GEMM model against OpenXLA's measured sm_90 matmul table
+"""The analytic GEMM model against OpenXLA's measured sm_90 and sm_100 matmul tables
 (planner/calibration/gemm_kernels.py; docs/calibration.md "GEMM kernels on Hopper").
 
-Held out: nothing is fitted to the table. The model orders the shapes' efficiency as the
-GPU does (rank correlation 0.98 bf16, 0.96 TF32) but spans a narrower range than the
-kernels (0.21-0.50 of peak against 0.12-0.81 in bf16); the bounds below are today's
-values, rounded by about a point, so that a change that orders shapes worse fails here.
+Held out: nothing is fitted to the tables. The model orders the shapes' efficiency as the
+GPU does (rank correlation 0.98 bf16 and 0.96 TF32 on sm_90; 0.99 in bf16, TF32 and FP8 on
+sm_100) but spans a narrower range than the kernels (0.21-0.50 of peak against 0.12-0.81
+in bf16 on sm_90); the bounds below are today's values, rounded by about a point, so that
+a change that orders shapes worse fails here.
 """
 
 import math
@@ -13,6 +14,7 @@ import pytest
 
 from planner.calibration.gemm_kernels import (
     BANDS_US,
+    TABLES,
     bands,
     kernel_cases,
     rank_correlation,
@@ -72,3 +74,26 @@ def test_the_model_orders_shapes_as_the_kernels_do(cases, dtype, bound):
     of = [c for c in cases if c.dtype == dtype]
     rho = rank_correlation([c.measured_fraction for c in of], [c.predicted_fraction for c in of])
     assert rho >= bound
+
+
+@pytest.fixture(scope="module")
+def blackwell():
+    path, gpu = TABLES["sm_100"]
+    return kernel_cases(device(gpu), path)
+
+
+def test_the_blackwell_table_is_the_whole_sweep_in_three_dtypes_below_the_peaks(blackwell):
+    """bf16, f32 (TF32) and FP8 e4m3 on sm_100, each under the B200's datasheet peak (the
+    sm_90 table's FP8 rows are not used: 29 of them exceed the H100's 1,979 TFLOP/s)."""
+    assert len(blackwell) == 3 * 3 * 5 ** 3
+    for dtype in ("bf16", "f32", "fp8"):
+        of = [c for c in blackwell if c.dtype == dtype]
+        assert len(of) == 375
+        assert max(c.measured_fraction for c in of) < 1.0
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32", "fp8"])
+def test_the_model_orders_blackwell_shapes_as_the_kernels_do(blackwell, dtype):
+    of = [c for c in blackwell if c.dtype == dtype]
+    rho = rank_correlation([c.measured_fraction for c in of], [c.predicted_fraction for c in of])
+    assert rho >= 0.98
