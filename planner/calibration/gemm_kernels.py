@@ -46,7 +46,7 @@ class KernelCase:
     m: int
     n: int
     k: int
-    dtype: str  # the table's: bf16 or f32
+    dtype: str  # the table's: bf16, f32 or fp8
     measured_s: float
     predicted_s: float
     peak_flops: float  # the catalog's peak of the precision it ran in
@@ -72,8 +72,8 @@ class KernelCase:
 
 def kernel_cases(dev: DeviceSpec | None = None, path: str = TABLE) -> list[KernelCase]:
     """Every row of the table, measured and as the analytic model prices it on `dev`
-    (default H100-80GB-SXM)."""
-    dev = dev or device("H100-80GB-SXM")
+    (default: the sm_90 table's GPU, `TABLES`)."""
+    dev = dev or device(TABLES["sm_90"][1])
     out = []
     with open(path, newline="") as fh:
         for r in csv.DictReader(fh):

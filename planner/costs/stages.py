@@ -953,10 +953,11 @@ def with_stage_attention(plan: Plan) -> Plan:
     """`plan` with each stage's attention kernel written where its GPU type runs another
     than the plan's (`stage_attention`), so that the plan file and its description say
     what each stage runs."""
-    pipes = tuple(replace(p, stages=tuple(
-        s if stage_attention(plan, s) == plan.attention_of(s)
-        else replace(s, attention=stage_attention(plan, s)) for s in p.stages))
-        for p in plan.pipelines)
+    def own(s: Stage) -> Stage:
+        runs = stage_attention(plan, s)
+        return s if runs == plan.attention_of(s) else replace(s, attention=runs)
+
+    pipes = tuple(replace(p, stages=tuple(own(s) for s in p.stages)) for p in plan.pipelines)
     return plan if pipes == plan.pipelines else replace(plan, pipelines=pipes)
 
 

@@ -71,6 +71,8 @@ class FrameworkCapabilities:
     tp_with_pp: bool = True
     # tp divides the key/value heads (no copies of a KV head on several tp ranks)
     kv_heads_split: bool = False
+    # sequence parallelism splits each context-parallel rank's sequence evenly over tp
+    even_sequence_split: bool = False
     rank_order: str | None = "tp-cp-dp-pp"  # how it numbers ranks (None: as the plan says)
     # what selective recomputation can re-run (Training.recompute_modules)
     recompute_modules: frozenset[str] = frozenset(RecomputeModule)
@@ -121,6 +123,9 @@ _MEGATRON = FrameworkCapabilities(
     # transformer/attention.py: num_query_groups_per_partition = divide(num_query_groups,
     # tp world size), which asserts an even split
     kv_heads_split=True,
+    # sequence parallelism scatters the sequence over the tp ranks and asserts an even
+    # split (tensor_parallel/mappings.py `_split_along_first_dim`)
+    even_sequence_split=True,
     schedules=frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B}),
     sharding=(NO_SHARDING, ZERO1, ("1", "1", "k")),
     recompute=frozenset({"none", "selective", "full"}),
@@ -499,9 +504,7 @@ def _parallelisms(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list
         out.append(f"tp {s.tp} over {kv} key/value heads: {caps.version} splits the "
                    "key/value heads over the tp ranks (tp must divide them)")
     local = plan.training.seq_len // max(s.cp, 1)  # a context-parallel rank's sequence
-    if sp and s.tp > 1 and caps.name == "megatron" and local % s.tp:
-        # Megatron-Core scatters the sequence over the tp ranks and asserts an even split
-        # (tensor_parallel/mappings.py `_split_along_first_dim`)
+    if sp and s.tp > 1 and caps.even_sequence_split and local % s.tp:
         out.append(f"sequence parallelism with tp {s.tp} over a sequence of {local} tokens "
                    f"per rank: {caps.version} splits the sequence evenly over the tp ranks")
     return out
