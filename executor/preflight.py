@@ -158,10 +158,9 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
         fail(at(where, "training.dtype"), "fp8", "the executor has no FP8 GEMMs; use bf16 "
              "(fp16 where a GPU lacks bf16), or export an fp8 plan to Megatron-Core "
              "(plan search --framework megatron)")
-    slots, groups = plan.cluster.slots, plan.cluster.node_groups
     for pi, pipe in enumerate(plan.pipelines):
         for si, stage in enumerate(pipe.stages):
-            dev = groups[slots[stage.devices[0]].group].device
+            dev = plan.group_of(stage).device
             attention = plan.attention_of(stage)
             path = (at(where, f"pipelines[{pi}].stages[{si}].attention") if stage.attention
                     else at(where, "kernels.attention"))

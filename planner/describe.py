@@ -173,7 +173,7 @@ def _gpu_short(name: str) -> str:
 
 def _stage_gpu(plan: Plan, devices: Sequence[int]) -> str:
     c = plan.cluster
-    return c.node_groups[c.slots[devices[0]].group].gpu
+    return c.group_of(devices[0]).gpu
 
 
 def layout_cell(plan: Plan) -> str:

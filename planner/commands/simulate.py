@@ -278,9 +278,8 @@ def simulated_passes(plan: Plan) -> int:
     """Forward and backward passes the event simulation schedules: identical replicas
     are simulated once (the simulator's own test is finer; this one never undercounts
     by more than the number of GPU types)."""
-    slots, groups = plan.cluster.slots, plan.cluster.node_groups
     distinct = {(p.micro_batch_size, p.num_microbatches,
-                 tuple((s.layers, s.tp, s.cp, s.recompute, groups[slots[s.devices[0]].group].gpu)
+                 tuple((s.layers, s.tp, s.cp, s.recompute, plan.group_of(s).gpu)
                        for s in p.stages)): 2 * len(p.stages) * p.num_microbatches
                 for p in plan.pipelines}
     return sum(distinct.values()) * plan.training.virtual_stages

@@ -29,10 +29,8 @@ def egress_usd_per_iteration(plan: Plan) -> float:
     c, tr, m = plan.cluster, plan.training, plan.model
     if not any(k.price_per_gb_usd > 0 for k in c.island_links):
         return 0.0
-    slots = c.slots
-
     def island(d: int) -> str:
-        return c.node_groups[slots[d].group].island
+        return c.group_of(d).island
 
     def price(islands: set[str]) -> float:
         names = sorted(islands)

@@ -87,8 +87,7 @@ def _optimizer_s(plan: Plan, profile: Profile, implementation: str) -> float | N
 
 def _first_device(plan: Plan) -> DeviceSpec:
     """The GPU type of the plan's first stage."""
-    slot = plan.cluster.slots[plan.pipelines[0].stages[0].devices[0]]
-    return plan.cluster.node_groups[slot.group].device
+    return plan.group_of(plan.pipelines[0].stages[0]).device
 
 
 def fastest_kernels(plan: Plan, profiles: Profiles, *, keep_attention: bool = False) -> Kernels:

@@ -384,10 +384,8 @@ def island_concurrency(cluster: ClusterSpec, stage_devices: Sequence[Sequence[in
     island link, all at the end of the step, so the link is shared by the GPUs of every
     such stage; a stage whose group stays inside one island crosses no island link (1).
     `groups`: each stage position's first GPU in every replica (None: one replica)."""
-    slots, node_groups = cluster.slots, cluster.node_groups
-
     def islands(gpus: Iterable[int]) -> int:
-        return len({node_groups[slots[d].group].island for d in gpus})
+        return len({cluster.group_of(d).island for d in gpus})
 
     crossing = [islands([*devs, *(groups[k] if groups is not None else ())]) > 1
                 for k, devs in enumerate(stage_devices)]
@@ -402,13 +400,12 @@ def replica_specs(cluster: ClusterSpec, stages: Sequence[PlacedStage], *,
     `shardings[k]` over `groups[k]` (`position_groups`). Stages send to the next one (the
     last to the first, which interleaving uses)."""
     pp = len(stages)
-    slots, node_groups = cluster.slots, cluster.node_groups
     concurrency = island_concurrency(cluster, [s.devices for s in stages], groups)
     out = []
     for k, placed in enumerate(stages):
         nxt = stages[(k + 1) % pp]
         out.append(StageSpec(
-            device=node_groups[slots[placed.devices[0]].group].device, placed=placed,
+            device=cluster.group_of(placed.devices[0]).device, placed=placed,
             index=k, pp=pp, next_device=None if nxt is placed else nxt.devices[0],
             dp_group=groups[k] if groups is not None else (placed.devices[0],),
             concurrency=concurrency[k], sharding=shardings[k]))
@@ -942,8 +939,7 @@ def stage_attention(plan: Plan, stage: Stage) -> Attention:
     asked = plan.attention_of(stage)
     if stage.attention is not None:
         return asked
-    slot = plan.cluster.slots[stage.devices[0]]
-    dev = plan.cluster.node_groups[slot.group].device
+    dev = plan.group_of(stage).device
     if asked in supported_attention(dev, plan.training.dtype):
         return asked
     return attention_for(dev, plan.training.dtype)

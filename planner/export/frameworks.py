@@ -364,10 +364,7 @@ class PlanShape:
 def plan_shape(plan: Plan) -> PlanShape:
     first = plan.pipelines[0]
     stages = first.stages
-    slots = plan.cluster.slots
-    groups = plan.cluster.node_groups
-    types = {groups[slots[d].group].gpu for p in plan.pipelines for s in p.stages
-             for d in s.devices}
+    types = plan.gpu_types
 
     def key(p: object) -> list:
         return [(s.layers, s.tp, s.cp) for s in p.stages]  # type: ignore[attr-defined]  # a Pipeline's stages

@@ -293,7 +293,7 @@ def _layer_time_s(model: ModelSpec, cluster: ClusterSpec, slot: tuple[str, int],
     with, nor to wait for), which the placed stage only adds to."""
     gpu, tp = slot
     first = next(s.index for s in cluster.slots if cluster.node_groups[s.group].gpu == gpu)
-    dev = cluster.node_groups[cluster.slots[first].group].device
+    dev = cluster.group_of(first).device
     placed = PlacedStage(devices=tuple(range(first, first + tp)), tp=tp, cp=1, num_layers=1,
                          recompute=Recompute.NONE,
                          attention=attention_for(dev, dtype, attention), ep=ep)

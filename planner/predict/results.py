@@ -126,11 +126,10 @@ def make_result(plan: Plan, *, method: str, iteration_s: float, breakdown: Break
     recompute = plan.pipelines[0].stages[0].recompute
     hw_flops = hardware_flops_per_token(plan.model, tr.seq_len, recompute,
                                         tuple(tr.recompute_modules)) * tokens
-    slots = plan.cluster.slots
     peak = 0.0
     for pipe in plan.pipelines:
         for s in pipe.stages:
-            dev = plan.cluster.node_groups[slots[s.devices[0]].group].device
+            dev = plan.group_of(s).device
             peak += dev.peak_flops(math_dtype(dev, mfu_dtype(tr.dtype))) * len(s.devices)
     return SimResult(
         method=method, iteration_time_s=iteration_s, tokens_per_s=tokens / iteration_s,

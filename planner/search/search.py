@@ -192,10 +192,9 @@ def _price(cluster: ClusterSpec) -> float | None:
 
 def usd_per_hour(cluster: ClusterSpec, devices: list[int]) -> float | None:
     """What the GPUs `devices` cost per hour (None if any has no price)."""
-    slots = cluster.slots
     total = 0.0
     for d in devices:
-        price = cluster.node_groups[slots[d].group].price_per_gpu_hour_usd
+        price = cluster.group_of(d).price_per_gpu_hour_usd
         if price is None:
             return None
         total += price
@@ -895,12 +894,6 @@ def _rate_baseline(req: SearchRequest, name: str, naive: Priced | None, kernels:
     return Baseline(name, plan, result, "" if result.fits else "does not fit in memory")
 
 
-def _gpus_of(plan: Plan) -> set[str]:
-    groups, slots = plan.cluster.node_groups, plan.cluster.slots
-    return {groups[slots[d].group].gpu for p in plan.pipelines for s in p.stages
-            for d in s.devices}
-
-
 def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
                 per_type: dict[str, list], with_type: dict[str, float], mixed: bool
                 ) -> list[str]:
@@ -908,10 +901,9 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
     slots, groups = req.cluster.slots, req.cluster.node_groups
     best = ranked[0][1]
     # GPUs of each type the plan uses (a plan of one type numbers its own cluster's GPUs)
-    plan_groups, plan_slots = best.plan.cluster.node_groups, best.plan.cluster.slots
     used: dict[str, int] = {}
     for d in {d for p in best.plan.pipelines for s in p.stages for d in s.devices}:
-        gpu = plan_groups[plan_slots[d].group].gpu
+        gpu = best.plan.cluster.group_of(d).gpu
         used[gpu] = used.get(gpu, 0) + 1
     best_s = best.result.iteration_time_s
     notes = []
@@ -926,7 +918,7 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
             why = "they do not divide evenly into the plan's replicas and stages"
         elif req.objective == "cost" and gpu in with_type:
             why = "every plan that uses them costs more"
-        elif (simulated := [r for _, r in ranked if gpu in _gpus_of(r.plan)]):
+        elif (simulated := [r for _, r in ranked if gpu in r.plan.gpu_types]):
             why = ("every plan that uses them is slower: the best simulates at "
                    f"{simulated[0].result.iteration_time_s:.3g} s/iteration, vs {best_s:.3g} s")
         elif gpu in with_type:

@@ -30,11 +30,10 @@ def _row(r: Ranked, req: SearchRequest) -> dict:
     plan, res = r.plan, r.result
     stage = plan.pipelines[0].stages[0]
     sh = plan.sharding
-    slots = plan.cluster.slots
     gpus = []
     for pipe in plan.pipelines:
         for st in pipe.stages:
-            g = plan.cluster.node_groups[slots[st.devices[0]].group].gpu
+            g = plan.group_of(st).gpu
             gpus += [g] * len(st.devices)
     headroom = headroom_bytes(res)
     return {
@@ -42,7 +41,7 @@ def _row(r: Ranked, req: SearchRequest) -> dict:
         "gpus": res.num_gpus, "tp": stage.tp, "pp": len(plan.pipelines[0].stages),
         "dp": plan.dp, "cp": stage.cp, "vp": plan.training.virtual_stages,
         "ep": plan.training.ep,
-        "stages": [[{"gpu": plan.cluster.node_groups[slots[s.devices[0]].group].gpu,
+        "stages": [[{"gpu": plan.group_of(s).gpu,
                      "tp": s.tp, "cp": s.cp, "layers": s.num_layers} for s in p.stages]
                    for p in _distinct_pipelines(plan)],
         "schedule": plan.training.schedule,
@@ -68,10 +67,9 @@ def _row(r: Ranked, req: SearchRequest) -> dict:
 
 def _distinct_pipelines(plan: Plan) -> list[Pipeline]:
     """One pipeline of each kind (its stages' GPU types, tp, cp and layers)."""
-    groups, slots = plan.cluster.node_groups, plan.cluster.slots
     seen: dict[tuple, Pipeline] = {}
     for p in plan.pipelines:
-        key = tuple((groups[slots[s.devices[0]].group].gpu, s.tp, s.cp, s.num_layers)
+        key = tuple((plan.group_of(s).gpu, s.tp, s.cp, s.num_layers)
                     for s in p.stages)
         seen.setdefault(key, p)
     return list(seen.values())

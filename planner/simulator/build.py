@@ -461,7 +461,7 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
         rep = priced.representative[pi]
         for si, stage in enumerate(pipe.stages):
             first = slots[stage.devices[0]]
-            dev = plan.cluster.node_groups[first.group].device
+            dev = plan.group_of(stage).device
             profile = profiles.get(dev.name) if profiles else None
             slowdown = shared_cores(dev, profile)
             if slowdown is None:
@@ -516,7 +516,7 @@ def in_step(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles | No
     slope: dict[tuple[int, int], float] = {}
     for pi in priced.representatives:
         for si, stage in enumerate(plan.pipelines[pi].stages):
-            dev = plan.cluster.node_groups[plan.cluster.slots[stage.devices[0]].group].device
+            dev = plan.group_of(stage).device
             skew = sync_skew(dev, profiles.get(dev.name), sync_group(plan, pi, si))
             if skew:
                 slope[(pi, si)] = skew

@@ -299,6 +299,10 @@ class ClusterSpec:
         return replace(self, name=f"{self.name} (first {num_gpus} GPUs)",
                        node_groups=tuple(groups), island_links=links)
 
+    def group_of(self, gpu_index: int) -> NodeGroup:
+        """The node group holding the cluster's GPU `gpu_index` (global order, `slots`)."""
+        return self.node_groups[self.slots[gpu_index].group]
+
     def device_of(self, gpu: str) -> DeviceSpec:
         """The device of the node groups of GPU type `gpu`."""
         return next(g.device for g in self.node_groups if g.gpu == gpu)

@@ -26,7 +26,7 @@ from planner.specs.choices import (
     RecomputeModule,
     Schedule,
 )
-from planner.specs.cluster import TRAIN_DTYPES, ClusterSpec, check_train_dtype
+from planner.specs.cluster import TRAIN_DTYPES, ClusterSpec, NodeGroup, check_train_dtype
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec
 from planner.specs.rules import (
@@ -341,9 +341,7 @@ class Plan:
         self.training.check(at(where, "training"))
         self._check_batch(where)
         self._check_stages(where)
-        slots, groups = self.cluster.slots, self.cluster.node_groups
-        check_train_dtype((groups[slots[s.devices[0]].group].device
-                           for p in self.pipelines for s in p.stages),
+        check_train_dtype((self.group_of(s).device for p in self.pipelines for s in p.stages),
                           self.training.dtype, where=at(where, "training.dtype"))
         self._check_interleaving(where)
         schedule = self.training.schedule
@@ -397,6 +395,17 @@ class Plan:
         every pipeline holds the same parameters and syncs with its peers)."""
         first = [s.layers for s in self.pipelines[0].stages]
         return all([s.layers for s in p.stages] == first for p in self.pipelines[1:])
+
+    def group_of(self, stage: Stage) -> NodeGroup:
+        """The node group a stage runs on (a stage's GPUs are of one type: its first
+        GPU's group)."""
+        return self.cluster.group_of(stage.devices[0])
+
+    @property
+    def gpu_types(self) -> set[str]:
+        """The GPU types the plan's stages use."""
+        return {self.cluster.group_of(d).gpu for p in self.pipelines for s in p.stages
+                for d in s.devices}
 
     def attention_of(self, stage: Stage) -> Attention:
         """The attention kernel a stage runs."""

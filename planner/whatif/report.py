@@ -214,7 +214,7 @@ def replica_kinds(plan: Plan) -> list[tuple[int, int, str]]:
     for i, pipe in enumerate(plan.pipelines):
         runs: list[list] = []
         for s in pipe.stages:
-            g = c.node_groups[c.slots[s.devices[0]].group].gpu.split("-")[0]
+            g = c.group_of(s.devices[0]).gpu.split("-")[0]
             key = f"{g} tp{s.tp}"
             if not runs or runs[-1][0] != key:
                 runs.append([key, 0])

@@ -327,7 +327,6 @@ def test_simulate_on_mixed_types_writes_what_each_stage_runs(tmp_path, capsys):
     assert code == 0, err
     assert "flash attention (memory_efficient on some stages)" in text
     plan = load_plan(str(out))
-    groups, slots = plan.cluster.node_groups, plan.cluster.slots
-    runs = {(groups[slots[s.devices[0]].group].gpu, plan.attention_of(s))
+    runs = {(plan.group_of(s).gpu, plan.attention_of(s))
             for p in plan.pipelines for s in p.stages}
     assert runs == {("A100-80GB-SXM", "flash"), ("V100-32GB-SXM2", "memory_efficient")}

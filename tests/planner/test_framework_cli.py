@@ -12,12 +12,6 @@ from planner.specs.plan import load_plan
 from tests.planner.cli_helpers import run_cli
 
 
-def _gpu_types(plan):
-    groups, slots = plan.cluster.node_groups, plan.cluster.slots
-    return {groups[slots[d].group].gpu for p in plan.pipelines for s in p.stages
-            for d in s.devices}
-
-
 def test_search_takes_the_flag_and_refuses_other_names(capsys, tmp_path):
     out = str(tmp_path / "p.yaml")
     code, stdout, err = run_cli(["search", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8",
@@ -85,7 +79,7 @@ def test_what_if_passes_the_framework_on(tmp_path):
                  "1e10", "--gbs", "64", "--framework", "deepspeed", "-o", str(tmp_path / "r"))
     assert proc.returncode == 0, proc.stderr
     best = load_plan(str(tmp_path / "r" / "best-plan.yaml"))
-    assert unsupported(best, CAPABILITIES["deepspeed"]) == [] and len(_gpu_types(best)) == 1
+    assert unsupported(best, CAPABILITIES["deepspeed"]) == [] and len(best.gpu_types) == 1
 
 
 @pytest.mark.parametrize(("extra", "message"), [

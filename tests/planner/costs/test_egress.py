@@ -70,8 +70,7 @@ def test_no_price_or_no_crossing_costs_nothing() -> None:
 
 def _islands(plan) -> set[str]:  # type: ignore[no-untyped-def]
     c = plan.cluster
-    return {c.node_groups[c.slots[d].group].island
-            for p in plan.pipelines for s in p.stages for d in s.devices}
+    return {c.group_of(d).island for p in plan.pipelines for s in p.stages for d in s.devices}
 
 
 def test_the_budget_and_run_cost_count_egress() -> None:

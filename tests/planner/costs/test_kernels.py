@@ -102,13 +102,12 @@ def test_a_mixed_a100_v100_search_gives_each_stage_its_kernel(tmp_path):
     found = search(SearchRequest(model=preset("llama2-7b"), cluster=cluster, gbs=64,
                                  seq_len=4096, dtype="fp16", top=8))
     mixed = [r.plan for r in found.ranked
-             if len({g for g in _gpus(r.plan)}) == 2]
+             if len(r.plan.gpu_types) == 2]
     assert mixed, "a plan using both GPU types"
     plan = mixed[0]
-    groups, slots = plan.cluster.node_groups, plan.cluster.slots
     for pipe in plan.pipelines:
         for s in pipe.stages:
-            gpu = groups[slots[s.devices[0]].group].gpu
+            gpu = plan.group_of(s).gpu
             assert plan.attention_of(s) == ("flash" if gpu.startswith("A100")
                                             else "memory_efficient"), gpu
     path = tmp_path / "mixed.yaml"
@@ -124,12 +123,6 @@ def test_a_mixed_a100_v100_search_gives_each_stage_its_kernel(tmp_path):
         ("A100-80GB-SXM", "flash"), ("V100-32GB-SXM2", "memory_efficient")}
 
 
-def _gpus(plan):
-    groups, slots = plan.cluster.node_groups, plan.cluster.slots
-    return {groups[slots[d].group].gpu for p in plan.pipelines for s in p.stages
-            for d in s.devices}
-
-
 def test_a_gpu_type_that_cannot_run_the_plans_attention_runs_its_own():
     """A plan on A100s and V100s names the first type's default (flash); the V100 stages
     run memory-efficient attention in fp16 (FlashAttention needs sm80), and are priced so."""
@@ -142,6 +135,6 @@ def test_a_gpu_type_that_cannot_run_the_plans_attention_runs_its_own():
         NodeGroup(name="v", gpu="V100-32GB-SXM2", num_nodes=1))).resolved()
     plan = homogeneous_plan(preset("gpt3-125m"), cluster, ParallelConfig(
         dp=16, mbs=1, gbs=16, seq_len=1024, dtype="fp16"), kernels=Kernels(attention="flash"))
-    by_gpu = {cluster.node_groups[cluster.slots[st[0].devices[0]].group].gpu: st[0].attention
+    by_gpu = {cluster.group_of(st[0].devices[0]).gpu: st[0].attention
               for st in plan_replicas(plan)}
     assert by_gpu == {"A100-80GB-SXM": "flash", "V100-32GB-SXM2": "memory_efficient"}

@@ -26,12 +26,6 @@ from profiler.schema import SpecError
 from tests.planner.search.test_search_is_the_plan import EXACT, clusters, examples, models
 
 
-def _gpu_types(plan):
-    groups, slots = plan.cluster.node_groups, plan.cluster.slots
-    return {groups[slots[d].group].gpu for p in plan.pipelines for s in p.stages
-            for d in s.devices}
-
-
 def _candidates(framework, model, *, n=64, gbs=128, seq_len=4096):
     space = default_space(model, num_gpus=(n,), nvlink_domain_gpus=8, seq_len=seq_len)
     if framework is not None:
@@ -170,7 +164,7 @@ def test_every_searched_plan_runs_on_its_framework(framework, model, types, data
             assert export_plan(r.plan, framework).unsupported == ()
         assert math.isclose(r.estimate_s, estimate(r.plan).iteration_time_s, rel_tol=EXACT)
     if types > 1 and not caps.mixed_gpu_types:
-        assert all(len(_gpu_types(r.plan)) == 1 for r in found.ranked)
+        assert all(len(r.plan.gpu_types) == 1 for r in found.ranked)
         assert found.notes[0].startswith("mixed GPU types not planned: ")
 
 
@@ -185,7 +179,7 @@ def test_a_mixed_cluster_with_megatron_is_planned_on_one_type_and_says_so():
         "unequal micro-batch counts, placement by island (it fixes the rank order); each of "
         "A100-80GB-SXM, V100-32GB-SXM2 planned alone (--framework trainplan mixes them)")
     assert found.baselines == []
-    assert _gpu_types(found.ranked[0].plan) == {"A100-80GB-SXM"}  # the faster type
+    assert found.ranked[0].plan.gpu_types == {"A100-80GB-SXM"}  # the faster type
     assert all(unsupported(r.plan, caps) == [] for r in found.ranked)
     assert any("V100-32GB-SXM2 GPUs idle" in n for n in found.notes)
 

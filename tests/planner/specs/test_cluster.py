@@ -20,6 +20,18 @@ def test_shipped_set_covers_the_required_kinds():
     assert len({g.datacenter for g in specs["two-datacenter.yaml"].node_groups}) == 2
 
 
+def test_group_of_follows_the_global_gpu_order():
+    c = load_cluster("cluster_specs/three-types.yaml")
+    for slot in c.slots:
+        assert c.group_of(slot.index) is c.node_groups[slot.group]
+    first_of = {}
+    for slot in c.slots:
+        first_of.setdefault(c.group_of(slot.index).name, slot.index)
+    # each group's GPUs follow the previous group's, in the file's order
+    assert list(first_of) == [g.name for g in c.node_groups]
+    assert sorted(first_of.values()) == list(first_of.values())
+
+
 def test_gpus_shorthand_uses_standard_nodes():
     c = parse_gpus_arg("A100-80GB-SXM:64")
     (g,) = c.node_groups
