@@ -22,13 +22,14 @@ __all__ = ["Parser", "add_catalog_arg", "add_cluster_args", "add_framework_arg",
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2), and negative numbers in any notation taken
-    as values (argparse's own pattern knows only -5 and -.5: `--tokens -1e9` read as a flag
-    said "expected one argument" instead of naming the value's bound)."""
+    """argparse with one-line errors (exit 2), and a word that starts with a minus and a
+    digit taken as a value, never a flag (no flag starts with a digit): argparse's own
+    pattern knows only -5 and -.5, so `--tokens -1e9` or `--without -1:H100` read as a
+    flag said "expected one argument" instead of naming what the value may be."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")

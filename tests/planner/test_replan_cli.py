@@ -81,6 +81,7 @@ def test_nodes_go_from_the_last_group_of_their_type_first():
      "node(s))"),
     ("2:CPU", "b.yaml", "--without: '2:CPU' is not allowed (would leave no GPUs)"),
     ("0:CPU", "b.yaml", "--without: '0:CPU' is not allowed (N:TYPE, N ≥ 1"),
+    ("-1:CPU", "b.yaml", "--without: '-1:CPU' is not allowed (N:TYPE, N ≥ 1"),
     ("CPU", "b.yaml", "--without: 'CPU' is not allowed (N:TYPE"),
     ("1:CPU", "b.txt", "is not allowed (a plan file: .yaml, .yml, .json)"),
     ("1:CPU", "missing/b.yaml", "does not exist"),
