@@ -117,10 +117,13 @@ class Sharding:
     optim: int = spec_field(default=1, min=1, max=MAX_GPUS)
 
     def check(self, where: str) -> None:
+        # a size left out is 1, so `params: 3` alone fails on grads: say so
         if self.grads % self.params:
-            fail(at(where, "grads"), self.grads, f"must be a multiple of params ({self.params})")
+            fail(at(where, "grads"), self.grads, f"must be a multiple of params ({self.params}): "
+                 "P | G | OS, a size left out is 1")
         if self.optim % self.grads:
-            fail(at(where, "optim"), self.optim, f"must be a multiple of grads ({self.grads})")
+            fail(at(where, "optim"), self.optim, f"must be a multiple of grads ({self.grads}): "
+                 "P | G | OS, a size left out is 1")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -90,6 +90,9 @@ def test_homogeneous_layout_is_megatron_order():
     (lambda d: d["pipelines"][0]["stages"][0].update(devices=[0]), r"tp\*cp = 2 GPU indices"),
     (lambda d: d["pipelines"][0]["stages"][0].update(tp=3, devices=[0, 1, 2]), "must divide num_heads 8"),
     (lambda d: d["sharding"].update(params=2, grads=3), "must be a multiple of params"),
+    (lambda d: d.update(sharding={"params": 2}),
+     r"sharding.grads: 1 is not allowed \(must be a multiple of params \(2\): P \| G \| OS, "
+     "a size left out is 1"),
     (lambda d: d["pipelines"][0]["stages"][0].update(devices=[0, 99]), "GPU indices are 0..7"),
     (lambda d: d.update(schema_version=7), "this trainplan reads version 1"),
     (lambda d: d["training"].update(virtual_stages=2), "exactly when schedule is interleaved-1f1b"),
