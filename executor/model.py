@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from executor.moe import MLP, MoE
 from planner.specs.choices import Recompute
 from planner.specs.model import ModelSpec
+from profiler.kernels import SDPA_BACKENDS
 
 # The profiler measures the planner's ops with these same pieces (profiler/torch_ops.py):
 # Megatron-LM's dropout probability, rotary embeddings, the SDPA backend by plan name.
@@ -37,7 +38,7 @@ __all__ = ["ATTENTION_BACKENDS", "GPT", "RECOMPUTE", "Attention", "Block", "MLP"
            "param_seed"]
 
 INIT_STD = 0.02  # GPT-2 (Radford et al. 2019); output projections scaled by 1/sqrt(2L)
-ATTENTION_BACKENDS = ("flash", "memory_efficient", "math")
+ATTENTION_BACKENDS = tuple(str(k) for k in SDPA_BACKENDS)  # PyTorch SDPA
 # Activation recomputation (Korthikanti et al. 2022): "full" recomputes each layer in
 # backward, "selective" only the attention core (softmax, dropout, scores x V).
 RECOMPUTE = tuple(Recompute)

@@ -38,6 +38,7 @@ from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec, load_model, preset
 from profiler.devices import DeviceSpec
 from profiler.host import LocalDevice, check_dtype, local_device, runtime
+from profiler.kernels import SDPA_BACKENDS
 from profiler.measure import MATMUL_PRECISION, Measured, MeasureSettings
 from profiler.progress import ProgressBar
 from profiler.schema import SpecError, fail
@@ -190,7 +191,7 @@ def _check(req: MeasureRequest) -> None:
 
 
 def _attentions(req: MeasureRequest, dev: DeviceSpec) -> tuple[str, ...]:
-    supported = tuple(str(k) for k in dev.attention_kernels)
+    supported = tuple(str(k) for k in dev.attention_kernels if k in SDPA_BACKENDS)
     chosen = req.attention or supported
     bad = [a for a in chosen if a not in supported]
     if bad:

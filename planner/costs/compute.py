@@ -4,7 +4,9 @@ device model.
 A profile answers an op by its name, implementation (variant) and shape, interpolating
 over sizes it did not measure (profiler/store.py); ops it lacks (a SwiGLU when the
 profiled model had GELU, a size far outside the measured range) fall back to the
-analytic model. `compute_source` says which answered what.
+analytic model. `compute_source` says which answered what. FlashAttention's Triton port,
+which nothing here measures, is FlashAttention-2's time (measured or analytic) times its
+published slowdown (`TRITON_FLASH_SLOWDOWN`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,26 @@ from planner.costs.workload import Op
 from planner.specs.choices import DType
 from profiler import analytic
 from profiler.devices import DeviceSpec, device
+from profiler.kernels import Attention
 from profiler.schema import SpecError
 from profiler.store import Profile
 
-__all__ = ["ANALYTIC_SOURCE", "ARCH_CALIBRATION", "ComputeCosts", "calibration_source",
-           "clear_op_cache", "compute_source", "measured_op_time_s"]
+__all__ = ["ANALYTIC_SOURCE", "ARCH_CALIBRATION", "TRITON_FLASH_SLOWDOWN", "TRITON_FLASH_SOURCE",
+           "ComputeCosts",
+           "calibration_source", "clear_op_cache", "compute_source", "measured_op_time_s",
+           "priced_as"]
+
+# FlashAttention's 2022 Triton port (`Attention.FLASH_TRITON`) against FlashAttention-2,
+# forward and backward: Dao 2023 (arXiv:2307.08691) §4.1, measured on an A100 80GB SXM4 at
+# sequence 512-16k, head dimension 64 and 128, with and without the causal mask:
+# "FlashAttention-2 is around 1.3-1.5x faster than FlashAttention in Triton in the forward
+# pass and around 2x faster in the backward pass" (the midpoint of the forward range).
+# Other GPUs are assumed to keep the ratio (the port was tested on A100 only).
+TRITON_FLASH_SLOWDOWN = {"forward": 1.4, "backward": 2.0}
+TRITON_FLASH_SOURCE = (f"flash_triton attention: FlashAttention-2's times x "
+                       f"{TRITON_FLASH_SLOWDOWN['forward']} forward, x "
+                       f"{TRITON_FLASH_SLOWDOWN['backward']} backward (Dao 2023, "
+                       "arXiv:2307.08691 §4.1)")
 
 ANALYTIC_SOURCE = "analytic device model (datasheet peak x efficiency, profiler/data/efficiency.yaml)"
 
@@ -99,6 +116,16 @@ def measured_op_time_s(profile: Profile, op: Op) -> float | None:
                           size=size)
 
 
+def priced_as(op: Op) -> tuple[Op, float]:
+    """The op whose time prices `op`, and the factor: FlashAttention's Triton port is its
+    FlashAttention-2 twin `TRITON_FLASH_SLOWDOWN` times slower (forward or backward, by the
+    op's `.bwd` name); any other op is itself."""
+    if op.kind == "attention" and op.variant == Attention.FLASH_TRITON:
+        return (replace(op, variant=str(Attention.FLASH)),
+                TRITON_FLASH_SLOWDOWN["backward" if op.name.endswith(".bwd") else "forward"])
+    return op, 1.0
+
+
 @dataclass(frozen=True)
 class ComputeCosts:
     """Op times for one device type and training dtype, from `profile` first (one of
@@ -112,6 +139,9 @@ class ComputeCosts:
         if op.share != 1.0:  # run on `share` of the layers: that share of one whole run
             whole = replace(op, flops=op.flops / op.share, bytes=op.bytes / op.share, share=1.0)
             return op.share * self.time_s(whole)
+        flash, slowdown = priced_as(op)
+        if slowdown != 1.0:
+            return slowdown * self.time_s(flash)
         if self.profile is not None:
             measured = measured_op_time_s(self.profile, op)
             if measured is not None:
@@ -128,19 +158,23 @@ def compute_source(uses: Iterable[tuple[Profile | None, Op]]) -> str:
     path and the op kinds it answered, and what was left to the analytic model."""
     measured: dict[str, set[str]] = {}
     analytic_names: set[str] = set()
+    triton = False
     for profile, op in uses:
+        op, slowdown = priced_as(op)
+        triton |= slowdown != 1.0
         if profile is not None and measured_op_time_s(profile, op) is not None:
             measured.setdefault(profile.path, set()).add(op.kind)
         else:
             analytic_names.add(op.name)
+    note = f"; {TRITON_FLASH_SOURCE}" if triton else ""
     if not measured:
-        return ANALYTIC_SOURCE
+        return ANALYTIC_SOURCE + note
     parts = [f"measured profile {path} ({', '.join(sorted(kinds))})"
              for path, kinds in sorted(measured.items())]
     text = "; ".join(parts)
     if analytic_names:
         text += f"; {ANALYTIC_SOURCE} for the rest ({', '.join(sorted(analytic_names))})"
-    return text
+    return text + note
 
 
 def clear_op_cache() -> None:

@@ -30,7 +30,8 @@ def supported_attention(dev: DeviceSpec, dtype: str) -> tuple[Attention, ...]:
     """The attention kernels `dev` runs in `dtype`, fastest first."""
     kernels = dev.attention_kernels
     if dev.vendor != "cpu" and dtype in ("fp32", "tf32"):  # FlashAttention: fp16/bf16 only
-        kernels = tuple(k for k in kernels if k is not Attention.FLASH)
+        kernels = tuple(k for k in kernels
+                        if k not in (Attention.FLASH, Attention.FLASH_TRITON))
     return kernels or (Attention.MATH,)
 
 

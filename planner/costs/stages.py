@@ -31,6 +31,7 @@ from planner.costs.comm import (
 )
 from planner.costs.compute import (
     ANALYTIC_SOURCE,
+    TRITON_FLASH_SOURCE,
     ComputeCosts,
     calibration_source,
     clear_op_cache,
@@ -1214,7 +1215,10 @@ def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
     if calibration:
         extra = {"calibration": calibration, **extra}
     if profiles is None or not profiles.by_device:
-        return {"compute": ANALYTIC_SOURCE, **extra, "communication": COMM_SOURCE,
+        triton = any(stage_attention(plan, s) == Attention.FLASH_TRITON
+                     for p in plan.pipelines for s in p.stages)
+        compute = ANALYTIC_SOURCE + (f"; {TRITON_FLASH_SOURCE}" if triton else "")
+        return {"compute": compute, **extra, "communication": COMM_SOURCE,
                 "host": host_source(profiles, set(), on_cpu=on_cpu)}
     priced = plan_costs(plan, profiles)
     uses: list[tuple[Profile | None, Op]] = []

@@ -48,6 +48,11 @@ def test_dtypes_the_executor_trains():
              r"memory_efficient, math in tf32\)", cuda_devices=2)
     check_runnable(replace(tf32, kernels=replace(tf32.kernels, attention="memory_efficient")),
                    cuda_devices=2)
+    # FlashAttention's Triton port is priced by the planner, run by no PyTorch backend
+    triton = replace(in_dtype(gpu, "bf16"), kernels=replace(gpu.kernels, attention="flash_triton"))
+    _refused(triton, r"kernels\.attention: 'flash_triton' is not allowed \(the executor runs "
+             r"flash, math, memory_efficient \(PyTorch's scaled_dot_product_attention backends\)\)",
+             cuda_devices=2)
 
 
 def test_tensor_parallel_limits():

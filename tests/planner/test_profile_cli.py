@@ -108,3 +108,21 @@ def test_the_profile_says_how_its_dtype_ran():
     assert "('high')" in _precision("cuda", "tf32")
     fp8 = _precision("cuda", "fp8")
     assert "attn.qkv, attn.proj, mlp.fc1, mlp.fc2" in fp8 and "bf16" in fp8
+
+
+def test_the_profiler_measures_only_the_kernels_pytorch_runs():
+    """FlashAttention's Triton port is priced by the planner from FlashAttention-2's rows;
+    the profiler times PyTorch's SDPA backends alone, by default and when asked."""
+    import dataclasses
+
+    from planner.commands.profile import MeasureRequest, _attentions
+    from profiler.devices import device
+    from profiler.schema import SpecError
+
+    a100 = device("A100-80GB-SXM")
+    assert "flash_triton" in a100.attention_kernels
+    req = MeasureRequest(model=None, output="p.csv", command="plan profile measure")
+    assert _attentions(req, a100) == ("flash", "memory_efficient", "math")
+    asked = dataclasses.replace(req, attention=("flash_triton",))
+    with pytest.raises(SpecError, match="A100-80GB-SXM supports flash, memory_efficient, math"):
+        _attentions(asked, a100)

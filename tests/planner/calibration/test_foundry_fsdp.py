@@ -3,8 +3,10 @@ training throughputs with FSDP FULL_SHARD on H100 and A100, llm-foundry
 scripts/train/benchmarking/README.md; sources per row and in the folder's README).
 
 Nothing in the cost model was fitted to these rows. The error bound below is a regression
-guard for a held-out set, not an accuracy target: it is the MAPE measured when the file was
-added (18.20%, docs/calibration.md "LLM Foundry FSDP (held out)") rounded up to the next
+guard for a held-out set, not an accuracy target: it is the MAPE measured when the rows
+were priced with the attention kernel they ran (7.97%, FlashAttention's Triton port at its
+published slowdown; 18.20% when the file was added and they were priced as
+FlashAttention-2; docs/calibration.md "LLM Foundry FSDP (held out)") rounded up to the next
 whole percent plus one point. A change that breaks it made the held-out predictions worse:
 find the mechanism, never widen the bound to pass.
 """
@@ -74,7 +76,7 @@ def test_the_rows_run_as_composer_ran_them(plans):
         gpus = int(rows[case_id]["gpus"])
         assert plan.sharding.params == plan.sharding.grads == plan.sharding.optim == gpus
         assert plan.training.comm == FOUNDRY_COMM
-        assert plan.kernels.attention == Attention.FLASH
+        assert plan.kernels.attention == Attention.FLASH_TRITON
         m = plan.model
         assert m.tied_embeddings and m.position_embedding == "learned" and not m.dropout
         assert m.activation == "gelu" and m.norm == "layernorm"
@@ -92,8 +94,20 @@ def test_the_rows_run_as_composer_ran_them(plans):
 
 def test_held_out_error_stays_within_its_guard(summary):
     s, oom = summary
-    assert s.mape <= 0.20, f"MAPE {s.mape:.4f}"
+    assert s.mape <= 0.09, f"MAPE {s.mape:.4f}"
     assert len(oom) <= 0, oom  # runs the memory model calls out of memory (they ran)
+
+
+def test_the_error_does_not_grow_with_the_sequence(summary):
+    """Priced as FlashAttention-2, the rows erred -7% at sequence 512 and -40% at 65,536
+    (the attention's share of the step grows with the sequence). Priced as the Triton
+    port they ran, at its published slowdown, no sequence group is off by more than 10%
+    on average, and the longest sequences are no worse than the shortest."""
+    s, _ = summary
+    groups = {g.key[0]: g for g in foundry_groups(s.errors, ("seq",))}
+    assert all(abs(g.mean) <= 0.10 for g in groups.values()), {
+        k: round(g.mean, 3) for k, g in groups.items()}
+    assert groups[65536].mape <= groups[512].mape + 0.05
 
 
 def test_groups_split_the_rows_by_gpu_and_gpu_count():

@@ -2,8 +2,10 @@
 
 import dataclasses
 
+import pytest
+
 from planner.costs.compute import ComputeCosts
-from planner.costs.kernels import fastest_kernels
+from planner.costs.kernels import attention_for, fastest_kernels, supported_attention
 from planner.costs.memory import rank_param_count
 from planner.costs.workload import Op, WorkloadShape, layer_work, optimizer_work
 from planner.specs.cluster import parse_gpus_arg
@@ -71,9 +73,6 @@ def test_a_profile_of_other_gpus_changes_nothing(tmp_path):
 def test_each_gpu_type_runs_its_own_attention_kernel():
     """PyTorch SDPA: flash on sm80+ in 16-bit, memory-efficient elsewhere (sdp_utils.cpp),
     math only when asked."""
-    import pytest
-
-    from planner.costs.kernels import attention_for
     from profiler.schema import SpecError
 
     a100, v100, t4 = device("A100-80GB-SXM"), device("V100-32GB-SXM2"), device("T4-16GB")
@@ -138,3 +137,54 @@ def test_a_gpu_type_that_cannot_run_the_plans_attention_runs_its_own():
     by_gpu = {cluster.group_of(st[0].devices[0]).gpu: st[0].attention
               for st in plan_replicas(plan)}
     assert by_gpu == {"A100-80GB-SXM": "flash", "V100-32GB-SXM2": "memory_efficient"}
+
+
+def _attention_ops(attention, *, dtype="bf16"):
+    work = layer_work(preset("gpt3-125m"), WorkloadShape(micro_batch_size=4, seq_len=4096,
+                                                         dtype=dtype, attention=attention))
+    fwd = next(op for op in work.forward if isinstance(op, Op) and op.name == "attn.core")
+    bwd = next(op for op in work.backward if isinstance(op, Op) and op.name == "attn.core.bwd")
+    return fwd, bwd
+
+
+def test_flash_attentions_triton_port_is_priced_at_its_published_slowdown(tmp_path):
+    """FlashAttention-2 (Dao 2023, arXiv:2307.08691, §4.1, A100 80GB): "around 1.3-1.5x
+    faster than FlashAttention in Triton in the forward pass and around 2x faster in the
+    backward pass". The Triton port's ops are FlashAttention-2's times (analytic or
+    measured) that many times slower."""
+    costs = ComputeCosts(device("A100-80GB-SXM"), "bf16")
+    (flash_f, flash_b), (triton_f, triton_b) = _attention_ops("flash"), _attention_ops(
+        "flash_triton")
+    assert costs.time_s(triton_f) == pytest.approx(1.4 * costs.time_s(flash_f))
+    assert costs.time_s(triton_b) == pytest.approx(2.0 * costs.time_s(flash_b))
+    # a profile that measured FlashAttention-2 prices the port from the measured times
+    rows = [op_row(flash_f, 1e-3), op_row(flash_b, 3e-3)]
+    path = write_profile(tmp_path / "a100.csv", rows, device="A100-80GB-SXM", dtype="bf16")
+    profile = load_profiles([path], devices=["A100-80GB-SXM"], dtype="bf16").get("A100-80GB-SXM")
+    measured = ComputeCosts(device("A100-80GB-SXM"), "bf16", profile)
+    assert measured.time_s(flash_f) == pytest.approx(1e-3)
+    assert measured.time_s(triton_f) == pytest.approx(1.4e-3)
+    assert measured.time_s(triton_b) == pytest.approx(6e-3)
+
+
+def test_the_triton_port_is_chosen_only_when_asked():
+    """Nothing picks it by default; it needs 16-bit inputs (the executor's refusal:
+    tests/executor/test_preflight.py)."""
+    a100 = device("A100-80GB-SXM")
+    assert attention_for(a100, "bf16") == "flash"
+    assert attention_for(a100, "bf16", "flash_triton") == "flash_triton"
+    assert "flash_triton" not in supported_attention(a100, "fp32")
+    assert "flash_triton" not in supported_attention(device("V100-32GB-SXM2"), "fp16")
+
+
+def test_the_sources_say_how_the_triton_port_was_priced():
+    from planner.costs.stages import cost_sources
+    from planner.specs.plan import Kernels
+
+    def plan(attention):
+        return homogeneous_plan(preset("gpt3-125m"), parse_gpus_arg("A100-80GB-SXM:8"),
+                                ParallelConfig(dp=8, mbs=1, gbs=8, seq_len=2048, dtype="bf16"),
+                                kernels=Kernels(attention=attention))
+
+    assert "Dao 2023" in cost_sources(plan("flash_triton"), None)["compute"]
+    assert "flash_triton" not in cost_sources(plan("flash"), None)["compute"]
