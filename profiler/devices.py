@@ -59,6 +59,7 @@ LINK_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "xgmi", "pcie", "pcie-host"
                                "roce", "ethernet", "loopback")
 NIC_KINDS: tuple[str, ...] = ("infiniband", "roce", "ethernet")
 
+MIN_TFLOPS, MAX_TFLOPS = 0.001, 1_000_000  # a device's peak per dtype: 1 GFLOP/s to 1 EFLOP/s
 _BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 GIB = 1024**3
 
@@ -73,10 +74,12 @@ class NodeTemplate:
     """The standard node a GPU type comes in (e.g. DGX A100: 8 GPUs, 8x 200 Gb/s IB)."""
 
     name: str
-    gpus_per_node: int = spec_field(min=1)
+    # the bounds of a cluster's node group (planner/specs/cluster.py NodeGroup), which
+    # takes these where it leaves a field out
+    gpus_per_node: int = spec_field(min=1, max=256)
     nic: NicName = "infiniband"
-    nics_per_node: int = spec_field(default=1, min=0)
-    nic_bandwidth_gbit_per_s: float = spec_field(default=100.0, gt=0)
+    nics_per_node: int = spec_field(default=1, min=1, max=64)
+    nic_bandwidth_gbit_per_s: float = spec_field(default=100.0, min=0.1, max=100_000)
     nvlink_domain_gpus: int | None = spec_field(
         default=None, min=1, max=65_536, help="GPUs of consecutive nodes that share one "
         "NVLink domain (a GB200 NVL72 rack: 72, 18 trays of 4); None: the node")
@@ -142,12 +145,15 @@ class DeviceSpec:
     name: str
     vendor: Literal["nvidia", "amd", "cpu"]
     arch: str
-    memory_gib: float = spec_field(gt=0)
-    memory_bandwidth_gb_per_s: float = spec_field(gt=0)
-    num_compute_units: int = spec_field(min=1, help="SMs or CUs; CPU cores in use")
-    peak_tflops: dict[DTypeName, float] = spec_field()
+    # Bounds: generous physical limits, so every derived time, size and price stays finite
+    memory_gib: float = spec_field(gt=0, max=1_048_576)
+    memory_bandwidth_gb_per_s: float = spec_field(min=0.1, max=1_000_000)
+    num_compute_units: int = spec_field(min=1, max=1_000_000, help="SMs or CUs; CPU cores "
+                                        "in use")
+    peak_tflops: dict[DTypeName, float] = spec_field(help=f"per dtype, {MIN_TFLOPS} to "
+                                                     f"{MAX_TFLOPS:,}")
     intra_node_link: LinkName = "nvswitch"
-    intra_node_bandwidth_gb_per_s: float = spec_field(default=100.0, gt=0,
+    intra_node_bandwidth_gb_per_s: float = spec_field(default=100.0, min=0.1, max=100_000,
                                                       help="per GPU, per direction")
     node: NodeTemplate | None = spec_field(
         default=None, help="the standard node `--gpus TYPE:N` expands to (a cluster's node "
@@ -166,8 +172,9 @@ class DeviceSpec:
         if not self.peak_tflops:
             fail(f"{where}.peak_tflops", self.peak_tflops, "at least one dtype")
         for dtype, value in self.peak_tflops.items():
-            if value <= 0:
-                fail(f"{where}.peak_tflops.{dtype}", value, "must be > 0")
+            if not MIN_TFLOPS <= value <= MAX_TFLOPS:
+                fail(f"{where}.peak_tflops.{dtype}", value,
+                     f"must be {MIN_TFLOPS} to {MAX_TFLOPS:,}")
         if self.efficiency is None and self.arch not in _efficiencies():
             fail(at(where, "arch"), self.arch, "a known architecture ("
                  + ", ".join(_efficiencies()) + ") or an `efficiency:` of its own")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -259,6 +260,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             fail(where, value, "expected an integer")
         return value
     if tp is float:
+        if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 4e2 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, int | float):
             fail(where, value, "expected a number")
         try:
@@ -275,17 +278,26 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     raise TypeError(f"unsupported annotation {tp!r} at {where}")
 
 
+# a number in e-notation without a dot, which YAML 1.1 (PyYAML) leaves a string
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
 def _check_bounds(meta: Mapping[str, Any], value: Any, where: str) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool):
         return
     if isinstance(value, float) and not math.isfinite(value):
         fail(where, value, "expected a finite number")
     if meta.get("min") is not None and value < meta["min"]:
-        fail(where, value, f"must be ≥ {meta['min']:g}")
+        fail(where, value, f"must be ≥ {_bound(meta['min'])}")
     if meta.get("gt") is not None and value <= meta["gt"]:
-        fail(where, value, f"must be > {meta['gt']:g}")
+        fail(where, value, f"must be > {_bound(meta['gt'])}")
     if meta.get("max") is not None and value > meta["max"]:
-        fail(where, value, f"must be ≤ {meta['max']:g}")
+        fail(where, value, f"must be ≤ {_bound(meta['max'])}")
+
+
+def _bound(value: float) -> str:
+    """A bound as people write it: 65,536 and 0.1, not 6.5536e+04."""
+    return f"{value:,}" if float(value).is_integer() else f"{value:g}"
 
 
 def parse(cls: type[T], data: Any, *, where: str = "") -> T:
@@ -349,6 +361,7 @@ def load_yaml_text(text: str, *, where: str) -> Any:
         if node is None:
             return None
         _check_expanded_size(node, where)
+        _check_unique_keys(node, where)
         return loader.construct_document(node)
     except SpecError:
         raise
@@ -391,6 +404,30 @@ def _check_expanded_size(root: Any, where: str) -> None:
         stack.extend((c, False) for c in _children(node) if id(c) not in size)
 
 
+def _check_unique_keys(root: Any, where: str) -> None:
+    """Refuse a mapping that gives a key twice: YAML loaders keep the last one silently
+    (a node group's `num_nodes: 16` then `num_nodes: 1` ran on 1 node)."""
+    import yaml
+
+    seen_nodes: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[str] = set()
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if key.value in keys:
+                        raise SpecError(f"{where}: line {key.start_mark.line + 1}: "
+                                        f"{short_repr(key.value)} is given twice in one "
+                                        "mapping (not allowed: which one was meant?)")
+                    keys.add(key.value)
+        stack.extend(_children(node))
+
+
 def _children(node: Any) -> list[Any]:
     import yaml
 
@@ -428,8 +465,19 @@ def load_json_text(text: str, *, where: str) -> Any:
     back. NaN and Infinity become floats here and are refused where a number is read."""
     import json
 
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise SpecError(f"{where}: {short_repr(key)} is given twice in one object "
+                                "(not allowed: which one was meant?)")
+            out[key] = value
+        return out
+
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique)
+    except SpecError:
+        raise
     except json.JSONDecodeError as err:
         raise SpecError(f"{where}: line {err.lineno}: malformed JSON ({err.msg})") from None
     except (ValueError, RecursionError) as err:  # a 5,000-digit integer, deep nesting

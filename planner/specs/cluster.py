@@ -183,7 +183,12 @@ class ClusterSpec:
         if len(self.node_groups) > MAX_NODE_GROUPS:
             fail(at(where, "node_groups"), f"{len(self.node_groups)} groups",
                  f"at most {MAX_NODE_GROUPS}")
-        defined = {d.name for d in self.devices}
+        defined: set[str] = set()
+        for i, d in enumerate(self.devices):
+            if d.name in defined:
+                fail(at(where, f"devices[{i}].name"), d.name, "defined twice; names must be "
+                     "unique")
+            defined.add(d.name)
         names: set[str] = set()
         for i, g in enumerate(self.node_groups):
             if g.name in names:
@@ -205,11 +210,16 @@ class ClusterSpec:
         islands = set(dc_of)
         if len(islands) > MAX_ISLANDS:
             fail(at(where, "node_groups"), f"{len(islands)} islands", f"at most {MAX_ISLANDS}")
+        pairs: dict[frozenset[str], int] = {}
         for i, link in enumerate(self.island_links):
             for name in link.islands:
                 if name not in islands:
                     fail(at(where, f"island_links[{i}].islands"), name,
                          "known islands: " + ", ".join(sorted(islands)))
+            first = pairs.setdefault(frozenset(link.islands), i)
+            if first != i:
+                fail(at(where, f"island_links[{i}].islands"), list(link.islands),
+                     f"those islands already have a link: island_links[{first}]")
         for a, b in itertools.combinations(sorted(islands), 2):
             if self.island_link(a, b) is None:
                 raise SpecError(f"{at(where, 'island_links')}: islands {a!r} and {b!r} "
@@ -217,10 +227,13 @@ class ClusterSpec:
 
     def _check_size(self, where: str) -> None:
         """At most MAX_GPUS GPUs (the catalog's node size where a group leaves it out)."""
+        own = {d.name: d for d in self.devices}
         total = 0
         for g in self.node_groups:
-            per_node = g.gpus_per_node or (_standard_gpus_per_node(g.gpu) or 1)
-            total += g.num_nodes * per_node
+            spec = g.gpu_spec or own.get(g.gpu)  # a GPU type the file defines
+            standard = (spec.node.gpus_per_node if spec is not None and spec.node is not None
+                        else _standard_gpus_per_node(g.gpu))
+            total += g.num_nodes * (g.gpus_per_node or standard or 1)
         if total > MAX_GPUS:
             fail(at(where, "node_groups"), f"{total:,} GPUs", f"at most {MAX_GPUS:,} in a cluster")
 

@@ -184,3 +184,40 @@ def test_a_list_or_mapping_for_a_choice_is_one_line(value):
 
     with pytest.raises(SpecError, match=r"^k:attention: .* is not allowed \(allowed: flash, "):
         parse(Kernels, {"attention": value}, where="k:")
+
+
+@pytest.mark.parametrize("text, where", [
+    ("name: x\ninner: {size: 1}\nname: y\n", "f.yaml: line 3: 'name' is given twice"),
+    ("inner:\n  size: 1\n  size: 2\nname: x\n", "f.yaml: line 3: 'size' is given twice"),
+])
+def test_a_key_given_twice_is_refused(text, where):
+    """YAML and JSON loaders keep the last of two equal keys without a word; a spec file
+    that says two things is refused, naming the line."""
+    with pytest.raises(SpecError, match=f"^{where}"):
+        load_yaml_text(text, where="f.yaml")
+    with pytest.raises(SpecError, match=r"^f.json: 'a' is given twice in one object"):
+        schema.load_json_text('{"b": {"a": 1, "a": 2}}', where="f.json")
+    # a merge key (<<) may stand beside the keys it merges
+    data = load_yaml_text("base: &b {size: 1}\ninner: {<<: *b, size: 2}\n", where="f.yaml")
+    assert data["inner"] == {"size": 2}
+
+
+def test_a_number_in_e_notation_without_a_dot_is_a_number():
+    """YAML 1.1 reads 4e2 as a string; a number field takes it as 400."""
+    data = load_yaml_text("name: x\nratio: 5e-1\ninner: {size: 1}\n", where="f.yaml")
+    assert data["ratio"] == "5e-1" and parse(Outer, data).ratio == 0.5
+
+
+def test_bounds_read_as_written():
+    with pytest.raises(SpecError, match=r"must be ≥ 1\)"):
+        parse(Inner, {"size": 0})
+
+    @dataclass(frozen=True, kw_only=True)
+    class Big:
+        n: int = spec_field(max=65_536)
+        x: float = spec_field(default=1.0, min=0.1)
+
+    with pytest.raises(SpecError, match=r"\(must be ≤ 65,536\)"):
+        parse(Big, {"n": 10**6})
+    with pytest.raises(SpecError, match=r"\(must be ≥ 0.1\)"):
+        parse(Big, {"n": 1, "x": 0.01})

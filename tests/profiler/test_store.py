@@ -127,7 +127,7 @@ def _write(tmp_path, text, name="p.csv"):
     (lambda t: t.replace(",0.0001,", ",1e300,", 1), "p.csv:row 1:time_s: 1e+300 is not allowed"),
     (lambda t: t.replace("1x64x256x64", "1x" + "9" * 30 + "x256x64", 1),
      "p.csv:row 1:shape[1]: 999999999999999999999999999999 is not allowed "
-     "(must be ≤ 1.09951e+12)"),
+     "(must be ≤ 1,099,511,627,776)"),
 ])
 def test_bad_files_get_one_line_errors(tmp_path, edit, needle):
     text = profile_text(META, ROWS)

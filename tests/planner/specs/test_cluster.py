@@ -59,6 +59,30 @@ def test_islands_must_be_linked():
     data["island_links"] = [{"islands": ["x", "z"], "bandwidth_gbit_per_s": 100}]
     with pytest.raises(SpecError, match=r"island_links\[0\].islands: 'z' is not allowed"):
         parse(ClusterSpec, data)
+    # two links for one pair: one of them was dropped without a word
+    data["island_links"] = [{"islands": ["x", "y"], "bandwidth_gbit_per_s": 100},
+                            {"islands": ["y", "x"], "bandwidth_gbit_per_s": 1}]
+    with pytest.raises(SpecError, match=r"island_links\[1\].islands: \['y', 'x'\] is not "
+                                        r"allowed \(those islands already have a link: "
+                                        r"island_links\[0\]\)"):
+        parse(ClusterSpec, data)
+
+
+def test_gpu_types_defined_in_the_file_are_defined_once_and_counted_by_their_node():
+    gpu = {"name": "MYGPU", "vendor": "nvidia", "arch": "ampere", "memory_gib": 40,
+           "memory_bandwidth_gb_per_s": 1500, "num_compute_units": 100,
+           "peak_tflops": {"bf16": 300, "fp32": 20},
+           "node": {"name": "box", "gpus_per_node": 256, "nics_per_node": 8}}
+    data = {"name": "c", "devices": [gpu, {**gpu, "memory_gib": 1}],
+            "node_groups": [{"name": "a", "gpu": "MYGPU", "num_nodes": 1}]}
+    with pytest.raises(SpecError, match=r"devices\[1\].name: 'MYGPU' is not allowed "
+                                        r"\(defined twice; names must be unique\)"):
+        parse(ClusterSpec, data)
+    # 60,000 nodes of 256 of its GPUs are 15.4 M GPUs, not 60,000
+    data = {**data, "devices": [gpu], "node_groups": [{"name": "a", "gpu": "MYGPU",
+                                                       "num_nodes": 60_000}]}
+    with pytest.raises(SpecError, match=r"'15,360,000 GPUs' is not allowed \(at most 131,072"):
+        parse(ClusterSpec, data)
 
 
 def test_take_uses_whole_nodes():
@@ -87,10 +111,10 @@ def _cluster(group=None, link=None):
      "node_groups[0].nic_bandwidth_gbit_per_s: 1e-300 is not allowed (must be ≥ 0.1)"),
     ({"nic_bandwidth_gbit_per_s": float("nan"), "price_per_gpu_hour_usd": float("nan")}, None,
      "node_groups[0].nic_bandwidth_gbit_per_s: nan is not allowed (expected a finite number)"),
-    ({"intra_node_bandwidth_gb_per_s": 1e9}, None, "must be ≤ 100000"),
+    ({"intra_node_bandwidth_gb_per_s": 1e9}, None, "must be ≤ 100,000"),
     ({"price_per_gpu_hour_usd": 1e7}, None, "price_per_gpu_hour_usd: 10000000.0 is not allowed"),
     ({"num_nodes": 1_000_000}, None,
-     "node_groups[0].num_nodes: 1000000 is not allowed (must be ≤ 65536)"),
+     "node_groups[0].num_nodes: 1000000 is not allowed (must be ≤ 65,536)"),
     ({"num_nodes": 60_000}, None, "node_groups: '480,016 GPUs' is not allowed (at most 131,072"),
     ({"gpus_per_node": 100_000}, None, "gpus_per_node: 100000 is not allowed (must be ≤ 256)"),
     (None, {"latency_ms": float("inf")},
@@ -142,7 +166,7 @@ def test_nvlink_domain_defaults_to_the_catalog_or_the_node():
      "node_groups[0].nvlink_domain_gpus: 72 is not allowed (a multiple of gpus_per_node (5)"),
     ({"gpu": "GB200-186GB", "nvlink_domain_gpus": 0},
      "node_groups[0].nvlink_domain_gpus: 0 is not allowed (must be ≥ 1)"),
-    ({"gpu": "GB200-186GB", "nvlink_domain_gpus": 1_000_000}, "must be ≤ 65536"),
+    ({"gpu": "GB200-186GB", "nvlink_domain_gpus": 1_000_000}, "must be ≤ 65,536"),
 ])
 def test_nvlink_domain_is_whole_nodes(group, message):
     data = {"name": "c", "node_groups": [{"name": "a", "num_nodes": 2, **group}]}

@@ -65,11 +65,11 @@ def test_a_model_without_lm_head_computes_its_loss_on_hidden_states():
 
 @pytest.mark.parametrize("field, value, message", [
     ("num_layers", 10**26,
-     "num_layers: 100000000000000000000000000 is not allowed (must be ≤ 1024)"),
+     "num_layers: 100000000000000000000000000 is not allowed (must be ≤ 1,024)"),
     ("hidden_size", 10**26,
-     "hidden_size: 100000000000000000000000000 is not allowed (must be ≤ 262144)"),
-    ("vocab_size", 10**9, "must be ≤ 1.67772e+07"),
-    ("seq_len", 2**30, "must be ≤ 1.67772e+07"),
+     "hidden_size: 100000000000000000000000000 is not allowed (must be ≤ 262,144)"),
+    ("vocab_size", 10**9, "must be ≤ 16,777,216"),
+    ("seq_len", 2**30, "must be ≤ 16,777,216"),
     ("num_heads", 0, "must be ≥ 1"),
     ("num_layers", 1e3, "expected an integer"),
 ])

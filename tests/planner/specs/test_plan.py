@@ -193,10 +193,10 @@ def test_a_plan_whose_cluster_leaves_node_fields_to_the_catalog_loads_resolved(t
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda d: d["training"].update(global_batch_size=10**9), "must be ≤ 65536"),
-    (lambda d: d["pipelines"][0].update(num_microbatches=10**9), "must be ≤ 65536"),
+    (lambda d: d["training"].update(global_batch_size=10**9), "must be ≤ 65,536"),
+    (lambda d: d["pipelines"][0].update(num_microbatches=10**9), "must be ≤ 65,536"),
     (lambda d: d["training"].update(seq_len=float("nan")), "expected an integer"),
-    (lambda d: d["pipelines"][0]["stages"][0].update(tp=10**20), "must be ≤ 16384"),
+    (lambda d: d["pipelines"][0]["stages"][0].update(tp=10**20), "must be ≤ 16,384"),
 ])
 def test_plan_numbers_are_bounded(mutate, message):
     data = plan_to_dict(_homogeneous())

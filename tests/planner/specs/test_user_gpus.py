@@ -56,6 +56,17 @@ def test_a_cluster_file_defines_its_own_gpu(tmp_path, capsys):
     (lambda t: t.replace("arch: ampere", "arch: quantum"),
      r"devices\[0\].arch: 'quantum' is not allowed \(a known architecture"),
     (lambda t: t.replace("memory_gib: 24", "memory_gib: -1"), r"devices\[0\].memory_gib"),
+    # numbers beyond any device, which overflowed or priced steps at 1e30 s
+    (lambda t: t.replace("memory_gib: 24", "memory_gib: 1e300"),
+     r"devices\[0\].memory_gib: 1e\+300 is not allowed \(must be ≤ 1,048,576\)"),
+    (lambda t: t.replace("fp16: 70,", "fp16: 1e-300,"),
+     r"devices\[0\].peak_tflops.fp16: 1e-300 is not allowed \(must be 0.001 to 1,000,000\)"),
+    (lambda t: t.replace("num_compute_units: 80", "num_compute_units: 1000000000000"),
+     r"devices\[0\].num_compute_units: 1000000000000 is not allowed \(must be ≤ 1,000,000\)"),
+    # a standard node without NICs divided by zero (a node group needs 1 to 64)
+    (lambda t: t.replace("    intra_node_bandwidth_gb_per_s: 16\n", "    intra_node_bandwidth_gb_per_s: 16\n"
+                         "    node: {name: box, gpus_per_node: 4, nics_per_node: 0}\n"),
+     r"devices\[0\].node.nics_per_node: 0 is not allowed \(must be ≥ 1\)"),
 ])
 def test_a_bad_definition_is_one_line(tmp_path, edit, message):
     path = tmp_path / "lab.yaml"
