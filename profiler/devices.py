@@ -190,6 +190,21 @@ class DeviceSpec:
         """The attention backends it runs, fastest first."""
         return self.attention or ARCH_ATTENTION.get(self.arch, (Attention.MATH,))
 
+    def attention_in(self, dtype: str) -> tuple[Attention, ...]:
+        """The attention kernels it runs in `dtype`, fastest first: FlashAttention (and its
+        Triton port) take 16-bit inputs on GPUs, so fp32 and tf32 runs go without."""
+        kernels = self.attention_kernels
+        if self.vendor != "cpu" and dtype in ("fp32", "tf32"):
+            kernels = tuple(k for k in kernels
+                            if k not in (Attention.FLASH, Attention.FLASH_TRITON))
+        return kernels or (Attention.MATH,)
+
+    def default_attention(self, dtype: str) -> Attention:
+        """The kernel it runs unasked in `dtype`: its fastest (math, the unfused path, only
+        where nothing else runs)."""
+        kernels = self.attention_in(dtype)
+        return next(k for k in kernels if k is not Attention.MATH or len(kernels) == 1)
+
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * GIB)

@@ -28,20 +28,16 @@ __all__ = ["attention_for", "default_kernels", "fastest_kernels", "supported_att
 
 def supported_attention(dev: DeviceSpec, dtype: str) -> tuple[Attention, ...]:
     """The attention kernels `dev` runs in `dtype`, fastest first."""
-    kernels = dev.attention_kernels
-    if dev.vendor != "cpu" and dtype in ("fp32", "tf32"):  # FlashAttention: fp16/bf16 only
-        kernels = tuple(k for k in kernels
-                        if k not in (Attention.FLASH, Attention.FLASH_TRITON))
-    return kernels or (Attention.MATH,)
+    return dev.attention_in(dtype)
 
 
 def attention_for(dev: DeviceSpec, dtype: str, asked: Attention | str | None = None, *,
                   where: str = "--attention") -> Attention:
     """The kernel `dev` runs: the one asked for if it can, else its fastest (an asked
     kernel it cannot run is a SpecError naming the device)."""
-    kernels = supported_attention(dev, dtype)
     if asked is None:
-        return next(k for k in kernels if k is not Attention.MATH or len(kernels) == 1)
+        return dev.default_attention(dtype)
+    kernels = supported_attention(dev, dtype)
     if asked not in kernels:
         fail(where, asked, f"{dev.name} runs {', '.join(kernels)} in {dtype}")
     return Attention(asked)

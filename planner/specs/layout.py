@@ -196,6 +196,8 @@ def homogeneous_plan(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig
                         model_states=cfg.model_states, fp8_params=cfg.fp8_params,
                         comm=cfg.comm)
     plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
-                sharding=cfg.sharding, kernels=kernels or Kernels())
+                sharding=cfg.sharding,
+                kernels=kernels or Kernels(attention=cluster.node_groups[0].device
+                                           .default_attention(cfg.dtype)))
     plan.check("plan")
     return plan

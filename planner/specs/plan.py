@@ -346,6 +346,7 @@ class Plan:
         self._check_stages(where)
         check_train_dtype((self.group_of(s).device for p in self.pipelines for s in p.stages),
                           self.training.dtype, where=at(where, "training.dtype"))
+        self._check_attention(where)
         self._check_interleaving(where)
         schedule = self.training.schedule
         if any(len(p.stages) < schedule.min_stages for p in self.pipelines):
@@ -363,19 +364,22 @@ class Plan:
         if ep > 1 and not self.aligned_stages:
             fail(at(where, "training.ep"), ep, "expert parallelism needs every pipeline to "
                  "split the layers at the same boundaries (ep peers hold the same layers)")
-        ranks = self.dp_cp
-        for path, sh in self._shardings(where):
+        for path, sh, cps in self._shardings(where):
             sh.check(path)
-            for name in ("params", "grads", "optim"):
-                size = getattr(sh, name)
-                require(at(path, name), size, sharding_problem(
-                    size, ranks, what="the data-parallel replicas x context-parallel ranks"))
+            for cp in cps:  # a stage shards over the replicas x its own context ranks
+                for name in ("params", "grads", "optim"):
+                    size = getattr(sh, name)
+                    require(at(path, name), size, sharding_problem(
+                        size, dp * cp, what="the data-parallel replicas x context-parallel "
+                        f"ranks{'' if len(cps) == 1 else f' of the stages with cp {cp}'}"))
 
-    def _shardings(self, where: str) -> list[tuple[str, Sharding]]:
-        """Every sharding the plan states, with where it is; checks stage_sharding's shape."""
-        out = [(at(where, "sharding"), self.sharding)]
+    def _shardings(self, where: str) -> list[tuple[str, Sharding, list[int]]]:
+        """Every sharding the plan states, with where it is and the context-parallel sizes
+        of the stages it shards; checks stage_sharding's shape."""
         if self.stage_sharding is None:
-            return out
+            return [(at(where, "sharding"), self.sharding,
+                     sorted({s.cp for p in self.pipelines for s in p.stages}))]
+        out = [(at(where, "sharding"), self.sharding, [self.pipelines[0].stages[0].cp])]
         if not self.aligned_stages:
             fail(at(where, "stage_sharding"), "per stage",
                  "only when every pipeline splits the layers at the same boundaries")
@@ -389,7 +393,8 @@ class Plan:
                  f"{last.params}/{last.grads}/{last.optim}",
                  f"the model ties its embeddings: the last stage holds the first stage's "
                  f"twin and shards like it ({first.params}/{first.grads}/{first.optim})")
-        return out + [(at(where, f"stage_sharding[{k}]"), sh)
+        return out + [(at(where, f"stage_sharding[{k}]"), sh,
+                       sorted({p.stages[k].cp for p in self.pipelines}))
                       for k, sh in enumerate(self.stage_sharding)]
 
     @property
@@ -489,9 +494,36 @@ class Plan:
                     if d in used:
                         fail(at(path, "devices"), d, f"GPU {d} is already used by {used[d]}")
                     used[d] = path
+                # a stage is priced, run and exported as its first GPU's type
+                first = self.cluster.group_of(stage.devices[0]).gpu
+                other = next((d for d in stage.devices
+                              if self.cluster.group_of(d).gpu != first), None)
+                if other is not None:
+                    fail(at(path, "devices"), other, f"GPU {other} is "
+                         f"{self.cluster.group_of(other).gpu}, GPU {stage.devices[0]} "
+                         f"{first}: a stage's GPUs are of one type")
             if expect != num_layers:
                 fail(at(where, f"pipelines[{pi}].stages"), f"layers 0..{expect}",
                      f"stages must cover all {num_layers} layers")
+
+    def _check_attention(self, where: str) -> None:
+        """A stage's own kernel runs on its GPUs; the plan's runs on some stage's (a stage
+        whose GPUs lack it runs their fastest: `costs/stages.stage_attention`)."""
+        dtype = self.training.dtype
+        runs: set[Attention] = set()
+        for pi, pipe in enumerate(self.pipelines):
+            for si, stage in enumerate(pipe.stages):
+                dev = self.group_of(stage).device
+                kernels = dev.attention_in(dtype)
+                runs.update(kernels)
+                if stage.attention is not None and stage.attention not in kernels:
+                    fail(at(where, f"pipelines[{pi}].stages[{si}].attention"), stage.attention,
+                         f"{dev.name} runs {', '.join(kernels)} in {dtype}")
+        if self.kernels.attention not in runs:
+            types = sorted(self.gpu_types)
+            fail(at(where, "kernels.attention"), self.kernels.attention,
+                 f"{', '.join(types)} run{'s' if len(types) == 1 else ''} "
+                 f"{', '.join(k for k in Attention if k in runs)} in {dtype}")
 
     def _check_stage_parallel(self, stage: Stage, path: str) -> None:
         require(at(path, "tp"), stage.tp, tp_problem(self.model, stage.tp))

@@ -54,8 +54,8 @@ def gpt3_on_selene(**kw):
                             kernels=Kernels(attention="flash"))
 
 
-def plan_on(gpus: str, model: str = "llama3-8b", **kw):
+def plan_on(gpus: str, model: str = "llama3-8b", attention: str = "flash", **kw):
     cfg = dict(tp=1, pp=1, dp=8, mbs=2, gbs=64, seq_len=2048, recompute="none")
     cfg.update(kw)
     return homogeneous_plan(preset(model), parse_gpus_arg(gpus), ParallelConfig(**cfg),
-                            kernels=Kernels(attention="flash"))
+                            kernels=Kernels(attention=attention))

@@ -182,7 +182,8 @@ def test_fp16_keeps_fp32_main_gradients_as_priced():
     export writes; fp32 training needs no flag."""
     for dtype, flag in (("fp16", True), ("bf16", False), ("fp32", False)):
         plan = plan_on("A100-80GB-SXM:8", model="gpt3-1.3b", dp=8, mbs=1, gbs=64, dtype=dtype,
-                       sharding=Sharding(optim=8))
+                       sharding=Sharding(optim=8),
+                       attention="math" if dtype == "fp32" else "flash")  # flash: 16-bit
         _round_trip(plan)
         text = export_plan(plan, "megatron").text
         assert ("--accumulate-allreduce-grads-in-fp32" in text) == flag, dtype

@@ -285,3 +285,52 @@ def test_layout_line_names_the_expert_layout_dispatch_and_pipeline_flushes():
     assert "flushes" not in lines[0]
     dense = describe_layout(_homogeneous())
     assert "ep_layout" not in dense and "dispatch" not in dense
+
+
+def _heterogeneous_dict() -> dict:
+    return plan_to_dict(_heterogeneous())
+
+
+def _swap_first_gpus(d: dict) -> None:
+    """Swap one A100 of the first pipeline's second stage with one V100 of the second
+    pipeline's first stage."""
+    a, v = d["pipelines"][0]["stages"][1], d["pipelines"][1]["stages"][0]
+    a["devices"][0], v["devices"][0] = v["devices"][0], a["devices"][0]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    # one stage on two GPU types was priced as its first GPU's type
+    (_swap_first_gpus, r"plan.pipelines\[0\].stages\[1\].devices: 9 is not allowed \(GPU "
+     r"9 is A100-80GB-SXM, GPU 128 V100-32GB-SXM2: a stage's GPUs are of one type\)"),
+    # a stage's own kernel must run on its GPUs
+    (lambda d: d["pipelines"][1]["stages"][0].update(attention="flash"),
+     r"plan.pipelines\[1\].stages\[0\].attention: 'flash' is not allowed \(V100-32GB-SXM2 "
+     r"runs memory_efficient, math in fp16\)"),
+    # the plan's kernel must run somewhere (a V100-only plan 'with flash' exported flash)
+    (lambda d: d.update(pipelines=d["pipelines"][1:], training={
+        **d["training"], "global_batch_size": 24}),
+     r"plan.kernels.attention: 'flash' is not allowed \(V100-32GB-SXM2 runs "
+     r"memory_efficient, math in fp16\)"),
+])
+def test_what_a_stages_gpus_run_is_checked(mutate, message):
+    data = _heterogeneous_dict()
+    mutate(data)
+    with pytest.raises(SpecError, match=message):
+        plan_from_dict(data, where="plan")
+
+
+def test_sharding_divides_every_stages_data_and_context_ranks():
+    """Stages may run different context-parallel sizes; each shards its model states over
+    the replicas x its own cp ranks (dp 2 x cp 2 = 4 on one, dp 2 x cp 1 = 2 on the
+    other), so a sharding of 4 cannot hold on both."""
+    cfg = ParallelConfig(tp=1, pp=2, dp=2, cp=2, mbs=1, gbs=8, seq_len=64)
+    data = plan_to_dict(homogeneous_plan(preset("debug-small"), parse_gpus_arg("A100-80GB-SXM:8"),
+                                         cfg))
+    data["sharding"] = {"params": 1, "grads": 1, "optim": 4}
+    plan_from_dict(data)  # both stages at cp 2: 2 x 2 = 4 ranks
+    for pipe in data["pipelines"]:
+        pipe["stages"][1]["cp"], pipe["stages"][1]["devices"] = 1, pipe["stages"][1]["devices"][:1]
+    with pytest.raises(SpecError, match=r"sharding.optim: 4 is not allowed \(must divide the "
+                       r"data-parallel replicas x context-parallel ranks of the stages with "
+                       r"cp 1 = 2\)"):
+        plan_from_dict(data)
