@@ -310,9 +310,10 @@ def load_catalog(path: str) -> dict[str, DeviceSpec]:
     40}}`); the rest are the shipped entry's."""
     raw = load_yaml(path)
     if isinstance(raw, Mapping):
-        shipped = catalog()
-        raw = {name: ({**_fields(shipped[str(name)]), **entry}
-                      if str(name) in shipped and isinstance(entry, Mapping) else entry)
+        shipped = _by_lower()  # an entry names a shipped type in any case
+        raw = {(spec.name if (spec := shipped.get(str(name).lower())) else name):
+               ({**_fields(spec), **entry} if spec is not None and isinstance(entry, Mapping)
+                else entry)
                for name, entry in raw.items()}
     return parse_catalog(raw, where=f"{path}:")
 

@@ -246,19 +246,33 @@ class ClusterSpec:
     def resolved(self, where: str = "") -> ClusterSpec:
         """Every node group with its GPU type's numbers (this cluster's `devices` first)
         and its standard node's defaults."""
-        own = {d.name: d for d in self.devices}
-        groups = tuple(replace(g, gpu_spec=own[g.gpu]) if g.gpu in own and g.gpu_spec is None
-                       else g for g in self.node_groups)
+        own = {d.name.lower(): d for d in self.devices}
+
+        def named(g: NodeGroup) -> NodeGroup:
+            """GPU names match in any case (as `device` looks them up); a group takes the
+            defining entry's spelling, so that every later lookup by name agrees."""
+            if g.gpu_spec is not None:
+                return g
+            if (mine := own.get(g.gpu.lower())) is not None:
+                return replace(g, gpu=mine.name, gpu_spec=mine)
+            try:
+                return replace(g, gpu=device(g.gpu).name)
+            except SpecError:  # named with its path by NodeGroup.resolved
+                return g
+
+        groups = tuple(named(g) for g in self.node_groups)
         return replace(self, node_groups=tuple(
             g.resolved(at(where, f"node_groups[{i}]")) for i, g in enumerate(groups)))
 
     def with_catalog(self, catalog: dict[str, DeviceSpec]) -> ClusterSpec:
         """This cluster with the `catalog` entries its node groups use (a --catalog file)
-        defined in it, resolved."""
-        used = [catalog[g.gpu] for g in self.node_groups
-                if g.gpu in catalog and g.gpu not in {d.name for d in self.devices}]
-        groups = tuple(replace(g, gpu_spec=None) if g.gpu in catalog else g
-                       for g in self.node_groups)
+        defined in it, resolved (names in any case)."""
+        entries = {name.lower(): spec for name, spec in catalog.items()}
+        defined = {d.name.lower() for d in self.devices}
+        used = [entries[g.gpu.lower()] for g in self.node_groups
+                if g.gpu.lower() in entries and g.gpu.lower() not in defined]
+        groups = tuple(replace(g, gpu=entries[g.gpu.lower()].name, gpu_spec=None)
+                       if g.gpu.lower() in entries else g for g in self.node_groups)
         return replace(self, devices=(*self.devices, *dict.fromkeys(used)),
                        node_groups=groups).resolved()
 
@@ -387,7 +401,8 @@ def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus",
                         catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:
     """`count` GPUs of one type in the type's standard nodes (one partial node if fewer);
     `catalog` (a --catalog file) may define the type."""
-    dev = (catalog or {}).get(gpu) or device(gpu)
+    entries = {name.lower(): spec for name, spec in (catalog or {}).items()}
+    dev = entries.get(gpu.lower()) or device(gpu)  # names in any case, as `device` takes them
     if dev.node is None:
         fail(where, f"{gpu}:{count}", f"{dev.name} defines no standard node: describe the "
              "cluster in a --cluster file")
@@ -401,7 +416,7 @@ def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus",
              f"more than one {dev.node.name} node needs a multiple of {per_node} GPUs")
     nodes, per = (1, count) if count <= per_node else (count // per_node, per_node)
     group = NodeGroup(name=dev.name.lower(), gpu=dev.name, num_nodes=nodes, gpus_per_node=per)
-    own = (dev,) if catalog and dev.name in catalog else ()
+    own = (dev,) if dev.name.lower() in entries else ()
     return ClusterSpec(name=f"{count}x {dev.name}", devices=own,
                        node_groups=(group,)).resolved()
 

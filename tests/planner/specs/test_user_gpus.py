@@ -109,6 +109,34 @@ def test_a_catalog_entry_for_a_shipped_type_may_give_only_what_it_changes(tmp_pa
     assert code == 2 and "Z100.vendor: missing" in err
 
 
+@pytest.mark.parametrize("key", ["A100-80GB-SXM", "a100-80gb-sxm"])
+@pytest.mark.parametrize("where", ["--gpus", "--cluster", "devices"])
+def test_gpu_names_match_in_any_case(tmp_path, capsys, key, where):
+    """GPU types are looked up in any case (`device`); a --catalog override or a cluster's
+    own definition applied only when the spelling matched exactly, so a lowercase name
+    was silently priced with the shipped 80 GB."""
+    argv = ["simulate", "--model", "gpt3-1.3b", "--tp", "1", "--pp", "1", "--dp", "8",
+            "--mbs", "1", "--gbs", "8", "--json"]
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(f"{key}: {{memory_gib: 40}}\n")
+    cluster = tmp_path / "c.yaml"
+    if where == "--gpus":
+        argv += ["--gpus", "a100-80gb-sxm:8", "--catalog", str(catalog)]
+    elif where == "--cluster":
+        cluster.write_text("name: c\nnode_groups: [{name: a, gpu: a100-80gb-sxm, num_nodes: 1}]\n")
+        argv += ["--cluster", str(cluster), "--catalog", str(catalog)]
+    else:
+        cluster.write_text(LAB.replace("name: Lab-GPU-24GB", f"name: {key.upper()}")
+                           .replace("gpu: Lab-GPU-24GB", "gpu: a100-80gb-sxm")
+                           .replace("memory_gib: 24", "memory_gib: 40"))
+        argv += ["--cluster", str(cluster)]
+    code, out, err = run_cli(argv, capsys)
+    import json
+
+    assert code == 0, err
+    assert json.loads(out)["stages"][0]["memory"]["capacity_bytes"] == 40 * 2**30
+
+
 def test_profile_fit_writes_a_catalog_file(tmp_path, capsys):
     """`plan profile fit -o` writes the profiled type with its fitted parameters, which
     --catalog then uses (no editing of package data)."""
