@@ -45,7 +45,7 @@ from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import DEFAULT_COMM, Communication, Kernels, Plan, Sharding
 from planner.specs.rules import tp_problem
-from profiler.devices import device
+from profiler.devices import DeviceSpec, device
 from profiler.kernels import Attention
 from profiler.store import Profiles
 
@@ -166,9 +166,16 @@ class Baseline:
     note: str = ""
 
 
-def _speed(gpu: str) -> float:
-    d = device(gpu)
+def _speed(d: DeviceSpec) -> float:
     return d.peak_tflops.get("bf16", d.peak_tflops.get("fp16", 0.0))
+
+
+# Every subset of GPU types at every tp per type is sum_k C(T, k) |tp|^k templates (5^T
+# with four tp options: 12 s of search at 3 types, 63 s at 5, hours at 8). Up to FULL_TYPES
+# types the search takes them all; with more, the subsets a plan most plausibly uses: the
+# k fastest types for k = 2..T (a plan leaves the slowest out first), each at one tp for
+# all its types (every tp the space allows, capped at what each type allows).
+FULL_TYPES = 4
 
 
 def _tp_options(model: ModelSpec, nvlink_domain_gpus: int, space: MixedSpace) -> list[int]:
@@ -177,22 +184,43 @@ def _tp_options(model: ModelSpec, nvlink_domain_gpus: int, space: MixedSpace) ->
 
 
 def templates(model: ModelSpec, pools: dict[str, list[Pool]], gbs: int,
-              space: MixedSpace = MixedSpace()) -> Iterator[Template]:
-    """Heterogeneous templates of `space` over every combination of two or more GPU types."""
-    types = sorted(pools, key=lambda g: (-device(g).memory_gib, -_speed(g)))
+              space: MixedSpace = MixedSpace(), *,
+              spec: Callable[[str], DeviceSpec] = device) -> Iterator[Template]:
+    """Heterogeneous templates of `space` over combinations of two or more GPU types
+    (every combination up to FULL_TYPES types; the fastest-k subsets beyond); `spec`: a
+    type's numbers (the cluster's own, for types it defines)."""
+    types = sorted(pools, key=lambda g: (-spec(g).memory_gib, -_speed(spec(g))))
     layers = model.num_layers
     total = {g: sum(len(p.gpus) for p in pools[g]) for g in types}
     tps = {g: _tp_options(model, min(p.nvlink_domain_gpus for p in pools[g]), space)
            for g in types}
     families = {"mixed-stages": _mixed_stages, "mixed-replicas": _mixed_replicas}
-    for size in range(2, len(types) + 1):
-        for subset in itertools.combinations(types, size):
-            for tp in itertools.product(*(tps[g] for g in subset)):
-                units = {g: total[g] // t for g, t in zip(subset, tp, strict=True)}
-                for family in space.families:
-                    if space.tp_allowed(family, tp):
-                        for t in families[family](subset, tp, units, layers, gbs):
-                            yield from _with_ep(t, space.ep, gbs)
+    for subset, tp in _type_choices(types, tps, spec):
+        units = {g: total[g] // t for g, t in zip(subset, tp, strict=True)}
+        for family in space.families:
+            if space.tp_allowed(family, tp):
+                for t in families[family](subset, tp, units, layers, gbs):
+                    yield from _with_ep(t, space.ep, gbs)
+
+
+def _type_choices(types: list[str], tps: dict[str, list[int]],
+                  spec: Callable[[str], DeviceSpec]
+                  ) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
+    """(GPU types, a tp for each) of the templates, types in `types`' order."""
+    if len(types) <= FULL_TYPES:
+        for size in range(2, len(types) + 1):
+            for subset in itertools.combinations(types, size):
+                yield from ((subset, tp) for tp in itertools.product(*(tps[g] for g in subset)))
+        return
+    fastest = sorted(types, key=lambda g: -_speed(spec(g)))
+    for k in range(2, len(types) + 1):
+        subset = tuple(g for g in types if g in fastest[:k])
+        if any(not tps[g] for g in subset):
+            continue
+        common = sorted({t for g in subset for t in tps[g]})
+        yield from ((subset, tp) for tp in dict.fromkeys(
+            tuple(max((x for x in tps[g] if x <= t), default=min(tps[g])) for g in subset)
+            for t in common))
 
 
 def _with_ep(t: Template, degrees: tuple[int, ...], gbs: int) -> Iterator[Template]:
@@ -246,7 +274,7 @@ def sharding_options(dp: int) -> list[Sharding]:
 
 def mixed_templates(model: ModelSpec, cluster: ClusterSpec, gbs: int,
                     space: MixedSpace = MixedSpace()) -> list[Template]:
-    return list(templates(model, pools_by_type(cluster), gbs, space))
+    return list(templates(model, pools_by_type(cluster), gbs, space, spec=cluster.device_of))
 
 
 def lower_bound_s(model: ModelSpec, cluster: ClusterSpec, t: Template, *, gbs: int, seq_len: int,
@@ -459,14 +487,15 @@ def baselines_for(best: Priced, model: ModelSpec, cluster: ClusterSpec, *, gbs: 
         return min(fitting, key=lambda p: p.iteration_s) if fitting else tried[0]
 
     if t.family == "mixed-stages":
-        speeds = [1.0 / _speed(g) / tp for g, tp in t.replicas[0]]  # time per layer ~
+        speeds = [1.0 / _speed(cluster.device_of(g)) / tp
+                  for g, tp in t.replicas[0]]  # time per layer ~
         uniform = priced(layers=layer_split_uniform(model.num_layers, t.pp))
         proportional = priced(layers=layer_split_proportional(model.num_layers, speeds))
         return [("uniform layer split", uniform), ("throughput-proportional layer split",
                                                    proportional)]
     total = gbs // best.mbs
     even = [total // t.dp + (1 if r < total % t.dp else 0) for r in range(t.dp)]
-    rates = [_speed(rep[0][0]) * rep[0][1] for rep in t.replicas]
+    rates = [_speed(cluster.device_of(rep[0][0])) * rep[0][1] for rep in t.replicas]
     share = proportional_split(total, rates) if total >= t.dp else None
     uniform = priced(layers=best.layers, microbatches=even)
     proportional = priced(layers=best.layers, microbatches=share) if share else None

@@ -27,6 +27,7 @@ from planner.export.frameworks import CAPABILITIES, FRAMEWORKS, FrameworkCapabil
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import pools_by_type
 from planner.hetero.search import (
+    FULL_TYPES,
     Baseline,
     MixedSpace,
     baselines_for,
@@ -54,7 +55,6 @@ from planner.specs.cluster import ClusterSpec, check_train_dtype
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Communication, Kernels, Plan, Sharding
-from profiler.devices import device
 from profiler.kernels import Attention
 from profiler.progress import ProgressBar
 from profiler.schema import SpecError, fail
@@ -743,6 +743,10 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
         notes.append(f"mixed GPU types not planned: {why}; each of {', '.join(per_type)} "
                      "planned alone (--framework trainplan mixes them)")
     notes += [note for c in subclusters if (note := _space(req, c)[1])]
+    if mixes and len(per_type) > FULL_TYPES:
+        notes.append(f"{len(per_type)} GPU types: the mixed plans tried use the k fastest "
+                     f"types (k = 2..{len(per_type)}) at one tp each; every combination is "
+                     f"searched up to {FULL_TYPES} types (it grows as 5^types)")
     if len(per_type) > 1:
         notes += _idle_notes(req, ranked, per_type, with_type, mixes)
     return SearchResult(_distinct(ranked, req.top), total, fitting, n_layouts,
@@ -810,7 +814,7 @@ def _mixed(req: SearchRequest, per_type: dict[str, list[tuple[float, Ranked]]],
         item = _confirm(req, plan, p.iteration_s, simulate_fn, MIXED_SOURCE)
         if item is not None:
             confirmed.append(item)
-    baselines = [_fastest_type_baseline(per_type)]
+    baselines = [_fastest_type_baseline(per_type, cluster)]
     if leaders:
         for name, naive in baselines_for(leaders[0], req.model, cluster, gbs=req.gbs,
                                          seq_len=req.seq_len, dtype=req.dtype,
@@ -874,9 +878,13 @@ def _refine(req: SearchRequest, p: Priced, kernels: Kernels, simulate_fn: Callab
     return seen[best][1] or p
 
 
-def _fastest_type_baseline(per_type: dict[str, list[tuple[float, Ranked]]]) -> Baseline:
-    fastest = max(per_type, key=lambda g: device(g).peak_tflops.get(
-        "bf16", device(g).peak_tflops.get("fp16", 0.0)))
+def _fastest_type_baseline(per_type: dict[str, list[tuple[float, Ranked]]],
+                           cluster: ClusterSpec) -> Baseline:
+    def peak(gpu: str) -> float:
+        tflops = cluster.device_of(gpu).peak_tflops  # the cluster's own types too
+        return tflops.get("bf16", tflops.get("fp16", 0.0))
+
+    fastest = max(per_type, key=peak)
     found = per_type[fastest]
     if not found:
         return Baseline(f"only {fastest}", None, None, "does not fit in memory")

@@ -1,5 +1,6 @@
 """Heterogeneous planning end to end (Zorse-style templates, Holmes placement)."""
 
+import dataclasses
 import itertools
 import random
 
@@ -228,3 +229,44 @@ def test_mixed_candidates_are_priced_and_written_with_the_frameworks_model_state
     assert simulate(plan).fits
     assert not simulate(replace(plan, training=replace(plan.training,
                                                        model_states="fp32_grads"))).fits
+
+
+def _cluster_of_types(gpus, *, devices=()):
+    from planner.specs.cluster import ClusterSpec, NodeGroup
+
+    return ClusterSpec(name="many", devices=tuple(devices), node_groups=tuple(
+        NodeGroup(name=f"g{i}", gpu=g, num_nodes=2) for i, g in enumerate(gpus))).resolved()
+
+
+def test_the_mixed_space_stays_polynomial_in_gpu_types():
+    """Every subset of types at every tp per type is 5^T templates: a search over 8 types
+    ran for hours. Beyond FULL_TYPES types it takes the k fastest types at one tp each."""
+    from planner.hetero.search import FULL_TYPES
+
+    gpus = ["H100-80GB-SXM", "A100-80GB-SXM", "A100-40GB-SXM", "L40S-48GB", "A10G-24GB",
+            "V100-32GB-SXM2", "V100-16GB-SXM2", "T4-16GB"]
+    model = preset("llama2-7b")
+    four = mixed_templates(model, _cluster_of_types(gpus[:FULL_TYPES]), 256)
+    eight = mixed_templates(model, _cluster_of_types(gpus), 256)
+    assert 0 < len(eight) <= len(four)
+    # every template's types are the k fastest (by 16-bit peak) for its k
+    from profiler.devices import device
+
+    ranked = sorted(gpus, key=lambda g: -device(g).peak_tflops["bf16" if "bf16" in
+                                                              device(g).peak_tflops else "fp16"])
+    used = [{g for rep in t.replicas for g, _ in rep} for t in eight]
+    assert all(u == set(ranked[:len(u)]) for u in used)
+    assert any(len(u) == len(gpus) for u in used)
+
+
+def test_a_gpu_type_the_cluster_file_defines_mixes_with_shipped_ones():
+    """The mixed search looked types up in the shipped catalog only ('MYGPU' is not a
+    known GPU type)."""
+    from planner.specs.plan import Plan
+    from profiler.devices import device
+
+    mine = dataclasses.replace(device("A100-80GB-SXM"), name="MYGPU", source="user-defined")
+    cluster = _cluster_of_types(["MYGPU", "V100-32GB-SXM2"], devices=[mine])
+    found = search(SearchRequest(model=preset("gpt3-1.3b"), cluster=cluster, gbs=64,
+                                 seq_len=2048, dtype="fp16", top=3))
+    assert found.ranked and all(isinstance(r.plan, Plan) for r in found.ranked)
