@@ -15,8 +15,18 @@ from planner.specs.plan import Plan, Predicted, Provenance
 from profiler.devices import DeviceSpec, load_catalog
 from profiler.store import Profiles, load_profiles
 
-__all__ = ["extra_catalog", "load_cluster_arg", "load_inputs", "load_model_arg", "profiles_for",
+__all__ = ["extra_catalog", "input_files", "load_cluster_arg", "load_inputs", "load_model_arg", "profiles_for",
            "with_prediction"]
+
+
+def input_files(args: argparse.Namespace) -> dict[str, str | None]:
+    """The files a command reads, by flag (an output must not be one of them: writing a
+    plan over the --cluster file replaced the user's cluster)."""
+    out: dict[str, str | None] = {flag: getattr(args, name, None) for flag, name in (
+        ("--cluster", "cluster"), ("--model-file", "model_file"), ("--catalog", "catalog"))}
+    for i, path in enumerate(getattr(args, "profile", None) or []):
+        out["--profile" + (f" ({i + 1})" if i else "")] = path
+    return out
 
 
 def extra_catalog(args: argparse.Namespace) -> dict[str, DeviceSpec] | None:

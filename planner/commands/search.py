@@ -18,9 +18,9 @@ from planner.commands.args import (
     seq_arg,
     tokens_arg,
 )
-from planner.commands.inputs import load_inputs, profiles_for, with_prediction
+from planner.commands.inputs import input_files, load_inputs, profiles_for, with_prediction
 from planner.errors import InfeasiblePlan
-from planner.outputs import PLAN_SUFFIXES, check_output_file
+from planner.outputs import PLAN_SUFFIXES, check_distinct, check_output_file
 from planner.search import SearchRequest, search
 from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES
 from planner.search.show import search_json, search_table
@@ -75,6 +75,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_output_file(args.output, flag="-o", suffixes=PLAN_SUFFIXES)
+    check_distinct({**input_files(args), "-o": args.output})
     model, cluster = load_inputs(args)
     dtype = train_dtype((g.device for g in cluster.node_groups), args.dtype, where="--dtype")
     profiles = profiles_for(args, cluster, dtype)

@@ -16,7 +16,7 @@ from planner.commands.args import (
     print_json,
     seq_arg,
 )
-from planner.commands.inputs import load_inputs, profiles_for, with_prediction
+from planner.commands.inputs import input_files, load_inputs, profiles_for, with_prediction
 from planner.costs.kernels import default_kernels, fastest_kernels
 from planner.costs.stages import with_stage_attention
 from planner.outputs import (
@@ -193,7 +193,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
     check_output_file(args.output, flag="-o", suffixes=PLAN_SUFFIXES)
     check_output_file(args.trace, flag="--trace", suffixes=(".json",))
     check_output_file(args.gantt, flag="--gantt", suffixes=PICTURE_SUFFIXES)
-    check_distinct({"-o": args.output, "--trace": args.trace, "--gantt": args.gantt})
+    check_distinct({**input_files(args), "-o": args.output, "--trace": args.trace,
+                    "--gantt": args.gantt})
     if (args.trace or args.gantt) and args.method != "simulate":
         fail("--method", args.method, "--trace and --gantt need the event simulation")
 

@@ -342,6 +342,11 @@ class Plan:
         # A plan built in code (search, hetero, replan) was never parsed: check its
         # training settings here too (parsing a file checks them before, cheaply again).
         self.training.check(at(where, "training"))
+        dispatcher = self.training.comm.moe_dispatcher
+        if not self.model.num_experts and dispatcher != Communication().moe_dispatcher:
+            fail(at(where, "training.comm.moe_dispatcher"), dispatcher,
+                 f"{self.model.name} has no experts: a token dispatcher applies to MoE models "
+                 f"(leave it {Communication().moe_dispatcher})")
         self._check_batch(where)
         self._check_stages(where)
         check_train_dtype((self.group_of(s).device for p in self.pipelines for s in p.stages),
@@ -496,8 +501,8 @@ class Plan:
                     used[d] = path
                 # a stage is priced, run and exported as its first GPU's type
                 first = self.cluster.group_of(stage.devices[0]).gpu
-                other = next((d for d in stage.devices
-                              if self.cluster.group_of(d).gpu != first), None)
+                other = None if len(self.cluster.node_groups) == 1 else next(
+                    (d for d in stage.devices if self.cluster.group_of(d).gpu != first), None)
                 if other is not None:
                     fail(at(path, "devices"), other, f"GPU {other} is "
                          f"{self.cluster.group_of(other).gpu}, GPU {stage.devices[0]} "
@@ -513,6 +518,8 @@ class Plan:
         runs: set[Attention] = set()
         for pi, pipe in enumerate(self.pipelines):
             for si, stage in enumerate(pipe.stages):
+                if stage.attention is None and len(self.cluster.node_groups) == 1 and runs:
+                    continue  # one type: its kernels are known after the first stage
                 dev = self.group_of(stage).device
                 kernels = dev.attention_in(dtype)
                 runs.update(kernels)

@@ -65,3 +65,20 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     assert path.read_text() == "old" and os.listdir(tmp_path) == ["out.yaml"]
     write_text(str(path), "new")
     assert path.read_text() == "new" and os.listdir(tmp_path) == ["out.yaml"]
+
+
+@pytest.mark.parametrize("command", ["simulate", "search"])
+def test_an_output_is_never_a_file_the_command_reads(tmp_path, capsys, command):
+    """`-o` naming the --cluster file wrote a plan over the user's cluster."""
+    import shutil
+
+    from tests.planner.cli_helpers import run_cli
+
+    cluster = tmp_path / "c.yaml"
+    shutil.copy("cluster_specs/selene-a100.yaml", cluster)
+    before = cluster.read_text()
+    layout = ["--tp", "1", "--pp", "1", "--dp", "8", "--mbs", "1"] if command == "simulate" else []
+    code, _, err = run_cli([command, "--model", "gpt3-1.3b", "--cluster", str(cluster),
+                            "--gbs", "8", *layout, "-o", str(cluster)], capsys)
+    assert code == 2 and "-o: " in err and "(the same file as --cluster)" in err, err
+    assert cluster.read_text() == before

@@ -319,6 +319,15 @@ def test_what_a_stages_gpus_run_is_checked(mutate, message):
         plan_from_dict(data, where="plan")
 
 
+def test_a_token_dispatcher_on_a_dense_model_is_refused():
+    """The layout line read 'deepep dispatch' for a model without experts."""
+    data = plan_to_dict(_homogeneous())
+    data["training"]["comm"] = {**data["training"].get("comm", {}), "moe_dispatcher": "deepep"}
+    with pytest.raises(SpecError, match=r"plan.training.comm.moe_dispatcher: 'deepep' is not "
+                                        r"allowed \(debug-small has no experts"):
+        plan_from_dict(data, where="plan")
+
+
 def test_sharding_divides_every_stages_data_and_context_ranks():
     """Stages may run different context-parallel sizes; each shards its model states over
     the replicas x its own cp ranks (dp 2 x cp 2 = 4 on one, dp 2 x cp 1 = 2 on the
