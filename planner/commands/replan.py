@@ -64,15 +64,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(framework=None)  # default: the framework the plan was searched for
 
 
-def _lost(text: str) -> tuple[int, str]:
-    """`N:TYPE` -> (N, the catalog's name of TYPE)."""
+def _lost(text: str, cluster: ClusterSpec) -> tuple[int, str]:
+    """`N:TYPE` -> (N, the name of TYPE: the cluster's spelling, any case, else the
+    catalog's)."""
     m = re.fullmatch(r"([0-9]+):(.+)", text.strip())
     if not m or int(m.group(1)) < 1:
         fail("--without", text, "N:TYPE, N ≥ 1 lost nodes of GPU type TYPE")
+    mine = {g.gpu.lower(): g.gpu for g in cluster.node_groups}
+    if (name := mine.get(m.group(2).strip().lower())) is not None:
+        return int(m.group(1)), name
     try:
         return int(m.group(1)), device(m.group(2)).name
     except SpecError as err:  # "gpu: 'X' is not a known GPU type (...)"
         raise SpecError(f"--without: {str(err).removeprefix('gpu: ')}") from None
+
+
+def _check_ran_on(plan: Plan, cluster: ClusterSpec, path: str) -> None:
+    """The --cluster file holds the GPUs the plan ran on (each type, at least as many)."""
+    have: dict[str, int] = {}
+    for g in cluster.node_groups:
+        have[g.gpu] = have.get(g.gpu, 0) + g.num_gpus
+    used: dict[str, int] = {}
+    for p in plan.pipelines:
+        for s in p.stages:
+            gpu = plan.group_of(s).gpu
+            used[gpu] = used.get(gpu, 0) + len(s.devices)
+    for gpu, n in used.items():
+        if have.get(gpu, 0) < n:
+            fail("--cluster", path, f"the cluster the plan ran on: the plan uses {n} {gpu} "
+                 f"GPUs, the file holds {have.get(gpu, 0)}")
 
 
 def without_nodes(cluster: ClusterSpec, lost: int, gpu: str, *, where: str = "--without"
@@ -137,9 +157,12 @@ def run(args: argparse.Namespace) -> int:
     _check_output(args.output)
     old = load_plan(args.plan)
     cluster = (load_cluster(args.cluster) if args.cluster else old.cluster).resolved()
+    if args.cluster:
+        _check_ran_on(old, cluster, args.cluster)
     for text in args.without:
+        lost = _lost(text, cluster)
         try:
-            cluster = without_nodes(cluster, *_lost(text)).resolved()
+            cluster = without_nodes(cluster, *lost).resolved()
         except SpecError as err:
             if args.cluster:
                 raise

@@ -13,14 +13,14 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from planner.specs.choices import DType, values
 from planner.specs.limits import MAX_GPUS
 from profiler.devices import NIC_KINDS, DeviceSpec, device
-from profiler.schema import SpecError, at, cached_hash, fail, load_yaml, parse, spec_field
+from profiler.schema import SpecError, at, cached_hash, dump, fail, load_yaml, parse, spec_field
 
 __all__ = ["TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup",
            "check_train_dtype", "homogeneous_cluster", "train_dtype", "load_cluster", "parse_gpus_arg"]
@@ -264,18 +264,6 @@ class ClusterSpec:
         return replace(self, node_groups=tuple(
             g.resolved(at(where, f"node_groups[{i}]")) for i, g in enumerate(groups)))
 
-    def with_catalog(self, catalog: dict[str, DeviceSpec]) -> ClusterSpec:
-        """This cluster with the `catalog` entries its node groups use (a --catalog file)
-        defined in it, resolved (names in any case)."""
-        entries = {name.lower(): spec for name, spec in catalog.items()}
-        defined = {d.name.lower() for d in self.devices}
-        used = [entries[g.gpu.lower()] for g in self.node_groups
-                if g.gpu.lower() in entries and g.gpu.lower() not in defined]
-        groups = tuple(replace(g, gpu=entries[g.gpu.lower()].name, gpu_spec=None)
-                       if g.gpu.lower() in entries else g for g in self.node_groups)
-        return replace(self, devices=(*self.devices, *dict.fromkeys(used)),
-                       node_groups=groups).resolved()
-
     @property
     def is_resolved(self) -> bool:
         """Whether every node field the catalog can default is filled in."""
@@ -391,10 +379,24 @@ def train_dtype(devices: Iterable[DeviceSpec], asked: str | None, *, where: str)
 def load_cluster(path: str, *, catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:
     """A ClusterSpec from YAML, with the catalog's defaults filled in (`catalog`: device
     types of a --catalog file, which the cluster's own `devices` override)."""
-    cluster = parse(ClusterSpec, load_yaml(path), where=f"{path}:")
-    extra = {k: v for k, v in (catalog or {}).items()
-             if k not in {d.name for d in cluster.devices}}
-    return cluster.with_catalog(extra) if extra else cluster.resolved(f"{path}:")
+    raw = load_yaml(path)
+    if catalog and isinstance(raw, Mapping):
+        raw = _with_catalog_devices(raw, catalog)
+    return parse(ClusterSpec, raw, where=f"{path}:").resolved(f"{path}:")
+
+
+def _with_catalog_devices(raw: Mapping, catalog: dict[str, DeviceSpec]) -> dict:
+    """A cluster file's data with the --catalog entries its node groups use added to its
+    `devices` (before the file is checked, so that a type the catalog defines is known);
+    the file's own definitions win. Names match in any case."""
+    devices = raw.get("devices") or []
+    mine = {str(d.get("name", "")).lower() for d in devices if isinstance(d, Mapping)}
+    entries = {name.lower(): spec for name, spec in catalog.items()}
+    groups = raw.get("node_groups") or []
+    used = dict.fromkeys(str(g["gpu"]).lower() for g in groups
+                         if isinstance(g, Mapping) and "gpu" in g)
+    extra = [dump(entries[g]) for g in used if g in entries and g not in mine]
+    return {**raw, "devices": [*devices, *extra]} if extra else dict(raw)
 
 
 def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus",

@@ -186,9 +186,11 @@ def _add(s: Setting, gpu: str, count: str, *rest: str) -> Setting:
         links = (*links, *(replace(link, islands=(other, island)) for other in sorted(known)))
     price = (_factor(opts["price"], "price") if "price" in opts
              else same[0].price_per_gpu_hour_usd if same else None)
+    own = any(d.name == dev.name for d in s.cluster.devices)  # a type the cluster defines
     group = NodeGroup(name=f"added-{dev.name.lower()}-{len(groups)}",
                       gpu=dev.name, num_nodes=n // per_node, island=island,
-                      datacenter=datacenter, price_per_gpu_hour_usd=price).resolved()
+                      datacenter=datacenter, price_per_gpu_hour_usd=price,
+                      gpu_spec=dev if own else None).resolved()
     return replace(s, cluster=replace(s.cluster, node_groups=(*groups, group),
                                       island_links=links))
 
@@ -242,9 +244,11 @@ def _swap(s: Setting, old: str, new: str) -> Setting:
         # (unknown unless the cluster has some or the scenario sets one)
         price = next((h.price_per_gpu_hour_usd for h in s.cluster.node_groups
                       if h.gpu == n.name), None)
+        own = any(d.name == n.name for d in s.cluster.devices)  # a type the cluster defines
         groups.append(NodeGroup(name=g.name, gpu=n.name, num_nodes=gpus // per,
                                 island=g.island, datacenter=g.datacenter,
-                                price_per_gpu_hour_usd=price).resolved())
+                                price_per_gpu_hour_usd=price,
+                                gpu_spec=n if own else None).resolved())
     return _with_groups(s, tuple(groups))
 
 

@@ -163,3 +163,32 @@ def test_the_framework_is_the_one_whose_communication_the_plan_carries():
             moved = dataclasses.replace(plan, training=dataclasses.replace(plan.training,
                                                                            comm=comm))
             assert framework_of(moved) == name
+
+
+def test_a_gpu_type_the_plans_cluster_defines_can_be_lost(tmp_path, capsys):
+    """--without 1:MYGPU said "'MYGPU' is not a known GPU type" for a type the plan's
+    own cluster defines; names match in any case."""
+    from profiler.devices import device
+
+    mine = dataclasses.replace(device("A100-80GB-SXM"), name="MYGPU", source="user-defined")
+    cluster = ClusterSpec(name="mine", devices=(mine,), node_groups=(
+        NodeGroup(name="m", gpu="MYGPU", num_nodes=2),)).resolved()
+    plan = homogeneous_plan(preset("gpt3-125m"), cluster, ParallelConfig(
+        dp=16, mbs=1, gbs=32, seq_len=1024, dtype="bf16"))
+    path, out = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    save_plan(plan, str(path))
+    code, _, err = run_cli(["replan", "--plan", str(path), "--without", "1:mygpu",
+                            "-o", str(out)], capsys)
+    assert code == 0, err
+    assert load_plan(str(out)).num_gpus_used <= 8
+
+
+def test_the_cluster_file_must_hold_the_gpus_the_plan_ran_on(plan_a, tmp_path, capsys):
+    """A --cluster of other GPUs was taken as the plan's whole cluster."""
+    other = tmp_path / "h.yaml"
+    other.write_text("name: h\nnode_groups: [{name: h, gpu: H100-80GB-SXM, num_nodes: 4}]\n")
+    code, _, err = run_cli(["replan", "--plan", str(plan_a), "--cluster", str(other),
+                            "--without", "1:H100-80GB-SXM", "-o", str(tmp_path / "b.yaml")],
+                           capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "(the cluster the plan ran on: the plan uses 4 CPU GPUs, the file holds 0)" in err

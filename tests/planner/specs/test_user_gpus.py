@@ -137,6 +137,25 @@ def test_gpu_names_match_in_any_case(tmp_path, capsys, key, where):
     assert json.loads(out)["stages"][0]["memory"]["capacity_bytes"] == 40 * 2**30
 
 
+def test_a_cluster_file_may_use_a_type_the_catalog_file_defines(tmp_path, capsys):
+    """--cluster FILE --catalog CAT: the cluster was checked before the catalog was read,
+    so a type only CAT defines was 'not a known GPU type'."""
+    import yaml
+
+    lab = yaml.safe_load(LAB)
+    (device_entry,) = lab.pop("devices")
+    name = device_entry.pop("name")
+    device_entry["node"] = {"name": "box", "gpus_per_node": 4, "nics_per_node": 1}
+    catalog, cluster = tmp_path / "cat.yaml", tmp_path / "c.yaml"
+    catalog.write_text(yaml.safe_dump({name: device_entry}))
+    cluster.write_text(yaml.safe_dump(lab))
+    argv = ["simulate", "--model", "gpt3-350m", "--cluster", str(cluster), *FLAGS]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and "'Lab-GPU-24GB' is not a known GPU type" in err
+    code, out, err = run_cli([*argv, "--catalog", str(catalog)], capsys)
+    assert code == 0, err
+
+
 def test_profile_fit_writes_a_catalog_file(tmp_path, capsys):
     """`plan profile fit -o` writes the profiled type with its fitted parameters, which
     --catalog then uses (no editing of package data)."""

@@ -181,3 +181,22 @@ def test_what_if_takes_gpus_as_well_as_a_cluster(tmp_path: object) -> None:
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "baseline:" in proc.stdout and "half:" in proc.stdout
+
+
+@pytest.mark.parametrize("text", ["add MYGPU 8", "swap A100-80GB-SXM MYGPU"])
+def test_scenarios_add_or_swap_in_a_type_the_cluster_defines(text: str) -> None:
+    """A type the cluster file (or --catalog) defines was 'not a known GPU type' once a
+    scenario added it: the new node group looked it up in the shipped catalog."""
+    import dataclasses
+
+    from planner.specs.cluster import ClusterSpec, NodeGroup
+    from profiler.devices import device
+
+    mine = dataclasses.replace(device("A100-80GB-SXM"), name="MYGPU", memory_gib=40,
+                               source="user-defined")
+    cluster = ClusterSpec(name="c", devices=(mine,), node_groups=(
+        NodeGroup(name="a", gpu="A100-80GB-SXM", num_nodes=1),
+        NodeGroup(name="m", gpu="MYGPU", num_nodes=1))).resolved()
+    s = apply(parse_scenario(text), Setting("baseline", preset("llama2-7b"), cluster, 1e12))
+    mygpu = [g for g in s.cluster.node_groups if g.gpu == "MYGPU"]
+    assert mygpu and all(g.device.memory_gib == 40 for g in mygpu)
