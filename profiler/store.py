@@ -324,6 +324,9 @@ def parse_profile_text(text: str, *, path: str) -> Profile:
                 for name, cell in zip(_COLUMNS, record, strict=True)}
         rows.append(parse(ProfileRow, {k: v for k, v in data.items() if v is not None},
                           where=where + ":"))
+    if not rows:  # it would price nothing, and the sources would still name it
+        fail(path, "a header and no rows", "a profile with measured rows (plan profile "
+             "measure writes them)")
     digest = hashlib.sha256(text.encode()).hexdigest()
     return Profile(path=path, meta=meta, rows=tuple(rows), digest=digest)
 

@@ -224,6 +224,8 @@ class ClusterSpec:
             if self.island_link(a, b) is None:
                 raise SpecError(f"{at(where, 'island_links')}: islands {a!r} and {b!r} "
                                 "have no link (add one with their bandwidth and latency)")
+        if not self.is_resolved:  # node fields left to the catalog: named with their path
+            self.resolved(where)  # here (a Plan resolves its cluster where it has none)
 
     def _check_size(self, where: str) -> None:
         """At most MAX_GPUS GPUs (the catalog's node size where a group leaves it out)."""

@@ -128,6 +128,9 @@ def _write(tmp_path, text, name="p.csv"):
     (lambda t: t.replace("1x64x256x64", "1x" + "9" * 30 + "x256x64", 1),
      "p.csv:row 1:shape[1]: 999999999999999999999999999999 is not allowed "
      "(must be ≤ 1,099,511,627,776)"),
+    # a header and no rows priced nothing, while the sources still named the file
+    (lambda t: t[:t.index("\n", t.index("kind,name")) + 1],
+     "p.csv: 'a header and no rows' is not allowed (a profile with measured rows"),
 ])
 def test_bad_files_get_one_line_errors(tmp_path, edit, needle):
     text = profile_text(META, ROWS)

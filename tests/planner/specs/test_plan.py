@@ -343,3 +343,21 @@ def test_sharding_divides_every_stages_data_and_context_ranks():
                        r"data-parallel replicas x context-parallel ranks of the stages with "
                        r"cp 1 = 2\)"):
         plan_from_dict(data)
+
+
+def test_a_plan_files_cluster_errors_name_their_path(tmp_path):
+    """The cluster inside a plan file is resolved by the Plan, which has no path: an error
+    there read 'node_groups[0].gpus_per_node: missing' with no file or 'cluster.'."""
+    data = plan_to_dict(_homogeneous())
+    (group,) = data["cluster"]["node_groups"]
+    device = dict(next(iter(data["cluster"].get("devices") or []), None) or {
+        "vendor": "nvidia", "arch": "ampere", "memory_gib": 80,
+        "memory_bandwidth_gb_per_s": 2000, "num_compute_units": 108,
+        "peak_tflops": {"bf16": 312, "fp32": 19.5}})
+    device["name"] = "MYGPU"
+    device.pop("node", None)
+    data["cluster"] = {"name": "c", "devices": [device], "node_groups": [
+        {"name": "m", "gpu": "MYGPU", "num_nodes": group["num_nodes"]}]}
+    with pytest.raises(SpecError, match=r"^p.yaml:cluster.node_groups\[0\].gpus_per_node: "
+                                        r"missing"):
+        plan_from_dict(data, where="p.yaml:")
