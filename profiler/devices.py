@@ -298,6 +298,10 @@ def parse_catalog(raw: object, *, where: str) -> dict[str, DeviceSpec]:
     if not isinstance(raw, Mapping):
         fail(where.rstrip(":"), raw, "a mapping of GPU type names to their fields "
              "(the format of profiler/data/devices.yaml)")
+    for name, entry in raw.items():
+        if isinstance(entry, Mapping) and "name" in entry and str(entry["name"]) != str(name):
+            fail(at(at(where, str(name)), "name"), entry["name"],
+                 f"the entry's key ({name}) or left out: the key names the type")
     return {str(name): parse(DeviceSpec, {"name": str(name), **entry}
                              if isinstance(entry, Mapping) else entry, where=at(where, str(name)))
             for name, entry in raw.items()}

@@ -104,6 +104,10 @@ def test_a_catalog_entry_for_a_shipped_type_may_give_only_what_it_changes(tmp_pa
     code, listing, err = run_cli(["gpus", "--catalog", str(catalog)], capsys)
     assert code == 0, err
     assert "A100-80GB-SXM      40.0GiB   312.0TF/s" in listing
+    # a `name` other than the key renamed the type behind the user's back
+    catalog.write_text("A100-80GB-SXM: {name: A100-RENAMED, memory_gib: 40}\n")
+    code, _, err = run_cli(["gpus", "--catalog", str(catalog)], capsys)
+    assert code == 2 and "A100-80GB-SXM.name: 'A100-RENAMED' is not allowed (the entry's key" in err
     catalog.write_text("Z100: {memory_gib: 40}\n")  # a new type still needs every field
     code, _, err = run_cli(["gpus", "--catalog", str(catalog)], capsys)
     assert code == 2 and "Z100.vendor: missing" in err
