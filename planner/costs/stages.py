@@ -377,6 +377,13 @@ def position_groups(replicas: Sequence[Sequence[PlacedStage]]) -> list[tuple[int
     return [tuple(rep[k].devices[0] for rep in replicas) for k in range(len(counts))]
 
 
+@cache
+def _group_islands(cluster: ClusterSpec, group: tuple[int, ...]) -> frozenset[str]:
+    """The islands a data-parallel group's GPUs sit in (a replica of 1,024 asked each of
+    its stages' groups anew: quadratic in the GPUs)."""
+    return frozenset(cluster.group_of(d).island for d in group)
+
+
 def island_concurrency(cluster: ClusterSpec, stage_devices: Sequence[Sequence[int]],
                        groups: Sequence[tuple[int, ...]] | None) -> list[int]:
     """Per stage of one replica: how many of the replica's GPUs send data-parallel
@@ -385,10 +392,15 @@ def island_concurrency(cluster: ClusterSpec, stage_devices: Sequence[Sequence[in
     island link, all at the end of the step, so the link is shared by the GPUs of every
     such stage; a stage whose group stays inside one island crosses no island link (1).
     `groups`: each stage position's first GPU in every replica (None: one replica)."""
-    def islands(gpus: Iterable[int]) -> int:
-        return len({cluster.group_of(d).island for d in gpus})
+    if len({g.island for g in cluster.node_groups}) == 1:  # no island link to share
+        return [1] * len(stage_devices)
 
-    crossing = [islands([*devs, *(groups[k] if groups is not None else ())]) > 1
+    def islands(gpus: Iterable[int]) -> set[str]:
+        return {cluster.group_of(d).island for d in gpus}
+
+    # every replica asks about the same position groups: their islands once per cluster
+    crossing = [len(islands(devs) | (_group_islands(cluster, groups[k]) if groups is not None
+                                     else set())) > 1
                 for k, devs in enumerate(stage_devices)]
     n = sum(len(devs) for devs, c in zip(stage_devices, crossing, strict=True) if c)
     return [n if c else 1 for c in crossing]
@@ -1139,6 +1151,7 @@ def clear_cost_caches() -> None:
     stage_params.cache_clear()
     _pass_costs.cache_clear()
     _stage_links.cache_clear()
+    _group_islands.cache_clear()
 
 
 # -- where the numbers came from ----------------------------------------------------------
