@@ -9,10 +9,11 @@ once, the batch adds up); these are the executor's own limits and this host's.
 from __future__ import annotations
 
 from planner.costs.kernels import supported_attention
-from planner.export.frameworks import CAPABILITIES, model_states_differ
+from planner.export.frameworks import model_states_differ
 from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, DType, ModelStates, Recompute
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
+from profiler.kernels import SDPA_BACKENDS
 from profiler.schema import at, fail
 
 __all__ = ["check_model", "check_runnable", "device_kind"]
@@ -167,9 +168,8 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
             if attention not in supported_attention(dev, tr.dtype):
                 fail(path, attention, f"{dev.name} runs "
                      f"{', '.join(supported_attention(dev, tr.dtype))} in {tr.dtype}")
-            runs = CAPABILITIES["trainplan"].attention  # PyTorch's SDPA backends
-            if attention not in runs:
-                fail(path, attention, f"the executor runs {', '.join(sorted(runs))} "
+            if attention not in SDPA_BACKENDS:
+                fail(path, attention, f"the executor runs {', '.join(sorted(SDPA_BACKENDS))} "
                      "(PyTorch's scaled_dot_product_attention backends)")
             if attention.fused and m.dropout and kind == "cpu":
                 fail(path, attention, "fused attention with dropout does not run on the CPU "

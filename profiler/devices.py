@@ -362,15 +362,16 @@ def _by_lower() -> dict[str, DeviceSpec]:
     return {k.lower(): v for k, v in catalog().items()}
 
 
-def device(name: str) -> DeviceSpec:
-    """Look a device type up by name (case-insensitive); unknown names are a SpecError."""
+def device(name: str, *, where: str = "gpu") -> DeviceSpec:
+    """Look a device type up by name (case-insensitive); an unknown name is a SpecError
+    naming the field `where`."""
     found = _by_lower().get(name.lower())
     if found is not None:
         return found
     table = catalog()
     near = difflib.get_close_matches(name, list(table), n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(near)}?" if near else "see `plan gpus`"
-    raise SpecError(f"gpu: {name!r} is not a known GPU type ({hint})")
+    raise SpecError(f"{where}: {name!r} is not a known GPU type ({hint})")
 
 
 def match_device(description: str, memory_gib: float) -> DeviceSpec | None:

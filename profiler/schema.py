@@ -361,7 +361,6 @@ def load_yaml_text(text: str, *, where: str) -> Any:
         if node is None:
             return None
         _check_expanded_size(node, where)
-        _check_unique_keys(node, where)
         return loader.construct_document(node)
     except SpecError:
         raise
@@ -380,7 +379,8 @@ def load_yaml_text(text: str, *, where: str) -> Any:
 
 def _check_expanded_size(root: Any, where: str) -> None:
     """Refuse YAML whose aliases expand to more than MAX_YAML_NODES values, or to a
-    value that contains itself, before anything is built (each node is sized once)."""
+    value that contains itself, or a mapping with a key given twice (`_check_keys`),
+    before anything is built (each node is sized once)."""
     size: dict[int, int] = {}
     stack: list[tuple[Any, bool]] = [(root, False)]
     open_nodes: set[int] = set()
@@ -399,33 +399,27 @@ def _check_expanded_size(root: Any, where: str) -> None:
         if key in open_nodes:
             raise SpecError(f"{where}: a YAML alias refers to a value that contains it "
                             "(not allowed)")
+        _check_keys(node, where)  # each node is opened once
         open_nodes.add(key)
         stack.append((node, True))
         stack.extend((c, False) for c in _children(node) if id(c) not in size)
 
 
-def _check_unique_keys(root: Any, where: str) -> None:
+def _check_keys(node: Any, where: str) -> None:
     """Refuse a mapping that gives a key twice: YAML loaders keep the last one silently
     (a node group's `num_nodes: 16` then `num_nodes: 1` ran on 1 node)."""
     import yaml
 
-    seen_nodes: set[int] = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen_nodes:
-            continue
-        seen_nodes.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            keys: set[str] = set()
-            for key, _ in node.value:
-                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                    if key.value in keys:
-                        raise SpecError(f"{where}: line {key.start_mark.line + 1}: "
-                                        f"{short_repr(key.value)} is given twice in one "
-                                        "mapping (not allowed: which one was meant?)")
-                    keys.add(key.value)
-        stack.extend(_children(node))
+    if not isinstance(node, yaml.MappingNode):
+        return
+    keys: set[str] = set()
+    for key, _ in node.value:
+        if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+            if key.value in keys:
+                raise SpecError(f"{where}: line {key.start_mark.line + 1}: "
+                                f"{short_repr(key.value)} is given twice in one "
+                                "mapping (not allowed: which one was meant?)")
+            keys.add(key.value)
 
 
 def _children(node: Any) -> list[Any]:

@@ -33,7 +33,7 @@ from functools import cached_property
 from typing import Literal
 
 from profiler.devices import device
-from profiler.schema import SpecError, at, dump, fail, load_yaml_text, parse, read_text, spec_field
+from profiler.schema import at, dump, fail, load_yaml_text, parse, read_text, spec_field
 
 __all__ = ["EXTRAPOLATION_LIMIT", "PROFILE_SCHEMA_VERSION", "MonotoneCurve", "Profile",
            "ProfileMeta", "ProfileRow", "Profiles", "load_profile", "load_profiles",
@@ -69,10 +69,7 @@ class ProfileMeta:
     command: str | None = spec_field(default=None, help="the command that measured it")
 
     def check(self, where: str) -> None:
-        try:
-            device(self.device)
-        except SpecError as err:  # "gpu: 'X' is not a known GPU type (...)": name the file
-            raise SpecError(f"{at(where, 'device')}: {str(err).split(': ', 1)[1]}") from None
+        device(self.device, where=at(where, "device"))
 
 
 @dataclass(frozen=True, kw_only=True)

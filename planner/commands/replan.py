@@ -73,10 +73,7 @@ def _lost(text: str, cluster: ClusterSpec) -> tuple[int, str]:
     mine = {g.gpu.lower(): g.gpu for g in cluster.node_groups}
     if (name := mine.get(m.group(2).strip().lower())) is not None:
         return int(m.group(1)), name
-    try:
-        return int(m.group(1)), device(m.group(2)).name
-    except SpecError as err:  # "gpu: 'X' is not a known GPU type (...)"
-        raise SpecError(f"--without: {str(err).removeprefix('gpu: ')}") from None
+    return int(m.group(1)), device(m.group(2), where="--without").name
 
 
 def _check_ran_on(plan: Plan, cluster: ClusterSpec, path: str) -> None:

@@ -26,6 +26,7 @@ from planner.specs.choices import (
 )
 from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Communication, Plan
+from profiler.kernels import SDPA_BACKENDS
 
 __all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
            "chunk_layer_counts", "comm_differences", "in_rank_order",
@@ -242,7 +243,7 @@ _TORCHTITAN = FrameworkCapabilities(
     sharding=(NO_SHARDING, ZERO3, ("k", "k", "k")),
     recompute=frozenset({"none", "full"}),
     dtypes=frozenset({"bf16", "fp32"}),
-    attention=frozenset({"flash", "memory_efficient", "math"}),  # SDPA backends
+    attention=frozenset(SDPA_BACKENDS),
     sequence_parallel="with tp", uneven_stages=True, mixed_gpu_types=False,
     per_stage_tp=False, unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False, per_stage_recompute=False,
     # FSDP2's MixedPrecisionPolicy (reduce_dtype None: the fp32 parameters' gradients;
@@ -287,7 +288,7 @@ _TRAINPLAN = FrameworkCapabilities(
     recompute=frozenset({"none", "selective", "full"}),
     # fp16 with dynamic loss scaling, tf32 as fp32 with TF32 matmuls (executor/precision.py)
     dtypes=frozenset({"bf16", "fp16", "fp32", "tf32"}),
-    attention=frozenset({"flash", "memory_efficient", "math"}),
+    attention=frozenset(SDPA_BACKENDS),  # what the executor runs (executor/model.py)
     sequence_parallel="optional", uneven_stages=True, mixed_gpu_types=True, per_stage_tp=True,
     unlike_replicas=True, unequal_microbatches=True, per_stage_sharding=True,
     per_stage_recompute=True, rank_order=None,

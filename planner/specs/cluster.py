@@ -183,23 +183,22 @@ class ClusterSpec:
         if len(self.node_groups) > MAX_NODE_GROUPS:
             fail(at(where, "node_groups"), f"{len(self.node_groups)} groups",
                  f"at most {MAX_NODE_GROUPS}")
-        defined: set[str] = set()
+        defined: set[str] = set()  # names match in any case (`resolved`)
         for i, d in enumerate(self.devices):
-            if d.name in defined:
+            if d.name.lower() in defined:
                 fail(at(where, f"devices[{i}].name"), d.name, "defined twice; names must be "
                      "unique")
-            defined.add(d.name)
+            defined.add(d.name.lower())
         names: set[str] = set()
         for i, g in enumerate(self.node_groups):
             if g.name in names:
                 fail(at(where, f"node_groups[{i}].name"), g.name, "names must be unique")
             names.add(g.name)
-            if g.gpu_spec is None and g.gpu not in defined:
+            if g.gpu_spec is None and g.gpu.lower() not in defined:
                 try:
-                    device(g.gpu)
+                    device(g.gpu, where=at(where, f"node_groups[{i}].gpu"))
                 except SpecError as err:
-                    raise SpecError(f"{at(where, f'node_groups[{i}].gpu')}: "
-                                    f"{str(err).split(': ', 1)[1]} (or define it under "
+                    raise SpecError(f"{err} (or define it under "
                                     "`devices:`)") from None
         self._check_size(where)
         dc_of: dict[str, str] = {}
@@ -229,10 +228,10 @@ class ClusterSpec:
 
     def _check_size(self, where: str) -> None:
         """At most MAX_GPUS GPUs (the catalog's node size where a group leaves it out)."""
-        own = {d.name: d for d in self.devices}
+        own = {d.name.lower(): d for d in self.devices}
         total = 0
         for g in self.node_groups:
-            spec = g.gpu_spec or own.get(g.gpu)  # a GPU type the file defines
+            spec = g.gpu_spec or own.get(g.gpu.lower())  # a GPU type the file defines
             standard = (spec.node.gpus_per_node if spec is not None and spec.node is not None
                         else _standard_gpus_per_node(g.gpu))
             total += g.num_nodes * (g.gpus_per_node or standard or 1)

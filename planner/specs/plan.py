@@ -499,35 +499,38 @@ class Plan:
                     if d in used:
                         fail(at(path, "devices"), d, f"GPU {d} is already used by {used[d]}")
                     used[d] = path
-                # a stage is priced, run and exported as its first GPU's type
-                first = self.cluster.group_of(stage.devices[0]).gpu
-                other = None if len(self.cluster.node_groups) == 1 else next(
-                    (d for d in stage.devices if self.cluster.group_of(d).gpu != first), None)
-                if other is not None:
-                    fail(at(path, "devices"), other, f"GPU {other} is "
-                         f"{self.cluster.group_of(other).gpu}, GPU {stage.devices[0]} "
-                         f"{first}: a stage's GPUs are of one type")
+                if len(self.cluster.node_groups) > 1:
+                    self._check_one_type(stage, path)
             if expect != num_layers:
                 fail(at(where, f"pipelines[{pi}].stages"), f"layers 0..{expect}",
                      f"stages must cover all {num_layers} layers")
+
+    def _check_one_type(self, stage: Stage, path: str) -> None:
+        """A stage is priced, run and exported as its first GPU's type: all are of it."""
+        first = self.group_of(stage).gpu
+        other = next((d for d in stage.devices if self.cluster.group_of(d).gpu != first), None)
+        if other is not None:
+            fail(at(path, "devices"), other, f"GPU {other} is "
+                 f"{self.cluster.group_of(other).gpu}, GPU {stage.devices[0]} "
+                 f"{first}: a stage's GPUs are of one type")
 
     def _check_attention(self, where: str) -> None:
         """A stage's own kernel runs on its GPUs; the plan's runs on some stage's (a stage
         whose GPUs lack it runs their fastest: `costs/stages.stage_attention`)."""
         dtype = self.training.dtype
-        runs: set[Attention] = set()
+        kernels_of: dict[str, tuple[Attention, ...]] = {}  # per GPU type
         for pi, pipe in enumerate(self.pipelines):
             for si, stage in enumerate(pipe.stages):
-                if stage.attention is None and len(self.cluster.node_groups) == 1 and runs:
-                    continue  # one type: its kernels are known after the first stage
                 dev = self.group_of(stage).device
-                kernels = dev.attention_in(dtype)
-                runs.update(kernels)
+                if dev.name not in kernels_of:
+                    kernels_of[dev.name] = dev.attention_in(dtype)
+                kernels = kernels_of[dev.name]
                 if stage.attention is not None and stage.attention not in kernels:
                     fail(at(where, f"pipelines[{pi}].stages[{si}].attention"), stage.attention,
                          f"{dev.name} runs {', '.join(kernels)} in {dtype}")
+        runs = {k for kernels in kernels_of.values() for k in kernels}
         if self.kernels.attention not in runs:
-            types = sorted(self.gpu_types)
+            types = sorted(kernels_of)
             fail(at(where, "kernels.attention"), self.kernels.attention,
                  f"{', '.join(types)} run{'s' if len(types) == 1 else ''} "
                  f"{', '.join(k for k in Attention if k in runs)} in {dtype}")

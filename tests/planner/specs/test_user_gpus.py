@@ -141,6 +141,20 @@ def test_gpu_names_match_in_any_case(tmp_path, capsys, key, where):
     assert json.loads(out)["stages"][0]["memory"]["capacity_bytes"] == 40 * 2**30
 
 
+def test_a_type_the_file_defines_is_named_in_any_case(tmp_path):
+    path = tmp_path / "lab.yaml"
+    path.write_text(LAB.replace("gpu: Lab-GPU-24GB", "gpu: lab-gpu-24gb"))
+    (group,) = load_cluster(str(path)).node_groups
+    assert group.gpu == "Lab-GPU-24GB" and group.device.memory_gib == 24
+    twice = LAB.replace("devices:\n", "devices:\n  - {name: LAB-GPU-24GB, vendor: nvidia, "
+                        "arch: ampere, memory_gib: 1, memory_bandwidth_gb_per_s: 1, "
+                        "num_compute_units: 1, peak_tflops: {fp32: 1}}\n")
+    path.write_text(twice)
+    with pytest.raises(SpecError, match=r"devices\[1\].name: 'Lab-GPU-24GB' is not allowed "
+                                        r"\(defined twice"):
+        load_cluster(str(path))
+
+
 def test_a_cluster_file_may_use_a_type_the_catalog_file_defines(tmp_path, capsys):
     """--cluster FILE --catalog CAT: the cluster was checked before the catalog was read,
     so a type only CAT defines was 'not a known GPU type'."""
