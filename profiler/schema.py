@@ -400,6 +400,7 @@ def _check_expanded_size(root: Any, where: str) -> None:
             raise SpecError(f"{where}: a YAML alias refers to a value that contains it "
                             "(not allowed)")
         _check_keys(node, where)  # each node is opened once
+        _check_yaml11_scalar(node, where)
         open_nodes.add(key)
         stack.append((node, True))
         stack.extend((c, False) for c in _children(node) if id(c) not in size)
@@ -420,6 +421,45 @@ def _check_keys(node: Any, where: str) -> None:
                                 f"{short_repr(key.value)} is given twice in one "
                                 "mapping (not allowed: which one was meant?)")
             keys.add(key.value)
+
+
+# Plain scalars YAML 1.1 (PyYAML) reads as something other than what they look like, where
+# YAML 1.2 (2009) reads them as written: base 60 (`1:30` is 90), a leading 0 for octal
+# (`010` is 8), and yes / no / on / off as booleans (`island: off` is false). Refused, so a
+# spec file never means something its author did not write (YAML 1.2 spec, "Changes",
+# 10.3.2 "Tag Resolution": only true/false are booleans, octal is 0o, no sexagesimal).
+_YAML11_BOOL_WORDS = frozenset({"yes", "no", "on", "off"})
+_YAML11_INT = "tag:yaml.org,2002:int"
+_YAML11_FLOAT = "tag:yaml.org,2002:float"
+
+
+def _check_yaml11_scalar(node: Any, where: str) -> None:
+    """Refuse a plain scalar YAML 1.1 reads otherwise than it looks (`_YAML11_BOOL_WORDS`,
+    base 60, a leading-zero octal), naming the line and what to write instead."""
+    import yaml
+
+    if not isinstance(node, yaml.ScalarNode) or node.style:  # None or '' for plain
+        return  # quoted and block scalars are strings, as written
+    text, tag = node.value, node.tag
+    digits = text.lstrip("+-").replace("_", "")
+    if tag == "tag:yaml.org,2002:bool" and text.lower() in _YAML11_BOOL_WORDS:
+        reading = "true" if text.lower() in ("yes", "on") else "false"
+        fix = f"write {reading}, or quote {text!r} for text"
+    elif tag in (_YAML11_INT, _YAML11_FLOAT) and ":" in text:
+        value = 0.0
+        for part in digits.split(":"):
+            value = value * 60 + float(part)
+        value = -value if text.startswith("-") else value
+        reading = f"{value:g}"
+        fix = "base 60; write the number itself, or quote it for text"
+    elif (tag == _YAML11_INT and digits[:1] == "0" and digits.isdigit()
+          and int(digits, 8) != int(digits)):
+        reading = f"{int(digits, 8) * (-1 if text.startswith('-') else 1)}"
+        fix = "octal; write the number without the leading 0, or quote it for text"
+    else:
+        return
+    raise SpecError(f"{where}: line {node.start_mark.line + 1}: {text!r} is read as "
+                    f"{reading} by YAML 1.1 ({fix}; not allowed)")
 
 
 def _children(node: Any) -> list[Any]:

@@ -1,5 +1,6 @@
 """The one spec loader: every error names the field, the value and what is allowed."""
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -200,6 +201,29 @@ def test_a_key_given_twice_is_refused(text, where):
     # a merge key (<<) may stand beside the keys it merges
     data = load_yaml_text("base: &b {size: 1}\ninner: {<<: *b, size: 2}\n", where="f.yaml")
     assert data["inner"] == {"size": 2}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("island: off\n", "line 1: 'off' is read as false by YAML 1.1 (write false, or quote"),
+    ("a:\n  - yes\n", "line 2: 'yes' is read as true by YAML 1.1"),
+    ("num_nodes: 010\n", "line 1: '010' is read as 8 by YAML 1.1 (octal"),
+    ("latency_ms: 1:30\n", "line 1: '1:30' is read as 90 by YAML 1.1 (base 60"),
+    ("t: -1:30.5\n", "line 1: '-1:30.5' is read as -90.5 by YAML 1.1"),
+])
+def test_what_yaml_1_1_reads_otherwise_than_written_is_refused(text, message):
+    """PyYAML reads `off` as false, `010` as 8 and `1:30` as 90 (YAML 1.1; YAML 1.2 reads
+    them as written): a cluster's `island: off` became the island False, `num_nodes: 010`
+    ran 8 nodes. Refused, naming the line and what to write."""
+    with pytest.raises(SpecError, match="^f.yaml: " + re.escape(message)):
+        load_yaml_text(text, where="f.yaml")
+
+
+def test_what_yaml_1_1_and_1_2_read_alike_still_loads():
+    text = ("a: 'off'\nb: \"010\"\nc: true\nd: False\ne: 07\nf: 0\ng: 0x10\nh: 1_000\n"
+            "i: '1:30'\nj: |\n  on\n")
+    assert load_yaml_text(text, where="f.yaml") == {
+        "a": "off", "b": "010", "c": True, "d": False, "e": 7, "f": 0, "g": 16, "h": 1000,
+        "i": "1:30", "j": "on\n"}
 
 
 def test_a_number_in_e_notation_without_a_dot_is_a_number():
