@@ -183,17 +183,25 @@ class ClusterSpec:
         if len(self.node_groups) > MAX_NODE_GROUPS:
             fail(at(where, "node_groups"), f"{len(self.node_groups)} groups",
                  f"at most {MAX_NODE_GROUPS}")
-        defined: set[str] = set()  # names match in any case (`resolved`)
+        defined: dict[str, DeviceSpec] = {}  # names match in any case (`resolved`)
         for i, d in enumerate(self.devices):
             if d.name.lower() in defined:
                 fail(at(where, f"devices[{i}].name"), d.name, "defined twice; names must be "
                      "unique")
-            defined.add(d.name.lower())
+            defined[d.name.lower()] = d
         names: set[str] = set()
         for i, g in enumerate(self.node_groups):
             if g.name in names:
                 fail(at(where, f"node_groups[{i}].name"), g.name, "names must be unique")
             names.add(g.name)
+            if g.gpu_spec is not None:  # a resolved group (plan files carry it)
+                if g.gpu_spec.name.lower() != g.gpu.lower():
+                    fail(at(where, f"node_groups[{i}].gpu_spec.name"), g.gpu_spec.name,
+                         f"the group's gpu is {g.gpu!r}")
+                if defined.get(g.gpu.lower(), g.gpu_spec) != g.gpu_spec:
+                    fail(at(where, f"node_groups[{i}].gpu_spec"), g.gpu,
+                         "differs from the cluster's `devices` entry of that name (define a "
+                         "GPU type once, under `devices:`)")
             if g.gpu_spec is None and g.gpu.lower() not in defined:
                 try:
                     device(g.gpu, where=at(where, f"node_groups[{i}].gpu"))

@@ -85,6 +85,26 @@ def test_gpu_types_defined_in_the_file_are_defined_once_and_counted_by_their_nod
         parse(ClusterSpec, data)
 
 
+def test_a_resolved_groups_gpu_numbers_agree_with_its_name_and_the_files_devices():
+    """A plan file's node groups carry their GPU type's numbers (`gpu_spec`); hand-edited,
+    they won over the cluster's `devices` entry (and over the group's own `gpu`) without a
+    word. Both disagreements are refused; the file as written loads."""
+    gpu = {"name": "MYGPU", "vendor": "nvidia", "arch": "ampere", "memory_gib": 40,
+           "memory_bandwidth_gb_per_s": 1500, "num_compute_units": 100,
+           "peak_tflops": {"bf16": 300, "fp32": 20},
+           "node": {"name": "box", "gpus_per_node": 8, "nics_per_node": 8}}
+    group = {"name": "a", "gpu": "MYGPU", "num_nodes": 1, "gpu_spec": gpu}
+    parse(ClusterSpec, {"name": "c", "devices": [gpu], "node_groups": [group]})
+    with pytest.raises(SpecError, match=r"node_groups\[0\].gpu_spec: 'MYGPU' is not allowed "
+                                        r"\(differs from the cluster's `devices` entry"):
+        parse(ClusterSpec, {"name": "c", "devices": [gpu], "node_groups": [
+            {**group, "gpu_spec": {**gpu, "memory_gib": 80}}]})
+    with pytest.raises(SpecError, match=r"node_groups\[0\].gpu_spec.name: 'OTHER' is not "
+                                        r"allowed \(the group's gpu is 'MYGPU'\)"):
+        parse(ClusterSpec, {"name": "c", "node_groups": [
+            {**group, "gpu_spec": {**gpu, "name": "OTHER"}}]})
+
+
 def test_take_uses_whole_nodes():
     c = load_cluster("cluster_specs/selene-a100.yaml")
     assert c.take(64).num_gpus == 64
