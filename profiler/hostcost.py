@@ -61,14 +61,14 @@ _TINY_SEQ = 16  # tokens of the tiny models' micro-batch (one sequence)
 def host_row(name: str, times: Sequence[float], *, variant: str | None = None,
              ranks: int = 1, size_bytes: int = 0, calls: int = 1) -> ProfileRow:
     """A "host" row from samples of seconds per call (the median; never below 0.1 us:
-    a cost is never free, and a difference of two noisy times may come out below zero)."""
+    a cost is never free, and a difference of two noisy times may come out below zero;
+    the percentiles are kept on either side of it, as a profile row's must be)."""
     ts = sorted(times)
-    floor = 1e-7
+    median = max(statistics.median(ts), 1e-7)
     return ProfileRow(kind="host", name=name, variant=variant, shape=(size_bytes,),
-                      flops=0.0, bytes=float(size_bytes), ranks=ranks,
-                      time_s=max(statistics.median(ts), floor),
-                      p10_s=max(ts[len(ts) // 10], 0.0), p90_s=max(ts[-1 - len(ts) // 10], 0.0),
-                      samples=len(ts), calls=calls)
+                      flops=0.0, bytes=float(size_bytes), ranks=ranks, time_s=median,
+                      p10_s=min(max(ts[len(ts) // 10], 0.0), median),
+                      p90_s=max(ts[-1 - len(ts) // 10], median), samples=len(ts), calls=calls)
 
 
 # -- one process: dispatch -------------------------------------------------------------

@@ -35,8 +35,8 @@ from typing import Literal
 from profiler.devices import device
 from profiler.schema import at, dump, fail, load_yaml_text, parse, read_text, spec_field
 
-__all__ = ["EXTRAPOLATION_LIMIT", "PROFILE_SCHEMA_VERSION", "MonotoneCurve", "Profile",
-           "ProfileMeta", "ProfileRow", "Profiles", "load_profile", "load_profiles",
+__all__ = ["EXTRAPOLATION_LIMIT", "PROFILE_SCHEMA_VERSION", "SHAPE_LENGTHS", "MonotoneCurve",
+           "Profile", "ProfileMeta", "ProfileRow", "Profiles", "load_profile", "load_profiles",
            "parse_profile_text", "profile_text", "save_profile"]
 
 PROFILE_SCHEMA_VERSION = 1
@@ -44,6 +44,11 @@ EXTRAPOLATION_LIMIT = 2.0  # answer sizes up to 2x beyond the measured range
 RowKind = Literal["gemm", "attention", "elementwise", "embedding", "optimizer", "collective",
                   "host"]
 _BY_FLOPS = ("gemm", "attention")  # time grows with FLOPs; other kinds with bytes moved
+# How many numbers each kind's shape holds (planner/costs/workload.py: a GEMM's (batch, m,
+# n, k), attention's five; an elementwise op's, an optimizer's, a collective's and a host
+# cost's one size); an embedding's shape is its case's (planner/profiling/cases.py).
+SHAPE_LENGTHS = {"gemm": 4, "attention": 5, "elementwise": 1, "optimizer": 1,
+                 "collective": 1, "host": 1}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +101,17 @@ class ProfileRow:
     p90_s: float = spec_field(min=0, max=86_400)
     samples: int = spec_field(min=1, max=1_000_000_000)
     calls: int = spec_field(min=1, max=1_000_000_000, help="back-to-back calls per timed sample")
+
+    def check(self, where: str) -> None:
+        """A shape as the planner writes its kind's (`SHAPE_LENGTHS`), and percentiles in
+        order (a p10 above the median or the p90 is not a measurement's)."""
+        length = SHAPE_LENGTHS.get(self.kind)
+        if length is not None and len(self.shape) != length:
+            fail(at(where, "shape"), "x".join(map(str, self.shape)),
+                 f"a {self.kind} row's shape has {length} numbers joined by x")
+        if not self.p10_s <= self.time_s <= self.p90_s:
+            fail(at(where, "time_s"), f"p10 {self.p10_s:g} s, median {self.time_s:g} s, "
+                 f"p90 {self.p90_s:g} s", "p10_s <= time_s <= p90_s")
 
     @property
     def size(self) -> float:
@@ -316,14 +332,20 @@ def parse_profile_text(text: str, *, path: str) -> Profile:
     if header is None or tuple(header) != _COLUMNS:
         fail(f"{path}: header", header, "expected columns " + ",".join(_COLUMNS))
     rows = []
+    first_row: dict[tuple, int] = {}
     for i, record in enumerate(reader, start=1):
         where = f"{path}:row {i}"
         if len(record) != len(_COLUMNS):
             fail(where, record, f"expected {len(_COLUMNS)} columns")
         data = {name: _cell(name, cell, at(where + ":", name))
                 for name, cell in zip(_COLUMNS, record, strict=True)}
-        rows.append(parse(ProfileRow, {k: v for k, v in data.items() if v is not None},
-                          where=where + ":"))
+        row = parse(ProfileRow, {k: v for k, v in data.items() if v is not None},
+                    where=where + ":")
+        first = first_row.setdefault((_key(row), row.shape, row.ranks), i)
+        if first != i:  # the lookup would take one of the two without a word
+            fail(where, f"{row.kind} {row.name} {'x'.join(map(str, row.shape))}",
+                 f"measured once a file; row {first} measures it already")
+        rows.append(row)
     if not rows:  # it would price nothing, and the sources would still name it
         fail(path, "a header and no rows", "a profile with measured rows (plan profile "
              "measure writes them)")

@@ -114,3 +114,19 @@ def test_the_gradient_hand_off_is_timed_as_part_of_the_backward(tmp_path):
                                 nprocs=1)
     for plain, handed in torch.load(out).values():
         assert handed >= plain + 0.04
+
+
+def test_a_host_row_of_noisy_differences_keeps_its_percentiles_around_its_floor():
+    """A host cost is a difference of two timings, which noise can push below zero: the
+    median is floored at 0.1 us, and its percentiles were floored at 0 apart from it (p90
+    0 below a median of 1e-7), which a profile row refuses, so the file it wrote would not
+    load."""
+    from profiler.hostcost import host_row
+    from profiler.store import PROFILE_SCHEMA_VERSION, ProfileMeta, parse_profile_text, profile_text
+
+    row = host_row("dtensor_layer_forward", [-3e-6, -2e-6, -1e-6], variant="gloo", ranks=2)
+    assert row.p10_s <= row.time_s == 1e-7 <= row.p90_s
+    meta = ProfileMeta(schema_version=PROFILE_SCHEMA_VERSION, device="CPU", device_detail="cpu",
+                       dtype="fp32", torch_version="2.13.0", host="h",
+                       created="2026-01-01T00:00:00Z", num_threads=1, warmup=1, repeats=3)
+    assert parse_profile_text(profile_text(meta, [row]), path="p.csv").rows == (row,)

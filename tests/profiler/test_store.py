@@ -129,6 +129,17 @@ def _write(tmp_path, text, name="p.csv"):
     (lambda t: t.replace("1x64x256x64", "1x" + "9" * 30 + "x256x64", 1),
      "p.csv:row 1:shape[1]: 999999999999999999999999999999 is not allowed "
      "(must be ≤ 1,099,511,627,776)"),
+    # a GEMM of two numbers, percentiles out of order, a shape measured twice: each was
+    # taken (the second of two rows answered exact lookups, the first did not)
+    (lambda t: t.replace("1x64x256x64", "64x256", 1),
+     "p.csv:row 1:shape: '64x256' is not allowed (a gemm row's shape has 4 numbers"),
+    (lambda t: t.replace(",0.0003,0.00027,0.00033,", ",0.0003,0.00033,0.00027,", 1),
+     "p.csv:row 2:time_s: 'p10 0.00033 s, median 0.0003 s, p90 0.00027 s' is not allowed "
+     "(p10_s <= time_s <= p90_s)"),
+    (lambda t: t + t.splitlines()[-1].replace(",0.001,0.001,0.001,", ",0.002,0.002,0.002,")
+     + "\n",
+     "p.csv:row 7: 'collective all_reduce 1048576' is not allowed (measured once a file; "
+     "row 6 measures it already)"),
     # a header and no rows priced nothing, while the sources still named the file
     (lambda t: t[:t.index("\n", t.index("kind,name")) + 1],
      "p.csv: 'a header and no rows' is not allowed (a profile with measured rows"),
