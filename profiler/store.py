@@ -341,10 +341,12 @@ def parse_profile_text(text: str, *, path: str) -> Profile:
                 for name, cell in zip(_COLUMNS, record, strict=True)}
         row = parse(ProfileRow, {k: v for k, v in data.items() if v is not None},
                     where=where + ":")
-        first = first_row.setdefault((_key(row), row.shape, row.ranks), i)
-        if first != i:  # the lookup would take one of the two without a word
+        # an op or collective priced by lookup (host rows of several runs are combined by
+        # their readers: `planner.costs.host.shared_cores` takes the least)
+        first = first_row.setdefault((_key(row), row.shape), i) if row.kind != "host" else i
+        if first != i and rows[first - 1] != row:  # the lookup would take one of the two
             fail(where, f"{row.kind} {row.name} {'x'.join(map(str, row.shape))}",
-                 f"measured once a file; row {first} measures it already")
+                 f"row {first} measures it at another time: one measurement a file")
         rows.append(row)
     if not rows:  # it would price nothing, and the sources would still name it
         fail(path, "a header and no rows", "a profile with measured rows (plan profile "

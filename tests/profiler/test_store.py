@@ -138,8 +138,8 @@ def _write(tmp_path, text, name="p.csv"):
      "(p10_s <= time_s <= p90_s)"),
     (lambda t: t + t.splitlines()[-1].replace(",0.001,0.001,0.001,", ",0.002,0.002,0.002,")
      + "\n",
-     "p.csv:row 7: 'collective all_reduce 1048576' is not allowed (measured once a file; "
-     "row 6 measures it already)"),
+     "p.csv:row 7: 'collective all_reduce 1048576' is not allowed (row 6 measures it at "
+     "another time: one measurement a file)"),
     # a header and no rows priced nothing, while the sources still named the file
     (lambda t: t[:t.index("\n", t.index("kind,name")) + 1],
      "p.csv: 'a header and no rows' is not allowed (a profile with measured rows"),

@@ -48,7 +48,8 @@ def _host(name, t, variant="gloo", ranks=2, size=0):
 def _collectives(ranks=2):
     return tuple(ProfileRow(kind="collective", name=kind, shape=(size,), flops=0.0,
                             bytes=float(size), ranks=ranks, time_s=1e-4 + size / 1e9,
-                            p10_s=1e-4, p90_s=1e-4, samples=9, calls=1)
+                            p10_s=1e-4 + size / 1e9, p90_s=1e-4 + size / 1e9, samples=9,
+                            calls=1)
                  for kind in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
                  for size in (1024, 1 << 20, 8 << 20))
 
@@ -177,9 +178,10 @@ def test_the_shared_core_slowdown_is_the_measured_ratio_per_rank_count(tmp_path)
     assert shared_cores(device("CPU"), _profiles(tmp_path, _collectives(), "bare.csv")
                         .get("CPU")) is None
     # bursts of other load in some samples (the medians) are not the host's own sharing
-    bursts = (dataclasses.replace(_host("gemm_shared", 1e-3, variant=None, ranks=1), time_s=1.1e-3),
+    bursts = (dataclasses.replace(_host("gemm_shared", 1e-3, variant=None, ranks=1),
+                                  time_s=1.1e-3, p90_s=1.1e-3),
               dataclasses.replace(_host("gemm_shared", 1.1e-3, variant=None, ranks=2),
-                                  time_s=2e-3))
+                                  time_s=2e-3, p90_s=2e-3))
     k = shared_cores(device("CPU"), _profiles(tmp_path, bursts, "bursts.csv").get("CPU"))
     assert k.measured == pytest.approx((1.0, 1.1))
     # two measurements (2 and 4 processes), one of them beside a busy core: the least
