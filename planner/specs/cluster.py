@@ -389,6 +389,10 @@ def load_cluster(path: str, *, catalog: dict[str, DeviceSpec] | None = None) -> 
     """A ClusterSpec from YAML, with the catalog's defaults filled in (`catalog`: device
     types of a --catalog file, which the cluster's own `devices` override)."""
     raw = load_yaml(path)
+    if isinstance(raw, Mapping) and {"cluster", "pipelines"} <= raw.keys():
+        raise SpecError(f"{path}: a plan file is not allowed here (a cluster file has "
+                        "`name` and `node_groups`: the plan's `cluster:` section is one; "
+                        "a plan goes to --plan)")
     if catalog and isinstance(raw, Mapping):
         raw = _with_catalog_devices(raw, catalog)
     return parse(ClusterSpec, raw, where=f"{path}:").resolved(f"{path}:")

@@ -105,6 +105,23 @@ def test_a_resolved_groups_gpu_numbers_agree_with_its_name_and_the_files_devices
             {**group, "gpu_spec": {**gpu, "name": "OTHER"}}]})
 
 
+def test_a_plan_file_given_as_a_cluster_says_so(tmp_path):
+    """A plan file passed where a cluster goes was refused with its whole `cluster` value
+    as an unknown field."""
+    from planner.specs.layout import ParallelConfig, homogeneous_plan
+    from planner.specs.model import preset
+    from planner.specs.plan import save_plan
+
+    cluster = load_cluster("cluster_specs/dgx-h100.yaml")
+    plan = homogeneous_plan(preset("gpt3-1.3b"), cluster.take(8), ParallelConfig(
+        tp=8, mbs=1, gbs=8, seq_len=2048))
+    path = tmp_path / "p.yaml"
+    save_plan(plan, str(path))
+    with pytest.raises(SpecError, match=r"^\S+p.yaml: a plan file is not allowed here \(a "
+                                        r"cluster file has `name` and `node_groups`"):
+        load_cluster(str(path))
+
+
 def test_take_uses_whole_nodes():
     c = load_cluster("cluster_specs/selene-a100.yaml")
     assert c.take(64).num_gpus == 64
