@@ -300,6 +300,12 @@ def _bound(value: float) -> str:
     return f"{value:,}" if float(value).is_integer() else f"{value:g}"
 
 
+# Text fields that may span lines (a cluster's description, a GPU type's or a profile's
+# source and command); every other string is a name or a value that reports and plan files
+# print on one line, so a newline or other control character in it is refused.
+FREE_TEXT_FIELDS = frozenset({"description", "source", "command"})
+
+
 def parse(cls: type[T], data: Any, *, where: str = "") -> T:
     """Build spec `cls` from a mapping, validating every field and then `cls.check`."""
     label = where.rstrip(":-") or cls.__name__
@@ -319,6 +325,11 @@ def parse(cls: type[T], data: Any, *, where: str = "") -> T:
                 raise SpecError(f"{path}: missing (required field of {cls.__name__})")
             continue
         value = _convert(hints[name], data[name], path)
+        if name not in FREE_TEXT_FIELDS:
+            for i, text in enumerate(value if isinstance(value, tuple) else (value,)):
+                if isinstance(text, str) and not text.isprintable():
+                    fail(path if isinstance(value, str) else f"{path}[{i}]", text,
+                         "a name or value of one line without control characters")
         _check_bounds(f.metadata, value, path)
         if isinstance(value, tuple):
             for i, item in enumerate(value):

@@ -226,6 +226,26 @@ def test_what_yaml_1_1_and_1_2_read_alike_still_loads():
         "i": "1:30", "j": "on\n"}
 
 
+def test_a_name_with_a_newline_or_control_character_is_refused():
+    """A cluster named 'lab<newline>x' split the report's header line in two; a
+    right-to-left override disguises what follows it. Free text (a description, a source)
+    may still span lines."""
+    from planner.specs.cluster import ClusterSpec
+
+    group = {"name": "a", "gpu": "A100-80GB-SXM", "num_nodes": 1}
+    for name in ("lab\nx", "lab\u202ex", "lab\tx"):
+        with pytest.raises(SpecError, match=r"^c.yaml:name: .* is not allowed \(a name or "
+                                            r"value of one line without control characters\)"):
+            parse(ClusterSpec, {"name": name, "node_groups": [group]}, where="c.yaml:")
+    links = [{"islands": ["x", "y\n"], "bandwidth_gbit_per_s": 1}]
+    with pytest.raises(SpecError, match=r"^c.yaml:island_links\[0\].islands\[1\]: "):
+        parse(ClusterSpec, {"name": "c", "node_groups": [group], "island_links": links},
+              where="c.yaml:")
+    spec = parse(ClusterSpec, {"name": "lâb 2", "description": "two\nlines",
+                               "node_groups": [group]})
+    assert spec.description == "two\nlines"
+
+
 def test_a_number_in_e_notation_without_a_dot_is_a_number():
     """YAML 1.1 reads 4e2 as a string; a number field takes it as 400."""
     data = load_yaml_text("name: x\nratio: 5e-1\ninner: {size: 1}\n", where="f.yaml")
