@@ -331,7 +331,7 @@ def parse_profile_text(text: str, *, path: str) -> Profile:
     header = next(reader, None)
     if header is None or tuple(header) != _COLUMNS:
         fail(f"{path}: header", header, "expected columns " + ",".join(_COLUMNS))
-    rows = []
+    rows: list[ProfileRow] = []
     first_row: dict[tuple, int] = {}
     for i, record in enumerate(reader, start=1):
         where = f"{path}:row {i}"
