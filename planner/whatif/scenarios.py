@@ -78,6 +78,9 @@ def parse_scenario(text: str, *, where: str = "--scenario") -> Scenario:
             continue
         verb, args = words[0], words[1:]
         if verb not in _ARITY:
+            if label.split()[:1] and label.split()[0] in _ARITY:  # e.g. "add 8:H100"
+                fail(where, text, f"{label.strip()!r} before ':' is read as the scenario's "
+                     f"label; a change is written without ':', e.g. 'add TYPE COUNT'")
             fail(where, text, f"{verb!r} is not a change; use one of {', '.join(_ARITY)}")
         lo, hi = _ARITY[verb]
         if not lo <= len(args) <= hi:

@@ -79,6 +79,9 @@ def test_model_and_tokens() -> None:
 
 @pytest.mark.parametrize("text, words", [
     ("buy H100-80GB-SXM 8", ["'buy' is not a change"]),
+    # a change written like --gpus: its first words became the label
+    ("add 8:H100-80GB-SXM", ["'add 8' before ':' is read as the scenario's label",
+                             "'add TYPE COUNT'"]),
     ("add H100-80GB-SXM", ["add takes 2-10 arguments"]),
     ("add H100-80GB-SXM 8 cloud", ["island", "cloud", "link GBPS"]),
     ("add H100-80GB-SXM 8 island ib link 100", ["link", "only for a new island"]),
