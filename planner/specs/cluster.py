@@ -22,7 +22,7 @@ from planner.specs.limits import MAX_GPUS
 from profiler.devices import NIC_KINDS, DeviceSpec, device
 from profiler.schema import SpecError, at, cached_hash, dump, fail, load_yaml, parse, spec_field
 
-__all__ = ["TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup",
+__all__ = ["TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup", "by_name",
            "check_train_dtype", "homogeneous_cluster", "train_dtype", "load_cluster", "parse_gpus_arg"]
 
 TRAIN_DTYPES = values(DType)  # what a model trains in (Plan.training.dtype)
@@ -236,7 +236,7 @@ class ClusterSpec:
 
     def _check_size(self, where: str) -> None:
         """At most MAX_GPUS GPUs (the catalog's node size where a group leaves it out)."""
-        own = {d.name.lower(): d for d in self.devices}
+        own = by_name(self.devices)
         total = 0
         for g in self.node_groups:
             spec = g.gpu_spec or own.get(g.gpu.lower())  # a GPU type the file defines
@@ -255,7 +255,7 @@ class ClusterSpec:
     def resolved(self, where: str = "") -> ClusterSpec:
         """Every node group with its GPU type's numbers (this cluster's `devices` first)
         and its standard node's defaults."""
-        own = {d.name.lower(): d for d in self.devices}
+        own = by_name(self.devices)
 
         def named(g: NodeGroup) -> NodeGroup:
             """GPU names match in any case (as `device` looks them up); a group takes the
@@ -398,13 +398,19 @@ def load_cluster(path: str, *, catalog: dict[str, DeviceSpec] | None = None) -> 
     return parse(ClusterSpec, raw, where=f"{path}:").resolved(f"{path}:")
 
 
+def by_name(devices: Iterable[DeviceSpec]) -> dict[str, DeviceSpec]:
+    """GPU types by their name in lower case: names match in any case, as `device` looks
+    them up."""
+    return {d.name.lower(): d for d in devices}
+
+
 def _with_catalog_devices(raw: Mapping, catalog: dict[str, DeviceSpec]) -> dict:
     """A cluster file's data with the --catalog entries its node groups use added to its
     `devices` (before the file is checked, so that a type the catalog defines is known);
     the file's own definitions win. Names match in any case."""
     devices = raw.get("devices") or []
     mine = {str(d.get("name", "")).lower() for d in devices if isinstance(d, Mapping)}
-    entries = {name.lower(): spec for name, spec in catalog.items()}
+    entries = by_name(catalog.values())
     groups = raw.get("node_groups") or []
     used = dict.fromkeys(str(g["gpu"]).lower() for g in groups
                          if isinstance(g, Mapping) and "gpu" in g)
@@ -416,7 +422,7 @@ def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus",
                         catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:
     """`count` GPUs of one type in the type's standard nodes (one partial node if fewer);
     `catalog` (a --catalog file) may define the type."""
-    entries = {name.lower(): spec for name, spec in (catalog or {}).items()}
+    entries = by_name((catalog or {}).values())
     dev = entries.get(gpu.lower()) or device(gpu)  # names in any case, as `device` takes them
     if dev.node is None:
         fail(where, f"{gpu}:{count}", f"{dev.name} defines no standard node: describe the "

@@ -34,7 +34,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from planner.specs.cluster import ClusterSpec, IslandLink, NodeGroup
+from planner.specs.cluster import ClusterSpec, IslandLink, NodeGroup, by_name
 from planner.specs.limits import MAX_TOKENS
 from planner.specs.model import ModelSpec, preset
 from profiler.devices import DeviceSpec, device
@@ -144,16 +144,15 @@ def _factor(text: str, what: str = "factor") -> float:
 
 def _device(s: Setting, gpu: str, where: str = "gpu") -> DeviceSpec:
     """A GPU type the cluster defines, else the catalog's; one with a standard node."""
-    own = {d.name.lower(): d for d in s.cluster.devices}
-    dev = own.get(gpu.lower()) or device(gpu)
+    dev = by_name(s.cluster.devices).get(gpu.lower()) or device(gpu)
     if dev.node is None:
         fail(where, gpu, f"{dev.name} defines no standard node to add or swap in")
     return dev
 
 
 def _device_name(s: Setting, gpu: str) -> str:
-    own = {d.name.lower(): d.name for d in s.cluster.devices}
-    return own.get(gpu.lower()) or device(gpu).name
+    mine = by_name(s.cluster.devices).get(gpu.lower())
+    return mine.name if mine is not None else device(gpu).name
 
 
 _ADD_WORDS = ("island", "link", "latency", "price")
