@@ -239,6 +239,9 @@ class StageSpec:
     dp_group: tuple[int, ...]  # this stage position's first GPU in every replica it syncs with
     concurrency: int  # GPUs whose data-parallel traffic crosses links at the same time
     sharding: Sharding
+    # replicas whose stage at this position sends to their next stage over the same island
+    # link at the same time as this one (`p2p_sharing`; 1: none besides it)
+    p2p_replicas: int = 1
 
     @property
     def device_name(self) -> str:
@@ -406,6 +409,37 @@ def island_concurrency(cluster: ClusterSpec, stage_devices: Sequence[Sequence[in
     return [n if c else 1 for c in crossing]
 
 
+@cache
+def _crossings(cluster: ClusterSpec, here: tuple[int, ...], there: tuple[int, ...]
+               ) -> dict[frozenset[str], int]:
+    """How many replicas' sends from one stage position (`here`: its first GPU in every
+    replica) to the next (`there`, replica by replica) cross each pair of islands."""
+    out: dict[frozenset[str], int] = {}
+    for a, b in zip(here, there, strict=True):
+        ia, ib = cluster.group_of(a).island, cluster.group_of(b).island
+        if ia != ib:
+            pair = frozenset((ia, ib))
+            out[pair] = out.get(pair, 0) + 1
+    return out
+
+
+def p2p_sharing(cluster: ClusterSpec, groups: Sequence[tuple[int, ...]] | None, k: int,
+                first: int, nxt: int | None) -> int:
+    """How many replicas send from stage position `k` to the next over the island link
+    this replica's stage (first GPU `first`, next stage's `nxt`) crosses, itself included:
+    replicas run the same schedule, so their sends of a micro-batch leave together and
+    share the link (`IslandLink`: its bandwidth is shared by all traffic on it). 1 where
+    the send stays inside an island, and where the replicas are not aligned (`groups`
+    None: their stages differ)."""
+    if groups is None or nxt is None:
+        return 1
+    ia, ib = cluster.group_of(first).island, cluster.group_of(nxt).island
+    if ia == ib:
+        return 1
+    there = groups[(k + 1) % len(groups)]
+    return max(1, _crossings(cluster, groups[k], there).get(frozenset((ia, ib)), 1))
+
+
 def replica_specs(cluster: ClusterSpec, stages: Sequence[PlacedStage], *,
                   groups: Sequence[tuple[int, ...]] | None,
                   shardings: Sequence[Sharding]) -> tuple[StageSpec, ...]:
@@ -417,11 +451,13 @@ def replica_specs(cluster: ClusterSpec, stages: Sequence[PlacedStage], *,
     out = []
     for k, placed in enumerate(stages):
         nxt = stages[(k + 1) % pp]
+        next_device = None if nxt is placed else nxt.devices[0]
         out.append(StageSpec(
             device=cluster.group_of(placed.devices[0]).device, placed=placed,
-            index=k, pp=pp, next_device=None if nxt is placed else nxt.devices[0],
+            index=k, pp=pp, next_device=next_device,
             dp_group=groups[k] if groups is not None else (placed.devices[0],),
-            concurrency=concurrency[k], sharding=shardings[k]))
+            concurrency=concurrency[k], sharding=shardings[k],
+            p2p_replicas=p2p_sharing(cluster, groups, k, placed.devices[0], next_device)))
     return tuple(out)
 
 
@@ -449,14 +485,16 @@ def placement(cluster: ClusterSpec, gpus: Sequence[int], origin: int) -> tuple:
 def _link_tiers(cluster: ClusterSpec, spec: StageSpec
                 ) -> tuple[tuple, tuple[Tier, ...] | None]:
     """The links a stage's passes use: the tiers of its tp, cp and ep groups (by axis),
-    and of the link to the next stage (None: it sends nothing), which its tp ranks cross
-    at once, each sending a slice (`_p2p`)."""
+    and of the link to the next stage (None: it sends nothing), which its tp and cp ranks
+    cross at once, each sending a slice (`_p2p`), beside the other replicas' sends over the
+    same island link (`StageSpec.p2p_replicas`)."""
     p = spec.placed
     tiers_key = (("tp", group_tiers(cluster, spec.tp_group)),
                  ("cp", group_tiers(cluster, spec.cp_group)),
                  ("ep", group_tiers(cluster, spec.ep_group)))
     p2p = (None if spec.next_device is None
-           else group_tiers(cluster, (p.devices[0], spec.next_device), concurrency=p.tp))
+           else group_tiers(cluster, (p.devices[0], spec.next_device),
+                            concurrency=p.tp * p.cp * spec.p2p_replicas))
     return tiers_key, p2p
 
 

@@ -7,6 +7,8 @@ share that link; a stage whose group stays inside one island sends nothing over 
 Sailor artifact's logged gradient reductions (rows 34-36, `test_sailor.py`) measure it.
 """
 
+import pytest
+
 from planner.costs.stages import PlacedStage, island_concurrency, replica_specs
 from planner.specs.choices import Recompute
 from planner.specs.cluster import ClusterSpec, IslandLink, NodeGroup
@@ -66,3 +68,35 @@ def test_one_island_shares_no_link_whatever_the_groups():
         NodeGroup(name="b", gpu="RTX2080-8GB", num_nodes=3, gpus_per_node=8))).resolved()
     groups = [(0, 16), (8, 24)]
     assert island_concurrency(one, [(0,) * 8, (8,) * 8], groups) == [1, 1]
+
+
+def test_replicas_sending_over_one_island_link_share_it():
+    """Pipeline sends: every replica's stage 0 on "main" sends each micro-batch to its
+    stage 1 on "far" at the same moment (replicas run one schedule), so the 1 Gb/s link
+    (`IslandLink`: aggregate bandwidth, shared by all traffic on it) is shared by every
+    crossing replica's tp slices. Each replica was priced as if the link were its own:
+    8 replicas of a cross-island pipeline moved 8x the bytes the link can carry."""
+    from planner.costs.comm import collective_time_s
+    from planner.costs.stages import _link_tiers
+
+    cluster = _two_islands()
+    # 4 replicas: stage 0 on main (nodes 1-3, tp 2), stage 1 on far (node 0, tp 2)
+    stage0 = [_stage(8 + 2 * r, tp=2) for r in range(4)]
+    stage1 = [_stage(2 * r, tp=2) for r in range(4)]
+    groups = [tuple(s.devices[0] for s in stage0), tuple(s.devices[0] for s in stage1)]
+    crossing = replica_specs(cluster, [stage0[0], stage1[0]], groups=groups,
+                             shardings=[Sharding()] * 2)
+    assert [s.p2p_replicas for s in crossing] == [4, 4]  # 1 -> 0 crosses back as well
+    alone = replica_specs(cluster, [stage0[0], stage1[0]], groups=None,
+                          shardings=[Sharding()] * 2)
+    assert [s.p2p_replicas for s in alone] == [1, 1]
+    size = 64e6
+    t4 = collective_time_s("send_recv", size, _link_tiers(cluster, crossing[0])[1])
+    t1 = collective_time_s("send_recv", size, _link_tiers(cluster, alone[0])[1])
+    # bandwidth-bound at 64 MB over 1 Gb/s: 4 replicas x 2 tp slices share the link
+    assert t4 / t1 == pytest.approx(4.0, rel=0.05)
+    assert t4 >= 8 * size / (1e9 / 8)  # the link carries every slice of every replica
+    # a send inside one island shares nothing
+    inside = replica_specs(cluster, [_stage(8, tp=2), _stage(16, tp=2)],
+                           groups=[(8, 10), (16, 18)], shardings=[Sharding()] * 2)
+    assert inside[0].p2p_replicas == 1
