@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 
 from planner.describe import GLOSSARY
-from planner.whatif.report import COLUMNS, Row, best_row, largest_cost, table_rows
+from planner.whatif.report import COLUMNS, Row, best_row, fastest_row, largest_cost, table_rows
 
 __all__ = ["FIGURES", "html_page", "markdown", "report_blocks"]
 
@@ -59,21 +59,26 @@ def _days(seconds: float) -> str:
 def _summary(rows: Sequence[Row]) -> list[list[Segment]]:
     base = rows[0]
     out: list[list[Segment]] = []
-    best = best_row(rows)
+    best, fastest = best_row(rows), fastest_row(rows)
+    if (fastest is not None and fastest is not base and fastest.time_to_train_s is not None
+            and base.time_to_train_s is not None):
+        out.append(["Fastest: ", ("b", fastest.label), f", {_days(fastest.time_to_train_s)} "
+                    f"against {_days(base.time_to_train_s)} for the baseline."])
     if best is not None and best.time_to_train_s is not None:
-        if best is not base and base.time_to_train_s is not None:
-            out.append(["Fastest: ", ("b", best.label), f", {_days(best.time_to_train_s)} "
-                        f"against {_days(base.time_to_train_s)} for the baseline."])
         name, seconds = largest_cost(best.result, best.recompute_s)  # type: ignore[arg-type]  # the best row is planned
         share = seconds / best.result.iteration_time_s  # type: ignore[union-attr]  # the best row is planned
-        out.append(["In the best plan (", ("b", best.label), f"), the largest cost besides "
-                    f"computing is {name}: {share:.0%} of each iteration."])
+        by = "cheapest run" if best.objective == "cost" and best.total_usd is not None \
+            else "fastest run"
+        out.append(["In the best plan (", ("b", best.label), f", the {by}; best-plan.yaml), "
+                    f"the largest cost besides computing is {name}: {share:.0%} of each "
+                    "iteration."])
     priced = [r for r in rows if r.total_usd is not None]
     if priced:
         cheap = min(priced, key=lambda r: r.total_usd)  # type: ignore[arg-type, return-value]  # rows with a total only
-        if cheap is not best:
-            out.append(["Cheapest: ", ("b", cheap.label), f", ${cheap.total_usd:,.0f} in "
-                        f"{_days(cheap.time_to_train_s)}."])  # type: ignore[arg-type]  # priced rows are planned
+        unpriced = any(r.ranked is not None and r.total_usd is None for r in rows)
+        out.append(["Cheapest" + (" of the rows with a price" if unpriced else "") + ": ",
+                    ("b", cheap.label), f", ${cheap.total_usd:,.0f} in "
+                    f"{_days(cheap.time_to_train_s)}."])  # type: ignore[arg-type]  # priced rows are planned
     tight = [r for r in rows if r.tight]
     if tight:
         wanted = tight[0].headroom_wanted_bytes / 1024**3
@@ -128,7 +133,8 @@ def report_blocks(rows: Sequence[Row], paths: dict[str, str], *, title: str, com
     headers = ["#", *COLUMNS]
     numbers = [h for h in headers if h not in WORDY]
     blocks.append(("table", numbers, _columns(headers, cells, numbers)))
-    blocks.append(("p", [("b", "!"), ": less GPU memory free than the headroom asked for."]))
+    if any(r.tight for r in rows):
+        blocks.append(("p", [("b", "!"), ": less GPU memory free than the headroom asked for."]))
     blocks.append(("h2", "Each scenario's plan"))
     words = ["#", "scenario", *WORDY]
     blocks.append(("table", words, _columns(headers, cells, words)))

@@ -27,7 +27,7 @@ from profiler.progress import ProgressBar
 from profiler.schema import SpecError, dump
 from profiler.store import Profiles
 
-__all__ = ["COLUMNS", "COSTS", "Row", "best_row", "cluster_file", "csv_rows", "largest_cost",
+__all__ = ["COLUMNS", "COSTS", "Row", "best_row", "cluster_file", "fastest_row", "csv_rows", "largest_cost",
            "plan_scenarios", "recompute_seconds", "replica_kinds", "request_for", "table_rows",
            "values", "write_report"]
 
@@ -41,6 +41,7 @@ class Row:
     headroom_wanted_bytes: float = DEFAULT_HEADROOM_BYTES  # free memory asked for
     recompute_s: float = 0.0  # of the iteration: recomputation the plan's memory needs
     refused: str = ""  # the input error (a SpecError's message) that left it without a plan
+    objective: str = "throughput"  # what the search ranked plans by (`best_row` too)
 
     @property
     def label(self) -> str:
@@ -179,10 +180,11 @@ def _plan_one(setting: Setting, **kw: object) -> Row:
                           where="--dtype")
         found = search(req)
     except InfeasiblePlan as err:
-        return Row(setting, None, f"no plan: {err}", req.memory_headroom_bytes)
+        return Row(setting, None, f"no plan: {err}", req.memory_headroom_bytes,
+                   objective=req.objective)
     except SpecError as err:  # this scenario's input (another may add what it lacks)
         return Row(setting, None, f"no plan: {err}", req.memory_headroom_bytes,
-                   refused=str(err))
+                   refused=str(err), objective=req.objective)
     best = found.ranked[0]
     notes = list(found.notes)
     unpriced = sorted({g.gpu for g in setting.cluster.node_groups
@@ -191,7 +193,7 @@ def _plan_one(setting: Setting, **kw: object) -> Row:
         notes.append(f"no price per GPU-hour for {', '.join(unpriced)} (add 'price TYPE USD' "
                      "to the scenario)")
     return Row(setting, best, "; ".join(notes), req.memory_headroom_bytes,
-               recompute_seconds(best.plan, req.profiles))
+               recompute_seconds(best.plan, req.profiles), objective=req.objective)
 
 
 # --- output -------------------------------------------------------------------------
@@ -315,8 +317,20 @@ def _write_clusters(rows: Sequence[Row], folder: str) -> str:
     return folder
 
 
+def fastest_row(rows: Sequence[Row]) -> Row | None:
+    """The planned row that trains soonest (the first of equals)."""
+    planned = [r for r in rows if r.ranked is not None]
+    return min(planned, key=lambda r: r.time_to_train_s or 0.0) if planned else None
+
+
 def best_row(rows: Sequence[Row]) -> Row | None:
+    """The row the what-if's objective picks, as its search ranks plans: the cheapest
+    priced run for `cost` (the fastest where no row has a price), else the soonest
+    trained. Its plan is best-plan.yaml and the report's "best plan"."""
     planned = [r for r in rows if r.ranked is not None]
     if not planned:
         return None
-    return min(planned, key=lambda r: (r.total_usd is None, r.time_to_train_s or 0.0))
+    priced = [r for r in planned if r.total_usd is not None]
+    if planned[0].objective == "cost" and priced:
+        return min(priced, key=lambda r: (r.total_usd, r.time_to_train_s or 0.0))
+    return fastest_row(planned)

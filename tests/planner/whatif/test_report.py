@@ -212,3 +212,25 @@ def test_the_table_is_numbered_as_the_figures_and_plans_are_a_table_of_their_own
     for i, r in enumerate(rows, 1):
         assert numbers[i + 1].startswith(f"| {i} | {r['scenario']} |")
         assert plans[i + 1].startswith(f"| {i} | {r['scenario']} |")
+
+
+def test_the_best_row_follows_the_objective_and_fastest_names_the_fastest() -> None:
+    """The report's best plan (best-plan.yaml) preferred any priced row over an unpriced
+    one, so "Fastest" named a run 2.2x slower than the baseline (an unpriced H100
+    baseline beside a priced A100 swap), and under --objective cost it named the fastest
+    run, not the cheaper one the search was asked for."""
+    from types import SimpleNamespace
+
+    from planner.whatif.report import best_row, fastest_row
+
+    def row(days: float, usd: float | None, objective: str = "throughput") -> SimpleNamespace:
+        return SimpleNamespace(ranked=object(), time_to_train_s=days * 86400,
+                               total_usd=usd, objective=objective)
+
+    base, a100 = row(2.17, None), row(4.76, 9_000.0)
+    assert best_row([base, a100]) is base and fastest_row([base, a100]) is base
+    fast, cheap = row(1.0, 44_785.0, "cost"), row(3.0, 17_770.0, "cost")
+    assert best_row([fast, cheap]) is cheap and fastest_row([fast, cheap]) is fast
+    # cost with no price anywhere: the fastest; no plan anywhere: none
+    assert best_row([row(2.0, None, "cost"), row(1.0, None, "cost")]).time_to_train_s == 86400
+    assert best_row([SimpleNamespace(ranked=None)]) is None
