@@ -303,8 +303,9 @@ def _torchtitan(plan: Plan) -> Export:
     ]
     if s.ep > 1:
         lines.append(f"expert_parallel_degree = {s.ep}")
-        if plan.training.etp:
-            lines.append(f"expert_tensor_parallel_degree = {plan.training.etp}")
+        # always written: the plan's etp left out means tp (Megatron's default), and
+        # torchtitan's own default is 1 (job_config.py `expert_tensor_parallel_degree`)
+        lines.append(f"expert_tensor_parallel_degree = {plan.training.etp or s.tp}")
         if (shard * s.cp) % s.ep:  # torchtitan/distributed/parallel_dims.py (etp = tp)
             issues.append(f"ep {s.ep}: torchtitan carves ep out of dp_shard x cp = "
                           f"{shard * s.cp}; shard the parameters over a multiple of ep")

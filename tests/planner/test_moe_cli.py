@@ -10,6 +10,7 @@ from planner.search.space import default_space, for_framework, layouts
 from planner.specs.cluster import homogeneous_cluster
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
+from planner.specs.plan import Sharding
 from tests.planner.cli_helpers import run_cli
 
 MIXTRAL_64 = ["--model", "mixtral-8x7b", "--gpus", "H100-80GB-SXM:64"]
@@ -67,6 +68,18 @@ def test_megatron_export_carries_the_moe_flags():
         assert flag in args, flag
     titan = export_plan(homogeneous_plan(model, cluster, cfg), "torchtitan")
     assert "expert_parallel_degree = 64" in titan.text
+
+
+def test_torchtitan_export_writes_the_expert_tp_the_plan_priced():
+    """A plan with tp 2 and no etp runs its experts at tp 2 (Megatron's default, as the
+    simulator prices it); torchtitan's own default is 1, and the TOML left the field out."""
+    model = preset("qwen3-30b-a3b")
+    cluster = homogeneous_cluster("H100-80GB-SXM", 64)
+    cfg = ParallelConfig(tp=2, pp=1, dp=32, mbs=4, gbs=256, seq_len=4096, ep=4,
+                         sequence_parallel=True, sharding=Sharding(params=32, grads=32, optim=32))
+    text = export_plan(homogeneous_plan(model, cluster, cfg), "torchtitan").text
+    assert "tensor_parallel_degree = 2" in text
+    assert "expert_tensor_parallel_degree = 2" in text
 
 
 def test_deepep_dispatch_is_cheaper_across_nodes(capsys):
