@@ -578,8 +578,11 @@ def describe_layout(plan: Plan) -> str:
     p0 = plan.pipelines[0]
     tr, k = plan.training, plan.kernels
     tps = sorted({s.tp for p in plan.pipelines for s in p.stages})
+    cps = sorted({s.cp for p in plan.pipelines for s in p.stages})
+    recomputes = list(dict.fromkeys(str(s.recompute) for p in plan.pipelines for s in p.stages))
     micro = sorted({(p.micro_batch_size, p.num_microbatches) for p in plan.pipelines})
     return (f"dp {plan.dp}, pp {len(p0.stages)}, tp {'/'.join(map(str, tps))}"
+            f"{'' if cps == [1] else ', cp ' + '/'.join(map(str, cps))}"
             f"{expert_words(tr)}, "
             f"layers {'/'.join(str(s.num_layers) for s in p0.stages)}, "
             f"micro-batches {', '.join(f'{m}x{b}' for b, m in micro)} (count x size), "
@@ -587,7 +590,7 @@ def describe_layout(plan: Plan) -> str:
             f"{f' vp {tr.virtual_stages}' if tr.virtual_stages > 1 else ''}"
             f"{flush_words(tr)}"
             f"{', sequence parallel' if tr.sequence_parallel else ''}, recompute "
-            f"{p0.stages[0].recompute}, {plan.sharding_label}, "
+            f"{'/'.join(recomputes)}, {plan.sharding_label}, "
             f"{k.attention} attention{other_attention(plan)}, {k.optimizer} AdamW"
             f"{'' if tr.master_weights else ' without fp32 master weights'}")
 

@@ -287,6 +287,25 @@ def test_layout_line_names_the_expert_layout_dispatch_and_pipeline_flushes():
     assert "ep_layout" not in dense and "dispatch" not in dense
 
 
+def test_layout_line_names_context_parallelism_and_each_stages_recompute():
+    """A cp 2 plan read back printed 'dp 2, pp 4, tp 4, ...' (its breakdown had cp comm),
+    and a plan recomputing only some stages printed the first stage's setting."""
+    from planner.specs.choices import Recompute
+    from planner.specs.plan import describe_layout
+
+    cfg = ParallelConfig(tp=4, cp=2, pp=4, dp=2, mbs=1, gbs=64, seq_len=16384,
+                         sequence_parallel=True)
+    plan = homogeneous_plan(preset("llama3-70b"), parse_gpus_arg("H100-80GB-SXM:64"), cfg)
+    line = describe_layout(plan)
+    assert "dp 2, pp 4, tp 4, cp 2," in line and "recompute none," in line
+    pipe = plan.pipelines[0]
+    stages = (dataclasses.replace(pipe.stages[0], recompute=Recompute.FULL), *pipe.stages[1:])
+    mixed = dataclasses.replace(plan, pipelines=(dataclasses.replace(pipe, stages=stages),
+                                                 *plan.pipelines[1:]))
+    assert "recompute full/none," in describe_layout(mixed)
+    assert ", cp " not in describe_layout(_homogeneous())
+
+
 def _heterogeneous_dict() -> dict:
     return plan_to_dict(_heterogeneous())
 
