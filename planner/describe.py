@@ -13,7 +13,8 @@ from planner.predict.results import SimResult
 from planner.specs.choices import Recompute, Schedule
 from planner.specs.plan import Plan, Sharding, Stage
 
-__all__ = ["GIB", "GLOSSARY", "count_words", "headroom_bytes", "is_mixed", "layout_cell", "plan_words",
+__all__ = ["GIB", "GLOSSARY", "count_words", "gpu_short_names", "headroom_bytes", "is_mixed",
+           "layout_cell", "plan_words",
            "recompute_words", "schedule_words",
            "render_table", "replica_lines", "shape_key", "sharding_cell", "sharding_words",
            "wrapped"]
@@ -155,9 +156,10 @@ def plan_words(plan: Plan) -> str:
 
 def _stages_words(plan: Plan, stages: Sequence[Stage]) -> str:
     runs: list[tuple[str, list[int]]] = []
+    short = gpu_short_names(plan)
     for s in stages:
         cp = f" cp{s.cp}" if s.cp > 1 else ""
-        what = f"{_gpu_short(_stage_gpu(plan, s.devices))} tp{s.tp}{cp}"
+        what = f"{short[_stage_gpu(plan, s.devices)]} tp{s.tp}{cp}"
         if runs and runs[-1][0] == what:
             runs[-1][1].append(s.num_layers)
         else:
@@ -167,8 +169,20 @@ def _stages_words(plan: Plan, stages: Sequence[Stage]) -> str:
                        for k, (what, ls) in enumerate(runs))
 
 
-def _gpu_short(name: str) -> str:
-    return name.split("-")[0]
+def gpu_short_names(plan: Plan) -> dict[str, str]:
+    """Each GPU type of the plan's cluster by the fewest leading words of its name (split
+    at '-') that tell it from the others: 'A100' alone, 'A100-80GB-SXM' and
+    'A100-80GB-PCIe' beside each other."""
+    names = sorted({g.gpu for g in plan.cluster.node_groups})
+    out = {}
+    for name in names:
+        words = name.split("-")
+        for n in range(1, len(words) + 1):
+            prefix = "-".join(words[:n])
+            if not any(o != name and "-".join(o.split("-")[:n]) == prefix for o in names):
+                break
+        out[name] = prefix
+    return out
 
 
 def _stage_gpu(plan: Plan, devices: Sequence[int]) -> str:

@@ -6,7 +6,7 @@ import functools
 import os
 from collections.abc import Sequence
 
-from planner.describe import count_words
+from planner.describe import count_words, gpu_short_names
 from planner.outputs import atomic_path
 from planner.predict.results import StageSummary
 from planner.specs.plan import Plan
@@ -316,7 +316,7 @@ def _stage_tick(s: StageSummary, plan: Plan, replicas: dict[int, int]) -> str:
     pp = len(plan.pipelines[s.pipeline].stages)
     n = replicas[s.pipeline]
     count = f"{n} replica{'s' if n > 1 else ''}"
-    gpu = s.device.split("-")[0]
+    gpu = gpu_short_names(plan).get(s.device, s.device)
     if pp == 1:
         return f"{gpu}\n{count}"
     text = f"stage {s.stage + 1} of {pp}\n{gpu}"

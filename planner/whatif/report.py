@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner.costs.stages import plan_costs
-from planner.describe import headroom_bytes, plan_words
+from planner.describe import gpu_short_names, headroom_bytes, plan_words
 from planner.errors import InfeasiblePlan
 from planner.outputs import atomic_path, write_text
 from planner.predict.results import SimResult
@@ -212,11 +212,12 @@ def replica_kinds(plan: Plan) -> list[tuple[int, int, str]]:
     """The plan's distinct replicas (pipelines): (index of the first of its kind, how
     many, a description: stages by GPU type, tensor parallelism, micro-batch size)."""
     c = plan.cluster
+    short = gpu_short_names(plan)
     kinds: dict[str, list[int]] = {}
     for i, pipe in enumerate(plan.pipelines):
         runs: list[list] = []
         for s in pipe.stages:
-            g = c.group_of(s.devices[0]).gpu.split("-")[0]
+            g = short[c.group_of(s.devices[0]).gpu]
             key = f"{g} tp{s.tp}"
             if not runs or runs[-1][0] != key:
                 runs.append([key, 0])

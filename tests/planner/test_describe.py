@@ -17,3 +17,24 @@ def test_the_glossary_names_sharding_as_the_outputs_write_it() -> None:
     # the report writes 'optimizer states split over 256 replicas', tables 'optim 256'
     assert "optimizer states split over" in GLOSSARY["sharding"]
     assert "optim 256" in GLOSSARY["sharding"]
+
+
+def test_gpu_types_are_shortened_only_as_far_as_they_stay_apart() -> None:
+    """'A100-80GB-SXM' and 'A100-80GB-PCIe' were both 'A100' in a mixed plan's stages
+    ('16x A100 tp2 x4 -> A100 tp1 x4'), and a plan on the two read as one type."""
+    from planner.describe import gpu_short_names
+    from planner.specs.cluster import load_cluster
+    from planner.specs.layout import ParallelConfig, homogeneous_plan
+    from planner.specs.model import preset
+
+    plan = homogeneous_plan(preset("gpt3-1.3b"), load_cluster("cluster_specs/mixed-nic.yaml"),
+                            ParallelConfig(tp=8, pp=1, dp=24, mbs=1, gbs=96, seq_len=2048))
+    names = gpu_short_names(plan)
+    assert names["A100-80GB-SXM"] == "A100-80GB-SXM"
+    assert names["A100-80GB-PCIe"] == "A100-80GB-PCIe"
+    three = homogeneous_plan(preset("gpt3-1.3b"),
+                             load_cluster("cluster_specs/three-types.yaml"),
+                             ParallelConfig(tp=8, pp=1, dp=20, mbs=1, gbs=80, seq_len=2048,
+                                            dtype="fp16"))
+    assert gpu_short_names(three) == {"H100-80GB-SXM": "H100", "A100-80GB-SXM": "A100",
+                                      "V100-32GB-SXM2": "V100"}
