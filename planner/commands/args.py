@@ -137,13 +137,15 @@ def add_catalog_arg(p: argparse.ArgumentParser) -> None:
                    "fit -o` writes one)")
 
 
-def add_framework_arg(p: argparse.ArgumentParser) -> None:
+def add_framework_arg(p: argparse.ArgumentParser, *,
+                      default_words: str = "default trainplan, this project's executor"
+                      ) -> None:
     """--framework: plan only what that framework, at the version trainplan targets, runs."""
     p.add_argument("--framework", choices=tuple(CAPABILITIES), default="trainplan",
                    help="plan only what this framework runs, at the version named in "
                    "planner/export/frameworks.py: " + "; ".join(
                        f"{c.name}: {c.version}" for c in CAPABILITIES.values())
-                   + " (default trainplan, this project's executor)")
+                   + f" ({default_words})")
 
 
 _UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}

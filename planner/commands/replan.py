@@ -28,14 +28,15 @@ from planner.commands.args import add_framework_arg, path_arg, positive_int, pri
 from planner.commands.inputs import profiles_for, with_prediction
 from planner.costs.kernels import default_kernels
 from planner.errors import InfeasiblePlan
-from planner.export.frameworks import CAPABILITIES
+from planner.export.frameworks import CAPABILITIES, unsupported
 from planner.search import SearchRequest, search
 from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster
 from planner.specs.plan import Plan, describe_layout, load_plan, save_plan
 from profiler.devices import device
 from profiler.schema import SpecError, fail
 
-__all__ = ["add_parser", "framework_of", "kept_attention", "run", "without_nodes"]
+__all__ = ["add_parser", "framework_of", "kept_attention", "resume_command", "run",
+           "without_nodes"]
 
 PLAN_EXTENSIONS = (".yaml", ".yml", ".json")
 
@@ -60,8 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", metavar="FILE|DIR", action="append",
                    help="measured profile(s) to price the search, as `plan search`")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_framework_arg(p)
-    p.set_defaults(framework=None)  # default: the framework the plan was searched for
+    add_framework_arg(p, default_words="default: the framework the plan was searched for, "
+                      "the one whose communication it carries")
+    p.set_defaults(framework=None)
 
 
 def _lost(text: str, cluster: ClusterSpec) -> tuple[int, str]:
@@ -167,10 +169,11 @@ def run(args: argparse.Namespace) -> int:
                             "--cluster FILE gives the whole cluster") from None
     tr = old.training
     profiles = profiles_for(args, cluster, tr.dtype)
+    framework = args.framework or framework_of(old)
     req = SearchRequest(model=old.model, cluster=cluster, gbs=tr.global_batch_size,
                         seq_len=tr.seq_len, dtype=tr.dtype,
                         attention=kept_attention(old, cluster), top=args.top,
-                        profiles=profiles, framework=args.framework or framework_of(old))
+                        profiles=profiles, framework=framework)
     try:
         best = search(req).ranked[0]
     except InfeasiblePlan as err:
@@ -179,19 +182,32 @@ def run(args: argparse.Namespace) -> int:
     new = with_prediction(best.plan, best.result, command=["plan", *args.argv],
                           profiles=profiles)
     save_plan(new, args.output)
-    summary = _summary(old, new, args.output)
+    summary = {**_summary(old, new, args.output), "framework": framework}
+    resume = resume_command(new, framework, args.output)
     if args.json:
-        print_json(summary)
+        print_json({**summary, "resume": resume})
     else:
+        whose = "" if args.framework else " (the plan's framework)"
         print(f"{old.model.name}: {summary['gpus_before']} -> {summary['gpus']} GPUs "
-              f"({cluster.name})\nwas: {summary['layout_before']}\n"
+              f"({cluster.name}), searched for {framework}{whose}\n"
+              f"was: {summary['layout_before']}\n"
               f"now: {summary['layout']}\npredicted iteration "
               f"{summary['iteration_time_s']:.4g} s"
               + (f" (was {summary['iteration_time_s_before']:.4g} s)"
                  if summary["iteration_time_s_before"] else "")
-              + f"\nwrote {args.output}; resume the run with: plan run --plan "
-              f"{args.output} --checkpoint-dir DIR --resume")
+              + f"\nwrote {args.output}; resume the run with: {resume}")
     return 0
+
+
+def resume_command(new: Plan, framework: str, path: str) -> str:
+    """How to go on with the new plan at `path`: `plan run ... --resume` where this
+    project's executor runs its layout (a plan searched for another framework may still
+    be one), else the framework's own files from `plan export`."""
+    if framework == "trainplan" or not unsupported(new, CAPABILITIES["trainplan"],
+                                                   communication=False):
+        return f"plan run --plan {path} --checkpoint-dir DIR --resume"
+    return (f"plan export {path} --format {framework}, from the run's checkpoints as "
+            f"{framework} resumes (this project's executor cannot run it)")
 
 
 def _summary(old: Plan, new: Plan, path: str) -> dict:

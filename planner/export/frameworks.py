@@ -416,9 +416,11 @@ def in_rank_order(plan: Plan) -> bool:
                for t, dev in enumerate(st.devices))
 
 
-def unsupported(plan: Plan, capabilities: FrameworkCapabilities) -> list[str]:
+def unsupported(plan: Plan, capabilities: FrameworkCapabilities, *,
+                communication: bool = True) -> list[str]:
     """One line per setting of `plan` that the framework cannot express (empty: it
-    expresses the plan exactly)."""
+    expresses the plan exactly); `communication` False: leave out how the plan's
+    communication was priced (whether the framework can run the layout at all)."""
     caps, s = capabilities, plan_shape(plan)
     out = _structure(plan, caps, s)
     out += _parallelisms(plan, caps, s)
@@ -428,7 +430,8 @@ def unsupported(plan: Plan, capabilities: FrameworkCapabilities) -> list[str]:
     out += _precision_and_kernels(plan, caps)
     out += _moe(plan, caps, s)
     out += _model(plan, caps)
-    out += _communication(plan, caps)
+    if communication:
+        out += _communication(plan, caps)
     return out
 
 

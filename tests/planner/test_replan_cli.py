@@ -192,3 +192,30 @@ def test_the_cluster_file_must_hold_the_gpus_the_plan_ran_on(plan_a, tmp_path, c
                            capsys)
     assert code == 2 and err.count("\n") == 1
     assert "(the cluster the plan ran on: the plan uses 4 CPU GPUs, the file holds 0)" in err
+
+
+def test_the_way_on_is_plan_run_only_where_the_executor_runs_the_new_plan():
+    """A Megatron-searched MoE plan at tp 2 (experts at tp 2) was written with 'resume the
+    run with: plan run --plan ...', which then refused it (the executor keeps experts
+    whole); replan said nothing of the framework it searched for."""
+    from planner.commands.replan import resume_command
+
+    moe = homogeneous_plan(preset("mixtral-8x7b"), parse_gpus_arg("H100-80GB-SXM:16"),
+                           ParallelConfig(tp=2, pp=1, dp=8, mbs=1, gbs=64, seq_len=4096, ep=4,
+                                          sequence_parallel=True))
+    assert resume_command(moe, "megatron", "b.yaml").startswith(
+        "plan export b.yaml --format megatron, from the run's checkpoints")
+    dense = homogeneous_plan(preset("debug-tiny"), _cpu_nodes(1), ParallelConfig(
+        dp=2, mbs=1, gbs=8, seq_len=32, dtype="fp32"))
+    assert resume_command(dense, "megatron", "b.yaml") == (
+        "plan run --plan b.yaml --checkpoint-dir DIR --resume")
+
+
+def test_replan_says_which_framework_it_searched_for(plan_a, tmp_path, capsys):
+    out = tmp_path / "b.yaml"
+    code, stdout, err = run_cli(["replan", "--plan", str(plan_a), "--without", "1:CPU",
+                                 "-o", str(out), "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(stdout)
+    assert data["framework"] == "megatron"  # the plan carries Megatron-LM's communication
+    assert data["resume"].startswith("plan run --plan ")
