@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     profiles = profiles_for(args, cluster, dtype)
     rows = plan_scenarios(base, scenarios, gbs=args.gbs, seq_len=args.seq,
                           objective=args.objective, dtype=dtype,
+                          dtype_asked=args.dtype is not None,
                           memory_headroom_bytes=args.memory_headroom,
                           max_budget_usd=args.max_budget, profiles=profiles,
                           framework=args.framework)

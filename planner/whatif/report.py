@@ -20,7 +20,7 @@ from planner.predict.results import SimResult
 from planner.search import Ranked, SearchRequest, prepare, search
 from planner.search.search import DEFAULT_HEADROOM_BYTES
 from planner.specs.choices import DType, Recompute
-from planner.specs.cluster import check_train_dtype
+from planner.specs.cluster import check_train_dtype, train_dtype
 from planner.specs.plan import Plan, save_plan
 from planner.whatif.scenarios import Scenario, Setting, apply
 from profiler.progress import ProgressBar
@@ -141,25 +141,44 @@ def recompute_seconds(plan: Plan, profiles: Profiles | None = None) -> float:
 
 
 def plan_scenarios(base: Setting, scenarios: Sequence[Scenario], *, gbs: int, seq_len: int | None,
-                   objective: str, dtype: DType = DType.BF16, max_budget_usd: float | None = None,
+                   objective: str, dtype: DType = DType.BF16, dtype_asked: bool = True,
+                   max_budget_usd: float | None = None,
                    profiles: Profiles | None = None, framework: str = "trainplan",
                    memory_headroom_bytes: float = DEFAULT_HEADROOM_BYTES) -> list[Row]:
     """The baseline first, then each scenario: its best plan by `objective` (the search
-    of `plan search`, within what `framework` runs), or why there is none."""
+    of `plan search`, within what `framework` runs), or why there is none. `dtype_asked`
+    False (no --dtype): a scenario whose GPU types lack `dtype` (the baseline's default)
+    trains in its own default, as `plan search` on its cluster would, priced without the
+    profiles (which are of `dtype`); its note says so."""
     settings = [base] + [apply(s, base) for s in scenarios]
     kw = dict(gbs=gbs, seq_len=seq_len, objective=objective, dtype=dtype,
               max_budget_usd=max_budget_usd, profiles=profiles, framework=framework,
               memory_headroom_bytes=memory_headroom_bytes)
+    own = [kw if dtype_asked else _own_dtype(setting, kw) for setting in settings]
     # every scenario's pure search work at once (shared where scenarios share it)
-    prepare([request_for(s, **kw) for s in settings],  # type: ignore[arg-type]  # keyword arguments collected in kw
+    prepare([request_for(s, **k) for s, k in zip(settings, own, strict=True)],
             title="searching every scenario")
     bar = ProgressBar(len(settings), title="planning scenarios")
     rows = []
-    for i, setting in enumerate(settings, 1):
-        rows.append(_plan_one(setting, **kw))
+    for i, (setting, k) in enumerate(zip(settings, own, strict=True), 1):
+        row = _plan_one(setting, **k)
+        if k["dtype"] != dtype:
+            unprofiled = "; priced without the profiles, measured in " + str(dtype) \
+                if profiles is not None else ""
+            row = replace(row, note="; ".join(n for n in (
+                f"trains in {k['dtype']} ({dtype} is not on every GPU type of the scenario"
+                f"{unprofiled})", row.note) if n))
+        rows.append(row)
         bar(i, setting.label)
     bar.close()
     return rows
+
+
+def _own_dtype(setting: Setting, kw: dict) -> dict:
+    """`kw` with the scenario's own default dtype (`train_dtype`), and no profiles where
+    that is not the one they were measured in."""
+    own = train_dtype((g.device for g in setting.cluster.node_groups), None, where="--dtype")
+    return kw if own == kw["dtype"] else {**kw, "dtype": own, "profiles": None}
 
 
 def request_for(setting: Setting, *, gbs: int, seq_len: int | None, objective: str, dtype: DType,

@@ -247,7 +247,11 @@ def _swap(s: Setting, old: str, new: str) -> Setting:
         price = next((h.price_per_gpu_hour_usd for h in s.cluster.node_groups
                       if h.gpu == n.name), None)
         own = any(d.name == n.name for d in s.cluster.devices)  # a type the cluster defines
-        groups.append(NodeGroup(name=g.name, gpu=n.name, num_nodes=gpus // per,
+        # a group named after its GPU type (as --gpus names it) is named after the new one
+        name = n.name.lower() if g.name == o.lower() else g.name
+        if name != g.name and any(h.name == name for h in s.cluster.node_groups):
+            name = g.name
+        groups.append(NodeGroup(name=name, gpu=n.name, num_nodes=gpus // per,
                                 island=g.island, datacenter=g.datacenter,
                                 price_per_gpu_hour_usd=price,
                                 gpu_spec=n if own else None).resolved())

@@ -234,3 +234,27 @@ def test_the_best_row_follows_the_objective_and_fastest_names_the_fastest() -> N
     # cost with no price anywhere: the fastest; no plan anywhere: none
     assert best_row([row(2.0, None, "cost"), row(1.0, None, "cost")]).time_to_train_s == 86400
     assert best_row([SimpleNamespace(ranked=None)]) is None
+
+
+def test_without_dtype_each_scenario_trains_in_its_own_default() -> None:
+    """No --dtype: the baseline's default (bf16 on A100s) was forced on a scenario that
+    swaps in V100s ("no plan: --dtype 'bf16' is not allowed", a flag never given), while
+    `plan search` on the scenario's cluster plans it in fp16, as the report says it would.
+    Asked for, the dtype holds everywhere."""
+    from planner.specs.choices import DType
+    from planner.specs.cluster import parse_gpus_arg
+    from planner.whatif.report import plan_scenarios
+    from planner.whatif.scenarios import Setting, parse_scenario
+
+    base = Setting(label="baseline", model=preset(MODEL), cluster=parse_gpus_arg(
+        "A100-80GB-SXM:16"), tokens=TOKENS)
+    swap = [parse_scenario("v100: swap A100-80GB-SXM V100-32GB-SXM2")]
+    rows = plan_scenarios(base, swap, gbs=GBS, seq_len=None, objective="throughput",
+                          dtype=DType.BF16, dtype_asked=False)
+    assert rows[0].ranked.plan.training.dtype == "bf16"
+    assert rows[1].ranked is not None and rows[1].ranked.plan.training.dtype == "fp16"
+    assert rows[1].note.startswith("trains in fp16 (bf16 is not on every GPU type")
+    assert [g.name for g in rows[1].setting.cluster.node_groups] == ["v100-32gb-sxm2"]
+    asked = plan_scenarios(base, swap, gbs=GBS, seq_len=None, objective="throughput",
+                           dtype=DType.BF16, dtype_asked=True)
+    assert asked[1].ranked is None and "bf16" in asked[1].note
