@@ -22,10 +22,9 @@ from planner.commands.inputs import input_files, load_inputs, profiles_for, with
 from planner.errors import InfeasiblePlan
 from planner.outputs import PLAN_SUFFIXES, check_distinct, check_output_file
 from planner.search import SearchRequest, search
-from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES
+from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES, search_dtype
 from planner.search.show import search_json, search_table
 from planner.specs.choices import values
-from planner.specs.cluster import train_dtype
 from planner.specs.plan import TRAIN_DTYPES, save_plan
 from profiler.kernels import Attention
 from profiler.schema import one_line
@@ -49,7 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq", type=seq_arg, metavar="N", help="sequence length (default: "
                    "the model's)")
     p.add_argument("--dtype", choices=TRAIN_DTYPES,
-                   help="training dtype (default: bf16 where every GPU type has it, else fp16)")
+                   help="training dtype (default: bf16 where every GPU type has it, else fp16; "
+                   "a framework that plans each type alone: one some type has)")
     p.add_argument("--objective", choices=OBJECTIVES,
                    default="throughput", help="what to optimise (cost and time-to-train may "
                    "use fewer GPUs)")
@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.output, flag="-o", suffixes=PLAN_SUFFIXES)
     check_distinct({**input_files(args), "-o": args.output})
     model, cluster = load_inputs(args)
-    dtype = train_dtype((g.device for g in cluster.node_groups), args.dtype, where="--dtype")
+    dtype = search_dtype(args.framework, model, (g.device for g in cluster.node_groups),
+                         args.dtype)
     profiles = profiles_for(args, cluster, dtype)
     req = SearchRequest(model=model, cluster=cluster, gbs=args.gbs,
                         seq_len=args.seq or model.seq_len, dtype=dtype,

@@ -20,8 +20,7 @@ from planner.commands.args import (
 from planner.commands.inputs import load_inputs, profiles_for
 from planner.describe import count_words
 from planner.outputs import check_output_dir
-from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES, check_framework
-from planner.specs.cluster import train_dtype
+from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES, check_framework, search_dtype
 from planner.specs.plan import TRAIN_DTYPES
 from planner.whatif.report import plan_scenarios, write_report
 from planner.whatif.scenarios import Setting, parse_scenario
@@ -51,7 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq", type=seq_arg, metavar="N", help="sequence length (default: "
                    "the model's)")
     p.add_argument("--dtype", choices=TRAIN_DTYPES,
-                   help="training dtype (default: bf16 where every GPU type has it, else fp16)")
+                   help="training dtype (default: bf16 where every GPU type has it, else fp16; "
+                   "a framework that plans each type alone: one some type has)")
     p.add_argument("--scenario", action="append", default=[], metavar="CHANGES",
                    help="a scenario (repeatable); the baseline is always the first row")
     p.add_argument("--objective", choices=OBJECTIVES,
@@ -70,7 +70,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     check_output_dir(args.output, flag="-o")
     model, cluster = load_inputs(args)
-    dtype = train_dtype((g.device for g in cluster.node_groups), args.dtype, where="--dtype")
+    dtype = search_dtype(args.framework, model, (g.device for g in cluster.node_groups),
+                         args.dtype)
     # what the framework cannot run on any cluster fails every scenario alike: say so once
     check_framework(args.framework, model, dtype)
     scenarios = [parse_scenario(text) for text in args.scenario]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from planner.costs.egress import egress_usd_per_iteration
@@ -51,17 +51,18 @@ from planner.search.space import (
 )
 from planner.simulator import simulate
 from planner.specs.choices import DType, ModelStates
-from planner.specs.cluster import ClusterSpec, check_train_dtype
+from planner.specs.cluster import ClusterSpec, check_train_dtype, runs_dtype, train_dtype
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Communication, Kernels, Plan, Sharding
+from profiler.devices import DeviceSpec
 from profiler.kernels import Attention
 from profiler.progress import ProgressBar
 from profiler.schema import SpecError, fail
 from profiler.store import Profiles
 
 __all__ = ["DEFAULT_HEADROOM_BYTES", "OBJECTIVES", "Ranked", "SearchRequest", "SearchResult",
-           "check_framework", "prepare", "search"]
+           "check_framework", "prepare", "search", "search_dtype"]
 
 GIB = 1024**3
 # beyond the memory model's own runtime reserve (planner/costs/memory.py): PyTorch's
@@ -158,6 +159,20 @@ class SearchResult:
     baselines: list[Baseline] = field(default_factory=list)  # mixed clusters only
 
 
+def _planned(req: SearchRequest) -> tuple[list[ClusterSpec], list[str]]:
+    """The GPU types' clusters the search plans (`_subclusters`), and the types it leaves
+    out: a framework that plans each type alone (no mixed plans) leaves out the types
+    that do not train in the request's dtype, where another type does (a V100 beside
+    H100s under torchtitan's bf16); a framework that mixes them plans all or refuses."""
+    every = _subclusters(req.cluster)
+    if len(every) == 1 or MixedSpace.for_framework(req.capabilities, req.model).families:
+        return every, []
+    kept = [c for c in every if runs_dtype(c.node_groups[0].device, req.dtype)]
+    if not kept:
+        return every, []  # `_check` names the first type that lacks it
+    return kept, [c.node_groups[0].gpu for c in every if c not in kept]
+
+
 def _subclusters(cluster: ClusterSpec) -> list[ClusterSpec]:
     """One homogeneous cluster per GPU type (this search plans one type at a time)."""
     out = []
@@ -219,6 +234,19 @@ def _within_budget(req: SearchRequest, iteration_s: float, usd_hour: float | Non
     assert req.tokens is not None and usd_hour is not None
     iterations = req.tokens / (req.gbs * req.seq_len)
     return iterations * (iteration_s * usd_hour / 3600 + egress_usd) <= req.max_budget_usd
+
+
+def search_dtype(framework: str, model: ModelSpec, devices: Iterable[DeviceSpec],
+                 asked: str | None, *, where: str = "--dtype") -> DType:
+    """The dtype a search of `devices` runs in for `framework` (`train_dtype`): where the
+    framework plans each GPU type alone, one that some type trains in (the others are left
+    out, `_planned`); the default among the framework's own dtypes."""
+    caps = CAPABILITIES.get(framework)
+    if caps is None:
+        fail("--framework", framework, "allowed: " + ", ".join(FRAMEWORKS))
+    each_alone = not MixedSpace.for_framework(caps, model).families
+    return train_dtype(devices, asked, where=where, each_alone=each_alone,
+                       allowed=caps.dtypes)
 
 
 def check_framework(framework: str, model: ModelSpec, dtype: str) -> FrameworkCapabilities:
@@ -604,7 +632,7 @@ def _tasks(req: SearchRequest) -> list[tuple]:
     against the best it found so far), first (the longest start first). Where there are
     fewer tasks than cores, each GPU type's layouts are dealt out over several tasks
     (`_outputs` merges them back)."""
-    subclusters = _subclusters(req.cluster)
+    subclusters, _ = _planned(req)
     for cluster in subclusters:
         _check(req, cluster)
     mixes = _mixes(req, subclusters)
@@ -719,7 +747,7 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
     (planner/hetero), and the answer is compared with the baselines. Every plan is one
     the request's framework runs (`unsupported(plan, req.capabilities)` is empty)."""
     start = time.perf_counter()
-    subclusters = _subclusters(req.cluster)
+    subclusters, left_out = _planned(req)
     mixes = _mixes(req, subclusters)
     tasks = _tasks(req)
     outputs = _outputs(tasks, _evaluate_tasks(req, tasks))
@@ -738,6 +766,10 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
         raise InfeasiblePlan(_explain(req, closest, total))
     ranked.sort(key=lambda sr: sr[0])
     notes = []  # what the framework could not do here, then which GPUs idle and why
+    if left_out:
+        notes.append(f"{', '.join(left_out)} not planned: no {req.dtype} there "
+                     f"({req.capabilities.version} plans each GPU type alone; another "
+                     "--dtype plans them)")
     if len(per_type) > 1 and not mixes:
         why = MixedSpace.for_framework(req.capabilities, req.model).why_none
         notes.append(f"mixed GPU types not planned: {why}; each of {', '.join(per_type)} "
@@ -918,7 +950,7 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
     for gpu in dict.fromkeys(g.gpu for g in groups):
         mine = [s.index for s in slots if groups[s.group].gpu == gpu]
         idle = len(mine) - used.get(gpu, 0)
-        if not idle:
+        if not idle or gpu not in per_type:  # a type not planned has its own note
             continue
         if idle < len(mine) and req.objective == "cost":
             why = "a plan on more of them costs more"

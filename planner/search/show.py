@@ -44,7 +44,7 @@ def _row(r: Ranked, req: SearchRequest) -> dict:
         "stages": [[{"gpu": plan.group_of(s).gpu,
                      "tp": s.tp, "cp": s.cp, "layers": s.num_layers} for s in p.stages]
                    for p in _distinct_pipelines(plan)],
-        "schedule": plan.training.schedule,
+        "schedule": plan.training.schedule, "dtype": plan.training.dtype,
         "mbs": plan.pipelines[0].micro_batch_size, "recompute": stage.recompute,
         "sequence_parallel": plan.training.sequence_parallel,
         "sharding": {"params": sh.params, "grads": sh.grads, "optim": sh.optim},

@@ -23,7 +23,8 @@ from profiler.devices import NIC_KINDS, DeviceSpec, device
 from profiler.schema import SpecError, at, cached_hash, dump, fail, load_yaml, parse, spec_field
 
 __all__ = ["TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup", "by_name",
-           "check_train_dtype", "homogeneous_cluster", "train_dtype", "load_cluster", "parse_gpus_arg"]
+           "check_train_dtype", "homogeneous_cluster", "runs_dtype", "train_dtype", "load_cluster",
+           "parse_gpus_arg"]
 
 TRAIN_DTYPES = values(DType)  # what a model trains in (Plan.training.dtype)
 LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "pcie-host", "loopback"]
@@ -371,18 +372,37 @@ def check_train_dtype(devices: Iterable[DeviceSpec], dtype: str, *, where: str) 
             fail(where, dtype, f"{dev.name} has no {dtype}; it offers {', '.join(offers)}")
 
 
-def train_dtype(devices: Iterable[DeviceSpec], asked: str | None, *, where: str) -> DType:
+def train_dtype(devices: Iterable[DeviceSpec], asked: str | None, *, where: str,
+                each_alone: bool = False, allowed: Iterable[str] | None = None) -> DType:
     """The training dtype a command runs: `asked` when given (checked against every GPU
     type), else the default, bf16 where every type has it and fp16 otherwise (mixed
-    precision as on a V100 or T4; fp32 only on a type with neither)."""
+    precision as on a V100 or T4; fp32 only on a type with neither).
+
+    `each_alone`: the GPU types are planned one at a time (a framework that does not mix
+    them), so the dtype need only be one some type runs (`runs_dtype`; the others are
+    left out of the plan), and the default is the first of bf16, fp16 that some type has
+    and `allowed` (the framework's dtypes) holds, else fp32."""
     devices = list(dict.fromkeys(devices))
     if asked is not None:
+        if each_alone and any(runs_dtype(d, asked) for d in devices):
+            return DType(asked)
         check_train_dtype(devices, asked, where=where)
         return DType(asked)
+    ok = set(TRAIN_DTYPES if allowed is None else allowed)
     for default in (DType.BF16, DType.FP16):
-        if all(str(default) in dev.peak_tflops for dev in devices):
+        have = [str(default) in dev.peak_tflops for dev in devices]
+        if str(default) in ok and (any(have) if each_alone else all(have)):
             return default
     return DType.FP32
+
+
+def runs_dtype(device: DeviceSpec, dtype: str) -> bool:
+    """Whether `device` trains in `dtype` (`check_train_dtype`'s rule for one type)."""
+    try:
+        check_train_dtype((device,), dtype, where="dtype")
+    except SpecError:
+        return False
+    return True
 
 
 def load_cluster(path: str, *, catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:

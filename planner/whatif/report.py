@@ -18,9 +18,8 @@ from planner.errors import InfeasiblePlan
 from planner.outputs import atomic_path, write_text
 from planner.predict.results import SimResult
 from planner.search import Ranked, SearchRequest, prepare, search
-from planner.search.search import DEFAULT_HEADROOM_BYTES
+from planner.search.search import DEFAULT_HEADROOM_BYTES, search_dtype
 from planner.specs.choices import DType, Recompute
-from planner.specs.cluster import check_train_dtype, train_dtype
 from planner.specs.plan import Plan, save_plan
 from planner.whatif.scenarios import Scenario, Setting, apply
 from profiler.progress import ProgressBar
@@ -177,7 +176,8 @@ def plan_scenarios(base: Setting, scenarios: Sequence[Scenario], *, gbs: int, se
 def _own_dtype(setting: Setting, kw: dict) -> dict:
     """`kw` with the scenario's own default dtype (`train_dtype`), and no profiles where
     that is not the one they were measured in."""
-    own = train_dtype((g.device for g in setting.cluster.node_groups), None, where="--dtype")
+    own = search_dtype(kw["framework"], setting.model,
+                       (g.device for g in setting.cluster.node_groups), None)
     return kw if own == kw["dtype"] else {**kw, "dtype": own, "profiles": None}
 
 
@@ -194,9 +194,7 @@ def request_for(setting: Setting, *, gbs: int, seq_len: int | None, objective: s
 
 def _plan_one(setting: Setting, **kw: object) -> Row:
     req = request_for(setting, **kw)  # type: ignore[arg-type]  # keyword arguments collected in kw
-    try:
-        check_train_dtype((g.device for g in setting.cluster.node_groups), req.dtype,
-                          where="--dtype")
+    try:  # the search checks the dtype against the GPU types it plans (`_planned`)
         found = search(req)
     except InfeasiblePlan as err:
         return Row(setting, None, f"no plan: {err}", req.memory_headroom_bytes,

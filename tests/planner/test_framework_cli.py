@@ -98,3 +98,36 @@ def test_what_if_refuses_once_what_the_framework_never_runs(capsys, tmp_path, ex
                             "--gbs", "64", "-o", str(out)], capsys)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_a_framework_that_plans_each_gpu_type_alone_leaves_out_the_types_without_the_dtype(
+        capsys):
+    """torchtitan plans one GPU type per job, yet the dtype was checked against every type
+    of the cluster: on H100 + A100 + V100 the default became fp16 (the V100s have no bf16),
+    which torchtitan refused ('--dtype fp16', a flag never given), and --dtype bf16 was
+    refused for the V100s. The V100s are left out, with a note, and the rest planned."""
+    from planner.specs.cluster import train_dtype
+    from profiler.devices import device
+
+    code, stdout, err = run_cli(["search", "--model", "gpt3-1.3b", "--cluster",
+                                 "cluster_specs/mixed-a100-v100.yaml", "--gbs", "128",
+                                 "--framework", "torchtitan", "--json"], capsys)
+    assert code == 0, err
+    found = json.loads(stdout)
+    assert {p["dtype"] for p in found["plans"]} == {"bf16"}
+    assert any(n.startswith("V100-32GB-SXM2 not planned: no bf16 there") for n in
+               found["notes"]), found["notes"]
+    code, _, err = run_cli(["search", "--model", "gpt3-1.3b", "--cluster",
+                            "cluster_specs/mixed-a100-v100.yaml", "--gbs", "128",
+                            "--framework", "torchtitan", "--dtype", "bf16", "--json"], capsys)
+    assert code == 0, err
+    # a framework that mixes types still needs the dtype on every one
+    code, _, err = run_cli(["search", "--model", "gpt3-1.3b", "--cluster",
+                            "cluster_specs/mixed-a100-v100.yaml", "--gbs", "128",
+                            "--dtype", "bf16"], capsys)
+    assert code == 2 and "V100-32GB-SXM2 has no bf16" in err
+    a100, v100 = device("A100-80GB-SXM"), device("V100-32GB-SXM2")
+    assert train_dtype([a100, v100], None, where="d") == "fp16"
+    assert train_dtype([a100, v100], None, where="d", each_alone=True,
+                       allowed=("bf16", "fp32")) == "bf16"
+    assert train_dtype([v100], None, where="d", allowed=("bf16", "fp32")) == "fp32"

@@ -18,7 +18,7 @@ from planner.predict.estimate import estimate
 from planner.search import SearchRequest, search
 from planner.search.sharding import allowed_options
 from planner.search.space import SearchSpace, candidates, default_space, for_framework, layouts
-from planner.specs.cluster import load_cluster, parse_gpus_arg
+from planner.specs.cluster import load_cluster, parse_gpus_arg, runs_dtype
 from planner.specs.layout import split_layers
 from planner.specs.model import preset
 from planner.specs.plan import Sharding
@@ -138,10 +138,12 @@ def test_every_searched_plan_runs_on_its_framework(framework, model, types, data
     caps = CAPABILITIES[framework]
     cluster = data.draw(clusters(types=types))
     gbs = data.draw(st.sampled_from((16, 32, 64)))
-    # a 16-bit dtype of the framework's that every GPU type of the cluster has; where
-    # there is none (torchtitan, bf16 only, and a V100) the request is refused unsearched
+    # a 16-bit dtype of the framework's that every GPU type of the cluster has (a framework
+    # that plans each type alone: that some type has, the others left out); where there is
+    # none (torchtitan, bf16 only, and a V100) the request is refused unsearched
+    alone = not MixedSpace.for_framework(caps, model).families
     dtypes = [d for d in sorted(caps.dtypes & {"bf16", "fp16"})
-              if all(d in g.device.peak_tflops for g in cluster.node_groups)]
+              if (any if alone else all)(d in g.device.peak_tflops for g in cluster.node_groups)]
     if not dtypes:
         with pytest.raises(SpecError, match="--dtype: 'bf16' is not allowed .* has no bf16"):
             search(SearchRequest(model=model, cluster=cluster, gbs=gbs, seq_len=model.seq_len,
@@ -163,9 +165,16 @@ def test_every_searched_plan_runs_on_its_framework(framework, model, types, data
         if framework in FORMATS:
             assert export_plan(r.plan, framework).unsupported == ()
         assert math.isclose(r.estimate_s, estimate(r.plan).iteration_time_s, rel_tol=EXACT)
+    assert all(runs_dtype(r.plan.cluster.device_of(gpu), dtype) for r in found.ranked
+               for gpu in r.plan.gpu_types)
     if types > 1 and not caps.mixed_gpu_types:
         assert all(len(r.plan.gpu_types) == 1 for r in found.ranked)
-        assert found.notes[0].startswith("mixed GPU types not planned: ")
+        kinds = list(dict.fromkeys(g.gpu for g in cluster.node_groups))
+        left = [k for k in kinds if not runs_dtype(cluster.device_of(k), dtype)]
+        assert any(n.startswith(f"{', '.join(left)} not planned: no {dtype} there")
+                   for n in found.notes) == bool(left), found.notes
+        assert any(n.startswith("mixed GPU types not planned: ")
+                   for n in found.notes) == (len(kinds) - len(left) > 1), found.notes
 
 
 def test_a_mixed_cluster_with_megatron_is_planned_on_one_type_and_says_so():
