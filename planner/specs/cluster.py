@@ -376,7 +376,7 @@ def train_dtype(devices: Iterable[DeviceSpec], asked: str | None, *, where: str,
                 each_alone: bool = False, allowed: Iterable[str] | None = None) -> DType:
     """The training dtype a command runs: `asked` when given (checked against every GPU
     type), else the default, bf16 where every type has it and fp16 otherwise (mixed
-    precision as on a V100 or T4; fp32 only on a type with neither).
+    precision as on a V100 or T4; fp32 only on a type with neither, and on CPU ranks).
 
     `each_alone`: the GPU types are planned one at a time (a framework that does not mix
     them), so the dtype need only be one some type runs (`runs_dtype`; the others are
@@ -388,6 +388,8 @@ def train_dtype(devices: Iterable[DeviceSpec], asked: str | None, *, where: str,
             return DType(asked)
         check_train_dtype(devices, asked, where=where)
         return DType(asked)
+    if devices and all(d.vendor == "cpu" for d in devices):
+        return DType.FP32  # CPU ranks train in fp32, as `plan run` and the profiles do
     ok = set(TRAIN_DTYPES if allowed is None else allowed)
     for default in (DType.BF16, DType.FP16):
         have = [str(default) in dev.peak_tflops for dev in devices]

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from planner.costs.comm import collective_choices, collective_time_s, group_tiers
-from planner.specs.cluster import ClusterSpec, load_cluster, parse_gpus_arg
+from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster, parse_gpus_arg
 from profiler.devices import link_kind
 from profiler.schema import parse
 
@@ -233,7 +233,9 @@ def test_a_collective_profile_answers_groups_inside_one_node_of_its_size(tmp_pat
     # not measured: another kind, or a group across nodes
     assert collective_time_s("all_gather", 1 << 20, pair, profiles=profiles) == \
         collective_time_s("all_gather", 1 << 20, pair)
-    across = group_tiers(parse_gpus_arg("CPU:2"), (0, 1))
+    two_hosts = ClusterSpec(name="two hosts", node_groups=(NodeGroup(
+        name="host", gpu="CPU", num_nodes=2, gpus_per_node=1),)).resolved()
+    across = group_tiers(two_hosts, (0, 1))
     assert across[0].name == "network"
     assert collective_time_s("all_reduce", 1 << 20, across, profiles=profiles) == \
         collective_time_s("all_reduce", 1 << 20, across)

@@ -229,3 +229,16 @@ def test_a_bad_nvlink_domain_in_a_cluster_file_is_one_line_and_exit_2(tmp_path, 
 def test_take_of_part_of_a_tray_is_its_own_domain():
     part = parse_gpus_arg("GB200-186GB:144").take(2)
     assert part.node_groups[0].nvlink_domain_gpus == 2 and part.num_gpus == 2
+
+
+def test_cpu_ranks_are_one_host_and_train_in_fp32():
+    """`--gpus CPU:2` was two hosts joined by 10 Gb/s Ethernet in search and simulate (the
+    catalog's CPU node held one rank) while `plan run --gpus CPU:2` runs two ranks on this
+    host; a plan searched that way spanned two nodes and `plan run` printed torchrun lines
+    for each. Both are now one host over loopback, trained in fp32 as `plan run` does."""
+    from planner.specs.cluster import train_dtype
+
+    (g,) = parse_gpus_arg("CPU:2").node_groups
+    assert (g.num_nodes, g.gpus_per_node, g.intra_node_link) == (1, 2, "loopback")
+    assert train_dtype((g.device,), None, where="--dtype") == "fp32"
+    assert train_dtype((g.device,), "bf16", where="--dtype") == "bf16"  # asked: as asked
