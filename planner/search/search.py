@@ -971,6 +971,8 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
                 ", and no mixed plan with them fits" if mixed else "")
         else:
             why = "no plan using them fits in memory (or divides the batch)"
+        if req.max_budget_usd is not None and why.startswith("every plan"):
+            why += f" (of the plans within the --max-budget of ${req.max_budget_usd:,.0f})"
         notes.append(f"{idle} of {len(mine)} {gpu} GPUs idle: {why}")
     return notes
 

@@ -8,6 +8,7 @@ under their row.
 
 from __future__ import annotations
 
+from planner.costs.egress import egress_usd_per_iteration
 from planner.describe import (
     GIB,
     headroom_bytes,
@@ -18,7 +19,7 @@ from planner.describe import (
     sharding_cell,
     wrapped,
 )
-from planner.search.search import Ranked, SearchRequest, SearchResult
+from planner.search.search import Ranked, SearchRequest, SearchResult, usd_per_hour
 from planner.specs.plan import Pipeline, Plan
 
 __all__ = ["search_json", "search_table"]
@@ -75,15 +76,32 @@ def _distinct_pipelines(plan: Plan) -> list[Pipeline]:
     return list(seen.values())
 
 
-def _baselines(result: SearchResult) -> list[dict]:
-    """Each baseline's simulated iteration and how much faster the best plan is."""
-    best = result.ranked[0].result.iteration_time_s
+def _baselines(result: SearchResult, req: SearchRequest) -> list[dict]:
+    """Each baseline's simulated iteration and how much faster the best plan is, and the
+    share of a token's cost it saves against it (`best_is_cheaper_by`, what --objective
+    cost prints; negative: it costs more); a baseline whose run
+    would cost more than --max-budget says so (the search left such plans out)."""
+    best = result.ranked[0]
     out = []
     for b in result.baselines:
-        t = b.result.iteration_time_s if b.result is not None and b.result.fits else None
-        out.append({"name": b.name, "iteration_time_s": t,
-                    "best_is_faster_by": None if t is None else t / best - 1,
-                    "note": b.note})
+        plan, res = b.plan, b.result
+        fits = plan is not None and res is not None and res.fits
+        t = res.iteration_time_s if fits and res is not None else None
+        row = {"name": b.name, "iteration_time_s": t,
+               "best_is_faster_by": None if t is None else t / best.result.iteration_time_s - 1,
+               "best_is_cheaper_by": None, "note": b.note}
+        if fits and plan is not None and res is not None:
+            devices = [d for p in plan.pipelines for s in p.stages for d in s.devices]
+            ranked = Ranked(plan, res, 0.0, usd_per_hour(plan.cluster, devices),
+                            egress_usd_per_iteration(plan))
+            usd, mine = ranked.usd_per_million_tokens, best.usd_per_million_tokens
+            if usd is not None and mine is not None and usd > 0:
+                row["best_is_cheaper_by"] = 1 - mine / usd  # the share of a token's cost saved
+            run = ranked.run_cost_usd(req.tokens)
+            if req.max_budget_usd is not None and run is not None and run > req.max_budget_usd:
+                row["note"] = "; ".join(n for n in (
+                    b.note, f"${run:,.0f} a run, over the --max-budget") if n)
+        out.append(row)
     return out
 
 
@@ -92,7 +110,7 @@ def search_json(result: SearchResult, req: SearchRequest) -> dict:
             "fitting": result.num_fitting, "layouts": result.num_layouts,
             "search_s": result.elapsed_s, "notes": result.notes,
             "memory_headroom_bytes": req.memory_headroom_bytes,
-            "baselines": _baselines(result),
+            "baselines": _baselines(result, req),
             "plans": [_row(r, req) for r in result.ranked]}
 
 
@@ -171,11 +189,18 @@ def _footer(result: SearchResult, req: SearchRequest, flagged: bool) -> list[str
     lines += wrapped(f"searched {result.num_candidates:,} candidates on {result.num_layouts} "
                      f"layouts ({result.num_fitting:,} fit) in {result.elapsed_s:.1f} s; one "
                      "row per layout, ranked by event simulation")
-    for b in _baselines(result):
-        rated = ("-" if b["iteration_time_s"] is None else
-                 f"{b['iteration_time_s']:.3f} s/iteration; the best plan is "
-                 f"{abs(b['best_is_faster_by']) * 100:.1f}% "
-                 + ("faster" if b["best_is_faster_by"] >= 0 else "slower"))
+    for b in _baselines(result, req):
+        if b["iteration_time_s"] is None:
+            rated = "-"
+        elif req.objective == "cost" and b["best_is_cheaper_by"] is not None:
+            saved = b["best_is_cheaper_by"]
+            more = 1 / (1 - saved) - 1 if saved < 0 else 0.0  # the best costs this much more
+            rated = (f"{b['iteration_time_s']:.3f} s/iteration; the best plan's tokens cost "
+                     + (f"{saved * 100:.1f}% less" if saved >= 0 else f"{more * 100:.1f}% more"))
+        else:
+            rated = (f"{b['iteration_time_s']:.3f} s/iteration; the best plan is "
+                     f"{abs(b['best_is_faster_by']) * 100:.1f}% "
+                     + ("faster" if b["best_is_faster_by"] >= 0 else "slower"))
         lines += wrapped(f"baseline {b['name']}: {rated}"
                          + (f" ({b['note']})" if b["note"] else ""))
     for n in result.notes:

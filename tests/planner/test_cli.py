@@ -1,6 +1,7 @@
 """`plan` as users meet it: errors are one line, exit 2, no traceback."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -296,9 +297,10 @@ def test_simulate_a_plan_file_as_written(tmp_path, capsys):
 def test_search_table_on_several_gpu_types_names_the_type_and_which_way_a_baseline_is(
         capsys):
     """Cost on a cluster of H100s and A100s: one-GPU plans of either type differ only by
-    the type, so the GPUs column names it; a baseline faster than the cheapest plan reads
-    'slower' (was '-96% faster'); GPUs a cheaper plan leaves idle cost more, not 'do not
-    divide evenly'."""
+    the type, so the GPUs column names it; under --objective cost a baseline is compared
+    by what a token costs (the iteration times of a 1-GPU plan and a 512-GPU baseline said
+    the cheapest plan was '96% slower', which is not what it was chosen for); GPUs a
+    cheaper plan leaves idle cost more, not 'do not divide evenly'."""
     import pathlib
 
     two_dc = pathlib.Path(__file__).resolve().parents[2] / "cluster_specs" / "two-datacenter.yaml"
@@ -307,8 +309,9 @@ def test_search_table_on_several_gpu_types_names_the_type_and_which_way_a_baseli
     assert code == 0, err
     rows = [line.split() for line in out.splitlines() if line[:1].isdigit()]
     assert {r[2] for r in rows} >= {"H100", "A100"}
-    assert "% faster" not in out.split("baseline uniform")[1].splitlines()[0]
-    assert "the best plan is" in out and "slower" in out
+    uniform = out.split("baseline uniform")[1].splitlines()[0]
+    assert "% faster" not in uniform and "the best plan's tokens cost" in uniform
+    assert re.search(r"the best plan's tokens cost \d+\.\d% (less|more)", out)
     assert "do not divide evenly" not in out and "a plan on more of them costs more" in out
 
 
@@ -330,3 +333,23 @@ def test_simulate_on_mixed_types_writes_what_each_stage_runs(tmp_path, capsys):
     runs = {(plan.group_of(s).gpu, plan.attention_of(s))
             for p in plan.pipelines for s in p.stages}
     assert runs == {("A100-80GB-SXM", "flash"), ("V100-32GB-SXM2", "memory_efficient")}
+
+
+def test_a_budget_says_which_baselines_it_rules_out_and_why_gpus_idle(capsys):
+    """--max-budget left the A100s idle 'because every plan that uses them is slower',
+    three lines below a baseline that used them and ran faster, over the budget; the
+    baseline and the note now say the budget is why."""
+    code, out, err = _run(["search", "--model", "llama3-70b", "--cluster",
+                           "cluster_specs/two-datacenter.yaml", "--gbs", "1024", "--objective",
+                           "time-to-train", "--tokens", "1e12", "--max-budget", "1200000",
+                           "--json"], capsys)
+    assert code == 0, err
+    found = json.loads(out)
+    best = found["plans"][0]
+    assert best["run_cost_usd"] <= 1.2e6
+    over = [b for b in found["baselines"] if "over the --max-budget" in b["note"]]
+    assert over and all(b["best_is_faster_by"] is not None for b in over)
+    faster = [b for b in found["baselines"] if (b["best_is_faster_by"] or 0) < 0]
+    assert all(b in over for b in faster)  # a faster baseline is one the budget rules out
+    idle = [n for n in found["notes"] if " GPUs idle: every plan that uses them is slower" in n]
+    assert all("(of the plans within the --max-budget of $1,200,000)" in n for n in idle)
