@@ -108,7 +108,7 @@ def test_bf16_on_v100_one_rule_for_flags_and_plans(tmp_path, capsys):
     accepted bf16 there: now all refuse, naming the device."""
     v100 = ["--model", "gpt3-1.3b", "--gpus", "V100-32GB-SXM2:8", "--tp", "2", "--pp", "2",
             "--dp", "2", "--mbs", "4", "--gbs", "64"]
-    rule = "'bf16' is not allowed (V100-32GB-SXM2 has no bf16; it offers fp32, fp16)"
+    rule = "'bf16' is not allowed (V100-32GB-SXM2 has no bf16; it offers fp32, fp16, tf32 (as fp32))"
     _one_line(*run_cli(["simulate", *v100, "--dtype", "bf16"], capsys), "--dtype: " + rule)
     path = tmp_path / "p.yaml"
     assert run_cli(["simulate", *v100, "--dtype", "fp16", "-o", str(path)], capsys)[0] == 0

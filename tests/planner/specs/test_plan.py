@@ -211,7 +211,7 @@ def test_bf16_on_a_gpu_without_it_is_refused_in_the_plan():
     data = plan_to_dict(_heterogeneous())
     data["training"]["dtype"] = "bf16"
     with pytest.raises(SpecError, match=r"^plan.training.dtype: 'bf16' is not allowed "
-                       r"\(V100-32GB-SXM2 has no bf16; it offers fp32, fp16\)"):
+                       r"\(V100-32GB-SXM2 has no bf16; it offers fp32, fp16, tf32 \(as fp32\)\)"):
         plan_from_dict(data)
     data["pipelines"] = data["pipelines"][:1]  # only the A100 pipeline trains
     data["training"]["global_batch_size"] = 40
