@@ -368,7 +368,7 @@ def check_train_dtype(devices: Iterable[DeviceSpec], dtype: str, *, where: str) 
     need = DType(dtype)
     for dev in dict.fromkeys(devices):
         if need is not DType.TF32 and str(need) not in dev.peak_tflops:
-            offers = [d for d in TRAIN_DTYPES if d in dev.peak_tflops]
+            offers: list[str] = [d for d in TRAIN_DTYPES if d in dev.peak_tflops]
             if "tf32" not in dev.peak_tflops:
                 offers.append("tf32 (as fp32)")
             fail(where, dtype, f"{dev.name} has no {dtype}; it offers {', '.join(offers)}")
