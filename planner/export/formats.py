@@ -53,8 +53,10 @@ def megatron_args(plan: Plan) -> list[str]:
     # Megatron-LM's arguments.py turns on by itself for bf16 only; the DDP config's
     # grad_reduce_in_fp32 (distributed/distributed_data_parallel.py: main grads in the
     # parameters' dtype without it)
+    # tf32: fp32 arguments; whether matmuls run in TF32 is the container's setting, not an
+    # argument, so `unsupported` lists the dtype and --approximate writes fp32
     args += {"bf16": ["--bf16"], "fp16": ["--fp16", "--accumulate-allreduce-grads-in-fp32"],
-             "fp32": [],
+             "fp32": [], "tf32": [],
              "fp8": ["--bf16", "--fp8-format hybrid", "--transformer-impl transformer_engine"]
              }[tr.dtype]
     if tr.fp8_params:

@@ -140,3 +140,17 @@ def test_geglu_is_refused_by_megatron_only():
         assert not any("activation" in u for u in export_plan(plan, fmt).unsupported), fmt
     titan = export_plan(plan, "torchtitan").text
     assert "# grok-1: set name and flavor" in titan and "GELU-gated feed-forward (GeGLU" in titan
+
+
+def test_every_format_takes_a_tf32_plan_without_a_traceback():
+    """A tf32 plan (fp32 storage, TF32 GEMMs) crashed the Megatron export with a KeyError
+    (its dtype map had no tf32): every format lists it as a dtype the framework does not
+    train in, or writes it."""
+    from planner.export.formats import FORMATS
+
+    plan = homogeneous_plan(preset("gpt3-350m"), parse_gpus_arg("A100-80GB-SXM:8"),
+                            ParallelConfig(tp=1, pp=1, dp=8, mbs=8, gbs=256, seq_len=2048,
+                                           dtype="tf32"), kernels=Kernels(attention="math"))
+    for fmt in FORMATS:
+        out = export_plan(plan, fmt)
+        assert any("dtype tf32" in u for u in out.unsupported), (fmt, out.unsupported)
