@@ -83,6 +83,9 @@ class FrameworkCapabilities:
     ep_recompute: frozenset[str] | None = None  # recompute modes with ep > 1 (None: all)
     ep_sharding_multiple: bool = False  # with ep > 1 each sharding degree <= ep or k x ep
     moe_expert_tp: bool = True  # expert tp = tp > 1 (False: an MoE model with tp needs etp 1)
+    # 16-bit compute with tp or pp only where parameters are sharded over dp or cp > 1
+    # (True: torchtitan, whose mixed precision is FSDP2's or, without tp and pp, autocast)
+    amp_needs_sharding_with_tp_pp: bool = False
     moe_sequence_parallel: bool = True  # sequence parallelism on MoE models
     # the embedding / loss taking a layer's place in an interleaved chunk (Training.
     # embedding_in_pipeline_split, loss_in_pipeline_split with vp > 1)
@@ -246,6 +249,7 @@ _TORCHTITAN = FrameworkCapabilities(
     attention=frozenset(SDPA_BACKENDS),
     sequence_parallel="with tp", uneven_stages=True, mixed_gpu_types=False,
     per_stage_tp=False, unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False, per_stage_recompute=False,
+    amp_needs_sharding_with_tp_pp=True,
     # FSDP2's MixedPrecisionPolicy (reduce_dtype None: the fp32 parameters' gradients;
     # the fp32 shard is the parameter where it shards)
     model_states=ModelStates.FP32_GRADS,
@@ -272,6 +276,8 @@ _TORCHTITAN = FrameworkCapabilities(
         "comm overlap_grad_reduce": "FSDP2's reduce-scatters and DDP's buckets run in the "
         "backward",
         "comm grad_reduce_dtype": "training.mixed_precision_reduce admits float32 alone",
+        "amp with tp pp": "distributed/utils.py maybe_enable_amp: 'Mixed precision training "
+        "with TP or PP is only supported when FSDP/HSDP/CP is enabled', else it is disabled",
     },
 )
 
@@ -609,6 +615,12 @@ def _precision_and_kernels(plan: Plan, caps: FrameworkCapabilities) -> list[str]
     if attention not in caps.attention:
         out.append(f"attention kernel {attention}: {caps.version} has "
                    f"{', '.join(sorted(caps.attention))}{_note(caps, f'attention {attention}')}")
+    s = plan_shape(plan)
+    if (caps.amp_needs_sharding_with_tp_pp and dtype in ("bf16", "fp16")
+            and (s.tp > 1 or s.pp > 1) and plan.sharding.params <= 1 and s.cp == 1):
+        out.append(f"{dtype} with tp {s.tp} / pp {s.pp} and unsharded parameters (no "
+                   f"FSDP/HSDP or cp): {caps.version} computes it in fp32"
+                   f"{_note(caps, 'amp with tp pp')}")
     if (DType(dtype).master_weights and not plan.training.master_weights
             and not caps.without_master_weights):
         out.append(f"no fp32 master weights (training.master_weights false): {caps.version} "

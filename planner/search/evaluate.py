@@ -79,6 +79,7 @@ class LayoutModel:
                  seq_len: int, gbs: int, kernels: Kernels, profiles: Profiles | None = None,
                  sharding: tuple[ShardPattern, ...] = (ANY_SHARDING,),
                  ep_sharding_multiple: bool = False,
+                 amp_needs_sharding_with_tp_pp: bool = False,
                  model_states: ModelStates = ModelStates.FP32_GRADS,
                  comm: Communication = DEFAULT_COMM):
         self.model, self.layout, self.profiles = model, layout, profiles
@@ -131,6 +132,9 @@ class LayoutModel:
             self.choices = [sh for sh in self.choices
                             if all(n <= lo.ep or n % lo.ep == 0
                                    for n in (sh.params, sh.grads, sh.optim))]
+        if (amp_needs_sharding_with_tp_pp and dtype in ("bf16", "fp16")
+                and (lo.tp > 1 or lo.pp > 1) and lo.cp == 1):  # else it computes in fp32
+            self.choices = [sh for sh in self.choices if sh.params > 1]
 
     def _representatives(self, devices: list[list[tuple[int, ...]]]) -> list[int]:
         """The first replica of each placement pattern: the node group of every GPU, which

@@ -326,7 +326,13 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace, 
                                      profiles=req.profiles,
                                      sharding=space.sharding_patterns(lo.pp),
                                      ep_sharding_multiple=space.ep_sharding_multiple,
+                                     amp_needs_sharding_with_tp_pp=(
+                                         space.amp_needs_sharding_with_tp_pp),
                                      model_states=req.model_states, comm=req.comm)
+            if not models[lo].choices:  # no sharding the framework runs this layout with
+                del models[lo]
+                tick()
+                continue
             evaluations.append((i, [models[lo].evaluate(mi) for mi in micros]))
             count += len(micros)
         tick()  # progress: one layout

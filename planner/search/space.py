@@ -91,6 +91,9 @@ class SearchSpace:
     expert_tp_one: bool = False
     moe_sequence_parallel: bool = True
     ep_sharding_multiple: bool = False  # with ep > 1 sharding degrees <= ep or k x ep
+    # 16-bit compute with tp or pp only where parameters are sharded over dp x cp > 1, or
+    # cp > 1 (FrameworkCapabilities.amp_needs_sharding_with_tp_pp: torchtitan)
+    amp_needs_sharding_with_tp_pp: bool = False
 
     def sharding_patterns(self, pp: int) -> tuple[ShardPattern, ...]:
         """The sharding patterns a layout of `pp` stages may take."""
@@ -155,7 +158,8 @@ def for_framework(space: SearchSpace, caps: FrameworkCapabilities) -> SearchSpac
         ep_recompute=None if caps.ep_recompute is None
         else tuple(r for r in Recompute if r in caps.ep_recompute),
         expert_tp_one=not caps.moe_expert_tp, moe_sequence_parallel=caps.moe_sequence_parallel,
-        ep_sharding_multiple=caps.ep_sharding_multiple)
+        ep_sharding_multiple=caps.ep_sharding_multiple,
+        amp_needs_sharding_with_tp_pp=caps.amp_needs_sharding_with_tp_pp)
 
 
 # Named predicates: a layout or candidate is kept when every one holds (the rules are

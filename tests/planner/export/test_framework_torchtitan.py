@@ -75,3 +75,35 @@ def test_refusals():
     assert any(u.startswith("recompute selective") for u in selene.unsupported)
     no_sp = export_plan(plan_on("H100-80GB-SXM:16", tp=2, dp=8, gbs=64), "torchtitan")
     assert any("without sequence parallelism" in u for u in no_sp.unsupported)
+
+
+def test_bf16_with_tp_or_pp_needs_sharded_parameters():
+    """torchtitan's mixed precision is FSDP2's, or autocast without tp and pp
+    (distributed/utils.py maybe_enable_amp): bf16 at tp 2 with replicate-only data
+    parallelism was exported with exit 0 and would have computed in fp32. It is listed,
+    and the search plans torchtitan's tp / pp layouts with sharded parameters only."""
+    from planner.search import SearchRequest, search
+    from planner.specs.cluster import parse_gpus_arg
+    from planner.specs.layout import ParallelConfig, homogeneous_plan
+    from planner.specs.model import preset
+
+    gpus = parse_gpus_arg("H100-80GB-SXM:8")
+    for tp, pp in ((2, 1), (1, 2)):
+        plan = homogeneous_plan(preset("llama3-8b"), gpus, ParallelConfig(
+            tp=tp, pp=pp, dp=8 // (tp * pp), mbs=1, gbs=32, seq_len=4096,
+            sequence_parallel=tp > 1))
+        issues = export_plan(plan, "torchtitan").unsupported
+        assert any(i.startswith(f"bf16 with tp {tp} / pp {pp} and unsharded parameters")
+                   for i in issues), issues
+        sharded = homogeneous_plan(preset("llama3-8b"), gpus, ParallelConfig(
+            tp=tp, pp=pp, dp=8 // (tp * pp), mbs=1, gbs=32, seq_len=4096,
+            sequence_parallel=tp > 1, sharding=Sharding(params=8 // (tp * pp),
+                                                        grads=8 // (tp * pp),
+                                                        optim=8 // (tp * pp))))
+        assert not any("unsharded parameters" in i
+                       for i in export_plan(sharded, "torchtitan").unsupported)
+    found = search(SearchRequest(model=preset("llama3-8b"), cluster=gpus, gbs=32,
+                                 seq_len=4096, framework="torchtitan", top=5))
+    for r in found.ranked:
+        shape = plan_shape(r.plan)
+        assert shape.tp == shape.pp == 1 or r.plan.sharding.params > 1, r.plan.sharding_label
