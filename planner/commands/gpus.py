@@ -24,9 +24,10 @@ def run(args: argparse.Namespace) -> int:
         print_json({name: {k: v for k, v in dump(d).items() if k != "name"}
                     for name, d in devices.items()})
         return 0
-    print(f"{'name':16} {'memory':>9} {'bf16/fp16':>10} {'fp32':>7} {'HBM':>9}  standard node")
+    print(f"{'name':16} {'memory':>9} {'bf16':>9} {'fp16':>9} {'fp32':>7} {'HBM':>9}  "
+          "standard node (TF: dense TFLOP/s; -: none)")
     for name, d in devices.items():
-        half = d.peak_tflops.get("bf16", d.peak_tflops.get("fp16", 0.0))
+        bf16, fp16 = (_tflops(d.peak_tflops.get(k)) for k in ("bf16", "fp16"))
         n = d.node
         node = ("none (a cluster file gives its nodes)" if n is None else
                 f"{n.name}: {n.gpus_per_node} GPUs on {d.intra_node_link} "
@@ -34,7 +35,15 @@ def run(args: argparse.Namespace) -> int:
                 f"{n.nic_bandwidth_gbit_per_s:g} Gb/s {n.nic}"
                 + (f"; NVLink domain of {n.nvlink_domain_gpus} GPUs"
                    if n.nvlink_domain_gpus not in (None, n.gpus_per_node) else ""))
-        print(f"{name:16} {d.memory_gib:6.1f}GiB {half:7.1f}TF/s "
-              f"{d.peak_tflops.get('fp32', 0.0):5.1f}TF "
+        print(f"{name:16} {d.memory_gib:6.1f}GiB {bf16:>9} {fp16:>9} "
+              f"{_tflops(d.peak_tflops.get('fp32')):>7} "
               f"{d.memory_bandwidth_gb_per_s:6.0f}GB/s  {node}")
     return 0
+
+
+def _tflops(value: float | None) -> str:
+    """A peak as the table shows it: '-' where the GPU has none, three significant digits
+    below 10 (a CPU's 0.05 read as 0.1)."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}TF" if value >= 10 else f"{value:.3g}TF"
