@@ -282,6 +282,14 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 
 
+def _check_value(meta: Mapping[str, Any], value: Any, where: str, one_line_text: bool) -> None:
+    """A field's value (or one item of a tuple field): a number within its bounds, and,
+    where `one_line_text`, text without a newline or other control character."""
+    if one_line_text and isinstance(value, str) and not value.isprintable():
+        fail(where, value, "a name or value of one line without control characters")
+    _check_bounds(meta, value, where)
+
+
 def _check_bounds(meta: Mapping[str, Any], value: Any, where: str) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool):
         return
@@ -325,15 +333,11 @@ def parse(cls: type[T], data: Any, *, where: str = "") -> T:
                 raise SpecError(f"{path}: missing (required field of {cls.__name__})")
             continue
         value = _convert(hints[name], data[name], path)
-        if name not in FREE_TEXT_FIELDS:
-            for i, text in enumerate(value if isinstance(value, tuple) else (value,)):
-                if isinstance(text, str) and not text.isprintable():
-                    fail(path if isinstance(value, str) else f"{path}[{i}]", text,
-                         "a name or value of one line without control characters")
-        _check_bounds(f.metadata, value, path)
+        one_line_text = name not in FREE_TEXT_FIELDS
+        _check_value(f.metadata, value, path, one_line_text)
         if isinstance(value, tuple):
             for i, item in enumerate(value):
-                _check_bounds(f.metadata, item, f"{path}[{i}]")
+                _check_value(f.metadata, item, f"{path}[{i}]", one_line_text)
         kwargs[name] = value
     obj = cls(**kwargs)
     check = getattr(obj, "check", None)

@@ -29,7 +29,7 @@ from planner.specs.plan import Communication, Plan
 from profiler.kernels import SDPA_BACKENDS
 
 __all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
-           "chunk_layer_counts", "comm_differences", "in_rank_order",
+           "chunk_layer_counts", "comm_differences", "computes_in_fp32", "in_rank_order",
            "matches_pattern", "model_states_differ", "plan_chunk_counts", "plan_shape",
            "unsupported"]
 
@@ -616,8 +616,8 @@ def _precision_and_kernels(plan: Plan, caps: FrameworkCapabilities) -> list[str]
         out.append(f"attention kernel {attention}: {caps.version} has "
                    f"{', '.join(sorted(caps.attention))}{_note(caps, f'attention {attention}')}")
     s = plan_shape(plan)
-    if (caps.amp_needs_sharding_with_tp_pp and dtype in ("bf16", "fp16")
-            and (s.tp > 1 or s.pp > 1) and plan.sharding.params <= 1 and s.cp == 1):
+    if computes_in_fp32(caps.amp_needs_sharding_with_tp_pp, dtype, tp=s.tp, pp=s.pp, cp=s.cp,
+                        params=plan.sharding.params):
         out.append(f"{dtype} with tp {s.tp} / pp {s.pp} and unsharded parameters (no "
                    f"FSDP/HSDP or cp): {caps.version} computes it in fp32"
                    f"{_note(caps, 'amp with tp pp')}")
@@ -632,6 +632,15 @@ def _precision_and_kernels(plan: Plan, caps: FrameworkCapabilities) -> list[str]
                    f"{'more' if states is ModelStates.DEEPSPEED else 'less'} memory than "
                    f"the plan priced{_note(caps, 'model states')}")
     return out
+
+
+def computes_in_fp32(amp_needs_sharding_with_tp_pp: bool, dtype: str, *, tp: int, pp: int,
+                     cp: int, params: int) -> bool:
+    """Whether a framework whose mixed precision needs sharded parameters with tp or pp
+    (`FrameworkCapabilities.amp_needs_sharding_with_tp_pp`: torchtitan) computes a 16-bit
+    layout in fp32: tp or pp > 1 with parameters unsharded and no context parallelism."""
+    return (amp_needs_sharding_with_tp_pp and dtype in ("bf16", "fp16")
+            and (tp > 1 or pp > 1) and params <= 1 and cp == 1)
 
 
 # what each rule keeps, in a refusal's words (`ModelStates` gives the sources)

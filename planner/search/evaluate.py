@@ -34,7 +34,7 @@ from planner.costs.stages import (
     stage_passes,
     unsharded_cost,
 )
-from planner.export.frameworks import ANY_SHARDING, ShardPattern
+from planner.export.frameworks import ANY_SHARDING, ShardPattern, computes_in_fp32
 from planner.predict.estimate import critical_path_s, iteration_end_s
 from planner.search.sharding import (
     ShardingOption,
@@ -132,9 +132,9 @@ class LayoutModel:
             self.choices = [sh for sh in self.choices
                             if all(n <= lo.ep or n % lo.ep == 0
                                    for n in (sh.params, sh.grads, sh.optim))]
-        if (amp_needs_sharding_with_tp_pp and dtype in ("bf16", "fp16")
-                and (lo.tp > 1 or lo.pp > 1) and lo.cp == 1):  # else it computes in fp32
-            self.choices = [sh for sh in self.choices if sh.params > 1]
+        self.choices = [sh for sh in self.choices  # not those it would compute in fp32
+                        if not computes_in_fp32(amp_needs_sharding_with_tp_pp, dtype, tp=lo.tp,
+                                                pp=lo.pp, cp=lo.cp, params=sh.params)]
 
     def _representatives(self, devices: list[list[tuple[int, ...]]]) -> list[int]:
         """The first replica of each placement pattern: the node group of every GPU, which

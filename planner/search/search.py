@@ -62,7 +62,7 @@ from profiler.schema import SpecError, fail
 from profiler.store import Profiles
 
 __all__ = ["DEFAULT_HEADROOM_BYTES", "OBJECTIVES", "Ranked", "SearchRequest", "SearchResult",
-           "check_framework", "prepare", "search", "search_dtype"]
+           "check_framework", "prepare", "priced_plan", "search", "search_dtype"]
 
 GIB = 1024**3
 # beyond the memory model's own runtime reserve (planner/costs/memory.py): PyTorch's
@@ -546,14 +546,20 @@ def _confirm(req: SearchRequest, plan: Plan, estimate_s: float, simulate_fn: Cal
     simulated run breaks the budget or memory."""
     plan = _with_measured_kernels(req, plan)
     result = simulate_fn(plan)
-    result = replace(result, sources={**result.sources, "choice": how})
-    devices = [d for p in plan.pipelines for s in p.stages for d in s.devices]
-    cost = usd_per_hour(plan.cluster, devices)
-    egress = egress_usd_per_iteration(plan)
+    ranked = priced_plan(plan, replace(result, sources={**result.sources, "choice": how}),
+                         estimate_s)
+    cost, egress = ranked.usd_per_hour, ranked.egress_usd_per_iteration
     if not result.fits or not _within_budget(req, result.iteration_time_s, cost, egress):
         return None
-    return (_score(req, result.iteration_time_s, cost, egress),
-            Ranked(plan, result, estimate_s, cost, egress))
+    return _score(req, result.iteration_time_s, cost, egress), ranked
+
+
+def priced_plan(plan: Plan, result: SimResult, estimate_s: float = 0.0) -> Ranked:
+    """`plan` and its simulated `result` with what its GPUs cost an hour at the cluster's
+    prices and its egress per iteration."""
+    devices = [d for p in plan.pipelines for s in p.stages for d in s.devices]
+    return Ranked(plan, result, estimate_s, usd_per_hour(plan.cluster, devices),
+                  egress_usd_per_iteration(plan))
 
 
 def _with_measured_kernels(req: SearchRequest, plan: Plan) -> Plan:

@@ -8,7 +8,6 @@ under their row.
 
 from __future__ import annotations
 
-from planner.costs.egress import egress_usd_per_iteration
 from planner.describe import (
     GIB,
     headroom_bytes,
@@ -19,7 +18,7 @@ from planner.describe import (
     sharding_cell,
     wrapped,
 )
-from planner.search.search import Ranked, SearchRequest, SearchResult, usd_per_hour
+from planner.search.search import Ranked, SearchRequest, SearchResult, priced_plan
 from planner.specs.plan import Pipeline, Plan
 
 __all__ = ["search_json", "search_table"]
@@ -84,24 +83,21 @@ def _baselines(result: SearchResult, req: SearchRequest) -> list[dict]:
     best = result.ranked[0]
     out = []
     for b in result.baselines:
-        plan, res = b.plan, b.result
-        fits = plan is not None and res is not None and res.fits
-        t = res.iteration_time_s if fits and res is not None else None
-        row = {"name": b.name, "iteration_time_s": t,
-               "best_is_faster_by": None if t is None else t / best.result.iteration_time_s - 1,
-               "best_is_cheaper_by": None, "note": b.note}
-        if fits and plan is not None and res is not None:
-            devices = [d for p in plan.pipelines for s in p.stages for d in s.devices]
-            ranked = Ranked(plan, res, 0.0, usd_per_hour(plan.cluster, devices),
-                            egress_usd_per_iteration(plan))
-            usd, mine = ranked.usd_per_million_tokens, best.usd_per_million_tokens
-            if usd is not None and mine is not None and usd > 0:
-                row["best_is_cheaper_by"] = 1 - mine / usd  # the share of a token's cost saved
-            run = ranked.run_cost_usd(req.tokens)
-            if req.max_budget_usd is not None and run is not None and run > req.max_budget_usd:
-                row["note"] = "; ".join(n for n in (
-                    b.note, f"${run:,.0f} a run, over the --max-budget") if n)
+        row: dict = {"name": b.name, "iteration_time_s": None, "best_is_faster_by": None,
+                     "best_is_cheaper_by": None, "note": b.note}
         out.append(row)
+        if b.plan is None or b.result is None or not b.result.fits:
+            continue
+        t = b.result.iteration_time_s
+        row.update(iteration_time_s=t, best_is_faster_by=t / best.result.iteration_time_s - 1)
+        ranked = priced_plan(b.plan, b.result)
+        usd, mine = ranked.usd_per_million_tokens, best.usd_per_million_tokens
+        if usd is not None and mine is not None and usd > 0:
+            row["best_is_cheaper_by"] = 1 - mine / usd  # the share of a token's cost saved
+        run = ranked.run_cost_usd(req.tokens)
+        if req.max_budget_usd is not None and run is not None and run > req.max_budget_usd:
+            row["note"] = "; ".join(n for n in (
+                b.note, f"${run:,.0f} a run, over the --max-budget") if n)
     return out
 
 

@@ -365,9 +365,8 @@ def check_train_dtype(devices: Iterable[DeviceSpec], dtype: str, *, where: str) 
     tf32 runs TF32 tensor cores where the device has them and fp32 elsewhere."""
     if dtype not in TRAIN_DTYPES:
         fail(where, dtype, "allowed: " + ", ".join(TRAIN_DTYPES))
-    need = DType(dtype)
     for dev in dict.fromkeys(devices):
-        if need is not DType.TF32 and str(need) not in dev.peak_tflops:
+        if not runs_dtype(dev, dtype):
             offers: list[str] = [d for d in TRAIN_DTYPES if d in dev.peak_tflops]
             if "tf32" not in dev.peak_tflops:
                 offers.append("tf32 (as fp32)")
@@ -401,12 +400,9 @@ def train_dtype(devices: Iterable[DeviceSpec], asked: str | None, *, where: str,
 
 
 def runs_dtype(device: DeviceSpec, dtype: str) -> bool:
-    """Whether `device` trains in `dtype` (`check_train_dtype`'s rule for one type)."""
-    try:
-        check_train_dtype((device,), dtype, where="dtype")
-    except SpecError:
-        return False
-    return True
+    """Whether `device` trains in `dtype` (`check_train_dtype`'s rule for one type): its
+    own peak for it, except tf32, which runs as fp32 where the device has no TF32."""
+    return dtype in TRAIN_DTYPES and (dtype == DType.TF32 or dtype in device.peak_tflops)
 
 
 def load_cluster(path: str, *, catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:
