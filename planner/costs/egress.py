@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from planner.costs.memory import rank_param_count
 from planner.specs.choices import DType
+from planner.specs.layout import pipeline_moe_layers
 from planner.specs.plan import Plan
 
 __all__ = ["egress_usd_per_iteration"]
@@ -45,6 +46,7 @@ def egress_usd_per_iteration(plan: Plan) -> float:
             if len(pair) > 1:
                 usd += 2 * act * pipe.num_microbatches / 1e9 * price(pair)
     microbatches = max(p.num_microbatches for p in plan.pipelines)
+    moe = pipeline_moe_layers(plan, plan.pipelines[0])
     for k, stage in enumerate(plan.pipelines[0].stages):
         per_replica = [island(p.stages[min(k, len(p.stages) - 1)].devices[0])
                        for p in plan.pipelines]
@@ -53,7 +55,7 @@ def egress_usd_per_iteration(plan: Plan) -> float:
             continue
         pp = len(plan.pipelines[0].stages)
         params = rank_param_count(m, num_layers=stage.num_layers, first=k == 0,
-                                  last=k == pp - 1, tp=1, pp=pp)
+                                  last=k == pp - 1, tp=1, pp=pp, moe_layers=moe[k])
         grad_bytes = DType(tr.comm.grad_reduce_dtype).element_bytes
         usd += 2 * params * grad_bytes * _cut(spanned) / 1e9 * price(spanned)
         sh = plan.sharding_of(k)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from planner.costs.compute import ComputeCosts, measured_op_time_s
 from planner.costs.memory import rank_param_count
 from planner.costs.workload import Op, layer_work, optimizer_work
+from planner.specs.layout import pipeline_moe_layers
 from planner.specs.plan import Kernels, Plan
 from profiler.devices import DeviceSpec
 from profiler.kernels import Attention, OptimizerKernel
@@ -75,7 +76,9 @@ def _optimizer_s(plan: Plan, profile: Profile, implementation: str) -> float | N
     stage = plan.pipelines[0].stages[0]
     pp = len(plan.pipelines[0].stages)
     params = rank_param_count(plan.model, num_layers=stage.num_layers, first=True,
-                              last=pp == 1, tp=stage.tp, pp=pp) / plan.sharding_of(0).optim
+                              last=pp == 1, tp=stage.tp, pp=pp,
+                              moe_layers=pipeline_moe_layers(plan, plan.pipelines[0])[0]
+                              ) / plan.sharding_of(0).optim
     op = optimizer_work(params, dtype=plan.training.dtype, implementation=implementation,
                         num_tensors=max(1, 6 * stage.num_layers),
                         master_weights=plan.training.master_weights)

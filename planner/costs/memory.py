@@ -96,27 +96,32 @@ class StageMemory:
         return max(0.0, self.total_bytes - self.capacity_bytes)
 
 
-def _moe_layers(model: ModelSpec, num_layers: int) -> int:
-    """MoE layers among a stage's `num_layers`, at the model's share (the costs price a
-    stage's layers as the model's average layer)."""
+def _moe_layers(model: ModelSpec, num_layers: int, moe_layers: int | None) -> int:
+    """MoE layers among a stage's `num_layers`: `moe_layers` where the caller knows which
+    layers the stage holds (`PlacedStage.moe_layers`, `layout.stage_moe_layers`), else the
+    model's share of them (exact where every layer is alike)."""
+    if moe_layers is not None:
+        return moe_layers
     return round(num_layers * model.moe_layer_fraction)
 
 
-def rank_expert_param_count(model: ModelSpec, *, num_layers: int, etp: int, ep: int) -> float:
+def rank_expert_param_count(model: ModelSpec, *, num_layers: int, etp: int, ep: int,
+                            moe_layers: int | None = None) -> float:
     """Routed-expert parameters one rank of a stage holds: E/ep experts of each MoE
     layer, each split by the expert tp `etp` (Megatron's --expert-tensor-parallel-size,
     default tp)."""
-    return float(_moe_layers(model, num_layers) * model.expert_params_per_moe_layer()
-                 / (ep * etp))
+    return float(_moe_layers(model, num_layers, moe_layers)
+                 * model.expert_params_per_moe_layer() / (ep * etp))
 
 
 def rank_param_tensors(model: ModelSpec, *, num_layers: int, first: bool, last: bool,
-                       tp: int, pp: int, ep: int = 1, etp: int | None = None
-                       ) -> tuple[int, ...]:
+                       tp: int, pp: int, ep: int = 1, etp: int | None = None,
+                       moe_layers: int | None = None) -> tuple[int, ...]:
     """Sizes of the parameter tensors one tp rank of a stage holds, in model order (the
     optimizer's per-tensor work depends on them, not only on their sum). An MoE layer
     holds the router (replicated), the shared experts (split by tp) and E/ep routed
-    experts (each split by tp)."""
+    experts (each split by tp). `moe_layers`: how many of its layers are MoE
+    (`_moe_layers`)."""
     h, d = model.hidden_size, model.head_dim
     kv_local = max(model.kv_heads // tp, 1) * d
     q_local = model.num_heads // tp * d
@@ -138,7 +143,7 @@ def rank_param_tensors(model: ModelSpec, *, num_layers: int, first: bool, last: 
         tensors.append(vocab_local)
         if model.position_embedding == "learned":
             tensors.append(model.seq_len * h)
-    moe = _moe_layers(model, num_layers)
+    moe = _moe_layers(model, num_layers, moe_layers)
     tensors.extend(layer * (num_layers - moe))
     tensors.extend(moe_layer * moe)
     if last:
@@ -151,14 +156,15 @@ def rank_param_tensors(model: ModelSpec, *, num_layers: int, first: bool, last: 
 
 
 def rank_param_count(model: ModelSpec, *, num_layers: int, first: bool, last: bool,
-                     tp: int, pp: int, ep: int = 1, etp: int | None = None) -> float:
+                     tp: int, pp: int, ep: int = 1, etp: int | None = None,
+                     moe_layers: int | None = None) -> float:
     """Parameters held by one tp rank of a stage."""
     return float(sum(rank_param_tensors(model, num_layers=num_layers, first=first, last=last,
-                                        tp=tp, pp=pp, ep=ep, etp=etp)))
+                                        tp=tp, pp=pp, ep=ep, etp=etp, moe_layers=moe_layers)))
 
 
 def rank_te_weight_count(model: ModelSpec, *, num_layers: int, tp: int, ep: int = 1,
-                         etp: int | None = None) -> float:
+                         etp: int | None = None, moe_layers: int | None = None) -> float:
     """Parameters of one tp rank of a stage that are the weights of Transformer Engine's
     linear layers: the attention projections, the MLP and the experts' GEMMs
     (Megatron-Core's TELayerNormColumnParallelLinear, TERowParallelLinear,
@@ -168,10 +174,10 @@ def rank_te_weight_count(model: ModelSpec, *, num_layers: int, tp: int, ep: int 
     MLA's latent norms, counted among its tensors, are counted here too (a few thousand
     parameters)."""
     layer = rank_param_count(model, num_layers=num_layers, first=False, last=False, tp=tp,
-                             pp=1, ep=ep, etp=etp)
+                             pp=1, ep=ep, etp=etp, moe_layers=moe_layers)
     norms = (2 if model.norm == "layernorm" else 1) * model.hidden_size * 2  # two per layer
     router = model.num_experts * model.hidden_size
-    return layer - num_layers * norms - _moe_layers(model, num_layers) * router
+    return layer - num_layers * norms - _moe_layers(model, num_layers, moe_layers) * router
 
 
 def in_flight_chunks(*, schedule: Schedule, stage: int, pp: int, num_microbatches: int,
@@ -264,7 +270,8 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     rank holding `params` parameters, each part at `state_bytes_per_param` over its own
     sharding group (`states`: as `Training.model_states`; `grad_dtype`: the gradient
     buffer's dtype, `state_bytes_per_param`); sharded parameters need the layer in use and
-    the next one gathered in the training dtype.
+    the next one gathered in the training dtype (an MoE layer where `expert_params` holds
+    any).
 
     FP8: of `params`, the `te_weights` weights of Transformer Engine's linear layers
     (`rank_te_weight_count`; None: all of them) carry TE's FP8 weight cache,
@@ -284,8 +291,9 @@ def model_state_bytes(model: ModelSpec, *, params: float, dtype: str, sharding: 
     low = dt.element_bytes + (FP8_WEIGHT_CACHE_BYTES if dt is DType.FP8 else 0)
     gathered = 0.0
     if sharding.params > 1:
+        # the largest layer the rank holds: an MoE one where it holds experts
         layer = rank_param_count(model, num_layers=1, first=False, last=False, tp=tp, pp=pp,
-                                 ep=ep, etp=etp)
+                                 ep=ep, etp=etp, moe_layers=int(expert_params > 0))
         gathered = 2 * layer * low
     fold = tp / (etp or tp) if ep_layout == EpLayout.FOLDED else 1.0
 
@@ -339,20 +347,24 @@ def stage_memory(model: ModelSpec, *, device: DeviceSpec, shape: WorkloadShape,
                  sharding: Sharding, layers_in_flight: float,
                  master_weights: bool = True,
                  states: ModelStates = ModelStates.FP32_GRADS, fp8_params: bool = False,
-                 grad_dtype: str | None = None) -> StageMemory:
+                 grad_dtype: str | None = None, moe_layers: int | None = None
+                 ) -> StageMemory:
     """Peak memory of one rank of a stage holding activations of `layers_in_flight`
     layer-micro-batches at its peak: `activation_memory` with the stage's model states
-    (`fp8_params`, `grad_dtype`: as `model_state_bytes`)."""
+    (`fp8_params`, `grad_dtype`: as `model_state_bytes`; `moe_layers`: how many of its
+    layers are MoE, `_moe_layers`)."""
     params = rank_param_count(model, num_layers=num_layers, first=first, last=last,
-                              tp=shape.tp, pp=pp, ep=shape.ep, etp=shape.etp)
+                              tp=shape.tp, pp=pp, ep=shape.ep, etp=shape.etp,
+                              moe_layers=moe_layers)
     experts = rank_expert_param_count(model, num_layers=num_layers, etp=shape.etp or shape.tp,
-                                      ep=shape.ep)
+                                      ep=shape.ep, moe_layers=moe_layers)
     held = model_state_bytes(model, params=params, dtype=shape.dtype, sharding=sharding,
                              tp=shape.tp, pp=pp, expert_params=experts, ep=shape.ep,
                              etp=shape.etp, master_weights=master_weights, states=states,
                              te_weights=rank_te_weight_count(model, num_layers=num_layers,
                                                              tp=shape.tp, ep=shape.ep,
-                                                             etp=shape.etp),
+                                                             etp=shape.etp,
+                                                             moe_layers=moe_layers),
                              fp8_params=fp8_params, grad_dtype=grad_dtype)
     return activation_memory(model, device=device, shape=shape, num_layers=num_layers,
                              last=last, recompute=recompute,

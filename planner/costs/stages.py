@@ -76,6 +76,7 @@ from planner.specs.choices import (
     Schedule,
 )
 from planner.specs.cluster import ClusterSpec
+from planner.specs.layout import pipeline_moe_layers
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Communication, Kernels, Plan, Sharding, Stage
 from profiler.devices import DeviceSpec, device_efficiency
@@ -185,6 +186,10 @@ class PlacedStage:
     ep: int = 1  # MoE: routed experts split over ep data-parallel replicas
     etp: int | None = None  # MoE: expert tensor parallel, 1 or tp (None: tp)
     ep_layout: EpLayout = EpLayout.FOLDED  # which ranks an ep group is (Training.ep_layout)
+    # MoE layers among its layers where the placement knows which layers it holds
+    # (`layout.stage_moe_layers`); None: the model's share of them (exact unless a model
+    # mixes dense and MoE layers)
+    moe_layers: int | None = None
 
     @property
     def expert_tp(self) -> int:
@@ -502,7 +507,8 @@ def pass_key(cluster: ClusterSpec, spec: StageSpec) -> tuple:
     """Stages with equal keys have equal pass times, transfers and memory before
     sharding (`unsharded_cost`): everything but their data-parallel group."""
     p = spec.placed
-    return (spec.device, p.tp, p.cp, p.ep, p.etp, p.ep_layout, p.num_layers, p.recompute,
+    return (spec.device, p.tp, p.cp, p.ep, p.etp, p.ep_layout, p.num_layers, p.moe_layers,
+            p.recompute,
             p.attention, spec.first, spec.last, spec.pp, *_link_tiers(cluster, spec),
             # where its context ranks sit, which with the data-parallel group gives the
             # dp x cp group its model states sync over
@@ -775,7 +781,10 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
                          routing=run.comm.moe_routing,
                          recompute_modules=tuple(run.recompute_modules
                                                  if p.recompute == Recompute.SELECTIVE
-                                                 else DEFAULT_RECOMPUTE_MODULES))
+                                                 else DEFAULT_RECOMPUTE_MODULES),
+                         moe_layers_share=(p.moe_layers / p.num_layers
+                                           if p.moe_layers is not None and p.num_layers
+                                           else None))
 
 
 def _p2p(model: ModelSpec, shape: WorkloadShape, tiers: tuple[Tier, ...] | None,
@@ -804,7 +813,7 @@ def stage_params(model: ModelSpec, spec: StageSpec) -> float:
     """Parameters one rank of the stage holds, before sharding."""
     return rank_param_count(model, num_layers=spec.placed.num_layers, first=spec.first,
                             last=spec.last, tp=spec.placed.tp, pp=spec.pp, ep=spec.placed.ep,
-                            etp=spec.placed.expert_tp)
+                            etp=spec.placed.expert_tp, moe_layers=spec.placed.moe_layers)
 
 
 def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run: RunSettings,
@@ -920,9 +929,10 @@ def sharding_states(model: ModelSpec, spec: StageSpec, dtype: str, sharding: Sha
     `grad_dtype`: the run's `comm.grad_reduce_dtype`, the dtype Megatron-Core keeps its
     gradient buffer in, `memory.state_bytes_per_param`)."""
     p = spec.placed
-    experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep)
+    experts = rank_expert_param_count(model, num_layers=p.num_layers, etp=p.expert_tp, ep=p.ep,
+                                      moe_layers=p.moe_layers)
     te = rank_te_weight_count(model, num_layers=p.num_layers, tp=p.tp, ep=p.ep,
-                              etp=p.expert_tp)
+                              etp=p.expert_tp, moe_layers=p.moe_layers)
     return model_state_bytes(model, params=num_params, dtype=dtype, sharding=sharding,
                              tp=p.tp, pp=spec.pp, expert_params=experts, ep=p.ep,
                              etp=p.expert_tp, master_weights=master_weights,
@@ -1009,11 +1019,16 @@ def with_stage_attention(plan: Plan) -> Plan:
 
 
 def plan_replicas(plan: Plan) -> list[list[PlacedStage]]:
-    return [[PlacedStage(devices=s.devices, tp=s.tp, cp=s.cp, num_layers=s.num_layers,
-                         recompute=s.recompute, attention=stage_attention(plan, s),
-                         ep=plan.training.ep, etp=plan.training.etp,
-                         ep_layout=plan.training.ep_layout)
-             for s in pipe.stages] for pipe in plan.pipelines]
+    """Each replica's stages as placed, each with the MoE layers it holds."""
+    tr = plan.training
+    out = []
+    for pipe in plan.pipelines:
+        moe = pipeline_moe_layers(plan, pipe)
+        out.append([PlacedStage(devices=s.devices, tp=s.tp, cp=s.cp, num_layers=s.num_layers,
+                                recompute=s.recompute, attention=stage_attention(plan, s),
+                                ep=tr.ep, etp=tr.etp, ep_layout=tr.ep_layout, moe_layers=m)
+                    for s, m in zip(pipe.stages, moe, strict=True)])
+    return out
 
 
 def plan_runs(plan: Plan) -> list[RunSettings]:

@@ -134,6 +134,14 @@ class WorkloadShape:
     routing: str = "learned"  # which experts a token takes: learned | fake_balanced
     # what selective recomputation re-runs (`RecomputeModule` values; Megatron's default)
     recompute_modules: tuple[str, ...] = ("core_attn",)
+    # the share of the stage's layers that are MoE, where it holds a known set of them
+    # (`layout.stage_moe_layers`); None: the model's share (`moe_share`)
+    moe_layers_share: float | None = None
+
+
+def moe_share(model: ModelSpec, w: WorkloadShape) -> float:
+    """The share of MoE layers the average layer of `w`'s stage prices."""
+    return model.moe_layer_fraction if w.moe_layers_share is None else w.moe_layers_share
 
 
 @dataclass(frozen=True)
@@ -406,7 +414,7 @@ def _ffn_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
                mlp_in_bwd: tuple[Comm, ...], mlp_out: tuple[Comm, ...],
                mlp_out_bwd: tuple[Comm, ...]) -> _Ffn:
     """The dense MLP, the MoE block, or for a model with both kinds of layer the average
-    layer: each kind's work scaled by its share of the layers (`moe_layer_fraction`)."""
+    layer: each kind's work scaled by its share of the stage's layers (`moe_share`)."""
     elem = DType(w.dtype).element_bytes
     linear = DType(w.dtype).gemm_operand_bytes
     n = w.micro_batch_size * w.seq_len // w.cp
@@ -419,7 +427,7 @@ def _ffn_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     dense = _Ffn(forward,
                  (*mlp_out_bwd, *fc2.backward, *_backward_of(act), *fc1.backward,
                   *mlp_in_bwd), saved, (("mlp", forward, saved),))
-    share = model.moe_layer_fraction
+    share = moe_share(model, w)
     if share == 0.0:
         return dense
     moe = _moe_block(model, w, mlp_in, mlp_in_bwd, mlp_out, mlp_out_bwd)
@@ -715,7 +723,7 @@ def layer_work(model: ModelSpec, w: WorkloadShape) -> LayerWork:
     attn_norm, mlp_norm = norm("attn.norm"), norm("mlp.norm")
     # the pre-MLP norm is fused into fc1 in dense layers only (an MoE layer's is a TENorm
     # whose bf16 output the router and the dispatch take)
-    mlp_norm = _fp8_norm_output(mlp_norm, w, 1.0 - model.moe_layer_fraction)
+    mlp_norm = _fp8_norm_output(mlp_norm, w, 1.0 - moe_share(model, w))
     if model.is_mla:
         qkv = _mla_projections(model, w, attn_in, attn_in_bwd)
     else:

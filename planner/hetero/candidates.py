@@ -46,6 +46,7 @@ from planner.hetero.split import layer_split_fast, least_feasible
 from planner.predict.estimate import pipeline_time, sends_s
 from planner.specs.choices import ModelStates, Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
+from planner.specs.layout import stage_moe_layers
 from planner.specs.model import ModelSpec
 from planner.specs.plan import (
     DEFAULT_COMM,
@@ -390,18 +391,19 @@ def _linear(pr: _Pricing, kind: int, recompute: Recompute, sharding: Sharding) -
     return pr.memo[key]
 
 
-def _unsharded(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int
-               ) -> tuple[StageSpec, StageCost]:
-    """The spec of a stage kind holding `layers` and its cost before sharding (shared by
-    the kinds of one pass kind)."""
+def _unsharded(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int,
+               moe: int | None = None) -> tuple[StageSpec, StageCost]:
+    """The spec of a stage kind holding `layers` (`moe` of them MoE, where the split is
+    known: `_moe_counts`) and its cost before sharding (shared by the kinds of one pass
+    kind)."""
     run = pr.stage_run
-    spec_key = ("spec", kind, recompute, layers)
+    spec_key = ("spec", kind, recompute, layers, moe)
     spec = pr.memo.get(spec_key)
     if spec is None:
         spec = pr.memo["kind_specs"][kind]
         spec = pr.memo[spec_key] = replace(spec, placed=replace(
-            spec.placed, num_layers=layers, recompute=recompute))
-    key = ("unsharded", pr.memo["pass_kind"][kind], run, recompute, layers)
+            spec.placed, num_layers=layers, recompute=recompute, moe_layers=moe))
+    key = ("unsharded", pr.memo["pass_kind"][kind], run, recompute, layers, moe)
     if key not in pr.memo:
         pr.memo[key] = unsharded_cost(pr.ctx.model, pr.ctx.cluster, spec, run,
                                       profiles=pr.ctx.profiles)
@@ -409,9 +411,9 @@ def _unsharded(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int
 
 
 def _passes_at(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int,
-               sharding: Sharding) -> tuple[StageCost, StageMemory]:
+               sharding: Sharding, moe: int | None = None) -> tuple[StageCost, StageMemory]:
     """A stage kind's passes and its memory at `sharding` (no data-parallel traffic)."""
-    spec, base = _unsharded(pr, kind, recompute=recompute, layers=layers)
+    spec, base = _unsharded(pr, kind, recompute=recompute, layers=layers, moe=moe)
     states = sharding_states(pr.ctx.model, spec, pr.ctx.dtype, sharding, base.num_params,
                              master_weights=pr.run.master_weights,
                              states=pr.run.model_states, fp8_params=pr.run.fp8_params,
@@ -420,15 +422,15 @@ def _passes_at(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int,
 
 
 def _cost(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int,
-          sharding: Sharding) -> StageCost:
-    """The cost of a stage kind holding `layers` (the cost builder's)."""
-    key = ("cost", kind, pr.stage_run, recompute, sharding, layers)
+          sharding: Sharding, moe: int | None = None) -> StageCost:
+    """The cost of a stage kind holding `layers`, `moe` of them MoE (the cost builder's)."""
+    key = ("cost", kind, pr.stage_run, recompute, sharding, layers, moe)
     if key not in pr.memo:
-        spec, base = _unsharded(pr, kind, recompute=recompute, layers=layers)
+        spec, base = _unsharded(pr, kind, recompute=recompute, layers=layers, moe=moe)
         # a sharding's terms depend on the stage (not its recomputation) and the run's
         # dtype and optimizer kernel, which every call with this memo shares (`price`),
         # not on micro-batches
-        terms_key = ("terms", kind, layers, sharding)
+        terms_key = ("terms", kind, layers, moe, sharding)
         if terms_key not in pr.memo:
             pr.memo[terms_key] = sharding_terms(pr.ctx.model, pr.ctx.cluster, spec,
                                                 pr.stage_run, sharding, base.num_params,
@@ -531,18 +533,33 @@ def _split_layers(pr: _Pricing, t: Template, recompute: Recompute, sharding: Sha
                             microbatches=pr.run.num_microbatches)
 
 
+def _moe_counts(model: ModelSpec, layers: Sequence[int]) -> tuple[int | None, ...]:
+    """The MoE layers each stage of a split holds (`layout.stage_moe_layers`: None where
+    every layer is alike, as the split's per-layer prices assume)."""
+    return stage_moe_layers(model, tuple(layers))
+
+
 def _replica_costs(pr: _Pricing, recompute: Recompute, layers: Sequence[int],
                    shardings: Sequence[Sharding]) -> dict[int, list[StageCost]]:
-    """Stage costs of each distinct replica (by its representative)."""
-    return {r: [_cost(pr, q, recompute=recompute, layers=layers[k], sharding=shardings[k])
+    """Stage costs of each distinct replica (by its representative), each stage with the
+    MoE layers it holds."""
+    moe = _moe_counts(pr.ctx.model, layers)
+    return {r: [_cost(pr, q, recompute=recompute, layers=layers[k], sharding=shardings[k],
+                      moe=moe[k])
                 for k, q in enumerate(pr.lay.positions[r])] for r in pr.lay.replica_kinds}
 
 
 def _fits_at(pr: _Pricing, k: int, sharding: Sharding, *, recompute: Recompute,
              layers: Sequence[int], in_flight: Sequence[int]) -> bool:
-    """Whether stage position `k` fits at `sharding` on every kind of replica."""
-    return all(_linear(pr, pr.lay.positions[r][k], recompute, sharding).fits(layers[k],
-                                                                           in_flight[k])
+    """Whether stage position `k` fits at `sharding` on every kind of replica (a model
+    with dense and MoE layers: at the MoE layers the stage holds, not their average)."""
+    moe = _moe_counts(pr.ctx.model, layers)[k]
+    if moe is None:
+        return all(_linear(pr, pr.lay.positions[r][k], recompute, sharding).fits(
+            layers[k], in_flight[k]) for r in pr.lay.replica_kinds)
+    return all(_passes_at(pr, pr.lay.positions[r][k], recompute=recompute, layers=layers[k],
+                          sharding=sharding, moe=moe)[1]
+               .with_layers_in_flight(layers[k] * in_flight[k]).fits
                for r in pr.lay.replica_kinds)
 
 

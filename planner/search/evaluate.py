@@ -45,7 +45,7 @@ from planner.search.sharding import (
 from planner.search.space import Layout, Micro
 from planner.specs.choices import ModelStates, Recompute
 from planner.specs.cluster import ClusterSpec
-from planner.specs.layout import megatron_devices, split_layers
+from planner.specs.layout import megatron_devices, split_layers, stage_moe_layers
 from planner.specs.model import ModelSpec
 from planner.specs.plan import DEFAULT_COMM, Communication, Kernels, Sharding
 from profiler.store import Profiles
@@ -105,10 +105,14 @@ class LayoutModel:
         signatures: dict[tuple, int] = {}
         dp_token = [signatures.setdefault(group_signature(self.cluster, g), len(signatures))
                     for g in (groups or [])]
+        # the MoE layers each stage holds without interleaving (a plan with vp > 1 holds
+        # others: its simulation, which confirms the leaders, counts them)
+        moe = stage_moe_layers(model, tuple(self.counts))
         for d in self._representatives(devices):
             stages = [PlacedStage(devices=devices[d][k], tp=lo.tp, cp=lo.cp,
                                   num_layers=self.counts[k], recompute=Recompute.NONE,
-                                  ep=lo.ep, etp=lo.etp, ep_layout=lo.ep_layout)
+                                  ep=lo.ep, etp=lo.etp, ep_layout=lo.ep_layout,
+                                  moe_layers=moe[k])
                       for k in range(lo.pp)]
             kinds = []
             for spec in replica_specs(self.cluster, stages, groups=groups, shardings=unsharded):

@@ -8,6 +8,7 @@ dp, then pp), so tensor-parallel groups sit inside a node and pipeline stages sp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from planner.specs.choices import (
     DEFAULT_RECOMPUTE_MODULES,
@@ -45,7 +46,8 @@ from planner.specs.rules import (
 from profiler.schema import at, coerce_choices, fail, spec_field
 
 __all__ = ["ParallelConfig", "check_parallel", "check_tp", "homogeneous_plan",
-           "chunk_sizes", "megatron_devices", "sharding_preset", "split_layers"]
+           "chunk_sizes", "megatron_devices", "sharding_preset", "split_layers",
+           "pipeline_moe_layers", "stage_layer_ranges", "stage_moe_layers"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,6 +158,45 @@ def chunk_sizes(num_layers: int, vp: int, *, lead: int = 0, tail: int = 0) -> li
     sizes[0] -= lead
     sizes[-1] -= tail
     return sizes
+
+
+@cache
+def stage_layer_ranges(counts: tuple[int, ...], vp: int = 1, *, lead: int = 0,
+                       tail: int = 0) -> tuple[tuple[range, ...], ...]:
+    """The model's layers each stage of `counts` layers holds, chunk by chunk: chunk c of
+    stage s is model chunk c * pp + s, each stage's layers split by `chunk_sizes` with the
+    embedding's `lead` and the loss's `tail` slots on the first and last stage (as the
+    executor, the simulator and the exports lay them out; vp = 1: stages in order)."""
+    pp = len(counts)
+    sizes = [chunk_sizes(n, vp, lead=lead if s == 0 else 0, tail=tail if s == pp - 1 else 0)
+             for s, n in enumerate(counts)]
+    out: list[list[range]] = [[] for _ in counts]
+    start = 0
+    for c in range(vp):
+        for s in range(pp):
+            out[s].append(range(start, start + sizes[s][c]))
+            start += sizes[s][c]
+    return tuple(tuple(chunks) for chunks in out)
+
+
+def stage_moe_layers(model: ModelSpec, counts: tuple[int, ...], vp: int = 1, *,
+                     lead: int = 0, tail: int = 0) -> tuple[int | None, ...]:
+    """MoE layers among each stage's (`stage_layer_ranges`), for a model whose layers are
+    not all alike (dense layers first or between MoE ones: DeepSeek-V3's first three,
+    Llama 4 Maverick's every other); None for each stage where they are (a dense model,
+    or MoE in every layer), whose stages the model's average layer prices exactly."""
+    if model.moe_layer_fraction in (0.0, 1.0):
+        return (None,) * len(counts)
+    return tuple(sum(model.is_moe_layer(i) for r in chunks for i in r)
+                 for chunks in stage_layer_ranges(tuple(counts), vp, lead=lead, tail=tail))
+
+
+def pipeline_moe_layers(plan: Plan, pipeline: Pipeline) -> tuple[int | None, ...]:
+    """`stage_moe_layers` of one of the plan's pipelines, with its chunks and slots."""
+    tr = plan.training
+    return stage_moe_layers(plan.model, tuple(s.num_layers for s in pipeline.stages),
+                            tr.virtual_stages, lead=int(tr.embedding_in_pipeline_split),
+                            tail=int(tr.loss_in_pipeline_split))
 
 
 def megatron_devices(*, tp: int, cp: int, dp: int, pp: int

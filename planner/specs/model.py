@@ -194,9 +194,8 @@ class ModelSpec:
 
     @cached_property
     def moe_layer_fraction(self) -> float:
-        """Share of the layers that are MoE. Stages price their layers as the model's
-        average layer (exact when every layer is MoE; DeepSeek-V3's three dense layers
-        are spread over the stages)."""
+        """Share of the layers that are MoE: what a layer is priced as where the stage's
+        own layers are not known (`layout.stage_moe_layers` counts them where they are)."""
         return self.num_moe_layers / self.num_layers
 
     @property

@@ -15,7 +15,7 @@ from planner.costs.workload import (
     model_flops_per_token,
 )
 from planner.specs.cluster import homogeneous_cluster
-from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan
+from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_plan, split_layers
 from planner.specs.model import preset
 from planner.specs.plan import Sharding
 from profiler.schema import SpecError
@@ -382,3 +382,63 @@ def test_ep_peers_follow_the_ep_layout_of_mixed_replicas():
     assert folded.specs[0][0].ep_group == (0, 1)
     assert ep_peers(folded.specs) == [((0,),), ((1,),)]
 
+
+
+def _stage_params(model, pp, *, ep=8):
+    """Parameters of each stage of a one-replica plan of `model` in `pp` stages (tp 1)."""
+    cluster = homogeneous_cluster("H100-80GB-SXM", 8 * pp)
+    cfg = ParallelConfig(tp=1, pp=pp, dp=8, ep=ep, mbs=1, gbs=8 * pp,
+                         seq_len=model.seq_len)
+    check_parallel(cfg, model, cluster)
+    costs = plan_costs(homogeneous_plan(model, cluster, cfg))
+    return [c.num_params for c in costs.costs[0]]
+
+
+@pytest.mark.parametrize("name, pps", [("llama4-maverick", (12, 16, 24, 48)),
+                                       ("deepseek-v3", (8, 16, 61))])
+def test_a_stage_holds_the_experts_of_its_own_moe_layers(name, pps):
+    # Llama 4 Maverick: MoE in every other layer after a dense first (Meta's model card,
+    # interleave_moe_layer_step 2); DeepSeek-V3: the first 3 of 61 layers dense
+    # (arXiv:2412.19437 §4.2). A stage holds the experts of the MoE layers among its own
+    # layers (Megatron-Core builds each layer from the pattern, transformer_block.py), so
+    # a pipeline's stages hold the model's experts once at any pp, and a stage of dense
+    # layers holds none. The model's average layer would put half an MoE layer in each
+    # one-layer Maverick stage (rounded to none) and DeepSeek-V3's dense stage 1 of 61 in
+    # one.
+    model = preset(name)
+    per_ep = model.expert_params_per_moe_layer() / 8
+    totals = set()
+    for pp in pps:
+        params = _stage_params(model, pp)
+        totals.add(round(sum(params)))
+        layers = split_layers(model.num_layers, pp)
+        start = 0
+        for count, held in zip(layers, params, strict=True):
+            moe = sum(model.is_moe_layer(i) for i in range(start, start + count))
+            dense_only = rank_param_count(model, num_layers=count, first=start == 0,
+                                          last=start + count == model.num_layers, tp=1,
+                                          pp=pp, ep=8, moe_layers=0)
+            assert held == pytest.approx(dense_only + moe * (per_ep + model.num_experts
+                                                             * model.hidden_size
+                                                             + _shared(model)))
+            start += count
+    assert len(totals) == 1  # the same parameters, however the layers are staged
+
+
+def _shared(model):
+    """An MoE layer's router-less, expert-less difference from a dense layer: its shared
+    experts in place of the dense MLP."""
+    gated = 3 if model.gated else 2
+    return gated * model.hidden_size * (model.shared_ffn - model.ffn_hidden_size)
+
+
+def test_memory_follows_the_moe_layers_a_stage_holds():
+    # A 16-stage Maverick pipeline: 3 layers a stage, the first holding layer 0 (dense) and
+    # one MoE layer, the next two MoE layers. The first stage's model states are one MoE
+    # layer's experts below the second's (the average layer charged both the same two).
+    model = preset("llama4-maverick")
+    params = _stage_params(model, 16)
+    experts = model.expert_params_per_moe_layer() / 8
+    assert params[1] - params[0] == pytest.approx(
+        experts + model.num_experts * model.hidden_size + _shared(model)
+        - model.vocab_size * model.hidden_size)

@@ -91,3 +91,35 @@ def test_embedding_only_and_head_only_stages():
 def test_more_stages_than_layers_names_pp():
     with pytest.raises(SpecError, match=r"^--pp: 8 is not allowed \(pp\*vp = 8 model chunks"):
         check_parallel(_cfg(pp=8, vp=1), MODEL, CLUSTER)
+
+
+@pytest.mark.parametrize("counts, vp, lead, tail", [((4, 4), 1, 0, 0), ((3, 4, 4, 3), 2, 0, 0),
+                                                    ((5, 6, 6, 5), 3, 1, 1), ((1, 2), 2, 1, 0)])
+def test_stage_layer_ranges_are_the_chunks_in_model_order(counts, vp, lead, tail):
+    # Megatron-Core's interleaving: chunk c of stage s is model chunk c x pp + s
+    # (schedules.py, `get_model_chunk_id`); the ranges cover the layers once, in order,
+    # each chunk as long as `chunk_layer_counts` (the exports' count) says.
+    from planner.export.frameworks import chunk_layer_counts
+    from planner.specs.layout import stage_layer_ranges
+
+    ranges = stage_layer_ranges(counts, vp, lead=lead, tail=tail)
+    order = [ranges[s][c] for c in range(vp) for s in range(len(counts))]
+    assert [len(r) for r in order] == chunk_layer_counts(counts, vp, lead=lead, tail=tail)
+    assert [i for r in order for i in r] == list(range(sum(counts)))
+    assert [sum(len(r) for r in chunks) for chunks in ranges] == list(counts)
+
+
+def test_stage_moe_layers_count_the_pattern():
+    # DeepSeek-V3: 3 dense layers, then MoE (arXiv:2412.19437 §4.2); interleaved over
+    # pp 4 x vp 2, stage 0 holds model chunks 0 and 4: layers 0-7 and 32-38, three dense.
+    from planner.specs.layout import stage_moe_layers
+
+    v3 = preset("deepseek-v3")
+    counts = tuple(split_layers(61, 4))
+    per_stage = stage_moe_layers(v3, counts, 2)
+    assert sum(per_stage) == v3.num_moe_layers == 58
+    assert per_stage[0] == counts[0] - 3
+    assert stage_moe_layers(v3, counts) == (counts[0] - 3, *counts[1:])
+    # every layer alike: the model's average is exact, nothing to count
+    assert stage_moe_layers(preset("mixtral-8x7b"), (16, 16)) == (None, None)
+    assert stage_moe_layers(preset("llama3-8b"), (16, 16)) == (None, None)
