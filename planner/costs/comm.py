@@ -197,8 +197,10 @@ def group_tiers(cluster: ClusterSpec, devices: tuple[int, ...], concurrency: int
     if len(islands) > 1:
         per_node = max(len(v) for v in by_domain.values())
         ranks_per_island = max(per_node * len(v) for v in domains_by_island.values())
-        bus, lat, channels, rdma = network.p2p_bandwidth_bytes_per_s, 0.0, 1 << 30, True
-        p2p = bus
+        # a ring's bus bandwidth across the islands: the NICs its members send through
+        # (every channel's crossing leaves by another NIC), at most the island links'
+        bus, lat, channels, rdma = network.bandwidth_bytes_per_s, 0.0, 1 << 30, True
+        p2p = network.p2p_bandwidth_bytes_per_s
         for i, a in enumerate(islands):
             for b in islands[i + 1:]:
                 link = cluster.island_link(a, b)

@@ -422,6 +422,24 @@ def in_rank_order(plan: Plan) -> bool:
                for t, dev in enumerate(st.devices))
 
 
+def sp_tp_change(plan: Plan) -> tuple[int, int] | None:
+    """The first (tp, next tp) of neighbouring stages that differ in tp, under sequence
+    parallelism (the last stage's next is the first where chunks interleave); None where
+    none do or the plan runs no sequence parallelism."""
+    if not plan.training.sequence_parallel:
+        return None
+    wrap = plan.training.virtual_stages > 1
+    for pipe in plan.pipelines:
+        stages = pipe.stages
+        for k, st in enumerate(stages):
+            if k + 1 == len(stages) and not wrap:
+                break
+            nxt = stages[(k + 1) % len(stages)]
+            if nxt.tp != st.tp:
+                return st.tp, nxt.tp
+    return None
+
+
 def unsupported(plan: Plan, capabilities: FrameworkCapabilities, *,
                 communication: bool = True) -> list[str]:
     """One line per setting of `plan` that the framework cannot express (empty: it
@@ -471,6 +489,11 @@ def _structure(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[st
         tps = sorted({(st.tp, st.cp) for p in plan.pipelines for st in p.stages})
         out.append(f"tp or cp differs between stages or replicas ({tps} as (tp, cp)): "
                    f"{caps.version} has one tp and one cp")
+    change = sp_tp_change(plan)
+    if change and caps.per_stage_tp:
+        out.append(f"sequence parallelism with tp {change[0]} then {change[1]} on neighbouring "
+                   f"stages: {caps.version} sends a stage's sequence-split activations to a "
+                   "tp group of its own size (sequence parallelism needs equal tp there)")
     if caps.rank_order and s.replicas_alike and s.tp_alike and not in_rank_order(plan):
         out.append(f"rank placement: the plan puts its GPUs in another order than "
                    f"{caps.version}'s ranks ({caps.rank_order}, fastest first), so its "

@@ -94,8 +94,11 @@ class Template:
 
     @property
     def sequence_parallel(self) -> bool:
-        """Megatron-style sequence parallelism wherever a stage splits tensors."""
-        return any(tp > 1 for rep in self.replicas for _, tp in rep)
+        """Megatron-style sequence parallelism wherever a stage splits tensors, unless a
+        replica's tp changes from one stage to the next (a stage's sequence-split
+        activations go to a tp group of its own size: `frameworks.sp_tp_change`)."""
+        return (any(tp > 1 for rep in self.replicas for _, tp in rep)
+                and all(len({tp for _, tp in rep}) == 1 for rep in self.replicas))
 
 
 @dataclass(frozen=True)

@@ -100,3 +100,33 @@ def test_replicas_sending_over_one_island_link_share_it():
     inside = replica_specs(cluster, [_stage(8, tp=2), _stage(16, tp=2)],
                            groups=[(8, 10), (16, 18)], shardings=[Sharding()] * 2)
     assert inside[0].p2p_replicas == 1
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_an_island_link_faster_than_the_nics_costs_what_one_island_does(kind):
+    """A ring over 4 nodes of 8 A100s leaves each node through its 8 NICs, every channel
+    crossing by another NIC (NCCL's rings, one per NIC: rails); split over two islands
+    joined by a link far faster than those NICs, it is bound by the NICs, as inside one
+    island. The island tier began at one rank's share of its node's NICs, so a 32-rank
+    group across two islands took 1/8 of a node's NIC bandwidth whatever the link
+    (llama2-7b, dp 32 ZeRO-3: 0.82 s on one island, 1.66 s over a 100 Tb/s link). A slow
+    link still bounds it."""
+    from planner.costs.comm import collective_time_s, group_tiers
+
+    def cluster(links, islands):
+        groups = tuple(NodeGroup(name=f"g{i}", gpu="A100-80GB-SXM", num_nodes=2,
+                                 gpus_per_node=8, island=isl) for i, isl in enumerate(islands))
+        return ClusterSpec(name="c", node_groups=groups, island_links=links).resolved()
+
+    one = cluster((), ("a", "a"))
+    fast = cluster((IslandLink(islands=("a", "b"), bandwidth_gbit_per_s=100_000,
+                               kind="infiniband"),), ("a", "b"))
+    slow = cluster((IslandLink(islands=("a", "b"), bandwidth_gbit_per_s=100,
+                               kind="infiniband"),), ("a", "b"))
+    group, size = tuple(range(32)), 256e6
+    t_one, t_fast, t_slow = (collective_time_s(kind, size, group_tiers(c, group))
+                             for c in (one, fast, slow))
+    assert t_fast == pytest.approx(t_one, rel=0.05)
+    # 100 Gb/s at its efficiency, crossed once per ring direction: at least size / link
+    assert t_slow > 3 * t_one and t_slow >= size / (100e9 / 8) * 31 / 32 * (
+        2 if kind == "all_reduce" else 1)

@@ -270,3 +270,29 @@ def test_a_gpu_type_the_cluster_file_defines_mixes_with_shipped_ones():
     found = search(SearchRequest(model=preset("gpt3-1.3b"), cluster=cluster, gbs=64,
                                  seq_len=2048, dtype="fp16", top=3))
     assert found.ranked and all(isinstance(r.plan, Plan) for r in found.ranked)
+
+
+def test_searched_mixed_plans_are_ones_the_executor_runs():
+    # executor/preflight.py: a stage sends its sequence-split activations to a tp group of
+    # its own size, so sequence parallelism needs equal tp on neighbouring stages. The
+    # search on mixed-a100-v100 once ranked A100 tp2 -> V100 tp4 with sequence
+    # parallelism third, and first for llama2-13b at gbs 256; every plan it ranks must
+    # pass the preflight and have nothing `unsupported` for its framework.
+    from executor.preflight import check_runnable
+    from planner.export.frameworks import CAPABILITIES, sp_tp_change, unsupported
+
+    found = search(SearchRequest(model=preset("llama2-13b"),
+                                 cluster=load_cluster("cluster_specs/mixed-a100-v100.yaml"),
+                                 gbs=256, seq_len=4096, dtype="fp16", top=5))
+    tps = set()
+    for ranked in found.ranked:
+        plan = ranked.plan
+        tps |= {tuple(s.tp for s in p.stages) for p in plan.pipelines}
+        assert sp_tp_change(plan) is None
+        assert unsupported(plan, CAPABILITIES["trainplan"]) == []
+        check_runnable(plan, cuda_devices=8, host=False)
+    assert any(len(set(row)) > 1 for row in tps)  # tp changing along a pipeline is searched
+    assert Template("mixed-stages", ((("A100-80GB-SXM", 2), ("V100-32GB-SXM2", 4)),)
+                    ).sequence_parallel is False
+    assert Template("mixed-stages", ((("A100-80GB-SXM", 2), ("V100-32GB-SXM2", 2)),)
+                    ).sequence_parallel is True
