@@ -170,6 +170,15 @@ def _speed(d: DeviceSpec) -> float:
     return d.peak_tflops.get("bf16", d.peak_tflops.get("fp16", 0.0))
 
 
+def _type_order(d: DeviceSpec) -> tuple:
+    """Where a GPU type's stages go in a pipeline: memory-rich types first (the first stage
+    holds the most activations), then the faster (16-bit peak, then memory and in-node
+    link bandwidth); the name last, so that the cluster file's order of its node groups
+    never changes the plans searched (A100-80GB SXM and PCIe tie on memory and peak)."""
+    return (-d.memory_gib, -_speed(d), -d.memory_bandwidth_gb_per_s,
+            -d.intra_node_bandwidth_gb_per_s, d.name)
+
+
 # Every subset of GPU types at every tp per type is sum_k C(T, k) |tp|^k templates (5^T
 # with four tp options: 12 s of search at 3 types, 63 s at 5, hours at 8). Up to FULL_TYPES
 # types the search takes them all; with more, the subsets a plan most plausibly uses: the
@@ -189,7 +198,7 @@ def templates(model: ModelSpec, pools: dict[str, list[Pool]], gbs: int,
     """Heterogeneous templates of `space` over combinations of two or more GPU types
     (every combination up to FULL_TYPES types; the fastest-k subsets beyond); `spec`: a
     type's numbers (the cluster's own, for types it defines)."""
-    types = sorted(pools, key=lambda g: (-spec(g).memory_gib, -_speed(spec(g))))
+    types = sorted(pools, key=lambda g: _type_order(spec(g)))
     layers = model.num_layers
     total = {g: sum(len(p.gpus) for p in pools[g]) for g in types}
     tps = {g: _tp_options(model, min(p.nvlink_domain_gpus for p in pools[g]), space)
@@ -376,7 +385,8 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
             for p in _cheapest_fitting(t, mbs, space, functools.partial(
                     _price_one, model, cluster, t, pools=pools, seq_len=seq_len, dtype=dtype,
                     gbs=gbs, kernels=kernels, profiles=profiles, memo=memo,
-                    attention=attention, model_states=model_states, comm=comm)):
+                    attention=attention, model_states=model_states, comm=comm),
+                    every_sharding=not comm.overlap_grad_reduce):
                 count += 1
                 if p is None or not p.fits:
                     continue
@@ -445,13 +455,16 @@ def _variants(space: MixedSpace, t: Template) -> list[tuple[Schedule, list[Shard
             if space.schedule_allowed(schedule, t.ep)]
 
 
-def _cheapest_fitting(t: Template, mbs: int, space: MixedSpace, price_fn: Callable
-                      ) -> Iterator[Priced | None]:
+def _cheapest_fitting(t: Template, mbs: int, space: MixedSpace, price_fn: Callable, *,
+                      every_sharding: bool = False) -> Iterator[Priced | None]:
     """Candidates of one template and micro-batch size, in order of what they cost: no
     recompute before selective before full, replicated states before ZeRO-1 before
     ZeRO-2/3 (of those `space` holds). Once one fits, the costlier ones can only be slower
     (they add recomputation or communication to save memory that is not needed), so they
-    are skipped."""
+    are skipped; but with `every_sharding` (gradients reduced after the last backward,
+    `Communication.overlap_grad_reduce` false) ZeRO-2/3 are priced too: their
+    reduce-scatters run during the backward, so they can be faster than ZeRO-1's
+    reduction after it (llama2-7b, 32 A100 dp 32: ZeRO-3 1.76 s, ZeRO-1 1.87 s)."""
     for rc in space.recompute_for(t.ep):  # cheapest first
         fitted = False
         for shardings in space.shardings(t.dp, t.pp, t.ep):
@@ -459,7 +472,7 @@ def _cheapest_fitting(t: Template, mbs: int, space: MixedSpace, price_fn: Callab
                 p = price_fn(mbs, rc, sh)
                 fitted = fitted or (p is not None and p.fits)
                 yield p
-            if fitted:
+            if fitted and not every_sharding:
                 break
         if fitted:
             return

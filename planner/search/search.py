@@ -924,15 +924,19 @@ def _refine(req: SearchRequest, p: Priced, kernels: Kernels, simulate_fn: Callab
 
 def _fastest_type_baseline(per_type: dict[str, list[tuple[float, Ranked]]],
                            cluster: ClusterSpec) -> Baseline:
+    """The best plan of one GPU type alone (by the objective's score): what a user without
+    mixed plans would run. Where no type's plan fits, the type of the highest 16-bit peak
+    (the name breaks ties: the cluster file's order of its groups changes nothing)."""
     def peak(gpu: str) -> float:
         tflops = cluster.device_of(gpu).peak_tflops  # the cluster's own types too
         return tflops.get("bf16", tflops.get("fp16", 0.0))
 
-    fastest = max(per_type, key=peak)
-    found = per_type[fastest]
-    if not found:
+    fitting = sorted(g for g in per_type if per_type[g])
+    if not fitting:
+        fastest = min(per_type, key=lambda g: (-peak(g), g))
         return Baseline(f"only {fastest}", None, None, "does not fit in memory")
-    r = found[0][1]
+    fastest = min(fitting, key=lambda g: per_type[g][0][0])
+    r = per_type[fastest][0][1]
     return Baseline(f"only {fastest}", r.plan, r.result)
 
 

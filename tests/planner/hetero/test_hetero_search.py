@@ -296,3 +296,41 @@ def test_searched_mixed_plans_are_ones_the_executor_runs():
                     ).sequence_parallel is False
     assert Template("mixed-stages", ((("A100-80GB-SXM", 2), ("V100-32GB-SXM2", 2)),)
                     ).sequence_parallel is True
+
+
+def test_the_order_of_a_clusters_groups_changes_nothing():
+    # A100-80GB SXM and PCIe tie on memory and 16-bit peak: the pipeline's type order (and
+    # the "only one type" baseline) fell to the file's order of the groups, and with the
+    # PCIe group first the best plan was 1.553 s against 1.413 s, a plan the other order
+    # could run. Both orders now search the same plans.
+    from planner.specs.cluster import ClusterSpec, NodeGroup
+
+    sxm = NodeGroup(name="sxm", gpu="A100-80GB-SXM", num_nodes=2, island="ib")
+    pcie = NodeGroup(name="pcie", gpu="A100-80GB-PCIe", num_nodes=2, island="ib")
+    found = [search(SearchRequest(model=preset("llama2-7b"),
+                                  cluster=ClusterSpec(name="c", node_groups=groups).resolved(),
+                                  gbs=32, seq_len=4096, dtype="bf16", top=1))
+             for groups in ((sxm, pcie), (pcie, sxm))]
+    times = [f.ranked[0].result.iteration_time_s for f in found]
+    assert times[0] == pytest.approx(times[1], rel=1e-9)
+    assert found[0].baselines[0].name == found[1].baselines[0].name == "only A100-80GB-SXM"
+
+
+def test_a_type_and_its_twin_plan_as_one_type():
+    # Two node groups of one GPU under two names (a user's copy of a catalog entry) are
+    # one cluster of 32 A100s: the mixed search must find what the homogeneous one does.
+    # It stopped at the first sharding that fit (ZeRO-1, 1.87 s), while with gradients
+    # reduced after the last backward (trainplan's executor) ZeRO-3's reduce-scatters
+    # during the backward make it faster (1.76 s).
+    from profiler.devices import device
+
+    twin = dataclasses.replace(device("A100-80GB-SXM"), name="A100-TWIN", source="user-defined")
+    mixed = search(SearchRequest(model=preset("llama2-7b"),
+                                 cluster=_cluster_of_types(["A100-80GB-SXM", "A100-TWIN"],
+                                                           devices=[twin]),
+                                 gbs=64, seq_len=4096, dtype="bf16", top=1))
+    alone = search(SearchRequest(model=preset("llama2-7b"),
+                                 cluster=_cluster_of_types(["A100-80GB-SXM"] * 2),
+                                 gbs=64, seq_len=4096, dtype="bf16", top=1))
+    assert mixed.ranked[0].result.iteration_time_s == pytest.approx(
+        alone.ranked[0].result.iteration_time_s, rel=1e-6)
