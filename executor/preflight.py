@@ -197,6 +197,11 @@ def _check_moe(plan: Plan, where: str) -> None:
              "on the whole sequence: no sequence parallelism on MoE models")
     if tr.ep == 1:
         return
+    if tr.comm.moe_dispatcher != "alltoall":
+        fail(at(where, "training.comm.moe_dispatcher"), tr.comm.moe_dispatcher,
+             "alltoall (the executor dispatches tokens with all_to_all_single, executor/"
+             "moe.py; a plan priced with DeepEP's dispatch would be measured against "
+             "another)")
     if plan.dp % tr.ep:
         fail(at(where, "training.ep"), tr.ep, f"the executor's ep groups are data-parallel "
              f"ranks: ep must divide dp {plan.dp} (folding tp or cp into ep is not "

@@ -190,19 +190,24 @@ class DeviceSpec:
         """The attention backends it runs, fastest first."""
         return self.attention or ARCH_ATTENTION.get(self.arch, (Attention.MATH,))
 
-    def attention_in(self, dtype: str) -> tuple[Attention, ...]:
+    def attention_in(self, dtype: str, *, dropout: bool = False) -> tuple[Attention, ...]:
         """The attention kernels it runs in `dtype`, fastest first: FlashAttention (and its
-        Triton port) take 16-bit inputs on GPUs, so fp32 and tf32 runs go without."""
+        Triton port) take 16-bit inputs on GPUs, so fp32 and tf32 runs go without; on a CPU
+        a model with attention `dropout` runs the unfused path only (PyTorch's CPU
+        kernels: "Both fused kernels do not support non-zero dropout",
+        aten/src/ATen/native/transformers/sdp_utils_cpp.h)."""
         kernels = self.attention_kernels
         if self.vendor != "cpu" and dtype in ("fp32", "tf32"):
             kernels = tuple(k for k in kernels
                             if k not in (Attention.FLASH, Attention.FLASH_TRITON))
+        if self.vendor == "cpu" and dropout:
+            kernels = tuple(k for k in kernels if not k.fused)
         return kernels or (Attention.MATH,)
 
-    def default_attention(self, dtype: str) -> Attention:
+    def default_attention(self, dtype: str, *, dropout: bool = False) -> Attention:
         """The kernel it runs unasked in `dtype`: its fastest (math, the unfused path, only
         where nothing else runs)."""
-        kernels = self.attention_in(dtype)
+        kernels = self.attention_in(dtype, dropout=dropout)
         return next(k for k in kernels if k is not Attention.MATH or len(kernels) == 1)
 
     @property

@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
                                          where="--dtype"))
     check_parallel(cfg, model, cluster)
     kernels = default_kernels([g.device for g in cluster.node_groups], dtype=cfg.dtype,
-                              attention=args.attention)
+                              attention=args.attention, dropout=model.dropout)
     if not kernels.attention.fused and cfg.cp > 1:
         fail("--attention", "math", "context parallelism needs a fused attention kernel")
     plan = with_stage_attention(homogeneous_plan(model, cluster, cfg, kernels=kernels))

@@ -27,18 +27,20 @@ from profiler.store import Profile, Profiles
 __all__ = ["attention_for", "default_kernels", "fastest_kernels", "supported_attention"]
 
 
-def supported_attention(dev: DeviceSpec, dtype: str) -> tuple[Attention, ...]:
-    """The attention kernels `dev` runs in `dtype`, fastest first."""
-    return dev.attention_in(dtype)
+def supported_attention(dev: DeviceSpec, dtype: str, *, dropout: bool = False
+                        ) -> tuple[Attention, ...]:
+    """The attention kernels `dev` runs in `dtype` for a model with or without attention
+    `dropout`, fastest first (`DeviceSpec.attention_in`)."""
+    return dev.attention_in(dtype, dropout=dropout)
 
 
 def attention_for(dev: DeviceSpec, dtype: str, asked: Attention | str | None = None, *,
-                  where: str = "--attention") -> Attention:
+                  where: str = "--attention", dropout: bool = False) -> Attention:
     """The kernel `dev` runs: the one asked for if it can, else its fastest (an asked
     kernel it cannot run is a SpecError naming the device)."""
     if asked is None:
-        return dev.default_attention(dtype)
-    kernels = supported_attention(dev, dtype)
+        return dev.default_attention(dtype, dropout=dropout)
+    kernels = supported_attention(dev, dtype, dropout=dropout)
     if asked not in kernels:
         fail(where, asked, f"{dev.name} runs {', '.join(kernels)} in {dtype}")
     return Attention(asked)
@@ -46,11 +48,11 @@ def attention_for(dev: DeviceSpec, dtype: str, asked: Attention | str | None = N
 
 def default_kernels(devices: Sequence[DeviceSpec], *, dtype: str = "bf16",
                     attention: Attention | str | None = None,
-                    where: str = "--attention") -> Kernels:
+                    where: str = "--attention", dropout: bool = False) -> Kernels:
     """The kernels of a plan on `devices`: the attention asked for (every device must run
     it), else the first device's own (a mixed plan gives each stage its own:
     `attention_for`)."""
-    chosen = [attention_for(d, dtype, attention, where=where) for d in devices]
+    chosen = [attention_for(d, dtype, attention, where=where, dropout=dropout) for d in devices]
     return Kernels(attention=chosen[0])
 
 
@@ -99,7 +101,8 @@ def fastest_kernels(plan: Plan, profiles: Profiles, *, keep_attention: bool = Fa
     if profile is None:
         return kernels
     valid = [k for k in Attention
-             if all(k in supported_attention(g.device, plan.training.dtype)
+             if all(k in supported_attention(g.device, plan.training.dtype,
+                                             dropout=plan.model.dropout)
                     for g in plan.cluster.node_groups)
              and (k.fused or all(s.cp == 1 for p in plan.pipelines for s in p.stages))]
     if not keep_attention:

@@ -48,7 +48,7 @@ from planner.costs.kernels import attention_for, supported_attention
 from planner.costs.memory import (
     StageMemory,
     activation_memory,
-    in_flight_chunks,
+    layers_in_flight,
     model_state_bytes,
     rank_expert_param_count,
     rank_param_count,
@@ -76,7 +76,7 @@ from planner.specs.choices import (
     Schedule,
 )
 from planner.specs.cluster import ClusterSpec
-from planner.specs.layout import pipeline_moe_layers
+from planner.specs.layout import chunk_sizes, pipeline_moe_layers
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Communication, Kernels, Plan, Sharding, Stage
 from profiler.devices import DeviceSpec, device_efficiency
@@ -613,7 +613,9 @@ def layer_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_k
     costs = _compute_costs(dev, shape.dtype, profiles)
     profile = profiles.get(dev.name) if profiles else None
     issue_s = launch_s(dev, profile)
-    hidden = device_efficiency(dev).tp_comm_overlap
+    # the share of sequence-parallel tp collectives under the GEMMs, where the framework
+    # overlaps them (`Communication.tp_comm_overlap`)
+    hidden = device_efficiency(dev).tp_comm_overlap if shape.tp_comm_overlap else 0.0
     work = layer_work(model, shape)
     again = _recomputed(work, recompute)
     fwd = _part(work.forward, costs, tiers, issue_s, steady=True, tp_hidden=hidden,
@@ -784,7 +786,8 @@ def workload_shape(spec: StageSpec, run: RunSettings) -> WorkloadShape:
                                                  else DEFAULT_RECOMPUTE_MODULES),
                          moe_layers_share=(p.moe_layers / p.num_layers
                                            if p.moe_layers is not None and p.num_layers
-                                           else None))
+                                           else None),
+                         tp_comm_overlap=run.comm.tp_comm_overlap)
 
 
 def _p2p(model: ModelSpec, shape: WorkloadShape, tiers: tuple[Tier, ...] | None,
@@ -827,12 +830,13 @@ def unsharded_cost(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     if passes is None:
         passes = stage_passes(model, cluster, spec, run, profiles=profiles)
     n = spec.placed.num_layers
-    in_flight = in_flight_chunks(schedule=run.schedule, stage=spec.index, pp=spec.pp,
-                                 num_microbatches=run.num_microbatches // run.pipeline_flushes,
-                                 virtual_stages=run.virtual_stages)
+    in_flight = layers_in_flight(run.schedule, stage=spec.index, pp=spec.pp,
+                                 num_microbatches=run.num_microbatches,
+                                 chunk_layers=tuple(chunk_sizes(n, run.virtual_stages)),
+                                 flushes=run.pipeline_flushes)
     # the pass times (and their sums) as computed once, with this run's activations and
     # the framework's pipeline sends
-    memory = passes.memory.with_layers_in_flight(in_flight * n / run.virtual_stages)
+    memory = passes.memory.with_layers_in_flight(in_flight)
     return _clone(passes, pipeline=pipeline, stage=spec.index, memory=memory,
                   p2p_blocking=run.comm.pipeline_p2p.blocks_compute)
 
@@ -1001,9 +1005,10 @@ def stage_attention(plan: Plan, stage: Stage) -> Attention:
     if stage.attention is not None:
         return asked
     dev = plan.group_of(stage).device
-    if asked in supported_attention(dev, plan.training.dtype):
+    dropout = plan.model.dropout
+    if asked in supported_attention(dev, plan.training.dtype, dropout=dropout):
         return asked
-    return attention_for(dev, plan.training.dtype)
+    return attention_for(dev, plan.training.dtype, dropout=dropout)
 
 
 def with_stage_attention(plan: Plan) -> Plan:

@@ -137,6 +137,8 @@ class WorkloadShape:
     # the share of the stage's layers that are MoE, where it holds a known set of them
     # (`layout.stage_moe_layers`); None: the model's share (`moe_share`)
     moe_layers_share: float | None = None
+    # sequence-parallel tp collectives under the GEMMs (`Communication.tp_comm_overlap`)
+    tp_comm_overlap: bool = True
 
 
 def moe_share(model: ModelSpec, w: WorkloadShape) -> float:

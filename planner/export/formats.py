@@ -17,6 +17,7 @@ from planner.export.frameworks import (
     PlanShape,
     plan_chunk_counts,
     plan_shape,
+    tp_overlap_prices,
     unsupported,
 )
 from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, Recompute, Schedule
@@ -110,13 +111,18 @@ def megatron_args(plan: Plan) -> list[str]:
 
 
 def _megatron_comm(plan: Plan, ranks: int) -> list[str]:
-    """The gradient reduction as the plan prices it (`Training.comm`): overlapped with the
-    backward, which Megatron-Core's DistributedDataParallelConfig leaves off unless asked
-    (overlap_grad_reduce False), and the bucket size where the plan sets one (bucket_size
-    None is the max(4e7, 1e6 x dp) the plan prices otherwise)."""
+    """The communication as the plan prices it (`Training.comm`): the gradient reduction
+    overlapped with the backward, which Megatron-Core's DistributedDataParallelConfig
+    leaves off unless asked (overlap_grad_reduce False), the bucket size where the plan
+    sets one (bucket_size None is the max(4e7, 1e6 x dp) the plan prices otherwise), and
+    the tp collectives under the GEMMs where that prices the plan."""
     comm, args = plan.training.comm, []
     if ranks > 1 and comm.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
+    if comm.tp_comm_overlap and tp_overlap_prices(plan):
+        # Transformer Engine's userbuffer overlap of the sequence-parallel collectives,
+        # which the plan was priced with (Megatron-LM's default is off)
+        args.append("--tp-comm-overlap")
     if ranks > 1 and comm.grad_bucket_params is not None:
         args.append(f"--ddp-bucket-size {round(comm.grad_bucket_params)}")
     return args
@@ -307,10 +313,18 @@ def _torchtitan(plan: Plan) -> Export:
         lines.append(f"expert_parallel_degree = {s.ep}")
         # always written: the plan's etp left out means tp (Megatron's default), and
         # torchtitan's own default is 1 (job_config.py `expert_tensor_parallel_degree`)
-        lines.append(f"expert_tensor_parallel_degree = {plan.training.etp or s.tp}")
-        if (shard * s.cp) % s.ep:  # torchtitan/distributed/parallel_dims.py (etp = tp)
-            issues.append(f"ep {s.ep}: torchtitan carves ep out of dp_shard x cp = "
-                          f"{shard * s.cp}; shard the parameters over a multiple of ep")
+        etp = plan.training.etp or s.tp
+        lines.append(f"expert_tensor_parallel_degree = {etp}")
+        if tr.comm.moe_dispatcher == "deepep":  # job_config.py Parallelism
+            lines.append('expert_parallel_comm_backend = "deepep"')
+        # torchtitan/distributed/parallel_dims.py: efsdp = dp_shard x cp x tp / (etp x ep),
+        # so ep groups are carved out of dp_shard x cp (etp = tp) or with the tp ranks
+        # too (etp 1)
+        room = shard * s.cp * (s.tp // etp)
+        if room % s.ep:
+            issues.append(f"ep {s.ep}: torchtitan carves ep out of dp_shard x cp"
+                          f"{' x tp' if etp == 1 and s.tp > 1 else ''} = {room}; shard the "
+                          "parameters over a multiple of ep")
     if s.pp > 1:
         lines += [f'pipeline_parallel_schedule = "{_TITAN_SCHEDULES[tr.schedule]}"',
                   f"pipeline_parallel_microbatch_size = {s.mbs}"]

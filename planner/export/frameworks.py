@@ -25,6 +25,7 @@ from planner.specs.choices import (
     Schedule,
 )
 from planner.specs.layout import chunk_sizes
+from planner.specs.model import ModelSpec
 from planner.specs.plan import Communication, Plan
 from profiler.kernels import SDPA_BACKENDS
 
@@ -108,7 +109,19 @@ class FrameworkCapabilities:
     # torchtitan's (a model registered by name, torchtitan's own or the user's:
     # protocols/train_spec.py register_train_spec) leave the model to the user's code
     activations: frozenset[str] = frozenset({"gelu", "swiglu", "geglu"})
+    # the dtypes it trains an MoE model in (None: all of `dtypes`)
+    moe_dtypes: frozenset[str] | None = None
+    # MoE routing with a capacity factor (tokens over an expert's capacity dropped:
+    # ModelSpec.capacity_factor) and expert inputs padded to it (pad_to_capacity)
+    moe_capacity_factor: bool = True
+    moe_pad_to_capacity: bool = True
     notes: Mapping[str, str] = field(default_factory=dict)
+
+    def dtypes_for(self, model: ModelSpec) -> frozenset[str]:
+        """The dtypes it trains `model` in."""
+        if model.is_moe and self.moe_dtypes is not None:
+            return self.dtypes & self.moe_dtypes
+        return self.dtypes
 
     def communication(self, dtype: str) -> Communication:
         """How it communicates when it trains in `dtype` (its `Communication.preset`): what
@@ -149,10 +162,15 @@ _MEGATRON = FrameworkCapabilities(
     # --swiglu (F.silu, gated), --quick-geglu (quick_gelu x * sigmoid(1.702 x), gated),
     # --squared-relu; no flag gates with GELU itself
     activations=frozenset({"gelu", "swiglu"}),
+    # MoE in bf16 (and fp8, whose weights are bf16: --bf16 --fp8-format): Megatron-LM's
+    # arguments.py asserts "Expert parallelism is not supported with fp16 training", and
+    # the grouped expert GEMM the export writes (--moe-grouped-gemm) "only supports bf16"
+    moe_dtypes=frozenset({"bf16", "fp8"}),
     # Megatron-Core's DDP and p2p defaults (`Communication`'s); the export writes
     # --overlap-grad-reduce (DistributedDataParallelConfig.overlap_grad_reduce, False
     # unless asked) and --ddp-bucket-size (bucket_size) as the plan has them
-    comm="megatron", comm_settable=frozenset({"overlap_grad_reduce", "grad_bucket_params"}),
+    comm="megatron", comm_settable=frozenset({"overlap_grad_reduce", "grad_bucket_params",
+                                              "tp_comm_overlap"}),
     notes={
         "activation geglu": "Megatron-LM's arguments gate the MLP with SiLU (--swiglu) or "
         "x * sigmoid(1.702 x) (--quick-geglu), not GELU; Megatron-Core's TransformerConfig "
@@ -178,6 +196,8 @@ _MEGATRON = FrameworkCapabilities(
         "(batch_p2p_comm; overlap_p2p_comm is non-blocking too)",
         "comm grad_reduce_dtype": "its gradients are reduced as its fp32 main gradients are "
         "kept (training.model_states fp32_grads)",
+        "moe dtype": "Megatron-LM's arguments.py: 'Expert parallelism is not supported with "
+        "fp16 training'; the grouped expert GEMM (--moe-grouped-gemm) takes bf16 only",
     },
 )
 
@@ -256,6 +276,7 @@ _TORCHTITAN = FrameworkCapabilities(
     # FSDP2 / DDP reducing in the backward in fp32 (training.mixed_precision_reduce admits
     # "float32" alone), torch.distributed.pipelining's batched sends
     comm="fsdp2",
+    moe_capacity_factor=False, moe_pad_to_capacity=False,
     notes={
         "schedule zb-h1": "torch.distributed.pipelining's ScheduleInterleavedZeroBubble runs "
         "it with one stage per rank, but torchtitan requires at least 2 stages per rank for "
@@ -263,6 +284,8 @@ _TORCHTITAN = FrameworkCapabilities(
         "sharding": "FSDP2 shards parameters, gradients and optimizer states together "
         "(data_parallel_shard_degree; HSDP replicates across data_parallel_replicate_degree)",
         "dtype fp16": "torchtitan trains in bf16 or fp32 (no loss scaling)",
+        "moe capacity": "torchtitan 0.2.2's MoE (models/moe) routes dropless: no capacity "
+        "factor, no padding",
         "sequence parallel": "torchtitan's tensor parallel plan shards norms and dropout "
         "along the sequence (sequence parallelism) whenever tp > 1",
         "recompute selective": "torchtitan's selective modes (op-level SAC keeps matmul and "
@@ -303,6 +326,9 @@ _TRAINPLAN = FrameworkCapabilities(
     ep_recompute=frozenset({"none", "selective"}), ep_sharding_multiple=True,
     moe_expert_tp=False, moe_sequence_parallel=False, pipeline_split_slots=False,
     latent_attention=False,  # executor/model.py: ordinary attention (preflight.check_model)
+    # executor/moe.py drops the copies over an expert's capacity (weight 0) but computes
+    # them, and pads nothing
+    moe_pad_to_capacity=False,
     # fp32 gradients beside fp32 masters (executor/precision.py); at P = OS > 1 the fp32
     # shard is the parameter (executor/fsdp.py, executor/data_parallel.py)
     model_states=ModelStates.FP32_GRADS,
@@ -590,6 +616,17 @@ def _moe(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
     if not plan.model.is_moe:
         return []
     out, tr, name = [], plan.training, caps.version
+    m = plan.model
+    if m.capacity_factor is not None and not caps.moe_capacity_factor:
+        out.append(f"capacity factor {m.capacity_factor:g} (tokens over an expert's capacity "
+                   f"dropped): {name} routes every token (dropless){_note(caps, 'moe capacity')}")
+    elif m.pad_to_capacity and not caps.moe_pad_to_capacity:
+        out.append(f"expert inputs padded to the capacity (pad_to_capacity): {name} runs each "
+                   f"expert on the tokens it is sent{_note(caps, 'moe capacity')}")
+    if tr.dtype in caps.dtypes and tr.dtype not in caps.dtypes_for(plan.model):
+        out.append(f"dtype {tr.dtype} on an MoE model: {name} trains MoE models in "
+                   f"{', '.join(sorted(caps.dtypes_for(plan.model)))}"
+                   f"{_note(caps, 'moe dtype')}")
     tps = {st.tp for p in plan.pipelines for st in p.stages}
     if not caps.moe_expert_tp and max(tps) > 1 and tr.etp != 1:
         out.append(f"expert tp {tr.etp or max(tps)} (= tp): {name} keeps the experts whole "
@@ -694,7 +731,19 @@ def _comm_values(plan: Plan, comm: Communication) -> dict[str, object]:
     if any(sh.params > 1 for sh in plan.shardings):
         out["shard_unit_params"] = comm.shard_unit_params
         out["shard_prefetch"] = comm.shard_prefetch
+    if tp_overlap_prices(plan):
+        out["tp_comm_overlap"] = comm.tp_comm_overlap
     return out
+
+
+def tp_overlap_prices(plan: Plan) -> bool:
+    """Whether `Communication.tp_comm_overlap` changes the plan's price: sequence-parallel
+    tp collectives on a GPU whose architecture hides a share of them."""
+    from profiler.devices import device_efficiency
+
+    return plan.training.sequence_parallel and any(
+        s.tp > 1 and device_efficiency(plan.group_of(s).device).tp_comm_overlap > 0
+        for p in plan.pipelines for s in p.stages)
 
 
 def comm_differences(plan: Plan, caps: FrameworkCapabilities
@@ -721,6 +770,8 @@ _COMM_WORDS = {
     "shard_unit_params": lambda v: ("one ZeRO-3 unit per layer" if v is None
                                     else f"ZeRO-3 units of {v:.3g} parameters"),
     "shard_prefetch": lambda v: f"{v} ZeRO-3 unit(s) gathered ahead",
+    "tp_comm_overlap": lambda v: ("sequence-parallel tp collectives under the GEMMs" if v
+                                  else "sequence-parallel tp collectives in line"),
 }
 
 

@@ -127,7 +127,8 @@ class Priced:
             bounds.append(bounds[-1] + n)
         pipelines = []
         for r, rep in enumerate(self.template.replicas):
-            own = [attention_for(cluster.device_of(gpu), dtype, self.attention) for gpu, _ in rep]
+            own = [attention_for(cluster.device_of(gpu), dtype, self.attention,
+                                 dropout=model.dropout) for gpu, _ in rep]
             stages = tuple(Stage(layers=(bounds[k], bounds[k + 1]), devices=self.devices[r][k],
                                  tp=tp, recompute=self.recompute,
                                  attention=None if own[k] == kernels.attention else own[k])
@@ -278,7 +279,8 @@ def _placed_stages(ctx: _Context, rep_slots: Sequence[Slot],
     kernel: dict[str, Attention] = memo.setdefault("attention", {})
     for gpu, _ in rep_slots:
         if gpu not in kernel:
-            kernel[gpu] = attention_for(ctx.cluster.device_of(gpu), ctx.dtype, ctx.attention)
+            kernel[gpu] = attention_for(ctx.cluster.device_of(gpu), ctx.dtype, ctx.attention,
+                                        dropout=ctx.model.dropout)
     return [PlacedStage(devices=replica[k], tp=tp, cp=1, num_layers=1,
                         recompute=Recompute.NONE, attention=kernel[gpu], ep=ep)
             for k, (gpu, tp) in enumerate(rep_slots)]

@@ -333,7 +333,8 @@ def _layer_time_s(model: ModelSpec, cluster: ClusterSpec, slot: tuple[str, int],
     dev = cluster.group_of(first).device
     placed = PlacedStage(devices=tuple(range(first, first + tp)), tp=tp, cp=1, num_layers=1,
                          recompute=Recompute.NONE,
-                         attention=attention_for(dev, dtype, attention), ep=ep)
+                         attention=attention_for(dev, dtype, attention,
+                                                 dropout=model.dropout), ep=ep)
     spec = StageSpec(device=dev,
                      placed=placed, index=1, pp=3, next_device=None, dp_group=(first,),
                      concurrency=tp, sharding=Sharding())

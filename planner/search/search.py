@@ -187,17 +187,23 @@ def _subclusters(cluster: ClusterSpec) -> list[ClusterSpec]:
 
 
 def _gpu_counts(n: int, per_node: int, objective: str) -> tuple[int, ...]:
-    """All `n` GPUs for throughput; for cost or time to train also 1/2, 1/4, ... of them
-    (in whole nodes of `per_node`), since fewer GPUs may be cheaper or fit a budget."""
+    """All `n` GPUs for throughput; for cost or time to train also fewer, since fewer may
+    be cheaper, fit a budget or split the batch better (40 GPUs take a gbs of 64 only with
+    pipelines, 32 with dp 32): whole nodes in powers of two below `n`, then halves of a
+    node while they divide evenly."""
     if objective == "throughput":
         return (n,)
-    counts, k = [], n
-    while k >= 1 and (k % per_node == 0 or k < per_node):
-        counts.append(k)
-        if k % 2:
-            break
+    counts = [n]
+    nodes = n // per_node
+    if nodes >= 1:
+        p = 1 << (nodes.bit_length() - 1)  # the largest power of two <= nodes
+        counts += [k * per_node for k in (p >> i for i in range(p.bit_length()))
+                   if k * per_node < n]
+    k = min(n, per_node)
+    while k % 2 == 0 and k // 2 >= 1:
         k //= 2
-    return tuple(counts)
+        counts.append(k)
+    return tuple(dict.fromkeys(counts))
 
 
 def _price(cluster: ClusterSpec) -> float | None:
@@ -245,8 +251,22 @@ def search_dtype(framework: str, model: ModelSpec, devices: Iterable[DeviceSpec]
     if caps is None:
         fail("--framework", framework, "allowed: " + ", ".join(FRAMEWORKS))
     each_alone = not MixedSpace.for_framework(caps, model).families
-    return train_dtype(devices, asked, where=where, each_alone=each_alone,
-                       allowed=caps.dtypes)
+    devices = list(devices)
+    allowed = caps.dtypes_for(model)
+    dtype = train_dtype(devices, asked, where=where, each_alone=each_alone, allowed=allowed)
+    if asked is None and dtype not in allowed:  # no dtype of the framework's on these GPUs
+        others = []
+        for c in CAPABILITIES.values():
+            theirs = train_dtype(devices, None, where=where, each_alone=each_alone,
+                                 allowed=c.dtypes_for(model))
+            if theirs in c.dtypes_for(model):
+                others.append(f"--framework {c.name} plans it in {theirs}")
+        what = "an MoE model " if model.is_moe and caps.moe_dtypes is not None else ""
+        fail("--framework", framework, f"{caps.version} trains {what}in "
+             f"{', '.join(sorted(allowed))}, which "
+             f"{', '.join(sorted({d.name for d in devices}))} lack"
+             + (f"; {', '.join(others)}" if others else ""))
+    return dtype
 
 
 def check_framework(framework: str, model: ModelSpec, dtype: str) -> FrameworkCapabilities:
@@ -256,14 +276,25 @@ def check_framework(framework: str, model: ModelSpec, dtype: str) -> FrameworkCa
     if framework not in CAPABILITIES:
         fail("--framework", framework, "allowed: " + ", ".join(FRAMEWORKS))
     caps = CAPABILITIES[framework]
-    if dtype not in caps.dtypes:
-        others = [c.name for c in CAPABILITIES.values() if dtype in c.dtypes]
-        fail("--dtype", dtype, f"{caps.version} trains in {', '.join(sorted(caps.dtypes))}"
+    allowed = caps.dtypes_for(model)
+    if dtype not in allowed:
+        others = [c.name for c in CAPABILITIES.values() if dtype in c.dtypes_for(model)]
+        what = " an MoE model" if dtype in caps.dtypes else ""
+        fail("--dtype", dtype, f"{caps.version} trains{what} in {', '.join(sorted(allowed))}"
              + (f"; --framework {' or '.join(others)} plans {dtype}" if others else ""))
     if model.is_mla and not caps.latent_attention:
         others = [c.name for c in CAPABILITIES.values() if c.latent_attention]
         fail("--model", model.name, f"it uses multi-head latent attention, which "
              f"{caps.version} does not run; --framework {' or '.join(others)} plans it")
+    for what, ok, has in (
+            (f"its MoE capacity factor {model.capacity_factor}", "moe_capacity_factor",
+             model.capacity_factor is not None),
+            ("its experts' inputs padded to capacity (pad_to_capacity)", "moe_pad_to_capacity",
+             model.pad_to_capacity)):
+        if has and not getattr(caps, ok):
+            others = [c.name for c in CAPABILITIES.values() if getattr(c, ok)]
+            fail("--model", model.name, f"{what} is not in {caps.version}'s MoE; "
+                 f"--framework {' or '.join(others)} plans it")
     if model.activation not in caps.activations:
         others = [c.name for c in CAPABILITIES.values() if model.activation in c.activations]
         fail("--model", model.name, f"its activation {model.activation} is not among "
@@ -295,16 +326,19 @@ def _kernels(req: SearchRequest, cluster: ClusterSpec) -> Kernels:
     """The kernels every candidate on `cluster` is priced with and its Plan records: the
     calibrated default where the framework has it, else the first it has that the GPUs run."""
     devices = [g.device for g in cluster.node_groups]
-    kernels = default_kernels(devices, dtype=req.dtype, attention=req.attention)
+    dropout = req.model.dropout
+    kernels = default_kernels(devices, dtype=req.dtype, attention=req.attention,
+                              dropout=dropout)
     allowed = req.capabilities.attention
     if kernels.attention in allowed:
         return kernels
     runnable = [k for k in Attention if k in allowed
-                and all(k in supported_attention(d, req.dtype) for d in devices)]
+                and all(k in supported_attention(d, req.dtype, dropout=dropout)
+                        for d in devices)]
     if not runnable:
         fail("--framework", req.framework, f"{req.capabilities.version} has no attention "
              f"kernel these GPUs run in {req.dtype} ({', '.join(sorted(allowed))})")
-    return default_kernels(devices, dtype=req.dtype, attention=runnable[0])
+    return default_kernels(devices, dtype=req.dtype, attention=runnable[0], dropout=dropout)
 
 
 def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace, *,

@@ -276,11 +276,15 @@ class ClusterSpec:
 
     @property
     def is_resolved(self) -> bool:
-        """Whether every node field the catalog can default is filled in."""
+        """Whether every node field the catalog can default is filled in, and every group
+        of a GPU type the cluster's `devices` define carries its numbers."""
+        own = by_name(self.devices)
         return all(g.gpus_per_node is not None and g.intra_node_link is not None
                    and g.intra_node_bandwidth_gb_per_s is not None and g.nic is not None
                    and g.nics_per_node is not None and g.nic_bandwidth_gbit_per_s is not None
-                   and g.nvlink_domain_gpus is not None for g in self.node_groups)
+                   and g.nvlink_domain_gpus is not None
+                   and (g.gpu_spec is not None or g.gpu.lower() not in own)
+                   for g in self.node_groups)
 
     @property
     def num_gpus(self) -> int:
@@ -304,7 +308,7 @@ class ClusterSpec:
         if num_gpus < first.gpus_per_node:
             part = replace(first, num_nodes=1, gpus_per_node=num_gpus,
                            nvlink_domain_gpus=num_gpus)
-            return replace(self, name=f"{self.name} (first {num_gpus} GPUs)",
+            return replace(self, name=f"{self.name} (first {count_gpus(num_gpus)})",
                            node_groups=(part,), island_links=())
         groups, left = [], num_gpus
         for g in self.node_groups:
@@ -321,7 +325,7 @@ class ClusterSpec:
             return self
         islands = {g.island for g in groups}
         links = tuple(k for k in self.island_links if set(k.islands) <= islands)
-        return replace(self, name=f"{self.name} (first {num_gpus} GPUs)",
+        return replace(self, name=f"{self.name} (first {count_gpus(num_gpus)})",
                        node_groups=tuple(groups), island_links=links)
 
     def group_of(self, gpu_index: int) -> NodeGroup:
@@ -358,6 +362,11 @@ def _standard_gpus_per_node(gpu: str) -> int | None:
     return node.gpus_per_node if node is not None else None
 
 
+def count_gpus(n: int) -> str:
+    """'1 GPU', '8 GPUs'."""
+    return f"{n} GPU{'s' if n != 1 else ''}"
+
+
 def check_train_dtype(devices: Iterable[DeviceSpec], dtype: str, *, where: str) -> None:
     """The one rule for a training dtype, for every command and every Plan (`DType`):
     each GPU type that trains must run it: bf16, fp16 and fp8 need the device's own peak
@@ -368,7 +377,7 @@ def check_train_dtype(devices: Iterable[DeviceSpec], dtype: str, *, where: str) 
     for dev in dict.fromkeys(devices):
         if not runs_dtype(dev, dtype):
             offers: list[str] = [d for d in TRAIN_DTYPES if d in dev.peak_tflops]
-            if "tf32" not in dev.peak_tflops:
+            if "tf32" not in dev.peak_tflops and "fp32" in dev.peak_tflops:
                 offers.append("tf32 (as fp32)")
             fail(where, dtype, f"{dev.name} has no {dtype}; it offers {', '.join(offers)}")
 
@@ -401,8 +410,10 @@ def train_dtype(devices: Iterable[DeviceSpec], asked: str | None, *, where: str,
 
 def runs_dtype(device: DeviceSpec, dtype: str) -> bool:
     """Whether `device` trains in `dtype` (`check_train_dtype`'s rule for one type): its
-    own peak for it, except tf32, which runs as fp32 where the device has no TF32."""
-    return dtype in TRAIN_DTYPES and (dtype == DType.TF32 or dtype in device.peak_tflops)
+    own peak for it, except tf32, which runs as fp32 where the device has no TF32 (and
+    not at all where it has neither)."""
+    return dtype in TRAIN_DTYPES and (dtype in device.peak_tflops or (
+        dtype == DType.TF32 and "fp32" in device.peak_tflops))
 
 
 def load_cluster(path: str, *, catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:

@@ -239,6 +239,7 @@ def homogeneous_plan(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig
     plan = Plan(model=model, cluster=cluster, training=training, pipelines=tuple(pipelines),
                 sharding=cfg.sharding,
                 kernels=kernels or Kernels(attention=cluster.node_groups[0].device
-                                           .default_attention(cfg.dtype)))
+                                           .default_attention(cfg.dtype,
+                                                              dropout=model.dropout)))
     plan.check("plan")
     return plan

@@ -160,6 +160,13 @@ class Communication:
     # FakeBalancedGate (components/moe/layers.py: token i takes experts ik .. ik+k-1 mod
     # E, so its k experts sit side by side on one or two ranks); the load is even in both
     moe_routing: Literal["learned", "fake_balanced"] = "learned"
+    # sequence-parallel tp all-gathers and reduce-scatters run under the GEMMs beside them
+    # (Transformer Engine's userbuffers: Megatron --tp-comm-overlap, NeMo's
+    # tp_comm_overlap, which Megatron-Core's performance recipes turn on and the Hopper
+    # rows the cost model is calibrated on ran), as far as the GPU's architecture hides
+    # them (`ArchEfficiency.tp_comm_overlap`: Hopper 1.0, Ampere 0); false: in line
+    # (DeepSpeed, FSDP2 / torchtitan without async TP, trainplan's executor)
+    tp_comm_overlap: bool = True
 
     def __post_init__(self) -> None:
         coerce_choices(self)
@@ -170,13 +177,14 @@ class Communication:
 
         * "megatron": the defaults;
         * "deepspeed" (0.19: blocking pipeline p2p, reduction after the backward in the
-          training dtype, reduce_bucket_size 5e8 elements);
+          training dtype, reduce_bucket_size 5e8 elements, tp collectives in line);
         * "fsdp2" (torch fully_shard as torchtitan 0.2.2 applies it: MixedPrecisionPolicy
           reduce_dtype float32, config/job_config.py `mixed_precision_reduce` admitting
           "float32" alone; reduce-scatters in the backward; one unit per block, the next
           one prefetched, FSDP2's implicit default, models/llama3/infra/parallelize.py
           `apply_fsdp` setting no explicit prefetch; DDP, `replicate`, also reduces in the
-          backward; torch.distributed.pipelining's `batch_isend_irecv` sends);
+          backward; torch.distributed.pipelining's `batch_isend_irecv` sends; tp
+          collectives in line: async TP is torchtitan's opt-in under torch.compile);
         * "trainplan" (this repository's executor: non-blocking isend / irecv with each
           receive posted one ahead, executor/pipeline.py `Links`; the flat-buffer engine
           reduces fp32 gradients once per iteration, after the last backward,
@@ -184,18 +192,21 @@ class Communication:
           `iteration` once the pipeline has run, nothing overlapped; its FSDP2 path,
           executor/fsdp.py, taken at P = G = OS > 1 with tp 1 and equal micro-batch
           counts, reduces in the backward as FSDP2 does, and is priced as the flat engine:
-          only HSDP's all-reduce across blocks, which FSDP2 overlaps, differs)."""
+          only HSDP's all-reduce across blocks, which FSDP2 overlaps, differs; DTensor's
+          tp collectives in line)."""
         reduce_dtype = str(dtype) if dtype in REDUCE_DTYPES else "fp32"  # a DType: its name
         if framework == "megatron":
             return cls()
         if framework == "deepspeed":
             return cls(pipeline_p2p=PipelineP2P.BLOCKING, overlap_grad_reduce=False,
                        grad_reduce_dtype=reduce_dtype,  # type: ignore[arg-type]  # checked above
-                       grad_bucket_params=5e8)
+                       grad_bucket_params=5e8, tp_comm_overlap=False)
         if framework == "fsdp2":
-            return cls(overlap_grad_reduce=True, grad_reduce_dtype="fp32", shard_prefetch=1)
+            return cls(overlap_grad_reduce=True, grad_reduce_dtype="fp32", shard_prefetch=1,
+                       tp_comm_overlap=False)
         if framework == "trainplan":
-            return cls(overlap_grad_reduce=False, grad_reduce_dtype="fp32")
+            return cls(overlap_grad_reduce=False, grad_reduce_dtype="fp32",
+                       tp_comm_overlap=False)
         fail("framework", framework, " or ".join(COMM_PRESETS))
 
 
@@ -523,7 +534,7 @@ class Plan:
             for si, stage in enumerate(pipe.stages):
                 dev = self.group_of(stage).device
                 if dev.name not in kernels_of:
-                    kernels_of[dev.name] = dev.attention_in(dtype)
+                    kernels_of[dev.name] = dev.attention_in(dtype, dropout=self.model.dropout)
                 kernels = kernels_of[dev.name]
                 if stage.attention is not None and stage.attention not in kernels:
                     fail(at(where, f"pipelines[{pi}].stages[{si}].attention"), stage.attention,

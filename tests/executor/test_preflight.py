@@ -238,3 +238,17 @@ def test_multi_latent_attention_is_refused_in_one_line():
     message = str(err.value)
     assert "\n" not in message and message.startswith("plan:model.kv_lora_rank: 512")
     assert "deepseek-v2-lite" in message and "multi-head latent attention" in message
+
+
+def test_deepep_dispatch_is_for_prediction_only():
+    # executor/moe.py dispatches tokens with all_to_all_single: a plan priced with
+    # DeepEP's dispatch ran, and its report compared the measurement with a prediction for
+    # a dispatcher it never used.
+    import dataclasses
+
+    plan = homogeneous(preset("debug-tiny-moe"), world=2, dp=2, ep=2, mbs=1, gbs=2,
+                       ep_layout="data_parallel")
+    check_runnable(plan, cuda_devices=0)
+    comm = dataclasses.replace(plan.training.comm, moe_dispatcher="deepep")
+    deepep = dataclasses.replace(plan.training, comm=comm)
+    _refused(dataclasses.replace(plan, training=deepep), "moe_dispatcher: 'deepep'")

@@ -193,3 +193,26 @@ def test_sharded_gradients_reduced_in_line_hold_every_micro_batch(pp):
         assert nxt and all(start[k] >= sim.schedule.end[i] - 1e-12 for k in nxt)
         # (in a pipeline the pass may wait longer, for the other stage)
         assert pp > 1 or any(binding[k] == i for k in nxt)
+
+
+def test_tp_collectives_run_under_the_gemms_only_where_the_framework_overlaps_them():
+    """Transformer Engine's userbuffer overlap (Megatron --tp-comm-overlap) hides the
+    sequence-parallel all-gathers and reduce-scatters under the GEMMs beside them, as far
+    as the architecture's calibrated share says (Hopper 1.0: the Megatron-Core H100 rows
+    ran it, docs/calibration.md); a framework that issues them in line (DeepSpeed, FSDP2 /
+    torchtitan, trainplan's executor, whose DTensor collectives block) pays them whole.
+    The share was the architecture's alone, so a torchtitan or trainplan plan on H100 was
+    priced with every tp collective hidden."""
+    model = preset("llama2-13b")
+    cfg = ParallelConfig(tp=8, dp=2, mbs=1, gbs=16, seq_len=4096, sequence_parallel=True)
+    for gpu, hides in (("H100-80GB-SXM", True), ("A100-80GB-SXM", False)):
+        plan = homogeneous_plan(model, parse_gpus_arg(f"{gpu}:16"), cfg)
+        inline = with_comm(plan, dataclasses.replace(MEGATRON, tp_comm_overlap=False))
+        tp_on = plan_costs(plan).costs[0][0].layer_forward.tp_s
+        tp_off = plan_costs(inline).costs[0][0].layer_forward.tp_s
+        assert tp_off > 0
+        assert (tp_on == 0) if hides else (tp_on == pytest.approx(tp_off))
+        assert simulate(inline).iteration_time_s >= simulate(plan).iteration_time_s
+    assert MEGATRON.tp_comm_overlap
+    assert not any(Communication.preset(f, dtype="bf16").tp_comm_overlap
+                   for f in ("deepspeed", "fsdp2", "trainplan"))

@@ -188,3 +188,23 @@ def test_the_sources_say_how_the_triton_port_was_priced():
 
     assert "Dao 2023" in cost_sources(plan("flash_triton"), None)["compute"]
     assert "flash_triton" not in cost_sources(plan("flash"), None)["compute"]
+
+
+def test_a_model_with_dropout_runs_unfused_attention_on_the_cpu():
+    # PyTorch's CPU kernels: "Both fused kernels do not support non-zero dropout"
+    # (aten/src/ATen/native/transformers/sdp_utils_cpp.h); the executor refuses them
+    # (executor/preflight.py). simulate and search chose flash for such a model, and
+    # `plan run` then refused the plan they wrote. GPUs are unaffected.
+    from executor.preflight import check_runnable
+
+    cpu = device("CPU")
+    assert attention_for(cpu, "fp32", dropout=True) == "math"
+    assert attention_for(cpu, "fp32") != "math"  # fused where nothing forbids it
+    assert all(not k.fused for k in supported_attention(cpu, "fp32", dropout=True))
+    assert supported_attention(device("H100-80GB-SXM"), "bf16", dropout=True) == \
+        supported_attention(device("H100-80GB-SXM"), "bf16")
+    model = dataclasses.replace(MODEL, dropout=True)
+    plan = homogeneous_plan(model, parse_gpus_arg("CPU:2"),
+                            dataclasses.replace(CFG, dp=2, gbs=16))
+    assert plan.kernels.attention == "math"
+    check_runnable(plan, cuda_devices=0, host=False)

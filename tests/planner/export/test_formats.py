@@ -154,3 +154,109 @@ def test_every_format_takes_a_tf32_plan_without_a_traceback():
     for fmt in FORMATS:
         out = export_plan(plan, fmt)
         assert any("dtype tf32" in u for u in out.unsupported), (fmt, out.unsupported)
+
+
+def test_the_tp_overlap_the_plan_was_priced_with_is_exported_or_refused():
+    # A Hopper plan with sequence parallelism is priced with its tp collectives under the
+    # GEMMs (Communication.tp_comm_overlap, the Megatron default here): Megatron-LM runs
+    # that only with --tp-comm-overlap (its own default is off); a framework that cannot
+    # (torchtitan without async TP) lists it. On Ampere, which hides none, it is neither.
+    import dataclasses
+
+    from planner.specs.plan import Communication
+
+    def h100(comm=None):
+        plan = homogeneous_plan(preset("llama2-13b"), parse_gpus_arg("H100-80GB-SXM:16"),
+                                ParallelConfig(tp=8, dp=2, mbs=1, gbs=16, seq_len=4096,
+                                               sequence_parallel=True))
+        if comm is not None:
+            plan = dataclasses.replace(plan, training=dataclasses.replace(plan.training,
+                                                                          comm=comm))
+        return plan
+
+    assert "--tp-comm-overlap" in export_plan(h100(), "megatron").text
+    assert "--tp-comm-overlap" not in export_plan(
+        h100(Communication(tp_comm_overlap=False)), "megatron").text
+    assert "--tp-comm-overlap" not in export_plan(_plan(), "megatron").text  # A100
+    titan = export_plan(h100(), "torchtitan").unsupported
+    assert any("tp collectives under the GEMMs" in u for u in titan)
+    inline = Communication.preset("fsdp2", dtype="bf16")
+    assert not any("tp collectives" in u
+                   for u in export_plan(h100(inline), "torchtitan").unsupported)
+
+
+def test_megatron_trains_moe_models_in_bf16_only():
+    # Megatron-LM's arguments.py asserts "Expert parallelism is not supported with fp16
+    # training", and the grouped expert GEMM the export writes (--moe-grouped-gemm) takes
+    # bf16 only: an fp16 MoE plan was exported with exit 0 and failed at start-up.
+    import pytest
+
+    from planner.search.search import search_dtype
+    from profiler.devices import device
+    from profiler.schema import SpecError
+
+    model = preset("olmoe-1b-7b")
+
+    def plan(dtype):
+        return homogeneous_plan(model, parse_gpus_arg("A100-80GB-SXM:8"),
+                                ParallelConfig(dp=8, ep=8, mbs=1, gbs=8, seq_len=4096,
+                                               dtype=dtype))
+
+    assert any("dtype fp16 on an MoE model" in u
+               for u in export_plan(plan("fp16"), "megatron").unsupported)
+    assert not any("MoE model" in u for u in export_plan(plan("bf16"), "megatron").unsupported)
+    assert search_dtype("megatron", model, [device("A100-80GB-SXM")], None) == "bf16"
+    with pytest.raises(SpecError, match="trains an MoE model in bf16, fp8, which "
+                       "V100-32GB-SXM2 lack; --framework deepspeed plans it in fp16"):
+        search_dtype("megatron", model, [device("V100-32GB-SXM2")], None)
+    assert search_dtype("megatron", preset("llama2-7b"), [device("V100-32GB-SXM2")],
+                        None) == "fp16"
+
+
+def test_torchtitan_takes_ep_over_the_tp_ranks_with_etp_1_and_deepep():
+    # torchtitan 0.2.2 parallel_dims.py: efsdp = dp_shard x cp x tp / (etp x ep), so with
+    # etp 1 the ep groups take the tp ranks too (ep 16 over dp 4 x tp 4 was refused), and
+    # job_config.py `expert_parallel_comm_backend = "deepep"` runs DeepEP's dispatch (a
+    # plan priced with it was exported without it).
+    import dataclasses
+
+    from planner.specs.plan import Communication
+
+    plan = homogeneous_plan(preset("qwen3-30b-a3b"), parse_gpus_arg("H100-80GB-SXM:16"),
+                            ParallelConfig(tp=4, dp=4, ep=16, etp=1, mbs=1, gbs=16,
+                                           seq_len=4096, sequence_parallel=True,
+                                           sharding=Sharding(params=4, grads=4, optim=4),
+                                           comm=Communication.preset("fsdp2", dtype="bf16")))
+    out = export_plan(plan, "torchtitan")
+    assert not any("ep 16" in u for u in out.unsupported), out.unsupported
+    assert "expert_tensor_parallel_degree = 1" in out.text
+    assert "expert_parallel_comm_backend" not in out.text
+    deepep = dataclasses.replace(plan, training=dataclasses.replace(
+        plan.training, comm=dataclasses.replace(plan.training.comm, moe_dispatcher="deepep")))
+    assert 'expert_parallel_comm_backend = "deepep"' in export_plan(deepep, "torchtitan").text
+
+
+def test_capacity_routing_is_refused_where_the_framework_routes_dropless():
+    # torchtitan 0.2.2's MoE routes every token (no capacity factor, no padding), and
+    # trainplan's executor drops over-capacity copies but pads nothing: a plan priced
+    # with them was exported with exit 0, and searched for those frameworks.
+    import dataclasses
+
+    import pytest
+
+    from planner.search.search import check_framework
+    from profiler.schema import SpecError
+
+    capped = dataclasses.replace(preset("mixtral-8x7b"), capacity_factor=1.25)
+    padded = dataclasses.replace(capped, pad_to_capacity=True)
+    plan = homogeneous_plan(capped, parse_gpus_arg("H100-80GB-SXM:8"),
+                            ParallelConfig(dp=8, ep=8, mbs=1, gbs=8, seq_len=4096,
+                                           sharding=Sharding(params=8, grads=8, optim=8)))
+    assert any("capacity factor 1.25" in u for u in export_plan(plan, "torchtitan").unsupported)
+    assert not any("capacity" in u for u in export_plan(plan, "megatron").unsupported)
+    with pytest.raises(SpecError, match="capacity factor 1.25 is not in torchtitan"):
+        check_framework("torchtitan", capped, "bf16")
+    check_framework("trainplan", capped, "bf16")
+    with pytest.raises(SpecError, match="padded to capacity .* not in trainplan"):
+        check_framework("trainplan", padded, "bf16")
+    check_framework("megatron", padded, "bf16")

@@ -5,7 +5,7 @@ import pytest
 
 from planner.export.formats import export_plan
 from planner.export.frameworks import chunk_layer_counts, plan_shape
-from planner.specs.plan import Sharding
+from planner.specs.plan import Communication, Sharding
 from tests.planner.export.framework_helpers import (
     framework,
     gpt3_on_selene,
@@ -14,6 +14,9 @@ from tests.planner.export.framework_helpers import (
 )
 
 pytestmark = pytest.mark.frameworks
+
+# torchtitan's communication (FSDP2, tp collectives in line), which its plans are priced with
+FSDP2 = Communication.preset("fsdp2", dtype="bf16")
 
 
 def _parse(plan, tmp_path):
@@ -49,7 +52,8 @@ def _parse(plan, tmp_path):
 
 def test_interleaved_fsdp(tmp_path):
     plan = plan_on("H100-80GB-SXM:16", tp=2, pp=2, dp=4, vp=2, mbs=1, gbs=32,
-                   sequence_parallel=True, sharding=Sharding(params=4, grads=4, optim=4))
+                   sequence_parallel=True, sharding=Sharding(params=4, grads=4, optim=4),
+                   comm=FSDP2)
     config = _parse(plan, tmp_path)
     assert config.parallelism.pipeline_parallel_schedule == "Interleaved1F1B"
     assert (config.model.name, config.model.flavor) == ("llama3", "8B")
@@ -57,7 +61,8 @@ def test_interleaved_fsdp(tmp_path):
 
 def test_uneven_stages_hsdp_full_recompute(tmp_path):
     plan = plan_on("H100-80GB-SXM:24", tp=2, pp=3, dp=4, mbs=2, gbs=32, recompute="full",
-                   sequence_parallel=True, sharding=Sharding(params=2, grads=2, optim=2))
+                   sequence_parallel=True, sharding=Sharding(params=2, grads=2, optim=2),
+                   comm=FSDP2)
     assert len(set(plan_shape(plan).layers)) > 1
     config = _parse(plan, tmp_path)
     assert config.parallelism.data_parallel_replicate_degree == 2

@@ -124,6 +124,19 @@ def test_cost_objective_may_use_fewer_gpus_and_respects_budget():
     assert timed.ranked[0].time_to_train_s(tokens) <= best.time_to_train_s(tokens)
 
 
+def test_time_to_train_tries_fewer_whole_nodes_than_halves():
+    """40 H100 take a gbs of 64 only through pipelines; 32 of them run dp 32, faster. The
+    time-to-train objective tried 1/2, 1/4, ... of the GPUs in whole nodes, and 20 is not
+    one: it returned a 40-GPU plan slower than the 32-GPU plan it may choose."""
+    tokens = 1e9
+    on = {n: search(SearchRequest(model=preset("gpt3-2.7b"), gbs=64, seq_len=2048,
+                                  cluster=parse_gpus_arg(f"H100-80GB-SXM:{n}"),
+                                  objective="time-to-train", tokens=tokens, top=1))
+          for n in (32, 40)}
+    best32, best40 = (on[n].ranked[0] for n in (32, 40))
+    assert best40.time_to_train_s(tokens) <= best32.time_to_train_s(tokens) * (1 + 1e-9)
+
+
 def test_mixed_cluster_gets_baselines_and_is_never_worse():
     found = search(SearchRequest(model=preset("llama2-7b"),
                                  cluster=load_cluster("cluster_specs/mixed-a100-v100.yaml"),

@@ -49,6 +49,28 @@ def test_a_cluster_file_defines_its_own_gpu(tmp_path, capsys):
     assert code == 0 and _iteration(again) == _iteration(out), err
 
 
+def test_a_plan_file_may_define_its_gpu_under_the_clusters_devices(tmp_path, capsys):
+    """A plan's cluster names its GPU in `devices` without a `gpu_spec` on the group (a
+    hand-written plan, or one with the copy removed), every node field given: it was
+    taken as resolved and the GPU looked up in the catalog ("'Lab-GPU-24GB' is not a
+    known GPU type")."""
+    import yaml
+
+    path = tmp_path / "lab.yaml"
+    path.write_text(LAB)
+    plan_path = tmp_path / "plan.yaml"
+    code, out, err = run_cli(["simulate", "--model", "gpt3-350m", "--cluster", str(path),
+                              *FLAGS, "-o", str(plan_path)], capsys)
+    assert code == 0, err
+    doc = yaml.safe_load(plan_path.read_text())
+    for group in doc["cluster"]["node_groups"]:
+        group.pop("gpu_spec")
+    assert doc["cluster"]["devices"]  # the definition stays where a cluster file has it
+    plan_path.write_text(yaml.safe_dump(doc))
+    code, again, err = run_cli(["simulate", "--plan", str(plan_path), "--json"], capsys)
+    assert code == 0 and _iteration(again) == _iteration(out), err
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda t: t.replace("gpu: Lab-GPU-24GB", "gpu: Lab-GPU-48GB"),
      r"node_groups\[0\].gpu: 'Lab-GPU-48GB' is not a known GPU type .*define it under"),
@@ -197,3 +219,20 @@ def test_the_gpus_table_shows_bf16_and_fp16_apart(capsys):
     assert code == 0
     assert re.search(r"^V100-32GB-SXM2 +32\.0GiB +- +125\.0TF +15\.7TF", listing, re.M)
     assert re.search(r"^CPU +\S+ +0\.05TF +0\.02TF +0\.1TF", listing, re.M)
+
+
+def test_a_gpu_with_neither_tf32_nor_fp32_runs_no_tf32():
+    # tf32 runs as fp32 where a GPU has no TF32; a GPU that defines only fp16 has
+    # neither, yet '--dtype fp32' said it "offers tf32 (as fp32)" and '--dtype tf32'
+    # passed the check, then failed further on as "dtype: 'fp32'".
+    import dataclasses
+
+    from planner.specs.cluster import check_train_dtype, runs_dtype
+    from profiler.devices import device
+
+    x1 = dataclasses.replace(device("A100-80GB-SXM"), name="X1", peak_tflops={"fp16": 100.0})
+    assert not runs_dtype(x1, "tf32") and runs_dtype(device("V100-32GB-SXM2"), "tf32")
+    for dtype in ("fp32", "tf32"):
+        with pytest.raises(SpecError, match=f"--dtype: '{dtype}' is not allowed \\(X1 has no "
+                           f"{dtype}; it offers fp16\\)"):
+            check_train_dtype([x1], dtype, where="--dtype")
