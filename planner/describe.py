@@ -13,7 +13,7 @@ from planner.predict.results import SimResult
 from planner.specs.choices import Recompute, Schedule
 from planner.specs.plan import Plan, Sharding, Stage
 
-__all__ = ["GIB", "GLOSSARY", "count_words", "gpu_short_names", "headroom_bytes", "is_mixed",
+__all__ = ["GIB", "GLOSSARY", "count_words", "duration_words", "gpu_short_names", "headroom_bytes", "is_mixed",
            "layout_cell", "plan_words",
            "recompute_words", "schedule_words",
            "render_table", "replica_lines", "shape_key", "sharding_cell", "sharding_words",
@@ -67,6 +67,15 @@ def count_words(n: float) -> str:
             v = n / scale
             return f"{v:.3g} {word}" if abs(v) < 1000 else f"{v:,.0f} {word}"
     return f"{n:,.0f}"
+
+
+def duration_words(seconds: float) -> str:
+    """A time to train in the unit that shows it: days from one day, hours, minutes,
+    seconds below (a 90-second run read '0.00 days')."""
+    for unit, size, digits in (("days", 86400, 2), ("h", 3600, 1), ("min", 60, 1)):
+        if seconds >= size:
+            return f"{seconds / size:.{digits}f} {unit}"
+    return f"{seconds:.3g} s"
 
 
 def sharding_cell(sharding: Sharding, dp: int) -> str:

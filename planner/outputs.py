@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import tempfile
 from collections.abc import Iterator, Mapping
 
 from profiler.schema import fail
@@ -37,8 +38,7 @@ def check_output_file(path: str | None, *, flag: str,
     folder = os.path.dirname(path) or "."
     if not os.path.isdir(folder):
         fail(flag, path, f"folder {folder!r} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        fail(flag, path, f"folder {folder!r} is not writable")
+    _check_writable(folder, flag, path)
 
 
 def check_output_dir(path: str | None, *, flag: str) -> None:
@@ -55,8 +55,22 @@ def check_output_dir(path: str | None, *, flag: str) -> None:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         fail(flag, path, f"{existing!r} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        fail(flag, path, f"folder {existing!r} is not writable")
+    _check_writable(existing, flag, path)
+
+
+def _check_writable(folder: str, flag: str, path: str) -> None:
+    """That a file can be made in `folder`, tried (a temporary file, removed at once):
+    permission bits do not tell a pseudo file system (/proc, /sys), a read-only mount or a
+    full disk, where the write failed after all the work with a traceback."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        fail(flag, path, f"folder {folder!r} is not writable")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".trainplan-probe-")
+    except OSError as err:
+        fail(flag, path, f"folder {folder!r} is not writable ({err.strerror or err})")
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.remove(probe)
 
 
 def check_distinct(paths: Mapping[str, str | None]) -> None:

@@ -116,7 +116,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "metrics) to DIR")
     p.add_argument("--dry-run", action="store_true",
                    help="print the torchrun command lines and stop")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (with "
+                   "--dry-run, or a plan over several nodes: the launch commands)")
     p.add_argument("--inject-fault", metavar="RANK:STEP:KIND", help=argparse.SUPPRESS)
 
 
@@ -303,8 +304,17 @@ def _report_dir(args: argparse.Namespace, model: str, cluster: str, gbs: int
     return tempfile.mkdtemp(prefix="trainplan-run-"), name, False
 
 
-def _print_launches(launches: list[NodeLaunch], *, why: str) -> None:
-    print(f"plan run: {why}; run on each node (MASTER_ADDR: the address of the first):")
+def _print_launches(launches: list[NodeLaunch], *, why: str, as_json: bool = False) -> None:
+    """The command for each node (`as_json`: one JSON object of them, the why on stderr)."""
+    head = f"plan run: {why}; run on each node (MASTER_ADDR: the address of the first):"
+    if as_json:
+        print(head, file=sys.stderr)
+        print_json({"launched": False, "why": why,
+                    "nodes": [{"node": launch.node, "node_rank": launch.node_rank,
+                               "ranks": launch.num_ranks, "command": launch.command_line()}
+                              for launch in launches]})
+        return
+    print(head)
     for launch in launches:
         print(f"# node {launch.node} ({launch.num_ranks} ranks)")
         print(launch.command_line())
@@ -402,7 +412,7 @@ def _launch(args: argparse.Namespace, plan: Plan, prediction: SimResult | None, 
         hang_timeout_s=args.hang_timeout, fault=args.inject_fault))
     if args.dry_run or len(launches) > 1:
         _print_launches(launches, why="dry run" if args.dry_run else
-                        f"the plan spans {len(launches)} nodes")
+                        f"the plan spans {len(launches)} nodes", as_json=args.json)
         return 0
     metrics = _run_here(args, launches[0], cpu=device_kind(plan) == "cpu", folder=folder)
     if metrics is None:

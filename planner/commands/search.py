@@ -51,8 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="training dtype (default: bf16 where every GPU type has it, else fp16; "
                    "a framework that plans each type alone: one some type has)")
     p.add_argument("--objective", choices=OBJECTIVES,
-                   default="throughput", help="what to optimise (cost and time-to-train may "
-                   "use fewer GPUs)")
+                   default="throughput", help="what to optimise (throughput plans on every "
+                   "GPU; cost and time-to-train may use fewer: whole nodes in powers of two, "
+                   "then halves of a node)")
     p.add_argument("--tokens", type=tokens_arg, metavar="N", help="tokens to train on (for "
                    "time-to-train and the budget)")
     p.add_argument("--max-budget", type=budget_arg, metavar="USD", help="cap on the run's cost")
@@ -90,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
         result = search(req)
     except InfeasiblePlan as err:
         print(f"plan search: no plan: {one_line(str(err))}", file=sys.stderr)
+        if args.json:  # still the one JSON object --json promises, with no plan in it
+            print_json({"objective": req.objective, "plans": [],
+                        "no_plan": one_line(str(err)),
+                        "memory_headroom_bytes": req.memory_headroom_bytes})
         return 1
     best = result.ranked[0]
     if args.output:

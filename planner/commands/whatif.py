@@ -18,13 +18,13 @@ from planner.commands.args import (
     tokens_arg,
 )
 from planner.commands.inputs import load_inputs, profiles_for
-from planner.describe import count_words
+from planner.describe import count_words, duration_words
 from planner.outputs import check_output_dir
 from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES, check_framework, search_dtype
 from planner.specs.plan import TRAIN_DTYPES
 from planner.whatif.report import plan_scenarios, write_report
 from planner.whatif.scenarios import Setting, parse_scenario
-from profiler.schema import SpecError
+from profiler.schema import SpecError, fail
 
 __all__ = ["add_parser", "run"]
 
@@ -75,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
     # what the framework cannot run on any cluster fails every scenario alike: say so once
     check_framework(args.framework, model, dtype)
     scenarios = [parse_scenario(text) for text in args.scenario]
+    seen = {"baseline"}
+    for text, sc in zip(args.scenario, scenarios, strict=True):
+        if sc.label in seen:  # the report names rows by their labels
+            fail("--scenario", text, f"its label {sc.label!r} is taken (the baseline's, or "
+                 "another scenario's): give each scenario a label of its own, 'LABEL: ...'")
+        seen.add(sc.label)
     base = Setting(label="baseline", model=model, cluster=cluster, tokens=args.tokens)
     profiles = profiles_for(args, cluster, dtype)
     rows = plan_scenarios(base, scenarios, gbs=args.gbs, seq_len=args.seq,
@@ -92,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
         if r.ranked is None:
             print(f"{r.label}: {r.note}")
         else:
-            ttt = r.time_to_train_s / 86400  # type: ignore[operator]  # planned rows have a time
+            ttt = duration_words(r.time_to_train_s)  # type: ignore[arg-type]  # planned rows have a time
             cost = "-" if r.total_usd is None else f"${r.total_usd:,.0f}"
-            print(f"{r.label}: {ttt:.2f} days, {cost}, {r.gpus_used} GPUs used, "
+            print(f"{r.label}: {ttt}, {cost}, {r.gpus_used} GPUs used, "
                   f"bottleneck {r.bottleneck}")
     print("wrote " + ", ".join(_shown(p) for p in paths.values()))
     return 0

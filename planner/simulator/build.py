@@ -303,18 +303,22 @@ class _Builder:
                 _comm_stream(g, self.plan, pi, src, devices, "pipeline sends"),
                 g.stream(f"p{pi}.s{dst}.compute"),
                 TaskMeta(pi, src, detail=about, ranks=2), TaskMeta(pi, dst, detail=about, ranks=2))
-        ln = self.links[key]
+        ln, g = self.links[key], self.g
+        # the transfer's chunk and micro-batch: the sending pass's (the receive: the pass
+        # that takes it)
+        made, taken = g.meta[src_task], g.meta[consumer]
+        send_meta = ln.send_meta._replace(chunk=made.chunk, microbatch=made.microbatch)
         if not ln.blocking:
-            return self.g.add(f"send {label} p{pi} s{src}->s{dst}", "send", ln.send_stream,
-                              ln.seconds, ln.send_meta, after=(src_task,))
-        g = self.g
+            return g.add(f"send {label} p{pi} s{src}->s{dst}", "send", ln.send_stream,
+                         ln.seconds, send_meta, after=(src_task,))
         send = g.add(f"send {label} p{pi} s{src}->s{dst} (blocking)", "send", ln.send_stream,
-                     ln.seconds, ln.send_meta, after=(src_task,))
+                     ln.seconds, send_meta, after=(src_task,))
         if src_task in self.next_compute:
             g.edge(send, self.next_compute[src_task])
         before = self.prev_compute.get(consumer)
         return g.add(f"recv {label} p{pi} s{src}->s{dst} (blocking)", "recv", ln.recv_stream,
-                     ln.seconds, ln.recv_meta,
+                     ln.seconds,
+                     ln.recv_meta._replace(chunk=taken.chunk, microbatch=taken.microbatch),
                      after=(src_task,) if before is None else (src_task, before))
 
     def _cross_stage_edges(self, pi: int, si: int, pp: int, vp: int, m: int) -> None:

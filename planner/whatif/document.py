@@ -10,7 +10,7 @@ import html
 import os
 from collections.abc import Sequence
 
-from planner.describe import GLOSSARY
+from planner.describe import GLOSSARY, duration_words
 from planner.whatif.report import COLUMNS, Row, best_row, fastest_row, largest_cost, table_rows
 
 __all__ = ["FIGURES", "html_page", "markdown", "report_blocks"]
@@ -53,7 +53,7 @@ def _columns(headers: Sequence[str], rows: Sequence[Sequence[str]], keep: Sequen
 
 
 def _days(seconds: float) -> str:
-    return f"{seconds / 86400:.2f} days"
+    return duration_words(seconds)
 
 
 def _summary(rows: Sequence[Row]) -> list[list[Segment]]:

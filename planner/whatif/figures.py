@@ -130,10 +130,15 @@ def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
             _plain_log_ticks(ax.xaxis)
         ax.set_xlabel("time to train (days)")
         ax.grid(alpha=0.3, which="both", axis="x")
-    ax.set_title(f"Cost against time to train ({count_words(planned[0][1].setting.tokens)} "
-                 "tokens)")
+    budgets = {r.setting.tokens for _, r in planned}
+    ax.set_title("Cost against time to train" + (
+        f" ({count_words(budgets.pop())} tokens)" if len(budgets) == 1
+        else " (token budgets differ: see the key)"))
     key.axis("off")
+    base_tokens = rows[0].setting.tokens
     lines = [f"{i:>2}  {r.label}" + ("" if r.time_to_train_s is not None else "  (no plan)")
+             + ("" if r.setting.tokens == base_tokens
+                else f"  ({count_words(r.setting.tokens)} tokens)")
              for i, r in enumerate(rows, 1)]
     key.text(0, 1, "\n".join(lines), va="top", fontsize=8, family="monospace", wrap=True)
     if handles:

@@ -220,7 +220,7 @@ COLUMNS = ["scenario", "model", "GPUs", "used", "idle", "plan", "iteration s", "
            "MFU %", "time to train (days)", "GPU $", "egress $", "total $", "$ per 1M tokens",
            "memory free (GiB)", "bottleneck", "note"]
 _SHOWN = {"iteration s": ".3f", "tokens/s": ",.0f", "MFU %": ".1f",
-          "time to train (days)": ".2f", "GPU $": ",.0f", "egress $": ",.0f",
+          "time to train (days)": ".4g", "GPU $": ",.0f", "egress $": ",.0f",
           "total $": ",.0f", "$ per 1M tokens": ".3f", "memory free (GiB)": ".1f"}
 GIB = 1024**3
 

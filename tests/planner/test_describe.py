@@ -38,3 +38,14 @@ def test_gpu_types_are_shortened_only_as_far_as_they_stay_apart() -> None:
                                             dtype="fp16"))
     assert gpu_short_names(three) == {"H100-80GB-SXM": "H100", "A100-80GB-SXM": "A100",
                                       "V100-32GB-SXM2": "V100"}
+
+
+def test_a_time_to_train_reads_in_the_unit_that_shows_it():
+    # what-if printed every time in days with two decimals: a 90-second run read
+    # "0.00 days" in the terminal and in report.md's headlines
+    from planner.describe import duration_words
+
+    assert duration_words(90) == "1.5 min"
+    assert duration_words(0.85) == "0.85 s"
+    assert duration_words(5 * 3600) == "5.0 h"
+    assert duration_words(31.64 * 86400) == "31.64 days"

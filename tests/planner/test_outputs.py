@@ -82,3 +82,25 @@ def test_an_output_is_never_a_file_the_command_reads(tmp_path, capsys, command):
                             "--gbs", "8", *layout, "-o", str(cluster)], capsys)
     assert code == 2 and "-o: " in err and "(the same file as --cluster)" in err, err
     assert cluster.read_text() == before
+
+
+def test_a_folder_that_takes_no_file_is_refused_before_the_work(tmp_path, monkeypatch):
+    """Permission bits do not tell /proc, /sys, a read-only mount or a full disk: as root
+    `--trace /proc/x.json` passed the check, ran the whole simulation, then died writing
+    with a traceback. The check now makes (and removes) a file there."""
+    import errno
+    import tempfile
+
+    from planner.outputs import check_output_dir, check_output_file
+    from profiler.schema import SpecError
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    check_output_file(str(tmp_path / "t.json"), flag="--trace")
+    assert not list(tmp_path.iterdir())  # the probe is gone
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(SpecError, match="is not writable \\(Read-only file system\\)"):
+        check_output_file(str(tmp_path / "t.json"), flag="--trace")
+    with pytest.raises(SpecError, match="is not writable \\(Read-only file system\\)"):
+        check_output_dir(str(tmp_path / "report"), flag="-o")

@@ -21,6 +21,12 @@ WHATIF = ["what-if", "--model", "gpt3-1.3b", "--gbs", "64"]
      "no closing quotation"),
     (["--tokens", "1e9", "--scenario", "add H100-80GB-SXM ²", "-o", "r"],
      "count: '²' is not allowed (a positive whole number)"),
+    # the report names its rows by label: two 'a' rows (or a second 'baseline') were
+    # accepted and its headlines could name either
+    (["--tokens", "1e9", "--scenario", "a: add H100-80GB-SXM 8", "--scenario",
+      "a: price H100-80GB-SXM 1", "-o", "r"], "its label 'a' is taken"),
+    (["--tokens", "1e9", "--scenario", "baseline: add H100-80GB-SXM 8", "-o", "r"],
+     "its label 'baseline' is taken"),
 ])
 def test_refused_before_planning(tmp_path, monkeypatch, capsys, flags, needle):
     monkeypatch.chdir(tmp_path)

@@ -202,6 +202,29 @@ def test_trace_shows_each_kind_of_traffic_on_its_own_stream(tmp_path):
     assert "ring/" in gathers[0]["args"]["collective"]
 
 
+@pytest.mark.parametrize("comm", ["megatron", "deepspeed"])
+def test_a_pipeline_transfer_names_its_chunk_and_micro_batch(tmp_path, comm):
+    """Every send (and DeepSpeed's blocking receive) in the trace carries the chunk and
+    micro-batch of the pass it moves, as its name does (`send F1.3`: chunk 1, micro-batch
+    3); they carried micro-batch -1 and chunk 0."""
+    import re
+
+    from planner.specs.plan import Communication
+
+    plan = make_plan(pp=4, dp=1, m=8, vp=2 if comm == "megatron" else 1, layers=16)
+    plan = dataclasses.replace(plan, training=dataclasses.replace(
+        plan.training, comm=Communication.preset(comm, dtype="bf16")))
+    _, sim = simulate_detailed(plan)
+    trace = tmp_path / "t.json"
+    write_trace(sim, str(trace))
+    moves = [e for e in json.loads(trace.read_text())["traceEvents"]
+             if e["ph"] == "X" and e["cat"] in ("send", "recv")]
+    assert moves
+    for e in moves:
+        chunk, micro = map(int, re.match(r"(?:send|recv) [FB](\d+)\.(\d+)", e["name"]).groups())
+        assert (e["args"]["chunk"], e["args"]["microbatch"]) == (chunk, micro), e
+
+
 def test_each_stage_priced_at_its_own_sharding():
     """AMSP per stage (Zorse's sharding inside a stage at its own group size): a stage
     whose sharding is overridden costs and holds exactly what it would with that sharding
