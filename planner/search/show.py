@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from planner.describe import (
     GIB,
+    duration_words,
     headroom_bytes,
     is_mixed,
     layout_cell,
@@ -121,7 +122,11 @@ def _gpus_cell(row: dict, req: SearchRequest) -> str:
 
 
 def _days(seconds: float) -> str:
-    return f"{seconds / 86400:.1f} d" if seconds >= 86400 else f"{seconds / 3600:.1f} h"
+    """A time to train in a table cell: days or hours, and below an hour the minutes or
+    seconds that show it (a short run read '0.0 h')."""
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} d"
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else duration_words(seconds)
 
 
 def search_table(result: SearchResult, req: SearchRequest, *, wide: bool = False) -> str:

@@ -49,3 +49,10 @@ def test_a_time_to_train_reads_in_the_unit_that_shows_it():
     assert duration_words(0.85) == "0.85 s"
     assert duration_words(5 * 3600) == "5.0 h"
     assert duration_words(31.64 * 86400) == "31.64 days"
+
+
+def test_the_search_tables_time_to_train_cell_shows_a_short_run():
+    # the cell read "0.0 h" below six minutes
+    from planner.search.show import _days
+
+    assert _days(84.0) == "1.4 min" and _days(5 * 3600) == "5.0 h" and _days(2 * 86400) == "2.0 d"
