@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.specs.layout import stage_layer_ranges
 from planner.specs.plan import Plan
 
 __all__ = ["RankRole", "Topology", "chunk_layers", "sample_ranges"]
@@ -50,19 +51,10 @@ class RankRole:
 
 def chunk_layers(counts: tuple[int, ...], vp: int) -> tuple[tuple[tuple[int, int], ...], ...]:
     """[stage][chunk] -> (first, last) layers, for stages of `counts` layers with `vp`
-    chunks each; chunk c of stage s is model chunk c * pp + s (vp = 1: stages in order)."""
-    pp = len(counts)
-    sizes = []  # [stage][chunk] -> layers
-    for n in counts:
-        base, extra = divmod(n, vp)
-        sizes.append([base + (1 if c < extra else 0) for c in range(vp)])
-    bounds: dict[tuple[int, int], tuple[int, int]] = {}
-    start = 0
-    for c in range(vp):
-        for s in range(pp):
-            bounds[(s, c)] = (start, start + sizes[s][c])
-            start += sizes[s][c]
-    return tuple(tuple(bounds[(s, c)] for c in range(vp)) for s in range(pp))
+    chunks each; chunk c of stage s is model chunk c * pp + s (vp = 1: stages in order), as
+    the planner lays them out (`layout.stage_layer_ranges`)."""
+    return tuple(tuple((r.start, r.stop) for r in chunks)
+                 for chunks in stage_layer_ranges(tuple(counts), vp))
 
 
 def sample_ranges(plan: Plan) -> tuple[int, ...]:

@@ -24,9 +24,10 @@ from planner.specs.choices import (
     RecomputeModule,
     Schedule,
 )
-from planner.specs.layout import chunk_sizes
+from planner.specs.layout import stage_layer_ranges
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Communication, Plan
+from profiler.devices import device_efficiency
 from profiler.kernels import SDPA_BACKENDS
 
 __all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
@@ -421,12 +422,10 @@ def chunk_layer_counts(layers: tuple[int, ...], vp: int, *, lead: int = 0,
     """Layers of every model chunk in model order (chunk c of stage s is model chunk
     c * pp + s; a stage's layers split as evenly as possible, extra to its first chunks,
     with the embedding's `lead` and the loss's `tail` slots on the first and last stage:
-    `layout.chunk_sizes`), as the executor (executor/topology.py) and the simulator lay
-    them out."""
-    pp = len(layers)
-    sizes = [chunk_sizes(n, vp, lead=lead if s == 0 else 0, tail=tail if s == pp - 1 else 0)
-             for s, n in enumerate(layers)]
-    return [sizes[s][c] for c in range(vp) for s in range(pp)]
+    `layout.stage_layer_ranges`), as the executor (executor/topology.py) and the simulator
+    lay them out."""
+    ranges = stage_layer_ranges(tuple(layers), vp, lead=lead, tail=tail)
+    return [len(ranges[s][c]) for c in range(vp) for s in range(len(layers))]
 
 
 def plan_chunk_counts(plan: Plan) -> list[int]:
@@ -739,8 +738,6 @@ def _comm_values(plan: Plan, comm: Communication) -> dict[str, object]:
 def tp_overlap_prices(plan: Plan) -> bool:
     """Whether `Communication.tp_comm_overlap` changes the plan's price: sequence-parallel
     tp collectives on a GPU whose architecture hides a share of them."""
-    from profiler.devices import device_efficiency
-
     return plan.training.sequence_parallel and any(
         s.tp > 1 and device_efficiency(plan.group_of(s).device).tp_comm_overlap > 0
         for p in plan.pipelines for s in p.stages)

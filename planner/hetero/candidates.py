@@ -538,17 +538,11 @@ def _split_layers(pr: _Pricing, t: Template, recompute: Recompute, sharding: Sha
                             microbatches=pr.run.num_microbatches)
 
 
-def _moe_counts(model: ModelSpec, layers: Sequence[int]) -> tuple[int | None, ...]:
-    """The MoE layers each stage of a split holds (`layout.stage_moe_layers`: None where
-    every layer is alike, as the split's per-layer prices assume)."""
-    return stage_moe_layers(model, tuple(layers))
-
-
 def _replica_costs(pr: _Pricing, recompute: Recompute, layers: Sequence[int],
                    shardings: Sequence[Sharding]) -> dict[int, list[StageCost]]:
     """Stage costs of each distinct replica (by its representative), each stage with the
     MoE layers it holds."""
-    moe = _moe_counts(pr.ctx.model, layers)
+    moe = stage_moe_layers(pr.ctx.model, tuple(layers))
     return {r: [_cost(pr, q, recompute=recompute, layers=layers[k], sharding=shardings[k],
                       moe=moe[k])
                 for k, q in enumerate(pr.lay.positions[r])] for r in pr.lay.replica_kinds}
@@ -558,7 +552,7 @@ def _fits_at(pr: _Pricing, k: int, sharding: Sharding, *, recompute: Recompute,
              layers: Sequence[int], in_flight: Sequence[int]) -> bool:
     """Whether stage position `k` fits at `sharding` on every kind of replica (a model
     with dense and MoE layers: at the MoE layers the stage holds, not their average)."""
-    moe = _moe_counts(pr.ctx.model, layers)[k]
+    moe = stage_moe_layers(pr.ctx.model, tuple(layers))[k]
     if moe is None:
         return all(_linear(pr, pr.lay.positions[r][k], recompute, sharding).fits(
             layers[k], in_flight[k]) for r in pr.lay.replica_kinds)

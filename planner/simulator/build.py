@@ -41,6 +41,7 @@ from typing import NamedTuple
 
 from planner.costs.comm import group_tiers
 from planner.costs.host import collective_cpu_share, shared_cores, sync_skew
+from planner.costs.memory import layers_in_flight
 from planner.costs.stages import (
     Part,
     PlanCosts,
@@ -175,7 +176,7 @@ class _Builder:
         slots = self.plan.training.slots(si, len(pipe.stages))
         parts = [_chunk_parts(cost, c, vp, last, grad == "W", slots) for c in range(vp)]
         pieces = self._bucket_count(cost, vp)
-        prev, prev2, held, peak = -1, -1, 0.0, 0.0
+        prev, prev2 = -1, -1
         layers = chunk_layers(cost.num_layers, vp, slots)
         last_grad = {c: max(j for ph, cc, j in order if ph == grad and cc == c)
                      for c in range(vp)}
@@ -210,11 +211,13 @@ class _Builder:
                                     ranks=cost.dp.group_ranks("grad_microbatch")),
                            after=(tid,))
                 waits_for = rs if in_line else -1
-            held += layers[c] if phase == "F" else -layers[c] if phase == grad else 0
-            peak = max(peak, held)
             prev2, prev = prev, tid
         self.last_compute[(pi, si)] = prev
-        self.in_flight[(pi, si)] = peak
+        # the layers its activations peak at, as the cost model holds them (this order)
+        self.in_flight[(pi, si)] = layers_in_flight(
+            self.plan.training.schedule, stage=si, pp=len(pipe.stages),
+            num_microbatches=pipe.num_microbatches, chunk_layers=tuple(layers),
+            flushes=self.plan.training.pipeline_flushes)
 
     def _gathers(self, pi: int, si: int, pass_: Pass, part: Part, prev: int, prev2: int
                  ) -> tuple[Part, int]:

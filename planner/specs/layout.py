@@ -179,6 +179,7 @@ def stage_layer_ranges(counts: tuple[int, ...], vp: int = 1, *, lead: int = 0,
     return tuple(tuple(chunks) for chunks in out)
 
 
+@cache
 def stage_moe_layers(model: ModelSpec, counts: tuple[int, ...], vp: int = 1, *,
                      lead: int = 0, tail: int = 0) -> tuple[int | None, ...]:
     """MoE layers among each stage's (`stage_layer_ranges`), for a model whose layers are
@@ -188,7 +189,7 @@ def stage_moe_layers(model: ModelSpec, counts: tuple[int, ...], vp: int = 1, *,
     if model.moe_layer_fraction in (0.0, 1.0):
         return (None,) * len(counts)
     return tuple(sum(model.is_moe_layer(i) for r in chunks for i in r)
-                 for chunks in stage_layer_ranges(tuple(counts), vp, lead=lead, tail=tail))
+                 for chunks in stage_layer_ranges(counts, vp, lead=lead, tail=tail))
 
 
 def pipeline_moe_layers(plan: Plan, pipeline: Pipeline) -> tuple[int | None, ...]:
