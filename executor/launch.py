@@ -97,7 +97,10 @@ def first_failure(run_dir: str) -> str | None:
     for name in os.listdir(run_dir) if os.path.isdir(run_dir) else []:
         if name.startswith("stop-rank") and name.endswith(".json"):
             with open(os.path.join(run_dir, name), encoding="utf-8") as fh:
-                notes.append(json.load(fh))
+                try:
+                    notes.append(json.load(fh))
+                except json.JSONDecodeError:
+                    continue  # cut short: its writer was killed while writing
     if not notes:
         return None
     first = min(notes, key=lambda n: n["time"])

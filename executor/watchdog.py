@@ -262,9 +262,12 @@ class Watchdog:
         naming the rank)."""
         print(f"[trainplan] {line}", file=sys.stderr, flush=True)
         with contextlib.suppress(OSError):
+            # written aside, then renamed: the launcher may read the run dir at any
+            # moment (it did, and found an empty note), and never sees half a note
             path = os.path.join(self.run_dir, f"stop-rank{self.rank}.json")
-            with open(path, "w", encoding="utf-8") as fh:
+            with open(path + ".part", "w", encoding="utf-8") as fh:
                 json.dump({"time": time.time(), "rank": self.rank, "cause": cause}, fh)
+            os.replace(path + ".part", path)
 
 
 def _in_torch_distributed(error: BaseException) -> bool:

@@ -27,7 +27,7 @@ def _fault_time(run_dir):
 def _notes(run_dir):
     out = {}
     for name in os.listdir(run_dir):
-        if name.startswith("stop-rank"):
+        if name.startswith("stop-rank") and name.endswith(".json"):
             with open(os.path.join(run_dir, name), encoding="utf-8") as fh:
                 note = json.load(fh)
             out[note["rank"]] = note
@@ -73,3 +73,35 @@ def test_every_other_rank_names_the_one_that_failed(tmp_path, fault, blamed, rea
     assert set(survivors) <= set(notes), notes
     for r in survivors:
         assert f"rank {blamed} (pipeline" in notes[r]["cause"] and reason in notes[r]["cause"]
+
+
+def test_a_note_cut_short_is_not_the_launchers_failure(tmp_path):
+    """A rank killed while writing its note left an empty file, and plan run died on it
+    with a JSONDecodeError instead of naming the rank (CI, stop 35)."""
+    from executor.launch import first_failure
+
+    (tmp_path / "stop-rank0.json").write_text("", encoding="utf-8")
+    (tmp_path / "stop-rank1.json").write_text(
+        json.dumps({"time": 2.0, "rank": 1, "cause": "rank 1 exited"}), encoding="utf-8")
+    assert first_failure(str(tmp_path)) == "rank 1 exited (1 rank(s) reported it)"
+
+
+def test_a_rank_writes_its_note_whole_or_not_at_all(tmp_path, monkeypatch):
+    """The note is written aside and renamed: a reader never sees a partial one."""
+    from executor import watchdog
+
+    seen = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        seen.append(sorted(os.listdir(tmp_path)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(watchdog.os, "replace", replace)
+    dog = watchdog.Watchdog.__new__(watchdog.Watchdog)
+    dog.run_dir, dog.rank = str(tmp_path), 0
+    dog._report("rank 0: stopping", cause="rank 1 exited")
+    assert seen == [["stop-rank0.json.part"]]
+    assert sorted(os.listdir(tmp_path)) == ["stop-rank0.json"]
+    note = json.loads((tmp_path / "stop-rank0.json").read_text(encoding="utf-8"))
+    assert note["cause"] == "rank 1 exited" and note["rank"] == 0
