@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
-from profiler.schema import fail
+from profiler.schema import atomic_path, fail
 
 __all__ = ["PICTURE_SUFFIXES", "PLAN_SUFFIXES", "atomic_path", "check_distinct",
            "check_output_dir", "check_output_file", "write_text"]
@@ -83,23 +82,6 @@ def check_distinct(paths: Mapping[str, str | None]) -> None:
         if real in seen:
             fail(flag, path, f"the same file as {seen[real]}")
         seen[real] = flag
-
-
-@contextlib.contextmanager
-def atomic_path(path: str) -> Iterator[str]:
-    """A temporary name beside `path` (same folder, same extension, so writers that go by
-    the extension still do); renamed over `path` when the block ends without an error,
-    removed otherwise."""
-    folder, name = os.path.split(path)
-    stem, ext = os.path.splitext(name)
-    tmp = os.path.join(folder, f".{stem}.{os.getpid()}-{secrets.token_hex(4)}.tmp{ext}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
 
 
 def write_text(path: str, text: str) -> None:

@@ -54,7 +54,12 @@ def local_device(where: str, *, device_name: str | None = None) -> LocalDevice:
             fail("--device", where, f"this machine has {torch.cuda.device_count()} GPUs")
     detail = device_description(where)
     if device_name:
-        return LocalDevice(device(device_name), detail)
+        named = device(device_name)
+        if (named.vendor == "cpu") != (where == "cpu"):
+            fail("--device-name", device_name, f"a {'CPU' if where == 'cpu' else 'GPU'} catalog "
+                 f"entry: --device {where} measures {detail!r}, and its times would price "
+                 f"every {device_name} of a plan")
+        return LocalDevice(named, detail)
     if where == "cpu":
         return LocalDevice(device("CPU"), detail)
     props = torch.cuda.get_device_properties(torch.device(where))

@@ -17,16 +17,19 @@ built. Values quoted in messages are cut to `MAX_REPR_CHARS`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import math
+import os
 import re
+import secrets
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal, TypeVar
 
-__all__ = ["MAX_FILE_BYTES", "MAX_YAML_NODES", "SpecError", "at", "cached_hash", "coerce_choices",
+__all__ = ["MAX_FILE_BYTES", "MAX_YAML_NODES", "SpecError", "at", "atomic_path", "cached_hash", "coerce_choices",
            "dump", "fail", "load_json_text", "load_yaml", "load_yaml_text", "one_line", "parse",
            "read_text", "short_repr", "spec_field"]
 
@@ -485,6 +488,23 @@ def _children(node: Any) -> list[Any]:
     if isinstance(node, yaml.SequenceNode):
         return list(node.value)
     return []
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """A temporary name beside `path` (same folder, same extension, so writers that go by
+    the extension still do); renamed over `path` when the block ends without an error,
+    removed otherwise."""
+    folder, name = os.path.split(path)
+    stem, ext = os.path.splitext(name)
+    tmp = os.path.join(folder, f".{stem}.{os.getpid()}-{secrets.token_hex(4)}.tmp{ext}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def read_text(path: str) -> str:

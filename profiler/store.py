@@ -7,14 +7,16 @@ written with full precision so that a file reads back exactly. The schema is doc
 docs/profiles.md and versioned by `PROFILE_SCHEMA_VERSION`; both are validated by the
 one spec loader (`profiler/schema.py`), so a bad file gets a one-line `SpecError`.
 
-Lookup: an exact shape answers with its own median. Other sizes interpolate along the
-op's series (same name, variant and group size) piecewise-linearly in log-log space of
-time against FLOPs (GEMMs, attention) or bytes (everything else). The series is first
-made non-decreasing (pool-adjacent-violators on log time, Barlow et al. 1972), so a
-bigger op is never predicted faster than a smaller one. Below the smallest point the time
-stays flat (small ops cost their fixed overhead); above the largest it grows at the
-largest point's rate. Sizes more than `EXTRAPOLATION_LIMIT` outside the measured range
-are not answered: the analytic model is the better guess there.
+Lookup: each op's series (same name, variant and group size) is made non-decreasing in
+size (pool-adjacent-violators on log time, Barlow et al. 1972), so a bigger op is never
+predicted faster than a smaller one; size is FLOPs (GEMMs, attention) or bytes
+(everything else). An exact shape answers with its own median moved as the fit moved its
+size's mean (shapes of one size keep their measured order). Other sizes inside the
+measured range interpolate piecewise-linearly in log-log space. Outside it the profile
+does not answer: `Profile.edge` gives the nearest measured size, and the reader scales its
+analytic model by what the profile measured there (planner/costs/compute.py, comm.py).
+Rows of the same op and shape from several files are pooled (geometric mean), so the
+order of `--profile` flags changes nothing.
 """
 
 from __future__ import annotations
@@ -33,14 +35,23 @@ from functools import cached_property
 from typing import Literal
 
 from profiler.devices import device
-from profiler.schema import at, dump, fail, load_yaml_text, parse, read_text, spec_field
+from profiler.schema import (
+    at,
+    atomic_path,
+    dump,
+    fail,
+    load_yaml_text,
+    parse,
+    read_text,
+    spec_field,
+)
 
-__all__ = ["EXTRAPOLATION_LIMIT", "PROFILE_SCHEMA_VERSION", "SHAPE_LENGTHS", "MonotoneCurve",
+__all__ = ["PROFILE_SCHEMA_VERSION", "SHAPE_LENGTHS", "MonotoneCurve",
            "Profile", "ProfileMeta", "ProfileRow", "Profiles", "load_profile", "load_profiles",
            "parse_profile_text", "profile_text", "save_profile"]
 
 PROFILE_SCHEMA_VERSION = 1
-EXTRAPOLATION_LIMIT = 2.0  # answer sizes up to 2x beyond the measured range
+_SAME_SIZE = 1e-9  # log-size tolerance: a size computed again (2 x a half) is the same size
 RowKind = Literal["gemm", "attention", "elementwise", "embedding", "optimizer", "collective",
                   "host"]
 _BY_FLOPS = ("gemm", "attention")  # time grows with FLOPs; other kinds with bytes moved
@@ -120,28 +131,44 @@ class ProfileRow:
 
 
 class MonotoneCurve:
-    """Non-decreasing piecewise-linear interpolation in log-log space."""
+    """Non-decreasing piecewise-linear interpolation in log-log space, over the measured
+    range only."""
 
     def __init__(self, points: Iterable[tuple[float, float]]) -> None:
         by_size: dict[float, list[float]] = {}
         for size, t in points:
             by_size.setdefault(math.log(max(size, 1.0)), []).append(math.log(t))
         xs = sorted(by_size)
-        ys = [sum(by_size[x]) / len(by_size[x]) for x in xs]
-        self.xs, self.ys = xs, _isotonic(ys, [len(by_size[x]) for x in xs])
+        self.raw = [sum(by_size[x]) / len(by_size[x]) for x in xs]  # mean log time
+        self.xs, self.ys = xs, _isotonic(self.raw, [len(by_size[x]) for x in xs])
 
     def __call__(self, size: float) -> float | None:
+        """The fitted time, or None outside the measured range."""
         x = math.log(max(size, 1.0))
         xs, ys = self.xs, self.ys
-        if x < xs[0] - math.log(EXTRAPOLATION_LIMIT) or x > xs[-1] + math.log(EXTRAPOLATION_LIMIT):
+        if x < xs[0] - _SAME_SIZE or x > xs[-1] + _SAME_SIZE:
             return None
-        if x <= xs[0]:
+        i = min(max(bisect.bisect_right(xs, x), 1), len(xs) - 1)
+        if len(xs) == 1 or x <= xs[0]:
             return math.exp(ys[0])
-        if x >= xs[-1]:
-            return math.exp(ys[-1] + (x - xs[-1]))  # the largest point's rate
-        i = bisect.bisect_right(xs, x)
-        w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+        w = min((x - xs[i - 1]) / (xs[i] - xs[i - 1]), 1.0)
         return math.exp(ys[i - 1] + w * (ys[i] - ys[i - 1]))
+
+    def moved(self, size: float) -> float:
+        """How much the monotone fit moved the mean of a measured size (1 where the
+        measurements were already in order)."""
+        i = self._index(math.log(max(size, 1.0)))
+        return 1.0 if i is None or self.ys[i] == self.raw[i] else math.exp(self.ys[i] - self.raw[i])
+
+    def edge(self, size: float) -> tuple[float, float]:
+        """The measured size nearest to `size` outside the range (the smallest or the
+        largest), and the fitted time there."""
+        i = 0 if math.log(max(size, 1.0)) < self.xs[0] else len(self.xs) - 1
+        return math.exp(self.xs[i]), math.exp(self.ys[i])
+
+    def _index(self, x: float) -> int | None:
+        i = bisect.bisect_left(self.xs, x - _SAME_SIZE)
+        return i if i < len(self.xs) and abs(self.xs[i] - x) <= _SAME_SIZE else None
 
 
 def _isotonic(ys: Sequence[float], weights: Sequence[int]) -> list[float]:
@@ -177,7 +204,11 @@ class Profile:
 
     @cached_property
     def _exact(self) -> dict[tuple[SeriesKey, tuple[int, ...]], float]:
-        return {(_key(r), r.shape): r.time_s for r in self.rows}
+        times: dict[tuple[SeriesKey, tuple[int, ...]], list[float]] = {}
+        for r in self.rows:  # one row a shape in a file; several files may each have one
+            times.setdefault((_key(r), r.shape), []).append(r.time_s)
+        return {k: v[0] if len(v) == 1 else math.exp(sum(map(math.log, v)) / len(v))
+                for k, v in times.items()}
 
     @cached_property
     def _series(self) -> dict[SeriesKey, MonotoneCurve]:
@@ -189,13 +220,29 @@ class Profile:
     def time_s(self, *, kind: str, name: str, variant: str | None, shape: tuple[int, ...],
                size: float, ranks: int = 1) -> float | None:
         """Seconds per call of an op (or collective) from this profile, or None where it
-        has no series for it or the size is too far outside the measured range."""
+        has no series for it or the size is outside the measured range (`edge`)."""
         key = (kind, name, variant or "", ranks)
+        curve = self._series.get(key)
+        if curve is None:
+            return None
         exact = self._exact.get((key, tuple(shape)))
         if exact is not None:
-            return exact
+            return exact * curve.moved(size)
+        return curve(size)
+
+    def edge(self, *, kind: str, name: str, variant: str | None, size: float,
+             ranks: int = 1) -> tuple[ProfileRow, float] | None:
+        """For a size outside the measured range of the op's series: the row measured at
+        the nearest end of the range (the first of its size) and the series' fitted time
+        there, or None where the profile has no such series."""
+        key = (kind, name, variant or "", ranks)
         curve = self._series.get(key)
-        return curve(size) if curve is not None else None
+        if curve is None:
+            return None
+        edge_size, fitted = curve.edge(size)
+        rows = [r for r in self.rows if _key(r) == key]
+        row = min(rows, key=lambda r: abs(math.log(max(r.size, 1.0) / edge_size)))
+        return row, fitted
 
     def collective_time_s(self, kind: str, size_bytes: float, ranks: int) -> float | None:
         return self.time_s(kind="collective", name=kind, variant=None, shape=(int(size_bytes),),
@@ -286,10 +333,8 @@ def save_profile(path: str, meta: ProfileMeta, rows: Iterable[ProfileRow]) -> No
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
-    os.replace(tmp, path)
 
 
 _HINTS = typing.get_type_hints(ProfileRow)
@@ -314,7 +359,12 @@ def _cell(name: str, text: str, where: str) -> object:
 
 def parse_profile_text(text: str, *, path: str) -> Profile:
     """A Profile from file content; every problem is a SpecError naming file, row, field."""
-    lines = text.splitlines()
+    lines = text.removeprefix("\ufeff").splitlines()  # a spreadsheet's byte-order mark
+    if not lines or not lines[0].startswith("#"):
+        fail(path, lines[0][:60] if lines else "an empty file",
+             "a trainplan profile (`## trainplan profile` and `# ` metadata lines, then the "
+             "table; `plan profile measure` writes one)")
+    lines = [ln for ln in lines if ln.strip()]  # blank lines (a hand edit) hold nothing
     head = [ln[2:] if ln.startswith("# ") else ln[1:] for ln in lines
             if ln.startswith("#") and not ln.startswith("##")]  # "##": a title, not YAML
     body = [ln for ln in lines if not ln.startswith("#")]
@@ -323,9 +373,12 @@ def parse_profile_text(text: str, *, path: str) -> Profile:
         fail(path, raw, "expected `# key: value` metadata lines before the table")
     version = raw.get("schema_version")
     if version != PROFILE_SCHEMA_VERSION:
+        newer = isinstance(version, int) and not isinstance(version, bool) \
+            and version > PROFILE_SCHEMA_VERSION
         fail(at(f"{path}:", "schema_version"), version,
              f"this trainplan reads profile schema version {PROFILE_SCHEMA_VERSION}; "
-             "re-measure with `plan profile`")
+             + ("the file was written by a newer trainplan: update this one"
+                if newer else "re-measure with `plan profile`"))
     meta = parse(ProfileMeta, raw, where=f"{path}:")
     reader = csv.reader(body)
     header = next(reader, None)

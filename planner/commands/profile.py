@@ -19,7 +19,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.commands.args import (
     Parser,
@@ -99,7 +99,8 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
                    help="timed samples per row")
     m.add_argument("--collectives", action="store_true",
                    help="also measure collectives across --nprocs local processes")
-    m.add_argument("--nprocs", type=int_in(1, 256), default=2, metavar="N")
+    m.add_argument("--nprocs", type=int_in(2, 256), default=2, metavar="N",
+                   help="processes in the measured group (default 2; a collective needs two)")
     m.add_argument("--host-costs", action="store_true",
                    help="also measure host-side costs (profiler/hostcost.py): per-op dispatch "
                         "with --model; with --collectives on the CPU, each collective's fixed "
@@ -255,7 +256,11 @@ def measure(req: MeasureRequest) -> int:
         coll, interrupted = _measure_collectives(req)
         rows.extend(coll)
     world = req.nprocs if req.collectives else 1
-    save_profile(req.output, _meta(req, local, dtype, world), rows)
+    meta = _meta(req, local, dtype, world)
+    if interrupted:  # so that nothing takes it for the whole measurement (plan run reuses
+        # a profile whose command is the one it would run)
+        meta = replace(meta, command=f"{meta.command or ''}  # interrupted: {len(rows)} rows")
+    save_profile(req.output, meta, rows)
     for note in sorted(set(notes)):
         print(note, file=sys.stderr)
     elapsed = time.perf_counter() - start

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -136,6 +137,11 @@ def _check_flags(args: argparse.Namespace) -> None:
                  "--profile, or the analytic model without it)")
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
         raise SpecError("--checkpoint-dir: --resume and --checkpoint-every need it")
+    if args.resume and not args.checkpoint_every and not os.path.isdir(args.checkpoint_dir):
+        # a typo'd folder trained from step 1 with exit 0; with --checkpoint-every the
+        # folder may be a restart loop's first run, which starts at step 1 and writes it
+        fail("--checkpoint-dir", args.checkpoint_dir, "an existing folder of checkpoints to "
+             "resume from (or add --checkpoint-every N to start there and write them)")
     if not 0 <= args.warmup < args.steps:
         fail("--warmup", args.warmup, f"0 ≤ warmup < --steps {args.steps}")
     if args.name is not None and (not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.name)
@@ -279,7 +285,12 @@ def _measure_command(req: MeasureRequest, args: argparse.Namespace) -> str:
         argv += ["--collectives", "--nprocs", str(req.nprocs), "--max-bytes", str(req.max_bytes)]
     if req.host_costs:
         argv += ["--host-costs"]
-    return shlex.join([*argv, "-o", req.output])
+    text = shlex.join([*argv, "-o", req.output])
+    if req.model is not None and args.model_file:  # the file's content, not only its name
+        with open(args.model_file, "rb") as fh:
+            digest = hashlib.sha256(fh.read()).hexdigest()[:16]
+        text += f"  # {os.path.basename(args.model_file)} sha256:{digest}"
+    return text
 
 
 def _measured_by(path: str) -> str | None:

@@ -381,13 +381,27 @@ def _send_s(size: float, tiers: Sequence[Tier]) -> float:
 
 def measured_collective_s(kind: str, size_bytes: float, tiers: Sequence[Tier],
                           profiles: Profiles | None) -> float | None:
-    """The profile's time of a collective of a group inside one node, if it has it."""
+    """The profile's time of a collective of a group inside one node, if it measured
+    that collective at that group size: interpolated inside the sizes it measured, and
+    outside them the model's time scaled by the profile's measured / model time at the
+    nearest size it measured (as op times are, planner/costs/compute.py)."""
     if profiles is None or len(tiers) != 1 or tiers[0].name != "node" or not tiers[0].device:
         return None
     profile = profiles.get(tiers[0].device)
     if profile is None:
         return None
-    return profile.collective_time_s(kind, size_bytes, tiers[0].fanout)
+    measured = profile.collective_time_s(kind, size_bytes, tiers[0].fanout)
+    if measured is not None:
+        return measured
+    found = profile.edge(kind="collective", name=kind, variant=None, size=size_bytes,
+                         ranks=tiers[0].fanout)
+    if found is None:
+        return None
+    row, fitted_s = found
+    model_at_edge = _model_time_s(kind, row.bytes, tuple(tiers))
+    if model_at_edge <= 0:
+        return None
+    return fitted_s / model_at_edge * _model_time_s(kind, size_bytes, tuple(tiers))
 
 
 def collective_time_s(kind: str, size_bytes: float, tiers: Sequence[Tier], *,

@@ -2,9 +2,13 @@
 device model.
 
 A profile answers an op by its name, implementation (variant) and shape, interpolating
-over sizes it did not measure (profiler/store.py); ops it lacks (a SwiGLU when the
-profiled model had GELU, a size far outside the measured range) fall back to the
-analytic model. `compute_source` says which answered what. FlashAttention's Triton port,
+over sizes it did not measure inside the range it measured (profiler/store.py). Outside
+that range the analytic model is scaled by what the profile measured at the nearest end of
+the op's series (`profiled_op_time_s`): the measurement calibrates the model for that op
+on that device, and the model carries it to the other size (a tp-2 half of a GEMM measured
+at tp 1, a micro-batch larger than the profiled one), continuous at the edge and growing
+as the model grows. Ops the profile lacks (a SwiGLU when the profiled model had GELU) are
+the analytic model's alone. `compute_source` says which answered what. FlashAttention's Triton port,
 which nothing here measures, is FlashAttention-2's time (measured or analytic) times its
 published slowdown (`TRITON_FLASH_SLOWDOWN`).
 """
@@ -26,7 +30,7 @@ from profiler.store import Profile
 __all__ = ["ANALYTIC_SOURCE", "ARCH_CALIBRATION", "TRITON_FLASH_SLOWDOWN", "TRITON_FLASH_SOURCE",
            "ComputeCosts",
            "calibration_source", "clear_op_cache", "compute_source", "measured_op_time_s",
-           "priced_as"]
+           "priced_as", "profiled_op_time_s"]
 
 # FlashAttention's 2022 Triton port (`Attention.FLASH_TRITON`) against FlashAttention-2,
 # forward and backward: Dao 2023 (arXiv:2307.08691) §4.1, measured on an A100 80GB SXM4 at
@@ -116,6 +120,31 @@ def measured_op_time_s(profile: Profile, op: Op) -> float | None:
                           size=size)
 
 
+@cache
+def _scaled_from_edge_s(profile: Profile, dev: DeviceSpec, dtype: str, op: Op) -> float | None:
+    """The analytic time of `op` times the profile's measured / analytic time at the
+    nearest measured size of its series, or None where the profile has no such series."""
+    size = op.flops if op.kind in ("gemm", "attention") else op.bytes
+    found = profile.edge(kind=op.kind, name=op.name, variant=op.variant, size=size)
+    if found is None:
+        return None
+    row, fitted_s = found
+    at_edge = replace(op, shape=row.shape, flops=row.flops, bytes=row.bytes,
+                      kernels=row.kernels)
+    analytic_at_edge = _analytic_op_time_s(dev, dtype, at_edge)
+    if analytic_at_edge <= 0:
+        return None
+    return fitted_s / analytic_at_edge * _analytic_op_time_s(dev, dtype, op)
+
+
+def profiled_op_time_s(profile: Profile, dev: DeviceSpec, dtype: str, op: Op) -> float | None:
+    """The profile's time for `op`: measured (or interpolated) inside the range its series
+    measured, scaled from the nearest measurement outside it; None where the profile did
+    not measure the op at all."""
+    measured = measured_op_time_s(profile, op)
+    return measured if measured is not None else _scaled_from_edge_s(profile, dev, dtype, op)
+
+
 def priced_as(op: Op) -> tuple[Op, float]:
     """The op whose time prices `op`, and the factor: FlashAttention's Triton port is its
     FlashAttention-2 twin `TRITON_FLASH_SLOWDOWN` times slower (forward or backward, by the
@@ -143,9 +172,9 @@ class ComputeCosts:
         if slowdown != 1.0:
             return slowdown * self.time_s(flash)
         if self.profile is not None:
-            measured = measured_op_time_s(self.profile, op)
-            if measured is not None:
-                return measured
+            profiled = profiled_op_time_s(self.profile, self.device, self.dtype, op)
+            if profiled is not None:
+                return profiled
         return _analytic_op_time_s(self.device, self.dtype, op)
 
     def total_s(self, ops: tuple) -> float:
@@ -157,20 +186,28 @@ def compute_source(uses: Iterable[tuple[Profile | None, Op]]) -> str:
     """Which model answered the ops of a plan, given (profile, op) pairs: the profile's
     path and the op kinds it answered, and what was left to the analytic model."""
     measured: dict[str, set[str]] = {}
+    scaled: dict[str, set[str]] = {}  # op names outside the sizes the profile measured
     analytic_names: set[str] = set()
     triton = False
     for profile, op in uses:
         op, slowdown = priced_as(op)
         triton |= slowdown != 1.0
-        if profile is not None and measured_op_time_s(profile, op) is not None:
+        size = op.flops if op.kind in ("gemm", "attention") else op.bytes
+        if profile is None:
+            analytic_names.add(op.name)
+        elif measured_op_time_s(profile, op) is not None:
             measured.setdefault(profile.path, set()).add(op.kind)
+        elif profile.edge(kind=op.kind, name=op.name, variant=op.variant, size=size):
+            scaled.setdefault(profile.path, set()).add(op.name)
         else:
             analytic_names.add(op.name)
     note = f"; {TRITON_FLASH_SOURCE}" if triton else ""
-    if not measured:
+    if not measured and not scaled:
         return ANALYTIC_SOURCE + note
     parts = [f"measured profile {path} ({', '.join(sorted(kinds))})"
              for path, kinds in sorted(measured.items())]
+    parts += [f"outside the sizes {path} measured: the analytic model scaled by its nearest "
+              f"measurement ({', '.join(sorted(names))})" for path, names in sorted(scaled.items())]
     text = "; ".join(parts)
     if analytic_names:
         text += f"; {ANALYTIC_SOURCE} for the rest ({', '.join(sorted(analytic_names))})"
@@ -180,3 +217,4 @@ def compute_source(uses: Iterable[tuple[Profile | None, Op]]) -> str:
 def clear_op_cache() -> None:
     _analytic_op_time_s.cache_clear()
     measured_op_time_s.cache_clear()
+    _scaled_from_edge_s.cache_clear()

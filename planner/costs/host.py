@@ -197,15 +197,30 @@ def collective_cpu_share(dev: DeviceSpec, profile: Profile | None, ranks: int
                              if g == nearest for share in shares)
 
 
+# What each family of host rows measures (profiler/hostcost.py), by its names' start.
+_HOST_FAMILIES = (("dispatch_", "per-op dispatch"),
+                  ("fsdp_unit_", "FSDP2 units beyond their collectives, which block the "
+                                 "compute thread"),
+                  ("dtensor_", "DTensor layers beyond their collectives"),
+                  ("gemm_shared", "CPU ranks sharing the host's cores while they compute at "
+                                  "once"),
+                  ("arrival_", "ranks in step waiting for the slowest"),
+                  ("cpu.", "the CPU time of gloo collectives"))
+
+
 def host_source(profiles: Profiles | None, devices: set[str], *, on_cpu: bool = True) -> str:
     """What priced the host-side costs of a plan on `devices` (`on_cpu`: some of them are
-    CPU ranks; without, only the GPU defaults are named)."""
-    paths = sorted({p.path for name, p in (profiles.by_device if profiles else ())
-                    if name in devices and p.host_rows})
-    if not paths:
+    CPU ranks; without, only the GPU defaults are named): the profiles with host rows and
+    the costs their rows measured, each named once."""
+    found: dict[str, list[str]] = {}
+    for name, p in profiles.by_device if profiles else ():
+        if name not in devices:
+            continue
+        for start, what in _HOST_FAMILIES:
+            if any(r.name.startswith(start) for r in p.host_rows):
+                found.setdefault(p.path, []).append(what)
+    if not found:
         return HOST_ANALYTIC_SOURCE if on_cpu else HOST_ANALYTIC_GPU_SOURCE
-    return (f"measured host costs {', '.join(paths)} (FSDP2 units and DTensor layers beyond "
-            "their collectives, which block the compute thread; per-op dispatch; CPU ranks "
-            "sharing the host's cores while they compute at once; ranks in step waiting "
-            "for the slowest); "
-            f"{HOST_ANALYTIC_SOURCE} for the rest")
+    return "; ".join(f"measured host costs {path} ({'; '.join(whats)})"
+                     for path, whats in sorted(found.items())) + \
+        f"; {HOST_ANALYTIC_SOURCE} for the rest"

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from planner.costs.compute import ComputeCosts, measured_op_time_s
+from planner.costs.compute import ComputeCosts, profiled_op_time_s
 from planner.costs.memory import rank_param_count
 from planner.costs.workload import Op, layer_work, optimizer_work
 from planner.specs.layout import pipeline_moe_layers
@@ -68,9 +68,10 @@ def _attention_s(plan: Plan, profile: Profile, attention: str) -> float | None:
     work = layer_work(plan.model, shape)
     ops = [op for op in (*work.forward, *work.backward) if isinstance(op, Op)]
     core = [op for op in work.attention_core if isinstance(op, Op)]  # the backend's ops
-    if any(measured_op_time_s(profile, op) is None for op in core):
+    dev = _first_device(plan)
+    if any(profiled_op_time_s(profile, dev, shape.dtype, op) is None for op in core):
         return None
-    costs = ComputeCosts(_first_device(plan), shape.dtype, profile)
+    costs = ComputeCosts(dev, shape.dtype, profile)
     return sum(costs.time_s(op) for op in ops)
 
 
@@ -84,7 +85,7 @@ def _optimizer_s(plan: Plan, profile: Profile, implementation: str) -> float | N
     op = optimizer_work(params, dtype=plan.training.dtype, implementation=implementation,
                         num_tensors=max(1, 6 * stage.num_layers),
                         master_weights=plan.training.master_weights)
-    return measured_op_time_s(profile, op)
+    return profiled_op_time_s(profile, _first_device(plan), plan.training.dtype, op)
 
 
 def _first_device(plan: Plan) -> DeviceSpec:

@@ -1261,7 +1261,8 @@ def _comm_source(cluster: ClusterSpec, specs: Sequence[tuple[StageSpec, ...]],
     if not used:
         return COMM_SOURCE
     parts = [f"measured collective profile {path} (groups of {', '.join(map(str, sorted(n)))} "
-             "ranks in a node)" for path, n in sorted(used.items())]
+             "ranks in a node; at sizes it did not measure, the model scaled by its nearest "
+             "measurement)" for path, n in sorted(used.items())]
     return "; ".join(parts) + f"; {COMM_SOURCE} for the rest"
 
 

@@ -13,7 +13,6 @@ step; see docs/calibration.md).
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -21,6 +20,7 @@ from dataclasses import dataclass, replace
 from planner.calibration.fit import Parameter, minimize_bounded, with_values
 from planner.costs.compute import ComputeCosts, clear_op_cache
 from planner.costs.workload import Op
+from planner.outputs import check_distinct, check_output_file, write_text
 from planner.profiling.cases import op_dtype
 from profiler.devices import device, parameter_overrides
 from profiler.progress import ProgressBar
@@ -102,6 +102,8 @@ def fit_profile(profile: Profile, *, iterations: int = 400,
 def run_fit(path: str, *, iterations: int, output: str | None = None) -> int:
     """Print the fitted values; with `output`, write the profiled GPU type with them as
     its own analytic-model parameters to a catalog file (`--catalog` reads it)."""
+    check_output_file(output, flag="-o", suffixes=(".yaml", ".yml"))  # before the fit
+    check_distinct({"FILE": path, "-o": output})
     profile = load_profile(path)
     with ProgressBar(iterations, title="fitting", unit="evaluations") as bar:
         result = fit_profile(profile, iterations=iterations, progress=bar.advance)
@@ -129,10 +131,7 @@ def run_fit(path: str, *, iterations: int, output: str | None = None) -> int:
                      source=f"{dev.source}; analytic model fitted to {path} "
                      f"({m.device_detail}, {m.dtype}, {m.created})")
     entry = {k: v for k, v in dump(fitted).items() if k != "name"}
-    tmp = f"{output}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write("# trainplan catalog file: use with --catalog\n")
-        yaml.safe_dump({dev.name: entry}, fh, sort_keys=False)
-    os.replace(tmp, output)
+    write_text(output, "# trainplan catalog file: use with --catalog\n"
+               + yaml.safe_dump({dev.name: entry}, sort_keys=False))
     print(f"wrote {output}: {dev.name} with the fitted parameters (use --catalog {output})")
     return 0

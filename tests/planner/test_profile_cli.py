@@ -33,6 +33,13 @@ from tests.planner.cli_helpers import run_cli as _run
     (["--model", "debug-tiny", "--dtype", "fp8", "-o", "p.csv"],
      "--dtype: 'fp8' is not allowed (FP8 tensor cores are on NVIDIA GPUs of compute "
      "capability 8.9 or newer; profile bf16 on the CPU)"),
+    # the CPU's times, filed as an H100's, priced every H100 of a plan 5x slow
+    (["--model", "debug-tiny", "--device-name", "H100-80GB-SXM", "-o", "p.csv"],
+     "--device-name: 'H100-80GB-SXM' is not allowed (a CPU catalog entry: --device cpu "
+     "measures"),
+    # one process has no peer: its send_recv rows timed nothing
+    (["--collectives", "--nprocs", "1", "-o", "p.csv"],
+     "argument --nprocs: 1 is not allowed (must be ≥ 2)"),
 ])
 def test_bad_flags(argv, needle, capsys, tmp_path, monkeypatch):
     pytest.importorskip("torch")
@@ -46,6 +53,28 @@ def test_bad_flags(argv, needle, capsys, tmp_path, monkeypatch):
 def test_show_and_fit_errors(tmp_path, capsys):
     code, _, err = _run(["profile", "show", str(tmp_path / "none.csv")], capsys)
     assert code == 2 and "none.csv: cannot read (No such file or directory)" in err
+
+
+@pytest.mark.parametrize("output, needle", [
+    ("nofolder/cat.yaml", "folder '{d}/nofolder' does not exist"),
+    ("", "a .yaml, .yml file"),  # the folder itself
+    ("cat.json", "a .yaml, .yml file"),  # --catalog then read it as JSON
+    ("cpu.csv", "a .yaml, .yml file"),  # it overwrote the measured profile
+])
+def test_fit_checks_its_output_before_fitting(tmp_path, capsys, output, needle):
+    """Each of these fitted first, then died with a traceback (or wrote YAML into the
+    profile itself, or into a .json that --catalog then could not read)."""
+    from planner.costs.workload import Op
+    from tests.planner.profile_helpers import op_row, write_profile
+
+    path = write_profile(tmp_path / "cpu.csv", [op_row(Op("mlp.fc1", "gemm", 2e6, 1e4,
+                                                           (1, 64, 64, 256)), 1e-4)])
+    before = (tmp_path / "cpu.csv").read_text()
+    code, out, err = _run(["profile", "fit", path, "--iterations", "5",
+                           "-o", str(tmp_path / output) if output else str(tmp_path)], capsys)
+    assert code == 2 and out == "" and needle.format(d=tmp_path) in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert (tmp_path / "cpu.csv").read_text() == before
 
 
 def test_measure_show_fit_and_use(tmp_path, capsys, monkeypatch):
@@ -97,6 +126,8 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path, capsys, monkeypatch):
     from profiler.store import load_profile
 
     assert len(load_profile(str(path)).rows) == 2
+    # not the whole measurement: plan run reuses a profile whose command is its own
+    assert load_profile(str(path)).meta.command.endswith("  # interrupted: 2 rows")
 
 
 def test_the_profile_says_how_its_dtype_ran():

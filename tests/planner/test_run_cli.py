@@ -119,6 +119,9 @@ def test_a_gpu_plan_is_refused_on_a_host_without_one(tmp_path, capsys, no_launch
     (["--model", "debug-tiny", "--gbs", "8"], "--model needs --gpus"),
     (["--plan", "p.yaml", "--gbs", "8"], "only with --model"),
     (["--plan", "p.yaml", "--resume"], "--resume and --checkpoint-every need it"),
+    # a typo'd folder trained from step 1 with exit 0
+    (["--plan", "p.yaml", "--resume", "--checkpoint-dir", "no-such-folder"],
+     "--checkpoint-dir: 'no-such-folder' is not allowed (an existing folder of checkpoints"),
     (["--plan", "p.yaml", "--steps", "2", "--warmup", "2"], "0 ≤ warmup < --steps 2"),
     (["--plan", "missing.yaml"], "missing.yaml: cannot read"),
     (["--plan", "p.yaml", "--no-profile"], "--no-profile: true is not allowed (only with"),

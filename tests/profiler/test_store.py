@@ -1,6 +1,8 @@
 """The profile store: round trip, monotone interpolation, schema and device errors."""
 
 import math
+import os
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -70,9 +72,60 @@ def test_interpolation_is_log_log_between_points():
     curve = MonotoneCurve([(1e3, 1e-5), (1e5, 1e-3)])
     assert curve(1e4) == pytest.approx(1e-4)  # a straight line in log-log
     assert curve(1e3) == pytest.approx(1e-5)
-    assert curve(5e2) == pytest.approx(1e-5)  # flat below: fixed overhead
-    assert curve(2e5) == pytest.approx(2e-3)  # the largest point's rate above
-    assert curve(1e2) is None and curve(1e6) is None  # too far outside
+    # outside the measured range the profile does not answer: its reader scales the
+    # analytic model by the nearest measurement (tests/planner/costs/test_compute.py)
+    assert curve(5e2) is None and curve(2e5) is None
+    assert curve(2 * 0.5e5) == pytest.approx(1e-3)  # the end itself, computed again
+    assert curve.edge(5e2) == pytest.approx((1e3, 1e-5))
+    assert curve.edge(2e5) == pytest.approx((1e5, 1e-3))
+
+
+def test_an_exact_shape_is_never_predicted_faster_than_a_smaller_one(tmp_path):
+    """The shipped collectives profile answered an exact 8 KB all-reduce at 1.06 ms and an
+    exact 16 KB one at 0.51 ms: exact shapes skipped the monotone fit (sweep, 2026-12-03)."""
+    rows = (_collective(8192, 1.06e-3), _collective(12288, 0.94e-3),
+            _collective(16384, 0.51e-3), _collective(1 << 20, 2e-3))
+    path = str(tmp_path / "p.csv")
+    save_profile(path, META, rows)
+    p = load_profile(path)
+    times = [p.collective_time_s("all_reduce", r.bytes, 2) for r in rows]
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(times, times[1:], strict=False)), times
+    assert times[-1] == 2e-3  # in order already: its own median
+    # shapes of one size keep their measured order (a GEMM and its transpose)
+    a, b = _gemm(256, 3e-4), replace(_gemm(256, 4e-4), shape=(1, 256, 64, 256))
+    save_profile(path, META, (_gemm(64, 1e-4), a, b))
+    p = load_profile(path)
+    ta = p.time_s(kind="gemm", name="mlp.fc1", variant=None, shape=a.shape, size=a.flops)
+    tb = p.time_s(kind="gemm", name="mlp.fc1", variant=None, shape=b.shape, size=b.flops)
+    assert (ta, tb) == (3e-4, 4e-4)
+
+
+def test_profiles_measuring_one_op_answer_the_same_in_either_order(tmp_path):
+    """Two files with the same op and shape: the last flag's row answered exact shapes and
+    the mean of both answered the others (a 700x different iteration by flag order)."""
+    save_profile(str(tmp_path / "a.csv"), META, ROWS[:3])
+    slow = (_gemm(64, 1e-4), _gemm(256, 1.2e-3), _gemm(1024, 1.1e-3))
+    save_profile(str(tmp_path / "b.csv"), META, slow)
+    args = {"devices": ["CPU"], "dtype": "fp32"}
+    ab = load_profiles([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")], **args).get("CPU")
+    ba = load_profiles([str(tmp_path / "b.csv"), str(tmp_path / "a.csv")], **args).get("CPU")
+    for m in (64, 256, 512, 1024):
+        row = _gemm(m, 1.0)
+        got = [p.time_s(kind="gemm", name="mlp.fc1", variant=None, shape=row.shape,
+                        size=row.flops) for p in (ab, ba)]
+        assert got[0] == pytest.approx(got[1], rel=1e-12), (m, got)
+    both = ab.time_s(kind="gemm", name="mlp.fc1", variant=None, shape=(1, 256, 256, 64),
+                     size=_gemm(256, 1.0).flops)
+    assert both == pytest.approx(math.sqrt(3e-4 * 1.2e-3))  # pooled: the geometric mean
+
+
+def test_save_leaves_no_fixed_temporary_name(tmp_path):
+    """A folder named like the old fixed temporary file (`p.csv.tmp`) made every save there
+    fail after the measurement; two writers shared that name."""
+    (tmp_path / "p.csv.tmp").mkdir()
+    save_profile(str(tmp_path / "p.csv"), META, ROWS)
+    assert load_profile(str(tmp_path / "p.csv")).rows == ROWS
+    assert sorted(os.listdir(tmp_path)) == ["p.csv", "p.csv.tmp"]
 
 
 @settings(max_examples=60, deadline=None)
@@ -211,3 +264,33 @@ def test_fp8_and_tf32_profiles_answer_plans_of_their_dtype(tmp_path):
     old = (tmp_path / "old.csv")
     old.write_text(profile_text(META, ROWS).replace("precision: null\n", ""))
     assert "precision" not in old.read_text() and load_profile(str(old)).meta == META
+
+
+def test_hand_edits_that_hold_the_same_table_still_load(tmp_path):
+    """A blank line (refused as `row 41: []`) and a spreadsheet's byte-order mark (refused
+    as a bad header) change nothing in the table."""
+    path = str(tmp_path / "p.csv")
+    save_profile(path, META, ROWS)
+    text = (tmp_path / "p.csv").read_text()
+    edited = "\ufeff" + text.replace("\nkind,", "\n\nkind,") + "\n\n"
+    assert load_profile(_write(tmp_path, edited, "q.csv")).rows == ROWS
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("name: two-dc\nnode_groups: []\n", "q.csv: 'name: two-dc' is not allowed (a trainplan "
+                                        "profile"),
+    ("", "q.csv: 'an empty file' is not allowed (a trainplan profile"),
+])
+def test_a_file_that_is_not_a_profile_says_so(tmp_path, text, needle):
+    """A cluster file given to --profile was told to re-measure its schema version."""
+    with pytest.raises(SpecError) as err:
+        load_profile(_write(tmp_path, text, "q.csv"))
+    assert needle in str(err.value)
+
+
+def test_a_newer_profile_asks_for_a_newer_trainplan(tmp_path):
+    path = str(tmp_path / "p.csv")
+    save_profile(path, META, ROWS)
+    text = (tmp_path / "p.csv").read_text().replace("schema_version: 1", "schema_version: 2")
+    with pytest.raises(SpecError, match="written by a newer trainplan: update this one"):
+        load_profile(_write(tmp_path, text, "q.csv"))

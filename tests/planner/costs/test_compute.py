@@ -1,5 +1,7 @@
 """Op times from a profile first, the analytic model for the rest, and which answered."""
 
+import math
+
 import pytest
 
 from planner.costs.compute import ANALYTIC_SOURCE, ComputeCosts, compute_source
@@ -41,17 +43,40 @@ def test_profile_answers_what_it_has_and_analytic_the_rest(tmp_path):
     assert compute_source((None, op) for op in _ops()) == ANALYTIC_SOURCE
 
 
-def test_other_sizes_interpolate_along_the_ops_series(tmp_path):
+def _fc1(mbs):
+    work = layer_work(MODEL, WorkloadShape(micro_batch_size=mbs, seq_len=64, dtype="fp32"))
+    return next(op for op in work.forward if getattr(op, "name", "") == "mlp.fc1")
+
+
+def test_other_sizes_scale_the_analytic_model_by_the_nearest_measurement(tmp_path):
+    """Outside the measured sizes the profile's measured / analytic ratio at its nearest
+    measurement carries over: continuous at the edge, monotone, never the raw analytic
+    model (which priced a CPU 3x fast from 2x the profiled micro-batch on: a plan of mbs
+    17 came out faster than one of mbs 16, and tp 2 halves ran as slow as the whole GEMM,
+    sweep of 2026-12-03)."""
     profile = load_profile(_gemm_profile(tmp_path))
-    bigger = layer_work(MODEL, WorkloadShape(micro_batch_size=12, seq_len=64, dtype="fp32"))
-    fc1 = next(op for op in bigger.forward if getattr(op, "name", "") == "mlp.fc1")
-    measured = ComputeCosts(device("CPU"), "fp32", profile).time_s(fc1)
-    measured_8 = next(r.time_s for r in profile.rows if r.name == "mlp.fc1")
-    assert measured == pytest.approx(measured_8 * 12 / 8)  # above: the largest point's rate
-    far = layer_work(MODEL, WorkloadShape(micro_batch_size=64, seq_len=64, dtype="fp32"))
-    fc1_far = next(op for op in far.forward if getattr(op, "name", "") == "mlp.fc1")
-    assert ComputeCosts(device("CPU"), "fp32", profile).time_s(fc1_far) == \
-        ComputeCosts(device("CPU"), "fp32").time_s(fc1_far)  # too far outside: analytic
+    measured = ComputeCosts(device("CPU"), "fp32", profile)
+    analytic = ComputeCosts(device("CPU"), "fp32")
+    for mbs in (1, 2, 4, 12, 16, 17, 64):  # measured at 8 only: every size is outside
+        assert measured.time_s(_fc1(mbs)) == pytest.approx(3.0 * analytic.time_s(_fc1(mbs)))
+    times = [measured.time_s(_fc1(mbs)) for mbs in range(1, 40)]
+    assert all(a < b for a, b in zip(times, times[1:], strict=False))
+    source = compute_source((profile, _fc1(mbs)) for mbs in (8, 16))
+    assert source == (f"measured profile {profile.path} (gemm); outside the sizes "
+                      f"{profile.path} measured: the analytic model scaled by its nearest "
+                      "measurement (mlp.fc1)")
+
+
+def test_sizes_between_measurements_interpolate_along_the_ops_series(tmp_path):
+    analytic = ComputeCosts(device("CPU"), "fp32")
+    rows = [op_row(_fc1(mbs), t) for mbs, t in ((4, 1e-3), (16, 3e-3))]
+    profile = load_profile(write_profile(tmp_path / "p.csv", rows))
+    measured = ComputeCosts(device("CPU"), "fp32", profile)
+    assert measured.time_s(_fc1(8)) == pytest.approx(math.sqrt(1e-3 * 3e-3))  # log-log
+    assert measured.time_s(_fc1(2)) == pytest.approx(
+        1e-3 * analytic.time_s(_fc1(2)) / analytic.time_s(_fc1(4)))  # the smaller end's
+    assert measured.time_s(_fc1(32)) == pytest.approx(
+        3e-3 * analytic.time_s(_fc1(32)) / analytic.time_s(_fc1(16)))  # the larger end's
 
 
 def test_cost_caches_keep_profiled_and_analytic_apart(tmp_path):
