@@ -5,7 +5,10 @@ sends across them per iteration, an estimate of the hierarchical collectives the
 communication model times (planner/costs/comm.py):
 
 * every activation and its gradient that crosses a pipeline-stage boundary between two
-  islands: 2 * micro-batch * seq * hidden * dtype bytes per micro-batch;
+  islands: 2 * micro-batch * seq * hidden * dtype bytes per micro-batch, once per chunk
+  with interleaving (vp chunks a stage: a micro-batch passes each boundary vp times and
+  wraps from the last stage back to the first vp - 1 times, model chunk c of stage s
+  being the pipeline's chunk c * pp + s);
 * a stage whose data-parallel group spans k islands reduces its gradients across them:
   a hierarchical all-reduce moves 2 * (k-1)/k of the gradient bytes over the cut; with
   parameters sharded (p > 1) over the group, the all-gathers before every forward and
@@ -39,12 +42,16 @@ def egress_usd_per_iteration(plan: Plan) -> float:
         return max((k.price_per_gb_usd for k in links if k is not None), default=0.0)
 
     usd = 0.0
+    vp = tr.virtual_stages
     for pipe in plan.pipelines:
         act = pipe.micro_batch_size * tr.seq_len * m.hidden_size * DType(tr.dtype).element_bytes
-        for a, b in zip(pipe.stages, pipe.stages[1:], strict=False):
+        hops = [(a, b, vp) for a, b in zip(pipe.stages, pipe.stages[1:], strict=False)]
+        if vp > 1 and len(pipe.stages) > 1:  # the last stage's chunk hands to the first's
+            hops.append((pipe.stages[-1], pipe.stages[0], vp - 1))
+        for a, b, times in hops:
             pair = {island(a.devices[0]), island(b.devices[0])}
             if len(pair) > 1:
-                usd += 2 * act * pipe.num_microbatches / 1e9 * price(pair)
+                usd += 2 * act * times * pipe.num_microbatches / 1e9 * price(pair)
     microbatches = max(p.num_microbatches for p in plan.pipelines)
     moe = pipeline_moe_layers(plan, plan.pipelines[0])
     for k, stage in enumerate(plan.pipelines[0].stages):

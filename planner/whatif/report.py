@@ -335,17 +335,31 @@ def _write_clusters(rows: Sequence[Row], folder: str) -> str:
     return folder
 
 
-def fastest_row(rows: Sequence[Row]) -> Row | None:
-    """The planned row that trains soonest (the first of equals)."""
+def _same_job(rows: Sequence[Row]) -> list[Row]:
+    """The planned rows that train what the baseline (the first row) trains: its model on
+    its token budget. A scenario of another model or budget answers its own question and
+    is not a candidate for the fastest or best run (a `tokens 3e5` scenario was the best
+    plan, "$0 in 2.1 s"; a smaller model's was best-plan.yaml)."""
     planned = [r for r in rows if r.ranked is not None]
+    if not rows:
+        return planned
+    job = (rows[0].setting.model, rows[0].setting.tokens)
+    return [r for r in planned if (r.setting.model, r.setting.tokens) == job]
+
+
+def fastest_row(rows: Sequence[Row]) -> Row | None:
+    """The planned row of the baseline's job (`_same_job`) that trains soonest (the first
+    of equals)."""
+    planned = _same_job(rows)
     return min(planned, key=lambda r: r.time_to_train_s or 0.0) if planned else None
 
 
 def best_row(rows: Sequence[Row]) -> Row | None:
-    """The row the what-if's objective picks, as its search ranks plans: the cheapest
-    priced run for `cost` (the fastest where no row has a price), else the soonest
-    trained. Its plan is best-plan.yaml and the report's "best plan"."""
-    planned = [r for r in rows if r.ranked is not None]
+    """The row the what-if's objective picks among those of the baseline's job
+    (`_same_job`), as its search ranks plans: the cheapest priced run for `cost` (the
+    fastest where no row has a price), else the soonest trained. Its plan is
+    best-plan.yaml and the report's "best plan"."""
+    planned = _same_job(rows)
     if not planned:
         return None
     priced = [r for r in planned if r.total_usd is not None]

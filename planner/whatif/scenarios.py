@@ -231,6 +231,8 @@ def _remove(s: Setting, gpu: str, count: str) -> Setting:
 def _swap(s: Setting, old: str, new: str) -> Setting:
     o, n = _device_name(s, old), _device(s, new, "swap")
     assert n.node is not None
+    if o == n.name:  # it changed nothing and ran as the baseline, under another label
+        fail("swap", f"{old} {new}", "two different GPU types")
     if not any(g.gpu == o for g in s.cluster.node_groups):
         fail("swap", old, "a GPU type of the cluster")
     groups = []
@@ -260,7 +262,8 @@ def _swap(s: Setting, old: str, new: str) -> Setting:
 
 def _scale_nic(s: Setting, what: str, factor: str) -> Setting:
     f = _factor(factor)
-    hit = [g for g in s.cluster.node_groups if what in (g.name, g.gpu)]
+    hit = [g for g in s.cluster.node_groups
+           if what.lower() in (g.name.lower(), g.gpu.lower())]  # as `price` and `swap` take it
     if not hit:
         fail("scale-nic", what, "a node group name or GPU type of the cluster")
     groups = tuple(replace(g, nic_bandwidth_gbit_per_s=g.nic_bandwidth_gbit_per_s * f)  # type: ignore[operator]  # resolved clusters have NIC bandwidths

@@ -51,6 +51,18 @@ def test_a_pipeline_split_across_the_link_pays_for_its_activations() -> None:
     assert egress_usd_per_iteration(plan) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("vp", [2, 4])
+def test_interleaved_chunks_cross_the_link_once_per_chunk(vp: int) -> None:
+    """With vp chunks a stage, a micro-batch passes the east-west boundary vp times and
+    the west-east wrap (last stage's chunk to the first stage's next) vp - 1 times, each
+    way for its gradient: counted once, an interleaved plan across two datacenters was
+    billed 11x too little at vp 6 and ranked by that (sweep of 2026-12-03)."""
+    plan = _plan(tp=8, pp=2, dp=1, vp=vp)
+    act = 1 * 4096 * MODEL.hidden_size * 2
+    expected = 2 * act * 16 * (2 * vp - 1) / 1e9 * PRICE
+    assert egress_usd_per_iteration(plan) == pytest.approx(expected)
+
+
 def test_a_data_parallel_group_across_the_link_pays_for_its_gradients() -> None:
     plan = _plan(tp=8, pp=1, dp=2)  # one replica per datacenter
     params = rank_param_count(MODEL, num_layers=MODEL.num_layers, first=True, last=True, tp=1,

@@ -137,6 +137,74 @@ def test_time_to_train_tries_fewer_whole_nodes_than_halves():
     assert best40.time_to_train_s(tokens) <= best32.time_to_train_s(tokens) * (1 + 1e-9)
 
 
+def _priced_twin_groups(first: tuple[float, float], second: tuple[float, float]):
+    """Two groups of 4 A100 nodes: (price per GPU-hour, NIC Gb/s) each, in file order."""
+    from planner.specs.cluster import ClusterSpec
+    from profiler.schema import load_yaml_text, parse
+
+    groups = "".join(
+        f"  - {{name: g{i}, gpu: A100-80GB-SXM, num_nodes: 4, price_per_gpu_hour_usd: {usd}, "
+        f"nic_bandwidth_gbit_per_s: {nic}}}\n" for i, (usd, nic) in enumerate((first, second)))
+    text = f"name: twins\nnode_groups:\n{groups}"
+    return parse(ClusterSpec, load_yaml_text(text, where="t"), where="t").resolved()
+
+
+@pytest.mark.parametrize("objective", ["cost", "time-to-train"])
+def test_the_order_of_a_types_groups_does_not_choose_the_plan(objective):
+    """A plan of fewer GPUs took the file's first groups and was priced at the highest
+    group's price: 32 H100 at $1 beside 32 at $3 listed first came out at $3 (3x the
+    same cheap GPUs alone), and two slow-NIC nodes listed first gave a time to train
+    1.95x the other order's (sweep of 2026-12-03)."""
+    tokens = 1e10
+    cheap_slow, dear_fast = (1.0, 10.0), (3.0, 200.0)
+    found = [search(SearchRequest(model=preset("llama2-7b"), cluster=c, gbs=64, seq_len=2048,
+                                  objective=objective, tokens=tokens, top=1)).ranked[0]
+             for c in (_priced_twin_groups(cheap_slow, dear_fast),
+                       _priced_twin_groups(dear_fast, cheap_slow))]
+    key = (lambda r: r.run_cost_usd(tokens)) if objective == "cost" else \
+        (lambda r: r.time_to_train_s(tokens))
+    assert key(found[0]) == pytest.approx(key(found[1]), rel=1e-9)
+    if objective == "cost":  # on the cheap GPUs, at their price
+        used = found[0].plan.cluster.node_groups
+        assert {g.price_per_gpu_hour_usd for g in used} == {1.0}
+
+
+def test_a_budget_at_the_best_plans_cost_keeps_that_plan():
+    """The budget filtered candidates by the closed-form estimate, which may sit above the
+    simulated cost the search reports: a budget $14 above the best plan's $12,446 gave a
+    plan 1.82x slower (sweep of 2026-12-03)."""
+    tokens = 1e11
+    c = parse_gpus_arg("A100-80GB-SXM:32")
+    c = dataclasses.replace(c, node_groups=tuple(
+        dataclasses.replace(g, price_per_gpu_hour_usd=2.0) for g in c.node_groups))
+    req = SearchRequest(model=preset("llama2-7b"), cluster=c, gbs=64, seq_len=2048,
+                        objective="time-to-train", tokens=tokens, top=1)
+    best = search(req).ranked[0]
+    budget = best.run_cost_usd(tokens) * (1 + 1e-6)
+    kept = search(dataclasses.replace(req, max_budget_usd=budget)).ranked[0]
+    assert kept.time_to_train_s(tokens) == pytest.approx(best.time_to_train_s(tokens))
+
+
+def test_a_cluster_grown_by_a_group_can_still_run_on_what_it_had():
+    """Time to train tried all GPUs, powers of two of nodes and halves of a node: 48 A100
+    and a 7th node were planned on 56 or 32, never the 48 that ran faster and cheaper
+    alone (what-if "+1 node" looked worse than the baseline)."""
+    from planner.specs.cluster import ClusterSpec
+    from profiler.schema import load_yaml_text, parse
+
+    tokens = 1e11
+    text = ("name: six\nnode_groups:\n  - {name: a, gpu: A100-80GB-SXM, num_nodes: 6, "
+            "price_per_gpu_hour_usd: 2.0}\n")
+    six = parse(ClusterSpec, load_yaml_text(text, where="t"), where="t").resolved()
+    seven = parse(ClusterSpec, load_yaml_text(
+        text + "  - {name: b, gpu: A100-80GB-SXM, num_nodes: 1, price_per_gpu_hour_usd: 2.0}\n",
+        where="t"), where="t").resolved()
+    best = [search(SearchRequest(model=preset("llama2-7b"), cluster=c, gbs=96, seq_len=2048,
+                                 objective="time-to-train", tokens=tokens, top=1)).ranked[0]
+            for c in (six, seven)]
+    assert best[1].time_to_train_s(tokens) <= best[0].time_to_train_s(tokens) * (1 + 1e-9)
+
+
 def test_mixed_cluster_gets_baselines_and_is_never_worse():
     found = search(SearchRequest(model=preset("llama2-7b"),
                                  cluster=load_cluster("cluster_specs/mixed-a100-v100.yaml"),

@@ -223,9 +223,11 @@ def test_the_best_row_follows_the_objective_and_fastest_names_the_fastest() -> N
 
     from planner.whatif.report import best_row, fastest_row
 
-    def row(days: float, usd: float | None, objective: str = "throughput") -> SimpleNamespace:
+    def row(days: float, usd: float | None, objective: str = "throughput", *,
+            model: str = "llama2-7b", tokens: float = 1e11) -> SimpleNamespace:
         return SimpleNamespace(ranked=object(), time_to_train_s=days * 86400,
-                               total_usd=usd, objective=objective)
+                               total_usd=usd, objective=objective,
+                               setting=SimpleNamespace(model=model, tokens=tokens))
 
     base, a100 = row(2.17, None), row(4.76, 9_000.0)
     assert best_row([base, a100]) is base and fastest_row([base, a100]) is base
@@ -233,7 +235,12 @@ def test_the_best_row_follows_the_objective_and_fastest_names_the_fastest() -> N
     assert best_row([fast, cheap]) is cheap and fastest_row([fast, cheap]) is fast
     # cost with no price anywhere: the fastest; no plan anywhere: none
     assert best_row([row(2.0, None, "cost"), row(1.0, None, "cost")]).time_to_train_s == 86400
-    assert best_row([SimpleNamespace(ranked=None)]) is None
+    assert best_row([SimpleNamespace(ranked=None, setting=base.setting)]) is None
+    # a scenario of another model or token budget is no candidate: a smaller model's plan
+    # was best-plan.yaml, a 3e5-token scenario the best run ("$0 in 2.1 s")
+    small, short = row(0.5, 10.0, model="gpt3-1.3b"), row(0.001, 0.1, tokens=3e5)
+    for rows in ([base, small, short], [cheap, small, short]):
+        assert best_row(rows) is rows[0] and fastest_row(rows) is rows[0]
 
 
 def test_without_dtype_each_scenario_trains_in_its_own_default() -> None:
