@@ -13,6 +13,7 @@ from planner.export.frameworks import model_states_differ
 from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, DType, ModelStates, Recompute
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
+from planner.specs.rules import require, seq_problem
 from profiler.kernels import SDPA_BACKENDS
 from profiler.schema import at, fail
 
@@ -155,6 +156,8 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
     if m.position_embedding == "alibi":
         fail(at(where, "model.position_embedding"), "alibi",
              "the executor model has learned and rope positions")
+    # every rank died on its embedding with a traceback (sweep of 2026-12-03)
+    require(at(where, "training.seq_len"), tr.seq_len, seq_problem(m, tr.seq_len))
     if tr.dtype == "fp8":
         fail(at(where, "training.dtype"), "fp8", "the executor has no FP8 GEMMs; use bf16 "
              "(fp16 where a GPU lacks bf16), or export an fp8 plan to Megatron-Core "

@@ -95,18 +95,20 @@ class NodeTemplate:
 class ArchEfficiency:
     """Parameters of the analytic device model for one architecture (profiler/analytic.py)."""
 
-    gemm_efficiency: float = spec_field(gt=0, max=1)
-    gemm_tile_m: int = spec_field(min=1)
-    gemm_tile_n: int = spec_field(min=1)
-    gemm_k_half: float = spec_field(min=0)
-    small_tile_penalty: float = spec_field(min=0)
-    attention_efficiency: float = spec_field(gt=0, max=1)
-    memory_efficiency: float = spec_field(gt=0, max=1)
-    kernel_overhead_us: float = spec_field(min=0)
-    launch_overhead_us: float = spec_field(min=0)
+    # Bounds: physical ranges with room (a GPU at 0.1% of its peak, a 1 s kernel gap), so
+    # that a catalog or cluster file's value cannot price an iteration at 1e300 s or inf.
+    gemm_efficiency: float = spec_field(min=1e-3, max=1)
+    gemm_tile_m: int = spec_field(min=1, max=4096)
+    gemm_tile_n: int = spec_field(min=1, max=4096)
+    gemm_k_half: float = spec_field(min=0, max=1e6)
+    small_tile_penalty: float = spec_field(min=0, max=100)
+    attention_efficiency: float = spec_field(min=1e-3, max=1)
+    memory_efficiency: float = spec_field(min=1e-3, max=1)
+    kernel_overhead_us: float = spec_field(min=0, max=1e6)
+    launch_overhead_us: float = spec_field(min=0, max=1e6)
     tp_comm_overlap: float = spec_field(default=0.0, min=0, max=1)
     simt_gemm_efficiency: float | None = spec_field(
-        default=None, gt=0, max=1, help="fraction of the single-issue FP32 peak a GEMM on "
+        default=None, min=1e-3, max=1, help="fraction of the single-issue FP32 peak a GEMM on "
         "the CUDA cores (no tensor cores: fp32 without TF32) sustains; None: the "
         "architecture's, else gemm_efficiency")
     dual_issue_fp32_gain: float | None = spec_field(
@@ -116,10 +118,10 @@ class ArchEfficiency:
     tensor_cores: bool = spec_field(default=True, help="matrix units for its 16-bit dtypes "
                                     "(false: Pascal, RDNA2 run every GEMM on the CUDA cores)")
     tf32_gemm_efficiency: float | None = spec_field(
-        default=None, gt=0, max=1, help="fraction of the datasheet TF32 tensor peak a large "
+        default=None, min=1e-3, max=1, help="fraction of the datasheet TF32 tensor peak a large "
         "TF32 GEMM sustains; None: gemm_efficiency (the 16-bit fraction)")
     fp8_gemm_efficiency: float | None = spec_field(
-        default=None, gt=0, max=1, help="fraction of the datasheet FP8 tensor peak a large "
+        default=None, min=1e-3, max=1, help="fraction of the datasheet FP8 tensor peak a large "
         "FP8 GEMM sustains; None: gemm_efficiency (the 16-bit fraction)")
 
     @property
@@ -316,15 +318,38 @@ def load_catalog(path: str) -> dict[str, DeviceSpec]:
     """A catalog file (`--catalog FILE`, or what `plan profile fit` writes): device types
     that add to the shipped catalog or override its entries of the same name. An entry
     for a shipped type may give only the fields it changes (`{A100-80GB-SXM: {memory_gib:
-    40}}`); the rest are the shipped entry's."""
+    40}}`), and a field holding a mapping only the keys it changes (`peak_tflops: {bf16:
+    400}` keeps the shipped fp32, tf32 and fp16 peaks; it dropped them); the rest are the
+    shipped entry's. Two entries naming one type (in any case) are refused."""
     raw = load_yaml(path)
+    if isinstance(raw, Mapping) and ({"node_groups"} <= raw.keys() or {"pipelines"} <= raw.keys()):
+        kind = "a plan file" if "pipelines" in raw else "a cluster file"
+        fail(path, kind, "a catalog file: GPU type names, each with its fields (the format "
+             "of profiler/data/devices.yaml; `plan profile fit -o` writes one)")
     if isinstance(raw, Mapping):
+        seen: dict[str, str] = {}
+        for name in raw:
+            first = seen.setdefault(str(name).lower(), str(name))
+            if first != str(name):  # the later one won without a word
+                fail(at(f"{path}:", str(name)), str(name), f"one entry a type: {first!r} "
+                     "names it too (names are compared without case)")
         shipped = _by_lower()  # an entry names a shipped type in any case
         raw = {(spec.name if (spec := shipped.get(str(name).lower())) else name):
-               ({**_fields(spec), **entry} if spec is not None and isinstance(entry, Mapping)
+               (_merged(_fields(spec), entry) if spec is not None and isinstance(entry, Mapping)
                 else entry)
                for name, entry in raw.items()}
     return parse_catalog(raw, where=f"{path}:")
+
+
+def _merged(shipped: dict, entry: Mapping) -> dict:
+    """A shipped entry's fields with an override's: a mapping field takes the override's
+    keys over the shipped ones (a value that is not a mapping replaces it whole)."""
+    out = dict(shipped)
+    for key, value in entry.items():
+        old = out.get(key)
+        out[key] = ({**old, **value} if isinstance(old, Mapping) and isinstance(value, Mapping)
+                    else value)
+    return out
 
 
 def _fields(dev: DeviceSpec) -> dict:

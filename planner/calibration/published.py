@@ -187,7 +187,9 @@ def published_cases(path: str | None = None, *, comm: Communication | None = Non
             cfg = ParallelConfig(
                 tp=int(r["tp"]), pp=int(r["pp"]), dp=dp, cp=int(r["cp"] or 1),
                 vp=int(r["vp"] or 1), mbs=mbs, gbs=int(r["gbs"]), seq_len=int(r["seq"]),
-                recompute=Recompute(r["recompute"]), sequence_parallel=r["seq_par"] == "1",
+                recompute=Recompute(r["recompute"]),
+                # Megatron turns --sequence-parallel off at tp 1 (the 1.7B row lists it)
+                sequence_parallel=r["seq_par"] == "1" and int(r["tp"]) > 1,
                 sharding=sharding_preset(r["sharding"] or "none", dp * int(r["cp"] or 1)),
                 dtype=r["dtype"],  # type: ignore[arg-type]  # a published dtype name
                 embedding_in_pipeline_split=EMBEDDING_IN_SPLIT in note,

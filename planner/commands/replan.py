@@ -29,6 +29,7 @@ from planner.commands.inputs import profiles_for, with_prediction
 from planner.costs.kernels import default_kernels
 from planner.errors import InfeasiblePlan
 from planner.export.frameworks import CAPABILITIES, unsupported
+from planner.outputs import check_distinct
 from planner.search import SearchRequest, search
 from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster
 from planner.specs.plan import Plan, describe_layout, load_plan, save_plan
@@ -154,6 +155,8 @@ def kept_attention(plan: Plan, cluster: ClusterSpec) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     _check_output(args.output)
+    check_distinct({"--plan": args.plan, "--output": args.output})  # the old plan is the
+    # record of what the checkpoints were written under
     old = load_plan(args.plan)
     cluster = (load_cluster(args.cluster) if args.cluster else old.cluster).resolved()
     if args.cluster:

@@ -298,7 +298,8 @@ def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:
     return (f"tp {cfg.tp}, pp {cfg.pp}, dp {cfg.dp}, cp {cfg.cp}, vp {cfg.vp}"
             f"{expert_words(plan.training)}, {plan.training.schedule} schedule, "
             f"mbs {cfg.mbs}, gbs {cfg.gbs}, seq {cfg.seq_len}, recompute {cfg.recompute}"
-            f"{', sequence parallel' if cfg.sequence_parallel else ''}, {cfg.dtype}, "
+            # the plan's: at tp 1 there is no sequence to split (Megatron turns it off)
+            f"{', sequence parallel' if plan.training.sequence_parallel else ''}, {cfg.dtype}, "
             f"sharding P/G/OS {cfg.sharding.params}/{cfg.sharding.grads}/{cfg.sharding.optim}, "
             f"{plan.kernels.attention} attention{other_attention(plan)}, "
             f"{plan.kernels.optimizer} AdamW")

@@ -405,6 +405,12 @@ def train_dtype(devices: Iterable[DeviceSpec], asked: str | None, *, where: str,
         have = [str(default) in dev.peak_tflops for dev in devices]
         if str(default) in ok and (any(have) if each_alone else all(have)):
             return default
+    lacking = [d for d in devices if not runs_dtype(d, DType.FP32)]
+    if lacking and not (each_alone and len(lacking) < len(devices)):
+        # the last default: name the flag the user may give, not a field they never wrote
+        dev = lacking[0]
+        fail(where, None, f"a dtype {dev.name} trains in, named with {where} (it has no bf16, "
+             f"fp16 or fp32 peak; it offers {', '.join(dev.peak_tflops) or 'none'})")
     return DType.FP32
 
 

@@ -168,6 +168,16 @@ class ModelSpec:
         if self.pad_to_capacity and self.capacity_factor is None:
             fail(at(where, "pad_to_capacity"), True, "needs capacity_factor (the capacity "
                  "the experts' tokens are padded to)")
+        # a token takes each expert at most once: the busiest expert holds at most every
+        # token, num_experts / experts_per_token times the mean
+        most = self.num_experts / self.experts_per_token
+        if self.load_imbalance > most:
+            fail(at(where, "load_imbalance"), self.load_imbalance,
+                 f"at most num_experts / experts_per_token = {most:g} (the busiest expert "
+                 "then takes every token)")
+        if self.shared_expert_ffn_hidden_size is not None and not self.num_shared_experts:
+            fail(at(where, "shared_expert_ffn_hidden_size"), self.shared_expert_ffn_hidden_size,
+                 "applies with num_shared_experts > 0 (there is no shared expert to size)")
 
     @property
     def is_mla(self) -> bool:

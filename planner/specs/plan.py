@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -145,12 +146,12 @@ class Communication:
     # --accumulate-allreduce-grads-in-fp32); DeepSpeed reduces in the training dtype
     grad_reduce_dtype: ReduceDType = "fp32"
     # parameters per gradient bucket; None: Megatron's max(4e7, 1e6 x dp)
-    grad_bucket_params: float | None = spec_field(default=None, gt=0)
+    grad_bucket_params: float | None = spec_field(default=None, min=1, max=1e15)
     # ZeRO-3 / FSDP: parameters per all-gather and reduce-scatter unit; None: one
     # transformer layer per unit (FSDP2's fully_shard per block)
-    shard_unit_params: float | None = spec_field(default=None, gt=0)
+    shard_unit_params: float | None = spec_field(default=None, min=1, max=1e15)
     # ZeRO-3 / FSDP: units gathered ahead of the one computing (FSDP2: 1; 0: none)
-    shard_prefetch: int = spec_field(default=1, min=0)
+    shard_prefetch: int = spec_field(default=1, min=0, max=1024)
     # MoE token dispatch: NCCL all-to-all (Megatron --moe-token-dispatcher-type alltoall)
     # or DeepEP (flex + deepep), which sends a token once to each rank holding one of its
     # experts (over the network once to each such node), not once per routed expert
@@ -358,6 +359,10 @@ class Plan:
             fail(at(where, "training.comm.moe_dispatcher"), dispatcher,
                  f"{self.model.name} has no experts: a token dispatcher applies to MoE models "
                  f"(leave it {Communication().moe_dispatcher})")
+        if self.training.sequence_parallel and all(
+                s.tp == 1 for p in self.pipelines for s in p.stages):
+            fail(at(where, "training.sequence_parallel"), True, "needs a stage of tp > 1 "
+                 "(it splits the tp group's activations; Megatron turns it off at tp 1)")
         self._check_batch(where)
         self._check_stages(where)
         check_train_dtype((self.group_of(s).device for p in self.pipelines for s in p.stages),
@@ -641,4 +646,12 @@ def save_plan(plan: Plan, path: str) -> None:
 
 def load_plan(path: str) -> Plan:
     """Read a plan (YAML or JSON: JSON is YAML) and validate it."""
-    return parse(Plan, load_yaml(path), where=f"{path}:")
+    raw = load_yaml(path)
+    if isinstance(raw, Mapping) and "pipelines" not in raw:  # another kind of file
+        kind = ("a cluster file" if "node_groups" in raw else
+                "a model file" if "num_layers" in raw else None)
+        if kind is not None:
+            raise SpecError(f"{path}: {kind} is not allowed here (a plan file has `model`, "
+                            "`cluster`, `training` and `pipelines`: `plan search -o` or "
+                            "`plan simulate -o` writes one)")
+    return parse(Plan, raw, where=f"{path}:")

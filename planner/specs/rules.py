@@ -87,6 +87,18 @@ def cp_problem(seq_len: int, cp: int) -> str | None:
     return None
 
 
+def seq_problem(model: ModelSpec, seq_len: int) -> str | None:
+    """A model with learned positions has one embedding per position up to its own
+    sequence length: the executor's model has none to look up past it. (The planner
+    prices such a run as the architecture with a longer table, as Megatron's export sizes
+    --max-position-embeddings by the training sequence; only the executor refuses it.)
+    Rotary and ALiBi positions extend to any length."""
+    if model.position_embedding == "learned" and seq_len > model.seq_len:
+        return (f"{model.name} learns {model.seq_len} positions (position_embedding: learned): "
+                f"at most {model.seq_len}")
+    return None
+
+
 def chunks_problem(num_layers: int, pp: int, vp: int = 1) -> str | None:
     """Every model chunk (pp stages x vp interleaved chunks) holds at least one layer."""
     if pp * vp > num_layers:

@@ -252,3 +252,19 @@ def test_deepep_dispatch_is_for_prediction_only():
     comm = dataclasses.replace(plan.training.comm, moe_dispatcher="deepep")
     deepep = dataclasses.replace(plan.training, comm=comm)
     _refused(dataclasses.replace(plan, training=deepep), "moe_dispatcher: 'deepep'")
+
+
+def test_a_sequence_past_the_learned_positions_is_refused_before_launch():
+    """debug-tiny learns 64 positions: a plan at seq 128 launched, and every rank died on
+    its embedding with a traceback (sweep of 2026-12-03). Rotary positions take any
+    length."""
+    cluster = parse_gpus_arg("CPU:2")
+    tiny = homogeneous_plan(preset("debug-tiny"), cluster,
+                            ParallelConfig(dp=2, mbs=1, gbs=2, seq_len=128, dtype="fp32"))
+    with pytest.raises(SpecError) as err:
+        check_runnable(tiny, cuda_devices=0)
+    assert str(err.value) == ("plan:training.seq_len: 128 is not allowed (debug-tiny learns "
+                              "64 positions (position_embedding: learned): at most 64)")
+    llama = preset("debug-tiny-llama")
+    check_runnable(homogeneous_plan(llama, cluster, ParallelConfig(
+        dp=2, mbs=1, gbs=2, seq_len=2 * llama.seq_len, dtype="fp32")), cuda_devices=0)

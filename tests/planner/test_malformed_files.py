@@ -225,3 +225,21 @@ def test_the_alias_bomb_in_bounded_memory(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == (f"plan simulate: error: {path}: YAML aliases expand to "
                                    "more than 1,000,000 values (not allowed)")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["simulate", "--plan", "{cluster}"], "a cluster file is not allowed here (a plan file has"),
+    (["export", "{cluster}", "--format", "megatron"], "a cluster file is not allowed here"),
+    (["gpus", "--catalog", "{cluster}"], "'a cluster file' is not allowed (a catalog file"),
+    (["simulate", "--model", "debug-tiny", "--gpus", "CPU:1", "--tp", "1", "--pp", "1", "--dp",
+      "1", "--mbs", "1", "--gbs", "1", "--profile", "{cluster}"],
+     "is not allowed (a trainplan profile"),
+])
+def test_a_file_of_another_kind_says_what_it_is(tmp_path, capsys, argv, needle):
+    """A cluster file given for a plan named a field the plan lacks ("island_links: ...
+    unknown field"), for a catalog a GPU type called 'name', for a profile its schema
+    version (sweep of 2026-12-03)."""
+    cluster = tmp_path / "two.yaml"
+    cluster.write_text("name: two\nnode_groups:\n  - {name: a, gpu: CPU, num_nodes: 1}\n")
+    code, out, err = _call([a.format(cluster=cluster) for a in argv], capsys)
+    assert code == 2 and needle in err and err.count("\n") == 1, err

@@ -50,6 +50,15 @@ def test_replan_writes_the_best_plan_for_what_is_left(plan_a, tmp_path, capsys):
     assert f"plan run --plan {out} --checkpoint-dir DIR --resume" in stdout
 
 
+def test_replan_keeps_the_plan_it_replaces(plan_a, capsys):
+    """-o naming the input overwrote it with exit 0 (export refuses the same)."""
+    before = plan_a.read_text()
+    code, out, err = run_cli(["replan", "--plan", str(plan_a), "--without", "1:CPU",
+                              "-o", str(plan_a)], capsys)
+    assert code == 2 and out == "" and "--output" in err and "the same file as --plan" in err
+    assert plan_a.read_text() == before
+
+
 def test_replan_json(plan_a, tmp_path, capsys):
     out = tmp_path / "b.json"
     code, stdout, _ = run_cli(["replan", "--plan", str(plan_a), "--without", "1:CPU",

@@ -234,3 +234,19 @@ def test_geglu_is_a_gated_unit_with_swiglus_shape(tmp_path):
     with pytest.raises(SpecError, match=r"activation: 'reglu' is not allowed \(allowed: gelu, "
                                         r"swiglu, geglu\)"):
         load_model(str(f))
+
+
+def test_moe_settings_that_contradict_the_experts_are_refused():
+    """load_imbalance 60 with 8 experts, top-2 (the busiest expert takes at most every
+    token: 4x the mean) priced 10x the expert compute; a shared expert's FFN size with
+    no shared expert was ignored (sweep of 2026-12-03)."""
+    import dataclasses
+
+    mixtral = preset("mixtral-8x7b")
+    most = mixtral.num_experts / mixtral.experts_per_token
+    dataclasses.replace(mixtral, load_imbalance=most).check("m")
+    with pytest.raises(SpecError, match=r"m.load_imbalance: 4.5 is not allowed \(at most "
+                                        r"num_experts / experts_per_token = 4"):
+        dataclasses.replace(mixtral, load_imbalance=4.5).check("m")
+    with pytest.raises(SpecError, match=r"m.shared_expert_ffn_hidden_size: 1024 is not allowed"):
+        dataclasses.replace(mixtral, shared_expert_ffn_hidden_size=1024).check("m")

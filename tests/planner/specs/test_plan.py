@@ -197,6 +197,14 @@ def test_a_plan_whose_cluster_leaves_node_fields_to_the_catalog_loads_resolved(t
     (lambda d: d["pipelines"][0].update(num_microbatches=10**9), "must be ≤ 65,536"),
     (lambda d: d["training"].update(seq_len=float("nan")), "expected an integer"),
     (lambda d: d["pipelines"][0]["stages"][0].update(tp=10**20), "must be ≤ 16,384"),
+    # a bucket or unit of 1e-300 parameters priced an iteration at 1e301 s (and the
+    # Megatron export wrote --ddp-bucket-size 0)
+    (lambda d: d["training"].setdefault("comm", {}).update(grad_bucket_params=1e-300),
+     r"grad_bucket_params: 1e-300 is not allowed \(must be ≥ 1\)"),
+    (lambda d: d["training"].setdefault("comm", {}).update(shard_unit_params=1e-300),
+     r"shard_unit_params: 1e-300 is not allowed \(must be ≥ 1\)"),
+    (lambda d: d["training"].setdefault("comm", {}).update(shard_prefetch=10**9),
+     r"shard_prefetch: 1000000000 is not allowed \(must be ≤ 1,024\)"),
 ])
 def test_plan_numbers_are_bounded(mutate, message):
     data = plan_to_dict(_homogeneous())
@@ -380,3 +388,18 @@ def test_a_plan_files_cluster_errors_name_their_path(tmp_path):
     with pytest.raises(SpecError, match=r"^p.yaml:cluster.node_groups\[0\].gpus_per_node: "
                                         r"missing"):
         plan_from_dict(data, where="p.yaml:")
+
+
+
+def test_sequence_parallelism_needs_a_stage_of_tp_above_one():
+    """A plan file with sequence parallelism and tp 1 everywhere was exported with
+    --sequence-parallel (which Megatron turns off at tp 1); the flag at tp 1 is dropped
+    from the plan, and the header no longer says it (sweep of 2026-12-03)."""
+    cfg = ParallelConfig(tp=1, pp=2, dp=4, mbs=1, gbs=8, seq_len=64, sequence_parallel=True)
+    plan = homogeneous_plan(preset("debug-small"), parse_gpus_arg("A100-80GB-SXM:8"), cfg)
+    assert not plan.training.sequence_parallel
+    data = plan_to_dict(plan)
+    data["training"]["sequence_parallel"] = True
+    with pytest.raises(SpecError, match=r"training.sequence_parallel: true is not allowed "
+                                        r"\(needs a stage of tp > 1"):
+        plan_from_dict(data, where="plan")

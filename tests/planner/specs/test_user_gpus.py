@@ -137,6 +137,47 @@ def test_a_catalog_entry_for_a_shipped_type_may_give_only_what_it_changes(tmp_pa
     assert code == 2 and "Z100.vendor: missing" in err
 
 
+def test_a_catalog_override_of_a_mapping_keeps_the_keys_it_leaves_out(tmp_path):
+    """{peak_tflops: {bf16: 400}} replaced the whole mapping: the A100 lost its fp32,
+    tf32 and fp16 peaks, and fp16 was then "not offered" (sweep of 2026-12-03)."""
+    from profiler.devices import device, load_catalog
+
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text("A100-80GB-SXM: {peak_tflops: {bf16: 400}}\n")
+    peaks = load_catalog(str(catalog))["A100-80GB-SXM"].peak_tflops
+    assert peaks == {**device("A100-80GB-SXM").peak_tflops, "bf16": 400}
+
+
+def test_a_catalog_naming_one_type_twice_is_refused(tmp_path):
+    """In two cases: the later entry won without a word (a cluster's `devices` refused
+    the same file)."""
+    from profiler.devices import load_catalog
+
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text("a100-80gb-sxm: {memory_gib: 40}\nA100-80GB-SXM: {memory_gib: 20}\n")
+    with pytest.raises(SpecError, match=r"A100-80GB-SXM: 'A100-80GB-SXM' is not allowed \(one "
+                                        r"entry a type: 'a100-80gb-sxm' names it too"):
+        load_catalog(str(catalog))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("gemm_efficiency", "1e-300"), ("gemm_tile_m", "1000000000000"),
+    ("kernel_overhead_us", "1e300"), ("small_tile_penalty", "1e300")])
+def test_efficiency_values_beyond_any_device_are_refused(tmp_path, field, value):
+    """Each priced an iteration at 1e296 s or inf (a tile of 1e400 divided by zero)."""
+    import yaml
+
+    from profiler.devices import arch_efficiency, load_catalog
+    from profiler.schema import dump
+
+    eff = dump(arch_efficiency("ampere"))
+    eff[field] = float(value) if "." in value or "e" in value else int(value)
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"A100-80GB-SXM": {"efficiency": eff}}))
+    with pytest.raises(SpecError, match=rf"efficiency.{field}: .* is not allowed"):
+        load_catalog(str(catalog))
+
+
 @pytest.mark.parametrize("key", ["A100-80GB-SXM", "a100-80gb-sxm"])
 @pytest.mark.parametrize("where", ["--gpus", "--cluster", "devices"])
 def test_gpu_names_match_in_any_case(tmp_path, capsys, key, where):
@@ -236,3 +277,19 @@ def test_a_gpu_with_neither_tf32_nor_fp32_runs_no_tf32():
         with pytest.raises(SpecError, match=f"--dtype: '{dtype}' is not allowed \\(X1 has no "
                            f"{dtype}; it offers fp16\\)"):
             check_train_dtype([x1], dtype, where="--dtype")
+
+
+def test_a_gpu_with_no_default_dtype_asks_for_the_flag():
+    """A type with only an fp8 peak and no --dtype was refused as `plan.training.dtype:
+    'fp32'`, a field and value the user never wrote (sweep of 2026-12-03)."""
+    import dataclasses
+
+    from planner.specs.cluster import train_dtype
+    from profiler.devices import device
+
+    fp8_only = dataclasses.replace(device("H100-80GB-SXM"), name="MyGPU",
+                                   peak_tflops={"fp8": 1979.0})
+    with pytest.raises(SpecError, match=r"--dtype: missing is not allowed \(a dtype MyGPU "
+                                        r"trains in, .*it offers fp8\)"):
+        train_dtype([fp8_only], None, where="--dtype")
+    assert train_dtype([fp8_only], "fp8", where="--dtype") == "fp8"
