@@ -177,6 +177,11 @@ class DeviceSpec:
             if not MIN_TFLOPS <= value <= MAX_TFLOPS:
                 fail(f"{where}.peak_tflops.{dtype}", value,
                      f"must be {MIN_TFLOPS} to {MAX_TFLOPS:,}")
+        if self.attention is not None and (not self.attention
+                                           or len(set(self.attention)) != len(self.attention)):
+            # an empty list fell back to the architecture's kernels without a word
+            fail(at(where, "attention"), [str(a) for a in self.attention],
+                 "the backends it runs, each once (leave it out for its architecture's)")
         if self.efficiency is None and self.arch not in _efficiencies():
             fail(at(where, "arch"), self.arch, "a known architecture ("
                  + ", ".join(_efficiencies()) + ") or an `efficiency:` of its own")

@@ -442,6 +442,27 @@ def _merge(profiles: Sequence[Profile]) -> Profile:
                    digest=hashlib.sha256("".join(p.digest for p in profiles).encode()).hexdigest())
 
 
+# A GEMM or attention row faster than this many times the GPU's fastest datasheet peak
+# is not a measurement of that GPU (a hand edit, a mislabelled device); kernels reach
+# 0.6-0.95 of their peak (docs/calibration.md).
+PEAK_MARGIN = 1.5
+
+
+def _check_rates(profile: Profile, where: str) -> None:
+    """Refuse a GPU profile's compute row beyond `PEAK_MARGIN` x the device's fastest
+    peak (CPU entries stand for any host's cores: their peak is a template's)."""
+    dev = device(profile.meta.device)
+    if dev.vendor == "cpu":
+        return
+    peak = max(dev.peak_tflops.values()) * 1e12
+    for r in profile.op_rows:
+        if r.kind in _BY_FLOPS and r.flops / r.time_s > PEAK_MARGIN * peak:
+            fail(where, f"{r.kind} {r.name} {'x'.join(map(str, r.shape))} at "
+                 f"{r.flops / r.time_s / 1e12:,.0f} TFLOP/s",
+                 f"at most {PEAK_MARGIN} x {dev.name}'s fastest datasheet peak "
+                 f"({peak / 1e12:,.0f} TFLOP/s): not a measurement of this GPU")
+
+
 def load_profiles(paths: Sequence[str], *, devices: Sequence[str], dtype: str,
                   where: str = "--profile") -> Profiles:
     """The profiles in `paths` (files, or folders of *.csv) for the plan's device types
@@ -468,6 +489,7 @@ def load_profiles(paths: Sequence[str], *, devices: Sequence[str], dtype: str,
                          f"the plan trains in {dtype} (--dtype); profile that dtype")
                 skipped.append(f"{meta.device} {meta.dtype}")
                 continue
+            _check_rates(profile, f"{where} {file}")
             chosen.setdefault(meta.device, []).append(profile)
     if paths and not chosen:  # folders only, none of it fits: the flag would do nothing
         held = ", ".join(sorted(set(skipped))) or "no profile (*.csv)"

@@ -153,7 +153,8 @@ def _model(r: dict[str, str], layers: int) -> ModelSpec:
                      ffn_hidden_size=int(r["ffn"]), num_heads=int(r["heads"]),
                      vocab_size=int(float(r["vocab_run"])), seq_len=int(r["seq_len"]),
                      activation="gelu", norm="layernorm", position_embedding="learned",
-                     tied_embeddings=r["lm_head"] != "untied", lm_head=r["lm_head"] != "none")
+                     tied_embeddings=r["lm_head"] not in ("untied", "none"),
+                     lm_head=r["lm_head"] != "none")
 
 
 def _cluster(r: dict[str, str], types: list[str]) -> ClusterSpec:

@@ -114,6 +114,9 @@ class ModelSpec:
         "Megatron's --moe-router-force-load-balancing benchmarks run)")
 
     def check(self, where: str) -> None:
+        if self.tied_embeddings and not self.lm_head:  # there is no output layer to tie
+            fail(at(where, "tied_embeddings"), True, "needs lm_head: true (it shares the "
+                 "input embedding with the output projection)")
         if not self.is_mla:
             for name in ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
                 if getattr(self, name) is not None:

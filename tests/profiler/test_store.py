@@ -294,3 +294,21 @@ def test_a_newer_profile_asks_for_a_newer_trainplan(tmp_path):
     text = (tmp_path / "p.csv").read_text().replace("schema_version: 1", "schema_version: 2")
     with pytest.raises(SpecError, match="written by a newer trainplan: update this one"):
         load_profile(_write(tmp_path, text, "q.csv"))
+
+
+def test_a_gpu_row_faster_than_the_gpus_peak_is_refused(tmp_path):
+    """A GEMM at 1e-12 s (a hand edit) loaded and priced the plan with it; a GPU's rows
+    are held to 1.5x its fastest datasheet peak (the CPU's peak is a template's)."""
+    from dataclasses import replace
+
+    gpu = replace(META, device="A100-80GB-SXM", dtype="bf16")
+    fine = _gemm(1024, 1e-4)  # 0.3 TFLOP/s
+    save_profile(str(tmp_path / "ok.csv"), gpu, (fine,))
+    load_profiles([str(tmp_path / "ok.csv")], devices=["A100-80GB-SXM"], dtype="bf16")
+    fast = replace(fine, time_s=1e-12, p10_s=1e-12, p90_s=1e-12)
+    save_profile(str(tmp_path / "bad.csv"), gpu, (fast,))
+    with pytest.raises(SpecError, match=r"gemm mlp.fc1 1x1024x256x64 at 33,554,432 TFLOP/s' is not "
+                                        r"allowed \(at most 1.5 x A100-80GB-SXM's fastest"):
+        load_profiles([str(tmp_path / "bad.csv")], devices=["A100-80GB-SXM"], dtype="bf16")
+    save_profile(str(tmp_path / "cpu.csv"), META, (fast,))  # a CPU's: no template to hold
+    load_profiles([str(tmp_path / "cpu.csv")], devices=["CPU"], dtype="fp32")

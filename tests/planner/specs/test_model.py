@@ -250,3 +250,12 @@ def test_moe_settings_that_contradict_the_experts_are_refused():
         dataclasses.replace(mixtral, load_imbalance=4.5).check("m")
     with pytest.raises(SpecError, match=r"m.shared_expert_ffn_hidden_size: 1024 is not allowed"):
         dataclasses.replace(mixtral, shared_expert_ffn_hidden_size=1024).check("m")
+
+
+def test_tied_embeddings_need_an_output_layer():
+    import dataclasses
+
+    gpt = preset("gpt3-125m")
+    with pytest.raises(SpecError, match=r"m.tied_embeddings: true is not allowed \(needs "
+                                        r"lm_head: true"):
+        dataclasses.replace(gpt, lm_head=False).check("m")

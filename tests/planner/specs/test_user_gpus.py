@@ -293,3 +293,15 @@ def test_a_gpu_with_no_default_dtype_asks_for_the_flag():
                                         r"trains in, .*it offers fp8\)"):
         train_dtype([fp8_only], None, where="--dtype")
     assert train_dtype([fp8_only], "fp8", where="--dtype") == "fp8"
+
+
+@pytest.mark.parametrize("attention", ["[]", "[flash, flash]"])
+def test_a_devices_attention_list_is_its_own(tmp_path, attention):
+    """`attention: []` fell back to the architecture's kernels without a word."""
+    from profiler.devices import load_catalog
+
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(f"A100-80GB-SXM: {{attention: {attention}}}\n")
+    with pytest.raises(SpecError, match=r"A100-80GB-SXM.attention: .* is not allowed \(the "
+                                        r"backends it runs, each once"):
+        load_catalog(str(catalog))
