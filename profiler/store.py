@@ -29,7 +29,7 @@ import io
 import math
 import os
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -211,11 +211,16 @@ class Profile:
                 for k, v in times.items()}
 
     @cached_property
-    def _series(self) -> dict[SeriesKey, MonotoneCurve]:
-        points: dict[SeriesKey, list[tuple[float, float]]] = {}
+    def _by_series(self) -> dict[SeriesKey, list[ProfileRow]]:
+        rows: dict[SeriesKey, list[ProfileRow]] = {}
         for r in self.rows:
-            points.setdefault(_key(r), []).append((r.size, r.time_s))
-        return {k: MonotoneCurve(v) for k, v in points.items()}
+            rows.setdefault(_key(r), []).append(r)
+        return rows
+
+    @cached_property
+    def _series(self) -> dict[SeriesKey, MonotoneCurve]:
+        return {k: MonotoneCurve((r.size, r.time_s) for r in rows)
+                for k, rows in self._by_series.items()}
 
     def time_s(self, *, kind: str, name: str, variant: str | None, shape: tuple[int, ...],
                size: float, ranks: int = 1) -> float | None:
@@ -240,9 +245,22 @@ class Profile:
         if curve is None:
             return None
         edge_size, fitted = curve.edge(size)
-        rows = [r for r in self.rows if _key(r) == key]
-        row = min(rows, key=lambda r: abs(math.log(max(r.size, 1.0) / edge_size)))
+        row = min(self._by_series[key],
+                  key=lambda r: abs(math.log(max(r.size, 1.0) / edge_size)))
         return row, fitted
+
+    def scaled_s(self, *, kind: str, name: str, variant: str | None, size: float,
+                 model_s: Callable[[ProfileRow | None], float], ranks: int = 1
+                 ) -> float | None:
+        """A size outside the series' measured range: the reader's model time of it
+        (`model_s(None)`) times the profile's fitted / model time at the nearest measured
+        row (`model_s(row)`); None where the profile has no such series."""
+        found = self.edge(kind=kind, name=name, variant=variant, size=size, ranks=ranks)
+        if found is None:
+            return None
+        row, fitted_s = found
+        at_edge = model_s(row)
+        return None if at_edge <= 0 else fitted_s / at_edge * model_s(None)
 
     def collective_time_s(self, kind: str, size_bytes: float, ranks: int) -> float | None:
         return self.time_s(kind="collective", name=kind, variant=None, shape=(int(size_bytes),),

@@ -393,15 +393,10 @@ def measured_collective_s(kind: str, size_bytes: float, tiers: Sequence[Tier],
     measured = profile.collective_time_s(kind, size_bytes, tiers[0].fanout)
     if measured is not None:
         return measured
-    found = profile.edge(kind="collective", name=kind, variant=None, size=size_bytes,
-                         ranks=tiers[0].fanout)
-    if found is None:
-        return None
-    row, fitted_s = found
-    model_at_edge = _model_time_s(kind, row.bytes, tuple(tiers))
-    if model_at_edge <= 0:
-        return None
-    return fitted_s / model_at_edge * _model_time_s(kind, size_bytes, tuple(tiers))
+    return profile.scaled_s(
+        kind="collective", name=kind, variant=None, size=size_bytes, ranks=tiers[0].fanout,
+        model_s=lambda row: _model_time_s(kind, size_bytes if row is None else row.bytes,
+                                          tuple(tiers)))
 
 
 def collective_time_s(kind: str, size_bytes: float, tiers: Sequence[Tier], *,

@@ -25,7 +25,7 @@ from profiler import analytic
 from profiler.devices import DeviceSpec, device
 from profiler.kernels import Attention
 from profiler.schema import SpecError
-from profiler.store import Profile
+from profiler.store import Profile, ProfileRow
 
 __all__ = ["ANALYTIC_SOURCE", "ARCH_CALIBRATION", "TRITON_FLASH_SLOWDOWN", "TRITON_FLASH_SOURCE",
            "ComputeCosts",
@@ -112,29 +112,29 @@ def _analytic_op_time_s(dev: DeviceSpec, dtype: str, op: Op) -> float:
     return analytic.memory_time_s(op.bytes, device=dev, kernels=op.kernels)
 
 
+def _size(op: Op) -> float:
+    """What a profile's series interpolates an op's time against (profiler/store.py)."""
+    return op.flops if op.kind in ("gemm", "attention") else op.bytes
+
+
 @cache
 def measured_op_time_s(profile: Profile, op: Op) -> float | None:
     """The profile's time for `op`, or None where it does not have it."""
-    size = op.flops if op.kind in ("gemm", "attention") else op.bytes
     return profile.time_s(kind=op.kind, name=op.name, variant=op.variant, shape=op.shape,
-                          size=size)
+                          size=_size(op))
 
 
 @cache
 def _scaled_from_edge_s(profile: Profile, dev: DeviceSpec, dtype: str, op: Op) -> float | None:
     """The analytic time of `op` times the profile's measured / analytic time at the
     nearest measured size of its series, or None where the profile has no such series."""
-    size = op.flops if op.kind in ("gemm", "attention") else op.bytes
-    found = profile.edge(kind=op.kind, name=op.name, variant=op.variant, size=size)
-    if found is None:
-        return None
-    row, fitted_s = found
-    at_edge = replace(op, shape=row.shape, flops=row.flops, bytes=row.bytes,
-                      kernels=row.kernels)
-    analytic_at_edge = _analytic_op_time_s(dev, dtype, at_edge)
-    if analytic_at_edge <= 0:
-        return None
-    return fitted_s / analytic_at_edge * _analytic_op_time_s(dev, dtype, op)
+    def analytic_s(row: ProfileRow | None) -> float:
+        at = op if row is None else replace(op, shape=row.shape, flops=row.flops,
+                                            bytes=row.bytes, kernels=row.kernels)
+        return _analytic_op_time_s(dev, dtype, at)
+
+    return profile.scaled_s(kind=op.kind, name=op.name, variant=op.variant, size=_size(op),
+                            model_s=analytic_s)
 
 
 def profiled_op_time_s(profile: Profile, dev: DeviceSpec, dtype: str, op: Op) -> float | None:
@@ -192,12 +192,11 @@ def compute_source(uses: Iterable[tuple[Profile | None, Op]]) -> str:
     for profile, op in uses:
         op, slowdown = priced_as(op)
         triton |= slowdown != 1.0
-        size = op.flops if op.kind in ("gemm", "attention") else op.bytes
         if profile is None:
             analytic_names.add(op.name)
         elif measured_op_time_s(profile, op) is not None:
             measured.setdefault(profile.path, set()).add(op.kind)
-        elif profile.edge(kind=op.kind, name=op.name, variant=op.variant, size=size):
+        elif profile.edge(kind=op.kind, name=op.name, variant=op.variant, size=_size(op)):
             scaled.setdefault(profile.path, set()).add(op.name)
         else:
             analytic_names.add(op.name)
