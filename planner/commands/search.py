@@ -22,7 +22,7 @@ from planner.commands.inputs import input_files, load_inputs, profiles_for, with
 from planner.errors import InfeasiblePlan
 from planner.outputs import PLAN_SUFFIXES, check_distinct, check_output_file
 from planner.search import SearchRequest, search
-from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES, search_dtype
+from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES, check_headroom, search_dtype
 from planner.search.show import search_json, search_table
 from planner.specs.choices import values
 from planner.specs.plan import TRAIN_DTYPES, save_plan
@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     model, cluster = load_inputs(args)
     dtype = search_dtype(args.framework, model, (g.device for g in cluster.node_groups),
                          args.dtype)
+    check_headroom(args.memory_headroom, cluster)
     profiles = profiles_for(args, cluster, dtype)
     req = SearchRequest(model=model, cluster=cluster, gbs=args.gbs,
                         seq_len=args.seq or model.seq_len, dtype=dtype,

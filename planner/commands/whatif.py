@@ -20,7 +20,13 @@ from planner.commands.args import (
 from planner.commands.inputs import load_inputs, profiles_for
 from planner.describe import count_words, duration_words
 from planner.outputs import check_output_dir
-from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES, check_framework, search_dtype
+from planner.search.search import (
+    DEFAULT_HEADROOM_BYTES,
+    OBJECTIVES,
+    check_framework,
+    check_headroom,
+    search_dtype,
+)
 from planner.specs.plan import TRAIN_DTYPES
 from planner.whatif.report import plan_scenarios, write_report
 from planner.whatif.scenarios import Setting, parse_scenario
@@ -81,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             fail("--scenario", text, f"its label {sc.label!r} is taken (the baseline's, or "
                  "another scenario's): give each scenario a label of its own, 'LABEL: ...'")
         seen.add(sc.label)
+    check_headroom(args.memory_headroom, cluster)
     base = Setting(label="baseline", model=model, cluster=cluster, tokens=args.tokens)
     profiles = profiles_for(args, cluster, dtype)
     rows = plan_scenarios(base, scenarios, gbs=args.gbs, seq_len=args.seq,

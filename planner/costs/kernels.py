@@ -96,7 +96,9 @@ def _first_device(plan: Plan) -> DeviceSpec:
 def fastest_kernels(plan: Plan, profiles: Profiles, *, keep_attention: bool = False) -> Kernels:
     """The plan's kernels, with each alternative the profile of its first stage's GPU
     measured replaced by the fastest valid one: attention backends the GPUs support
-    (fused only with context parallelism), AdamW implementations."""
+    (fused only with context parallelism), AdamW implementations. A kernel is replaced only
+    where the profile measured it too: a profile of other backends alone says nothing of
+    how the plan's own compares (its time would be the analytic model's, not measured)."""
     profile = profiles.get(_first_device(plan).name)
     kernels = plan.kernels
     if profile is None:
@@ -108,9 +110,9 @@ def fastest_kernels(plan: Plan, profiles: Profiles, *, keep_attention: bool = Fa
              and (k.fused or all(s.cp == 1 for p in plan.pipelines for s in p.stages))]
     if not keep_attention:
         attention = {k: t for k in valid if (t := _attention_s(plan, profile, k)) is not None}
-        if attention:
+        if kernels.attention in attention:
             kernels = replace(kernels, attention=min(attention, key=attention.__getitem__))
     optimizer = {k: t for k in OptimizerKernel if (t := _optimizer_s(plan, profile, k)) is not None}
-    if optimizer:
+    if kernels.optimizer in optimizer:
         kernels = replace(kernels, optimizer=min(optimizer, key=optimizer.__getitem__))
     return kernels

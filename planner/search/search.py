@@ -70,7 +70,7 @@ from profiler.schema import SpecError, fail
 from profiler.store import Profiles
 
 __all__ = ["DEFAULT_HEADROOM_BYTES", "OBJECTIVES", "Ranked", "SearchRequest", "SearchResult",
-           "check_framework", "prepare", "priced_plan", "search", "search_dtype"]
+           "check_framework", "check_headroom", "prepare", "priced_plan", "search", "search_dtype"]
 
 GIB = 1024**3
 # beyond the memory model's own runtime reserve (planner/costs/memory.py): PyTorch's
@@ -271,6 +271,15 @@ def _within_budget(req: SearchRequest, iteration_s: float, usd_hour: float | Non
     iterations = req.tokens / (req.gbs * req.seq_len)
     return (iterations * (iteration_s * usd_hour / 3600 + egress_usd)
             <= req.max_budget_usd * (1 + slack))
+
+
+def check_headroom(headroom_bytes: float, cluster: ClusterSpec,
+                   where: str = "--memory-headroom") -> None:
+    """Refuse a headroom no GPU of `cluster` has: every plan would be flagged."""
+    largest = max(g.device.memory_bytes for g in cluster.node_groups)
+    if headroom_bytes >= largest:
+        fail(where, headroom_bytes / GIB, f"less than the cluster's largest GPU "
+             f"memory, {largest / GIB:g} GiB: the GiB a plan should leave free at its peak")
 
 
 def search_dtype(framework: str, model: ModelSpec, devices: Iterable[DeviceSpec],

@@ -105,6 +105,10 @@ class NodeGroup:
                 if getattr(self, name) is None:
                     raise SpecError(f"{at(where, name)}: missing (GPU type {dev.name!r} "
                                     "defines no standard node to take it from)")
+        if self.intra_node_link == "loopback" and dev.vendor != "cpu":
+            raise SpecError(f"{at(where, 'intra_node_link')}: 'loopback' is not allowed for "
+                            f"GPU type {dev.name!r} (it joins the processes of one CPU host; "
+                            "leave the field out for the type's standard node's link)")
         per_node: int = self.gpus_per_node or node.gpus_per_node  # type: ignore[union-attr]  # checked above
         domain = (self.nvlink_domain_gpus or (node.nvlink_domain_gpus if node else None)
                   or per_node)

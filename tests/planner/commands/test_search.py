@@ -15,6 +15,8 @@ SEARCH = ["search", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8", "--gbs"
     (["--tokens", "nan"], "argument --tokens: 'nan' is not allowed (a finite number)"),
     (["--tokens", "1e3", "--max-budget", "inf"], "argument --max-budget: 'inf' is not allowed"),
     (["--top", "100000"], "argument --top: 100000 is not allowed (must be ≤ 1,000)"),
+    (["--memory-headroom", "80"], "--memory-headroom: 80.0 is not allowed (less than the "
+                                  "cluster's largest GPU memory, 80 GiB"),
 ])
 def test_refused_before_searching(tmp_path, monkeypatch, capsys, flags, needle):
     monkeypatch.chdir(tmp_path)

@@ -27,6 +27,8 @@ WHATIF = ["what-if", "--model", "gpt3-1.3b", "--gbs", "64"]
       "a: price H100-80GB-SXM 1", "-o", "r"], "its label 'a' is taken"),
     (["--tokens", "1e9", "--scenario", "baseline: add H100-80GB-SXM 8", "-o", "r"],
      "its label 'baseline' is taken"),
+    (["--tokens", "1e9", "--memory-headroom", "900", "-o", "r"],
+     "--memory-headroom: 900.0 is not allowed (less than the cluster's largest GPU memory"),
 ])
 def test_refused_before_planning(tmp_path, monkeypatch, capsys, flags, needle):
     monkeypatch.chdir(tmp_path)

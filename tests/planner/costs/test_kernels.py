@@ -59,9 +59,19 @@ def test_the_fastest_measured_alternatives_are_chosen(tmp_path):
 
 
 def test_alternatives_the_profile_lacks_are_not_chosen(tmp_path):
-    rows = _rows("flash", core_scale=100.0) + _optimizer_rows({"for_loop": 9e-3})
+    rows = _rows("flash", core_scale=100.0) + _optimizer_rows({"fused": 9e-3})
     kernels = fastest_kernels(_plan(), _profiles(tmp_path, rows))
-    assert (kernels.attention, kernels.optimizer) == ("flash", "for_loop")
+    assert (kernels.attention, kernels.optimizer) == ("flash", "fused")
+
+
+def test_a_kernel_the_profile_did_not_measure_is_kept(tmp_path):
+    """A profile of math attention alone and for-loop AdamW alone says nothing of how the
+    plan's flash and fused compare with them: the plan keeps its own."""
+    plan = _plan()
+    assert (plan.kernels.attention, plan.kernels.optimizer) == ("flash", "fused")
+    rows = _rows("math") + _optimizer_rows({"for_loop": 1e-9})
+    kernels = fastest_kernels(plan, _profiles(tmp_path, rows))
+    assert (kernels.attention, kernels.optimizer) == ("flash", "fused")
 
 
 def test_a_profile_of_other_gpus_changes_nothing(tmp_path):

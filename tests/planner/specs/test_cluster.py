@@ -50,6 +50,16 @@ def test_gpus_shorthand_errors(text, message):
         parse_gpus_arg(text)
 
 
+def test_loopback_joins_cpu_ranks_only():
+    data = {"name": "c", "node_groups": [{"name": "g", "gpu": "A100-80GB-SXM", "num_nodes": 1,
+                                          "intra_node_link": "loopback"}]}
+    with pytest.raises(SpecError, match=r"intra_node_link: 'loopback' is not allowed for GPU "
+                                        r"type 'A100-80GB-SXM'"):
+        parse(ClusterSpec, data).resolved()
+    data["node_groups"][0].update(gpu="CPU")
+    assert parse(ClusterSpec, data).resolved().node_groups[0].intra_node_link == "loopback"
+
+
 def test_islands_must_be_linked():
     data = {"name": "c", "node_groups": [
         {"name": "a", "gpu": "A100-80GB-SXM", "num_nodes": 1, "island": "x"},
