@@ -45,7 +45,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec]:
 def load_model_arg(args: argparse.Namespace) -> ModelSpec:
     if args.model_file is not None:
         return load_model(args.model_file)
-    return preset(args.model)
+    return preset(args.model, where="--model")
 
 
 def load_cluster_arg(args: argparse.Namespace) -> ClusterSpec:

@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_fit(args.file, iterations=args.iterations, output=args.output)
     model = load_model(args.model_file) if args.model_file is not None else (
-        preset(args.model) if args.model is not None else None)
+        preset(args.model, where="--model") if args.model is not None else None)
     return measure(MeasureRequest(
         model=model, output=args.output, command=shlex.join(["plan", *args.argv]),
         device=args.device, device_name=args.device_name, tp=args.tp, mbs=args.mbs,

@@ -187,7 +187,7 @@ def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
     from planner.errors import InfeasiblePlan
     from planner.search import SearchRequest, search
 
-    model = load_model(args.model_file) if args.model_file is not None else preset(args.model)
+    model = load_model(args.model_file) if args.model_file is not None else preset(args.model, where="--model")
     check_model(model, f"--model {model.name}:")  # before profiling and searching for it
     cluster = _cluster(args)
     cpu = all(g.device.vendor == "cpu" for g in cluster.node_groups)

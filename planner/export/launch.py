@@ -126,11 +126,21 @@ def slurm_script(plan: Plan, *, framework: str, config_text: str, version: str) 
         lines += _heredoc(f'"$CONFIG_DIR/{CONFIG_FILES[framework]}"', config_text)
     lines += _heredoc('"$CONFIG_DIR/launch-node.sh"',
                       launcher(nodes, framework_command(framework, config_text)))
+    lines.append("pids=()")
     for k, sec in enumerate(sections):
         het = f"--het-group={k} " if len(sections) > 1 else ""
         lines.append(f'srun {het}--nodes={len(sec)} --ntasks-per-node=1 '
-                     f'bash "$CONFIG_DIR/launch-node.sh" {sec[0].node_rank} &')
-    lines += ["wait", ""]
+                     f'bash "$CONFIG_DIR/launch-node.sh" {sec[0].node_rank} & pids+=($!)')
+    # the job fails when a group does (a bare `wait` returns 0), and a failed group stops
+    # the others, which would otherwise wait for it at their next collective
+    lines += ["status=0",
+              'for _ in "${pids[@]}"; do',
+              "    rc=0; wait -n || rc=$?",
+              '    if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then',
+              '        status=$rc; kill "${pids[@]}" 2>/dev/null || true',
+              "    fi",
+              "done",
+              'exit "$status"', ""]
     return "\n".join(lines)
 
 

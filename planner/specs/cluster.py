@@ -464,7 +464,7 @@ def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus",
     """`count` GPUs of one type in the type's standard nodes (one partial node if fewer);
     `catalog` (a --catalog file) may define the type."""
     entries = by_name((catalog or {}).values())
-    dev = entries.get(gpu.lower()) or device(gpu)  # names in any case, as `device` takes them
+    dev = entries.get(gpu.lower()) or device(gpu, where=where)  # any case, as `device` takes them
     if dev.node is None:
         fail(where, f"{gpu}:{count}", f"{dev.name} defines no standard node: describe the "
              "cluster in a --cluster file")

@@ -357,14 +357,15 @@ def model_presets() -> dict[str, ModelSpec]:
             for name, data in _preset_table().items()}
 
 
-def preset(name: str) -> ModelSpec:
-    """A preset by name (case-insensitive); unknown names are a SpecError with suggestions."""
+def preset(name: str, *, where: str = "model") -> ModelSpec:
+    """A preset by name (case-insensitive); unknown names are a SpecError naming the field
+    `where`, with suggestions."""
     table = _preset_table()
     key = name.lower()
     if key not in table:
         near = difflib.get_close_matches(key, list(table), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(near)}?" if near else "see `plan models`"
-        raise SpecError(f"model: {name!r} is not a known preset ({hint})")
+        raise SpecError(f"{where}: {name!r} is not a known preset ({hint})")
     return parse(ModelSpec, table[key], where=f"models.{key}")
 
 

@@ -31,13 +31,13 @@ MODEL = ("name: m\nnum_layers: 4\nhidden_size: 256\nffn_hidden_size: 1024\nnum_h
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (_swap("--gpus", "Z100-80GB:64"), "'Z100-80GB' is not a known GPU type"),
+    (_swap("--gpus", "Z100-80GB:64"), "--gpus: 'Z100-80GB' is not a known GPU type"),
     (_swap("--tp", "5"), "--tp: 5 is not allowed (must divide num_heads 96)"),
     (_swap("--dp", "2"), "tp*pp*dp*cp = 8*8*2*1 = 128 must equal the cluster's 64 GPUs"),
     (_swap("--mbs", "0"), "argument --mbs: 0 is not allowed (must be ≥ 1)"),
     (_swap("--gbs", "-4"), "argument --gbs: -4 is not allowed (must be ≥ 1)"),
     (_swap("--tp", "eight"), "argument --tp: 'eight' is not an integer"),
-    (_swap("--model", "gpt3-17b"), "model: 'gpt3-17b' is not a known preset"),
+    (_swap("--model", "gpt3-17b"), "--model: 'gpt3-17b' is not a known preset"),
     (GOOD[:-4], "--gbs: required (or --plan FILE); a configuration needs --gpus or --cluster, "
      "--tp, --pp, --dp, --mbs, --gbs"),
     (GOOD[:3] + GOOD[5:], "--gpus: required (or --plan FILE)"),

@@ -5,6 +5,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -152,6 +153,37 @@ def test_slurm_script_for_a_mixed_plan(tmp_path, capsys):
     assert args[:3] == ["--nnodes=3", "--node-rank=2", "--nproc-per-node=4"]
     assert "executor.worker" in args and "--master-addr=node0" in args
     assert [n.num_ranks for n in plan_nodes(plan)] == [8, 8, 4]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("failing, expected", [(None, 0), ("1", 3), ("0", 3)])
+def test_slurm_script_fails_when_a_group_fails(tmp_path, capsys, failing, expected):
+    """A bare `wait` returned 0 whatever the groups did: a failed run read as completed, and
+    the other group kept waiting for it."""
+    path = str(tmp_path / "mixed.yaml")
+    save_plan(mixed_plan(), path)
+    code, script, err = run_cli(["export", path, "--format", "slurm"], capsys)
+    assert code == 0, err
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho node0\n")
+    # group FAIL exits 3 at once; the others run 0.5 s, or 30 s while a group fails
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\n"
+        'if [ "$1" = "--het-group=$FAIL" ]; then exit 3; fi\n'
+        'if [ -n "$FAIL" ]; then exec sleep 30; fi\n'
+        "sleep 0.5\n")
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    (tmp_path / "job.sbatch").write_text(script)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "node0", "RUN_DIR": str(tmp_path / "run"),
+           "FAIL": failing or ""}
+    start = time.monotonic()
+    done = subprocess.run(["bash", str(tmp_path / "job.sbatch")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == expected, done.stderr
+    assert time.monotonic() - start < 20  # the other group was stopped, not waited for
 
 
 def test_slurm_script_for_megatron_carries_the_arguments(selene_plan, tmp_path, capsys):
