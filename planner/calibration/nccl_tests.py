@@ -12,12 +12,16 @@ Run `python -m planner.calibration.nccl_tests`.
 from __future__ import annotations
 
 import csv
-import math
 import os
 import statistics
 from dataclasses import dataclass
 
-from planner.costs.comm import collective_choices, collective_time_s, group_tiers
+from planner.costs.comm import (
+    collective_choices,
+    collective_time_s,
+    group_ranks,
+    group_tiers,
+)
 from planner.specs.cluster import ClusterSpec, NodeGroup
 
 __all__ = ["NcclCase", "nccl_cases"]
@@ -100,7 +104,7 @@ def nccl_cases(path: str | None = None) -> tuple[list[NcclCase], list[str]]:
             choice = f"{best.algorithm}/{best.protocol}"
         cases.append(NcclCase(
             id=r["id"], description=r["hardware"][:44], kind=kind, size_bytes=size,
-            ranks=math.prod(t.fanout for t in tiers),
+            ranks=group_ranks(tiers),
             measured_busbw_gb_per_s=float(r["busbw_gb_per_s"]) if r["busbw_gb_per_s"] else None,
             measured_s=float(r["time_us"]) * 1e-6 if r["time_us"] else None,
             predicted_s=collective_time_s(kind, size, tiers), choice=choice))

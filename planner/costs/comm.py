@@ -46,7 +46,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from planner.specs.cluster import ClusterSpec, GpuSlot, NodeGroup
@@ -55,8 +55,8 @@ from profiler.schema import cached_hash
 from profiler.store import Profiles
 
 __all__ = ["ALGORITHMS", "COMM_SOURCE", "PROTOCOLS", "Choice", "Tier", "clear_comm_caches",
-           "Transfer", "collective_choices", "collective_time_s", "dispatch_time_s", "group_tiers",
-           "holders_reached", "measured_collective_s"]
+           "Transfer", "collective_choices", "collective_time_s", "dispatch_time_s", "group_domains",
+           "group_ranks", "group_tiers", "holders_reached", "measured_collective_s"]
 
 COMM_SOURCE = ("NCCL's cost model (2.20.3: ring/tree, LL/LL128/Simple) over the cluster's links "
                "(profiler/data/nccl.yaml, links.yaml)")
@@ -84,6 +84,21 @@ class Tier:
     arch: str | None = None  # the group's GPU architecture when all alike
     aligned: bool = True  # network tier: every node's members sit on the same rails
     nvls_bytes_per_s: float = 0.0  # node tier: all-reduce in the NVSwitch (0: none)
+    # the outermost tier of a group split unevenly over its NVLink domains (2 + 1 ranks):
+    # the group's ranks and domains, which the fanouts' product (3 x 2) overcounts; 0:
+    # the product (`group_ranks`, `group_domains`)
+    ranks: int = 0
+    domains: int = 0
+
+
+def group_ranks(tiers: Sequence[Tier]) -> int:
+    """The ranks of the group `tiers` describe (of its inner tiers alone, where a slice)."""
+    return tiers[-1].ranks or math.prod(t.fanout for t in tiers)
+
+
+def group_domains(tiers: Sequence[Tier]) -> int:
+    """The NVLink domains (nodes) the group spans."""
+    return tiers[-1].domains or math.prod(t.fanout for t in tiers if t.name != "node")
 
 
 @dataclass(frozen=True)
@@ -214,6 +229,8 @@ def group_tiers(cluster: ClusterSpec, devices: tuple[int, ...], concurrency: int
                 rdma = rdma and kind.rdma
         tiers.append(Tier("islands", len(islands), bus, lat, "net", p2p, channels, rdma,
                           None, arch))
+    if math.prod(t.fanout for t in tiers) != len(members):  # split unevenly
+        tiers[-1] = replace(tiers[-1], ranks=len(members), domains=len(by_domain))
     return tuple(tiers)
 
 
@@ -248,11 +265,11 @@ def _shape(tiers: Sequence[Tier], nccl: NcclTuning) -> _Shape:
     by_name = {t.name: t for t in tiers}
     node, network, islands = by_name.get("node"), by_name.get("network"), by_name.get("islands")
     per_node = node.fanout if node else 1
-    nodes = (network.fanout if network else 1) * (islands.fanout if islands else 1)
+    nodes = group_domains(tiers)
     arch = tiers[0].arch
     ll128 = (arch in nccl.ll128_architectures and (node is None or node.hw == "nvlink")
              and all(t.rdma for t in tiers))
-    return _Shape(ranks=per_node * nodes, per_node=per_node, nodes=nodes,
+    return _Shape(ranks=group_ranks(tiers), per_node=per_node, nodes=nodes,
                   islands=islands.fanout if islands else 1,
                   bus_bytes_per_s=min(t.bandwidth_bytes_per_s for t in tiers),
                   channels=min(t.channels for t in tiers),
@@ -424,7 +441,7 @@ def _model_time_s(kind: str, size_bytes: float, tiers: tuple[Tier, ...]) -> floa
         # sends to peers in its own node go over NVLink/PCIe at the same time as those to
         # other nodes go through its NIC (NCCL runs alltoall as one group of p2p sends),
         # so a group over several nodes takes the slower of the two shares
-        n = math.prod(t.fanout for t in tiers)
+        n = group_ranks(tiers)
         local = tiers[0].fanout if tiers[0].name == "node" and len(tiers) > 1 else 1
         if local == 1:
             return _send_s((n - 1) / n * size_bytes, tiers)
@@ -469,11 +486,11 @@ def dispatch_time_s(size_bytes: float, tiers: tuple[Tier, ...], *, top_k: int,
     own local index there, which forwards it over NVLink to the ranks of that node it is
     for (the source GPU does so for its own node): NVLink carries each rank reached but
     the forwarder, (local-1)/local of them. The two run at once."""
-    n = math.prod(t.fanout for t in tiers)
+    n = group_ranks(tiers)
     if n <= 1:
         return 0.0
     local = tiers[0].fanout if tiers[0].name == "node" and len(tiers) > 1 else n
-    nodes = n // local
+    nodes = group_domains(tiers) if len(tiers) > 1 else 1
     token_bytes = size_bytes / top_k
     ranks = holders_reached(experts, n, top_k, consecutive=consecutive)
     nvlink = token_bytes * ranks * (local - 1) / local
@@ -497,8 +514,10 @@ class Transfer:
 
     def describe(self) -> str:
         """"4 x all_gather 396 MB, 64 ranks (8 per node/8 nodes): ring/simple"."""
-        n = math.prod(t.fanout for t in self.tiers)
-        where = "/".join(f"{t.fanout} {_TIER_WORDS[t.name]}" for t in self.tiers)
+        n = group_ranks(self.tiers)
+        even = n == math.prod(t.fanout for t in self.tiers)
+        where = "/".join(f"{'' if even or t.name != 'node' else 'up to '}{t.fanout} "
+                         f"{_TIER_WORDS[t.name]}" for t in self.tiers)
         text = f"{self.kind} {self.size_bytes / 1e6:.3g} MB, {n} ranks ({where})"
         if self.kind in ("all_reduce", "all_gather", "reduce_scatter"):
             c = min(collective_choices(self.kind, self.size_bytes, self.tiers),

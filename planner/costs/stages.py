@@ -27,6 +27,7 @@ from planner.costs.comm import (
     clear_comm_caches,
     collective_time_s,
     dispatch_time_s,
+    group_ranks,
     group_tiers,
 )
 from planner.costs.compute import (
@@ -162,7 +163,7 @@ class DPSync:
         worked out once, as `about`)."""
         known: dict[str, int] = self.__dict__.setdefault("_ranks", {})
         if term not in known:
-            known[term] = max((math.prod(t.fanout for t in x.tiers) for name, x in self.detail
+            known[term] = max((group_ranks(x.tiers) for name, x in self.detail
                                if name == term), default=0)
         return known[term]
 

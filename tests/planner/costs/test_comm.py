@@ -5,11 +5,10 @@ README names the sources); the bounds say how close NCCL's own model, with the l
 measured efficiencies, comes to each.
 """
 
-import math
 
 import pytest
 
-from planner.costs.comm import collective_choices, collective_time_s, group_tiers
+from planner.costs.comm import collective_choices, collective_time_s, group_ranks, group_tiers
 from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster, parse_gpus_arg
 from profiler.devices import link_kind
 from profiler.schema import parse
@@ -26,7 +25,7 @@ def cluster(gpu: str, nodes: int, **group) -> ClusterSpec:
 
 def busbw(kind: str, size: float, tiers) -> float:
     """nccl-tests' bus bandwidth of the model's time (GB/s)."""
-    n = math.prod(t.fanout for t in tiers)
+    n = group_ranks(tiers)
     return size / collective_time_s(kind, size, tiers) * BUSBW[kind](n) / 1e9
 
 
@@ -104,6 +103,25 @@ def test_one_rank_per_node_reaches_less_of_its_nic():
     tiers = group_tiers(parse_gpus_arg("A100-80GB-SXM:16"), (0, 8))
     assert busbw("all_gather", GIB, tiers) == pytest.approx(15.84, rel=0.1)
     assert busbw("all_reduce", GIB, tiers) == pytest.approx(18.65, rel=0.12)
+
+
+def test_a_group_split_unevenly_over_nodes_counts_its_own_ranks():
+    """Three A100 over two 4-GPU nodes (2 + 1) run a ring of 3 ranks crossing the network
+    twice: never slower than the same 3 ranks one per node (the ring was counted as 2 per
+    node x 2 nodes = 4 ranks, its 2(n-1)/n factor 12.5% too large), and said as 3 ranks."""
+    from planner.costs.comm import Transfer, group_domains, group_ranks
+
+    c = cluster("A100-80GB-SXM", 3, gpus_per_node=4)
+    uneven = group_tiers(c, (0, 2, 4))
+    spread = group_tiers(c, (0, 4, 8))
+    assert (group_ranks(uneven), group_domains(uneven)) == (3, 2)
+    assert (group_ranks(spread), group_domains(spread)) == (3, 3)
+    size = 157e6
+    assert collective_time_s("all_reduce", size, uneven) <= collective_time_s(
+        "all_reduce", size, spread)
+    assert "3 ranks (up to 2 per node/2 nodes)" in Transfer("all_reduce", size, uneven).describe()
+    # the inner tier alone (the NVLink share of an all-to-all) is the node's 2 ranks
+    assert group_ranks(uneven[:1]) == 2
 
 
 def test_scale_64_and_256_gpus_one_nic_per_node():
