@@ -32,8 +32,13 @@ def simulate_detailed(plan: Plan, *, profiles: Profiles | None = None
 
 
 def _critical_stage(sim: Simulation) -> tuple[int, int]:
-    last = max(range(len(sim.graph)), key=sim.schedule.end.__getitem__)
-    meta: TaskMeta = sim.graph.meta[last]
+    """The stage whose compute ends last: the one the step waits for. (The task that ends
+    last is a gradient reduction or optimizer step, which waits for every replica; taking
+    its stage told a slower replica's time as that stage's data-parallel communication.)"""
+    g, end = sim.graph, sim.schedule.end
+    last = max((t for t in range(len(g)) if g.kinds[t] in _COMPUTE_KINDS),
+               key=end.__getitem__)
+    meta: TaskMeta = g.meta[last]
     return meta.pipeline, meta.stage
 
 

@@ -327,3 +327,19 @@ def test_a_collective_is_slowed_only_by_load_beyond_what_it_was_measured_at():
     # without a reference load (older callers) the collective is a pass, as before
     old = list_schedule(g, shared=host, cpu_share=[0.0, 1.0])
     assert old.end[1] == pytest.approx(10.0 * k(2.0))
+
+
+def test_a_slower_replica_is_not_told_as_data_parallel_communication():
+    """GB200 NVL72 racks of 72 GPUs: of four tp-32 replicas, the third spans two racks and
+    runs its tp collectives over the NICs. The gradient reduction waits for it; the
+    breakdown follows that replica's stage (its tp traffic), not the first replica's idle
+    wait before the reduction, which it reported as 'dp comm' (0.10 of 0.30 s)."""
+    plan = homogeneous_plan(preset("llama2-7b"), parse_gpus_arg("GB200-186GB:128"),
+                            ParallelConfig(tp=32, dp=4, mbs=1, gbs=16, seq_len=1024))
+    r = simulate(plan)
+    b = r.breakdown
+    parts = (b.compute_s + b.host_overhead_s + b.tp_comm_s + b.cp_comm_s + b.pp_comm_s
+             + b.dp_comm_s + b.bubble_s + b.optimizer_s + b.ep_comm_s)
+    assert parts == pytest.approx(r.iteration_time_s)
+    assert b.tp_comm_s > 0.5 * r.iteration_time_s
+    assert b.dp_comm_s < 0.05 * r.iteration_time_s
