@@ -34,7 +34,7 @@ from planner.search import SearchRequest, search
 from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster
 from planner.specs.plan import Plan, describe_layout, load_plan, save_plan
 from profiler.devices import device
-from profiler.schema import SpecError, fail
+from profiler.schema import SpecError, fail, one_line
 
 __all__ = ["add_parser", "framework_of", "kept_attention", "resume_command", "run",
            "without_nodes"]
@@ -181,6 +181,9 @@ def run(args: argparse.Namespace) -> int:
         best = search(req).ranked[0]
     except InfeasiblePlan as err:
         print(f"plan replan: no plan on {cluster.name}: {err}", file=sys.stderr)
+        if args.json:  # still the one JSON object --json promises, as `plan search --json`
+            print_json({"cluster": cluster.name, "gpus": cluster.num_gpus, "plan": None,
+                        "no_plan": one_line(str(err)), "framework": framework})
         return 1
     new = with_prediction(best.plan, best.result, command=["plan", *args.argv],
                           profiles=profiles)

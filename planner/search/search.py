@@ -502,16 +502,21 @@ def _space(req: SearchRequest, cluster: ClusterSpec) -> tuple[SearchSpace, str |
 
     n = cluster.num_gpus
     full, space = space_of(n), for_framework(space_of(n), caps)
-    if first_layout(space) is not None or first_layout(full) is None:
+    if first_layout(space) is not None:
         return space, None
-    missing = sorted({what for lo in layouts(full, req.model, gbs=req.gbs, seq_len=req.seq_len)
-                      for what in missing_for(space, req.model, lo)})
+    gpu = cluster.node_groups[0].gpu
+    if first_layout(full) is not None:
+        missing = sorted({what for lo in layouts(full, req.model, gbs=req.gbs,
+                                                 seq_len=req.seq_len)
+                          for what in missing_for(space, req.model, lo)})
+        why = (f"{caps.version} cannot use all {n} {gpu} GPUs at gbs {req.gbs} (that needs "
+               f"{' or '.join(missing)})")
+    else:  # 1,000 GPUs and gbs 1,024: no dp divides both (after a node was lost)
+        why = f"no layout of all {n} {gpu} GPUs divides gbs {req.gbs}"
     for fewer in range(n - per_node, 0, -per_node):
         space = for_framework(space_of(fewer), caps)
         if first_layout(space) is not None:
-            return space, (f"{caps.version} cannot use all {n} {cluster.node_groups[0].gpu} "
-                           f"GPUs at gbs {req.gbs} (that needs {' or '.join(missing)}): "
-                           f"planned on {fewer}")
+            return space, f"{why}: planned on {fewer}"
     return for_framework(full, caps), None
 
 

@@ -113,6 +113,28 @@ def test_nothing_fits_on_what_is_left_exits_1(tmp_path, capsys):
                             "7:A100-80GB-SXM", "-o", str(out)], capsys)
     assert code == 1 and err.startswith("plan replan: no plan on ") and "Traceback" not in err
     assert "nothing fits in memory" in err and not out.exists()
+    # --json still prints its one object (as `plan search --json` does)
+    code, out_text, _ = run_cli(["replan", "--plan", str(tmp_path / "a.yaml"), "--without",
+                                 "7:A100-80GB-SXM", "-o", str(out), "--json"], capsys)
+    report = json.loads(out_text)
+    assert code == 1 and report["plan"] is None and "nothing fits" in report["no_plan"]
+
+
+def test_gpus_left_that_no_layout_divides_the_batch_over_plan_on_fewer(tmp_path, capsys):
+    """125 of 128 DGX H100 nodes left (1,000 GPUs) and gbs 1,024: no tp x pp x dp of 1,000
+    has a dp dividing 1,024, and replan (a throughput search, all GPUs) found no plan at
+    all. Whole nodes fewer are tried until a layout divides (960 for GPT-3 1.3B: 24
+    layers, 32 heads)."""
+    plan = homogeneous_plan(preset("gpt3-1.3b"), parse_gpus_arg("H100-80GB-SXM:1024"),
+                            ParallelConfig(dp=1024, mbs=1, gbs=1024, seq_len=2048))
+    save_plan(plan, str(tmp_path / "a.yaml"))
+    out = tmp_path / "b.yaml"
+    code, text, err = run_cli(["replan", "--plan", str(tmp_path / "a.yaml"), "--without",
+                               "3:H100-80GB-SXM", "-o", str(out), "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(text)
+    assert report["gpus"] == 960 and out.exists()
+    assert load_plan(str(out)).training.global_batch_size == 1024
 
 
 def _mixed_plan(tmp_path, *, a100_nodes, v100_nodes, **cfg):
