@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 
 from planner.specs.cluster import ClusterSpec, GpuSlot, NodeGroup
-from profiler.devices import NcclTuning, link_kind, nccl_tuning
+from profiler.devices import LinkKind, NcclTuning, link_kind, nccl_tuning
 from profiler.schema import cached_hash
 from profiler.store import Profiles
 
@@ -114,14 +114,21 @@ class Choice:
 
 # -- the group's tiers ----------------------------------------------------------------------
 
-def _nic_rank_share(g: NodeGroup, ranks_on_node: int) -> float:
+def _transport(g: NodeGroup, sockets: bool) -> LinkKind:
+    """How NCCL drives the NICs of group `g`: their own kind, or TCP sockets (Ethernet's
+    kind) for a group crossing an island link without RDMA."""
+    assert g.nic is not None
+    return link_kind("ethernet" if sockets else g.nic)
+
+
+def _nic_rank_share(g: NodeGroup, ranks_on_node: int, sockets: bool = False) -> float:
     """What one GPU of a node of group `g` gets of its node's NICs when every GPU of the
     node communicates at once: RDMA reaches `bandwidth_efficiency` of the line rate
     (`single_rank_efficiency` where the group has one rank on the node); TCP sockets
     their measured fraction (lower when several GPUs share them) and at most one socket
     stream per NIC."""
     assert g.nic is not None and g.gpus_per_node is not None and g.nics_per_node is not None
-    nic = link_kind(g.nic)
+    nic = _transport(g, sockets)
     node = g.node_nic_bandwidth_bytes_per_s
     if nic.rdma:
         alone = ranks_on_node == 1 and nic.single_rank_efficiency is not None
@@ -165,18 +172,19 @@ def _node_tier(cluster: ClusterSpec, by_domain: dict[int, list[GpuSlot]], arch: 
 
 
 def _network_tier(cluster: ClusterSpec, by_domain: dict[int, list[GpuSlot]], fanout: int,
-                  arch: str | None) -> Tier:
+                  arch: str | None, sockets: bool = False) -> Tier:
     """The NVLink domains of the group joined by their nodes' NICs: a domain's members
-    send through the NICs of the nodes they sit on, each its share of its own node's."""
+    send through the NICs of the nodes they sit on, each its share of its own node's
+    (over TCP sockets where `sockets`)."""
     bus = p2p = math.inf
     lat, channels, rdma = 0.0, 1 << 30, True
     for domain_members in by_domain.values():
         g = cluster.node_groups[domain_members[0].group]
         on_node = collections.Counter(s.node for s in domain_members).values()
-        shares = [(_nic_rank_share(g, ranks), ranks) for ranks in on_node]
+        shares = [(_nic_rank_share(g, ranks, sockets), ranks) for ranks in on_node]
         bus = min(bus, sum(share * ranks for share, ranks in shares))
         p2p = min(p2p, min(share for share, _ in shares))
-        nic = link_kind(g.nic)  # type: ignore[arg-type]  # nic is set once the cluster is resolved
+        nic = _transport(g, sockets)
         lat = max(lat, nic.latency_s)
         channels = min(channels, len(on_node) * (g.nics_per_node or 1) * nic.channels)
         rdma = rdma and nic.rdma
@@ -205,10 +213,16 @@ def group_tiers(cluster: ClusterSpec, devices: tuple[int, ...], concurrency: int
     for s in members:
         domains_by_island.setdefault(cluster.node_groups[s.group].island, set()).add(s.domain)
     domains_per_island = max(len(v) for v in domains_by_island.values())
-    network = _network_tier(cluster, by_domain, domains_per_island, arch)
+    islands = sorted(domains_by_island)
+    # NCCL drives every connection of a communicator with one network transport: a group
+    # across an island link without RDMA (InfiniBand and RoCE islands joined by Ethernet,
+    # Holmes, Yang et al. 2023) runs over TCP sockets on every NIC, its own island's too
+    sockets = any(not link_kind(link.kind).rdma
+                  for i, a in enumerate(islands) for b in islands[i + 1:]
+                  if (link := cluster.island_link(a, b)) is not None)
+    network = _network_tier(cluster, by_domain, domains_per_island, arch, sockets)
     if domains_per_island > 1:
         tiers.append(network)
-    islands = sorted(domains_by_island)
     if len(islands) > 1:
         per_node = max(len(v) for v in by_domain.values())
         ranks_per_island = max(per_node * len(v) for v in domains_by_island.values())

@@ -201,6 +201,39 @@ def test_island_link_is_shared_by_concurrent_groups():
         collective_time_s("send_recv", 256e6, alone)
 
 
+def _two_islands(kind: str) -> ClusterSpec:
+    """Two islands of two DGX A100 nodes (InfiniBand inside), joined by a 3.2 Tb/s link."""
+    data = {"name": "c", "node_groups": [
+        {"name": f"g{i}", "gpu": "A100-80GB-SXM", "num_nodes": 2, "island": f"i{i}"}
+        for i in range(2)],
+        "island_links": [{"islands": ["i0", "i1"], "bandwidth_gbit_per_s": 3200,
+                          "kind": kind}]}
+    return parse(ClusterSpec, data).resolved()
+
+
+def test_a_group_across_an_island_link_without_rdma_runs_over_sockets():
+    """InfiniBand islands joined by Ethernet: NCCL drives every connection of a
+    communicator with one network transport, so a group crossing the link runs TCP
+    sockets on every NIC (its own island's too: one 40 Gb/s stream a NIC, 40 us a step;
+    Holmes, Yang et al. 2023: IB and RoCE islands talk over Ethernet). The link's kind was
+    ignored: the three kinds priced the same. A group inside one island keeps its RDMA."""
+    group = tuple(range(0, 32, 8))  # one GPU of each node: 2 + 2 nodes
+    times = {}
+    for kind in ("ethernet", "roce", "infiniband"):
+        c = _two_islands(kind)
+        network = next(t for t in group_tiers(c, group) if t.name == "network")
+        # each rank its 1/8 of the node's eight 200 Gb/s NICs: RDMA at one rank per
+        # node's fraction, sockets one 40 Gb/s stream a NIC
+        rdma = 8 * 200e9 / 8 * link_kind("infiniband").single_rank_efficiency / 8
+        expected = 8 * 40e9 / 8 / 8 if kind == "ethernet" else rdma
+        assert network.bandwidth_bytes_per_s == pytest.approx(expected)
+        assert network.rdma is (kind != "ethernet")
+        assert group_tiers(c, (0, 8))[-1].rdma  # inside island i0
+        times[kind] = collective_time_s("all_reduce", 1e9, group_tiers(c, group))
+    assert times["roce"] == times["infiniband"]
+    assert times["ethernet"] > 3 * times["infiniband"]
+
+
 # -- point to point and the rest -------------------------------------------------------------
 
 def test_send_recv_over_nvswitch():
