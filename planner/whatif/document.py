@@ -11,7 +11,15 @@ import os
 from collections.abc import Sequence
 
 from planner.describe import GLOSSARY, duration_words
-from planner.whatif.report import COLUMNS, Row, best_row, fastest_row, largest_cost, table_rows
+from planner.whatif.report import (
+    COLUMNS,
+    Row,
+    best_row,
+    fastest_row,
+    largest_cost,
+    same_job,
+    table_rows,
+)
 
 __all__ = ["FIGURES", "html_page", "markdown", "report_blocks"]
 
@@ -19,6 +27,8 @@ __all__ = ["FIGURES", "html_page", "markdown", "report_blocks"]
 Segment = str | tuple[str, str]
 Block = tuple
 
+UNPRICED_CAPTION = ("Time to train of each scenario, numbered as the table's rows (the key "
+                    "beside it names them); no cost axis: some scenario has no price.")
 FIGURES = [("cost_vs_time", "Cost against time to train: each point is a scenario, numbered "
             "as the table's rows (the key beside it names them); red: no other scenario is "
             "both faster and cheaper (joined by a dashed line where there are several)."),
@@ -72,13 +82,19 @@ def _summary(rows: Sequence[Row]) -> list[list[Segment]]:
         out.append(["In the best plan (", ("b", best.label), f", the {by}; best-plan.yaml), "
                     f"the largest cost besides computing is {name}: {share:.0%} of each "
                     "iteration."])
-    priced = [r for r in rows if r.total_usd is not None]
+    job = same_job(rows)
+    priced = [r for r in job if r.total_usd is not None]
     if priced:
         cheap = min(priced, key=lambda r: r.total_usd)  # type: ignore[arg-type, return-value]  # rows with a total only
-        unpriced = any(r.ranked is not None and r.total_usd is None for r in rows)
+        unpriced = any(r.total_usd is None for r in job)
         out.append(["Cheapest" + (" of the rows with a price" if unpriced else "") + ": ",
                     ("b", cheap.label), f", ${cheap.total_usd:,.0f} in "
                     f"{_days(cheap.time_to_train_s)}."])  # type: ignore[arg-type]  # priced rows are planned
+    other = [r for r in rows if r.ranked is not None and all(r is not j for j in job)]
+    if other:
+        out.append(["Of another model or token budget, so not compared with the baseline "
+                    "for fastest, best or cheapest: "] + _joined([("b", r.label) for r in other])
+                   + ["."])
     tight = [r for r in rows if r.tight]
     if tight:
         wanted = tight[0].headroom_wanted_bytes / 1024**3
@@ -140,10 +156,14 @@ def report_blocks(rows: Sequence[Row], paths: dict[str, str], *, title: str, com
     blocks.append(("table", words, _columns(headers, cells, words)))
     blocks.append(("p", [
         "Each scenario's cluster is in ", ("code", "clusters/"), " (numbered as the rows): ",
-        ("code", "plan search --cluster clusters/NN-....yaml"), " with the same model, batch "
-        "and tokens gives that row's plan and numbers."]))
+        ("code", f"plan search --cluster clusters/NN-....yaml --objective {rows[0].objective}"),
+        " with the row's model and tokens and the batch and other flags of the command above "
+        "gives that row's plan and numbers."]))
     blocks.append(("h2", "Figures"))
     for name, caption in FIGURES:
+        if name == "cost_vs_time" and any(r.ranked is not None and r.total_usd is None
+                                          for r in rows):
+            caption = UNPRICED_CAPTION  # drawn as bars of time alone
         if name in paths:
             blocks.append(("figure", paths[name], caption))
     if "gantt" not in paths and best_row(rows) is not None:

@@ -131,7 +131,8 @@ def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
         ax.set_xlabel("time to train (days)")
         ax.grid(alpha=0.3, which="both", axis="x")
     budgets = {r.setting.tokens for _, r in planned}
-    ax.set_title("Cost against time to train" + (
+    priced = all(c is not None for c in costs)
+    ax.set_title(("Cost against time to train" if priced else "Time to train") + (
         f" ({count_words(budgets.pop())} tokens)" if len(budgets) == 1
         else " (token budgets differ: see the key)"))
     key.axis("off")

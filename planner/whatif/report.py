@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -27,7 +28,8 @@ from profiler.schema import SpecError, dump
 from profiler.store import Profiles
 
 __all__ = ["COLUMNS", "COSTS", "Row", "best_row", "cluster_file", "fastest_row", "csv_rows", "largest_cost",
-           "plan_scenarios", "recompute_seconds", "replica_kinds", "request_for", "table_rows",
+           "plan_scenarios", "recompute_seconds", "replica_kinds", "request_for", "same_job",
+           "table_rows",
            "values", "write_report"]
 
 
@@ -327,6 +329,10 @@ def _write_clusters(rows: Sequence[Row], folder: str) -> str:
     import yaml
 
     os.makedirs(folder, exist_ok=True)
+    written = {cluster_file(i, r) for i, r in enumerate(rows, 1)}
+    for name in os.listdir(folder):  # a previous report's scenarios, numbered as these
+        if re.fullmatch(r"\d\d+-.*\.yaml", name) and name not in written:
+            os.remove(os.path.join(folder, name))
     for i, r in enumerate(rows, 1):
         text = (f"# what-if scenario {i}: {r.label} (model {r.setting.model.name}, "
                 f"{r.setting.tokens:.3g} tokens)\n"
@@ -335,7 +341,7 @@ def _write_clusters(rows: Sequence[Row], folder: str) -> str:
     return folder
 
 
-def _same_job(rows: Sequence[Row]) -> list[Row]:
+def same_job(rows: Sequence[Row]) -> list[Row]:
     """The planned rows that train what the baseline (the first row) trains: its model on
     its token budget. A scenario of another model or budget answers its own question and
     is not a candidate for the fastest or best run (a `tokens 3e5` scenario was the best
@@ -348,18 +354,18 @@ def _same_job(rows: Sequence[Row]) -> list[Row]:
 
 
 def fastest_row(rows: Sequence[Row]) -> Row | None:
-    """The planned row of the baseline's job (`_same_job`) that trains soonest (the first
+    """The planned row of the baseline's job (`same_job`) that trains soonest (the first
     of equals)."""
-    planned = _same_job(rows)
+    planned = same_job(rows)
     return min(planned, key=lambda r: r.time_to_train_s or 0.0) if planned else None
 
 
 def best_row(rows: Sequence[Row]) -> Row | None:
     """The row the what-if's objective picks among those of the baseline's job
-    (`_same_job`), as its search ranks plans: the cheapest priced run for `cost` (the
+    (`same_job`), as its search ranks plans: the cheapest priced run for `cost` (the
     fastest where no row has a price), else the soonest trained. Its plan is
     best-plan.yaml and the report's "best plan"."""
-    planned = _same_job(rows)
+    planned = same_job(rows)
     if not planned:
         return None
     priced = [r for r in planned if r.total_usd is not None]

@@ -88,7 +88,15 @@ def parse_scenario(text: str, *, where: str = "--scenario") -> Scenario:
         changes.append((verb, *args))
     if not changes:
         fail(where, text, "no change given (e.g. 'add H100-80GB-SXM 64')")
-    return Scenario(label.strip() or body.strip(), tuple(changes))
+    label = label.strip()
+    if label and (set(label) & _MARKUP or not any(c.isalnum() for c in label)):
+        # the label heads a report row, a Markdown table cell and a file name
+        fail(where, text, f"its label {label!r} needs a letter or digit and none of "
+             f"{' '.join(sorted(_MARKUP))}")
+    return Scenario(label or body.strip(), tuple(changes))
+
+
+_MARKUP = set("|<>*`[]\\")
 
 
 def apply(scenario: Scenario, base: Setting, *, where: str = "--scenario") -> Setting:

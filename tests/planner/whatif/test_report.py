@@ -265,3 +265,31 @@ def test_without_dtype_each_scenario_trains_in_its_own_default() -> None:
     asked = plan_scenarios(base, swap, gbs=GBS, seq_len=None, objective="throughput",
                            dtype=DType.BF16, dtype_asked=True)
     assert asked[1].ranked is None and "bf16" in asked[1].note
+
+
+def test_other_budgets_are_set_apart_and_a_rerun_leaves_no_stale_cluster(tmp_path) -> None:
+    """A `tokens` scenario trains another budget: 'Cheapest' named it ($ of 1e8 tokens
+    against the baseline's 1e10) while the best plan was another row. Rerunning into the
+    folder left the first run's clusters/ files beside the new ones (two files numbered
+    02). The report's search command names the objective the rows were searched for (a
+    search without it planned another row); a run without prices has no cost axis."""
+    cluster = tmp_path / "a100.yaml"
+    cluster.write_text("name: a100\nnode_groups:\n  - {name: a, gpu: A100-80GB-SXM, "
+                       "num_nodes: 1, price_per_gpu_hour_usd: 2.0}\n")
+    out = tmp_path / "r"
+    base = ["what-if", "--model", MODEL, "--gbs", "16", "--tokens", "1e10", "-o", str(out)]
+    proc = _plan(*base, "--cluster", str(cluster), "--scenario", "short: tokens 1e8",
+                 "--scenario", "cheaper: price A100-80GB-SXM 1.5", "--scenario",
+                 "third: price A100-80GB-SXM 1.9")
+    assert proc.returncode == 0, proc.stderr
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "Cheapest: **cheaper**" in md
+    assert "fastest, best or cheapest: **short**." in md
+    assert "--objective time-to-train" in md
+    assert len(os.listdir(out / "clusters")) == 4
+    proc = _plan(*base, "--gpus", "A100-80GB-SXM:8", "--scenario",
+                 "more: add A100-80GB-SXM 8")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(out / "clusters")) == ["01-baseline.yaml", "02-more.yaml"]
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "no cost axis: some scenario has no price" in md and "Cheapest" not in md

@@ -97,6 +97,11 @@ def test_model_and_tokens() -> None:
     ("model gpt-5", ["gpt-5"]),
     ("tokens lots", ["tokens", "lots"]),
     ("label only:", ["no change given"]),
+    # a label heads a Markdown table cell and names a file: '|' became '/', '<script>'
+    # went into report.md raw, '///' named clusters/02-.yaml
+    ("a|b <script>: price A100-80GB-SXM 2", ["its label 'a|b <script>'", "none of"]),
+    ("*bold*: price A100-80GB-SXM 2", ["its label '*bold*'"]),
+    ("///: price A100-80GB-SXM 2", ["its label '///' needs a letter or digit"]),
     # issue 15: unicode digits, quotes, NaN and sizes past the limits
     ("add H100-80GB-SXM ²", ["count", "'²'", "a positive whole number"]),
     ("add H100-80GB-SXM ١٦", ["count", "a positive whole number"]),
