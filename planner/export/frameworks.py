@@ -232,6 +232,8 @@ _DEEPSPEED = FrameworkCapabilities(
         "not in DeepSpeed's pipeline engine (TrainSchedule is 1F1B)",
         "schedule gpipe": "DeepSpeed's pipeline engine runs TrainSchedule (1F1B)",
         "vp": "interleaved pipeline stages are not available in DeepSpeed",
+        "ep": "DeepSpeed's expert parallelism (deepspeed.moe.layer.MoE, ep_size) is built "
+        "in the model code, not set by the config this export writes",
         "sharding": "DeepSpeed expresses ZeRO-1/2/3 over the data-parallel group and MiCS "
         "(all three within a group); with pipeline parallelism ZeRO-0/1 only "
         "(runtime/pipe/engine.py)",
@@ -541,9 +543,9 @@ def _parallelisms(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list
     out = []
     for axis, degree in (("tp", s.tp), ("pp", s.pp), ("cp", s.cp), ("vp", s.vp), ("ep", s.ep)):
         if degree > 1 and axis not in caps.parallelisms:
-            out.append(f"{axis} {degree}: {caps.version} has no "
-                       f"{'interleaved stages' if axis == 'vp' else axis + ' parallelism'}"
-                       f"{_note(caps, axis)}")
+            what = {"vp": "interleaved stages", "ep": "expert parallelism in its config"
+                    }.get(axis, f"{axis} parallelism")
+            out.append(f"{axis} {degree}: {caps.version} has no {what}{_note(caps, axis)}")
     if s.tp > 1 and s.pp > 1 and not caps.tp_with_pp:
         out.append(f"tp {s.tp} with pp {s.pp}: {caps.version} does not combine them"
                    f"{_note(caps, 'tp with pp')}")

@@ -8,6 +8,8 @@ under their row.
 
 from __future__ import annotations
 
+import math
+
 from planner.describe import (
     GIB,
     duration_words,
@@ -25,6 +27,14 @@ from planner.specs.plan import Pipeline, Plan
 __all__ = ["search_json", "search_table"]
 
 WIDTH = 100  # a terminal's columns the table fits without `wide`
+
+
+
+def _free_cell(free_bytes: float, low: bool) -> str:
+    """GiB free at the peak; below the headroom asked for it is flagged, and rounded down
+    (1.96 GiB under a 2 GiB headroom read '2.0 !')."""
+    gib = free_bytes / GIB
+    return f"{math.floor(gib * 10) / 10:.1f} !" if low else f"{gib:.1f}  "
 
 
 def _row(r: Ranked, req: SearchRequest) -> dict:
@@ -152,7 +162,7 @@ def search_table(result: SearchResult, req: SearchRequest, *, wide: bool = False
                  sharding_cell(plan.sharding, plan.dp_cp))
         row = [str(i), _gpus_cell(d, req), layout_cell(plan), str(d["mbs"]), str(d["recompute"]), shard, f"{d['iteration_time_s']:.3f}",
                f"{d['mfu'] * 100:.1f}%", f"{d['peak_memory_bytes'] / GIB:.1f}",
-               f"{d['memory_headroom_bytes'] / GIB:.1f}{' !' if low else '  '}"]
+               _free_cell(d["memory_headroom_bytes"], low)]
         if priced:
             usd = d["usd_per_million_tokens"]
             row.append("-" if usd is None else f"{usd:.2f}")
