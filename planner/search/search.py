@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from planner.costs.egress import egress_usd_per_iteration
 from planner.costs.kernels import default_kernels, fastest_kernels, supported_attention
 from planner.costs.stages import on_clear_cost_caches
-from planner.describe import recompute_words, shape_key, sharding_cell
+from planner.describe import layout_cell, recompute_words, shape_key, sharding_cell
 from planner.errors import InfeasiblePlan
 from planner.export.frameworks import CAPABILITIES, FRAMEWORKS, FrameworkCapabilities
 from planner.hetero.candidates import Priced, Template, price
@@ -566,20 +566,28 @@ def _leading(req: SearchRequest, cluster: ClusterSpec, evals: list[Evaluation]
     closest = [] if fitting else sorted(
         evals, key=lambda e: e.peak_memory_bytes / e.capacity_bytes)[:1]
     near.sort(key=lambda e: _score(req, e.iteration_s, usd_hour(e), egress(e)))
-    return _leaders(near, confirm=max(req.confirm, req.top), shapes=req.top), len(ok), closest
+    return (_leaders(near, confirm=max(req.confirm, req.top), shapes=req.top,
+                     by_gpus=req.max_budget_usd is not None), len(ok), closest)
 
 
-def _leaders(ranked: list[Evaluation], *, confirm: int, shapes: int) -> list[Evaluation]:
+def _leaders(ranked: list[Evaluation], *, confirm: int, shapes: int,
+             by_gpus: bool = False) -> list[Evaluation]:
     """The first `confirm` candidates, and after them the best of each further layout
     shape (tp, cp, pp: what `describe.shape_key` compares) until `shapes` shapes are in:
-    the list shows different layouts, not one at several micro-batch settings."""
+    the list shows different layouts, not one at several micro-batch settings. `by_gpus`
+    (a budget the simulation may find a leader over): the best of each shape at each GPU
+    count, so that a shape's smaller run is still there when its larger one is over (tp 4
+    pp 2 on 128 GPUs within $1.9M was left out behind the same layout on 256 at $2.5M)."""
     out: list[Evaluation] = []
     seen: set[tuple[int, int, int, int]] = set()
+    kept: set[tuple[int, ...]] = set()
     for i, ev in enumerate(ranked):
         shape = (ev.layout.tp, ev.layout.cp, ev.layout.pp, ev.layout.ep)
-        if i < confirm or shape not in seen:
+        key = (*shape, ev.layout.num_gpus) if by_gpus else shape
+        if i < confirm or key not in kept:
             out.append(ev)
             seen.add(shape)
+            kept.add(key)
         if i + 1 >= confirm and len(seen) >= shapes:
             break
     return out
@@ -864,7 +872,10 @@ def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | Non
             _counted(simulate_fn, bar), mixes)
     total, fitting, n_layouts = counts
     if not ranked:
-        raise InfeasiblePlan(_explain(req, closest, total))
+        why = _explain(req, closest, total)
+        if req.max_budget_usd is not None and not closest and total:
+            why += _cheapest_words(req)
+        raise InfeasiblePlan(why)
     ranked.sort(key=lambda sr: sr[0])
     notes = []  # what the framework could not do here, then which GPUs idle and why
     if left_out:
@@ -1080,6 +1091,18 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
             why += f" (of the plans within the --max-budget of ${req.max_budget_usd:,.0f})"
         notes.append(f"{idle} of {len(mine)} {gpu} GPUs idle: {why}")
     return notes
+
+
+def _cheapest_words(req: SearchRequest) -> str:
+    """How close the budget came: the cheapest plan without it (a search for cost)."""
+    try:
+        cheapest = search(replace(req, max_budget_usd=None, objective="cost", top=1,
+                                  confirm=1)).ranked[0]
+    except InfeasiblePlan:
+        return ""
+    usd = cheapest.run_cost_usd(req.tokens)
+    return ("" if usd is None else f"; the cheapest plan costs ${usd:,.0f} "
+            f"({cheapest.result.num_gpus} GPUs, {layout_cell(cheapest.plan)})")
 
 
 def _explain(req: SearchRequest, closest: list[Evaluation], total: int) -> str:

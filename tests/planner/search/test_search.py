@@ -122,6 +122,12 @@ def test_cost_objective_may_use_fewer_gpus_and_respects_budget():
                                  objective="time-to-train", tokens=tokens, max_budget_usd=budget))
     assert all(r.run_cost_usd(tokens) <= budget for r in timed.ranked)
     assert timed.ranked[0].time_to_train_s(tokens) <= best.time_to_train_s(tokens)
+    # a budget below every plan says how close the cheapest came
+    with pytest.raises(InfeasiblePlan) as err:
+        search(SearchRequest(model=model, cluster=cluster, gbs=128, seq_len=8192,
+                             objective="time-to-train", tokens=tokens,
+                             max_budget_usd=best.run_cost_usd(tokens) * 0.9))
+    assert f"the cheapest plan costs ${best.run_cost_usd(tokens):,.0f}" in str(err.value)
 
 
 def test_time_to_train_tries_fewer_whole_nodes_than_halves():
