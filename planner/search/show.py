@@ -72,6 +72,7 @@ def _row(r: Ranked, req: SearchRequest) -> dict:
         "time_to_train_s": r.time_to_train_s(req.tokens),
         "run_cost_usd": r.run_cost_usd(req.tokens),
         "egress_usd": r.egress_usd(req.tokens),
+        "egress_usd_per_million_tokens": r.egress_usd(1e6),
         "sources": res.sources,
     }
 
@@ -150,7 +151,9 @@ def search_table(result: SearchResult, req: SearchRequest, *, wide: bool = False
     if req.tokens:
         headers += ["train", "run $"]
     if wide:
-        headers += ["tokens/s", "estimate s", "egress $", "attention"]
+        # without --tokens there is no run to total: egress per million tokens, as $/1M tok
+        headers += ["tokens/s", "estimate s", "egress $" if req.tokens else "egress $/1M",
+                    "attention"]
     rows, notes = [], []
     flagged = False
     for i, r in enumerate(result.ranked, 1):
@@ -170,9 +173,10 @@ def search_table(result: SearchResult, req: SearchRequest, *, wide: bool = False
             cost = d["run_cost_usd"]
             row += [_days(d["time_to_train_s"]), "-" if cost is None else f"{cost:,.0f}"]
         if wide:
-            egress = d["egress_usd"]
-            row += [f"{d['tokens_per_s']:,.0f}", f"{d['estimate_s']:.3f}",
-                    "-" if egress is None else f"{egress:,.0f}", str(d["attention"])]
+            egress = (f"{d['egress_usd']:,.0f}" if req.tokens
+                      else f"{d['egress_usd_per_million_tokens']:.2f}")
+            row += [f"{d['tokens_per_s']:,.0f}", f"{d['estimate_s']:.3f}", egress,
+                    str(d["attention"])]
         rows.append(row)
         lines = replica_lines(plan) if is_mixed(plan) else []
         if plan.stage_sharding:

@@ -103,3 +103,21 @@ def test_the_budget_and_run_cost_count_egress() -> None:
     assert spanning.egress_usd(1e9) > 1000 * free.gpu_cost_usd(1e9)  # type: ignore[operator]
     assert spanning.run_cost_usd(1e9) == pytest.approx(
         spanning.gpu_cost_usd(1e9) + spanning.egress_usd(1e9))  # type: ignore[operator]
+
+
+def test_without_tokens_the_table_shows_egress_per_million_tokens() -> None:
+    """`plan search --wide` without --tokens showed 'egress $ -' beside a $/1M tok that held
+    $1.64 of egress: there is no run to total, so the column is per million tokens."""
+    from planner.search.show import search_json, search_table
+
+    req = SearchRequest(model=MODEL, cluster=_cluster(), gbs=64, seq_len=4096, top=1)
+    result = search(req)
+    best = result.ranked[0]
+    assert len(_islands(best.plan)) == 2
+    per_m = best.egress_usd(1e6)
+    assert per_m > 0
+    plan_json = search_json(result, req)["plans"][0]
+    assert plan_json["egress_usd"] is None
+    assert plan_json["egress_usd_per_million_tokens"] == pytest.approx(per_m)
+    table = search_table(result, req, wide=True)
+    assert "egress $/1M" in table and f"{per_m:.2f}" in table
