@@ -11,6 +11,11 @@ from profiler.schema import dump
 __all__ = ["add_parser", "run"]
 
 
+
+def _count(n: float) -> str:
+    """'  6.74B', or '  0.87M' below a hundred million (debug models read '0.00B')."""
+    return f"{n / 1e9:7.2f}B" if n >= 1e8 else f"{n / 1e6:7.2f}M"
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the model presets")
     p.add_argument("--json", action="store_true")
@@ -44,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
           f"{'ffn':>6} {'vocab':>7} {'seq':>5}  arch")
     for name, m in presets.items():
         heads = f"{m.num_heads}/{m.kv_heads}" if m.kv_heads != m.num_heads else str(m.num_heads)
-        print(f"{name:18} {m.num_params() / 1e9:7.2f}B {m.num_active_params() / 1e9:7.2f}B "
+        print(f"{name:18} {_count(m.num_params())} {_count(m.num_active_params())} "
               f"{m.num_layers:6d} {m.hidden_size:6d} {heads:>7} {m.ffn_hidden_size:6d} "
               f"{m.vocab_size:7d} {m.seq_len:5d}  {m.activation}, {m.norm}, "
               f"{m.position_embedding}{', tied' if m.tied_embeddings else ''}{_attention(m)}"

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:  # still the one JSON object --json promises, with no plan in it
             print_json({"objective": req.objective, "plans": [],
                         "no_plan": one_line(str(err)),
-                        "memory_headroom_bytes": req.memory_headroom_bytes})
+                        "memory_headroom_bytes": int(req.memory_headroom_bytes)})
         return 1
     best = result.ranked[0]
     if args.output:

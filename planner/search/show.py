@@ -117,7 +117,7 @@ def search_json(result: SearchResult, req: SearchRequest) -> dict:
     return {"objective": req.objective, "candidates": result.num_candidates,
             "fitting": result.num_fitting, "layouts": result.num_layouts,
             "search_s": result.elapsed_s, "notes": result.notes,
-            "memory_headroom_bytes": req.memory_headroom_bytes,
+            "memory_headroom_bytes": int(req.memory_headroom_bytes),
             "baselines": _baselines(result, req),
             "plans": [_row(r, req) for r in result.ranked]}
 

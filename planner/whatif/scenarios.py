@@ -300,7 +300,9 @@ def _price(s: Setting, gpu: str, usd: str) -> Setting:
 
 
 def _egress(s: Setting, usd: str) -> Setting:
-    value = _factor(usd, "egress-price")
+    value = _number(usd, "egress-price", "a number of $ per GB, 0 or more")  # 0: free
+    if value < 0:
+        fail("egress-price", usd, "a number of $ per GB, 0 or more")
     if not s.cluster.island_links:
         fail("egress-price", usd, "the cluster has no links between islands")
     links = tuple(replace(k, price_per_gb_usd=value) for k in s.cluster.island_links)

@@ -176,6 +176,14 @@ def test_listings_one_per_line(verb, capsys):
     assert code == 0 and len(json.loads(out)) == len(lines) - 1
 
 
+def test_models_lists_small_counts_in_millions(capsys):
+    """The debug models read 0.00B parameters."""
+    code, out, _ = _run(["models"], capsys)
+    tiny = next(line for line in out.splitlines() if line.startswith("debug-tiny "))
+    assert code == 0 and "0.12M" in tiny and "0.00B" not in out
+    assert "174.59B" in next(line for line in out.splitlines() if line.startswith("gpt3-175b"))
+
+
 def test_planner_never_imports_torch():
     code = ("import sys, planner.cli, planner.commands.simulate, planner.predict.estimate;"
             "bad = [m for m in ('torch', 'pandas', 'matplotlib', 'scipy') if m in sys.modules];"

@@ -70,6 +70,10 @@ def test_scale_nic_and_link_and_prices() -> None:
     link, old = t.cluster.island_links[0], dc.cluster.island_links[0]
     assert link.bandwidth_gbit_per_s == old.bandwidth_gbit_per_s / 2
     assert link.price_per_gb_usd == 0.05
+    # free egress is a scenario too (what-if writes 0.0 for a new island's links itself)
+    assert apply(parse_scenario("egress-price 0"), dc).cluster.island_links[0].price_per_gb_usd == 0
+    with pytest.raises(SpecError, match="egress-price: '-1' is not allowed"):
+        apply(parse_scenario("egress-price -1"), dc)
 
 
 def test_model_and_tokens() -> None:
