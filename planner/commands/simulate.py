@@ -19,6 +19,7 @@ from planner.commands.args import (
 from planner.commands.inputs import input_files, load_inputs, profiles_for, with_prediction
 from planner.costs.kernels import default_kernels, fastest_kernels
 from planner.costs.stages import with_stage_attention
+from planner.export.frameworks import CAPABILITIES, unsupported
 from planner.outputs import (
     PICTURE_SUFFIXES,
     PLAN_SUFFIXES,
@@ -28,6 +29,7 @@ from planner.outputs import (
 )
 from planner.predict.estimate import estimate
 from planner.predict.results import SimResult
+from planner.search.search import check_framework
 from planner.simulator import simulate_detailed, write_gantt, write_trace
 from planner.specs.choices import EpLayout, Recompute, Schedule, ShardingPreset, values
 from planner.specs.cluster import train_dtype
@@ -119,6 +121,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="measured profile (`plan profile`), or a folder of them matched by "
                      "device name; repeatable. It answers the ops and collectives it has, the "
                      "analytic models the rest")
+    sim.add_argument("--framework", choices=tuple(CAPABILITIES),
+                     help="communicate and keep model states as this framework does, at the "
+                     "version `plan search --framework` plans for, and refuse what it cannot "
+                     "run (a searched plan's numbers: search's default is trainplan); default: "
+                     "Megatron-LM's communication, any layout")
     sim.add_argument("--method", choices=("simulate", "estimate"), default="simulate",
                      help="event simulation of the task graph (default) or the closed-form "
                      "estimate")
@@ -154,7 +161,7 @@ def _sharding(args: argparse.Namespace) -> Sharding:
 
 _LAYOUT_FLAGS = ("tp", "pp", "dp", "mbs", "gbs")  # required without --plan
 _PLAN_HAS = (*_LAYOUT_FLAGS, "etp", "ep_layout", "moe_dispatcher", "gpus", "cluster", "catalog", "seq", "recompute", "schedule", "sharding",
-             "shard_params", "shard_grads", "shard_optim", "dtype", "attention")
+             "shard_params", "shard_grads", "shard_optim", "dtype", "attention", "framework")
 
 
 def _require_configuration(args: argparse.Namespace) -> None:
@@ -217,12 +224,20 @@ def run(args: argparse.Namespace) -> int:
         cluster = cluster.take(cfg.num_gpus)
     cfg = replace(cfg, dtype=train_dtype((g.device for g in cluster.node_groups), args.dtype,
                                          where="--dtype"))
+    caps = None
+    if args.framework is not None:  # as `plan search --framework` prices and writes plans
+        caps = check_framework(args.framework, model, cfg.dtype)
+        cfg = replace(cfg, comm=caps.communication(cfg.dtype), model_states=caps.model_states,
+                      ep_layout=EpLayout(args.ep_layout) if args.ep_layout else
+                      EpLayout.DATA_PARALLEL if caps.ep_within_dp else EpLayout.FOLDED)
     check_parallel(cfg, model, cluster)
     kernels = default_kernels([g.device for g in cluster.node_groups], dtype=cfg.dtype,
                               attention=args.attention, dropout=model.dropout)
     if not kernels.attention.fused and cfg.cp > 1:
         fail("--attention", "math", "context parallelism needs a fused attention kernel")
     plan = with_stage_attention(homogeneous_plan(model, cluster, cfg, kernels=kernels))
+    if caps is not None and (cannot := unsupported(plan, caps)):
+        fail("--framework", args.framework, f"this configuration: {cannot[0]}")
     if args.moe_dispatcher:
         tr = plan.training
         plan = replace(plan, training=replace(tr, comm=replace(
