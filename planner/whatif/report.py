@@ -21,6 +21,7 @@ from planner.predict.results import SimResult
 from planner.search import Ranked, SearchRequest, prepare, search
 from planner.search.search import DEFAULT_HEADROOM_BYTES, search_dtype
 from planner.specs.choices import DType, Recompute
+from planner.specs.cluster import check_train_dtype
 from planner.specs.plan import Plan, save_plan
 from planner.whatif.scenarios import Scenario, Setting, apply
 from profiler.progress import ProgressBar
@@ -166,9 +167,14 @@ def plan_scenarios(base: Setting, scenarios: Sequence[Scenario], *, gbs: int, se
         if k["dtype"] != dtype:
             unprofiled = "; priced without the profiles, measured in " + str(dtype) \
                 if profiles is not None else ""
+            try:  # the baseline's dtype runs here too: the scenario's default is another
+                check_train_dtype((g.device for g in setting.cluster.node_groups), str(dtype),
+                                  where="--dtype")
+                why = f"the default on the scenario's GPU types; the baseline's is {dtype}"
+            except SpecError:
+                why = f"{dtype} is not on every GPU type of the scenario"
             row = replace(row, note="; ".join(n for n in (
-                f"trains in {k['dtype']} ({dtype} is not on every GPU type of the scenario"
-                f"{unprofiled})", row.note) if n))
+                f"trains in {k['dtype']} ({why}{unprofiled})", row.note) if n))
         rows.append(row)
         bar(i, setting.label)
     bar.close()

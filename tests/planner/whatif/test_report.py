@@ -265,6 +265,15 @@ def test_without_dtype_each_scenario_trains_in_its_own_default() -> None:
     asked = plan_scenarios(base, swap, gbs=GBS, seq_len=None, objective="throughput",
                            dtype=DType.BF16, dtype_asked=True)
     assert asked[1].ranked is None and "bf16" in asked[1].note
+    # the other way (V100s swapped out of an fp16 baseline): fp16 runs on the A100s too;
+    # the note said it was "not on every GPU type of the scenario"
+    v100 = Setting(label="baseline", model=preset(MODEL), cluster=parse_gpus_arg(
+        "V100-32GB-SXM2:16"), tokens=TOKENS)
+    back = plan_scenarios(v100, [parse_scenario("a100: swap V100-32GB-SXM2 A100-80GB-SXM")],
+                          gbs=GBS, seq_len=None, objective="throughput", dtype=DType.FP16,
+                          dtype_asked=False)
+    assert back[1].note.startswith("trains in bf16 (the default on the scenario's GPU types; "
+                                   "the baseline's is fp16")
 
 
 def test_other_budgets_are_set_apart_and_a_rerun_leaves_no_stale_cluster(tmp_path) -> None:
