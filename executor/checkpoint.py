@@ -44,17 +44,16 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
+from executor.checkpoint_dirs import COMPLETE, latest_complete, step_folders
 from executor.checkpoint_layout import LoadPieces, Piece, SavePieces, check_pieces
 from planner.specs.plan import Plan, describe_layout, plan_to_dict
 
 __all__ = ["COMPLETE", "CheckpointError", "Resumed", "fingerprint", "latest_complete",
            "read_marker", "read_metadata", "resume", "save", "step_folders"]
 
-COMPLETE = "COMPLETE.json"
 FORMAT = "trainplan-checkpoint/2"  # layout-independent, with file hashes
 METADATA = ".metadata"  # DCP's (a pickle)
 MAX_MARKER_BYTES = 16 << 20
-_STEP_DIR = re.compile(r"step-(\d{8})")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _FILE = re.compile(r"[A-Za-z0-9_.-]+")  # a plain name inside the folder
 
@@ -75,23 +74,6 @@ def fingerprint(plan: Plan) -> str:
 
 def _step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"step-{step:08d}")
-
-
-def step_folders(root: str) -> list[tuple[int, str]]:
-    """(step, folder) of every finished save under `root` (renamed from `.tmp`; with a
-    marker or not), newest first."""
-    if not os.path.isdir(root):
-        return []
-    found = [(int(m.group(1)), os.path.join(root, name)) for name in os.listdir(root)
-             if (m := _STEP_DIR.fullmatch(name)) and os.path.isdir(os.path.join(root, name))]
-    return sorted(found, reverse=True)
-
-
-def latest_complete(root: str) -> tuple[int, str] | None:
-    """(step, folder) of the newest checkpoint under `root` that has its marker (not yet
-    verified: `resume` does that)."""
-    return next(((s, p) for s, p in step_folders(root)
-                 if os.path.isfile(os.path.join(p, COMPLETE))), None)
 
 
 # ---- the marker ---------------------------------------------------------------------

@@ -10,13 +10,15 @@ import logging
 import os
 import sys
 
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.run import main
-
 __all__: list[str] = []  # a program, not a library
 
 if __name__ == "__main__":
+    try:  # Ctrl-C while torch loads (seconds on a busy host): no rank started yet
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import main
+    except KeyboardInterrupt:
+        sys.exit(130)
     # its warnings (the ranks it stops, the signal it got) are `plan run`'s to say
     logging.getLogger("torch.distributed.elastic").setLevel(os.environ.get("LOGLEVEL", "ERROR"))
     try:
@@ -25,3 +27,5 @@ if __name__ == "__main__":
         sys.exit(1)
     except SignalException as stop:  # the ranks are stopped by now
         sys.exit(128 + int(stop.sigval))
+    except KeyboardInterrupt:  # before the agent's own handlers, so before any rank
+        sys.exit(130)

@@ -7,6 +7,7 @@ run the printed torchrun lines, which end in it.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -49,6 +50,11 @@ def worker_args(*, plan: str, steps: int, run_dir: str, seed: int = 0,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Ctrl-C reaches the ranks as SIGINT forwarded by torchrun's agent: end at once, as
+    # SIGTERM does, and leave the one line to `plan run` (a KeyboardInterrupt in the torch
+    # imports or a backward pass printed a traceback from every rank). A save in progress
+    # is not harmed: checkpoints are written aside and renamed whole.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     args = _parser().parse_args(argv)
     from executor.runtime import RunSettings, run_rank
     from planner.specs.plan import load_plan

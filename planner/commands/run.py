@@ -37,7 +37,7 @@ from planner.commands.args import (
     seq_arg,
 )
 from planner.commands.inputs import profiles_for, with_prediction
-from planner.errors import Interrupted
+from planner.errors import INTERRUPTED, Interrupted
 from planner.outputs import check_output_dir, write_text
 from planner.predict.results import SimResult
 from planner.specs.choices import DType
@@ -142,6 +142,21 @@ def _check_flags(args: argparse.Namespace) -> None:
         # folder may be a restart loop's first run, which starts at step 1 and writes it
         fail("--checkpoint-dir", args.checkpoint_dir, "an existing folder of checkpoints to "
              "resume from (or add --checkpoint-every N to start there and write them)")
+    if args.checkpoint_dir and os.path.isdir(args.checkpoint_dir):
+        from executor.checkpoint_dirs import latest_complete, step_folders
+
+        saved = step_folders(args.checkpoint_dir)
+        latest = latest_complete(args.checkpoint_dir)
+        if args.resume and latest is not None and args.steps <= latest[0]:
+            # the ranks loaded it, ran no step, and the report had no time to take
+            fail("--steps", args.steps, f"more than the step of the checkpoint it resumes "
+                 f"from, {latest[0]} ({latest[1]}): --steps counts from the run's start")
+        if not args.resume and saved:
+            # a fresh run overwrote some of an earlier run's steps and left the rest, so a
+            # later --resume took the earlier run's newest
+            fail("--checkpoint-dir", args.checkpoint_dir, f"a folder without checkpoints "
+                 f"(it holds an earlier run's, up to step {saved[0][0]}); --resume "
+                 "continues that run")
     if not 0 <= args.warmup < args.steps:
         fail("--warmup", args.warmup, f"0 ≤ warmup < --steps {args.steps}")
     if args.name is not None and (not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.name)
@@ -266,6 +281,9 @@ def _profile_here(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSp
               f"{command}", file=sys.stderr, flush=True)
         with contextlib.redirect_stdout(sys.stderr):  # stdout may be the --json report
             code = measure(req)
+        if code == INTERRUPTED:  # Ctrl-C: the measurement kept its rows, marked interrupted
+            raise Interrupted(f"kept the partial profile {req.output} (measured again "
+                              "next time)")
         if code != 0:
             raise SpecError(f"--profile: measuring {req.output} failed (exit {code}); rerun "
                             "with --no-profile or --profile DIR")
@@ -395,7 +413,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _launch(args, plan, prediction, source, folder=folder, name=name, keep=keep)
     except KeyboardInterrupt:
-        kept = [f"checkpoints in {args.checkpoint_dir}"] if args.checkpoint_dir else []
+        from executor.checkpoint_dirs import step_folders
+
+        # only a folder that holds checkpoints is worth naming (it may not exist yet)
+        kept = ([f"checkpoints in {args.checkpoint_dir}"]
+                if args.checkpoint_dir and step_folders(args.checkpoint_dir) else [])
         kept += [f"the run folder {folder}"] if keep else []
         raise Interrupted("kept " + " and ".join(kept) if kept else "nothing kept") from None
     finally:

@@ -54,3 +54,33 @@ def test_no_temporary_folder_is_left(tmp_path, monkeypatch, capsys, plan_file):
     code, out, err = run_cli(["run", "--plan", plan_file, "--dry-run"], capsys)
     assert code == 0 and "torchrun" in out, err
     assert list(scratch.iterdir()) == []
+
+
+def _saved(root, *steps):
+    """Checkpoint folders as a finished save leaves them (the marker is enough here)."""
+    from executor.checkpoint_dirs import COMPLETE
+
+    for step in steps:
+        folder = root / f"step-{step:08d}"
+        folder.mkdir(parents=True)
+        (folder / COMPLETE).write_text("{}")
+
+
+def test_checkpoints_of_an_earlier_run_are_checked_before_launching(tmp_path, monkeypatch,
+                                                                    capsys, plan_file):
+    """--resume with --steps at or below the checkpoint's step ran no step and ended in a
+    StatisticsError traceback; a fresh run into a folder of an earlier run's checkpoints
+    overwrote some steps and left the rest, so a later --resume took the earlier run's."""
+    monkeypatch.chdir(tmp_path)
+    _saved(tmp_path / "ck", 50, 100)
+    code, _, err = run_cli(["run", "--plan", plan_file, "--checkpoint-dir", "ck", "--resume",
+                            "--steps", "100", "--dry-run"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--steps: 100 is not allowed (more than the step of the checkpoint it resumes " \
+           "from, 100" in err
+    code, _, err = run_cli(["run", "--plan", plan_file, "--checkpoint-dir", "ck",
+                            "--checkpoint-every", "50", "--dry-run"], capsys)
+    assert code == 2 and "it holds an earlier run's, up to step 100" in err, err
+    code, out, err = run_cli(["run", "--plan", plan_file, "--checkpoint-dir", "ck", "--resume",
+                              "--steps", "101", "--dry-run"], capsys)
+    assert code == 0, err
