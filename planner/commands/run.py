@@ -365,7 +365,9 @@ def _write_report(folder: str, keep: bool, report: RunReport, as_json: bool) -> 
 def _clean(folder: str) -> None:
     """Forget a previous run's results in a reused report folder."""
     for name in os.listdir(folder):
-        if name == "metrics.json" or (name.startswith("stop-rank") and name.endswith(".json")):
+        # the report too: a failed rerun left the last run's report.md beside its stop notes
+        if name in ("metrics.json", "report.md", "report.json") or (
+                name.startswith("stop-rank") and name.endswith(".json")):
             os.remove(os.path.join(folder, name))
 
 
@@ -434,7 +436,8 @@ def _launch(args: argparse.Namespace, plan: Plan, prediction: SimResult | None, 
     from executor.worker import worker_args
 
     os.makedirs(folder, exist_ok=True)
-    _clean(folder)
+    if not args.dry_run:  # a dry run prints command lines: the last run's results stay
+        _clean(folder)
     plan_path = args.plan or os.path.join(folder, "plan.yaml")
     if args.plan is None:
         save_plan(plan, plan_path)

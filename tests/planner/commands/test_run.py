@@ -84,3 +84,15 @@ def test_checkpoints_of_an_earlier_run_are_checked_before_launching(tmp_path, mo
     code, out, err = run_cli(["run", "--plan", plan_file, "--checkpoint-dir", "ck", "--resume",
                               "--steps", "101", "--dry-run"], capsys)
     assert code == 0, err
+
+
+def test_a_rerun_forgets_the_last_runs_report(tmp_path):
+    """A failed rerun into the same report folder left the last run's report.md and
+    report.json beside its own stop notes: it read as a finished run."""
+    from planner.commands.run import _clean
+
+    for name in ("report.md", "report.json", "metrics.json", "stop-rank0.json", "plan.yaml",
+                 "notes.txt"):
+        (tmp_path / name).write_text("x")
+    _clean(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "plan.yaml"]
