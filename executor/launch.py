@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from planner.export.launch import MASTER_PORT, plan_nodes
 from planner.specs.plan import Plan
 
-__all__ = ["MASTER_PORT", "NodeLaunch", "first_failure", "node_launches", "run_local",
+__all__ = ["MASTER_PORT", "NodeLaunch", "die_with_parent", "first_failure", "node_launches",
+           "run_local",
            "stop_torchrun"]
 
 WORKER = ["-m", "executor.worker"]
@@ -69,12 +70,23 @@ def run_local(launch: NodeLaunch, *, cpu: bool) -> int:
         env["OMP_NUM_THREADS"] = "1"  # one core per rank (the workers pin torch too)
     env.setdefault("LOGLEVEL", "ERROR")  # torchrun's warnings (e.g. stopping on SIGTERM)
     cmd = [sys.executable, "-m", "executor.torchrun", *launch.argv]
-    proc = subprocess.Popen(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
     try:
         return proc.wait()
     except BaseException:  # Ctrl-C or SIGTERM (planner/cli.py): no rank may outlive us
         stop_torchrun(proc)
         raise
+
+
+def die_with_parent() -> None:
+    """In a child before it runs: SIGTERM when its parent dies (Linux PR_SET_PDEATHSIG),
+    so that torchrun stops its ranks even when `plan run` is killed (SIGKILL leaves it no
+    chance to: torchrun and the ranks trained on, orphaned)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def stop_torchrun(proc: subprocess.Popen, *, grace_s: float = STOP_GRACE_S) -> None:

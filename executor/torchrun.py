@@ -6,19 +6,23 @@ signal, without a traceback."""
 
 from __future__ import annotations
 
-import logging
-import os
+import signal
 import sys
+
+if __name__ == "__main__":  # Ctrl-C while this loads (seconds on a busy host): no rank yet
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+
+import logging  # after the handler: an interrupted import printed a traceback
+import os
 
 __all__: list[str] = []  # a program, not a library
 
 if __name__ == "__main__":
-    try:  # Ctrl-C while torch loads (seconds on a busy host): no rank started yet
-        from torch.distributed.elastic.multiprocessing.api import SignalException
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.run import main
-    except KeyboardInterrupt:
-        sys.exit(130)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # torchrun's agent takes over
     # its warnings (the ranks it stops, the signal it got) are `plan run`'s to say
     logging.getLogger("torch.distributed.elastic").setLevel(os.environ.get("LOGLEVEL", "ERROR"))
     try:
