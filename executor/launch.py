@@ -37,9 +37,11 @@ class NodeLaunch:
     argv: tuple[str, ...]  # after `torchrun`
 
     def command_line(self) -> str:
-        """The command for a shell on that node ($MASTER_ADDR left to the shell)."""
+        """The command for a shell on that node ($MASTER_ADDR and $RUN_DIR left to the
+        shell)."""
         return shlex.join(["torchrun", *self.argv]).replace(
-            "'--master-addr=$MASTER_ADDR'", '--master-addr="$MASTER_ADDR"')
+            "'--master-addr=$MASTER_ADDR'", '--master-addr="$MASTER_ADDR"').replace(
+            "'$RUN_DIR'", '"$RUN_DIR"')
 
 
 def node_launches(plan: Plan, worker_argv: list[str]) -> list[NodeLaunch]:

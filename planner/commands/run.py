@@ -333,9 +333,14 @@ def _report_dir(args: argparse.Namespace, model: str, cluster: str, gbs: int
     return tempfile.mkdtemp(prefix="trainplan-run-"), name, False
 
 
-def _print_launches(launches: list[NodeLaunch], *, why: str, as_json: bool = False) -> None:
-    """The command for each node (`as_json`: one JSON object of them, the why on stderr)."""
-    head = f"plan run: {why}; run on each node (MASTER_ADDR: the address of the first):"
+def _print_launches(launches: list[NodeLaunch], *, why: str, as_json: bool = False,
+                    run_dir: str | None = None) -> None:
+    """The command for each node (`as_json`: one JSON object of them, the why on stderr);
+    `run_dir` ("$RUN_DIR") where no report folder was asked for."""
+    where = ("; RUN_DIR: a folder for the ranks' metrics and stop notes, shared by the "
+             "nodes or one on each" if run_dir else "")
+    head = (f"plan run: {why}; run on each node (MASTER_ADDR: the address of the first"
+            f"{where}):")
     if as_json:
         print(head, file=sys.stderr)
         print_json({"launched": False, "why": why,
@@ -441,14 +446,20 @@ def _launch(args: argparse.Namespace, plan: Plan, prediction: SimResult | None, 
     plan_path = args.plan or os.path.join(folder, "plan.yaml")
     if args.plan is None:
         save_plan(plan, plan_path)
-    launches = node_launches(plan, worker_args(
-        plan=os.path.abspath(plan_path), steps=args.steps, run_dir=os.path.abspath(folder),
-        seed=args.seed, learning_rate=args.lr, checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
-        hang_timeout_s=args.hang_timeout, fault=args.inject_fault))
+    def launches_for(run_dir: str) -> list[NodeLaunch]:
+        return node_launches(plan, worker_args(
+            plan=os.path.abspath(plan_path), steps=args.steps, run_dir=run_dir,
+            seed=args.seed, learning_rate=args.lr, checkpoint_dir=args.checkpoint_dir,
+            checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
+            hang_timeout_s=args.hang_timeout, fault=args.inject_fault))
+
+    launches = launches_for(os.path.abspath(folder))
     if args.dry_run or len(launches) > 1:
+        if not keep:  # this command's temporary folder is gone when the lines are run
+            launches = launches_for("$RUN_DIR")
         _print_launches(launches, why="dry run" if args.dry_run else
-                        f"the plan spans {len(launches)} nodes", as_json=args.json)
+                        f"the plan spans {len(launches)} nodes", as_json=args.json,
+                        run_dir=None if keep else "$RUN_DIR")
         return 0
     metrics = _run_here(args, launches[0], cpu=device_kind(plan) == "cpu", folder=folder)
     if metrics is None:

@@ -143,6 +143,13 @@ def test_multi_node_plans_print_a_torchrun_line_per_node(tmp_path, capsys, no_la
     for rank, line in enumerate(lines):
         assert f"--nnodes=2 --node-rank={rank} --rdzv-backend=static" in line
         assert "--nproc-per-node=2" in line and "-m executor.worker --plan" in line
+        # not this command's temporary folder, gone before the lines are run
+        assert '--run-dir "$RUN_DIR"' in line
+    assert "RUN_DIR: a folder for the ranks' metrics" in out
+    report = tmp_path / "rep"
+    code, out, _ = _run(["run", "--plan", _plan_file(tmp_path, plan), "--steps", "3",
+                         "--report", str(report)], capsys)
+    assert code == 0 and f"--run-dir {report}" in out and "RUN_DIR" not in out
 
 
 def test_planner_never_imports_the_executor():
