@@ -195,6 +195,8 @@ class Profile:
     meta: ProfileMeta
     rows: tuple[ProfileRow, ...]
     digest: str = ""
+    # merged profiles (`_merge`): the files that hold collective rows ("" : `path`)
+    collective_path: str = ""
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Profile) and other.digest == self.digest
@@ -457,7 +459,8 @@ def _merge(profiles: Sequence[Profile]) -> Profile:
     first = profiles[0]
     rows = tuple(r for p in profiles for r in p.rows)
     return Profile(path=" + ".join(p.path for p in profiles), meta=first.meta, rows=rows,
-                   digest=hashlib.sha256("".join(p.digest for p in profiles).encode()).hexdigest())
+                   digest=hashlib.sha256("".join(p.digest for p in profiles).encode()).hexdigest(),
+                   collective_path=" + ".join(p.path for p in profiles if p.collective_rows))
 
 
 # A GEMM or attention row faster than this many times the GPU's fastest datasheet peak

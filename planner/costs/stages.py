@@ -1258,7 +1258,8 @@ def _comm_source(cluster: ClusterSpec, specs: Sequence[tuple[StageSpec, ...]],
         profile = profiles.get(tiers[0].device)
         if profile is not None and any(r.ranks == tiers[0].fanout
                                        for r in profile.collective_rows):
-            used.setdefault(profile.path, set()).add(tiers[0].fanout)
+            used.setdefault(profile.collective_path or profile.path, set()).add(
+                tiers[0].fanout)
     if not used:
         return COMM_SOURCE
     parts = [f"measured collective profile {path} (groups of {', '.join(map(str, sorted(n)))} "

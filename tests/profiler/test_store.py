@@ -244,6 +244,10 @@ def test_the_example_profiles_load():
         assert profile.meta.device == "CPU" and profile.rows
     merged = load_profiles(["profiles"], devices=["CPU"], dtype="fp32").get("CPU")
     assert merged is not None and merged.op_rows and merged.collective_rows
+    # the files that hold collectives, as sources name them (`plan run`'s report called
+    # the op profile a "measured collective profile" too)
+    with_collectives = [p for p in paths if load_profile(p).collective_rows]
+    assert merged.collective_path.split(" + ") == with_collectives != paths
 
 
 def test_fp8_and_tf32_profiles_answer_plans_of_their_dtype(tmp_path):
