@@ -97,7 +97,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "device model instead of measuring a profile first")
     p.add_argument("--steps", type=positive_int, default=10, metavar="N",
                    help="training steps (default 10)")
-    p.add_argument("--warmup", type=non_negative_int, default=2, metavar="N",
+    p.add_argument("--warmup", type=non_negative_int, metavar="N",
                    help="first steps left out of the measured time (default 2)")
     p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, metavar="N",
                    help="weights and data seed")
@@ -151,12 +151,18 @@ def _check_flags(args: argparse.Namespace) -> None:
             # the ranks loaded it, ran no step, and the report had no time to take
             fail("--steps", args.steps, f"more than the step of the checkpoint it resumes "
                  f"from, {latest[0]} ({latest[1]}): --steps counts from the run's start")
+        if args.resume and latest is not None and args.warmup is not None and \
+                args.warmup >= args.steps - latest[0]:  # it was dropped without a word
+            fail("--warmup", args.warmup, f"fewer than the {args.steps - latest[0]} steps "
+                 f"run after the checkpoint of step {latest[0]}")
         if not args.resume and saved:
             # a fresh run overwrote some of an earlier run's steps and left the rest, so a
             # later --resume took the earlier run's newest
             fail("--checkpoint-dir", args.checkpoint_dir, f"a folder without checkpoints "
                  f"(it holds an earlier run's, up to step {saved[0][0]}); --resume "
                  "continues that run")
+    if args.warmup is None:
+        args.warmup = 2
     if not 0 <= args.warmup < args.steps:
         fail("--warmup", args.warmup, f"0 ≤ warmup < --steps {args.steps}")
     if args.name is not None and (not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.name)

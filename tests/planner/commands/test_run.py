@@ -84,6 +84,11 @@ def test_checkpoints_of_an_earlier_run_are_checked_before_launching(tmp_path, mo
     code, out, err = run_cli(["run", "--plan", plan_file, "--checkpoint-dir", "ck", "--resume",
                               "--steps", "101", "--dry-run"], capsys)
     assert code == 0, err
+    # an explicit warm-up longer than what is left to run was dropped without a word
+    code, _, err = run_cli(["run", "--plan", plan_file, "--checkpoint-dir", "ck", "--resume",
+                            "--steps", "101", "--warmup", "1", "--dry-run"], capsys)
+    assert code == 2 and "--warmup: 1 is not allowed (fewer than the 1 steps run after " \
+        "the checkpoint of step 100)" in err, err
 
 
 def test_a_rerun_forgets_the_last_runs_report(tmp_path):
