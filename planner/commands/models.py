@@ -11,10 +11,10 @@ from profiler.schema import dump
 __all__ = ["add_parser", "run"]
 
 
-
 def _count(n: float) -> str:
     """'  6.74B', or '  0.87M' below a hundred million (debug models read '0.00B')."""
     return f"{n / 1e9:7.2f}B" if n >= 1e8 else f"{n / 1e6:7.2f}M"
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the model presets")

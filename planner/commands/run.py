@@ -36,7 +36,7 @@ from planner.commands.args import (
     print_json,
     seq_arg,
 )
-from planner.commands.inputs import profiles_for, with_prediction
+from planner.commands.inputs import load_model_arg, profiles_for, with_prediction
 from planner.errors import INTERRUPTED, Interrupted
 from planner.outputs import check_output_dir, write_text
 from planner.predict.results import SimResult
@@ -48,7 +48,7 @@ from planner.specs.cluster import (
     parse_gpus_arg,
     train_dtype,
 )
-from planner.specs.model import ModelSpec, load_model, preset
+from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan, load_plan, save_plan
 from profiler.devices import device
 from profiler.schema import SpecError, fail
@@ -208,7 +208,7 @@ def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
     from planner.errors import InfeasiblePlan
     from planner.search import SearchRequest, search
 
-    model = load_model(args.model_file) if args.model_file is not None else preset(args.model, where="--model")
+    model = load_model_arg(args)
     check_model(model, f"--model {model.name}:")  # before profiling and searching for it
     cluster = _cluster(args)
     cpu = all(g.device.vendor == "cpu" for g in cluster.node_groups)
@@ -340,11 +340,11 @@ def _report_dir(args: argparse.Namespace, model: str, cluster: str, gbs: int
 
 
 def _print_launches(launches: list[NodeLaunch], *, why: str, as_json: bool = False,
-                    run_dir: str | None = None) -> None:
+                    shell_run_dir: bool = False) -> None:
     """The command for each node (`as_json`: one JSON object of them, the why on stderr);
-    `run_dir` ("$RUN_DIR") where no report folder was asked for."""
+    `shell_run_dir`: they take "$RUN_DIR" (no report folder was asked for)."""
     where = ("; RUN_DIR: a folder for the ranks' metrics and stop notes, shared by the "
-             "nodes or one on each" if run_dir else "")
+             "nodes or one on each" if shell_run_dir else "")
     head = (f"plan run: {why}; run on each node (MASTER_ADDR: the address of the first"
             f"{where}):")
     if as_json:
@@ -452,6 +452,7 @@ def _launch(args: argparse.Namespace, plan: Plan, prediction: SimResult | None, 
     plan_path = args.plan or os.path.join(folder, "plan.yaml")
     if args.plan is None:
         save_plan(plan, plan_path)
+
     def launches_for(run_dir: str) -> list[NodeLaunch]:
         return node_launches(plan, worker_args(
             plan=os.path.abspath(plan_path), steps=args.steps, run_dir=run_dir,
@@ -465,7 +466,7 @@ def _launch(args: argparse.Namespace, plan: Plan, prediction: SimResult | None, 
             launches = launches_for("$RUN_DIR")
         _print_launches(launches, why="dry run" if args.dry_run else
                         f"the plan spans {len(launches)} nodes", as_json=args.json,
-                        run_dir=None if keep else "$RUN_DIR")
+                        shell_run_dir=not keep)
         return 0
     metrics = _run_here(args, launches[0], cpu=device_kind(plan) == "cpu", folder=folder)
     if metrics is None:

@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
         caps = check_framework(args.framework, model, cfg.dtype)
         cfg = replace(cfg, comm=caps.communication(cfg.dtype), model_states=caps.model_states,
                       ep_layout=EpLayout(args.ep_layout) if args.ep_layout else
-                      EpLayout.DATA_PARALLEL if caps.ep_within_dp else EpLayout.FOLDED)
+                      caps.ep_layout)
     check_parallel(cfg, model, cluster)
     kernels = default_kernels([g.device for g in cluster.node_groups], dtype=cfg.dtype,
                               attention=args.attention, dropout=model.dropout)

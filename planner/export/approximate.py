@@ -129,7 +129,7 @@ def _ep_layout(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> P
     divides dp), Megatron-Core's folding for the others; nothing changes where the two are
     the same groups (`EpLayout.folded_ranks` 1)."""
     tr = plan.training
-    want = EpLayout.DATA_PARALLEL if caps.ep_within_dp else EpLayout.FOLDED
+    want = caps.ep_layout
     if tr.ep == 1 or tr.ep_layout == want or plan.dp % tr.ep:
         return plan
     if all(EpLayout.FOLDED.folded_ranks(tp=st.tp, cp=st.cp, etp=tr.etp) == 1

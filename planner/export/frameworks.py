@@ -124,6 +124,12 @@ class FrameworkCapabilities:
             return self.dtypes & self.moe_dtypes
         return self.dtypes
 
+    @property
+    def ep_layout(self) -> EpLayout:
+        """The ranks it forms an ep group of: data-parallel replicas (`ep_within_dp`), else
+        Megatron-Core's folding of a replica's tp / etp ranks."""
+        return EpLayout.DATA_PARALLEL if self.ep_within_dp else EpLayout.FOLDED
+
     def communication(self, dtype: str) -> Communication:
         """How it communicates when it trains in `dtype` (its `Communication.preset`): what
         a search for it prices and writes, and what an export holds a plan's settings to."""

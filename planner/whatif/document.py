@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 
 from planner.describe import GLOSSARY, duration_words
+from planner.whatif.figures import costs_plotted
 from planner.whatif.report import (
     COLUMNS,
     Row,
@@ -161,8 +162,7 @@ def report_blocks(rows: Sequence[Row], paths: dict[str, str], *, title: str, com
         "gives that row's plan and numbers."]))
     blocks.append(("h2", "Figures"))
     for name, caption in FIGURES:
-        if name == "cost_vs_time" and any(r.ranked is not None and r.total_usd is None
-                                          for r in rows):
+        if name == "cost_vs_time" and not costs_plotted(rows):
             caption = UNPRICED_CAPTION  # drawn as bars of time alone
         if name in paths:
             blocks.append(("figure", paths[name], caption))

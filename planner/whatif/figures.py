@@ -78,6 +78,12 @@ def _plain_log_ticks(axis: object) -> None:
     axis.set_minor_formatter(FuncFormatter(lambda *_: ""))  # type: ignore[attr-defined]  # a matplotlib Axis
 
 
+def costs_plotted(rows: Sequence[Row]) -> bool:
+    """Whether the cost figure plots cost against time to train (every planned row has a
+    price), else bars of time alone."""
+    return all(r.total_usd is not None for r in rows if r.time_to_train_s is not None)
+
+
 def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
     """Each planned scenario as a point labelled with its number (the key lists the
     numbers), labels placed where they cover no other label or point (points that
@@ -95,7 +101,8 @@ def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
     days = [r.time_to_train_s / 86400 for _, r in planned]  # type: ignore[operator]  # planned rows have a time
     costs = [None if r.total_usd is None else r.total_usd / 1e3 for _, r in planned]
     handles: list[object] = []
-    if all(c is not None for c in costs):
+    priced = costs_plotted(rows)
+    if priced:
         pts = list(zip(days, costs, strict=True))
         front = sorted(_pareto(pts), key=lambda j: pts[j][0])  # type: ignore[arg-type]  # points of planned rows
         if len(front) > 1:
@@ -131,7 +138,6 @@ def _cost_vs_time(rows: Sequence[Row], path: str) -> bool:
         ax.set_xlabel("time to train (days)")
         ax.grid(alpha=0.3, which="both", axis="x")
     budgets = {r.setting.tokens for _, r in planned}
-    priced = all(c is not None for c in costs)
     ax.set_title(("Cost against time to train" if priced else "Time to train") + (
         f" ({count_words(budgets.pop())} tokens)" if len(budgets) == 1
         else " (token budgets differ: see the key)"))
