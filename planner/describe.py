@@ -78,10 +78,11 @@ def duration_words(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
-def sharding_cell(sharding: Sharding, dp: int) -> str:
+def sharding_cell(sharding: Sharding, dp: int, *, compact: bool = False) -> str:
     """A table cell: 'none', 'ZeRO-1/2/3' where it is one of those over the `dp` ranks
     holding the same parameters (dp x cp: `Plan.dp_cp`), else which states are split over
-    how many of them ('grads 8, optim 256')."""
+    how many of them ('grads 8, optim 256'; `compact`: 'G8 OS256', AMSP's P/G/OS
+    notation, for a table that must fit a terminal)."""
     sizes = (sharding.params, sharding.grads, sharding.optim)
     if dp > 1:
         named = {(1, 1, 1): "none", (1, 1, dp): "ZeRO-1", (1, dp, dp): "ZeRO-2",
@@ -90,9 +91,9 @@ def sharding_cell(sharding: Sharding, dp: int) -> str:
             return named[sizes]
     elif sizes == (1, 1, 1):
         return "none"
-    parts = [f"{name} {size}" for name, size in zip(("params", "grads", "optim"), sizes,
-                                                     strict=True) if size > 1]
-    return ", ".join(parts)
+    names = ("P", "G", "OS") if compact else ("params ", "grads ", "optim ")
+    parts = [f"{name}{size}" for name, size in zip(names, sizes, strict=True) if size > 1]
+    return (" " if compact else ", ").join(parts)
 
 
 def sharding_words(plan: Plan) -> str:

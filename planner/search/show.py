@@ -1,8 +1,9 @@
 """What `plan search` prints: the table of its best plans (different layouts, each with
 its memory headroom), and the same as JSON.
 
-The table fits 100 columns; `wide` adds throughput, the closed-form estimate, egress and
-the kernels. Plans whose stages differ in GPU type or tp get a line per kind of replica
+The table fits 100 columns (it drops optional columns past that, and writes a split that
+is no ZeRO stage as 'P2 G2 OS16'); `wide` adds throughput, the closed-form estimate,
+egress and the kernels. Plans whose stages differ in GPU type or tp get a line per kind of replica
 under their row.
 """
 
@@ -144,7 +145,7 @@ def search_table(result: SearchResult, req: SearchRequest, *, wide: bool = False
     """The top plans, one row each (a line per kind of replica under mixed ones), then
     what was searched, the baselines, notes, a legend and the sources."""
     headers = ["#", "GPUs", "layout", "mbs", "recompute", "sharding", "iter s", "MFU",
-               "mem GiB", "free GiB"]
+               "mem GiB", "free"]
     priced = any(r.usd_per_million_tokens is not None for r in result.ranked)
     if priced:
         headers.append("$/1M tok")
@@ -162,7 +163,7 @@ def search_table(result: SearchResult, req: SearchRequest, *, wide: bool = False
         low = d["below_headroom"]
         flagged = flagged or low
         shard = ("per stage" if plan.stage_sharding else
-                 sharding_cell(plan.sharding, plan.dp_cp))
+                 sharding_cell(plan.sharding, plan.dp_cp, compact=True))
         row = [str(i), _gpus_cell(d, req), layout_cell(plan), str(d["mbs"]), str(d["recompute"]), shard, f"{d['iteration_time_s']:.3f}",
                f"{d['mfu'] * 100:.1f}%", f"{d['peak_memory_bytes'] / GIB:.1f}",
                _free_cell(d["memory_headroom_bytes"], low)]
@@ -224,7 +225,8 @@ def _footer(result: SearchResult, req: SearchRequest, flagged: bool) -> list[str
                      "data parallel, ep expert parallel degrees (+sp: sequence parallel; zb-h1: zero-bubble "
                      "schedule, else 1F1B). free: GiB left at the peak. sharding: ZeRO-1 "
                      "splits optimizer states over the replicas, ZeRO-2 also gradients, "
-                     "ZeRO-3 also parameters; 'optim 64': over 64 replicas")
+                     "ZeRO-3 also parameters; 'P2 G2 OS16': parameters over 2 replicas, gradients "
+                     "over 2, optimizer states over 16")
     lines.append("sources:")
     for k, v in result.ranked[0].result.sources.items():
         lines += wrapped(f"  {k}: {v}", indent="    ")

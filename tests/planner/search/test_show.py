@@ -31,3 +31,29 @@ def test_under_a_budget_each_gpu_count_of_a_layout_is_a_leader():
     budget = _leaders(ranked, confirm=1, shapes=3, by_gpus=True)
     assert [(e.layout.pp, e.layout.num_gpus) for e in budget] == [
         (4, 256), (2, 256), (4, 128), (2, 128), (1, 256)]
+
+
+def test_a_split_that_is_no_zero_stage_reads_in_amsp_notation_in_the_table():
+    """AMSP (Chen et al., 2023) names the three states P, G and OS; the long form
+    ('params 2, grads 2, optim 16') made the README's llama3-70b cost search 120 columns."""
+    from planner.describe import sharding_cell
+    from planner.specs.plan import Sharding
+
+    split = Sharding(params=2, grads=2, optim=16)
+    assert sharding_cell(split, 16, compact=True) == "P2 G2 OS16"
+    assert sharding_cell(split, 16) == "params 2, grads 2, optim 16"
+    assert sharding_cell(Sharding(params=1, grads=1, optim=16), 16, compact=True) == "ZeRO-1"
+    assert sharding_cell(Sharding(params=1, grads=8, optim=8), 16, compact=True) == "G8 OS8"
+
+
+def test_the_readmes_cost_search_fits_100_columns(capsys):
+    """README's first search (llama3-70b on 128 H100, objective cost, --tokens) with a
+    plan that splits each state differently among its rows."""
+    from planner.search.show import WIDTH
+    from tests.planner.cli_helpers import run_cli
+
+    code, out, _ = run_cli(["search", "--model", "llama3-70b", "--cluster",
+                            "cluster_specs/dgx-h100.yaml", "--gbs", "1024", "--objective",
+                            "cost", "--tokens", "2e12", "--top", "5"], capsys)
+    assert code == 0 and "run $" in out
+    assert max(len(line) for line in out.splitlines()) <= WIDTH
