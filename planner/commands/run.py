@@ -24,7 +24,7 @@ import shutil
 import sys
 import tempfile
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from planner.commands.args import (
     gbs_arg,
@@ -242,10 +242,29 @@ def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
 
 
 def _predict(args: argparse.Namespace, plan: Plan) -> tuple[SimResult, str]:
+    """The plan's prediction as the executor runs it: a plan priced with communication the
+    executor does not do (`plan simulate -o` writes Megatron-LM's: gradients reduced while
+    the backward runs) is priced again with the executor's, and a note says so."""
+    from planner.export.frameworks import CAPABILITIES, comm_differences, comm_words
     from planner.simulator import simulate
 
     profiles = profiles_for(args, plan.cluster, plan.training.dtype)
-    return simulate(plan, profiles=profiles), "event simulation"
+    diffs = comm_differences(plan, CAPABILITIES["trainplan"])
+    if not diffs:
+        return simulate(plan, profiles=profiles), "event simulation"
+    written = simulate(plan, profiles=profiles).iteration_time_s
+    tr = plan.training
+    executor: dict[str, Any] = {key: theirs for key, _, theirs in diffs}
+    runs = replace(plan, training=replace(tr, comm=replace(tr.comm, **executor)))
+    result = simulate(runs, profiles=profiles)
+    print("plan run: note: the plan was priced with "
+          + "; ".join(f"{comm_words(key, mine)} (training.comm.{key} {mine})"
+                      for key, mine, _ in diffs)
+          + "; the executor: " + "; ".join(comm_words(key, theirs)
+                                               for key, _, theirs in diffs)
+          + f": predicted as it runs, {result.iteration_time_s:.4g} s an iteration (the "
+          f"plan's own setting: {written:.4g} s)", file=sys.stderr)
+    return result, "event simulation with the executor's communication"
 
 
 def _profile_here(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,

@@ -780,6 +780,12 @@ _COMM_WORDS = {
 }
 
 
+def comm_words(key: str, value: object) -> str:
+    """A `Communication` setting's value in words ('gradients reduced after the last
+    backward')."""
+    return _COMM_WORDS[key](value)
+
+
 def _communication(plan: Plan, caps: FrameworkCapabilities) -> list[str]:
     return [f"{_COMM_WORDS[key](mine)} (training.comm.{key} "
             f"{mine if not isinstance(mine, float) else f'{mine:.3g}'}): {caps.version} "

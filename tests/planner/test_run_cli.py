@@ -185,3 +185,35 @@ def test_automatic_mode_searches_runs_and_reports(tmp_path, capsys):
         "cpu-collectives.csv", "cpu-ops.csv"]
     assert "measured profile" in shown["prediction_source"]
     assert "plan run: measuring a profile of this host first" in err
+
+
+def test_a_plan_priced_with_overlapped_gradient_reduction_is_predicted_as_the_executor_runs(
+        capsys):
+    """`plan simulate -o` writes Megatron-LM's communication (gradients reduced while the
+    backward runs); the executor reduces after the last backward
+    (executor/data_parallel.py reduce_grads), so `plan run` set its measurement beside a
+    prediction of something it did not run."""
+    import argparse
+    from dataclasses import replace
+
+    from planner.commands.run import _predict
+    from planner.simulator import simulate
+    from planner.specs.plan import Communication
+
+    plan = homogeneous_plan(preset("gpt3-1.3b"), parse_gpus_arg("A100-80GB-SXM:8"),
+                            ParallelConfig(dp=8, mbs=4, gbs=32, seq_len=2048, dtype="bf16"))
+    assert plan.training.comm.overlap_grad_reduce  # Megatron-LM's default
+    args = argparse.Namespace(profile=None)
+    result, source = _predict(args, plan)
+    runs = replace(plan, training=replace(plan.training, comm=Communication.preset(
+        "trainplan", dtype="bf16")))
+    assert result.iteration_time_s == pytest.approx(simulate(runs).iteration_time_s)
+    assert result.iteration_time_s > simulate(plan).iteration_time_s
+    assert "executor's communication" in source
+    err = capsys.readouterr().err
+    assert "training.comm.overlap_grad_reduce True" in err
+    assert "gradients reduced after the last backward" in err
+    # a plan already priced as the executor runs it: no note
+    again, source = _predict(args, runs)
+    assert again.iteration_time_s == result.iteration_time_s and source == "event simulation"
+    assert capsys.readouterr().err == ""
