@@ -32,7 +32,7 @@ from planner.commands.args import (
 )
 from planner.errors import INTERRUPTED
 from planner.outputs import check_output_file
-from planner.profiling.cases import FP8_GEMMS, OPTIMIZERS, op_cases
+from planner.profiling.cases import FP8_GEMMS, INTERRUPTED_NOTE, OPTIMIZERS, op_cases
 from planner.specs.layout import check_tp
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec, load_model, preset
@@ -259,7 +259,7 @@ def measure(req: MeasureRequest) -> int:
     meta = _meta(req, local, dtype, world)
     if interrupted:  # so that nothing takes it for the whole measurement (plan run reuses
         # a profile whose command is the one it would run)
-        meta = replace(meta, command=f"{meta.command or ''}  # interrupted: {len(rows)} rows")
+        meta = replace(meta, command=f"{meta.command or ''}{INTERRUPTED_NOTE}{len(rows)} rows")
     save_profile(req.output, meta, rows)
     for note in sorted(set(notes)):
         print(note, file=sys.stderr)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from planner.outputs import PICTURE_SUFFIXES, atomic_path, check_output_file
-from planner.profiling.cases import op_dtype
+from planner.profiling.cases import interrupted_rows, op_dtype
 from profiler.devices import DeviceSpec, device
 from profiler.store import Profile, ProfileRow, load_profile
 
@@ -140,6 +140,10 @@ def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
              f"thread(s), {m.created} on {m.host}",
              f"device peaks (datasheet): {peaks.flops_per_s / 1e9:,.0f} GFLOP/s {m.dtype}, "
              f"{peaks.bytes_per_s / 1e9:,.1f} GB/s DRAM"]
+    kept = interrupted_rows(m.command)
+    if kept is not None:
+        lines.append(f"! interrupted: holds the {kept} rows measured before it was stopped; "
+                     "measure again for the whole profile")
     if profile.op_rows:
         lines.append(f"{'op':20} {'variant':9} {'rows':>4} {'time':>19}  {'best FLOP/s':>13}  "
                      f"{'best bytes/s':>12}  efficiency (best)")
@@ -331,7 +335,9 @@ def show_profile(path: str, *, plot: str | None = None, as_json: bool = False) -
         from planner.commands.args import print_json
         from profiler.schema import dump
 
-        print_json({"meta": dump(profile.meta), "series": [asdict(s) for s in summaries]})
+        print_json({"meta": dump(profile.meta),
+                    "interrupted_rows": interrupted_rows(profile.meta.command),
+                    "series": [asdict(s) for s in summaries]})
     else:
         print("\n".join(_lines(profile, summaries)))
     if plot:

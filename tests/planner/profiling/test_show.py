@@ -86,3 +86,25 @@ def test_a_collectives_cpu_share_is_one_column_not_a_row_per_size():
     assert re.search(r"GB/s\s+\d{1,3}%$", row)
     assert not any(line.startswith("cpu.") for line in lines)
     assert any(line.startswith("gemm_shared") for line in lines)
+
+
+def test_an_interrupted_profile_says_so(tmp_path, capsys):
+    """Ctrl-C keeps the rows measured so far and marks the profile's command; `plan profile
+    show` printed such a profile as if whole."""
+    import json
+    from dataclasses import replace
+
+    from planner.profiling.cases import INTERRUPTED_NOTE
+    from planner.profiling.show import show_profile
+    from profiler.store import save_profile
+
+    profile = load_profile(OPS)
+    whole = "\n".join(_lines(profile, summarise(profile)))
+    assert "interrupted" not in whole
+    meta = replace(profile.meta, command=f"plan profile measure{INTERRUPTED_NOTE}12 rows")
+    path = str(tmp_path / "cut.csv")
+    save_profile(path, meta, list(profile.rows[:12]))
+    assert show_profile(path) == 0
+    assert "! interrupted: holds the 12 rows measured" in capsys.readouterr().out
+    assert show_profile(path, as_json=True) == 0
+    assert json.loads(capsys.readouterr().out)["interrupted_rows"] == 12
