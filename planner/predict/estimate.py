@@ -41,10 +41,22 @@ __all__ = ["ESTIMATE_SOURCE", "critical_path_s", "estimate", "iteration_end_s", 
 ESTIMATE_SOURCE = "analytic pipeline estimate (closed form, planner/predict/estimate.py)"
 
 
-def sends_s(c: StageCost, pp: int, vp: int) -> float:
-    """Activation transfers one micro-batch makes from this stage (and their gradients):
-    none from the last stage unless interleaving wraps it around to the first."""
-    return 2 * c.p2p_s if (c.stage < pp - 1 or vp > 1) else 0.0
+def sends_s(c: StageCost, pp: int, vp: int, busy: float = 0.0) -> float:
+    """The time one micro-batch's transfers add to the stage's micro-batch: one exchange
+    over the link to the next stage (activations out, their gradients back), none from
+    the last stage unless interleaving wraps it around to the first. Under interleaving
+    the stage sends about two per model chunk (`_sent`) beside the other chunks' compute
+    (Megatron overlaps them; the event simulation runs them on the sender's stream for
+    the link): they add more only where they outlast the stage's own `busy` time, and
+    the stage then waits for its link."""
+    once = 2 * c.p2p_s if (c.stage < pp - 1 or vp > 1) else 0.0
+    return once if vp == 1 else max(once, _sent(c, pp, vp) * c.p2p_s - busy)
+
+
+def _sent(c: StageCost, pp: int, vp: int) -> int:
+    """Transfers a stage sends per micro-batch: an activation per model chunk but the
+    last stage's last, a gradient per chunk but the first stage's first."""
+    return 2 * vp - (c.stage == 0) - (c.stage == pp - 1)
 
 
 def receives_s(costs: Sequence[StageCost], stage: int, vp: int) -> float:
@@ -59,10 +71,18 @@ def receives_s(costs: Sequence[StageCost], stage: int, vp: int) -> float:
 
 
 def _microbatch_s(c: StageCost, pp: int, vp: int, receives: float = 0.0) -> float:
-    """One micro-batch on a stage: compute, its collectives, the transfers, the ZeRO-3
-    parameter gathers its compute cannot hide (the first unit of each pass, and what a
-    gather-bound pass waits for), and sharded-gradient reduce-scatters: all of each where
-    the framework runs them in line, else what outlasts the next micro-batch's work."""
+    """One micro-batch on a stage: its work (`_busy_s`) and the transfers it waits for
+    (`sends_s`)."""
+    busy = _busy_s(c, vp, receives)
+    return busy + sends_s(c, pp, vp, busy)
+
+
+def _busy_s(c: StageCost, vp: int, receives: float = 0.0) -> float:
+    """One micro-batch's work on a stage: compute, its collectives, blocking receives, the
+    ZeRO-3 parameter gathers its compute cannot hide (the first unit of each pass, and
+    what a gather-bound pass waits for), and sharded-gradient reduce-scatters: all of each
+    where the framework runs them in line, else what outlasts the next micro-batch's
+    work."""
     work = c.forward.compute_s + c.backward.compute_s
     extra = 0.0
     if c.dp.gather_units:
@@ -75,7 +95,7 @@ def _microbatch_s(c: StageCost, pp: int, vp: int, receives: float = 0.0) -> floa
     # micro-batch's work
     extra += (max(0.0, c.dp.grad_microbatch_s - work) if c.dp.overlap
               else c.dp.grad_microbatch_s)
-    return c.forward_s + c.backward_s + sends_s(c, pp, vp) + receives + extra
+    return c.forward_s + c.backward_s + receives + extra
 
 
 def _backlog_s(c: StageCost, m: int, schedule: Schedule) -> float:
@@ -106,7 +126,7 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
     opt_s = min(opt_s, after)
     c = costs[slow]
     work = c.forward + c.backward
-    sends = sends_s(c, pp, vp) + keys[slow][1]
+    sends = sends_s(c, pp, vp, _busy_s(c, vp, keys[slow][1])) + keys[slow][1]
     parts = {
         "compute": m * work.compute_s,
         "host": m * work.host_s,
@@ -180,11 +200,17 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
             grad = exposed_s(last_grads, max(window, 0.0), c.dp) if last_grads else 0.0
             gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.dp)
                       if c.dp.param_iteration_s else 0.0)
-            half = (sends_s(c, pp, vp) + key[1]) / 2
+            half = (sends_s(c, pp, vp, c.forward_s + c.backward_s) + key[1]) / 2
             memo[key] = (_microbatch_s(c, pp, vp, key[1]), grad + c.optimizer_s + gather,
                          c.backward_s - w + half, c.forward_s + half, w)
     times = [memo[k][0] for k in keys]
     paths = _zb_paths([memo[k] for k in keys], m) if zb else _paths(times, m, vp)
+    if vp > 1:
+        # no shorter than micro-batch 0's own way through every chunk and back, each hop
+        # a transfer (the fill shrinks by vp, its transfers do not): what a slow link
+        # makes of a pipeline with few micro-batches
+        chain = sum(c.forward_s + c.backward_s + _sent(c, pp, vp) * c.p2p_s for c in costs)
+        paths = [max(p, chain) for p in paths]
     return memo, keys, times, paths
 
 
