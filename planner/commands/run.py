@@ -245,7 +245,12 @@ def _predict(args: argparse.Namespace, plan: Plan) -> tuple[SimResult, str]:
     """The plan's prediction as the executor runs it: a plan priced with communication the
     executor does not do (`plan simulate -o` writes Megatron-LM's: gradients reduced while
     the backward runs) is priced again with the executor's, and a note says so."""
-    from planner.export.frameworks import CAPABILITIES, comm_differences, comm_words
+    from planner.export.frameworks import (
+        CAPABILITIES,
+        comm_differences,
+        comm_value,
+        comm_words,
+    )
     from planner.simulator import simulate
 
     profiles = profiles_for(args, plan.cluster, plan.training.dtype)
@@ -258,7 +263,7 @@ def _predict(args: argparse.Namespace, plan: Plan) -> tuple[SimResult, str]:
     runs = replace(plan, training=replace(tr, comm=replace(tr.comm, **executor)))
     result = simulate(runs, profiles=profiles)
     print("plan run: note: the plan was priced with "
-          + "; ".join(f"{comm_words(key, mine)} (training.comm.{key} {mine})"
+          + "; ".join(f"{comm_words(key, mine)} (training.comm.{key} {comm_value(mine)})"
                       for key, mine, _ in diffs)
           + "; the executor: " + "; ".join(comm_words(key, theirs)
                                                for key, _, theirs in diffs)

@@ -17,6 +17,7 @@ from typing import Any
 from planner.export.frameworks import (
     FrameworkCapabilities,
     comm_differences,
+    comm_value,
     matches_pattern,
     model_states_differ,
     plan_shape,
@@ -115,13 +116,9 @@ def _communication(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) 
         return plan
     theirs = caps.communication(plan.training.dtype)
     for key, mine, value in differ:
-        changes.append(f"comm.{key} {_setting(mine)} -> {_setting(value)}")
+        changes.append(f"comm.{key} {comm_value(mine)} -> {comm_value(value)}")
     return _training(plan, comm=replace(plan.training.comm, **{
         key: getattr(theirs, key) for key, _, _ in differ}))
-
-
-def _setting(value: object) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def _ep_layout(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:

@@ -780,6 +780,15 @@ _COMM_WORDS = {
 }
 
 
+def comm_value(value: object) -> str:
+    """A `Communication` setting's value as a plan file writes it (`true`, `4e+07`)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
 def comm_words(key: str, value: object) -> str:
     """A `Communication` setting's value in words ('gradients reduced after the last
     backward')."""
@@ -787,8 +796,8 @@ def comm_words(key: str, value: object) -> str:
 
 
 def _communication(plan: Plan, caps: FrameworkCapabilities) -> list[str]:
-    return [f"{_COMM_WORDS[key](mine)} (training.comm.{key} "
-            f"{mine if not isinstance(mine, float) else f'{mine:.3g}'}): {caps.version} "
+    return [f"{_COMM_WORDS[key](mine)} (training.comm.{key} {comm_value(mine)}): "
+            f"{caps.version} "
             f"runs {_COMM_WORDS[key](theirs)}, which the plan was not priced with"
             f"{_note(caps, f'comm {key}')}"
             for key, mine, theirs in comm_differences(plan, caps)]

@@ -211,7 +211,7 @@ def test_a_plan_priced_with_overlapped_gradient_reduction_is_predicted_as_the_ex
     assert result.iteration_time_s > simulate(plan).iteration_time_s
     assert "executor's communication" in source
     err = capsys.readouterr().err
-    assert "training.comm.overlap_grad_reduce True" in err
+    assert "training.comm.overlap_grad_reduce true)" in err
     assert "gradients reduced after the last backward" in err
     # a plan already priced as the executor runs it: no note
     again, source = _predict(args, runs)

@@ -471,7 +471,7 @@ def test_communication_of_another_framework_is_not_exported_as_priced(tmp_path, 
     code, out, err = run_cli(["export", path, "--format", "deepspeed", "--approximate"], capsys)
     assert code == 0
     for change in ("comm.pipeline_p2p batched -> blocking",
-                   "comm.overlap_grad_reduce True -> False",
+                   "comm.overlap_grad_reduce true -> false",
                    "comm.grad_bucket_params 4e+07 -> 5e+08"):
         assert f"plan export: approximated: {change}" in err
     # fp32 reduction, as priced: DeepSpeed's config says so
