@@ -796,8 +796,7 @@ def comm_words(key: str, value: object) -> str:
 
 
 def _communication(plan: Plan, caps: FrameworkCapabilities) -> list[str]:
-    return [f"{_COMM_WORDS[key](mine)} (training.comm.{key} {comm_value(mine)}): "
-            f"{caps.version} "
-            f"runs {_COMM_WORDS[key](theirs)}, which the plan was not priced with"
+    return [f"{comm_words(key, mine)} (training.comm.{key} {comm_value(mine)}): "
+            f"{caps.version} runs {comm_words(key, theirs)}, which the plan was not priced with"
             f"{_note(caps, f'comm {key}')}"
             for key, mine, theirs in comm_differences(plan, caps)]

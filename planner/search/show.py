@@ -3,8 +3,8 @@ its memory headroom), and the same as JSON.
 
 The table fits 100 columns (it drops optional columns past that, and writes a split that
 is no ZeRO stage as 'P2 G2 OS16'); `wide` adds throughput, the closed-form estimate,
-egress and the kernels. Plans whose stages differ in GPU type or tp get a line per kind of replica
-under their row.
+egress and the kernels. Plans whose stages differ in GPU type or tp get a line per kind
+of replica under their row.
 """
 
 from __future__ import annotations
