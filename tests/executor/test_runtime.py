@@ -40,3 +40,23 @@ def test_freed_memory_stays_in_the_process_from_step_to_step():
     _, default = _faults("default")
     assert default > 16_000
     assert faults < 100
+
+
+def test_dropout_seeding_draws_as_torch_manual_seed_without_queueing_cuda_calls(monkeypatch):
+    """Each step seeds dropout (`Trainer.iteration`). `torch.manual_seed` also seeds CUDA,
+    which on a rank without CUDA initialised queues the call with a formatted stack
+    (torch.cuda._lazy_call, ~0.1 ms a step on the CPU); `seed_dropout` seeds the CPU's
+    generator alike and queues nothing there."""
+    import torch
+
+    from executor.runtime import seed_dropout
+
+    queued = []
+    monkeypatch.setattr(torch.cuda.random, "_lazy_call", lambda *a, **k: queued.append(a))
+    seed_dropout(1234, torch.device("cpu"))
+    ours = torch.rand(8)
+    assert queued == []
+    torch.manual_seed(1234)
+    assert torch.equal(ours, torch.rand(8))
+    if not torch.cuda.is_initialized():
+        assert queued, "torch.manual_seed queued no CUDA call: the saving is gone"
