@@ -46,11 +46,16 @@ from profiler.schema import (
     spec_field,
 )
 
-__all__ = ["PROFILE_SCHEMA_VERSION", "SHAPE_LENGTHS", "MonotoneCurve",
-           "Profile", "ProfileMeta", "ProfileRow", "Profiles", "load_profile", "load_profiles",
-           "parse_profile_text", "profile_text", "save_profile"]
+__all__ = ["INTERRUPTED_NOTE", "PEAK_MARGIN", "PROFILE_SCHEMA_VERSION", "SHAPE_LENGTHS",
+           "MonotoneCurve", "Profile", "ProfileMeta", "ProfileRow", "Profiles",
+           "interrupted_rows", "load_profile", "load_profiles", "parse_profile_text",
+           "profile_text", "row_peak_flops", "save_profile"]
 
 PROFILE_SCHEMA_VERSION = 1
+# The least seconds an op or collective call can take (a GPU kernel launch takes ~2-5 us,
+# an eager op's dispatch on the CPU ~1-4 us: the `dispatch_*` host rows measure 3.4 us
+# here): a faster row is an edit or a unit slip, not a measurement
+MIN_CALL_S = 1e-7
 _SAME_SIZE = 1e-9  # log-size tolerance: a size computed again (2 x a half) is the same size
 RowKind = Literal["gemm", "attention", "elementwise", "embedding", "optimizer", "collective",
                   "host"]
@@ -60,6 +65,19 @@ _BY_FLOPS = ("gemm", "attention")  # time grows with FLOPs; other kinds with byt
 # cost's one size); an embedding's shape is its case's (planner/profiling/cases.py).
 SHAPE_LENGTHS = {"gemm": 4, "attention": 5, "elementwise": 1, "optimizer": 1,
                  "collective": 1, "host": 1}
+
+
+# what `plan profile` appends to an interrupted profile's command (metadata `command`), so
+# that nothing reuses it as the whole measurement and readers can say so
+INTERRUPTED_NOTE = "  # interrupted: "
+
+
+def interrupted_rows(command: str | None) -> int | None:
+    """The rows an interrupted profile kept (from its command), or None if it ran whole."""
+    if not command or INTERRUPTED_NOTE not in command:
+        return None
+    words = command.rsplit(INTERRUPTED_NOTE, 1)[1].split()
+    return int(words[0]) if words and words[0].isdigit() else 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +138,10 @@ class ProfileRow:
         if length is not None and len(self.shape) != length:
             fail(at(where, "shape"), "x".join(map(str, self.shape)),
                  f"a {self.kind} row's shape has {length} numbers joined by x")
+        if self.kind != "host" and self.time_s < MIN_CALL_S:
+            fail(at(where, "time_s"), f"{self.time_s:g} s",
+                 f"at least {MIN_CALL_S:g} s: no op or collective call takes less on any "
+                 "device (a kernel launch, or an op's dispatch on the CPU, takes longer)")
         if not self.p10_s <= self.time_s <= self.p90_s:
             fail(at(where, "time_s"), f"p10 {self.p10_s:g} s, median {self.time_s:g} s, "
                  f"p90 {self.p90_s:g} s", "p10_s <= time_s <= p90_s")
@@ -384,10 +406,12 @@ def parse_profile_text(text: str, *, path: str) -> Profile:
         fail(path, lines[0][:60] if lines else "an empty file",
              "a trainplan profile (`## trainplan profile` and `# ` metadata lines, then the "
              "table; `plan profile measure` writes one)")
-    lines = [ln for ln in lines if ln.strip()]  # blank lines (a hand edit) hold nothing
-    head = [ln[2:] if ln.startswith("# ") else ln[1:] for ln in lines
+    numbered = [(n, ln) for n, ln in enumerate(lines, start=1)
+                if ln.strip()]  # blank lines (a hand edit) hold nothing
+    head = [ln[2:] if ln.startswith("# ") else ln[1:] for _, ln in numbered
             if ln.startswith("#") and not ln.startswith("##")]  # "##": a title, not YAML
-    body = [ln for ln in lines if not ln.startswith("#")]
+    body = [ln for _, ln in numbered if not ln.startswith("#")]
+    line_of = [n for n, ln in numbered if not ln.startswith("#")]  # body index -> file line
     raw = load_yaml_text("\n".join(head), where=path) or {}
     if not isinstance(raw, dict):
         fail(path, raw, "expected `# key: value` metadata lines before the table")
@@ -407,9 +431,10 @@ def parse_profile_text(text: str, *, path: str) -> Profile:
     rows: list[ProfileRow] = []
     first_row: dict[tuple, int] = {}
     for i, record in enumerate(reader, start=1):
-        where = f"{path}:row {i}"
+        # csv reads one record a line here (the writer quotes no newlines)
+        where = f"{path}:row {i} (line {line_of[i] if i < len(line_of) else '?'})"
         if len(record) != len(_COLUMNS):
-            fail(where, record, f"expected {len(_COLUMNS)} columns")
+            fail(where, record, f"{len(_COLUMNS)} columns; it has {len(record)}")
         data = {name: _cell(name, cell, at(where + ":", name))
                 for name, cell in zip(_COLUMNS, record, strict=True)}
         row = parse(ProfileRow, {k: v for k, v in data.items() if v is not None},
@@ -417,9 +442,11 @@ def parse_profile_text(text: str, *, path: str) -> Profile:
         # an op or collective priced by lookup (host rows of several runs are combined by
         # their readers: `planner.costs.host.shared_cores` takes the least)
         first = first_row.setdefault((_key(row), row.shape), i) if row.kind != "host" else i
-        if first != i and rows[first - 1] != row:  # the lookup would take one of the two
-            fail(where, f"{row.kind} {row.name} {'x'.join(map(str, row.shape))}",
-                 f"row {first} measures it at another time: one measurement a file")
+        # the lookup would take one of two times (the same time twice prices alike)
+        if first != i and rows[first - 1].time_s != row.time_s:
+            fail(where, f"{row.kind} {row.name} {'x'.join(map(str, row.shape))} in "
+                 f"{row.time_s:g} s", f"one measurement of an op and shape a file; row "
+                 f"{first} (line {line_of[first]}) measures it in {rows[first - 1].time_s:g} s")
         rows.append(row)
     if not rows:  # it would price nothing, and the sources would still name it
         fail(path, "a header and no rows", "a profile with measured rows (plan profile "
@@ -440,6 +467,8 @@ class Profiles:
     content, so cost caches keyed on it stay apart from those without it."""
 
     by_device: tuple[tuple[str, Profile], ...] = ()
+    # what a reader should be told about them (an interrupted file, files that disagree)
+    notes: tuple[str, ...] = ()
 
     def get(self, device_name: str) -> Profile | None:
         for name, profile in self.by_device:
@@ -463,39 +492,79 @@ def _merge(profiles: Sequence[Profile]) -> Profile:
                    collective_path=" + ".join(p.path for p in profiles if p.collective_rows))
 
 
-# A GEMM or attention row faster than this many times the GPU's fastest datasheet peak
-# is not a measurement of that GPU (a hand edit, a mislabelled device); kernels reach
-# 0.6-0.95 of their peak (docs/calibration.md).
-PEAK_MARGIN = 1.5
+# A GEMM or attention row faster than this many times the datasheet peak of the precision
+# it ran in is not a measurement of that GPU (a hand edit, a mislabelled device or dtype):
+# the fastest kernels in the measured tables here reach 0.82 of their peak (OpenXLA's
+# sm_90 / sm_100 matmul tables: bf16 809 of 989 TFLOP/s on H100, FP8 3,280 of 4,500 on
+# B200; planner/data/reference/README.md); the margin allows for a timer's error.
+PEAK_MARGIN = 1.1
+
+
+def row_peak_flops(profile: Profile) -> float:
+    """The datasheet peak FLOP/s of the precision a GPU profile's compute rows ran in: its
+    dtype's (fp16 where the GPU has no bf16; under fp8 the fp8 peak, the fastest its rows
+    may reach). An fp32 profile measured GEMMs without TF32 (PyTorch's default), so its
+    peak is the fp32 one."""
+    from profiler.analytic import math_dtype
+
+    dev = device(profile.meta.device)
+    return dev.peak_flops(math_dtype(dev, profile.meta.dtype))
+
+
+def _check_measured_on(profile: Profile, where: str) -> None:
+    """Refuse a profile whose metadata says it was measured elsewhere than its device: a
+    GPU's without a CUDA runtime (`plan profile` writes one for every GPU measurement,
+    and null on the CPU), or the CPU's with one."""
+    meta = profile.meta
+    on_cpu = device(meta.device).vendor == "cpu"
+    if not on_cpu and meta.cuda_version is None:
+        fail(f"{where}: device", meta.device,
+             f"a profile measured on that GPU; this one has no CUDA runtime (cuda_version "
+             f"null, torch {meta.torch_version}, {meta.device_detail}): measured on a CPU")
+    if on_cpu and meta.cuda_version is not None:
+        fail(f"{where}: device", meta.device,
+             f"a profile measured on the CPU; this one ran on a GPU (cuda_version "
+             f"{meta.cuda_version}, {meta.device_detail})")
 
 
 def _check_rates(profile: Profile, where: str) -> None:
-    """Refuse a GPU profile's compute row beyond `PEAK_MARGIN` x the device's fastest
-    peak (CPU entries stand for any host's cores: their peak is a template's)."""
+    """Refuse a GPU profile's compute row beyond `PEAK_MARGIN` x the peak of the
+    precision it ran in (CPU entries stand for any host's cores: their peak is a
+    template's)."""
     dev = device(profile.meta.device)
     if dev.vendor == "cpu":
         return
-    peak = max(dev.peak_tflops.values()) * 1e12
+    peak = row_peak_flops(profile)
     for r in profile.op_rows:
         if r.kind in _BY_FLOPS and r.flops / r.time_s > PEAK_MARGIN * peak:
             fail(where, f"{r.kind} {r.name} {'x'.join(map(str, r.shape))} at "
                  f"{r.flops / r.time_s / 1e12:,.0f} TFLOP/s",
-                 f"at most {PEAK_MARGIN} x {dev.name}'s fastest datasheet peak "
-                 f"({peak / 1e12:,.0f} TFLOP/s): not a measurement of this GPU")
+                 f"at most {PEAK_MARGIN} x {dev.name}'s {profile.meta.dtype} datasheet peak "
+                 f"({peak / 1e12:,.0f} TFLOP/s): not a measurement of this GPU in "
+                 f"{profile.meta.dtype}")
 
 
 def load_profiles(paths: Sequence[str], *, devices: Sequence[str], dtype: str,
                   where: str = "--profile") -> Profiles:
     """The profiles in `paths` (files, or folders of *.csv) for the plan's device types
     trained in `dtype`. A file named explicitly must fit (its device is one of `devices`,
-    its op rows are of `dtype`); files in a folder that do not fit are skipped."""
+    its op rows are of `dtype`, a CPU profile's ops measured with one thread as CPU ranks
+    run); files in a folder that do not fit are skipped. A file reached twice (named and
+    in a named folder) counts once. `Profiles.notes` says what a reader should know: an
+    interrupted file, files of one device whose measurements of the same op disagree."""
     chosen: dict[str, list[Profile]] = {}
     skipped: list[str] = []  # what the folders held that did not fit: "device dtype"
+    seen: set[str] = set()
+    notes: list[str] = []
     for path in paths:
         explicit = not os.path.isdir(path)
         files = [path] if explicit else sorted(
             os.path.join(path, f) for f in os.listdir(path) if f.endswith(".csv"))
         for file in files:
+            real = os.path.realpath(file)
+            if real in seen:
+                continue
+            seen.add(real)
             profile = load_profile(file)
             meta = profile.meta
             if meta.device not in devices:
@@ -510,10 +579,53 @@ def load_profiles(paths: Sequence[str], *, devices: Sequence[str], dtype: str,
                          f"the plan trains in {dtype} (--dtype); profile that dtype")
                 skipped.append(f"{meta.device} {meta.dtype}")
                 continue
+            if profile.op_rows and device(meta.device).vendor == "cpu" and meta.num_threads != 1:
+                if explicit:
+                    fail(f"{where} {file}: num_threads", meta.num_threads,
+                         "1: CPU ranks run one thread each (executor/runtime.py); measure "
+                         "with `plan profile measure --threads 1`")
+                skipped.append(f"{meta.device} {meta.dtype} with {meta.num_threads} threads")
+                continue
+            _check_measured_on(profile, f"{where} {file}")
             _check_rates(profile, f"{where} {file}")
+            kept = interrupted_rows(meta.command)
+            if kept is not None:
+                notes.append(f"{file} is an interrupted profile: it holds the {kept} rows "
+                             "measured before it was stopped; what it lacks is priced by the "
+                             "analytic model")
             chosen.setdefault(meta.device, []).append(profile)
     if paths and not chosen:  # folders only, none of it fits: the flag would do nothing
         held = ", ".join(sorted(set(skipped))) or "no profile (*.csv)"
         fail(where, ", ".join(paths), f"a profile of {' or '.join(devices)} in {dtype}; "
              f"it holds {held}")
-    return Profiles(tuple((name, _merge(ps)) for name, ps in sorted(chosen.items())))
+    for name, ps in sorted(chosen.items()):
+        notes.extend(_disagreements(name, ps))
+    return Profiles(tuple((name, _merge(ps)) for name, ps in sorted(chosen.items())),
+                    notes=tuple(notes))
+
+
+# Two files of one device whose times of the same op and shape differ by more than this
+# factor are said to disagree (the same host measured minutes apart varies by 10-30%,
+# docs/executor.md; a profile of another host or setting differs by more)
+DISAGREE_FACTOR = 1.5
+
+
+def _disagreements(name: str, profiles: Sequence[Profile]) -> list[str]:
+    """A note for each pair of `profiles` (of device `name`) whose rows of the same op,
+    shape and group size differ by more than DISAGREE_FACTOR; their prices pool them."""
+    out = []
+    for i, a in enumerate(profiles):
+        times = {(_key(r), r.shape): r.time_s for r in a.rows if r.kind != "host"}
+        for b in profiles[i + 1:]:
+            ratios = [r.time_s / times[k] for r in b.rows if r.kind != "host"
+                      and (k := (_key(r), r.shape)) in times]
+            if not ratios:
+                continue
+            worst = max(ratios, key=lambda x: abs(math.log(x)))
+            if abs(math.log(worst)) > math.log(DISAGREE_FACTOR):
+                apart = sum(abs(math.log(x)) > math.log(DISAGREE_FACTOR) for x in ratios)
+                out.append(f"{a.path} and {b.path} ({name}) measure {len(ratios)} of the same "
+                           f"rows; {apart} differ by more than {DISAGREE_FACTOR}x (up to "
+                           f"{max(worst, 1 / worst):.3g}x): the prices take their geometric "
+                           "mean, so one of them may not be of this host or setting")
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import shlex
+import sys
 from dataclasses import replace
 
 from planner.predict.results import SimResult
@@ -60,7 +61,11 @@ def profiles_for(args: argparse.Namespace, cluster: ClusterSpec, dtype: str) -> 
     if not args.profile:
         return None
     devices = sorted({g.device.name for g in cluster.node_groups})
-    return load_profiles(args.profile, devices=devices, dtype=dtype)
+    profiles = load_profiles(args.profile, devices=devices, dtype=dtype)
+    name = getattr(args, "command", None)
+    for note in profiles.notes:
+        print(f"{f'plan {name}' if name else 'plan'}: note: {note}", file=sys.stderr)
+    return profiles
 
 
 def with_prediction(plan: Plan, result: SimResult, *, command: list[str],

@@ -32,7 +32,7 @@ from planner.commands.args import (
 )
 from planner.errors import INTERRUPTED
 from planner.outputs import check_output_file
-from planner.profiling.cases import FP8_GEMMS, INTERRUPTED_NOTE, OPTIMIZERS, op_cases
+from planner.profiling.cases import FP8_GEMMS, OPTIMIZERS, op_cases
 from planner.specs.layout import check_tp
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec, load_model, preset
@@ -42,7 +42,13 @@ from profiler.kernels import SDPA_BACKENDS
 from profiler.measure import MATMUL_PRECISION, Measured, MeasureSettings
 from profiler.progress import ProgressBar
 from profiler.schema import SpecError, fail
-from profiler.store import PROFILE_SCHEMA_VERSION, ProfileMeta, ProfileRow, save_profile
+from profiler.store import (
+    INTERRUPTED_NOTE,
+    PROFILE_SCHEMA_VERSION,
+    ProfileMeta,
+    ProfileRow,
+    save_profile,
+)
 
 __all__ = ["MeasureRequest", "add_parser", "default_verb", "measure", "run"]
 

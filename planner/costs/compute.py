@@ -30,7 +30,7 @@ from profiler.store import Profile, ProfileRow
 __all__ = ["ANALYTIC_SOURCE", "ARCH_CALIBRATION", "TRITON_FLASH_SLOWDOWN", "TRITON_FLASH_SOURCE",
            "ComputeCosts",
            "calibration_source", "clear_op_cache", "compute_source", "measured_op_time_s",
-           "priced_as", "profiled_op_time_s"]
+           "peak_time_s", "priced_as", "profiled_op_time_s"]
 
 # FlashAttention's 2022 Triton port (`Attention.FLASH_TRITON`) against FlashAttention-2,
 # forward and backward: Dao 2023 (arXiv:2307.08691) §4.1, measured on an A100 80GB SXM4 at
@@ -137,12 +137,28 @@ def _scaled_from_edge_s(profile: Profile, dev: DeviceSpec, dtype: str, op: Op) -
                             model_s=analytic_s)
 
 
+def peak_time_s(dev: DeviceSpec, dtype: str, op: Op) -> float:
+    """The least time `op` can take on `dev`: its FLOPs at the datasheet peak of the
+    precision it runs in (GEMMs: `gemm_precision`; fused attention: the storage dtype);
+    0 for other ops (small ones run from cache, faster than DRAM allows) and on the CPU
+    (whose catalog peak is a template's)."""
+    if dev.vendor == "cpu" or op.kind not in ("gemm", "attention"):
+        return 0.0
+    precision = gemm_precision(dtype, op) if op.kind == "gemm" else DType(dtype).storage
+    return op.flops / dev.peak_flops(analytic.math_dtype(dev, precision))
+
+
 def profiled_op_time_s(profile: Profile, dev: DeviceSpec, dtype: str, op: Op) -> float | None:
     """The profile's time for `op`: measured (or interpolated) inside the range its series
-    measured, scaled from the nearest measurement outside it; None where the profile did
-    not measure the op at all."""
+    measured, scaled from the nearest measurement outside it, never faster than the
+    precision's peak allows (`peak_time_s`: a measurement near the peak, carried to a size
+    where the model runs closer to it, would pass it); None where the profile did not
+    measure the op at all."""
     measured = measured_op_time_s(profile, op)
-    return measured if measured is not None else _scaled_from_edge_s(profile, dev, dtype, op)
+    if measured is not None:
+        return measured
+    scaled = _scaled_from_edge_s(profile, dev, dtype, op)
+    return None if scaled is None else max(scaled, peak_time_s(dev, dtype, op))
 
 
 def priced_as(op: Op) -> tuple[Op, float]:

@@ -42,7 +42,7 @@ from profiler.store import Profile, Profiles
 
 __all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "SharedCoreSlowdown", "backend",
            "collective_cpu_share", "dtensor_layer_s", "dtensor_root_s", "fsdp_unit_s",
-           "host_source", "launch_s", "shared_cores", "sync_skew"]
+           "host_families", "host_source", "launch_s", "shared_cores", "sync_skew"]
 
 HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
                         "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "
@@ -208,15 +208,31 @@ _HOST_FAMILIES = (("dispatch_", "per-op dispatch"),
                   ("cpu.", "the CPU time of gloo collectives"))
 
 
-def host_source(profiles: Profiles | None, devices: set[str], *, on_cpu: bool = True) -> str:
+def host_families(*, gpus: bool, cpu_ranks: int, fsdp: bool, tp: bool) -> frozenset[str]:
+    """The families of host rows (`_HOST_FAMILIES`, by their names' start) that price a
+    plan: per-op dispatch on GPUs (on the CPU each op's time holds it); FSDP2's units where
+    the executor runs FSDP2; DTensor's where a stage has tp > 1; and where several CPU ranks
+    share a host, their sharing, their keeping in step and their collectives' CPU time."""
+    out = {"dispatch_"} if gpus else set()
+    out |= {"fsdp_unit_"} if fsdp else set()
+    out |= {"dtensor_"} if tp else set()
+    out |= {"gemm_shared", "arrival_", "cpu."} if cpu_ranks > 1 else set()
+    return frozenset(out)
+
+
+def host_source(profiles: Profiles | None, devices: set[str], *, on_cpu: bool = True,
+                families: frozenset[str] | None = None) -> str:
     """What priced the host-side costs of a plan on `devices` (`on_cpu`: some of them are
     CPU ranks; without, only the GPU defaults are named): the profiles with host rows and
-    the costs their rows measured, each named once."""
+    the costs their rows measured, each named once; only the `families` that price the
+    plan (`host_families`; None: all)."""
     found: dict[str, list[str]] = {}
     for name, p in profiles.by_device if profiles else ():
         if name not in devices:
             continue
         for start, what in _HOST_FAMILIES:
+            if families is not None and start not in families:
+                continue
             if any(r.name.startswith(start) for r in p.host_rows):
                 found.setdefault(p.path, []).append(what)
     if not found:

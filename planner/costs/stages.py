@@ -42,6 +42,7 @@ from planner.costs.host import (
     dtensor_layer_s,
     dtensor_root_s,
     fsdp_unit_s,
+    host_families,
     host_source,
     launch_s,
 )
@@ -1303,4 +1304,17 @@ def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
     return {"compute": compute_source(uses), **extra,
             "communication": _comm_source(plan.cluster, priced.specs, profiles),
             "host": host_source(profiles, {s.device_name for specs in priced.specs
-                                           for s in specs}, on_cpu=on_cpu)}
+                                           for s in specs}, on_cpu=on_cpu,
+                                families=_plan_host_families(plan))}
+
+
+def _plan_host_families(plan: Plan) -> frozenset[str]:
+    """The host-row families that price `plan` (`host.host_families`); FSDP2 as
+    `sharding_terms` applies it: P = G = OS > 1 on a stage without tp."""
+    stages = [(p, i, s) for p in plan.pipelines for i, s in enumerate(p.stages)]
+    cpu = sum(plan.group_of(s).device.vendor == "cpu" for _, _, s in stages
+              for _ in s.devices)
+    fsdp = any(sh.params == sh.grads == sh.optim > 1 and s.tp == 1
+               for _, i, s in stages for sh in (plan.sharding_of(i),))
+    return host_families(gpus=any(plan.group_of(s).device.vendor != "cpu" for _, _, s in stages),
+                         cpu_ranks=cpu, fsdp=fsdp, tp=any(s.tp > 1 for _, _, s in stages))

@@ -180,14 +180,3 @@ def op_cases(model: ModelSpec, *, tps: Sequence[int], micro_batch_sizes: Sequenc
     return list(seen.values())
 
 
-# what `plan profile` appends to an interrupted profile's command (metadata `command`), so
-# that nothing reuses it as the whole measurement and `plan profile show` can say so
-INTERRUPTED_NOTE = "  # interrupted: "
-
-
-def interrupted_rows(command: str | None) -> int | None:
-    """The rows an interrupted profile kept (from its command), or None if it ran whole."""
-    if not command or INTERRUPTED_NOTE not in command:
-        return None
-    words = command.rsplit(INTERRUPTED_NOTE, 1)[1].split()
-    return int(words[0]) if words and words[0].isdigit() else 0

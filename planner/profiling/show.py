@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from planner.outputs import PICTURE_SUFFIXES, atomic_path, check_output_file
-from planner.profiling.cases import interrupted_rows, op_dtype
+from planner.profiling.cases import op_dtype
 from profiler.devices import DeviceSpec, device
-from profiler.store import Profile, ProfileRow, load_profile
+from profiler.store import Profile, ProfileRow, interrupted_rows, load_profile
 
 __all__ = ["SeriesSummary", "bus_factor", "efficiency", "family", "show_profile", "summarise"]
 

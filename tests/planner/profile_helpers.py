@@ -5,8 +5,10 @@ from profiler.store import PROFILE_SCHEMA_VERSION, ProfileMeta, ProfileRow, save
 
 
 def meta(device="CPU", dtype="fp32", world_size=1):
+    """As `plan profile` writes it: a GPU's with its CUDA runtime, the CPU's without."""
     return ProfileMeta(schema_version=PROFILE_SCHEMA_VERSION, device=device,
                        device_detail="synthetic", dtype=dtype, torch_version="2.13.0",
+                       cuda_version=None if device == "CPU" else "12.4",
                        host="test", created="2026-01-01T00:00:00+00:00", num_threads=1,
                        world_size=world_size, warmup=1, repeats=1)
 

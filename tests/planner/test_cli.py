@@ -266,6 +266,21 @@ def test_simulate_with_a_profile(tmp_path, capsys):
     assert code == 0 and json.loads(out)["kernels"]["optimizer"] == "foreach"
 
 
+def test_simulate_says_when_its_profile_was_interrupted(tmp_path, capsys):
+    """An interrupted profile priced plans with no word outside `plan profile show`."""
+    from dataclasses import replace
+
+    from profiler.store import INTERRUPTED_NOTE, load_profile, save_profile
+
+    whole = load_profile(_cpu_profile(tmp_path))
+    path = str(tmp_path / "cut.csv")
+    save_profile(path, replace(whole.meta, command=f"plan profile{INTERRUPTED_NOTE}2 rows"),
+                 whole.rows)
+    code, _, err = _run(CPU_SIM + ["--profile", path], capsys)
+    assert code == 0, err
+    assert f"plan simulate: note: {path} is an interrupted profile: it holds the 2 rows" in err
+
+
 @pytest.mark.parametrize("extra, needle", [
     (["--gpus", "A100-80GB-SXM:1"], "device: 'CPU' is not allowed (the plan's GPUs are "
                                     "A100-80GB-SXM)"),

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from profiler.schema import SpecError
 from profiler.store import (
+    INTERRUPTED_NOTE,
     PROFILE_SCHEMA_VERSION,
     MonotoneCurve,
     ProfileMeta,
@@ -170,29 +171,34 @@ def _write(tmp_path, text, name="p.csv"):
      "p.csv:colour: 'red' is not allowed (unknown field"),
     (lambda t: t.replace("kind,name", "kind,label"), "p.csv: header:"),
     (lambda t: t.replace("gemm,mlp.fc1,,1x64x256x64", "gemm,mlp.fc1,,1xAx256x64", 1),
-     "p.csv:row 1:shape: '1xAx256x64' is not allowed (expected integers joined by x)"),
+     "p.csv:row 1 (line 14):shape: '1xAx256x64' is not allowed (expected integers joined by x)"),
     (lambda t: t.replace("gemm,mlp.fc1", "matmul,mlp.fc1", 1),
-     "p.csv:row 1:kind: 'matmul' is not allowed (allowed: gemm, attention"),
+     "p.csv:row 1 (line 14):kind: 'matmul' is not allowed (allowed: gemm, attention"),
     # issue 15: NaN times priced a plan at NaN; one NaN row was skipped without a word
     (lambda t: t.replace(",0.0001,", ",nan,", 1),
-     "p.csv:row 1:time_s: nan is not allowed (expected a finite number)"),
+     "p.csv:row 1 (line 14):time_s: nan is not allowed (expected a finite number)"),
     (lambda t: t.replace(",0.0011,", ",inf,", 1),
-     "p.csv:row 3:time_s: inf is not allowed (expected a finite number)"),
-    (lambda t: t.replace(",0.0001,", ",1e300,", 1), "p.csv:row 1:time_s: 1e+300 is not allowed"),
+     "p.csv:row 3 (line 16):time_s: inf is not allowed (expected a finite number)"),
+    (lambda t: t.replace(",0.0001,", ",1e300,", 1), "p.csv:row 1 (line 14):time_s: 1e+300 is not allowed"),
     (lambda t: t.replace("1x64x256x64", "1x" + "9" * 30 + "x256x64", 1),
-     "p.csv:row 1:shape[1]: 999999999999999999999999999999 is not allowed "
+     "p.csv:row 1 (line 14):shape[1]: 999999999999999999999999999999 is not allowed "
      "(must be ≤ 1,099,511,627,776)"),
     # a GEMM of two numbers, percentiles out of order, a shape measured twice: each was
     # taken (the second of two rows answered exact lookups, the first did not)
     (lambda t: t.replace("1x64x256x64", "64x256", 1),
-     "p.csv:row 1:shape: '64x256' is not allowed (a gemm row's shape has 4 numbers"),
+     "p.csv:row 1 (line 14):shape: '64x256' is not allowed (a gemm row's shape has 4 numbers"),
     (lambda t: t.replace(",0.0003,0.00027,0.00033,", ",0.0003,0.00033,0.00027,", 1),
-     "p.csv:row 2:time_s: 'p10 0.00033 s, median 0.0003 s, p90 0.00027 s' is not allowed "
+     "p.csv:row 2 (line 15):time_s: 'p10 0.00033 s, median 0.0003 s, p90 0.00027 s' is not allowed "
      "(p10_s <= time_s <= p90_s)"),
     (lambda t: t + t.splitlines()[-1].replace(",0.001,0.001,0.001,", ",0.002,0.002,0.002,")
      + "\n",
-     "p.csv:row 7: 'collective all_reduce 1048576' is not allowed (row 6 measures it at "
-     "another time: one measurement a file)"),
+     "p.csv:row 7 (line 20): 'collective all_reduce 1048576 in 0.002 s' is not allowed (one "
+     "measurement of an op and shape a file; row 6 (line 19) measures it in 0.001 s)"),
+    # a call faster than any launch or dispatch: a unit slip (1e-300 s printed 300 digits)
+    (lambda t: t.replace(",0.0001,", ",1e-300,", 1),
+     "p.csv:row 1 (line 14):time_s: '1e-300 s' is not allowed (at least 1e-07 s"),
+    # the count a short row has
+    (lambda t: t.replace(",1x64x256x64,", ",", 1), "p.csv:row 1 (line 14): "),
     # a header and no rows priced nothing, while the sources still named the file
     (lambda t: t[:t.index("\n", t.index("kind,name")) + 1],
      "p.csv: 'a header and no rows' is not allowed (a profile with measured rows"),
@@ -270,6 +276,14 @@ def test_fp8_and_tf32_profiles_answer_plans_of_their_dtype(tmp_path):
     assert "precision" not in old.read_text() and load_profile(str(old)).meta == META
 
 
+def test_a_row_repeated_at_the_same_time_prices_alike_and_loads(tmp_path):
+    """The same op, shape and time twice (another sample count) was refused as measured
+    "at another time"; the lookup takes the same time either way."""
+    again = ROWS + (replace(ROWS[-1], samples=ROWS[-1].samples + 4),)
+    profile = load_profile(_write(tmp_path, profile_text(META, again)))
+    assert profile.collective_time_s("all_reduce", 1 << 20, 2) == pytest.approx(ROWS[-1].time_s)
+
+
 def test_hand_edits_that_hold_the_same_table_still_load(tmp_path):
     """A blank line (refused as `row 41: []`) and a spreadsheet's byte-order mark (refused
     as a bad header) change nothing in the table."""
@@ -302,17 +316,88 @@ def test_a_newer_profile_asks_for_a_newer_trainplan(tmp_path):
 
 def test_a_gpu_row_faster_than_the_gpus_peak_is_refused(tmp_path):
     """A GEMM at 1e-12 s (a hand edit) loaded and priced the plan with it; a GPU's rows
-    are held to 1.5x its fastest datasheet peak (the CPU's peak is a template's)."""
-    from dataclasses import replace
-
-    gpu = replace(META, device="A100-80GB-SXM", dtype="bf16")
+    are held to 1.1x the datasheet peak of the precision they ran in. The bound was 1.5x
+    the fastest peak of any precision: an H100 bf16 profile could claim 2,968 TFLOP/s, 3x
+    its bf16 peak, and price a plan at 179% MFU (profile sweep, 2026-12-04). The CPU's
+    peak is a template's: not held."""
+    gpu = replace(META, device="A100-80GB-SXM", dtype="bf16", cuda_version="12.4")
     fine = _gemm(1024, 1e-4)  # 0.3 TFLOP/s
     save_profile(str(tmp_path / "ok.csv"), gpu, (fine,))
     load_profiles([str(tmp_path / "ok.csv")], devices=["A100-80GB-SXM"], dtype="bf16")
-    fast = replace(fine, time_s=1e-12, p10_s=1e-12, p90_s=1e-12)
-    save_profile(str(tmp_path / "bad.csv"), gpu, (fast,))
-    with pytest.raises(SpecError, match=r"gemm mlp.fc1 1x1024x256x64 at 33,554,432 TFLOP/s' is not "
-                                        r"allowed \(at most 1.5 x A100-80GB-SXM's fastest"):
+    # 374 TFLOP/s: under 1.5 x the A100's fastest peak (312), over 1.1 x its bf16 peak
+    big = _gemm(65536, 1.0)
+    t = big.flops / (1.2 * 312e12)
+    save_profile(str(tmp_path / "bad.csv"), gpu, (replace(big, time_s=t, p10_s=t, p90_s=t),))
+    with pytest.raises(SpecError, match=r"gemm mlp.fc1 1x65536x256x64 at 374 TFLOP/s' is not "
+                                        r"allowed \(at most 1.1 x A100-80GB-SXM's bf16 "
+                                        r"datasheet peak \(312 TFLOP/s\)"):
         load_profiles([str(tmp_path / "bad.csv")], devices=["A100-80GB-SXM"], dtype="bf16")
+    fast = replace(fine, time_s=1e-7, p10_s=1e-7, p90_s=1e-7)  # 335 TFLOP/s
+    # the sweep's H100 bf16 GEMMs at 1.44 x the bf16 peak: under 1.5 x its FP8 peak
+    t = big.flops / (1.44 * 989.4e12)
+    save_profile(str(tmp_path / "h100.csv"), replace(gpu, device="H100-80GB-SXM"),
+                 (replace(big, time_s=t, p10_s=t, p90_s=t),))
+    with pytest.raises(SpecError, match=r"at most 1.1 x H100-80GB-SXM's bf16 datasheet peak "
+                                        r"\(989 TFLOP/s\)"):
+        load_profiles([str(tmp_path / "h100.csv")], devices=["H100-80GB-SXM"], dtype="bf16")
     save_profile(str(tmp_path / "cpu.csv"), META, (fast,))  # a CPU's: no template to hold
     load_profiles([str(tmp_path / "cpu.csv")], devices=["CPU"], dtype="fp32")
+
+
+def test_a_profile_measured_on_another_kind_of_device_is_refused(tmp_path):
+    """A CPU measurement whose `device:` line was edited to a GPU priced an H100 plan at
+    234 s an iteration (1.6% MFU) and named it as measured. `plan profile` writes the CUDA
+    runtime of every GPU measurement and null on the CPU: the two must agree."""
+    rows = (_gemm(1024, 1e-4),)
+    save_profile(str(tmp_path / "gpu.csv"), replace(META, device="H100-80GB-SXM", dtype="bf16"),
+                 rows)
+    with pytest.raises(SpecError, match=r"device: 'H100-80GB-SXM' is not allowed \(a profile "
+                                        r"measured on that GPU; this one has no CUDA runtime"):
+        load_profiles([str(tmp_path / "gpu.csv")], devices=["H100-80GB-SXM"], dtype="bf16")
+    save_profile(str(tmp_path / "cpu.csv"), replace(META, cuda_version="12.4"), rows)
+    with pytest.raises(SpecError, match=r"device: 'CPU' is not allowed \(a profile measured on "
+                                        r"the CPU; this one ran on a GPU"):
+        load_profiles([str(tmp_path / "cpu.csv")], devices=["CPU"], dtype="fp32")
+
+
+def test_a_cpu_profile_measured_with_several_threads_is_refused_for_cpu_ranks(tmp_path):
+    """CPU ranks run one thread each (executor/runtime.py); a 16-thread profile priced
+    them with no word (its `num_threads` was read nowhere). Named: refused; in a folder:
+    skipped, and said so when nothing else fits."""
+    save_profile(str(tmp_path / "t16.csv"), replace(META, num_threads=16), ROWS)
+    with pytest.raises(SpecError, match=r"num_threads: 16 is not allowed \(1: CPU ranks run "
+                                        r"one thread each"):
+        load_profiles([str(tmp_path / "t16.csv")], devices=["CPU"], dtype="fp32")
+    with pytest.raises(SpecError, match=r"it holds CPU fp32 with 16 threads"):
+        load_profiles([str(tmp_path)], devices=["CPU"], dtype="fp32")
+
+
+def test_a_file_reached_twice_counts_once_and_disagreeing_files_are_noted(tmp_path):
+    """A file named and again in its named folder was loaded twice (the sources named it
+    twice); two files of one device whose rows disagree 10x were pooled without a word
+    (the plan priced at their geometric mean)."""
+    folder = tmp_path / "f"
+    folder.mkdir()
+    save_profile(str(folder / "a.csv"), META, ROWS)
+    twice = load_profiles([str(folder / "a.csv"), str(folder)], devices=["CPU"], dtype="fp32")
+    assert twice.paths == (str(folder / "a.csv"),) and twice.notes == ()
+    slow = tuple(replace(r, time_s=r.time_s * 10, p10_s=r.p10_s * 10, p90_s=r.p90_s * 10)
+                 for r in ROWS)
+    save_profile(str(folder / "b.csv"), META, slow)
+    both = load_profiles([str(folder)], devices=["CPU"], dtype="fp32")
+    assert len(both.notes) == 1 and "differ by more than 1.5x (up to 10x)" in both.notes[0]
+    near = tuple(replace(r, time_s=r.time_s * 1.2, p10_s=r.p10_s * 1.2, p90_s=r.p90_s * 1.2)
+                 for r in ROWS)
+    save_profile(str(folder / "b.csv"), META, near)  # a host's own drift: no note
+    assert load_profiles([str(folder)], devices=["CPU"], dtype="fp32").notes == ()
+
+
+def test_an_interrupted_profile_is_noted_where_it_prices_a_plan(tmp_path):
+    """`plan profile show` flagged an interrupted profile, but simulate, search and run
+    used it without a word."""
+    save_profile(str(tmp_path / "i.csv"), replace(META, command=f"plan profile{INTERRUPTED_NOTE}"
+                                                  f"{len(ROWS)} rows"), ROWS)
+    notes = load_profiles([str(tmp_path / "i.csv")], devices=["CPU"], dtype="fp32").notes
+    assert notes == (f"{tmp_path / 'i.csv'} is an interrupted profile: it holds the 6 rows "
+                     "measured before it was stopped; what it lacks is priced by the analytic "
+                     "model",)

@@ -124,3 +124,29 @@ def test_calibration_source_says_what_each_gpu_types_numbers_rest_on():
     custom = dataclasses.replace(device("L4-24GB"), memory_gib=20)  # a user's variant
     assert "from the catalog file" in calibration_source([custom])
     assert calibration_source([device("CPU")]) == ""
+
+
+def test_a_measurement_carried_to_other_sizes_never_passes_the_gpus_peak(tmp_path):
+    """A profile measured near the peak, carried to a GEMM the analytic model runs closer
+    to the peak (its tiles fill the GPU better), was priced past it: a synthetic H100
+    profile extrapolated a GEMM 100x its largest measured to 102% of the bf16 peak
+    (profile sweep, 2026-12-04). No kernel outruns its precision's datasheet peak
+    (`peak_time_s`); sizes inside the measured range are as measured."""
+    h100 = device("H100-80GB-SXM")
+    shape = WorkloadShape(micro_batch_size=1, seq_len=512, dtype="bf16", attention="flash")
+    small = next(op for op in layer_work(preset("llama3-8b"), shape).forward
+                 if getattr(op, "name", "") == "mlp.fc1")
+    peak = h100.peak_tflops["bf16"] * 1e12
+    at = small.flops / (0.98 * peak)  # measured at 98% of the peak
+    profile = load_profile(write_profile(tmp_path / "h100.csv", [op_row(small, at)],
+                                         device="H100-80GB-SXM", dtype="bf16"))
+    costs = ComputeCosts(h100, "bf16", profile)
+    assert costs.time_s(small) == at
+    for mbs in (16, 64):
+        big = next(op for op in layer_work(preset("llama3-8b"), WorkloadShape(
+            micro_batch_size=mbs, seq_len=512, dtype="bf16", attention="flash")).forward
+            if getattr(op, "name", "") == "mlp.fc1")
+        uncapped = at / ComputeCosts(h100, "bf16").time_s(small) \
+            * ComputeCosts(h100, "bf16").time_s(big)
+        assert big.flops / uncapped > peak  # what the scaling alone would price
+        assert costs.time_s(big) == pytest.approx(big.flops / peak)

@@ -136,8 +136,16 @@ def test_the_sources_say_what_priced_the_host_costs(tmp_path):
     assert cost_sources(plan, _profiles(tmp_path, _collectives()))["host"] == \
         HOST_ANALYTIC_SOURCE
     measured = _profiles(tmp_path, _collectives() + HOST, "host.csv")
-    assert cost_sources(plan, measured)["host"].startswith(
-        f"measured host costs {tmp_path / 'host.csv'}")
+    tp = cost_sources(_plan(tp=2, gbs=8), measured)["host"]
+    assert tp.startswith(f"measured host costs {tmp_path / 'host.csv'} (DTensor layers")
+    # only the rows that price the plan are named: a dp-2 plan uses neither FSDP2 nor
+    # DTensor, and on the CPU the dispatch is inside each op's time (a one-rank plan was
+    # told its host costs came from a collectives profile it never used: profile sweep)
+    named = tp.split(f"; {HOST_ANALYTIC_SOURCE}")[0]
+    assert "FSDP2" not in named and "dispatch" not in named
+    assert cost_sources(plan, measured)["host"] == HOST_ANALYTIC_SOURCE
+    zero3 = cost_sources(_plan(dp=2, gbs=16, sharding=Sharding(params=2, grads=2, optim=2)), measured)["host"]
+    assert "FSDP2 units" in zero3 and "DTensor" not in zero3.split(f"; {HOST_ANALYTIC_SOURCE}")[0]
 
 
 def test_a_gpu_plan_names_only_the_gpu_host_defaults():

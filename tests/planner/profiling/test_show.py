@@ -94,9 +94,8 @@ def test_an_interrupted_profile_says_so(tmp_path, capsys):
     import json
     from dataclasses import replace
 
-    from planner.profiling.cases import INTERRUPTED_NOTE
     from planner.profiling.show import show_profile
-    from profiler.store import save_profile
+    from profiler.store import INTERRUPTED_NOTE, save_profile
 
     profile = load_profile(OPS)
     whole = "\n".join(_lines(profile, summarise(profile)))
