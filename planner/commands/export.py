@@ -91,7 +91,10 @@ def _text(plan: Plan, args: argparse.Namespace, framework: str) -> str:
     if framework == "trainplan":
         config = yaml.safe_dump(plan_to_dict(plan), sort_keys=False, width=100)
     else:
-        config = export_plan(plan, framework).text
+        exported = export_plan(plan, framework)
+        config = exported.text
+        for note in exported.notes:
+            print(f"plan export: note: {note}", file=sys.stderr)
     if args.format in FORMATS:
         return config
     version = CAPABILITIES[framework].version

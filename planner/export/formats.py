@@ -30,6 +30,8 @@ __all__ = ["CONFIG_FILES", "Export", "FORMATS", "export_plan", "megatron_args"]
 class Export:
     text: str
     unsupported: tuple[str, ...]  # empty: the text is the plan exactly
+    # what the user must do beside the config for it to run the plan (said on stderr)
+    notes: tuple[str, ...] = ()
 
 
 # the file each framework reads its config from (the launch files write it there)
@@ -167,6 +169,16 @@ def _megatron_moe(plan: Plan) -> list[str]:
         args.append(f"--moe-layer-freq {_list_expression(pattern)}")
     if m.router == "sigmoid":
         args.append("--moe-router-score-function sigmoid")
+    # load balancing: Megatron's aux-loss coefficient defaults to 0 (no balancing at all,
+    # while the plan prices `load_imbalance`); a softmax router gets the auxiliary loss at
+    # the starting value arguments.py's help recommends (1e-2), a sigmoid one DeepSeek-V3's
+    # auxiliary-loss-free expert bias with its sequence-wise loss (Megatron-LM's
+    # examples/post_training/modelopt/conf/deepseek-ai/DeepSeek-R1.sh)
+    if m.router == "sigmoid":
+        args += ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate 1e-3",
+                 "--moe-router-load-balancing-type seq_aux_loss", "--moe-aux-loss-coeff 1e-4"]
+    else:
+        args += ["--moe-router-load-balancing-type aux_loss", "--moe-aux-loss-coeff 1e-2"]
     if m.capacity_factor is not None:
         args.append(f"--moe-expert-capacity-factor {m.capacity_factor:g}")
     if m.pad_to_capacity:
@@ -244,13 +256,22 @@ def _deepspeed(plan: Plan) -> Export:
     if s.tp > 1:
         config["tensor_parallel"] = {"autotp_size": s.tp}
     full = s.recompute[0] == Recompute.FULL
-    if s.pp > 1:  # DeepSpeed's pipeline engine (PipelineModule) reads this section
-        config["pipeline"] = {"stages": s.pp, "partition": "uniform",
-                              "activation_checkpoint_interval": 1 if full else 0}
+    notes = []
+    if s.pp > 1:
+        # the pipeline engine reads activation_checkpoint_interval (and the partitioning
+        # flags) of this section; the stage count and split are the PipelineModule's
+        # arguments (runtime/pipe/engine.py, runtime/pipe/module.py), so they are a note
+        config["pipeline"] = {"activation_checkpoint_interval": 1 if full else 0}
+        notes.append(f"DeepSpeed takes the pipeline's stages and layer split from the "
+                     f"PipelineModule your script builds, not from this config: build it "
+                     f"with num_stages={s.pp} and partition_method='type:<your transformer "
+                     f"layer class>' ({s.layers[0]} transformer layers a stage, as the plan "
+                     "splits them; 'parameters', the default, and 'uniform' count the "
+                     "embedding and head as layers too)")
     if full:
         config["activation_checkpointing"] = {"partition_activations": False,
                                               "contiguous_memory_optimization": False}
-    return Export(json.dumps(config, indent=2) + "\n", tuple(issues))
+    return Export(json.dumps(config, indent=2) + "\n", tuple(issues), tuple(notes))
 
 
 def _zero(params: int, grads: int, optim: int, dp: int) -> dict:
@@ -284,9 +305,6 @@ def _torchtitan(plan: Plan) -> Export:
     # FSDP2 over all replicas, or HSDP within groups of P; torchtitan shards over
     # dp_shard x cp (parallel_dims.py), and the plan's sizes count those ranks
     shard = max(1, sh.params // s.cp) if sh.params > 1 else 1
-    if sh.params > 1 and sh.params % s.cp:
-        issues.append(f"parameters sharded over {sh.params} ranks with cp {s.cp}: "
-                      "torchtitan shards over dp_shard x cp, a multiple of cp")
     model = _TITAN_FLAVORS.get(plan.model.name)
     lines = ["[model]"]
     mla = " with multi-latent attention (deepseek_v3)" if plan.model.is_mla else ""
@@ -325,6 +343,12 @@ def _torchtitan(plan: Plan) -> Export:
             issues.append(f"ep {s.ep}: torchtitan carves ep out of dp_shard x cp"
                           f"{' x tp' if etp == 1 and s.tp > 1 else ''} = {room}; shard the "
                           "parameters over a multiple of ep")
+    if shard > 1 or s.cp > 1:
+        # FSDP frees each unit's gathered parameters after its forward and gathers them
+        # again for the backward, as the plan prices ZeRO-3; torchtitan's "default" keeps
+        # them gathered through the step whenever pp > 1 (parallelize.py apply_fsdp:
+        # reshard_after_forward = not pp_enabled)
+        lines.append('fsdp_reshard_after_forward = "always"')
     if s.pp > 1:
         lines += [f'pipeline_parallel_schedule = "{_TITAN_SCHEDULES[tr.schedule]}"',
                   f"pipeline_parallel_microbatch_size = {s.mbs}"]

@@ -31,7 +31,8 @@ from profiler.devices import device_efficiency
 from profiler.kernels import SDPA_BACKENDS
 
 __all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
-           "chunk_layer_counts", "comm_differences", "computes_in_fp32", "in_rank_order",
+           "chunk_layer_counts", "comm_differences", "computes_in_fp32", "fsdp_dp_problem",
+           "in_rank_order",
            "matches_pattern", "model_states_differ", "plan_chunk_counts", "plan_shape",
            "unsupported"]
 
@@ -88,6 +89,9 @@ class FrameworkCapabilities:
     # 16-bit compute with tp or pp only where parameters are sharded over dp or cp > 1
     # (True: torchtitan, whose mixed precision is FSDP2's or, without tp and pp, autocast)
     amp_needs_sharding_with_tp_pp: bool = False
+    # data parallelism beside tp, pp or cp is FSDP2 / HSDP (`fsdp_dp_problem`: DDP runs
+    # 1-D only; cp shards the model states over dp_shard x cp)
+    fsdp_data_parallel: bool = False
     moe_sequence_parallel: bool = True  # sequence parallelism on MoE models
     # the embedding / loss taking a layer's place in an interleaved chunk (Training.
     # embedding_in_pipeline_split, loss_in_pipeline_split with vp > 1)
@@ -116,6 +120,12 @@ class FrameworkCapabilities:
     # ModelSpec.capacity_factor) and expert inputs padded to it (pad_to_capacity)
     moe_capacity_factor: bool = True
     moe_pad_to_capacity: bool = True
+    moe_pad_with_deepep: bool = True  # padding to capacity with the DeepEP dispatcher
+    # the optimizer shard instances (P/G/OS 1/1/k: dp x cp / k) must divide the expert
+    # data-parallel group too (Megatron-Core parallel_state.py)
+    optimizer_instances_divide_expert_dp: bool = False
+    # FP8 primary weights (Training.fp8_params) only with sharded optimizer states
+    fp8_params_need_sharded_optimizer: bool = False
     notes: Mapping[str, str] = field(default_factory=dict)
 
     def dtypes_for(self, model: ModelSpec) -> frozenset[str]:
@@ -178,6 +188,16 @@ _MEGATRON = FrameworkCapabilities(
     # unless asked) and --ddp-bucket-size (bucket_size) as the plan has them
     comm="megatron", comm_settable=frozenset({"overlap_grad_reduce", "grad_bucket_params",
                                               "tp_comm_overlap"}),
+    # transformer/transformer_config.py __post_init__: "Flex token dispatcher with deepep
+    # backend does not support moe_pad_expert_input_to_capacity"
+    moe_pad_with_deepep=False,
+    # parallel_state.py initialize_model_parallel: "Expert data parallel size should be
+    # divisible by partial DistOpt shard factor"
+    optimizer_instances_divide_expert_dp=True,
+    # arguments.py validate_args: "--fp8-param-gather only supported with distributed
+    # optimizer, torch fsdp2, megatron fsdp, or inference mode" (the export writes the
+    # distributed optimizer only)
+    fp8_params_need_sharded_optimizer=True,
     notes={
         "activation geglu": "Megatron-LM's arguments gate the MLP with SiLU (--swiglu) or "
         "x * sigmoid(1.702 x) (--quick-geglu), not GELU; Megatron-Core's TransformerConfig "
@@ -279,6 +299,7 @@ _TORCHTITAN = FrameworkCapabilities(
     sequence_parallel="with tp", uneven_stages=True, mixed_gpu_types=False,
     per_stage_tp=False, unlike_replicas=False, unequal_microbatches=False, per_stage_sharding=False, per_stage_recompute=False,
     amp_needs_sharding_with_tp_pp=True,
+    fsdp_data_parallel=True,
     # FSDP2's MixedPrecisionPolicy (reduce_dtype None: the fp32 parameters' gradients;
     # the fp32 shard is the parameter where it shards)
     model_states=ModelStates.FP32_GRADS,
@@ -630,6 +651,11 @@ def _moe(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
     elif m.pad_to_capacity and not caps.moe_pad_to_capacity:
         out.append(f"expert inputs padded to the capacity (pad_to_capacity): {name} runs each "
                    f"expert on the tokens it is sent{_note(caps, 'moe capacity')}")
+    elif (m.pad_to_capacity and tr.comm.moe_dispatcher == "deepep"
+          and not caps.moe_pad_with_deepep):
+        out.append(f"expert inputs padded to the capacity with the DeepEP dispatcher: {name}'s "
+                   "flex dispatcher with the DeepEP backend does not pad (transformer_config.py); "
+                   "pad with the all-to-all dispatcher, or route dropless")
     if tr.dtype in caps.dtypes and tr.dtype not in caps.dtypes_for(plan.model):
         out.append(f"dtype {tr.dtype} on an MoE model: {name} trains MoE models in "
                    f"{', '.join(sorted(caps.dtypes_for(plan.model)))}"
@@ -664,6 +690,18 @@ def _moe(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
         if caps.ep_recompute is not None and mode not in caps.ep_recompute:
             out.append(f"recompute {mode} with ep {s.ep}: {name} recomputes "
                        f"{', '.join(sorted(caps.ep_recompute))} with expert parallelism")
+    if caps.optimizer_instances_divide_expert_dp:
+        etp = tr.etp or s.tp
+        expert_dp = s.dp * s.cp * s.tp // (s.ep * etp)
+        for sh in plan.shardings:
+            ranks = s.dp * s.cp
+            instances = ranks // sh.optim if (sh.params, sh.grads) == (1, 1) and \
+                1 < sh.optim < ranks and ranks % sh.optim == 0 else 1
+            if instances > 1 and expert_dp % instances:
+                out.append(f"optimizer states sharded within {instances} instances (P/G/OS "
+                           f"1/1/{sh.optim}) with an expert data-parallel group of "
+                           f"{expert_dp} (dp x cp x tp / (ep x etp)): {name} needs the "
+                           "instances to divide it (parallel_state.py)")
     if caps.ep_sharding_multiple:
         for sh in plan.shardings:
             if any(n > s.ep and n % s.ep for n in (sh.params, sh.grads, sh.optim)):
@@ -683,8 +721,11 @@ def _precision_and_kernels(plan: Plan, caps: FrameworkCapabilities) -> list[str]
         out.append(f"attention kernel {attention}: {caps.version} has "
                    f"{', '.join(sorted(caps.attention))}{_note(caps, f'attention {attention}')}")
     s = plan_shape(plan)
+    if (why := fsdp_dp_problem(caps.fsdp_data_parallel, tp=s.tp, pp=s.pp, cp=s.cp, dp=s.dp,
+                               params=plan.sharding.params)):
+        out.append(why)
     if computes_in_fp32(caps.amp_needs_sharding_with_tp_pp, dtype, tp=s.tp, pp=s.pp, cp=s.cp,
-                        params=plan.sharding.params):
+                          params=plan.sharding.params):
         out.append(f"{dtype} with tp {s.tp} / pp {s.pp} and unsharded parameters (no "
                    f"FSDP/HSDP or cp): {caps.version} computes it in fp32"
                    f"{_note(caps, 'amp with tp pp')}")
@@ -692,6 +733,11 @@ def _precision_and_kernels(plan: Plan, caps: FrameworkCapabilities) -> list[str]
             and not caps.without_master_weights):
         out.append(f"no fp32 master weights (training.master_weights false): {caps.version} "
                    f"updates an fp32 copy{_note(caps, 'master weights')}")
+    if (plan.training.fp8_params and caps.fp8_params_need_sharded_optimizer
+            and all(sh.optim <= 1 for sh in plan.shardings)):
+        out.append(f"FP8 parameters (training.fp8_params) with unsharded optimizer states: "
+                   f"{caps.version} gathers FP8 parameters only with the distributed optimizer "
+                   "(arguments.py: --fp8-param-gather)")
     states = plan.training.model_states
     if states != caps.model_states and model_states_differ(plan):
         out.append(f"model states kept with {_STATES[states]} (training.model_states "
@@ -699,6 +745,27 @@ def _precision_and_kernels(plan: Plan, caps: FrameworkCapabilities) -> list[str]
                    f"{'more' if states is ModelStates.DEEPSPEED else 'less'} memory than "
                    f"the plan priced{_note(caps, 'model states')}")
     return out
+
+
+def fsdp_dp_problem(fsdp_data_parallel: bool, *, tp: int, pp: int, cp: int, dp: int,
+                    params: int) -> str | None:
+    """Why a framework whose data parallelism beside other parallelisms is FSDP2 / HSDP
+    (`FrameworkCapabilities.fsdp_data_parallel`: torchtitan 0.2.2) does not run a layout
+    with parameters sharded over `params` of its dp x cp ranks as priced, or None:
+    torchtitan shards over dp_shard x cp whenever cp > 1 (parallel_dims.py:
+    `fsdp_enabled = dp_shard_enabled or cp_enabled`), so P must be a multiple of cp; and
+    unsharded data parallelism is DDP, which raises "DDP has not supported > 1D
+    parallelism" beside tp or pp (models/llama3/infra/parallelize.py)."""
+    if not fsdp_data_parallel:
+        return None
+    if cp > 1 and params % cp:
+        return (f"parameters sharded over {params} rank(s) with cp {cp}: torchtitan shards "
+                f"them over dp_shard x cp whenever cp > 1 (FSDP), a multiple of cp")
+    if cp == 1 and dp > 1 and params <= 1 and (tp > 1 or pp > 1):
+        return (f"unsharded data parallelism (dp {dp}) with tp {tp} / pp {pp}: torchtitan "
+                "runs it as DDP, which raises 'DDP has not supported > 1D parallelism'; "
+                "shard the parameters (FSDP / HSDP)")
+    return None
 
 
 def computes_in_fp32(amp_needs_sharding_with_tp_pp: bool, dtype: str, *, tp: int, pp: int,

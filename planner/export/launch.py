@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from planner.export.formats import CONFIG_FILES
 from planner.specs.plan import Plan, describe_layout
 
-__all__ = ["MASTER_PORT", "NodeSlot", "kubernetes_manifest", "plan_nodes", "slurm_script"]
+__all__ = ["MASTER_PORT", "NodeSlot", "framework_env", "kubernetes_manifest", "plan_nodes",
+           "slurm_script"]
 
 MASTER_PORT = 29500  # torchrun's default
 EOF_MARK = "TRAINPLAN_EOF"
@@ -71,8 +72,21 @@ def framework_command(framework: str, config_text: str) -> str:
     raise ValueError(f"framework {framework!r}")
 
 
-def launcher(nodes: list[NodeSlot], command: str) -> str:
-    """One node's torchrun; argument 1 is the first node rank of the node's group."""
+def framework_env(plan: Plan, framework: str) -> dict[str, str]:
+    """Environment the framework needs for this plan: Megatron-LM asserts
+    CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor or context parallelism (arguments.py
+    validate_args: "Using tensor model parallelism or context parallelism require setting
+    the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1", before Blackwell; one
+    connection keeps each tp collective queued behind the GEMM it follows)."""
+    if framework != "megatron":
+        return {}
+    tp_cp = max(s.tp * s.cp for p in plan.pipelines for s in p.stages)
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp_cp > 1 else {}
+
+
+def launcher(nodes: list[NodeSlot], command: str, env: dict[str, str] | None = None) -> str:
+    """One node's torchrun; argument 1 is the first node rank of the node's group; `env`
+    exported first (`framework_env`)."""
     nprocs = " ".join(str(n.num_ranks) for n in nodes)
     return "\n".join([
         "#!/bin/bash",
@@ -80,6 +94,7 @@ def launcher(nodes: list[NodeSlot], command: str) -> str:
         "# node's group; the node's index in its group comes from Slurm (SLURM_NODEID of",
         "# the job step) or the indexed Job (JOB_COMPLETION_INDEX).",
         "set -euo pipefail",
+        *(f"export {k}={v}" for k, v in (env or {}).items()),
         'index=${SLURM_NODEID:-${JOB_COMPLETION_INDEX:?neither Slurm nor an indexed Job}}',
         "node_rank=$(( $1 + index ))",
         f"nprocs=({nprocs})  # ranks per node, by node rank",
@@ -125,7 +140,8 @@ def slurm_script(plan: Plan, *, framework: str, config_text: str, version: str) 
     if framework != "megatron":  # Megatron's arguments are in the launcher itself
         lines += _heredoc(f'"$CONFIG_DIR/{CONFIG_FILES[framework]}"', config_text)
     lines += _heredoc('"$CONFIG_DIR/launch-node.sh"',
-                      launcher(nodes, framework_command(framework, config_text)))
+                      launcher(nodes, framework_command(framework, config_text),
+                               framework_env(plan, framework)))
     lines.append("pids=()")
     for k, sec in enumerate(sections):
         het = f"--het-group={k} " if len(sections) > 1 else ""
@@ -156,7 +172,8 @@ def kubernetes_manifest(plan: Plan, *, framework: str, config_text: str,
     group of the plan: indexed Jobs, one pod per node, static rendezvous on the first."""
     nodes = plan_nodes(plan)
     name = _name(plan)
-    data = {"launch-node.sh": launcher(nodes, framework_command(framework, config_text))}
+    data = {"launch-node.sh": launcher(nodes, framework_command(framework, config_text),
+                                       framework_env(plan, framework))}
     if framework != "megatron":
         data[CONFIG_FILES[framework]] = config_text
     config_map = {"apiVersion": "v1", "kind": "ConfigMap",

@@ -34,7 +34,12 @@ from planner.costs.stages import (
     stage_passes,
     unsharded_cost,
 )
-from planner.export.frameworks import ANY_SHARDING, ShardPattern, computes_in_fp32
+from planner.export.frameworks import (
+    ANY_SHARDING,
+    ShardPattern,
+    computes_in_fp32,
+    fsdp_dp_problem,
+)
 from planner.predict.estimate import critical_path_s, iteration_end_s
 from planner.search.sharding import (
     ShardingOption,
@@ -80,6 +85,7 @@ class LayoutModel:
                  sharding: tuple[ShardPattern, ...] = (ANY_SHARDING,),
                  ep_sharding_multiple: bool = False,
                  amp_needs_sharding_with_tp_pp: bool = False,
+                 fsdp_data_parallel: bool = False,
                  model_states: ModelStates = ModelStates.FP32_GRADS,
                  comm: Communication = DEFAULT_COMM):
         self.model, self.layout, self.profiles = model, layout, profiles
@@ -138,7 +144,10 @@ class LayoutModel:
                                    for n in (sh.params, sh.grads, sh.optim))]
         self.choices = [sh for sh in self.choices  # not those it would compute in fp32
                         if not computes_in_fp32(amp_needs_sharding_with_tp_pp, dtype, tp=lo.tp,
-                                                pp=lo.pp, cp=lo.cp, params=sh.params)]
+                                                pp=lo.pp, cp=lo.cp, params=sh.params)
+                        # nor those it would not run as priced (torchtitan's DDP / cp)
+                        and not fsdp_dp_problem(fsdp_data_parallel, tp=lo.tp, pp=lo.pp,
+                                                cp=lo.cp, dp=lo.dp, params=sh.params)]
 
     def _representatives(self, devices: list[list[tuple[int, ...]]]) -> list[int]:
         """The first replica of each placement pattern: the node group of every GPU, which

@@ -403,6 +403,7 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace, 
                                      ep_sharding_multiple=space.ep_sharding_multiple,
                                      amp_needs_sharding_with_tp_pp=(
                                          space.amp_needs_sharding_with_tp_pp),
+                                     fsdp_data_parallel=space.fsdp_data_parallel,
                                      model_states=req.model_states, comm=req.comm)
             if not models[lo].choices:  # no sharding the framework runs this layout with
                 del models[lo]

@@ -94,6 +94,7 @@ class SearchSpace:
     # 16-bit compute with tp or pp only where parameters are sharded over dp x cp > 1, or
     # cp > 1 (FrameworkCapabilities.amp_needs_sharding_with_tp_pp: torchtitan)
     amp_needs_sharding_with_tp_pp: bool = False
+    fsdp_data_parallel: bool = False  # FrameworkCapabilities.fsdp_data_parallel: torchtitan
 
     def sharding_patterns(self, pp: int) -> tuple[ShardPattern, ...]:
         """The sharding patterns a layout of `pp` stages may take."""
@@ -159,7 +160,8 @@ def for_framework(space: SearchSpace, caps: FrameworkCapabilities) -> SearchSpac
         else tuple(r for r in Recompute if r in caps.ep_recompute),
         expert_tp_one=not caps.moe_expert_tp, moe_sequence_parallel=caps.moe_sequence_parallel,
         ep_sharding_multiple=caps.ep_sharding_multiple,
-        amp_needs_sharding_with_tp_pp=caps.amp_needs_sharding_with_tp_pp)
+        amp_needs_sharding_with_tp_pp=caps.amp_needs_sharding_with_tp_pp,
+        fsdp_data_parallel=caps.fsdp_data_parallel)
 
 
 # Named predicates: a layout or candidate is kept when every one holds (the rules are

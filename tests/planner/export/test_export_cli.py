@@ -199,6 +199,9 @@ def test_slurm_script_for_megatron_carries_the_arguments(selene_plan, tmp_path, 
     assert args[:3] == ["--nnodes=128", "--node-rank=5", "--nproc-per-node=8"]
     assert args[args.index("/opt/megatron/pretrain_gpt.py") + 1:][:2] == ["--num-layers", "96"]
     assert "--use-distributed-optimizer" in args
+    # Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1 (arguments.py
+    # validate_args); the launcher did not set it (export sweep, 2026-12-04)
+    assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n" in _heredoc(script, "launch-node.sh")
 
 
 def test_kubernetes_jobset(tmp_path, capsys):
@@ -219,6 +222,7 @@ def test_kubernetes_jobset(tmp_path, capsys):
     args = _launcher_args(config_map["data"]["launch-node.sh"], tmp_path, offset=1, index=0,
                           env={**env, "SLURM_NODEID": "", "JOB_COMPLETION_INDEX": "0"})
     assert args[:3] == ["--nnodes=3", "--node-rank=1", "--nproc-per-node=8"]
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in config_map["data"]["launch-node.sh"]  # trainplan
 
 
 def test_kubernetes_for_deepspeed_refuses_what_deepspeed_cannot_run(selene_plan, capsys):

@@ -77,10 +77,13 @@ def test_a_reduction_in_fp32_is_written_as_the_communication_dtype(monkeypatch):
 def test_pipeline_engine_with_full_recompute(monkeypatch):
     plan = _ds_plan("H100-80GB-SXM:16", pp=2, dp=8, mbs=1, gbs=64, recompute="full",
                     sharding=Sharding(optim=8))
-    out, _, config = _parse(plan, monkeypatch)
+    out, raw, config = _parse(plan, monkeypatch)
     assert out.unsupported == ()
-    assert config.pipeline["stages"] == 2 and config.pipeline["partition"] == "uniform"
+    # the engine reads the checkpoint interval; stages and partition were written too,
+    # which nothing reads (the PipelineModule's arguments decide): now a note says so
+    assert raw["pipeline"] == {"activation_checkpoint_interval": 1}
     assert config.pipeline["activation_checkpoint_interval"] == 1
+    assert len(out.notes) == 1 and "num_stages=2 and partition_method='type:" in out.notes[0]
     assert config.gradient_accumulation_steps == 8  # the pipeline engine's micro-batches
     assert config.zero_optimization_stage == 1
 

@@ -34,10 +34,20 @@ def _args(text: str) -> dict:
         if len(values) > 1:  # an nargs flag (--recompute-modules)
             out[flag] = values
         elif values:
-            out[flag] = int(values[0]) if values[0].isdigit() else values[0]
+            out[flag] = _number(values[0])
         else:
             out[flag] = True
     return out
+
+
+def _number(text: str) -> object:
+    """An argument as argparse's type would read it: int, float (1e-2), else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _megatron_configs(args: dict, world: int):
@@ -166,12 +176,21 @@ def test_fp8_primary_weights_reach_megatron_core():
     """Training.fp8_params (the memory model's FP8 primary weights: Megatron-Core
     TransformerConfig.fp8_param) is written as --fp8-param-gather, which Megatron-LM's
     arguments hand to the config as fp8_param."""
-    base = plan_on("H100-80GB-SXM:64", tp=2, pp=4, dp=8, mbs=1, gbs=128, dtype="fp8")
+    base = plan_on("H100-80GB-SXM:64", tp=2, pp=4, dp=8, mbs=1, gbs=128, dtype="fp8",
+                   sharding=Sharding(optim=8))
     plan = dataclasses.replace(base, training=dataclasses.replace(base.training,
                                                                    fp8_params=True))
     config = _round_trip(plan)
     assert config.fp8_param and config.fp8 == "hybrid"
     assert not _round_trip(base).fp8_param
+    # Megatron-LM's arguments.py asserts "--fp8-param-gather only supported with
+    # distributed optimizer, ...": without sharded optimizer states it is refused (it was
+    # exported with exit 0, export sweep 2026-12-04)
+    bare = plan_on("H100-80GB-SXM:64", tp=2, pp=4, dp=8, mbs=1, gbs=128, dtype="fp8")
+    bare = dataclasses.replace(bare, training=dataclasses.replace(bare.training,
+                                                                   fp8_params=True))
+    assert any(u.startswith("FP8 parameters (training.fp8_params) with unsharded optimizer")
+               for u in export_plan(bare, "megatron").unsupported)
 
 
 def test_fp16_keeps_fp32_main_gradients_as_priced():
@@ -248,3 +267,37 @@ def test_mla_flags_build_megatron_cores_mla_config():
                 config.qk_pos_emb_head_dim, config.v_head_dim, config.qk_layernorm) == (
             q_lora, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, True)
         assert kw["attention_backend"] == "fused"
+
+
+def test_moe_routers_get_load_balancing_as_megatron_recommends():
+    """Megatron's --moe-aux-loss-coeff defaults to 0: the export's Mixtral trained with no
+    balancing at all. A softmax router gets the auxiliary loss at arguments.py's
+    recommended 1e-2; Megatron-Core reads both into its TransformerConfig."""
+    plan = plan_on("H100-80GB-SXM:16", model="mixtral-8x7b", tp=2, dp=8, ep=4, mbs=1,
+                   gbs=64, seq_len=4096, sequence_parallel=True)
+    config = _round_trip(plan)
+    assert config.moe_router_load_balancing_type == "aux_loss"
+    assert config.moe_aux_loss_coeff == 1e-2
+
+
+def test_moe_settings_megatron_core_refuses_are_named():
+    """Two MoE plans Megatron-Core raises on were exported with exit 0 (export sweep,
+    2026-12-04): experts padded to capacity under the DeepEP dispatcher
+    (transformer_config.py: "Flex token dispatcher with deepep backend does not support
+    moe_pad_expert_input_to_capacity") and optimizer instances not dividing the expert
+    data-parallel group (parallel_state.py: "Expert data parallel size should be
+    divisible by partial DistOpt shard factor")."""
+    base = plan_on("H100-80GB-SXM:64", model="mixtral-8x7b", tp=2, dp=32, ep=8, etp=1,
+                   mbs=1, gbs=256, seq_len=4096, sequence_parallel=True)
+    padded = dataclasses.replace(base, model=dataclasses.replace(
+        base.model, capacity_factor=1.25, pad_to_capacity=True), training=dataclasses.replace(
+        base.training, comm=dataclasses.replace(base.training.comm, moe_dispatcher="deepep")))
+    assert any("padded to the capacity with the DeepEP dispatcher" in u
+               for u in export_plan(padded, "megatron").unsupported)
+    # pp 4 ep 8 etp 1 on 64 GPUs: expert dp = 2; dp x cp 8 / optim 2 = 4 instances
+    partial = plan_on("H100-80GB-SXM:64", model="mixtral-8x7b", tp=2, pp=4, dp=8, ep=8,
+                      etp=1, mbs=1, gbs=256, seq_len=4096, sequence_parallel=True,
+                      sharding=Sharding(optim=2))
+    assert any(u.startswith("optimizer states sharded within 4 instances (P/G/OS 1/1/2) "
+                            "with an expert data-parallel group of 2")
+               for u in export_plan(partial, "megatron").unsupported)

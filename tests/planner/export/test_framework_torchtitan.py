@@ -112,3 +112,42 @@ def test_bf16_with_tp_or_pp_needs_sharded_parameters():
     for r in found.ranked:
         shape = plan_shape(r.plan)
         assert shape.tp == shape.pp == 1 or r.plan.sharding.params > 1, r.plan.sharding_label
+
+
+def test_replicated_data_parallelism_beside_tp_pp_or_cp_is_refused():
+    """torchtitan runs unsharded data parallelism as DDP, which raises 'DDP has not
+    supported > 1D parallelism' beside tp or pp (models/llama3/infra/parallelize.py): an
+    fp32 tp 1 pp 2 dp 8 plan was exported (and searched) with exit 0. With cp > 1 it
+    shards the model states over dp_shard x cp (parallel_dims.py: fsdp_enabled = dp_shard
+    or cp), so P must be a multiple of cp; P 1 with cp 2 was exported as replicated
+    (export sweep, 2026-12-04). The search plans neither."""
+    from planner.search import SearchRequest, search
+    from planner.specs.cluster import parse_gpus_arg
+    from planner.specs.model import preset
+
+    ddp = plan_on("A100-80GB-SXM:16", pp=2, dp=8, mbs=1, gbs=64, dtype="fp32",
+                  attention="math")
+    assert any("torchtitan runs it as DDP" in u for u in export_plan(ddp, "torchtitan").unsupported)
+    alone = plan_on("A100-80GB-SXM:8", dp=8, mbs=1, gbs=64, dtype="fp32", attention="math")
+    assert not any("DDP" in u for u in export_plan(alone, "torchtitan").unsupported)
+    cp = plan_on("H100-80GB-SXM:16", tp=2, dp=4, cp=2, mbs=1, gbs=64, sequence_parallel=True,
+                 comm=FSDP2)
+    assert any(u.startswith("parameters sharded over 1 rank(s) with cp 2: torchtitan shards")
+               for u in export_plan(cp, "torchtitan").unsupported)
+    found = search(SearchRequest(model=preset("gpt3-1.3b"), cluster=parse_gpus_arg(
+        "A100-80GB-SXM:16"), gbs=64, seq_len=2048, dtype="fp32", framework="torchtitan",
+        top=10))
+    for r in found.ranked:
+        s, p = plan_shape(r.plan), r.plan.sharding.params
+        assert not (s.dp > 1 and p <= 1 and (s.tp > 1 or s.pp > 1)), r.plan.sharding_label
+        assert s.cp == 1 or p % s.cp == 0
+
+
+def test_fsdp_regathers_parameters_for_the_backward_as_priced(tmp_path):
+    """torchtitan's default keeps FSDP units gathered from forward to backward whenever
+    pp > 1 (apply_fsdp: reshard_after_forward = not pp_enabled), ~4 GiB a rank more than a
+    ZeRO-3 plan prices and fewer gathers; the export asks for the priced behaviour."""
+    plan = plan_on("H100-80GB-SXM:16", tp=2, pp=2, dp=4, vp=2, mbs=1, gbs=32,
+                   sequence_parallel=True, sharding=Sharding(params=4, grads=4, optim=4),
+                   comm=FSDP2)
+    assert _parse(plan, tmp_path).parallelism.fsdp_reshard_after_forward == "always"
