@@ -12,9 +12,10 @@ import os
 import sys
 from typing import Any, TextIO
 
-__all__ = ["ProgressBar", "silence"]
+__all__ = ["PROGRESS_MODES", "ProgressBar", "silence"]
 
 DELAY_S = 1.0  # work shorter than this shows no bar
+PROGRESS_MODES = ("auto", "always", "never")  # TRAINPLAN_PROGRESS
 _silenced = False
 
 
@@ -27,6 +28,10 @@ def silence(on: bool = True) -> None:
 
 def _shown(stream: TextIO) -> bool:
     mode = os.environ.get("TRAINPLAN_PROGRESS", "auto")
+    if mode not in PROGRESS_MODES:  # a typo silently meant "auto"
+        from profiler.schema import fail
+
+        fail("TRAINPLAN_PROGRESS", mode, f"one of {', '.join(PROGRESS_MODES)}")
     if mode == "never" or (_silenced and mode != "always"):
         return False
     return mode == "always" or stream.isatty()

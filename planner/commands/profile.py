@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import re
 import shlex
@@ -39,7 +40,7 @@ from planner.specs.model import ModelSpec, load_model, preset
 from profiler.devices import DeviceSpec
 from profiler.host import LocalDevice, check_dtype, local_device, runtime
 from profiler.kernels import SDPA_BACKENDS
-from profiler.measure import MATMUL_PRECISION, Measured, MeasureSettings
+from profiler.measure import MATMUL_PRECISION, Measured, MeasureSettings, OpCase
 from profiler.progress import ProgressBar
 from profiler.schema import SpecError, fail
 from profiler.store import (
@@ -283,10 +284,15 @@ def _measure_ops(req: MeasureRequest, model: ModelSpec, dev: DeviceSpec,
                  dtype: str) -> Measured:
     from profiler.measure import measure_ops
 
+    longer = [s for s in req.seq or () if s > model.seq_len]
+    if longer and model.position_embedding == "learned":  # the lookup indexed past the table
+        fail("--seq", longer[0], f"at most {model.name}'s {model.seq_len} learned positions "
+             "(its position_embedding table; the executor refuses longer sequences too)")
     cases = op_cases(model, tps=req.tp, micro_batch_sizes=req.mbs,
                      seq_lens=req.seq or (model.seq_len,), dtype=dtype,
                      attentions=_attentions(req, dev), optimizers=req.optimizer,
                      sequence_parallel=req.sequence_parallel)
+    _check_fits(cases, req, dev)
     bar = ProgressBar(len(cases), title="ops")
     settings = MeasureSettings(device=req.device, dtype=dtype, warmup=req.warmup,
                                repeats=req.repeats)
@@ -294,6 +300,33 @@ def _measure_ops(req: MeasureRequest, model: ModelSpec, dev: DeviceSpec,
         return measure_ops(cases, settings, progress=bar)
     finally:
         bar.close()
+
+
+def _memory_bytes(req: MeasureRequest, dev: DeviceSpec) -> tuple[int, str]:
+    """What the measuring device holds: the host's physical memory on the CPU, the
+    catalog's memory of the GPU type."""
+    if req.device == "cpu":
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this host's"
+    return dev.memory_bytes, f"{dev.name}'s"
+
+
+def _check_fits(cases: Sequence[OpCase], req: MeasureRequest, dev: DeviceSpec) -> None:
+    """Refuse before measuring an op whose tensors cannot be held: its bytes (operands and
+    results; a softmax's scores and their gradient) beyond the device's memory. A
+    100,000-token debug-tiny profile ran for minutes in one attention op and ignored
+    Ctrl-C and SIGTERM there (torch holds them inside an op), and would have needed
+    7,150 GiB."""
+    memory, whose = _memory_bytes(req, dev)
+    big = max(cases, key=lambda c: c.bytes, default=None)
+    if big is None or big.bytes <= memory:
+        return
+    flags = [f"--seq {','.join(map(str, req.seq))}"] if req.seq else []
+    flags.append(f"--mbs {','.join(map(str, req.mbs))}")
+    fail("/".join(f.split()[0] for f in flags), " ".join(flags),
+         f"ops whose tensors fit in {whose} {memory / 2**30:,.1f} GiB; {big.name}"
+         f"{f' ({big.variant})' if big.variant else ''} at shape "
+         f"{'x'.join(map(str, big.shape))} holds {big.bytes / 2**30:,.1f} GiB: lower them"
+         + ("" if big.variant is None else ", or leave that backend out with --attention"))
 
 
 def _host_model(req: MeasureRequest) -> str | None:

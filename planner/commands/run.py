@@ -169,6 +169,9 @@ def _check_flags(args: argparse.Namespace) -> None:
                                   or ".." in args.name):
         fail("--name", args.name, "a folder name under reports/: letters, digits, '.', '_', "
              "'-' (no path)")
+    if args.name is not None and args.report is not None:  # --name was dropped without a word
+        fail("--name", args.name, "not with --report (--report DIR names the folder; --name "
+             "writes reports/NAME/)")
     check_output_dir(args.report, flag="--report")
     check_output_dir(args.checkpoint_dir, flag="--checkpoint-dir")
     if args.inject_fault and not re.fullmatch(r"\d+:\d+:(kill|hang|freeze|error|overflow)",

@@ -174,6 +174,9 @@ def _require_configuration(args: argparse.Namespace) -> None:
 
 
 def config_from_args(args: argparse.Namespace, model: ModelSpec) -> ParallelConfig:
+    if args.sequence_parallel and args.tp == 1:  # it was dropped without a word
+        fail("--sequence-parallel", True, "needs --tp > 1 (it splits the tensor-parallel "
+             "group's norms and dropout along the sequence)")
     return ParallelConfig(
         tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, vp=args.vp, mbs=args.mbs, gbs=args.gbs,
         seq_len=args.seq or model.seq_len, recompute=Recompute(args.recompute or "none"),

@@ -488,6 +488,9 @@ def parse_gpus_arg(text: str, *, catalog: dict[str, DeviceSpec] | None = None) -
     gpu, sep, count = text.rpartition(":")
     if not sep or not gpu or not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", count):  # ASCII digits
         fail("--gpus", text, "expected TYPE:COUNT, e.g. A100-80GB-SXM:64")
+    if ":" in gpu or "," in gpu:  # "A100:8:8", "A100:8,H100:8" read as a type name
+        fail("--gpus", text, "one TYPE:COUNT, e.g. A100-80GB-SXM:64 (a cluster of several "
+             "types is a --cluster FILE)")
     return homogeneous_cluster(gpu, int(count), catalog=catalog)
 
 

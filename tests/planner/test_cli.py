@@ -64,6 +64,17 @@ MODEL = ("name: m\nnum_layers: 4\nhidden_size: 256\nffn_hidden_size: 1024\nnum_h
       "--dp", "8", "--mbs", "1", "--gbs", "64", "--schedule", "zb-h1"],
      "--schedule: 'zb-h1' is not allowed (zb-h1 needs pp > 1 and vp = 1 (here pp 1, vp 1); "
      "allowed here: 1f1b, gpipe)"),
+    # CLI sweep 2026-12-04: dropped without a word (a plan file saying it is refused)
+    (["simulate", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8", "--tp", "1", "--pp", "1",
+      "--dp", "8", "--mbs", "8", "--gbs", "64", "--sequence-parallel"],
+     "--sequence-parallel: true is not allowed (needs --tp > 1"),
+    # two counts, or two types, read as one unknown type name
+    (["simulate", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8:8", "--tp", "1", "--pp",
+      "1", "--dp", "8", "--mbs", "1", "--gbs", "8"],
+     "--gpus: 'A100-80GB-SXM:8:8' is not allowed (one TYPE:COUNT"),
+    (["simulate", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8,H100-80GB-SXM:8", "--tp",
+      "1", "--pp", "1", "--dp", "8", "--mbs", "1", "--gbs", "8"],
+     "(one TYPE:COUNT, e.g. A100-80GB-SXM:64 (a cluster of several types is a --cluster FILE))"),
 ])
 def test_bad_flags(argv, needle, capsys):
     code, out, err = _run(argv, capsys)
@@ -376,3 +387,12 @@ def test_a_budget_says_which_baselines_it_rules_out_and_why_gpus_idle(capsys):
     assert all(b in over for b in faster)  # a faster baseline is one the budget rules out
     idle = [n for n in found["notes"] if " GPUs idle: every plan that uses them is slower" in n]
     assert all("(of the plans within the --max-budget of $1,200,000)" in n for n in idle)
+
+
+def test_an_unknown_progress_mode_is_refused(capsys, monkeypatch):
+    """TRAINPLAN_PROGRESS=bogus was taken as "auto" without a word (CLI sweep)."""
+    monkeypatch.setenv("TRAINPLAN_PROGRESS", "bogus")
+    code, out, err = _run(["search", "--model", "debug-small", "--gpus", "CPU:2", "--gbs", "8",
+                           "--seq", "64", "--dtype", "fp32"], capsys)
+    assert code == 2 and out == ""
+    assert "TRAINPLAN_PROGRESS: 'bogus' is not allowed (one of auto, always, never)" in err, err

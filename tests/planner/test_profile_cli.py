@@ -40,6 +40,14 @@ from tests.planner.cli_helpers import run_cli as _run
     # one process has no peer: its send_recv rows timed nothing
     (["--collectives", "--nprocs", "1", "-o", "p.csv"],
      "argument --nprocs: 1 is not allowed (must be ≥ 2)"),
+    # CLI sweep 2026-12-04: a learned-position model past its table raised IndexError
+    # in the embedding op; a sequence whose attention scores hold 89,407 GiB ran for
+    # minutes in one op, deaf to Ctrl-C and SIGTERM
+    (["--model", "debug-tiny", "--seq", "100000", "-o", "p.csv"],
+     "--seq: 100000 is not allowed (at most debug-tiny's 64 learned positions"),
+    (["--model", "debug-tiny-llama", "--seq", "1000000", "-o", "p.csv"],
+     "--seq/--mbs: '--seq 1000000 --mbs 1' is not allowed (ops whose tensors fit in this "
+     "host's"),
 ])
 def test_bad_flags(argv, needle, capsys, tmp_path, monkeypatch):
     pytest.importorskip("torch")

@@ -127,6 +127,9 @@ def test_a_gpu_plan_is_refused_on_a_host_without_one(tmp_path, capsys, no_launch
     (["--plan", "p.yaml", "--no-profile"], "--no-profile: true is not allowed (only with"),
     (["--model", "debug-tiny", "--gpus", "CPU:2", "--gbs", "8", "--no-profile", "--profile",
       "p"], "not allowed with argument --no-profile"),
+    # --name was ignored without a word (CLI sweep 2026-12-04)
+    (["--plan", "p.yaml", "--report", "out", "--name", "foo"],
+     "--name: 'foo' is not allowed (not with --report"),
 ])
 def test_bad_flags(argv, needle, capsys, no_launch):
     code, out, err = _run(["run", *argv], capsys)
