@@ -1099,7 +1099,7 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
         else:
             why = "no plan using them fits in memory (or divides the batch)"
         if req.max_budget_usd is not None and why.startswith("every plan"):
-            why += f" (of the plans within the --max-budget of ${req.max_budget_usd:,.0f})"
+            why += f" (of the plans within the --max-budget of {_dollars(req.max_budget_usd)})"
         notes.append(f"{idle} of {len(mine)} {gpu} GPUs idle: {why}")
     return notes
 
@@ -1107,6 +1107,11 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
 # The most the budget's prefilter widens to (2: a candidate whose estimate is 3x the
 # budget is still simulated).
 MAX_BUDGET_SLACK = 2.0
+
+
+def _dollars(amount: float) -> str:
+    """$1,234 from $100 on, three significant digits below ($0.01 was printed as $0)."""
+    return f"${amount:,.0f}" if amount >= 100 else f"${amount:,.3g}"
 
 
 def _budget_slack(req: SearchRequest, subclusters: list[ClusterSpec], outputs: list[object],
@@ -1149,7 +1154,7 @@ def _explain(req: SearchRequest, closest: list[Evaluation], total: int) -> str:
                     "(try a gbs that is a multiple of the GPU count)")
         if req.max_budget_usd is not None:
             return (f"every configuration that fits in memory exceeds the budget of "
-                    f"${req.max_budget_usd:,.0f} for {req.tokens:.3g} tokens")
+                    f"{_dollars(req.max_budget_usd)} for {req.tokens:.3g} tokens")
         return (f"none of the {total} mixed-cluster candidates fits in memory with a "
                 f"micro-batch for every replica of gbs {req.gbs} (try a larger gbs, or "
                 f"--gpus of one type)")

@@ -396,3 +396,11 @@ def test_an_unknown_progress_mode_is_refused(capsys, monkeypatch):
                            "--seq", "64", "--dtype", "fp32"], capsys)
     assert code == 2 and out == ""
     assert "TRAINPLAN_PROGRESS: 'bogus' is not allowed (one of auto, always, never)" in err, err
+
+
+def test_a_budget_under_a_hundred_dollars_is_printed_with_its_cents(capsys):
+    """A budget of $0.01 was reported as "exceeds the budget of $0" (CLI sweep)."""
+    code, _, err = _run(["search", "--model", "gpt3-1.3b", "--cluster",
+                         "cluster_specs/dgx-h100.yaml", "--gbs", "64", "--objective", "cost",
+                         "--tokens", "1e9", "--max-budget", "0.01"], capsys)
+    assert code == 1 and "exceeds the budget of $0.01 for 1e+09 tokens" in err, err
