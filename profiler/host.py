@@ -54,7 +54,7 @@ def local_device(where: str, *, device_name: str | None = None) -> LocalDevice:
             fail("--device", where, f"this machine has {torch.cuda.device_count()} GPUs")
     detail = device_description(where)
     if device_name:
-        named = device(device_name)
+        named = device(device_name, where="--device-name")
         if (named.vendor == "cpu") != (where == "cpu"):
             fail("--device-name", device_name, f"a {'CPU' if where == 'cpu' else 'GPU'} catalog "
                  f"entry: --device {where} measures {detail!r}, and its times would price "

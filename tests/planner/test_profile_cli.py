@@ -40,6 +40,9 @@ from tests.planner.cli_helpers import run_cli as _run
     # one process has no peer: its send_recv rows timed nothing
     (["--collectives", "--nprocs", "1", "-o", "p.csv"],
      "argument --nprocs: 1 is not allowed (must be ≥ 2)"),
+    # the unknown name was blamed on a field "gpu" (CLI sweep 2026-12-04)
+    (["--model", "debug-tiny", "--device-name", "FOO", "-o", "p.csv"],
+     "--device-name: 'FOO' is not a known GPU type"),
     # CLI sweep 2026-12-04: a learned-position model past its table raised IndexError
     # in the embedding op; a sequence whose attention scores hold 89,407 GiB ran for
     # minutes in one op, deaf to Ctrl-C and SIGTERM
