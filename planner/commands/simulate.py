@@ -4,6 +4,7 @@ a Plan file (`--plan`, heterogeneous plans included)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 
 from planner.commands.args import (
@@ -175,8 +176,11 @@ def _require_configuration(args: argparse.Namespace) -> None:
 
 def config_from_args(args: argparse.Namespace, model: ModelSpec) -> ParallelConfig:
     if args.sequence_parallel and args.tp == 1:  # it was dropped without a word
-        fail("--sequence-parallel", True, "needs --tp > 1 (it splits the tensor-parallel "
-             "group's norms and dropout along the sequence)")
+        # as Megatron-LM does (arguments.py: sequence parallelism off at tp 1, with a
+        # warning), which the published rows' commands rely on
+        print("plan simulate: note: --sequence-parallel does nothing at --tp 1 (it splits "
+              "the tensor-parallel group's norms and dropout along the sequence): left off",
+              file=sys.stderr)
     return ParallelConfig(
         tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, vp=args.vp, mbs=args.mbs, gbs=args.gbs,
         seq_len=args.seq or model.seq_len, recompute=Recompute(args.recompute or "none"),
