@@ -1311,10 +1311,11 @@ def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
 def _plan_host_families(plan: Plan) -> frozenset[str]:
     """The host-row families that price `plan` (`host.host_families`); FSDP2 as
     `sharding_terms` applies it: P = G = OS > 1 on a stage without tp."""
-    stages = [(p, i, s) for p in plan.pipelines for i, s in enumerate(p.stages)]
-    cpu = sum(plan.group_of(s).device.vendor == "cpu" for _, _, s in stages
-              for _ in s.devices)
-    fsdp = any(sh.params == sh.grads == sh.optim > 1 and s.tp == 1
-               for _, i, s in stages for sh in (plan.sharding_of(i),))
-    return host_families(gpus=any(plan.group_of(s).device.vendor != "cpu" for _, _, s in stages),
-                         cpu_ranks=cpu, fsdp=fsdp, tp=any(s.tp > 1 for _, _, s in stages))
+    stages = [(i, s) for p in plan.pipelines for i, s in enumerate(p.stages)]
+    on_cpu = [plan.group_of(s).device.vendor == "cpu" for _, s in stages]
+    fsdp = [(sh := plan.sharding_of(i)).params == sh.grads == sh.optim > 1 and s.tp == 1
+            for i, s in stages]
+    return host_families(gpus=not all(on_cpu), fsdp=any(fsdp),
+                         cpu_ranks=sum(len(s.devices) for (_, s), c in zip(stages, on_cpu,
+                                                                            strict=True) if c),
+                         tp=any(s.tp > 1 for _, s in stages))
