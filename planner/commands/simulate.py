@@ -175,12 +175,6 @@ def _require_configuration(args: argparse.Namespace) -> None:
 
 
 def config_from_args(args: argparse.Namespace, model: ModelSpec) -> ParallelConfig:
-    if args.sequence_parallel and args.tp == 1:  # it was dropped without a word
-        # as Megatron-LM does (arguments.py: sequence parallelism off at tp 1, with a
-        # warning), which the published rows' commands rely on
-        print("plan simulate: note: --sequence-parallel does nothing at --tp 1 (it splits "
-              "the tensor-parallel group's norms and dropout along the sequence): left off",
-              file=sys.stderr)
     return ParallelConfig(
         tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp, vp=args.vp, mbs=args.mbs, gbs=args.gbs,
         seq_len=args.seq or model.seq_len, recompute=Recompute(args.recompute or "none"),
@@ -253,6 +247,13 @@ def run(args: argparse.Namespace) -> int:
     if profiles is not None:
         plan = replace(plan, kernels=fastest_kernels(plan, profiles,
                                                      keep_attention=args.attention is not None))
+    if args.sequence_parallel and args.tp == 1:  # it was dropped without a word
+        # as Megatron-LM does (arguments.py: sequence parallelism off at tp 1, with a
+        # warning), which the published rows' commands rely on; said once the flags are
+        # checked, so that an error stays one line
+        print("plan simulate: note: --sequence-parallel does nothing at --tp 1 (it splits "
+              "the tensor-parallel group's norms and dropout along the sequence): left off",
+              file=sys.stderr)
     return _simulate_plan(args, plan, profiles=profiles, layout=_cfg_layout(plan, cfg))
 
 
