@@ -323,6 +323,18 @@ def write_report(rows: Sequence[Row], out_dir: str, *, title: str, command: str,
     return paths
 
 
+_SCENARIO_HEADER = "# what-if scenario "  # the first line of each cluster file it writes
+
+
+def _written_by_what_if(path: str) -> bool:
+    """Whether `path` is a scenario cluster an earlier report wrote (its first line)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.readline().startswith(_SCENARIO_HEADER)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def cluster_file(index: int, row: Row) -> str:
     """The file name of scenario `index`'s cluster (1 is the baseline)."""
     slug = "".join(c if c.isalnum() else "-" for c in row.label.lower()).strip("-")
@@ -337,10 +349,12 @@ def _write_clusters(rows: Sequence[Row], folder: str) -> str:
     os.makedirs(folder, exist_ok=True)
     written = {cluster_file(i, r) for i, r in enumerate(rows, 1)}
     for name in os.listdir(folder):  # a previous report's scenarios, numbered as these
-        if re.fullmatch(r"\d\d+-.*\.yaml", name) and name not in written:
-            os.remove(os.path.join(folder, name))
+        path = os.path.join(folder, name)
+        if re.fullmatch(r"\d\d+-.*\.yaml", name) and name not in written \
+                and _written_by_what_if(path):  # a file of the user's is kept
+            os.remove(path)
     for i, r in enumerate(rows, 1):
-        text = (f"# what-if scenario {i}: {r.label} (model {r.setting.model.name}, "
+        text = (f"{_SCENARIO_HEADER}{i}: {r.label} (model {r.setting.model.name}, "
                 f"{r.setting.tokens:.3g} tokens)\n"
                 + yaml.safe_dump(dump(r.setting.cluster), sort_keys=False, width=100))
         write_text(os.path.join(folder, cluster_file(i, r)), text)

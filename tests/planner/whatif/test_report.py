@@ -296,9 +296,12 @@ def test_other_budgets_are_set_apart_and_a_rerun_leaves_no_stale_cluster(tmp_pat
     assert "fastest, best or cheapest: **short**." in md
     assert "--objective time-to-train" in md
     assert len(os.listdir(out / "clusters")) == 4
+    # a cluster file of the user's, numbered like the report's, was deleted too (CLI sweep)
+    (out / "clusters" / "99-mine.yaml").write_text("name: mine\nnode_groups: []\n")
     proc = _plan(*base, "--gpus", "A100-80GB-SXM:8", "--scenario",
                  "more: add A100-80GB-SXM 8")
     assert proc.returncode == 0, proc.stderr
-    assert sorted(os.listdir(out / "clusters")) == ["01-baseline.yaml", "02-more.yaml"]
+    assert sorted(os.listdir(out / "clusters")) == ["01-baseline.yaml", "02-more.yaml",
+                                                    "99-mine.yaml"]
     md = (out / "report.md").read_text(encoding="utf-8")
     assert "no cost axis: some scenario has no price" in md and "Cheapest" not in md
