@@ -34,7 +34,11 @@ def test_torchrun_interrupted_while_torch_loads_says_nothing(delay_s):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert proc.returncode in (0, 130)  # 0: torch had loaded and --help was done
+    # 0: torch had loaded and --help was done; -SIGINT: done, and the signal came while the
+    # interpreter was finishing (Python restores the default handler there; torch loads in
+    # 0.9 s on a quiet machine here, --help is done by 1.0 s and the exit takes until
+    # 1.6-2.0 s): a shell reports 130 for both, and nothing was printed
+    assert proc.returncode in (0, 130, -signal.SIGINT)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
