@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from planner.export.frameworks import (
     CAPABILITIES,
     PlanShape,
+    distributed_optimizer_instances,
     plan_chunk_counts,
     plan_shape,
     tp_overlap_prices,
@@ -104,11 +105,12 @@ def megatron_args(plan: Plan) -> list[str]:
         # cuDNN's fused attention takes MLA's widths
         backends["flash"] = "fused"
     args.append("--attention-backend " + backends.get(plan.kernels.attention, "auto"))
-    sh, ranks = plan.sharding, s.dp * s.cp  # the distributed optimizer's dp x cp group
-    if (sh.params, sh.grads) == (1, 1) and 1 < sh.optim and ranks % sh.optim == 0:
+    ranks = s.dp * s.cp  # the distributed optimizer's dp x cp group
+    instances = distributed_optimizer_instances(plan.sharding, ranks)
+    if instances:
         args.append("--use-distributed-optimizer")
-        if sh.optim < ranks:  # partial distributed optimizer: dp x cp / optim instances
-            args.append(f"--num-distributed-optimizer-instances {ranks // sh.optim}")
+        if instances > 1:  # partial distributed optimizer: dp x cp / optim instances
+            args.append(f"--num-distributed-optimizer-instances {instances}")
     return args + _megatron_comm(plan, ranks)
 
 

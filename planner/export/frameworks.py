@@ -26,13 +26,13 @@ from planner.specs.choices import (
 )
 from planner.specs.layout import stage_layer_ranges
 from planner.specs.model import ModelSpec
-from planner.specs.plan import Communication, Plan
+from planner.specs.plan import Communication, Plan, Sharding
 from profiler.devices import device_efficiency
 from profiler.kernels import SDPA_BACKENDS
 
 __all__ = ["ANY_SHARDING", "CAPABILITIES", "FRAMEWORKS", "FrameworkCapabilities", "PlanShape", "ShardPattern",
-           "chunk_layer_counts", "comm_differences", "computes_in_fp32", "fsdp_dp_problem",
-           "in_rank_order",
+           "chunk_layer_counts", "comm_differences", "computes_in_fp32",
+           "distributed_optimizer_instances", "fsdp_dp_problem", "in_rank_order",
            "matches_pattern", "model_states_differ", "plan_chunk_counts", "plan_shape",
            "unsupported"]
 
@@ -694,9 +694,7 @@ def _moe(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
         etp = tr.etp or s.tp
         expert_dp = s.dp * s.cp * s.tp // (s.ep * etp)
         for sh in plan.shardings:
-            ranks = s.dp * s.cp
-            instances = ranks // sh.optim if (sh.params, sh.grads) == (1, 1) and \
-                1 < sh.optim < ranks and ranks % sh.optim == 0 else 1
+            instances = distributed_optimizer_instances(sh, s.dp * s.cp)
             if instances > 1 and expert_dp % instances:
                 out.append(f"optimizer states sharded within {instances} instances (P/G/OS "
                            f"1/1/{sh.optim}) with an expert data-parallel group of "
@@ -725,7 +723,7 @@ def _precision_and_kernels(plan: Plan, caps: FrameworkCapabilities) -> list[str]
                                params=plan.sharding.params)):
         out.append(why)
     if computes_in_fp32(caps.amp_needs_sharding_with_tp_pp, dtype, tp=s.tp, pp=s.pp, cp=s.cp,
-                          params=plan.sharding.params):
+                        params=plan.sharding.params):
         out.append(f"{dtype} with tp {s.tp} / pp {s.pp} and unsharded parameters (no "
                    f"FSDP/HSDP or cp): {caps.version} computes it in fp32"
                    f"{_note(caps, 'amp with tp pp')}")
@@ -745,6 +743,15 @@ def _precision_and_kernels(plan: Plan, caps: FrameworkCapabilities) -> list[str]
                    f"{'more' if states is ModelStates.DEEPSPEED else 'less'} memory than "
                    f"the plan priced{_note(caps, 'model states')}")
     return out
+
+
+def distributed_optimizer_instances(sh: Sharding, ranks: int) -> int:
+    """Megatron-LM's --num-distributed-optimizer-instances for sharding `sh` over `ranks`
+    (dp x cp): ranks / OS where only the optimizer states are sharded (P = G = 1 < OS,
+    OS dividing the ranks), 0 where its distributed optimizer does not express `sh`."""
+    if (sh.params, sh.grads) == (1, 1) and 1 < sh.optim and ranks % sh.optim == 0:
+        return ranks // sh.optim
+    return 0
 
 
 def fsdp_dp_problem(fsdp_data_parallel: bool, *, tp: int, pp: int, cp: int, dp: int,
