@@ -9,12 +9,17 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   backward call. On CUDA they time the host issuing the kernels (no synchronisation).
 * `latency.<collective>` (ranks N, variant the backend): a collective of a tiny tensor
   (one element per rank), the fixed cost every call of it pays.
-* `fsdp_unit_forward`, `fsdp_unit_backward` (ranks N, variant the backend): what one
-  FSDP2 unit (`fully_shard` of a transformer block, as executor/fsdp.py wraps it) adds to
-  a forward and to a backward beyond its all-gather (and reduce-scatter) of that unit's
-  bytes: pre/post hooks, copy-in and copy-out. The marginal cost of one more block (a
-  tiny model with 5 blocks against 1, sharded against plain), less those collectives
-  timed alone at the block's size.
+* `fsdp_unit_total_forward`, `fsdp_unit_total_backward` (ranks N, variant the backend,
+  size the unit's bytes): what one FSDP2 unit (`fully_shard` of a transformer block, as
+  executor/fsdp.py wraps it) adds to a forward and to a backward, its all-gather (and
+  reduce-scatter) of that unit's bytes included: pre/post hooks, copy-in and copy-out
+  and the collectives. The marginal cost of one more block (a tiny model with 5 blocks
+  against 1, sharded against plain). The planner takes the collectives out at the
+  profile's own price for that size (planner/costs/stages.py `dp_sync`): gloo's small
+  collectives are bimodal on a busy host (0.5 or 2.5 ms for 0.2 MB), so a median timed
+  alone here and another in the collective rows differed by up to 1 ms a unit, and the
+  unit's cost with them (profiles before 2026-12-04: `fsdp_unit_forward` / `_backward`,
+  less the collectives timed alone here; still read).
 * `dtensor_layer_forward`, `dtensor_layer_backward` (ranks N = tp, variant the backend,
   "+sp" with sequence parallelism): what a tensor-parallel block under DTensor
   (executor/tensor_parallel.py) adds to a pass beyond its tp collectives (two per pass,
@@ -299,7 +304,6 @@ def _fsdp_rows(rank: int, world: int, *, backend: str, family_model: str,
     from torch.distributed.fsdp import fully_shard
 
     from executor.model import GPT
-    from profiler.collectives import _ops
 
     mesh = init_device_mesh("cpu", (world,))
 
@@ -314,15 +318,11 @@ def _fsdp_rows(rank: int, world: int, *, backend: str, family_model: str,
     times = _pass_times(_models(family_model, frame), repeats)
     block = GPT(_tiny(family_model, 1)).blocks["0"]
     block_bytes = 4 * sum(p.numel() for p in block.parameters())
-    gather = statistics.median(_samples(_ops("all_gather", block_bytes, rank, world, "cpu"),
-                                        repeats, calls=5))
-    scatter = statistics.median(_samples(_ops("reduce_scatter", block_bytes, rank, world,
-                                              "cpu"), repeats, calls=5))
     fwd, bwd, _, _ = _marginal(times)
-    return [host_row("fsdp_unit_forward", [t - gather for t in fwd], variant=backend,
-                     ranks=world, size_bytes=block_bytes),
-            host_row("fsdp_unit_backward", [t - gather - scatter for t in bwd],
-                     variant=backend, ranks=world, size_bytes=block_bytes)]
+    return [host_row("fsdp_unit_total_forward", fwd, variant=backend, ranks=world,
+                     size_bytes=block_bytes),
+            host_row("fsdp_unit_total_backward", bwd, variant=backend, ranks=world,
+                     size_bytes=block_bytes)]
 
 
 def grad_hand_off(model: object) -> list[object]:

@@ -298,12 +298,17 @@ class Profile:
         """A measured host cost (profiler/hostcost.py), or None where the profile has
         none: of group size `ranks`, else of the nearest group size measured (the fixed
         costs change little between neighbouring sizes; the nearest is the best guess)."""
+        row = self.host_row(name, variant=variant, ranks=ranks)
+        return None if row is None else row.time_s
+
+    def host_row(self, name: str, *, variant: str | None = None, ranks: int = 1
+                 ) -> ProfileRow | None:
+        """The host row `host_s` reads (its size too), or None."""
         found = [r for r in self.host_rows if r.name == name
                  and (r.variant or "") == (variant or "")]
         if not found:
             return None
-        best = min(found, key=lambda r: (abs(r.ranks - ranks), r.ranks))
-        return best.time_s
+        return min(found, key=lambda r: (abs(r.ranks - ranks), r.ranks))
 
     @property
     def op_rows(self) -> tuple[ProfileRow, ...]:

@@ -6,7 +6,8 @@ host (profiler/hostcost.py), else the analytic defaults:
   on the CPU the op runs on the thread that dispatches it, so each op's measured time
   already holds its dispatch and nothing is added;
 * FSDP2 (`fsdp_unit_s`): each unit's hooks and copies beyond its all-gather and
-  reduce-scatter, per forward and per backward. Where they were measured, the unit's
+  reduce-scatter, per forward and per backward (measured with the collectives in, those
+  taken out at the profile's own price of them). Where they were measured, the unit's
   collectives are taken as blocking the compute thread (gloo has no streams; FSDP2 waits
   for each gather), so the simulator prices gathers one by one inside the pass instead of
   prefetched on a side stream;
@@ -40,9 +41,10 @@ from profiler.analytic import launch_overhead_s
 from profiler.devices import DeviceSpec
 from profiler.store import Profile, Profiles
 
-__all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "SharedCoreSlowdown", "backend",
-           "collective_cpu_share", "dtensor_layer_s", "dtensor_root_s", "fsdp_unit_s",
-           "host_families", "host_source", "launch_s", "shared_cores", "sync_skew"]
+__all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "FsdpUnitCost",
+           "SharedCoreSlowdown", "backend", "collective_cpu_share", "dtensor_layer_s",
+           "dtensor_root_s", "fsdp_unit_s", "host_families", "host_source", "launch_s",
+           "shared_cores", "sync_skew"]
 
 HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
                         "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "
@@ -69,14 +71,34 @@ def launch_s(dev: DeviceSpec, profile: Profile | None) -> float:
     return default if measured is None else measured
 
 
-def fsdp_unit_s(dev: DeviceSpec, profile: Profile | None, ranks: int
-                ) -> tuple[float, float] | None:
-    """FSDP2's per-unit cost beyond its collectives, (forward, backward), or None."""
+@dataclass(frozen=True)
+class FsdpUnitCost:
+    """FSDP2's measured cost of one unit per forward and per backward. `unit_bytes` > 0:
+    the times are the whole unit as measured on a unit of that many bytes, its collectives
+    included (a gather in the forward; a gather and a reduce-scatter in the backward);
+    the pricing takes those collectives out at the profile's own price for that size
+    (`dp_sync`), so that a noisy collective is priced the same on both sides of the
+    subtraction. 0: the times already leave the collectives out (profiles before
+    2026-12-04, rows `fsdp_unit_forward` / `_backward`)."""
+
+    forward_s: float
+    backward_s: float
+    unit_bytes: float = 0.0
+
+
+def fsdp_unit_s(dev: DeviceSpec, profile: Profile | None, ranks: int) -> FsdpUnitCost | None:
+    """FSDP2's measured per-unit cost (`FsdpUnitCost`), or None: the whole unit's rows
+    (`fsdp_unit_total_*`) where the profile has them, else the older rows beyond the
+    collectives."""
     if profile is None:
         return None
-    fwd = profile.host_s("fsdp_unit_forward", variant=backend(dev), ranks=ranks)
-    bwd = profile.host_s("fsdp_unit_backward", variant=backend(dev), ranks=ranks)
-    return None if fwd is None or bwd is None else (fwd, bwd)
+    for names in (("fsdp_unit_total_forward", "fsdp_unit_total_backward"),
+                  ("fsdp_unit_forward", "fsdp_unit_backward")):
+        fwd, bwd = (profile.host_row(n, variant=backend(dev), ranks=ranks) for n in names)
+        if fwd is not None and bwd is not None:
+            whole = names[0].startswith("fsdp_unit_total")
+            return FsdpUnitCost(fwd.time_s, bwd.time_s, fwd.bytes if whole else 0.0)
+    return None
 
 
 def _dtensor(name: str, dev: DeviceSpec, profile: Profile | None, tp: int,

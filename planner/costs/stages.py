@@ -39,6 +39,7 @@ from planner.costs.compute import (
     compute_source,
 )
 from planner.costs.host import (
+    FsdpUnitCost,
     dtensor_layer_s,
     dtensor_root_s,
     fsdp_unit_s,
@@ -675,7 +676,7 @@ def bucket_params(comm: Communication, dp: int) -> float:
 def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurrency: int,
             sharding: Sharding, dtype: str, profiles: Profiles | None = None, *,
             comm: Communication, units: int = 1,
-            fsdp_host: tuple[float, float] | None = None) -> DPSync:
+            fsdp_host: FsdpUnitCost | None = None) -> DPSync:
     """Traffic of the data-parallel group `group` (the ranks holding the same parameters:
     one GPU per replica and context-parallel rank, `StageSpec.dp_cp_group`) holding
     `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP), with
@@ -698,11 +699,14 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
     * after the step, parameters are all-gathered from the 1/os shard back to the 1/p
       the model keeps, bucket by bucket.
 
-    `fsdp_host`: FSDP2's measured per-unit cost beyond its collectives (forward,
-    backward; planner/costs/host.py). With it the gathers and reduce-scatters block the
-    compute thread unit by unit, as FSDP2 runs them on this host: every unit of a pass
-    waits for its gather (no prefetch), and each backward's reduce-scatters and hooks are
-    held by it too (`param_microbatch_s` then carries all of it, none on a side stream).
+    `fsdp_host`: FSDP2's measured per-unit cost (planner/costs/host.py `FsdpUnitCost`)
+    beyond its collectives; where it was measured with them in, less this group's price
+    of them at the measured unit's size (the curve that prices the plan's collectives, so
+    its noise cancels where the sizes agree). With it the gathers and reduce-scatters
+    block the compute thread unit by unit, as FSDP2 runs them on this host: every unit of
+    a pass waits for its gather (no prefetch), and each backward's reduce-scatters and
+    hooks are held by it too (`param_microbatch_s` then carries all of it, none on a side
+    stream).
     """
     dp = len(group)
     if dp == 1:
@@ -745,7 +749,15 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
                               gather_units)
     prefetch = comm.shard_prefetch
     if fsdp_host is not None and gather_units:
-        param_mb += grad_mb + gather_units * (fsdp_host[0] + fsdp_host[1])
+        fwd, bwd = fsdp_host.forward_s, fsdp_host.backward_s
+        if fsdp_host.unit_bytes:  # measured with its collectives: take them out at our price
+            tiers = group_tiers(cluster, group[0:p], concurrency)
+            gather = collective_time_s("all_gather", fsdp_host.unit_bytes, tiers,
+                                       profiles=profiles)
+            scatter = collective_time_s("reduce_scatter", fsdp_host.unit_bytes, tiers,
+                                        profiles=profiles)
+            fwd, bwd = max(0.0, fwd - gather), max(0.0, bwd - gather - scatter)
+        param_mb += grad_mb + gather_units * (fwd + bwd)
         grad_mb, prefetch = 0.0, 0
     return DPSync(grad_it, grad_mb, param_it, param_mb, buckets=buckets,
                   overlap=comm.overlap_grad_reduce, gather_units=gather_units,

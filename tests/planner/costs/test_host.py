@@ -112,6 +112,40 @@ def test_fsdp2_units_block_the_compute_thread_where_measured(tmp_path):
     assert plan_costs(zero1, measured).costs[0][0].dp == plan_costs(zero1, bare).costs[0][0].dp
 
 
+def test_whole_fsdp2_units_pay_their_collectives_at_the_profiles_own_price(tmp_path):
+    """A unit measured with its collectives in (`fsdp_unit_total_*`, from 2026-12-04) is
+    priced as measured where the plan's units have the measured size: the profile's price
+    of the gathers and reduce-scatter it takes out is the price it adds back, whatever a
+    noisy collective row says (a bimodal gloo gather put up to 1 ms a unit between a
+    gather timed alone and the collective rows, profiler/hostcost.py)."""
+    unit_bytes = 1 << 20
+    fwd, bwd = 3e-3, 7e-3
+    whole = (_host("fsdp_unit_total_forward", fwd, size=unit_bytes),
+             _host("fsdp_unit_total_backward", bwd, size=unit_bytes))
+    plan = _plan(dp=2, gbs=16, sharding=Sharding(params=2, grads=2, optim=2))
+    units = SMALL.num_layers + 2
+    params = plan_costs(plan, None).costs[0][0].num_params
+    for slow in (0.5, 2.0, 4.0):  # the collective rows measured fast, or slower
+        rows = tuple(dataclasses.replace(r, time_s=r.time_s * slow, p10_s=r.p10_s * slow,
+                                         p90_s=r.p90_s * slow) for r in _collectives())
+        profiles = _profiles(tmp_path, rows + whole, f"whole{slow}.csv")
+        dp = plan_costs(plan, profiles).costs[0][0].dp
+        assert dp.prefetch == 0 and dp.grad_microbatch_s == 0.0
+        profile = profiles.get("CPU")
+        gather = profile.collective_time_s("all_gather", unit_bytes, 2)
+        scatter = profile.collective_time_s("reduce_scatter", unit_bytes, 2)
+        assert fsdp_unit_s(device("CPU"), profile, 2).unit_bytes == unit_bytes
+        plan_gather = profile.collective_time_s("all_gather", 4 * params / units, 2)
+        plan_scatter = profile.collective_time_s("reduce_scatter", 4 * params / units, 2)
+        # per unit: the plan's own collectives plus the measured unit less those at its
+        # size, never less than nothing (at 4x the collectives outprice the whole unit)
+        assert dp.param_microbatch_s == pytest.approx(units * (
+            2 * plan_gather + plan_scatter + max(0.0, fwd - gather)
+            + max(0.0, bwd - gather - scatter)), rel=1e-6)
+        if slow == 4.0:
+            assert fwd < gather and bwd < gather + scatter  # the clamp was exercised
+
+
 def test_dtensor_costs_each_tp_block_and_the_root(tmp_path):
     bare = _profiles(tmp_path, _collectives())
     measured = _profiles(tmp_path, _collectives() + HOST, "host.csv")
