@@ -20,14 +20,17 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   alone here and another in the collective rows differed by up to 1 ms a unit, and the
   unit's cost with them (profiles before 2026-12-04: `fsdp_unit_forward` / `_backward`,
   less the collectives timed alone here; still read).
-* `dtensor_layer_forward`, `dtensor_layer_backward` (ranks N = tp, variant the backend,
-  "+sp" with sequence parallelism): what a tensor-parallel block under DTensor
-  (executor/tensor_parallel.py) adds to a pass beyond its tp collectives (two per pass,
-  each timed alone at the activation's size): DTensor's Python dispatch of each sharded op
-  and the redistributions, and the backward's gradient hand-off as the executor does it
-  after every backward (`grad_hand_off`: with sequence parallelism each norm weight's and
+* `dtensor_layer_total_forward`, `dtensor_layer_total_backward` (ranks N = tp, variant
+  the backend, "+sp" with sequence parallelism, size the activation's bytes): what a
+  tensor-parallel block under DTensor (executor/tensor_parallel.py) adds to a pass, its
+  two tp collectives included (the planner takes them out at the profile's own price for
+  that size, as for FSDP2's units): DTensor's Python dispatch of each sharded op and the
+  redistributions, and the backward's gradient hand-off as the executor does it after
+  every backward (`grad_hand_off`: with sequence parallelism each norm weight's and
   bias's partial gradient all-reduced, one blocking redistribution per parameter).
   `dtensor_root_*`: the same for the embedding and head (the final norm's gradients).
+  Profiles before 2026-12-04: `dtensor_layer_forward` / `_backward`, less the two
+  collectives timed alone here (still read).
 * `arrival_skew`, `arrival_segment` (ranks N, size the segment's GEMM calls): after the
   same segment of compute on every rank, how much later than the ranks' mean the last one
   arrives at the collective that ends it, and the segment's duration. A synchronising
@@ -342,7 +345,6 @@ def _dtensor_rows(rank: int, world: int, *, backend: str, family_model: str,
     from torch.distributed.device_mesh import init_device_mesh
 
     from executor.tensor_parallel import apply_tensor_parallel
-    from profiler.collectives import _ops
 
     spec = _tiny(family_model, 1)
     if spec.kv_heads % world:
@@ -355,13 +357,10 @@ def _dtensor_rows(rank: int, world: int, *, backend: str, family_model: str,
     times = _pass_times(_models(family_model, frame), repeats, vocab_parallel=True,
                         hand_off=grad_hand_off)
     act_bytes = 4 * _TINY_SEQ * spec.hidden_size  # [1, s, h] in fp32
-    kinds = ("all_gather", "reduce_scatter") if sequence_parallel else ("all_reduce",)
-    comm = 2 * sum(statistics.median(_samples(_ops(k, act_bytes, rank, world, "cpu"),
-                                              repeats, calls=5)) for k in kinds)
     fwd, bwd, root_fwd, root_bwd = _marginal(times)
     variant = backend + ("+sp" if sequence_parallel else "")
-    return [host_row(name, [t - (comm if "layer" in name else 0.0) for t in ts],
-                     variant=variant, ranks=world, size_bytes=act_bytes)
-            for name, ts in (("dtensor_layer_forward", fwd), ("dtensor_layer_backward", bwd),
+    return [host_row(name, ts, variant=variant, ranks=world, size_bytes=act_bytes)
+            for name, ts in (("dtensor_layer_total_forward", fwd),
+                             ("dtensor_layer_total_backward", bwd),
                              ("dtensor_root_forward", root_fwd),
                              ("dtensor_root_backward", root_bwd))]

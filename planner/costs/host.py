@@ -41,8 +41,9 @@ from profiler.analytic import launch_overhead_s
 from profiler.devices import DeviceSpec
 from profiler.store import Profile, Profiles
 
-__all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "FsdpUnitCost",
-           "SharedCoreSlowdown", "backend", "collective_cpu_share", "dtensor_layer_s",
+__all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "NO_BLOCK_COST",
+           "BlockHostCost", "SharedCoreSlowdown", "backend", "collective_cpu_share",
+           "dtensor_layer_s",
            "dtensor_root_s", "fsdp_unit_s", "host_families", "host_source", "launch_s",
            "shared_cores", "sync_skew"]
 
@@ -72,55 +73,62 @@ def launch_s(dev: DeviceSpec, profile: Profile | None) -> float:
 
 
 @dataclass(frozen=True)
-class FsdpUnitCost:
-    """FSDP2's measured cost of one unit per forward and per backward. `unit_bytes` > 0:
-    the times are the whole unit as measured on a unit of that many bytes, its collectives
-    included (a gather in the forward; a gather and a reduce-scatter in the backward);
-    the pricing takes those collectives out at the profile's own price for that size
-    (`dp_sync`), so that a noisy collective is priced the same on both sides of the
-    subtraction. 0: the times already leave the collectives out (profiles before
-    2026-12-04, rows `fsdp_unit_forward` / `_backward`)."""
+class BlockHostCost:
+    """A framework's measured cost of one framed block (an FSDP2 unit, a tensor-parallel
+    block under DTensor) per forward and per backward. `comm_bytes` > 0: measured with
+    the block's own collectives in, at that size (FSDP2: a gather in the forward, a
+    gather and a reduce-scatter in the backward; DTensor: two tp collectives a pass); the
+    pricing takes them out at the profile's own price for that size, so that a noisy
+    collective row prices them alike on both sides of the subtraction. 0: the times
+    already leave them out (profiles before 2026-12-04)."""
 
     forward_s: float
     backward_s: float
-    unit_bytes: float = 0.0
+    comm_bytes: float = 0.0
 
 
-def fsdp_unit_s(dev: DeviceSpec, profile: Profile | None, ranks: int) -> FsdpUnitCost | None:
-    """FSDP2's measured per-unit cost (`FsdpUnitCost`), or None: the whole unit's rows
-    (`fsdp_unit_total_*`) where the profile has them, else the older rows beyond the
-    collectives."""
-    if profile is None:
-        return None
-    for names in (("fsdp_unit_total_forward", "fsdp_unit_total_backward"),
-                  ("fsdp_unit_forward", "fsdp_unit_backward")):
-        fwd, bwd = (profile.host_row(n, variant=backend(dev), ranks=ranks) for n in names)
+NO_BLOCK_COST = BlockHostCost(0.0, 0.0)
+
+
+def _block_cost(profile: Profile, stem: str, variant: str, ranks: int) -> BlockHostCost | None:
+    """The rows `<stem>_total_forward` / `_backward` (collectives in) where the profile
+    has them, else `<stem>_forward` / `_backward` (collectives out), or None."""
+    for whole in (True, False):
+        names = [f"{stem}{'_total' if whole else ''}_{p}" for p in ("forward", "backward")]
+        fwd, bwd = (profile.host_row(n, variant=variant, ranks=ranks) for n in names)
         if fwd is not None and bwd is not None:
-            whole = names[0].startswith("fsdp_unit_total")
-            return FsdpUnitCost(fwd.time_s, bwd.time_s, fwd.bytes if whole else 0.0)
+            return BlockHostCost(fwd.time_s, bwd.time_s, fwd.bytes if whole else 0.0)
     return None
 
 
-def _dtensor(name: str, dev: DeviceSpec, profile: Profile | None, tp: int,
-             sequence_parallel: bool) -> tuple[float, float]:
-    if profile is None or tp <= 1:
-        return 0.0, 0.0
-    variant = backend(dev) + ("+sp" if sequence_parallel else "")
-    fwd = profile.host_s(f"dtensor_{name}_forward", variant=variant, ranks=tp)
-    bwd = profile.host_s(f"dtensor_{name}_backward", variant=variant, ranks=tp)
-    return (fwd or 0.0, bwd or 0.0)
+def fsdp_unit_s(dev: DeviceSpec, profile: Profile | None, ranks: int
+                ) -> BlockHostCost | None:
+    """FSDP2's measured per-unit cost, or None."""
+    return None if profile is None else _block_cost(profile, "fsdp_unit", backend(dev), ranks)
+
+
+def _variant(dev: DeviceSpec, sequence_parallel: bool) -> str:
+    return backend(dev) + ("+sp" if sequence_parallel else "")
 
 
 def dtensor_layer_s(dev: DeviceSpec, profile: Profile | None, tp: int,
-                    sequence_parallel: bool) -> tuple[float, float]:
-    """DTensor's per-block cost beyond the tp collectives, (forward, backward)."""
-    return _dtensor("layer", dev, profile, tp, sequence_parallel)
+                    sequence_parallel: bool) -> BlockHostCost:
+    """DTensor's per-block cost (with or beyond its tp collectives: `BlockHostCost`)."""
+    if profile is None or tp <= 1:
+        return NO_BLOCK_COST
+    return (_block_cost(profile, "dtensor_layer", _variant(dev, sequence_parallel), tp)
+            or NO_BLOCK_COST)
 
 
 def dtensor_root_s(dev: DeviceSpec, profile: Profile | None, tp: int,
                    sequence_parallel: bool) -> tuple[float, float]:
     """DTensor's cost of the embedding, head and vocabulary-parallel loss together."""
-    return _dtensor("root", dev, profile, tp, sequence_parallel)
+    if profile is None or tp <= 1:
+        return 0.0, 0.0
+    variant = _variant(dev, sequence_parallel)
+    fwd = profile.host_s("dtensor_root_forward", variant=variant, ranks=tp)
+    bwd = profile.host_s("dtensor_root_backward", variant=variant, ranks=tp)
+    return (fwd or 0.0, bwd or 0.0)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from planner.costs.compute import (
     compute_source,
 )
 from planner.costs.host import (
-    FsdpUnitCost,
+    BlockHostCost,
     dtensor_layer_s,
     dtensor_root_s,
     fsdp_unit_s,
@@ -626,8 +626,15 @@ def layer_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_k
     bwd = _part((*again, *work.backward), costs, tiers, issue_s, steady=True, tp_hidden=hidden,
                 profiles=profiles)
     # DTensor's dispatch of a tp block, on the compute stream (a full recompute runs the
-    # forward's again inside the backward)
-    dt_fwd, dt_bwd = dtensor_layer_s(dev, profile, shape.tp, shape.sequence_parallel)
+    # forward's again inside the backward); measured with its two tp collectives a pass
+    # in, those are taken out at the price `_part` gives them at the measured size
+    dt = dtensor_layer_s(dev, profile, shape.tp, shape.sequence_parallel)
+    dt_fwd, dt_bwd = dt.forward_s, dt.backward_s
+    if dt.comm_bytes:
+        kinds = ("all_gather", "reduce_scatter") if shape.sequence_parallel else ("all_reduce",)
+        comm = 2 * sum(collective_time_s(k, dt.comm_bytes, tiers.get("tp", ()),
+                                         profiles=profiles) for k in kinds)
+        dt_fwd, dt_bwd = max(0.0, dt_fwd - comm), max(0.0, dt_bwd - comm)
     again_s = dt_fwd if recompute == Recompute.FULL else 0.0
     return (fwd + Part(host_s=dt_fwd), bwd + Part(host_s=dt_bwd + again_s))
 
@@ -676,7 +683,7 @@ def bucket_params(comm: Communication, dp: int) -> float:
 def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurrency: int,
             sharding: Sharding, dtype: str, profiles: Profiles | None = None, *,
             comm: Communication, units: int = 1,
-            fsdp_host: FsdpUnitCost | None = None) -> DPSync:
+            fsdp_host: BlockHostCost | None = None) -> DPSync:
     """Traffic of the data-parallel group `group` (the ranks holding the same parameters:
     one GPU per replica and context-parallel rank, `StageSpec.dp_cp_group`) holding
     `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP), with
@@ -699,7 +706,7 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
     * after the step, parameters are all-gathered from the 1/os shard back to the 1/p
       the model keeps, bucket by bucket.
 
-    `fsdp_host`: FSDP2's measured per-unit cost (planner/costs/host.py `FsdpUnitCost`)
+    `fsdp_host`: FSDP2's measured per-unit cost (planner/costs/host.py `BlockHostCost`)
     beyond its collectives; where it was measured with them in, less this group's price
     of them at the measured unit's size (the curve that prices the plan's collectives, so
     its noise cancels where the sizes agree). With it the gathers and reduce-scatters
@@ -750,11 +757,11 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
     prefetch = comm.shard_prefetch
     if fsdp_host is not None and gather_units:
         fwd, bwd = fsdp_host.forward_s, fsdp_host.backward_s
-        if fsdp_host.unit_bytes:  # measured with its collectives: take them out at our price
+        if fsdp_host.comm_bytes:  # measured with its collectives: take them out at our price
             tiers = group_tiers(cluster, group[0:p], concurrency)
-            gather = collective_time_s("all_gather", fsdp_host.unit_bytes, tiers,
+            gather = collective_time_s("all_gather", fsdp_host.comm_bytes, tiers,
                                        profiles=profiles)
-            scatter = collective_time_s("reduce_scatter", fsdp_host.unit_bytes, tiers,
+            scatter = collective_time_s("reduce_scatter", fsdp_host.comm_bytes, tiers,
                                         profiles=profiles)
             fwd, bwd = max(0.0, fwd - gather), max(0.0, bwd - gather - scatter)
         param_mb += grad_mb + gather_units * (fwd + bwd)

@@ -135,26 +135,32 @@ def test_a_host_row_of_noisy_differences_keeps_its_percentiles_around_its_floor(
 def _fsdp_worker(rank: int, world: int, store: str, out: str) -> None:
     import torch.distributed as dist
 
-    from profiler.hostcost import _fsdp_rows
+    from profiler.hostcost import _dtensor_rows, _fsdp_rows
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world)
     rows = _fsdp_rows(rank, world, backend="gloo", family_model="debug-tiny", repeats=3)
+    rows += _dtensor_rows(rank, world, backend="gloo", family_model="debug-tiny",
+                          sequence_parallel=True, repeats=3)
     if rank == 0:
         torch.save([(r.name, r.variant, r.shape, r.ranks, r.time_s) for r in rows], out)
     dist.destroy_process_group()
 
 
 @pytest.mark.multiprocess
-def test_an_fsdp2_unit_is_measured_whole_with_its_size(tmp_path):
-    """FSDP2's unit rows hold the unit's collectives (the planner takes them out at the
-    profile's own price, planner/costs/stages.py `dp_sync`), so they carry the unit's
-    bytes: a debug-tiny block, 49,408 fp32 parameters."""
+def test_fsdp2_units_and_dtensor_blocks_are_measured_whole_with_their_sizes(tmp_path):
+    """FSDP2's unit rows and DTensor's block rows hold the block's collectives (the
+    planner takes them out at the profile's own price, planner/costs/stages.py `dp_sync`,
+    `layer_parts`), so they carry the size those were measured at: a debug-tiny block,
+    49,408 fp32 parameters; its activation, 16 tokens x 64 in fp32."""
     out = str(tmp_path / "rows.pt")
     torch.multiprocessing.spawn(_fsdp_worker, args=(2, str(tmp_path / "store"), out), nprocs=2)
     rows = torch.load(out)
     assert [(n, v, s, k) for n, v, s, k, _ in rows] == [
         ("fsdp_unit_total_forward", "gloo", (4 * 49408,), 2),
-        ("fsdp_unit_total_backward", "gloo", (4 * 49408,), 2)]
+        ("fsdp_unit_total_backward", "gloo", (4 * 49408,), 2),
+        *((f"dtensor_{n}", "gloo+sp", (4 * 16 * 64,), 2)
+          for n in ("layer_total_forward", "layer_total_backward", "root_forward",
+                    "root_backward"))]
     assert all(t > 0.0 for *_, t in rows)

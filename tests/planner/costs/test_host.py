@@ -134,7 +134,7 @@ def test_whole_fsdp2_units_pay_their_collectives_at_the_profiles_own_price(tmp_p
         profile = profiles.get("CPU")
         gather = profile.collective_time_s("all_gather", unit_bytes, 2)
         scatter = profile.collective_time_s("reduce_scatter", unit_bytes, 2)
-        assert fsdp_unit_s(device("CPU"), profile, 2).unit_bytes == unit_bytes
+        assert fsdp_unit_s(device("CPU"), profile, 2).comm_bytes == unit_bytes
         plan_gather = profile.collective_time_s("all_gather", 4 * params / units, 2)
         plan_scatter = profile.collective_time_s("reduce_scatter", 4 * params / units, 2)
         # per unit: the plan's own collectives plus the measured unit less those at its
@@ -162,6 +162,33 @@ def test_dtensor_costs_each_tp_block_and_the_root(tmp_path):
     dp2 = _plan(dp=2, gbs=16)  # no tp: no DTensor
     assert plan_costs(dp2, measured).costs[0][0].forward_s == \
         pytest.approx(plan_costs(dp2, bare).costs[0][0].forward_s)
+
+
+def test_whole_dtensor_blocks_pay_their_tp_collectives_at_the_profiles_own_price(tmp_path):
+    """A tp block measured with its two tp collectives a pass in (`dtensor_layer_total_*`,
+    from 2026-12-04): the block's host time is the measurement less those collectives at
+    the profile's price for the measured size (all-reduces; with sequence parallelism an
+    all-gather and a reduce-scatter each), never below nothing."""
+    act = 4096
+    rows = _collectives() + tuple(
+        _host(f"dtensor_layer_total_{p}", t, variant=v, size=act)
+        for v, ts in (("gloo", (3e-3, 5e-3)), ("gloo+sp", (1e-4, 9e-3)))
+        for p, t in zip(("forward", "backward"), ts, strict=True))
+    profiles = _profiles(tmp_path, rows, "whole.csv")
+    bare = _profiles(tmp_path, _collectives())
+    profile = profiles.get("CPU")
+    price = {k: profile.collective_time_s(k, act, 2)
+             for k in ("all_reduce", "all_gather", "reduce_scatter")}
+    for sp, (fwd, bwd), comm in ((False, (3e-3, 5e-3), 2 * price["all_reduce"]),
+                                 (True, (1e-4, 9e-3),
+                                  2 * (price["all_gather"] + price["reduce_scatter"]))):
+        plan = _plan(tp=2, gbs=8, sequence_parallel=sp)
+        a, b = plan_costs(plan, profiles).costs[0][0], plan_costs(plan, bare).costs[0][0]
+        assert a.layer_forward.host_s - b.layer_forward.host_s == \
+            pytest.approx(max(0.0, fwd - comm))
+        assert a.layer_backward.host_s - b.layer_backward.host_s == \
+            pytest.approx(max(0.0, bwd - comm))
+    assert 1e-4 < 2 * (price["all_gather"] + price["reduce_scatter"])  # the floor was met
 
 
 def test_the_sources_say_what_priced_the_host_costs(tmp_path):
