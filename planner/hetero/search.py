@@ -283,7 +283,14 @@ def sharding_options(dp: int) -> list[Sharding]:
 
 def mixed_templates(model: ModelSpec, cluster: ClusterSpec, gbs: int,
                     space: MixedSpace = MixedSpace()) -> list[Template]:
-    return list(templates(model, pools_by_type(cluster), gbs, space, spec=cluster.device_of))
+    """The mixed-type templates of `cluster`, less those whose GPUs come from more than
+    one vendor: NCCL (CUDA), RCCL (ROCm) and gloo (CPU ranks) build no communicator
+    across one another, so no framework runs a data-parallel group, a pipeline or a
+    sharded state over both (each vendor's GPUs are planned apart)."""
+    return [t for t in templates(model, pools_by_type(cluster), gbs, space,
+                                 spec=cluster.device_of)
+            if len({cluster.device_of(gpu).vendor for rep in t.replicas
+                    for gpu, _ in rep}) == 1]
 
 
 def lower_bound_s(model: ModelSpec, cluster: ClusterSpec, t: Template, *, gbs: int, seq_len: int,

@@ -1100,6 +1100,11 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
             why = "no plan using them fits in memory (or divides the batch)"
         if req.max_budget_usd is not None and why.startswith("every plan"):
             why += f" (of the plans within the --max-budget of {_dollars(req.max_budget_usd)})"
+        vendor = req.cluster.device_of(gpu).vendor
+        others = [t for t in used if req.cluster.device_of(t).vendor != vendor]
+        if mixed and idle == len(mine) and others:  # `hetero.search.mixed_templates`
+            why += (f"; no plan mixes them with {', '.join(others)}: no communicator spans "
+                    f"GPUs of two vendors (NCCL, RCCL, gloo)")
         notes.append(f"{idle} of {len(mine)} {gpu} GPUs idle: {why}")
     return notes
 

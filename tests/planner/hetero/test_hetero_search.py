@@ -334,3 +334,29 @@ def test_a_type_and_its_twin_plan_as_one_type():
                                  gbs=64, seq_len=4096, dtype="bf16", top=1))
     assert mixed.ranked[0].result.iteration_time_s == pytest.approx(
         alone.ranked[0].result.iteration_time_s, rel=1e-6)
+
+
+def test_no_mixed_template_spans_two_vendors():
+    """NCCL (CUDA), RCCL (ROCm) and gloo (CPU ranks) build no communicator across one
+    another: a search on 8 MI300X beside 8 H100 put both in one data-parallel group, and
+    8 H100 with CPU ranks too (2026-12-04 sweep). Mixed templates keep to one vendor; two
+    NVIDIA types still mix."""
+    model = preset("debug-small")
+    amd_nv = mixed_templates(model, _cluster_of_types(["MI300X-192GB", "H100-80GB-SXM"]), 32)
+    assert amd_nv == [] or all(len({g for rep in t.replicas for g, _ in rep}) == 1
+                               for t in amd_nv)
+    cpu_nv = mixed_templates(model, _cluster_of_types(["CPU", "H100-80GB-SXM"]), 32)
+    assert all(len({g for rep in t.replicas for g, _ in rep}) == 1 for t in cpu_nv)
+    nv = mixed_templates(model, _cluster_of_types(["A100-80GB-SXM", "H100-80GB-SXM"]), 32)
+    assert any(len({g for rep in t.replicas for g, _ in rep}) == 2 for t in nv)
+
+
+def test_a_search_over_two_vendors_plans_one_and_says_why_the_other_idles():
+    found = search(SearchRequest(model=preset("llama2-7b"), gbs=16, seq_len=4096,
+                                 dtype="bf16", top=3, cluster=_cluster_of_types(
+                                     ["MI300X-192GB", "H100-80GB-SXM"])))
+    for r in found.ranked:
+        assert len({r.plan.cluster.group_of(d).device.vendor for p in r.plan.pipelines
+                    for s in p.stages for d in s.devices}) == 1
+    assert any("no communicator spans GPUs of two vendors" in n for n in found.notes), \
+        found.notes
