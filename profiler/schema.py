@@ -443,7 +443,8 @@ def _check_keys(node: Any, where: str) -> None:
 
 # Plain scalars YAML 1.1 (PyYAML) reads as something other than what they look like, where
 # YAML 1.2 (2009) reads them as written: base 60 (`1:30` is 90), a leading 0 for octal
-# (`010` is 8), and yes / no / on / off as booleans (`island: off` is false). Refused, so a
+# (`010` is 8), yes / no / on / off as booleans (`island: off` is false), and dates
+# (`name: 2024-01-01` is a date; a name then printed as datetime.date(2024, 1, 1)). Refused, so a
 # spec file never means something its author did not write (YAML 1.2 spec, "Changes",
 # 10.3.2 "Tag Resolution": only true/false are booleans, octal is 0o, no sexagesimal).
 _YAML11_BOOL_WORDS = frozenset({"yes", "no", "on", "off"})
@@ -453,7 +454,7 @@ _YAML11_FLOAT = "tag:yaml.org,2002:float"
 
 def _check_yaml11_scalar(node: Any, where: str) -> None:
     """Refuse a plain scalar YAML 1.1 reads otherwise than it looks (`_YAML11_BOOL_WORDS`,
-    base 60, a leading-zero octal), naming the line and what to write instead."""
+    base 60, a leading-zero octal, a date), naming the line and what to write instead."""
     import yaml
 
     if not isinstance(node, yaml.ScalarNode) or node.style:  # None or '' for plain
@@ -474,6 +475,9 @@ def _check_yaml11_scalar(node: Any, where: str) -> None:
           and int(digits, 8) != int(digits)):
         reading = f"{int(digits, 8) * (-1 if text.startswith('-') else 1)}"
         fix = "octal; write the number without the leading 0, or quote it for text"
+    elif tag == "tag:yaml.org,2002:timestamp":
+        reading = "a date"
+        fix = "quote it for text"
     else:
         return
     raise SpecError(f"{where}: line {node.start_mark.line + 1}: {text!r} is read as "

@@ -209,6 +209,7 @@ def test_a_key_given_twice_is_refused(text, where):
     ("num_nodes: 010\n", "line 1: '010' is read as 8 by YAML 1.1 (octal"),
     ("latency_ms: 1:30\n", "line 1: '1:30' is read as 90 by YAML 1.1 (base 60"),
     ("t: -1:30.5\n", "line 1: '-1:30.5' is read as -90.5 by YAML 1.1"),
+    ("name: 2024-01-01\n", "line 1: '2024-01-01' is read as a date by YAML 1.1 (quote it"),
 ])
 def test_what_yaml_1_1_reads_otherwise_than_written_is_refused(text, message):
     """PyYAML reads `off` as false, `010` as 8 and `1:30` as 90 (YAML 1.1; YAML 1.2 reads
