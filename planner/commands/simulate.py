@@ -328,6 +328,14 @@ def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:
             f"{plan.kernels.optimizer} AdamW")
 
 
+
+def _figure(value: float, decimals: int) -> str:
+    """`value` with `decimals` decimals and thousands separators, or to 3 significant
+    digits where those decimals would show fewer (0.076 tokens/s printed as 0)."""
+    if value == 0 or abs(value) >= 10 ** (2 - decimals):
+        return f"{value:,.{decimals}f}"
+    return f"{value:.3g}"
+
 def summary(plan: Plan, layout: str, r: SimResult) -> str:
     """The readable report of one simulation."""
     b = r.breakdown
@@ -344,9 +352,10 @@ def summary(plan: Plan, layout: str, r: SimResult) -> str:
         f"{plan.model.name} on {plan.cluster.name} ({r.num_gpus} GPUs)",
         f"  {layout}",
         f"iteration   {total:.4g} s   ({r.method})",
-        f"throughput  {r.tokens_per_s:,.0f} tokens/s, {r.tokens_per_s / r.num_gpus:,.1f} per GPU",
-        f"FLOP/s      {r.tflops_per_gpu_model:.1f} TFLOP/s per GPU (model), "
-        f"{r.tflops_per_gpu_hw:.1f} (hardware), MFU {r.mfu * 100:.1f}%",
+        f"throughput  {_figure(r.tokens_per_s, 0)} tokens/s, "
+        f"{_figure(r.tokens_per_s / r.num_gpus, 1)} per GPU",
+        f"FLOP/s      {_figure(r.tflops_per_gpu_model, 1)} TFLOP/s per GPU (model), "
+        f"{_figure(r.tflops_per_gpu_hw, 1)} (hardware), MFU {r.mfu * 100:.1f}%",
         "breakdown   " + " | ".join(f"{name} {sec:.3g} s ({sec / total * 100:.0f}%)"
                                     for name, sec in parts if sec > total * 1e-9),
         f"memory      stage {worst.stage} peak {m.total_bytes / GIB:.1f} of "

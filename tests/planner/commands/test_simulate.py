@@ -205,3 +205,14 @@ def test_framework_prices_a_configuration_as_search_does(tmp_path, capsys):
     # what the framework cannot run is refused, as search would never plan it
     _one_line(*run_cli(["simulate", *CONFIG, "--framework", "deepspeed"], capsys),
               "--framework: 'deepspeed' is not allowed (this configuration: tp 2 with pp 2")
+
+
+def test_small_rates_keep_three_significant_digits():
+    """A 1,024-layer model at 27,010 s an iteration printed `0 tokens/s, 0.0 per GPU`
+    beside an MFU of 19.5% (spec sweep, 2026-12-04); a CPU rank's 0.0143 TFLOP/s printed
+    0.0. Large rates print as before."""
+    from planner.commands.simulate import _figure
+
+    assert _figure(2048 / 27010, 0) == "0.0758" and _figure(0.0143, 1) == "0.0143"
+    assert _figure(36373.2, 0) == "36,373" and _figure(18186.62, 1) == "18,186.6"
+    assert _figure(312.0, 1) == "312.0" and _figure(0.0, 1) == "0.0"
