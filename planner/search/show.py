@@ -73,7 +73,7 @@ def _row(r: Ranked, req: SearchRequest) -> dict:
         "time_to_train_s": r.time_to_train_s(req.tokens),
         "run_cost_usd": r.run_cost_usd(req.tokens),
         "egress_usd": r.egress_usd(req.tokens),
-        "egress_usd_per_million_tokens": r.egress_usd(1e6),
+        "egress_usd_per_million_tokens": r.egress_usd_per_million_tokens,
         "sources": res.sources,
     }
 

@@ -114,8 +114,8 @@ def test_without_tokens_the_table_shows_egress_per_million_tokens() -> None:
     result = search(req)
     best = result.ranked[0]
     assert len(_islands(best.plan)) == 2
-    per_m = best.egress_usd(1e6)
-    assert per_m > 0
+    per_m = best.egress_usd_per_million_tokens
+    assert per_m == pytest.approx(best.egress_usd_per_iteration * 1e6 / (64 * 4096)) and per_m > 0
     plan_json = search_json(result, req)["plans"][0]
     assert plan_json["egress_usd"] is None
     assert plan_json["egress_usd_per_million_tokens"] == pytest.approx(per_m)

@@ -108,6 +108,21 @@ def test_nothing_fits_explains_itself():
     assert "more GPUs" in text and "Closest: tp" in text
 
 
+def test_a_run_takes_whole_iterations_and_rates_stay_rates():
+    """`what-if` priced 1 token at 7e-7 s where one iteration takes 0.36 s: a run ends on
+    a whole batch. $ per million tokens stays a rate (a share of any batch)."""
+    cluster = load_cluster("cluster_specs/dgx-h100.yaml").take(8)
+    found = search(SearchRequest(model=preset("gpt3-125m"), cluster=cluster, gbs=8,
+                                 seq_len=1024, top=1))
+    r = found.ranked[0]
+    it_s, per_iteration = r.result.iteration_time_s, 8 * 1024
+    assert r.time_to_train_s(1) == r.time_to_train_s(per_iteration) == it_s
+    assert r.time_to_train_s(per_iteration + 1) == 2 * it_s
+    assert r.gpu_cost_usd(1) == pytest.approx(it_s * r.usd_per_hour / 3600)
+    assert r.usd_per_million_tokens == pytest.approx(
+        1e6 / per_iteration * it_s * r.usd_per_hour / 3600)
+
+
 def test_cost_objective_may_use_fewer_gpus_and_respects_budget():
     cluster = load_cluster("cluster_specs/dgx-h100.yaml").take(64)  # priced H100 nodes
     model = preset("llama3-8b")
