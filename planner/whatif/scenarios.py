@@ -194,7 +194,7 @@ def _add(s: Setting, gpu: str, count: str, *rest: str) -> Setting:
             link = replace(link, latency_ms=_factor(opts["latency"], "latency"))
         datacenter = island
         links = (*links, *(replace(link, islands=(other, island)) for other in sorted(known)))
-    price = (_factor(opts["price"], "price") if "price" in opts
+    price = (_usd_per_gpu_hour(opts["price"]) if "price" in opts
              else same[0].price_per_gpu_hour_usd if same else None)
     own = any(d.name == dev.name for d in s.cluster.devices)  # a type the cluster defines
     group = NodeGroup(name=f"added-{dev.name.lower()}-{len(groups)}",
@@ -289,9 +289,19 @@ def _scale_link(s: Setting, a: str, b: str, factor: str) -> Setting:
     return replace(s, cluster=replace(s.cluster, island_links=links))  # checked by `apply`
 
 
+def _usd_per_gpu_hour(text: str) -> float:
+    """A GPU-hour price, 0 (owned GPUs) up to the cluster spec's bound, as a cluster file
+    takes it (`NodeGroup.price_per_gpu_hour_usd`)."""
+    rule = "a number of $ per GPU-hour from 0 to 10,000"
+    value = _number(text, "price", rule)
+    if not 0 <= value <= 10_000:
+        fail("price", text, rule)
+    return value
+
+
 def _price(s: Setting, gpu: str, usd: str) -> Setting:
     name = _device_name(s, gpu)
-    value = _factor(usd, "price")
+    value = _usd_per_gpu_hour(usd)
     if not any(g.gpu == name for g in s.cluster.node_groups):
         fail("price", gpu, "a GPU type of the cluster")
     groups = tuple(replace(g, price_per_gpu_hour_usd=value) if g.gpu == name else g

@@ -76,6 +76,13 @@ def test_scale_nic_and_link_and_prices() -> None:
         apply(parse_scenario("egress-price -1"), dc)
 
 
+def test_a_price_of_zero_is_owned_gpus_as_in_a_cluster_file() -> None:
+    """A cluster file takes price_per_gpu_hour_usd: 0; the scenario refused it (sweep)."""
+    s = apply(parse_scenario("price A100-80GB-SXM 0"), _base())
+    assert {g.price_per_gpu_hour_usd for g in s.cluster.node_groups if g.gpu == "A100-80GB-SXM"} \
+        == {0.0}
+
+
 def test_model_and_tokens() -> None:
     s = apply(parse_scenario("model llama2-13b; tokens 3e11"), _base())
     assert (s.model.name, s.tokens) == ("llama2-13b", 3e11)
@@ -109,7 +116,8 @@ def test_model_and_tokens() -> None:
     # issue 15: unicode digits, quotes, NaN and sizes past the limits
     ("add H100-80GB-SXM ²", ["count", "'²'", "a positive whole number"]),
     ("add H100-80GB-SXM ١٦", ["count", "a positive whole number"]),
-    ("price A100-80GB-SXM ٣", ["price", "a positive number"]),
+    ("price A100-80GB-SXM ٣", ["price", "a number of $ per GPU-hour from 0 to 10,000"]),
+    ("price A100-80GB-SXM -1", ["price", "'-1'", "from 0 to 10,000"]),
     ('add "H100-80GB-SXM 8', ["no closing quotation"]),
     ("tokens nan", ["tokens", "'nan'"]),
     ("tokens inf", ["tokens", "'inf'"]),
@@ -118,7 +126,7 @@ def test_model_and_tokens() -> None:
     ("add H100-80GB-SXM 400000", ["at most 131,072 in a cluster"]),
     ("scale-nic a100 1e300", ["nic_bandwidth_gbit_per_s", "must be ≤ 100,000"]),
     ("scale-nic a100 1e-300", ["nic_bandwidth_gbit_per_s", "must be ≥ 0.1"]),
-    ("price A100-80GB-SXM 1e9", ["price_per_gpu_hour_usd", "must be ≤ 10,000"]),
+    ("price A100-80GB-SXM 1e9", ["price", "'1e9'", "from 0 to 10,000"]),
 ])
 def test_bad_scenarios_are_one_line_errors(text: str, words: list[str]) -> None:
     with pytest.raises(SpecError) as err:
