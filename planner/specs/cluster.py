@@ -109,6 +109,10 @@ class NodeGroup:
             raise SpecError(f"{at(where, 'intra_node_link')}: 'loopback' is not allowed for "
                             f"GPU type {dev.name!r} (it joins the processes of one CPU host; "
                             "leave the field out for the type's standard node's link)")
+        if self.intra_node_link not in (None, "loopback") and dev.vendor == "cpu":
+            raise SpecError(f"{at(where, 'intra_node_link')}: {self.intra_node_link!r} is not "
+                            f"allowed for {dev.name!r} ranks (the processes of one CPU host "
+                            "talk over 'loopback'; leave the field out)")
         per_node: int = self.gpus_per_node or node.gpus_per_node  # type: ignore[union-attr]  # checked above
         domain = (self.nvlink_domain_gpus or (node.nvlink_domain_gpus if node else None)
                   or per_node)

@@ -58,6 +58,11 @@ def test_loopback_joins_cpu_ranks_only():
         parse(ClusterSpec, data).resolved()
     data["node_groups"][0].update(gpu="CPU")
     assert parse(ClusterSpec, data).resolved().node_groups[0].intra_node_link == "loopback"
+    # and CPU ranks talk over nothing else: a CPU group with 'nvswitch' priced 74.6% MFU
+    data["node_groups"][0].update(intra_node_link="nvswitch")
+    with pytest.raises(SpecError, match=r"intra_node_link: 'nvswitch' is not allowed for "
+                                        r"'CPU' ranks"):
+        parse(ClusterSpec, data).resolved()
 
 
 def test_islands_must_be_linked():
