@@ -10,13 +10,19 @@ import os
 import signal
 import sys
 
+
+def _exit_quietly(*_: object) -> None:
+    """Ctrl-C where there is nothing to stop: exit 130 at once, without unwinding."""
+    os._exit(130)
+
+
 if __name__ == "__main__":  # Ctrl-C while this loads (seconds on a busy host): no rank yet,
     # nothing to clean up. Exits at once: a SystemExit raised inside torch's import (a
     # Python call from its C++ initialisers) aborted the process with SIGABRT (-6) at
     # 0.4 s in a `make test` run here (2026-12-04, under the parallel suite's load)
-    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    signal.signal(signal.SIGINT, _exit_quietly)
 
-import logging  # after the handler: an interrupted import printed a traceback
+import logging  # noqa: E402  # after the handler: an interrupted import printed a traceback
 
 __all__: list[str] = []  # a program, not a library
 
@@ -36,3 +42,6 @@ if __name__ == "__main__":
         sys.exit(128 + int(stop.sigval))
     except KeyboardInterrupt:  # before the agent's own handlers, so before any rank
         sys.exit(130)
+    finally:  # the agent is done: Ctrl-C while the interpreter exits (its atexit
+        # callbacks; torch's printed a KeyboardInterrupt traceback, 2026-12-04) is an exit
+        signal.signal(signal.SIGINT, _exit_quietly)
