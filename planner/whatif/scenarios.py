@@ -290,11 +290,11 @@ def _scale_link(s: Setting, a: str, b: str, factor: str) -> Setting:
 
 
 def _usd_per_gpu_hour(text: str) -> float:
-    """A GPU-hour price, 0 (owned GPUs) up to the cluster spec's bound, as a cluster file
-    takes it (`NodeGroup.price_per_gpu_hour_usd`)."""
-    rule = "a number of $ per GPU-hour from 0 to 10,000"
+    """A GPU-hour price, 0 (owned GPUs) or more, as a cluster file takes it; its upper
+    bound is the cluster spec's (`NodeGroup.price_per_gpu_hour_usd`, checked by `apply`)."""
+    rule = "a number of $ per GPU-hour, 0 or more"
     value = _number(text, "price", rule)
-    if not 0 <= value <= 10_000:
+    if value < 0:
         fail("price", text, rule)
     return value
 
