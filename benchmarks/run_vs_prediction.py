@@ -10,7 +10,8 @@ over 4 processes up to 4 MB (the model's largest gradient bucket for bigger mode
 their fixed costs, FSDP2's and DTensor's per-layer costs and the ranks' sharing of the
 host's cores). Each plan kind is saved as a
 Plan on 2 CPU ranks and run with `plan run --plan ... --profile DIR --json`; its measured
-time is the median step after warm-up, its prediction the event simulation with the
+time is the report's (each rank's median step after warm-up, the slowest rank's), its
+prediction the event simulation with the
 profile. The machine has 2 cores: another process's load doubles a 2-rank run's time, so
 every trial measures the CPU time the rest of the machine used while it ran ("foreign
 load", in cores); a trial above --max-foreign is repeated (up to --trials), and the table

@@ -39,7 +39,7 @@ class RunReport:
     first_step: int
     warmup_steps: int
     losses: list[float]
-    measured_iteration_s: float  # median over the steps after warm-up
+    measured_iteration_s: float  # `measured_iteration_s`: after warm-up
     measured_iteration_range_s: tuple[float, float]
     predicted_iteration_s: float | None
     measured_tokens_per_s: float
@@ -72,12 +72,28 @@ def _predicted_memory(plan: Plan, prediction: SimResult | None
     return {}
 
 
+def measured_iteration_s(metrics: dict, warmup: int) -> float:
+    """The run's iteration time: each rank's median step after the first `warmup`, then
+    the slowest rank's. Every rank runs the same period (the gradient reduction and the
+    pipeline flush join them each step), but a rank's step is timed on its own clock from
+    its own start: a rank late out of one step (its optimizer step, a preemption) makes
+    that step long on it and the next step long on the ranks that then wait for it, so
+    the slowest rank of each step counts one delay twice and its median is biased up by
+    the spread. Metrics without per-rank times (older runs): the median of the slowest
+    rank's time per step."""
+    per_rank = metrics.get("rank_step_times_s") or []
+    if not per_rank:
+        return statistics.median(metrics["step_times_s"][warmup:])
+    return max(statistics.median(times[warmup:]) for times in per_rank)
+
+
 def make_report(plan: Plan, metrics: dict, *, prediction: SimResult | None, source: str,
                 warmup: int, name: str) -> RunReport:
     """The report of one run (`metrics` as executor/runtime.py writes them)."""
     times = metrics["step_times_s"]
-    steady = times[min(warmup, len(times) - 1):]
-    measured = statistics.median(steady)
+    skip = min(warmup, len(times) - 1)
+    steady = [t for rank in metrics.get("rank_step_times_s") or [times] for t in rank[skip:]]
+    measured = measured_iteration_s(metrics, skip)
     tr = plan.training
     if prediction is not None:
         predicted_s: float | None = prediction.iteration_time_s
@@ -99,7 +115,7 @@ def make_report(plan: Plan, metrics: dict, *, prediction: SimResult | None, sour
     return RunReport(
         name=name, model=plan.model.name, cluster=plan.cluster.name,
         layout=describe_layout(plan), steps_run=len(times), first_step=metrics["first_step"],
-        warmup_steps=len(times) - len(steady), losses=metrics["losses"],
+        warmup_steps=skip, losses=metrics["losses"],
         measured_iteration_s=measured, measured_iteration_range_s=(min(steady), max(steady)),
         predicted_iteration_s=predicted_s, measured_tokens_per_s=tokens / measured,
         predicted_tokens_per_s=tokens / predicted_s if predicted_s else None,
@@ -121,7 +137,8 @@ def to_markdown(r: RunReport) -> str:
         f"Steps {r.first_step + 1}-{r.first_step + r.steps_run} run; "
         + (f"the first {r.warmup_steps} are warm-up. " if r.warmup_steps > 1 else
            "the first is warm-up. " if r.warmup_steps == 1 else "no warm-up. ")
-        + f"Prediction: {r.prediction_source}.", "",
+        + "Measured: each rank's median step after warm-up, the slowest rank's (range: "
+        "every rank's steps). " + f"Prediction: {r.prediction_source}.", "",
         "| | predicted | measured | error |", "|---|---|---|---|",
         f"| iteration (ms) | {pred_s} | {r.measured_iteration_s * 1e3:.2f} "
         f"(range {r.measured_iteration_range_s[0] * 1e3:.2f}-"

@@ -92,6 +92,8 @@ class Metrics:
     skipped_steps: list[int] = field(default_factory=list)
     # ep > 1: per rank, the part of model_state_bytes that is routed experts' (all kinds)
     expert_state_bytes: list[int] = field(default_factory=list)
+    # per rank: its own time of each step run (executor/report.py `measured_iteration_s`)
+    rank_step_times_s: list[list[float]] = field(default_factory=list)
 
 
 # glibc mallopt parameters (malloc.h) and the size below which freed memory stays in the
@@ -486,11 +488,12 @@ def _metrics(trainer: Trainer, device: torch.device, start: int, losses: list[fl
     peak, kind = _peak_memory_bytes(device)
     scaling = (trainer.loss_scales, trainer.skipped) if trainer.scaler is not None else None
     mine = {"peak": peak, "scaling": scaling, "experts": trainer.expert_state_bytes(),
-            **trainer.state_bytes()}
+            "times": times, **trainer.state_bytes()}
     everyone: list[dict] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(everyone, mine)
     scalings = [e.pop("scaling") for e in everyone]
     experts = [e.pop("experts") for e in everyone]
+    rank_times = [e.pop("times") for e in everyone]
     if any(s != scaling for s in scalings):  # the found-inf all-reduce makes them agree
         raise RuntimeError(f"the ranks' loss scales and skipped steps differ: {scalings}")
     return Metrics(first_step=start, losses=loss_t.tolist(), step_times_s=time_t.tolist(),
@@ -498,7 +501,8 @@ def _metrics(trainer: Trainer, device: torch.device, start: int, losses: list[fl
                    model_state_bytes=everyone, memory_kind=kind, resume=resume,
                    loss_scales=scaling[0] if scaling else None,
                    skipped_steps=scaling[1] if scaling else [],
-                   expert_state_bytes=experts if trainer.plan.training.ep > 1 else [])
+                   expert_state_bytes=experts if trainer.plan.training.ep > 1 else [],
+                   rank_step_times_s=rank_times)
 
 
 def run_rank(plan: Plan, settings: RunSettings) -> None:

@@ -61,6 +61,11 @@ if TYPE_CHECKING:  # the planner imports the executor only inside `run`
 __all__ = ["add_parser", "run"]
 
 SEARCH_TOP = 10  # ranked plans the automatic mode considers
+# Steps a run measures by default, and the first ones it leaves out: 2-rank CPU runs of
+# debug-tiny here take 10-24 ms a step with their 3rd-5th steps still slow (2026-12-04:
+# 10 steps less 2 measured 15.7 ms where the steps after the 5th of 30 took 12-13), so 8
+# samples put that warm-up and the spread into the median
+DEFAULT_STEPS, DEFAULT_WARMUP = 30, 5
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -95,10 +100,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     measured.add_argument("--no-profile", action="store_true",
                           help="with --model on CPU ranks: search and predict with the analytic "
                           "device model instead of measuring a profile first")
-    p.add_argument("--steps", type=positive_int, default=10, metavar="N",
-                   help="training steps (default 10)")
+    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS, metavar="N",
+                   help=f"training steps (default {DEFAULT_STEPS})")
     p.add_argument("--warmup", type=non_negative_int, metavar="N",
-                   help="first steps left out of the measured time (default 2)")
+                   help=f"first steps left out of the measured time (default {DEFAULT_WARMUP}, "
+                   "fewer where --steps leaves less)")
     p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, metavar="N",
                    help="weights and data seed")
     p.add_argument("--lr", type=number_in(gt=0, high=10), metavar="X",
@@ -162,7 +168,7 @@ def _check_flags(args: argparse.Namespace) -> None:
                  f"(it holds an earlier run's, up to step {saved[0][0]}); --resume "
                  "continues that run")
     if args.warmup is None:
-        args.warmup = 2
+        args.warmup = min(DEFAULT_WARMUP, args.steps - 1)
     if not 0 <= args.warmup < args.steps:
         fail("--warmup", args.warmup, f"0 ≤ warmup < --steps {args.steps}")
     if args.name is not None and (not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", args.name)

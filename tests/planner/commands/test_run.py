@@ -45,6 +45,16 @@ def test_bad_flags_before_anything_starts(tmp_path, monkeypatch, capsys, plan_fi
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.parametrize("steps", ["1", "2", "5"])
+def test_a_short_run_takes_less_warm_up_without_being_told(capsys, plan_file, steps):
+    """The default warm-up (5 steps) shrinks to leave one measured step: `--steps 2` was
+    refused over a --warmup the user never gave."""
+    pytest.importorskip("torch")
+    code, out, err = run_cli(["run", "--plan", plan_file, "--steps", steps, "--dry-run"],
+                             capsys)
+    assert code == 0 and f"--steps {steps}" in out, err
+
+
 def test_no_temporary_folder_is_left(tmp_path, monkeypatch, capsys, plan_file):
     """Every `plan run --plan` left an empty trainplan-run-* folder in /tmp."""
     pytest.importorskip("torch")
