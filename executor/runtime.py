@@ -14,9 +14,9 @@
    bucket, then (fp16) the gradients unscaled and checked for an overflow on any rank
    (executor/precision.py), and the optimizer step of every bucket, or on an overflow none;
    checkpoints every N steps (executor/checkpoint.py);
-4. the measurements: loss per step, the slowest rank's time per step, peak memory and
-   model-state bytes per rank, in fp16 the loss scale per step and the skipped steps,
-   written by rank 0 to `<run dir>/metrics.json`.
+4. the measurements: loss per step, each rank's time per step (and the slowest rank's),
+   peak memory and model-state bytes per rank, in fp16 the loss scale per step and the
+   skipped steps, written by rank 0 to `<run dir>/metrics.json`.
 """
 
 from __future__ import annotations
