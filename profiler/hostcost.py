@@ -58,7 +58,7 @@ from typing import Any
 from profiler.store import ProfileRow
 
 __all__ = ["FRAMEWORK_LAYERS", "HOST_COLLECTIVES", "dispatch_rows", "framework_rows",
-           "grad_hand_off", "host_row"]
+           "grad_hand_off", "host_row", "runner_rows"]
 
 HOST_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 FRAMEWORK_LAYERS = (1, 5)  # blocks of the two tiny models whose difference is one block
@@ -112,6 +112,59 @@ def dispatch_rows(device: str = "cpu", *, repeats: int = 15) -> list[ProfileRow]
     return [host_row("dispatch_forward", fwd, calls=5 * _CHAIN),
             host_row("dispatch_backward", per_node, calls=5 * _CHAIN),
             host_row("autograd_call", call, calls=20)]
+
+
+RUNNER_MICROBATCHES = 8  # micro-batches of the runner's pass schedule (`runner_rows`)
+
+
+def runner_rows(*, repeats: int = 15) -> list[ProfileRow]:
+    """The executor's pass runner per micro-batch beyond the model's own forward and
+    backward, on the CPU: a one-stage StageRunner (executor/pipeline.py `run`: each
+    micro-batch's samples drawn, the loss weighted by its batch share, activations kept per
+    (chunk, micro-batch), progress reported) over RUNNER_MICROBATCHES micro-batches of the
+    tiny model, against the same module's forward and backward on the same batches in a
+    bare loop, taken in turn. The gradients stay in the parameters (no state to hand them
+    to), so the hand-off `add_grads` is not in it."""
+    import torch
+
+    from executor.model import GPT
+    from executor.pipeline import Chunk, Links, MicroBatches, StageRunner
+    from executor.train import sample_batch
+
+    spec = _tiny("debug-tiny", 2)
+    module = GPT(spec, attention="math")
+    m = RUNNER_MICROBATCHES
+
+    def draw(step: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return sample_batch(spec, seq_len=_TINY_SEQ, seed=0, step=step, first=first,
+                            count=count)
+
+    runner = StageRunner(
+        chunks=[Chunk(index=0, module=module, states=[], first=True, last=True)],
+        links=Links(forward_source=-1, forward_targets=(), backward_source=-1,
+                    backward_targets=(), groups={}, rank=0),
+        data=MicroBatches(draw=draw, first_sample=0, size=1, count=m, run_count=m,
+                          weight=1.0 / m),
+        schedule="1f1b", stage=0, pp=1, vp=1, activation_shape=(1, _TINY_SEQ, spec.hidden_size),
+        dtype=torch.float32, device=torch.device("cpu"), tensor_parallel=False,
+        progress=lambda what: None)
+    batches = [draw(0, j, 1) for j in range(m)]
+
+    def bare() -> None:
+        for tokens, targets in batches:
+            (module(tokens, targets) * (1.0 / m)).backward()
+
+    extra = []
+    for i in range(repeats + 3):
+        t0 = time.perf_counter()
+        runner.run(0)
+        t1 = time.perf_counter()
+        bare()
+        t2 = time.perf_counter()
+        module.zero_grad(set_to_none=True)
+        if i >= 3:
+            extra.append(((t1 - t0) - (t2 - t1)) / m)
+    return [host_row("runner_microbatch", extra, calls=m)]
 
 
 def _host_s(fn: Callable[[], object], calls: int) -> float:

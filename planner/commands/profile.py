@@ -256,9 +256,11 @@ def measure(req: MeasureRequest) -> int:
         interrupted = measured.interrupted
         notes.extend(f"skipped {c.name} [{c.variant}]: {why}" for c, why in measured.skipped)
         if req.host_costs and not interrupted:
-            from profiler.hostcost import dispatch_rows
+            from profiler.hostcost import dispatch_rows, runner_rows
 
             rows.extend(dispatch_rows(req.device, repeats=req.repeats))
+            if req.device == "cpu":
+                rows.extend(runner_rows(repeats=req.repeats))
     if req.collectives and not interrupted:
         coll, interrupted = _measure_collectives(req)
         rows.extend(coll)

@@ -44,7 +44,7 @@ from profiler.store import Profile, Profiles
 __all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "NO_BLOCK_COST",
            "BlockHostCost", "SharedCoreSlowdown", "backend", "collective_cpu_share",
            "dtensor_layer_s", "dtensor_root_s", "fsdp_unit_s", "host_families",
-           "host_source", "launch_s", "shared_cores", "sync_skew"]
+           "host_source", "launch_s", "runner_microbatch_s", "shared_cores", "sync_skew"]
 
 HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
                         "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "
@@ -69,6 +69,16 @@ def launch_s(dev: DeviceSpec, profile: Profile | None) -> float:
         return default
     measured = profile.host_s("dispatch_forward")
     return default if measured is None else measured
+
+
+def runner_microbatch_s(dev: DeviceSpec, profile: Profile | None) -> float:
+    """The executor's runner per micro-batch pass of a model chunk beyond the model's own
+    forward and backward (drawing the samples, weighting the loss, keeping activations,
+    reporting progress), as measured on this host (`runner_microbatch`); on the CPU only,
+    where the runner holds the thread that computes; 0 without the row."""
+    if dev.vendor != "cpu" or profile is None:
+        return 0.0
+    return profile.host_s("runner_microbatch") or 0.0
 
 
 @dataclass(frozen=True)
@@ -234,15 +244,18 @@ _HOST_FAMILIES = (("dispatch_", "per-op dispatch"),
                   ("gemm_shared", "CPU ranks sharing the host's cores while they compute at "
                                   "once"),
                   ("arrival_", "ranks in step waiting for the slowest"),
-                  ("cpu.", "the CPU time of gloo collectives"))
+                  ("cpu.", "the CPU time of gloo collectives"),
+                  ("runner_", "the executor's runner per micro-batch"))
 
 
 def host_families(*, gpus: bool, cpu_ranks: int, fsdp: bool, tp: bool) -> frozenset[str]:
     """The families of host rows (`_HOST_FAMILIES`, by their names' start) that price a
     plan: per-op dispatch on GPUs (on the CPU each op's time holds it); FSDP2's units where
     the executor runs FSDP2; DTensor's where a stage has tp > 1; and where several CPU ranks
-    share a host, their sharing, their keeping in step and their collectives' CPU time."""
+    share a host, their sharing, their keeping in step and their collectives' CPU time;
+    the executor's runner wherever CPU ranks train."""
     out = {"dispatch_"} if gpus else set()
+    out |= {"runner_"} if cpu_ranks else set()
     out |= {"fsdp_unit_"} if fsdp else set()
     out |= {"dtensor_"} if tp else set()
     out |= {"gemm_shared", "arrival_", "cpu."} if cpu_ranks > 1 else set()

@@ -46,6 +46,7 @@ from planner.costs.host import (
     host_families,
     host_source,
     launch_s,
+    runner_microbatch_s,
 )
 from planner.costs.kernels import attention_for, supported_attention
 from planner.costs.memory import (
@@ -348,10 +349,14 @@ class StageCost:
     # send/recv) instead of running beside it (Megatron's batched isend/irecv).
     p2p_blocking: bool = False
     p2p_transfer: Transfer | None = None  # the send, for traces
+    # the framework's runner around each micro-batch's pass of a model chunk, beyond the
+    # model's own work (measured on CPU hosts: `host.runner_microbatch_s`), on the forward
+    runner: Part = Part()
 
     @_once
     def forward(self) -> Part:
-        return self.layer_forward * self.num_layers + self.embed_forward + self.head_forward
+        return (self.layer_forward * self.num_layers + self.embed_forward + self.head_forward
+                + self.runner)
 
     @_once
     def backward(self) -> Part:
@@ -921,6 +926,7 @@ def _pass_costs(model: ModelSpec, shape: WorkloadShape, links: _StageLinks,
              else zero)
     head = _extra_parts(model, shape, dev, tiers_key, "head", profiles) if links.last else zero
     p2p_s, p2p_transfer = _p2p(model, shape, links.p2p_tiers, profiles)
+    runner = Part(host_s=runner_microbatch_s(dev, profiles.get(dev.name) if profiles else None))
     cost = StageCost(pipeline=0, stage=0, device=dev.name, num_layers=links.num_layers,
                      num_params=links.num_params, layer_forward=layer_fwd,
                      layer_backward=layer_bwd, embed_forward=embed[0], embed_backward=embed[1],
@@ -930,7 +936,8 @@ def _pass_costs(model: ModelSpec, shape: WorkloadShape, links: _StageLinks,
                                               num_layers=links.num_layers, last=links.last,
                                               recompute=recompute, layers_in_flight=0.0),
                      layer_weight_grad=_layer_weight_grad(model, shape, dev, tiers_key,
-                                                          recompute, profiles))
+                                                          recompute, profiles),
+                     runner=runner)
     _ = cost.forward_s, cost.backward_s, cost.weight_grad_s
     return cost
 

@@ -103,7 +103,7 @@ def _chunk_parts(c: StageCost, chunk: int, vp: int, last_stage: bool,
     """Time of each pass kind of one chunk: F, B and (with `split_w`) W, where B is the
     backward without its layers' weight gradients (embedding and head stay in B)."""
     layers = chunk_layers(c.num_layers, vp, slots)[chunk]
-    fwd, bwd = c.layer_forward * layers, c.layer_backward * layers
+    fwd, bwd = c.layer_forward * layers + c.runner, c.layer_backward * layers
     if chunk == 0:
         fwd, bwd = fwd + c.embed_forward, bwd + c.embed_backward
     if last_stage and chunk == vp - 1:

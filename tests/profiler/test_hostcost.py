@@ -164,3 +164,27 @@ def test_fsdp2_units_and_dtensor_blocks_are_measured_whole_with_their_sizes(tmp_
           for n in ("layer_total_forward", "layer_total_backward", "root_forward",
                     "root_backward"))]
     assert all(t > 0.0 for *_, t in rows)
+
+
+def test_the_runner_row_is_what_the_runner_adds_per_micro_batch(monkeypatch):
+    """`runner_microbatch` times the executor's StageRunner against the bare forward and
+    backward of the same module and batches: a runner that does 2 ms more per micro-batch
+    (its data draw made slow) measures about that much more; the runner as it is adds well
+    under a millisecond on this tiny model."""
+    import time
+
+    import executor.pipeline as pipeline
+    from profiler.hostcost import runner_rows
+
+    torch.set_num_threads(1)
+    (row,) = runner_rows(repeats=5)
+    assert row.name == "runner_microbatch" and 0 < row.time_s < 1e-3
+    samples = pipeline.MicroBatches.samples
+
+    def slow(self, step, j):
+        time.sleep(2e-3)
+        return samples(self, step, j)
+
+    monkeypatch.setattr(pipeline.MicroBatches, "samples", slow)
+    (slowed,) = runner_rows(repeats=5)
+    assert 1.8e-3 < slowed.time_s - row.time_s < 4e-3

@@ -373,3 +373,33 @@ def test_ranks_in_step_compute_at_the_pace_of_the_slowest(tmp_path):
                                   kernels=Kernels(attention="flash", optimizer="fused"))):
         assert simulate(plan, profiles=late).iteration_time_s == \
             simulate(plan, profiles=bare).iteration_time_s
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_runner_is_paid_once_per_micro_batch_pass_of_each_stage(tmp_path, pp):
+    """The executor's runner per micro-batch (`runner_microbatch`, measured on this host)
+    lengthens each stage's forward by its cost, so a single stage of m micro-batches by
+    m x that; on GPUs it is not priced (the runner runs ahead of the device)."""
+    runner = 2e-3
+    base = _profiles(tmp_path, _collectives(), "base.csv")
+    priced = _profiles(tmp_path, (*_collectives(),
+                                  _host("runner_microbatch", runner, variant=None, ranks=1)))
+    plan = _plan(pp=pp, gbs=32)
+    m = plan.pipelines[0].num_microbatches
+    for stage in range(pp):
+        with_runner = plan_costs(plan, priced).costs[0][stage]
+        without = plan_costs(plan, base).costs[0][stage]
+        assert with_runner.forward_s - without.forward_s == pytest.approx(runner)
+        assert with_runner.backward_s == pytest.approx(without.backward_s)
+    if pp == 1:
+        gained = (simulate(plan, profiles=priced).iteration_time_s
+                  - simulate(plan, profiles=base).iteration_time_s)
+        assert gained == pytest.approx(m * runner, rel=0.05)
+    assert "the executor's runner per micro-batch" in cost_sources(plan, priced)["host"]
+    h100 = homogeneous_plan(SMALL, parse_gpus_arg("H100-80GB-SXM:8"),
+                            ParallelConfig(seq_len=64, mbs=8, gbs=32))
+    from planner.costs.host import runner_microbatch_s
+
+    assert runner_microbatch_s(device("H100-80GB-SXM"), priced.get("CPU")) == 0.0
+    assert simulate(h100, profiles=priced).iteration_time_s == \
+        simulate(h100, profiles=base).iteration_time_s
