@@ -39,7 +39,7 @@ class RunReport:
     first_step: int
     warmup_steps: int
     losses: list[float]
-    measured_iteration_s: float  # `measured_iteration_s`: after warm-up
+    measured_iteration_s: float  # each rank's median after warm-up, the slowest rank's
     measured_iteration_range_s: tuple[float, float]
     predicted_iteration_s: float | None
     measured_tokens_per_s: float
@@ -72,6 +72,12 @@ def _predicted_memory(plan: Plan, prediction: SimResult | None
     return {}
 
 
+def _rank_step_times(metrics: dict) -> list[list[float]]:
+    """Each rank's time of each step run; metrics without them (older runs): the slowest
+    rank's time per step, as one series."""
+    return metrics.get("rank_step_times_s") or [metrics["step_times_s"]]
+
+
 def measured_iteration_s(metrics: dict, warmup: int) -> float:
     """The run's iteration time: each rank's median step after the first `warmup`, then
     the slowest rank's. Every rank runs the same period (the gradient reduction and the
@@ -81,10 +87,7 @@ def measured_iteration_s(metrics: dict, warmup: int) -> float:
     the slowest rank of each step counts one delay twice and its median is biased up by
     the spread. Metrics without per-rank times (older runs): the median of the slowest
     rank's time per step."""
-    per_rank = metrics.get("rank_step_times_s") or []
-    if not per_rank:
-        return statistics.median(metrics["step_times_s"][warmup:])
-    return max(statistics.median(times[warmup:]) for times in per_rank)
+    return max(statistics.median(times[warmup:]) for times in _rank_step_times(metrics))
 
 
 def make_report(plan: Plan, metrics: dict, *, prediction: SimResult | None, source: str,
@@ -92,7 +95,7 @@ def make_report(plan: Plan, metrics: dict, *, prediction: SimResult | None, sour
     """The report of one run (`metrics` as executor/runtime.py writes them)."""
     times = metrics["step_times_s"]
     skip = min(warmup, len(times) - 1)
-    steady = [t for rank in metrics.get("rank_step_times_s") or [times] for t in rank[skip:]]
+    steady = [t for rank in _rank_step_times(metrics) for t in rank[skip:]]
     measured = measured_iteration_s(metrics, skip)
     tr = plan.training
     if prediction is not None:

@@ -328,13 +328,13 @@ def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:
             f"{plan.kernels.optimizer} AdamW")
 
 
-
 def _figure(value: float, decimals: int) -> str:
     """`value` with `decimals` decimals and thousands separators, or to 3 significant
     digits where those decimals would show fewer (0.076 tokens/s printed as 0)."""
     if value == 0 or abs(value) >= 10 ** (2 - decimals):
         return f"{value:,.{decimals}f}"
     return f"{value:.3g}"
+
 
 def summary(plan: Plan, layout: str, r: SimResult) -> str:
     """The readable report of one simulation."""
