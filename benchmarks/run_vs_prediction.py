@@ -193,8 +193,10 @@ def profile(folder: str, model: str, *, nprocs: tuple[int, ...] = (2, 4)) -> flo
     state_mb = max(4, min(64, 2 ** (preset(model).num_params() * 4 // 2**20).bit_length()))
     ops = ["--model", model, "--tp", "1,2", "--mbs", "4,8", "--seq", str(SEQ), "--dtype",
            "fp32", "--host-costs", "-o", os.path.join(folder, "cpu-ops.csv")]
+    # the DTensor rows also on the model's blocks at the tp kinds' activation (mbs 8)
     for argv in (ops, *(["--collectives", "--host-costs", "--nprocs", str(n), "--max-bytes",
-                         f"{state_mb}MB", "-o", os.path.join(
+                         f"{state_mb}MB", "--host-model", model, "--mbs", "8", "--seq",
+                         str(SEQ), "-o", os.path.join(
                              folder, "cpu-collectives.csv" if n == 2
                              else f"cpu-collectives-{n}.csv")] for n in nprocs)):
         out = _plan(["profile", "--device", "cpu", *argv])

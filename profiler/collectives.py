@@ -20,6 +20,7 @@ import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from profiler.store import ProfileRow, RowKind
 
@@ -42,6 +43,9 @@ class CollectiveSettings:
     # also the host costs of profiler/hostcost.py (tiny collectives, FSDP2's and DTensor's
     # per-layer costs, for a tiny model of this preset's family); CPU only
     host_costs_model: str | None = None
+    # with it, DTensor's rows also on these (ModelSpec, micro-batch, sequence): the tp
+    # collectives inside a block at the activation sizes a plan of that model runs
+    host_costs_blocks: tuple[tuple[Any, int, int], ...] = ()
 
 
 def size_grid(min_bytes: int, max_bytes: int) -> tuple[int, ...]:
@@ -174,7 +178,8 @@ def _worker(rank: int, s: CollectiveSettings, init_file: str, results: object) -
             from profiler.hostcost import framework_rows
 
             rows = framework_rows(rank, s.nprocs, backend="gloo",
-                                  family_model=s.host_costs_model, repeats=s.repeats)
+                                  family_model=s.host_costs_model, repeats=s.repeats,
+                                  blocks=s.host_costs_blocks)
             if rank == 0:
                 results.put(rows)  # type: ignore[attr-defined]  # a multiprocessing queue
     finally:

@@ -64,6 +64,7 @@ HOST_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 FRAMEWORK_LAYERS = (1, 5)  # blocks of the two tiny models whose difference is one block
 _CHAIN = 32  # tiny ops per dispatch sample
 _TINY_SEQ = 16  # tokens of the tiny models' micro-batch (one sequence)
+BLOCK_BUDGET_S = 10.0  # seconds of samples for one variant of a model's DTensor rows
 
 
 def host_row(name: str, times: Sequence[float], *, variant: str | None = None,
@@ -177,10 +178,13 @@ def _host_s(fn: Callable[[], object], calls: int) -> float:
 # -- N processes: collective latency and the framework's blocking points -------------------
 
 def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "debug-tiny",
-                   repeats: int = 15) -> list[ProfileRow]:
+                   repeats: int = 15, blocks: Sequence[tuple[Any, int, int]] = ()
+                   ) -> list[ProfileRow]:
     """Run on every rank of an initialised process group of `world` ranks (gloo on the
     CPU): rows of tiny collectives' fixed costs, FSDP2's per-unit cost and DTensor's
-    per-layer cost (the tiny model of `family_model`'s family). Rank 0's are kept."""
+    per-layer cost (the tiny model of `family_model`'s family; and for each (ModelSpec,
+    micro-batch, sequence) of `blocks`, that model's at that activation size, within
+    about BLOCK_BUDGET_S a variant). Rank 0's are kept."""
     from profiler.collectives import _ops
 
     rows = [host_row(f"latency.{kind}", _samples(_ops(kind, 4 * world, rank, world, "cpu"),
@@ -195,6 +199,10 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
     for sequence_parallel in (False, True):
         rows += _dtensor_rows(rank, world, backend=backend, family_model=family_model,
                               sequence_parallel=sequence_parallel, repeats=repeats)
+        for model, mbs, seq in blocks:
+            rows += _dtensor_rows(rank, world, backend=backend, family_model=model,
+                                  sequence_parallel=sequence_parallel, repeats=repeats,
+                                  batch=(mbs, seq), budget_s=BLOCK_BUDGET_S)
     return rows
 
 
@@ -280,13 +288,16 @@ def _tiny(family_model: str, num_layers: int) -> Any:
 
 def _pass_times(models: dict[tuple[str, int], tuple[object, object]], repeats: int, *,
                 vocab_parallel: bool = False,
-                hand_off: Callable[[object], object] | None = None
+                hand_off: Callable[[object], object] | None = None,
+                budget_s: float | None = None
                 ) -> dict[tuple[str, int], tuple[list[float], list[float]]]:
     """Forward and backward seconds (the slowest rank's) of each model (with its tokens),
     `repeats` samples taken in turn, so that a burst of load on the machine hits every
     model alike; `vocab_parallel`: the framed models' loss on vocabulary shards, as the
     executor's tp runs it; `hand_off`: what the executor does with a model's gradients
-    after each backward, timed as part of it."""
+    after each backward, timed as part of it; `budget_s`: fewer samples (down to 7) where
+    `repeats` rounds of every model would take longer (the ranks agree on the count from
+    the slowest's warm-up)."""
     import contextlib
 
     import torch
@@ -294,7 +305,12 @@ def _pass_times(models: dict[tuple[str, int], tuple[object, object]], repeats: i
     from torch.distributed.tensor.parallel import loss_parallel
 
     out: dict[tuple[str, int], tuple[list[float], list[float]]] = {k: ([], []) for k in models}
-    for i in range(repeats + 3):
+    rounds, i, start = repeats + 3, 0, time.perf_counter()
+    while i < rounds:
+        if i == 3 and budget_s is not None:
+            per_round = torch.tensor([(time.perf_counter() - start) / 3], dtype=torch.float64)
+            dist.all_reduce(per_round, op=dist.ReduceOp.MAX)
+            rounds = 3 + min(repeats, max(7, int(budget_s / float(per_round))))
         for key, (model, tokens) in models.items():
             framed = key[0] == "framed"
             dist.barrier()
@@ -312,6 +328,7 @@ def _pass_times(models: dict[tuple[str, int], tuple[object, object]], repeats: i
             if i >= 3:
                 out[key][0].append(float(both[0]))
                 out[key][1].append(float(both[1]))
+        i += 1
     return out
 
 
@@ -335,23 +352,48 @@ def _marginal(times: dict[tuple[str, int], tuple[list[float], list[float]]]
     return out[0], out[2], out[1], out[3]
 
 
-def _models(family_model: str, frame: Callable[[object], None]
+def _models(family_model: str | Any, frame: Callable[[object], None], *,
+            batch: tuple[int, int] = (1, _TINY_SEQ),
+            reference: Callable[[Any], Any] | None = None
             ) -> dict[tuple[str, int], tuple[object, object]]:
-    """Plain and framed tiny models at each of FRAMEWORK_LAYERS, with their tokens."""
+    """Plain and framed models at each of FRAMEWORK_LAYERS, with their tokens: the tiny
+    preset of `family_model`'s family (a name), or blocks of that model (a ModelSpec) on
+    `batch` (micro-batch, sequence) tokens. The plain ones are `reference(spec)` where
+    given (what a rank of the framed model computes, `tp_rank_spec`), else the same model."""
     import torch
 
     from executor.model import GPT
 
+    mbs, seq = batch
     models: dict[tuple[str, int], tuple[object, object]] = {}
     for layers in FRAMEWORK_LAYERS:
-        spec = _tiny(family_model, layers)
-        tokens = torch.randint(spec.vocab_size, (1, _TINY_SEQ))
+        spec = (_tiny(family_model, layers) if isinstance(family_model, str)
+                else dataclasses.replace(family_model, num_layers=layers, seq_len=seq))
+        plain = spec if reference is None else reference(spec)
+        # tokens every model's vocabulary holds (a reference's may be a shard's)
+        tokens = torch.randint(min(spec.vocab_size, plain.vocab_size), (mbs, seq))
         for framed in (False, True):
-            model = GPT(spec, attention="math")
+            model = GPT(spec if framed else plain, attention="math")
             if framed:
                 frame(model)
             models[("framed" if framed else "plain", layers)] = (model, tokens)
     return models
+
+
+def tp_rank_spec(spec: Any, tp: int) -> Any:
+    """The whole model that computes what one rank of `spec` under tensor parallelism
+    `tp` computes (executor/tensor_parallel.py): a tp-th of the heads (their width kept),
+    of the MLP's inner size (an MoE layer stays whole there) and of the vocabulary, the
+    hidden size and norms whole. The DTensor rows time the framed model against it, so
+    that what they hold is DTensor's machinery and the tp collectives, not a share of the
+    compute, at any size."""
+    return dataclasses.replace(
+        spec, num_heads=spec.num_heads // tp,
+        num_kv_heads=None if spec.num_kv_heads is None else spec.num_kv_heads // tp,
+        attention_head_dim=spec.head_dim,
+        ffn_hidden_size=spec.ffn_hidden_size // tp if not spec.num_experts
+        else spec.ffn_hidden_size,
+        vocab_size=-(-spec.vocab_size // tp))
 
 
 def _fsdp_rows(rank: int, world: int, *, backend: str, family_model: str,
@@ -393,23 +435,29 @@ def grad_hand_off(model: object) -> list[object]:
     return [local_grad(p) for p in model.parameters()]  # type: ignore[attr-defined]  # an nn.Module
 
 
-def _dtensor_rows(rank: int, world: int, *, backend: str, family_model: str,
-                  sequence_parallel: bool, repeats: int) -> list[ProfileRow]:
+def _dtensor_rows(rank: int, world: int, *, backend: str, family_model: str | Any,
+                  sequence_parallel: bool, repeats: int, batch: tuple[int, int] = (1, _TINY_SEQ),
+                  budget_s: float | None = None) -> list[ProfileRow]:
+    """DTensor's block and root rows, on the tiny preset of `family_model`'s family (a
+    name) or on blocks of that model (a ModelSpec) at `batch` (micro-batch, sequence):
+    the row's size is the activation's bytes, at which the tp collectives inside it ran."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from executor.tensor_parallel import apply_tensor_parallel
 
-    spec = _tiny(family_model, 1)
-    if spec.kv_heads % world:
+    spec = _tiny(family_model, 1) if isinstance(family_model, str) else family_model
+    if any(n % world for n in (spec.num_heads, spec.kv_heads, spec.ffn_hidden_size)):
         return []
     mesh = init_device_mesh("cpu", (world,))
 
     def frame(model: object) -> None:
         apply_tensor_parallel(model, mesh, sequence_parallel=sequence_parallel)
 
-    times = _pass_times(_models(family_model, frame), repeats, vocab_parallel=True,
-                        hand_off=grad_hand_off)
-    act_bytes = 4 * _TINY_SEQ * spec.hidden_size  # [1, s, h] in fp32
+    models = _models(family_model, frame, batch=batch,
+                     reference=lambda s: tp_rank_spec(s, world))
+    times = _pass_times(models, repeats, vocab_parallel=True, hand_off=grad_hand_off,
+                        budget_s=budget_s)
+    act_bytes = 4 * batch[0] * batch[1] * spec.hidden_size  # [b, s, h] in fp32
     fwd, bwd, root_fwd, root_bwd = _marginal(times)
     variant = backend + ("+sp" if sequence_parallel else "")
     return [host_row(name, ts, variant=variant, ranks=world, size_bytes=act_bytes)

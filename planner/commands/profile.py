@@ -116,6 +116,11 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
                         "CPU ranks sharing the host's cores), and how late the slowest rank "
                         "reaches a collective after the same compute (arrival_skew: ranks "
                         "in step)")
+    m.add_argument("--host-model", metavar="NAME",
+                   help="with --collectives --host-costs on the CPU: the model (a preset) "
+                        "whose tensor-parallel blocks the DTensor rows also time at each "
+                        "--mbs x --seq, the activation sizes its plans run, without "
+                        "measuring its ops (default: --model)")
     m.add_argument("--min-bytes", type=bytes_arg, default=1024, metavar="SIZE")
     m.add_argument("--max-bytes", type=bytes_arg, default=256 * 1024**2, metavar="SIZE")
     m.add_argument("-o", "--output", required=True, type=path_arg, metavar="FILE",
@@ -171,13 +176,15 @@ def run(args: argparse.Namespace) -> int:
         return run_fit(args.file, iterations=args.iterations, output=args.output)
     model = load_model(args.model_file) if args.model_file is not None else (
         preset(args.model, where="--model") if args.model is not None else None)
+    host_model = (preset(args.host_model, where="--host-model")
+                  if args.host_model is not None else None)
     return measure(MeasureRequest(
         model=model, output=args.output, command=shlex.join(["plan", *args.argv]),
         device=args.device, device_name=args.device_name, tp=args.tp, mbs=args.mbs,
         seq=args.seq, dtype=args.dtype, attention=args.attention, optimizer=args.optimizer,
         sequence_parallel=args.sequence_parallel, threads=args.threads, warmup=args.warmup,
         repeats=args.repeats, collectives=args.collectives, nprocs=args.nprocs,
-        host_costs=args.host_costs,
+        host_costs=args.host_costs, host_model=host_model,
         min_bytes=args.min_bytes, max_bytes=args.max_bytes))
 
 
@@ -341,6 +348,17 @@ def _host_model(req: MeasureRequest) -> str | None:
     return "debug-tiny-llama" if model is not None and model.gated else "debug-tiny"
 
 
+def _host_blocks(req: MeasureRequest) -> tuple[tuple[ModelSpec, int, int], ...]:
+    """(model, micro-batch, sequence) at which the DTensor rows also time the model's own
+    blocks: its plans' activation sizes (--mbs x --seq; the tiny preset's rows alone lie
+    at one small size, and a tp collective's cost in a block differs from one timed back
+    to back); CPU host costs with a model only."""
+    model = req.host_model or req.model
+    if _host_model(req) is None or model is None:
+        return ()
+    return tuple((model, mbs, seq) for mbs in req.mbs for seq in req.seq or (model.seq_len,))
+
+
 def _measure_collectives(req: MeasureRequest) -> tuple[Sequence[ProfileRow], bool]:
     from profiler.collectives import CollectiveSettings, measure_collectives, size_grid
 
@@ -348,7 +366,8 @@ def _measure_collectives(req: MeasureRequest) -> tuple[Sequence[ProfileRow], boo
                                   else "cpu", sizes_bytes=size_grid(req.min_bytes,
                                                                     req.max_bytes),
                                   warmup=req.warmup, repeats=req.repeats,
-                                  host_costs_model=_host_model(req))
+                                  host_costs_model=_host_model(req),
+                                  host_costs_blocks=_host_blocks(req))
     bar = ProgressBar(len(settings.kinds) + int(settings.host_costs_model is not None),
                       title=f"collectives x{req.nprocs}")
     try:

@@ -309,6 +309,7 @@ def _profile_here(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSp
         cap = min(64 << 20, max(1 << 20, 1 << (state_bytes - 1).bit_length()))
         requests.append(MeasureRequest(model=None, command="", collectives=True, nprocs=ranks,
                                        max_bytes=cap, host_costs=True, host_model=model,
+                                       mbs=mbs, seq=(args.seq or model.seq_len,),
                                        output=os.path.join(folder, "cpu-collectives.csv")))
     for req in requests:
         command = _measure_command(req, args)
@@ -342,8 +343,12 @@ def _measure_command(req: MeasureRequest, args: argparse.Namespace) -> str:
         argv += ["--collectives", "--nprocs", str(req.nprocs), "--max-bytes", str(req.max_bytes)]
     if req.host_costs:
         argv += ["--host-costs"]
+        if req.collectives and req.host_model is not None and req.model is None:
+            # the DTensor rows' blocks (a model file's name stands for its preset here)
+            argv += ["--host-model", req.host_model.name, "--mbs", ",".join(map(str, req.mbs)),
+                     "--seq", ",".join(map(str, req.seq or ()))]
     text = shlex.join([*argv, "-o", req.output])
-    if req.model is not None and args.model_file:  # the file's content, not only its name
+    if (req.model or req.host_model) is not None and args.model_file:  # its content too
         with open(args.model_file, "rb") as fh:
             digest = hashlib.sha256(fh.read()).hexdigest()[:16]
         text += f"  # {os.path.basename(args.model_file)} sha256:{digest}"

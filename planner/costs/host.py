@@ -12,7 +12,13 @@ host (profiler/hostcost.py), else the analytic defaults:
   for each gather), so the simulator prices gathers one by one inside the pass instead of
   prefetched on a side stream;
 * DTensor (`dtensor_layer_s`, `dtensor_root_s`): what a tensor-parallel block (and the
-  embedding and head) adds to a pass beyond its tp collectives, held on the compute stream;
+  embedding and head) adds to a pass, held on the compute stream: measured with its tp
+  collectives in, at the activation sizes the profile timed blocks at (a tiny block's, and
+  the plan model's at each micro-batch and sequence asked for), between those linearly;
+  the collectives are taken out at the profile's own price for the size measured and
+  priced again at the plan's, so at a measured size the measured block stands whole (a
+  collective inside a block costs more than one timed back to back: on this CPU host a
+  256 KB all-reduce took 1.4-2.0 ms a call in situ against 0.5-0.9 ms);
 * shared cores (`shared_cores`): CPU ranks of one host share its cores, caches, memory
   bandwidth and whatever else runs there, so each computes slower than the single process
   that measured the op profile while other ranks compute too: a GEMM's time with n of the
@@ -34,17 +40,18 @@ Each is measured per host with the executor's framework and never fitted to a pl
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from profiler.analytic import launch_overhead_s
 from profiler.devices import DeviceSpec
-from profiler.store import Profile, Profiles
+from profiler.store import Profile, ProfileRow, Profiles
 
 __all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "NO_BLOCK_COST",
            "BlockHostCost", "SharedCoreSlowdown", "backend", "collective_cpu_share",
            "dtensor_layer_s", "dtensor_root_s", "fsdp_unit_s", "host_families",
-           "host_source", "launch_s", "runner_microbatch_s", "shared_cores", "sync_skew"]
+           "host_source", "launch_s", "runner_microbatch_s", "shared_cores", "sync_skew",
+           "at_size", "sized_host_rows"]
 
 HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
                         "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "
@@ -99,15 +106,46 @@ class BlockHostCost:
 NO_BLOCK_COST = BlockHostCost(0.0, 0.0)
 
 
-def _block_cost(profile: Profile, stem: str, variant: str, ranks: int) -> BlockHostCost | None:
+def _block_cost(profile: Profile, stem: str, variant: str, ranks: int,
+                size: float | None = None) -> BlockHostCost | None:
     """The rows `<stem>_total_forward` / `_backward` (collectives in) where the profile
-    has them, else `<stem>_forward` / `_backward` (collectives out), or None."""
+    has them, else `<stem>_forward` / `_backward` (collectives out), or None; at `size`
+    (`at_size`: the rows measured at several sizes), else at the one size measured."""
     for whole in (True, False):
         names = [f"{stem}{'_total' if whole else ''}_{p}" for p in ("forward", "backward")]
-        fwd, bwd = (profile.host_row(n, variant=variant, ranks=ranks) for n in names)
-        if fwd is not None and bwd is not None:
-            return BlockHostCost(fwd.time_s, bwd.time_s, fwd.bytes if whole else 0.0)
+        fwd, bwd = (sized_host_rows(profile, n, variant=variant, ranks=ranks) for n in names)
+        if fwd and bwd:
+            at, fwd_s = at_size(fwd, size)
+            bwd_s = at_size(bwd, size)[1]
+            return BlockHostCost(fwd_s, bwd_s, at if whole else 0.0)
     return None
+
+
+def sized_host_rows(profile: Profile, name: str, *, variant: str | None = None,
+                    ranks: int = 1) -> list[ProfileRow]:
+    """The host rows `name` (of `variant`) at the group size nearest `ranks` measured,
+    smallest size first."""
+    found = [r for r in profile.host_rows if r.name == name
+             and (r.variant or "") == (variant or "")]
+    if not found:
+        return []
+    nearest = _nearest({r.ranks for r in found}, ranks)
+    return sorted((r for r in found if r.ranks == nearest), key=lambda r: r.bytes)
+
+
+def at_size(rows: Sequence[ProfileRow], size: float | None) -> tuple[float, float]:
+    """(bytes, seconds) of rows measured at several sizes (smallest first), at `size`:
+    linear between the two measured around it, the nearest end's beyond them (a block's
+    cost at a size far from any measured is the end's, with its collectives repriced by
+    the caller: `BlockHostCost`); the first row where `size` is None."""
+    if size is None or len(rows) == 1 or size <= rows[0].bytes:
+        return rows[0].bytes, rows[0].time_s
+    if size >= rows[-1].bytes:
+        return rows[-1].bytes, rows[-1].time_s
+    hi = next(i for i, r in enumerate(rows) if r.bytes >= size)
+    lo_row, hi_row = rows[hi - 1], rows[hi]
+    share = (size - lo_row.bytes) / (hi_row.bytes - lo_row.bytes)
+    return size, lo_row.time_s + share * (hi_row.time_s - lo_row.time_s)
 
 
 def fsdp_unit_s(dev: DeviceSpec, profile: Profile | None, ranks: int
@@ -121,23 +159,29 @@ def _variant(dev: DeviceSpec, sequence_parallel: bool) -> str:
 
 
 def dtensor_layer_s(dev: DeviceSpec, profile: Profile | None, tp: int,
-                    sequence_parallel: bool) -> BlockHostCost:
-    """DTensor's per-block cost (with or beyond its tp collectives: `BlockHostCost`)."""
+                    sequence_parallel: bool, act_bytes: float | None = None) -> BlockHostCost:
+    """DTensor's per-block cost (with or beyond its tp collectives: `BlockHostCost`), at
+    the activation size `act_bytes` where the profile measured blocks at several sizes."""
     if profile is None or tp <= 1:
         return NO_BLOCK_COST
-    return (_block_cost(profile, "dtensor_layer", _variant(dev, sequence_parallel), tp)
-            or NO_BLOCK_COST)
+    return (_block_cost(profile, "dtensor_layer", _variant(dev, sequence_parallel), tp,
+                        act_bytes) or NO_BLOCK_COST)
 
 
 def dtensor_root_s(dev: DeviceSpec, profile: Profile | None, tp: int,
-                   sequence_parallel: bool) -> tuple[float, float]:
-    """DTensor's cost of the embedding, head and vocabulary-parallel loss together."""
+                   sequence_parallel: bool, act_bytes: float | None = None) -> BlockHostCost:
+    """DTensor's cost of the embedding, head and vocabulary-parallel loss together, their
+    tp collectives in (measured at `comm_bytes` of activation), at `act_bytes` as
+    `dtensor_layer_s`."""
     if profile is None or tp <= 1:
-        return 0.0, 0.0
+        return NO_BLOCK_COST
     variant = _variant(dev, sequence_parallel)
-    fwd = profile.host_s("dtensor_root_forward", variant=variant, ranks=tp)
-    bwd = profile.host_s("dtensor_root_backward", variant=variant, ranks=tp)
-    return (fwd or 0.0, bwd or 0.0)
+    fwd, bwd = (sized_host_rows(profile, f"dtensor_root_{p}", variant=variant, ranks=tp)
+                for p in ("forward", "backward"))
+    if not fwd or not bwd:
+        return NO_BLOCK_COST
+    at, fwd_s = at_size(fwd, act_bytes)
+    return BlockHostCost(fwd_s, at_size(bwd, act_bytes)[1], at)
 
 
 @dataclass(frozen=True)

@@ -633,7 +633,8 @@ def layer_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_k
     # DTensor's dispatch of a tp block, on the compute stream (a full recompute runs the
     # forward's again inside the backward); measured with its two tp collectives a pass
     # in, those are taken out at the price `_part` gives them at the measured size
-    dt = dtensor_layer_s(dev, profile, shape.tp, shape.sequence_parallel)
+    dt = dtensor_layer_s(dev, profile, shape.tp, shape.sequence_parallel,
+                         _activation_bytes(model, shape))
     dt_fwd, dt_bwd = dt.forward_s, dt.backward_s
     if dt.comm_bytes:
         kinds = ("all_gather", "reduce_scatter") if shape.sequence_parallel else ("all_reduce",)
@@ -671,10 +672,38 @@ def _extra_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_
     issue_s = launch_s(dev, profile)
     fwd, bwd = embedding_work(model, shape) if which == "embed" else head_work(model, shape)[:2]
     # DTensor's embedding, head and vocabulary-parallel loss, priced with the head
-    dt_fwd, dt_bwd = (dtensor_root_s(dev, profile, shape.tp, shape.sequence_parallel)
+    dt_fwd, dt_bwd = (_dtensor_root(model, shape, dev, profile, tiers, profiles)
                       if which == "head" else (0.0, 0.0))
     return (_part(fwd, costs, tiers, issue_s, profiles=profiles) + Part(host_s=dt_fwd),
             _part(bwd, costs, tiers, issue_s, profiles=profiles) + Part(host_s=dt_bwd))
+
+
+def _activation_bytes(model: ModelSpec, shape: WorkloadShape) -> float:
+    """One micro-batch's activation [b, s, h] on a rank (its tp collectives' size)."""
+    return (shape.micro_batch_size * shape.seq_len // shape.cp * model.hidden_size
+            * DType(shape.dtype).element_bytes)
+
+
+def _dtensor_root(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec,
+                  profile: Profile | None, tiers: dict[str, tuple[Tier, ...]],
+                  profiles: Profiles | None) -> tuple[float, float]:
+    """DTensor's embedding, head and loss beyond their tp collectives (the embedding's
+    and head's own `Comm`s, which `_part` prices at the plan's size): the measured root,
+    less those collectives at the size it was measured at (`dtensor_root_s`)."""
+    dt = dtensor_root_s(dev, profile, shape.tp, shape.sequence_parallel,
+                        _activation_bytes(model, shape))
+    if not dt.comm_bytes:
+        return dt.forward_s, dt.backward_s
+    scale = dt.comm_bytes / _activation_bytes(model, shape)
+    embed, head = embedding_work(model, shape), head_work(model, shape)
+
+    def comm_s(*items: tuple[Work, ...]) -> float:
+        return sum(collective_time_s(c.kind, c.bytes * scale, tiers.get(c.axis, ()),
+                                     profiles=profiles)
+                   for work in items for c in work if isinstance(c, Comm))
+
+    return (max(0.0, dt.forward_s - comm_s(embed[0], head[0])),
+            max(0.0, dt.backward_s - comm_s(embed[1], head[1])))
 
 
 def bucket_params(comm: Communication, dp: int) -> float:

@@ -188,3 +188,53 @@ def test_the_runner_row_is_what_the_runner_adds_per_micro_batch(monkeypatch):
     monkeypatch.setattr(pipeline.MicroBatches, "samples", slow)
     (slowed,) = runner_rows(repeats=5)
     assert 1.8e-3 < slowed.time_s - row.time_s < 4e-3
+
+
+def _rank_spec_worker(rank: int, world: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from executor.model import GPT
+    from executor.tensor_parallel import apply_tensor_parallel
+    from planner.specs.model import preset
+    from profiler.hostcost import _dtensor_rows, tp_rank_spec
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)
+    found = {}
+    for name in ("debug-tiny", "debug-tiny-llama"):
+        spec = preset(name)
+        framed = GPT(spec, attention="math")
+        apply_tensor_parallel(framed, init_device_mesh("cpu", (world,)), sequence_parallel=False)
+        local = sum((p.to_local() if isinstance(p, DTensor) else p).numel()
+                    for p in framed.blocks["0"].parameters())
+        plain = sum(p.numel() for p in GPT(tp_rank_spec(spec, world)).blocks["0"].parameters())
+        found[name] = (local, plain, sum(p.numel() for p in GPT(spec).blocks["0"].parameters()))
+    rows = _dtensor_rows(rank, world, backend="gloo", family_model=preset("debug-tiny"),
+                         sequence_parallel=False, repeats=9, batch=(2, 16), budget_s=0.0)
+    if rank == 0:
+        torch.save({"numel": found, "rows": [(r.name, r.shape, r.samples) for r in rows]}, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiprocess
+def test_dtensor_blocks_are_timed_against_what_a_tp_rank_computes_at_the_plans_size(tmp_path):
+    """The DTensor rows time the framed model against `tp_rank_spec`, the whole model
+    that computes what one tp rank does: a block of it holds exactly a tp rank's share of
+    the framed block (heads, MLP and their biases split, norms whole), so the row holds
+    DTensor's machinery and the collectives, not compute, at any size. On a model's own
+    blocks at (micro-batch, sequence), the rows' size is that activation's bytes; a budget
+    of no time still leaves 7 samples of the 9 asked for."""
+    out = str(tmp_path / "out.pt")
+    torch.multiprocessing.spawn(_rank_spec_worker, args=(2, str(tmp_path / "store"), out),
+                                nprocs=2)
+    got = torch.load(out)
+    for local, plain, whole in got["numel"].values():
+        assert local == plain < whole
+    assert [(n, s) for n, s, _ in got["rows"]] == [
+        (f"dtensor_{n}", (4 * 2 * 16 * 64,))
+        for n in ("layer_total_forward", "layer_total_backward", "root_forward",
+                  "root_backward")]
+    assert all(samples == 7 for *_, samples in got["rows"])

@@ -1,6 +1,7 @@
 """`plan profile show --plot` and `-o`: the picture's path checked before the profile is
 read, written whole."""
 
+import dataclasses
 import os
 import pathlib
 import shutil
@@ -46,3 +47,27 @@ def test_measure_help_says_what_host_costs_measure(capsys):
     text = " ".join(out.split())  # argparse wraps lines
     assert code == 0 and "FSDP2's and DTensor's per-layer costs" in text
     assert "while n of the --nprocs ranks compute at once (gemm_shared" in text
+
+
+def test_an_unknown_host_model_is_refused_in_one_line(tmp_path, capsys):
+    code, out, err = run_cli(["profile", "--collectives", "--host-costs", "--host-model",
+                              "gpt-nope", "-o", str(tmp_path / "p.csv")], capsys)
+    assert code == 2 and out == "" and "--host-model: 'gpt-nope' is not a known preset" in err
+    assert err.count("\n") == 1 and not os.path.exists(tmp_path / "p.csv"), err
+
+
+def test_the_dtensor_rows_time_the_models_blocks_at_each_micro_batch_and_sequence():
+    """With --host-model (or --model) and --host-costs on the CPU, the collectives run
+    also times DTensor on that model's blocks at each --mbs x --seq (the activation sizes
+    its plans run); without host costs, or on a GPU, nothing."""
+    from planner.commands.profile import MeasureRequest, _host_blocks
+    from planner.specs.model import preset
+
+    small = preset("debug-small")
+    req = MeasureRequest(model=None, output="p.csv", command="", collectives=True,
+                         host_costs=True, host_model=small, mbs=(4, 8), seq=(32, 64))
+    assert _host_blocks(req) == ((small, 4, 32), (small, 4, 64), (small, 8, 32), (small, 8, 64))
+    assert _host_blocks(dataclasses.replace(req, seq=None)) == ((small, 4, 64), (small, 8, 64))
+    assert _host_blocks(dataclasses.replace(req, host_costs=False)) == ()
+    assert _host_blocks(dataclasses.replace(req, device="cuda")) == ()
+    assert _host_blocks(dataclasses.replace(req, host_model=None)) == ()

@@ -10,6 +10,7 @@ import pytest
 from planner.costs.host import (
     HOST_ANALYTIC_GPU_SOURCE,
     HOST_ANALYTIC_SOURCE,
+    at_size,
     collective_cpu_share,
     fsdp_unit_s,
     launch_s,
@@ -403,3 +404,64 @@ def test_the_runner_is_paid_once_per_micro_batch_pass_of_each_stage(tmp_path, pp
     assert runner_microbatch_s(device("H100-80GB-SXM"), priced.get("CPU")) == 0.0
     assert simulate(h100, profiles=priced).iteration_time_s == \
         simulate(h100, profiles=base).iteration_time_s
+
+
+def test_at_size_is_linear_between_the_sizes_measured_and_the_ends_beyond():
+    """`at_size`: a block measured at several activation sizes, read at the plan's."""
+    rows = [_host("dtensor_layer_total_forward", t, size=s)
+            for s, t in ((1000, 1e-3), (3000, 5e-3))]
+    assert at_size(rows, 2000) == (2000, pytest.approx(3e-3))
+    assert at_size(rows, 500) == (1000, 1e-3) and at_size(rows, 9000) == (3000, 5e-3)
+    assert at_size(rows, None) == (1000, 1e-3) and at_size(rows[1:], 1000) == (3000, 5e-3)
+
+
+def _tp_pass_s(cost, part):
+    """A pass's DTensor machinery and tp collectives together."""
+    p = getattr(cost, part)
+    return p.host_s + p.tp_s
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_a_tp_block_measured_at_the_plans_activation_stands_whole(tmp_path, sp):
+    """DTensor's rows measured on the plan's own blocks at its activation size (a tp
+    collective in a block costs more than one timed back to back): at that size the
+    priced block (its host time and its tp collectives) is the measured one whole; at a
+    size between two measured, the line between them; beyond the largest, the largest's
+    with its collectives priced again at the plan's size. The embedding, head and loss
+    (the root) alike, their own tp collectives taken out at the size measured. Before,
+    the first row measured (the tiny block's) priced every plan."""
+    v = "gloo+sp" if sp else "gloo"
+    tiny, act = 4096, 8 * 64 * SMALL.hidden_size * 4  # mbs 8, seq 64, fp32
+    totals = {tiny: (3e-3, 4e-3, 20e-3, 30e-3), act: (9e-3, 12e-3, 40e-3, 50e-3)}
+    rows = _collectives() + tuple(
+        _host(name, t, variant=v, size=size) for size, ts in totals.items()
+        for name, t in zip(("dtensor_layer_total_forward", "dtensor_layer_total_backward",
+                            "dtensor_root_forward", "dtensor_root_backward"), ts, strict=True))
+    profiles = _profiles(tmp_path, rows)
+    bare = _profiles(tmp_path, _collectives(), "bare.csv")
+
+    def priced(mbs):
+        plan = homogeneous_plan(SMALL, CPU, ParallelConfig(seq_len=64, dtype="fp32", mbs=mbs,
+                                                           gbs=mbs, tp=2, sequence_parallel=sp),
+                                kernels=Kernels(attention="flash", optimizer="fused"))
+        a, b = plan_costs(plan, profiles).costs[0][0], plan_costs(plan, bare).costs[0][0]
+        layer = (_tp_pass_s(a, "layer_forward") - b.layer_forward.host_s,
+                 _tp_pass_s(a, "layer_backward") - b.layer_backward.host_s)
+        root = tuple(_tp_pass_s(a, f"embed_{p}") + _tp_pass_s(a, f"head_{p}")
+                     - getattr(b, f"head_{p}").host_s for p in ("forward", "backward"))
+        return layer, root
+
+    layer, root = priced(8)
+    assert layer == pytest.approx(totals[act][:2]) and root == pytest.approx(totals[act][2:])
+    share = (act / 2 - tiny) / (act - tiny)  # mbs 4: between the two
+    layer, root = priced(4)
+    line = [lo + share * (hi - lo) for lo, hi in zip(totals[tiny], totals[act], strict=True)]
+    assert layer == pytest.approx(line[:2]) and root == pytest.approx(line[2:])
+    profile = profiles.get("CPU")
+    kinds = ("all_gather", "reduce_scatter") if sp else ("all_reduce",)
+
+    def moved(size):  # a pass's two tp collectives at 2x the largest size against at it
+        return 2 * sum(profile.collective_time_s(k, size, 2) for k in kinds)
+
+    layer, _ = priced(16)
+    assert layer == pytest.approx([t - moved(act) + moved(2 * act) for t in totals[act][:2]])
