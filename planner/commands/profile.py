@@ -348,6 +348,13 @@ def _host_model(req: MeasureRequest) -> str | None:
     return "debug-tiny-llama" if model is not None and model.gated else "debug-tiny"
 
 
+# What the DTensor rows time a model's own blocks at, at most: 5-block models (framed and a
+# tp rank's, with gradients) of this many parameters a block, and the math attention's
+# scores [b, heads, s, s] in fp32 of this many bytes.
+MAX_BLOCK_PARAMS = 25_000_000
+MAX_SCORES_BYTES = 512 << 20
+
+
 def _host_blocks(req: MeasureRequest) -> tuple[tuple[ModelSpec, int, int], ...]:
     """(model, micro-batch, sequence) at which the DTensor rows also time the model's own
     blocks: its plans' activation sizes (--mbs x --seq; the tiny preset's rows alone lie
@@ -356,7 +363,19 @@ def _host_blocks(req: MeasureRequest) -> tuple[tuple[ModelSpec, int, int], ...]:
     model = req.host_model or req.model
     if _host_model(req) is None or model is None:
         return ()
-    return tuple((model, mbs, seq) for mbs in req.mbs for seq in req.seq or (model.seq_len,))
+    if model.params_per_layer() > MAX_BLOCK_PARAMS:
+        print(f"plan profile: DTensor rows on {model.name}'s own blocks skipped: a block "
+              f"holds {model.params_per_layer() / 1e6:,.0f}M parameters, more than the CPU "
+              f"times in 5-block models ({MAX_BLOCK_PARAMS / 1e6:.0f}M); the tiny preset's "
+              "rows price its plans", file=sys.stderr)
+        return ()
+    shapes = [(mbs, seq) for mbs in req.mbs for seq in req.seq or (model.seq_len,)]
+    big = [(b, s) for b, s in shapes if 4 * b * model.num_heads * s * s > MAX_SCORES_BYTES]
+    if big:
+        print(f"plan profile: DTensor rows on {model.name}'s blocks skipped at (micro-batch, "
+              f"sequence) {', '.join(map(str, big))}: their attention scores exceed "
+              f"{MAX_SCORES_BYTES >> 20} MiB", file=sys.stderr)
+    return tuple((model, b, s) for b, s in shapes if (b, s) not in big)
 
 
 def _measure_collectives(req: MeasureRequest) -> tuple[Sequence[ProfileRow], bool]:

@@ -71,3 +71,19 @@ def test_the_dtensor_rows_time_the_models_blocks_at_each_micro_batch_and_sequenc
     assert _host_blocks(dataclasses.replace(req, host_costs=False)) == ()
     assert _host_blocks(dataclasses.replace(req, device="cuda")) == ()
     assert _host_blocks(dataclasses.replace(req, host_model=None)) == ()
+
+
+def test_blocks_too_big_for_the_cpu_are_left_to_the_tiny_rows(capsys):
+    """A model whose blocks the CPU cannot time in 5-block models (or whose attention
+    scores at a shape are too big) keeps the tiny preset's rows, and says so."""
+    from planner.commands.profile import MeasureRequest, _host_blocks
+    from planner.specs.model import preset
+
+    req = MeasureRequest(model=None, output="p.csv", command="", collectives=True,
+                         host_costs=True, host_model=preset("llama3-8b"), mbs=(1,), seq=(64,))
+    assert _host_blocks(req) == ()
+    assert "DTensor rows on llama3-8b's own blocks skipped" in capsys.readouterr().err
+    small = preset("debug-small")
+    req = dataclasses.replace(req, host_model=small, mbs=(1, 64), seq=(64, 8192))
+    assert _host_blocks(req) == ((small, 1, 64), (small, 64, 64))
+    assert "(1, 8192), (64, 8192)" in capsys.readouterr().err
