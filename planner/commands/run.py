@@ -309,7 +309,10 @@ def _profile_here(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSp
         cap = min(64 << 20, max(1 << 20, 1 << (state_bytes - 1).bit_length()))
         requests.append(MeasureRequest(model=None, command="", collectives=True, nprocs=ranks,
                                        max_bytes=cap, host_costs=True, host_model=model,
-                                       mbs=mbs, seq=(args.seq or model.seq_len,),
+                                       # DTensor's rows on the model's blocks at the
+                                       # largest micro-batch; between it and the tiny
+                                       # preset's, the planner reads them on a line
+                                       mbs=(max(mbs),), seq=(args.seq or model.seq_len,),
                                        output=os.path.join(folder, "cpu-collectives.csv")))
     for req in requests:
         command = _measure_command(req, args)
