@@ -303,12 +303,20 @@ class Profile:
 
     def host_row(self, name: str, *, variant: str | None = None, ranks: int = 1
                  ) -> ProfileRow | None:
-        """The host row `host_s` reads (its size too), or None."""
+        """The host row `host_s` reads (its size too; the smallest measured), or None."""
+        rows = self.sized_host_rows(name, variant=variant, ranks=ranks)
+        return rows[0] if rows else None
+
+    def sized_host_rows(self, name: str, *, variant: str | None = None, ranks: int = 1
+                        ) -> list[ProfileRow]:
+        """The host rows `name` (of `variant`) at group size `ranks`, else at the nearest
+        measured (the smaller of two as near), smallest size first."""
         found = [r for r in self.host_rows if r.name == name
                  and (r.variant or "") == (variant or "")]
         if not found:
-            return None
-        return min(found, key=lambda r: (abs(r.ranks - ranks), r.ranks))
+            return []
+        nearest = min({r.ranks for r in found}, key=lambda g: (abs(g - ranks), g))
+        return sorted((r for r in found if r.ranks == nearest), key=lambda r: r.bytes)
 
     @property
     def op_rows(self) -> tuple[ProfileRow, ...]:

@@ -51,7 +51,7 @@ __all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "NO_BLOCK_COST",
            "BlockHostCost", "SharedCoreSlowdown", "backend", "collective_cpu_share",
            "dtensor_layer_s", "dtensor_root_s", "fsdp_unit_s", "host_families",
            "host_source", "launch_s", "runner_microbatch_s", "shared_cores", "sync_skew",
-           "at_size", "sized_host_rows"]
+           "at_size"]
 
 HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
                         "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "
@@ -112,25 +112,23 @@ def _block_cost(profile: Profile, stem: str, variant: str, ranks: int,
     has them, else `<stem>_forward` / `_backward` (collectives out), or None; at `size`
     (`at_size`: the rows measured at several sizes), else at the one size measured."""
     for whole in (True, False):
-        names = [f"{stem}{'_total' if whole else ''}_{p}" for p in ("forward", "backward")]
-        fwd, bwd = (sized_host_rows(profile, n, variant=variant, ranks=ranks) for n in names)
-        if fwd and bwd:
-            at, fwd_s = at_size(fwd, size)
-            bwd_s = at_size(bwd, size)[1]
+        found = _pair_at(profile, f"{stem}{'_total' if whole else ''}", variant, ranks, size)
+        if found is not None:
+            at, fwd_s, bwd_s = found
             return BlockHostCost(fwd_s, bwd_s, at if whole else 0.0)
     return None
 
 
-def sized_host_rows(profile: Profile, name: str, *, variant: str | None = None,
-                    ranks: int = 1) -> list[ProfileRow]:
-    """The host rows `name` (of `variant`) at the group size nearest `ranks` measured,
-    smallest size first."""
-    found = [r for r in profile.host_rows if r.name == name
-             and (r.variant or "") == (variant or "")]
-    if not found:
-        return []
-    nearest = _nearest({r.ranks for r in found}, ranks)
-    return sorted((r for r in found if r.ranks == nearest), key=lambda r: r.bytes)
+def _pair_at(profile: Profile, stem: str, variant: str, ranks: int, size: float | None
+             ) -> tuple[float, float, float] | None:
+    """(bytes, forward seconds, backward seconds) of the rows `<stem>_forward` and
+    `<stem>_backward` at `size` (`at_size`), or None where the profile lacks either."""
+    fwd, bwd = (profile.sized_host_rows(f"{stem}_{p}", variant=variant, ranks=ranks)
+                for p in ("forward", "backward"))
+    if not fwd or not bwd:
+        return None
+    at, fwd_s = at_size(fwd, size)
+    return at, fwd_s, at_size(bwd, size)[1]
 
 
 def at_size(rows: Sequence[ProfileRow], size: float | None) -> tuple[float, float]:
@@ -175,13 +173,8 @@ def dtensor_root_s(dev: DeviceSpec, profile: Profile | None, tp: int,
     `dtensor_layer_s`."""
     if profile is None or tp <= 1:
         return NO_BLOCK_COST
-    variant = _variant(dev, sequence_parallel)
-    fwd, bwd = (sized_host_rows(profile, f"dtensor_root_{p}", variant=variant, ranks=tp)
-                for p in ("forward", "backward"))
-    if not fwd or not bwd:
-        return NO_BLOCK_COST
-    at, fwd_s = at_size(fwd, act_bytes)
-    return BlockHostCost(fwd_s, at_size(bwd, act_bytes)[1], at)
+    found = _pair_at(profile, "dtensor_root", _variant(dev, sequence_parallel), tp, act_bytes)
+    return NO_BLOCK_COST if found is None else BlockHostCost(found[1], found[2], found[0])
 
 
 @dataclass(frozen=True)
