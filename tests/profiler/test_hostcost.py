@@ -1,5 +1,7 @@
 """The framework's host-side costs measured across two local processes (gloo)."""
 
+import gc
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -16,6 +18,7 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
     rows = _skew_rows(rank, world, repeats=3)
     if rank == 0:
         torch.save([(r.name, r.shape, r.ranks, r.time_s, r.samples) for r in rows], out)
+    gc.collect()  # before destroy: gloo's exit-time abort otherwise (profiler/collectives.py)
     dist.destroy_process_group()
 
 
@@ -65,6 +68,7 @@ def _hand_off_worker(rank: int, world: int, store: str, out: str) -> None:
                                       "after": {n: after[n] for n in partial}})
     if rank == 0:
         torch.save(gathered, out)
+    gc.collect()  # before destroy: gloo's exit-time abort otherwise (profiler/collectives.py)
     dist.destroy_process_group()
 
 
@@ -102,6 +106,7 @@ def _pass_worker(rank: int, world: int, store: str, out: str) -> None:
     handed = _pass_times(models, 3, hand_off=lambda _model: time.sleep(0.05))
     if rank == 0:
         torch.save({k: (min(plain[k][1]), min(handed[k][1])) for k in models}, out)
+    gc.collect()  # before destroy: gloo's exit-time abort otherwise (profiler/collectives.py)
     dist.destroy_process_group()
 
 
@@ -145,6 +150,7 @@ def _fsdp_worker(rank: int, world: int, store: str, out: str) -> None:
                           sequence_parallel=True, repeats=3)
     if rank == 0:
         torch.save([(r.name, r.variant, r.shape, r.ranks, r.time_s) for r in rows], out)
+    gc.collect()  # before destroy: gloo's exit-time abort otherwise (profiler/collectives.py)
     dist.destroy_process_group()
 
 
@@ -216,6 +222,7 @@ def _rank_spec_worker(rank: int, world: int, store: str, out: str) -> None:
                          sequence_parallel=False, repeats=9, batch=(2, 16), budget_s=0.0)
     if rank == 0:
         torch.save({"numel": found, "rows": [(r.name, r.shape, r.samples) for r in rows]}, out)
+    gc.collect()  # before destroy: gloo's exit-time abort otherwise (profiler/collectives.py)
     dist.destroy_process_group()
 
 
