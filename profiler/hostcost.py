@@ -42,6 +42,15 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   bandwidth (and any other load on the machine), so a rank computes slower while others
   compute too: the time at n against the time at 1 is that slowdown, measured now on this
   host; the event simulation applies it only while n ranks compute at once.
+* `pass_shared` (ranks n = 1..N, size the activation's bytes): the same slowdown on the
+  plan model's own forward + backward at a plan's micro-batch and sequence (`plan profile
+  --host-model M --mbs B --seq S`), whole and at tp 1. A training pass is not all GEMMs in
+  cache: its memory-bound ops (norms, activations, softmax, the loss over the vocabulary,
+  the gradients' writes) share the host's memory bandwidth and last-level cache, which a
+  256^3 GEMM does not, so the pass slows more than the GEMM (measured on this VM, two
+  ranks at once: debug-tiny 1.03-1.09, debug-small 1.08, debug-medium 1.03, against the
+  GEMM's 1.00-1.01 in the same processes). The planner prefers these rows where the
+  profile has them.
 
 All are measured per host with the framework this repository runs, never fitted to a
 plan. torch and the executor are imported only inside the functions that measure.
@@ -57,7 +66,8 @@ from typing import Any
 
 from profiler.store import ProfileRow
 
-__all__ = ["FRAMEWORK_LAYERS", "HOST_COLLECTIVES", "dispatch_rows", "framework_rows",
+__all__ = ["FRAMEWORK_LAYERS", "HOST_COLLECTIVES", "MAX_PASS_PARAMS", "dispatch_rows",
+           "framework_rows",
            "grad_hand_off", "host_row", "runner_rows"]
 
 HOST_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
@@ -65,6 +75,13 @@ FRAMEWORK_LAYERS = (1, 5)  # blocks of the two tiny models whose difference is o
 _CHAIN = 32  # tiny ops per dispatch sample
 _TINY_SEQ = 16  # tokens of the tiny models' micro-batch (one sequence)
 BLOCK_BUDGET_S = 10.0  # seconds of samples for one variant of a model's DTensor rows
+# The `pass_shared` rows: seconds of samples for one (micro-batch, sequence) at most (and
+# at least PASS_SHARED_MIN rounds of every count), the rounds at most, and the largest
+# model whose whole forward + backward they time (N processes hold a copy each, with its
+# gradients: 100M parameters are ~1.2 GB a process in fp32)
+PASS_SHARED_BUDGET_S = 8.0
+PASS_SHARED_MIN, PASS_SHARED_MAX = 7, 150
+MAX_PASS_PARAMS = 100_000_000
 
 
 def host_row(name: str, times: Sequence[float], *, variant: str | None = None,
@@ -203,6 +220,9 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
             rows += _dtensor_rows(rank, world, backend=backend, family_model=model,
                                   sequence_parallel=sequence_parallel, repeats=repeats,
                                   batch=(mbs, seq), budget_s=BLOCK_BUDGET_S)
+    for model, mbs, seq in blocks:
+        if model.num_params() <= MAX_PASS_PARAMS:
+            rows += _pass_share_rows(rank, world, model, (mbs, seq))
     return rows
 
 
@@ -229,6 +249,50 @@ def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
             if i >= 3:
                 times[n].append(float(slowest))
     return [host_row("gemm_shared", ts, ranks=n, calls=100, size_bytes=3 * 4 * 256 * 256)
+            for n, ts in times.items()]
+
+
+def _pass_share_rows(rank: int, world: int, spec: Any, batch: tuple[int, int], *,
+                     budget_s: float = PASS_SHARED_BUDGET_S) -> list[ProfileRow]:
+    """The `spec` model's forward + backward on `batch` (micro-batch, sequence) tokens
+    while n of the `world` ranks run it at once, n = 1..world (the others wait in the
+    all-reduce that collects the slowest rank's time), the counts sampled in turn; as
+    many rounds as fit in `budget_s` (the ranks agree on the count from the slowest's
+    warm-up), PASS_SHARED_MIN to PASS_SHARED_MAX."""
+    import torch
+    import torch.distributed as dist
+
+    from executor.model import GPT
+
+    mbs, seq = batch
+    model = GPT(dataclasses.replace(spec, seq_len=seq), attention="flash")
+    tokens = torch.randint(spec.vocab_size, (mbs, seq))
+
+    def one_pass() -> float:
+        start = time.perf_counter()
+        model(tokens, tokens).backward()
+        model.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    times: dict[int, list[float]] = {n: [] for n in range(1, world + 1)}
+    warmup = 2
+    rounds, i, start = warmup + PASS_SHARED_MIN, 0, time.perf_counter()
+    while i < rounds:
+        if i == warmup:
+            per_round = torch.tensor([(time.perf_counter() - start) / warmup],
+                                     dtype=torch.float64)
+            dist.all_reduce(per_round, op=dist.ReduceOp.MAX)
+            rounds = warmup + min(PASS_SHARED_MAX,
+                                  max(PASS_SHARED_MIN, int(budget_s / float(per_round))))
+        for n in times:
+            dist.barrier()
+            slowest = torch.tensor([one_pass() if rank < n else 0.0], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            if i >= warmup:
+                times[n].append(float(slowest))
+        i += 1
+    act_bytes = 4 * mbs * seq * spec.hidden_size  # [b, s, h] in fp32, as the DTensor rows
+    return [host_row("pass_shared", ts, ranks=n, size_bytes=act_bytes)
             for n, ts in times.items()]
 
 

@@ -39,6 +39,7 @@ from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec, load_model, preset
 from profiler.devices import DeviceSpec
 from profiler.host import LocalDevice, check_dtype, local_device, runtime
+from profiler.hostcost import MAX_PASS_PARAMS
 from profiler.kernels import SDPA_BACKENDS
 from profiler.measure import MATMUL_PRECISION, Measured, MeasureSettings, OpCase
 from profiler.progress import ProgressBar
@@ -119,8 +120,9 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
     m.add_argument("--host-model", metavar="NAME",
                    help="with --collectives --host-costs on the CPU: the model (a preset) "
                         "whose tensor-parallel blocks the DTensor rows also time at each "
-                        "--mbs x --seq, the activation sizes its plans run, without "
-                        "measuring its ops (default: --model)")
+                        "--mbs x --seq, the activation sizes its plans run, and whose whole "
+                        "forward + backward the shared-core rows time there (pass_shared), "
+                        "without measuring its ops (default: --model)")
     m.add_argument("--min-bytes", type=bytes_arg, default=1024, metavar="SIZE")
     m.add_argument("--max-bytes", type=bytes_arg, default=256 * 1024**2, metavar="SIZE")
     m.add_argument("-o", "--output", required=True, type=path_arg, metavar="FILE",
@@ -359,7 +361,8 @@ def _host_blocks(req: MeasureRequest) -> tuple[tuple[ModelSpec, int, int], ...]:
     """(model, micro-batch, sequence) at which the DTensor rows also time the model's own
     blocks: its plans' activation sizes (--mbs x --seq; the tiny preset's rows alone lie
     at one small size, and a tp collective's cost in a block differs from one timed back
-    to back); CPU host costs with a model only."""
+    to back), and at which the `pass_shared` rows time its whole pass with n ranks at
+    once (a model of at most MAX_PASS_PARAMS); CPU host costs with a model only."""
     model = req.host_model or req.model
     if _host_model(req) is None or model is None:
         return ()
@@ -375,6 +378,11 @@ def _host_blocks(req: MeasureRequest) -> tuple[tuple[ModelSpec, int, int], ...]:
         print(f"plan profile: DTensor rows on {model.name}'s blocks skipped at (micro-batch, "
               f"sequence) {', '.join(map(str, big))}: their attention scores exceed "
               f"{MAX_SCORES_BYTES >> 20} MiB", file=sys.stderr)
+    if model.num_params() > MAX_PASS_PARAMS:
+        print(f"plan profile: the shared-core rows on {model.name}'s whole pass skipped: it "
+              f"holds {model.num_params() / 1e6:,.0f}M parameters, more than the "
+              f"{MAX_PASS_PARAMS / 1e6:.0f}M a process times here; a GEMM's "
+              "(gemm_shared) price its plans", file=sys.stderr)
     return tuple((model, b, s) for b, s in shapes if (b, s) not in big)
 
 

@@ -21,8 +21,9 @@ host (profiler/hostcost.py), else the analytic defaults:
   256 KB all-reduce took 1.4-2.0 ms a call in situ against 0.5-0.9 ms);
 * shared cores (`shared_cores`): CPU ranks of one host share its cores, caches, memory
   bandwidth and whatever else runs there, so each computes slower than the single process
-  that measured the op profile while other ranks compute too: a GEMM's time with n of the
-  host's ranks computing at once against one alone, n = 1..N. The event simulation applies
+  that measured the op profile while other ranks compute too: the plan model's own
+  forward + backward (`pass_shared`; else a GEMM's, `gemm_shared`) with n of the host's
+  ranks computing at once against one alone, n = 1..N. The event simulation applies
   it only while that many ranks compute (planner/simulator/graph.py), so pipeline stages
   that compute in turn are not slowed;
 * ranks in step (`sync_skew`): a group that synchronises at every collective runs at
@@ -39,6 +40,7 @@ Each is measured per host with the executor's framework and never fitted to a pl
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -198,10 +200,16 @@ class SharedCoreSlowdown:
         return k[lo - 1] + (load - lo) * (k[lo] - k[lo - 1])
 
 
-def shared_cores(dev: DeviceSpec, profile: Profile | None) -> SharedCoreSlowdown | None:
+def shared_cores(dev: DeviceSpec, profile: Profile | None, act_bytes: float | None = None
+                 ) -> SharedCoreSlowdown | None:
     """The measured slowdown of `dev`'s ranks sharing a host (None on GPUs, which do not
-    share their compute, and where the profile has no `gemm_shared` rows). Never below 1
-    and never smaller for more ranks (a measurement's noise is not a speed-up).
+    share their compute, and where the profile has neither `pass_shared` nor
+    `gemm_shared` rows). The plan model's own forward + backward (`pass_shared`) where
+    the profile has it, at the measured activation size nearest `act_bytes` (the largest
+    where None): a pass's memory-bound ops share the memory bandwidth and the last-level
+    cache as a GEMM in cache does not (profiler/hostcost.py); else the 256^3 GEMM's.
+    Never below 1 and never smaller for more ranks (a measurement's noise is not a
+    speed-up).
 
     The ratio of the samples' 10th percentiles, not of their medians, and at each count
     the least of the measurements the profile holds (one per collective run of N
@@ -211,10 +219,23 @@ def shared_cores(dev: DeviceSpec, profile: Profile | None) -> SharedCoreSlowdown
     still shows in it."""
     if dev.vendor != "cpu" or profile is None:
         return None
+    passes = [r for r in profile.host_rows if r.name == "pass_shared" and not r.variant]
+    if passes:
+        sizes = {r.bytes for r in passes}
+        size = (max(sizes) if act_bytes is None else
+                min(sizes, key=lambda b: (abs(math.log(b / act_bytes)), -b)))
+        found = _slowdown([r for r in passes if r.bytes == size])
+        if found is not None:
+            return found
+    return _slowdown([r for r in profile.host_rows
+                      if r.name == "gemm_shared" and not r.variant])
+
+
+def _slowdown(rows: Sequence[ProfileRow]) -> SharedCoreSlowdown | None:
+    """`shared_cores` from one probe's rows (every count, every measurement)."""
     times: dict[int, float] = {}
-    for r in profile.host_rows:
-        if r.name == "gemm_shared" and r.variant in (None, ""):
-            times[r.ranks] = min(times.get(r.ranks, r.p10_s), r.p10_s)
+    for r in rows:
+        times[r.ranks] = min(times.get(r.ranks, r.p10_s), r.p10_s)
     if 1 not in times or len(times) < 2:
         return None
     out, k = [], 1.0
@@ -278,6 +299,8 @@ _HOST_FAMILIES = (("dispatch_", "per-op dispatch"),
                   ("fsdp_unit_", "FSDP2 units beyond their collectives, which block the "
                                  "compute thread"),
                   ("dtensor_", "DTensor layers beyond their collectives"),
+                  ("pass_shared", "CPU ranks sharing the host's cores while they compute at "
+                                  "once, measured on the model's own pass"),
                   ("gemm_shared", "CPU ranks sharing the host's cores while they compute at "
                                   "once"),
                   ("arrival_", "ranks in step waiting for the slowest"),
@@ -295,7 +318,7 @@ def host_families(*, gpus: bool, cpu_ranks: int, fsdp: bool, tp: bool) -> frozen
     out |= {"runner_"} if cpu_ranks else set()
     out |= {"fsdp_unit_"} if fsdp else set()
     out |= {"dtensor_"} if tp else set()
-    out |= {"gemm_shared", "arrival_", "cpu."} if cpu_ranks > 1 else set()
+    out |= {"pass_shared", "gemm_shared", "arrival_", "cpu."} if cpu_ranks > 1 else set()
     return frozenset(out)
 
 
@@ -312,6 +335,8 @@ def host_source(profiles: Profiles | None, devices: set[str], *, on_cpu: bool = 
         for start, what in _HOST_FAMILIES:
             if families is not None and start not in families:
                 continue
+            if start == "gemm_shared" and any(r.name == "pass_shared" for r in p.host_rows):
+                continue  # the model's own pass prices the sharing (`shared_cores`)
             if any(r.name.startswith(start) for r in p.host_rows):
                 found.setdefault(p.path, []).append(what)
     if not found:

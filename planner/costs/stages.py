@@ -117,6 +117,10 @@ class Part:
     host_s: float = 0.0
     dp_s: float = 0.0  # ZeRO-3 / FSDP: waiting for parameter gathers inside the pass
     ep_s: float = 0.0  # MoE token dispatch and combine (all-to-all over the ep group)
+    # Of host_s: seconds a profile measured with the stage's ranks running at once (the
+    # DTensor rows, timed on every tp rank together), so the slowdown of CPU ranks
+    # sharing a host is in them already (planner/simulator/build.py `_cpu_share`)
+    measured_shared_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -125,16 +129,16 @@ class Part:
     def __add__(self, other: Part) -> Part:
         return Part(self.compute_s + other.compute_s, self.tp_s + other.tp_s,
                     self.cp_s + other.cp_s, self.host_s + other.host_s, self.dp_s + other.dp_s,
-                    self.ep_s + other.ep_s)
+                    self.ep_s + other.ep_s, self.measured_shared_s + other.measured_shared_s)
 
     def __sub__(self, other: Part) -> Part:
         return Part(self.compute_s - other.compute_s, self.tp_s - other.tp_s,
                     self.cp_s - other.cp_s, self.host_s - other.host_s, self.dp_s - other.dp_s,
-                    self.ep_s - other.ep_s)
+                    self.ep_s - other.ep_s, self.measured_shared_s - other.measured_shared_s)
 
     def __mul__(self, k: float) -> Part:
         return Part(self.compute_s * k, self.tp_s * k, self.cp_s * k, self.host_s * k,
-                    self.dp_s * k, self.ep_s * k)
+                    self.dp_s * k, self.ep_s * k, self.measured_shared_s * k)
 
 
 @dataclass(frozen=True)
@@ -642,7 +646,8 @@ def layer_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_k
                                          profiles=profiles) for k in kinds)
         dt_fwd, dt_bwd = max(0.0, dt_fwd - comm), max(0.0, dt_bwd - comm)
     again_s = dt_fwd if recompute == Recompute.FULL else 0.0
-    return (fwd + Part(host_s=dt_fwd), bwd + Part(host_s=dt_bwd + again_s))
+    return (fwd + Part(host_s=dt_fwd, measured_shared_s=dt_fwd),
+            bwd + Part(host_s=dt_bwd + again_s, measured_shared_s=dt_bwd + again_s))
 
 
 @cache
@@ -674,8 +679,10 @@ def _extra_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_
     # DTensor's embedding, head and vocabulary-parallel loss, priced with the head
     dt_fwd, dt_bwd = (_dtensor_root(model, shape, dev, profile, tiers, profiles)
                       if which == "head" else (0.0, 0.0))
-    return (_part(fwd, costs, tiers, issue_s, profiles=profiles) + Part(host_s=dt_fwd),
-            _part(bwd, costs, tiers, issue_s, profiles=profiles) + Part(host_s=dt_bwd))
+    return (_part(fwd, costs, tiers, issue_s, profiles=profiles)
+            + Part(host_s=dt_fwd, measured_shared_s=dt_fwd),
+            _part(bwd, costs, tiers, issue_s, profiles=profiles)
+            + Part(host_s=dt_bwd, measured_shared_s=dt_bwd))
 
 
 def _activation_bytes(model: ModelSpec, shape: WorkloadShape) -> float:

@@ -423,12 +423,14 @@ class _Builder:
 
 @dataclass(frozen=True)
 class _HostLoad:
-    """What the shared-core scheduler needs: the hosts, and per task its CPU share and the
-    load its duration was measured at (`graph.schedule`)."""
+    """What the shared-core scheduler needs: the hosts, and per task its CPU share, the
+    load its duration was measured at, and the share of it a profile measured with the
+    stage's ranks at once and their count (`graph.schedule`)."""
 
     hosts: list[SharedCores]
     cpu_share: list[float]
     ref_load: list[float]
+    in_situ: list[tuple[float, float]]
 
 
 def _cpu_share(g: TaskGraph, t: int, collective_share: Callable[[int], float],
@@ -464,13 +466,16 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
     slowdowns = {}
     shares: dict[str, Callable[[int], float]] = {}  # device -> group size -> CPU share
     share_of_stream: dict[int, tuple[Callable[[int], float], dict[str, int]]] = {}
+    measured_at: dict[int, int] = {}  # stream -> ranks its in-situ host rows ran on at once
     for pi, pipe in enumerate(plan.pipelines):
         rep = priced.representative[pi]
         for si, stage in enumerate(pipe.stages):
             first = slots[stage.devices[0]]
             dev = plan.group_of(stage).device
             profile = profiles.get(dev.name) if profiles else None
-            slowdown = shared_cores(dev, profile)
+            # the pass probe's size: the micro-batch's [b, s, h] in fp32 (profiler/hostcost.py)
+            act_bytes = 4 * pipe.micro_batch_size * plan.training.seq_len * plan.model.hidden_size
+            slowdown = shared_cores(dev, profile, act_bytes)
             if slowdown is None:
                 continue
             node = first.node
@@ -486,18 +491,23 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
                 if name.startswith(prefix):
                     ranks.setdefault(node, {})[sid] = ranks.get(node, {}).get(sid, 0) + on_node
                     share_of_stream[sid] = (shares[dev.name], groups)
+                    measured_at[sid] = stage.tp  # the DTensor rows' ranks
     hosts = [SharedCores(streams, slowdowns[node]) for node, streams in ranks.items()
              if sum(streams.values()) > 1]
     if not hosts:
-        return _HostLoad([], [], [])
+        return _HostLoad([], [], [], [])
     none: tuple[Callable[[int], float], dict[str, int]] = (lambda n: 0.0, {})  # no shared host
-    cpu, ref = [], []
+    cpu, ref, in_situ = [], [], []
     for t in range(len(g)):
         share, groups = share_of_stream.get(g.streams[t], none)
         cpu.append(_cpu_share(g, t, share, groups))
         n = g.meta[t].ranks  # a communication task's group (0 for passes, the optimizer)
         ref.append(n * share(n) if n else 0.0)
-    return _HostLoad(hosts, cpu, ref)
+        part = g.meta[t].part
+        measured = (part.measured_shared_s / part.total_s
+                    if part is not None and part.total_s > 0.0 and not n else 0.0)
+        in_situ.append((measured, float(measured_at.get(g.streams[t], 1))))
+    return _HostLoad(hosts, cpu, ref, in_situ)
 
 
 def sync_group(plan: Plan, pi: int, si: int) -> int:
@@ -567,6 +577,6 @@ def simulate_graph(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | Non
     load = shared_hosts(plan, priced, b.g, profiles)
     return Simulation(plan=plan, costs=priced.costs, graph=b.g,
                       schedule=schedule(b.g, shared=load.hosts, cpu_share=load.cpu_share,
-                                        ref_load=load.ref_load),
+                                        ref_load=load.ref_load, in_situ=load.in_situ),
                       representatives=reps, representative=priced.representative,
                       in_flight_layers=b.in_flight, profiles=profiles)

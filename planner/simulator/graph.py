@@ -106,16 +106,20 @@ class SharedCores:
 
 
 def schedule(graph: TaskGraph, *, shared: Sequence[SharedCores] = (),
-             cpu_share: Sequence[float] = (), ref_load: Sequence[float] = ()) -> Schedule:
+             cpu_share: Sequence[float] = (), ref_load: Sequence[float] = (),
+             in_situ: Sequence[tuple[float, float]] = ()) -> Schedule:
     """List-schedule `graph`; raises if it has a cycle. With `shared` hosts, tasks on their
     streams are slowed by the host's load (`_schedule_shared`); `cpu_share`: per task, the
     fraction of its duration that is CPU work (the rest, e.g. waiting for a peer, is
     neither slowed nor counted in the load); `ref_load`: per task, 0 for work measured by
     one process alone (a pass: its stream's ranks compute in lockstep), else the host load
     its duration was measured at (a collective measured with its group: its ranks times
-    its CPU share)."""
+    its CPU share); `in_situ`: per task, the fraction of its duration (within its CPU
+    share) that a profile measured with L0 of the host's ranks computing at once, and L0
+    (DTensor's rows, timed on every tp rank together): that work is slowed by
+    k(L) / k(L0), not k(L), its ranks' own sharing being in the measurement already."""
     if shared:
-        return _schedule_shared(graph, shared, cpu_share, ref_load)
+        return _schedule_shared(graph, shared, cpu_share, ref_load, in_situ)
     n = len(graph)
     succs, streams, durations = graph.succs, graph.streams, graph.durations
     remaining = list(graph.num_preds)
@@ -163,7 +167,8 @@ class _Host:
 
 
 def _schedule_shared(graph: TaskGraph, shared: Sequence[SharedCores],
-                     cpu_share: Sequence[float], ref_load: Sequence[float] = ()) -> Schedule:
+                     cpu_share: Sequence[float], ref_load: Sequence[float] = (),
+                     in_situ: Sequence[tuple[float, float]] = ()) -> Schedule:
     """`schedule` as a discrete-event simulation in which tasks on shared hosts' streams
     progress at a rate set by the host's load: a task with CPU fraction w on a stream
     standing for c ranks adds c * w to the load the host's other streams see, and runs at
@@ -213,7 +218,11 @@ def _schedule_shared(graph: TaskGraph, shared: Sequence[SharedCores],
                 k = h.cores.slowdown(total) / h.cores.slowdown(ref)
             else:
                 k = h.cores.slowdown(total - spread[t] + host_of[streams[t]][1])
-            h.speed[t] = 1.0 / (1.0 + cpu_share[t] * (max(k, 1.0) - 1.0))
+            measured, at = in_situ[t] if in_situ else (0.0, 1.0)
+            alone = cpu_share[t] - measured  # measured by one process alone
+            k_situ = k / h.cores.slowdown(at) if measured else 1.0
+            h.speed[t] = 1.0 / (1.0 + alone * (max(k, 1.0) - 1.0)
+                                + measured * (max(k_situ, 1.0) - 1.0))
             version[t] += 1
             heapq.heappush(events, (now + left / h.speed[t], 0, t, version[t]))
 

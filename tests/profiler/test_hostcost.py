@@ -245,3 +245,40 @@ def test_dtensor_blocks_are_timed_against_what_a_tp_rank_computes_at_the_plans_s
         for n in ("layer_total_forward", "layer_total_backward", "root_forward",
                   "root_backward")]
     assert all(samples == 7 for *_, samples in got["rows"])
+
+
+def _pass_share_worker(rank: int, world: int, store: str, out: str) -> None:
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from planner.specs.model import preset
+    from profiler.hostcost import _pass_share_rows
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)
+    spec = dataclasses.replace(preset("debug-tiny"), num_layers=1)
+    rows = _pass_share_rows(rank, world, spec, (2, 16), budget_s=0.0)
+    if rank == 0:
+        torch.save([(r.name, r.variant, r.shape, r.ranks, r.samples, r.p10_s) for r in rows],
+                   out)
+    gc.collect()  # before destroy: gloo's exit-time abort otherwise (profiler/collectives.py)
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiprocess
+def test_the_models_own_pass_is_timed_with_one_to_all_ranks_at_once(tmp_path):
+    """`pass_shared`: the model's forward + backward at the plan's (micro-batch,
+    sequence), with n = 1..N of the ranks running it at once, sized by that activation's
+    bytes (2 x 16 tokens x 64 in fp32) as the DTensor rows are; a budget of no time still
+    leaves PASS_SHARED_MIN samples of each count."""
+    from profiler.hostcost import PASS_SHARED_MIN
+
+    out = str(tmp_path / "rows.pt")
+    torch.multiprocessing.spawn(_pass_share_worker, args=(2, str(tmp_path / "store"), out),
+                                nprocs=2)
+    rows = torch.load(out)
+    assert [(n, v, s, k, samples) for n, v, s, k, samples, _ in rows] == [
+        ("pass_shared", None, (4 * 2 * 16 * 64,), k, PASS_SHARED_MIN) for k in (1, 2)]
+    assert all(p10 > 0.0 for *_, p10 in rows)

@@ -87,3 +87,24 @@ def test_blocks_too_big_for_the_cpu_are_left_to_the_tiny_rows(capsys):
     req = dataclasses.replace(req, host_model=small, mbs=(1, 64), seq=(64, 8192))
     assert _host_blocks(req) == ((small, 1, 64), (small, 64, 64))
     assert "(1, 8192), (64, 8192)" in capsys.readouterr().err
+
+
+def test_a_model_too_big_for_a_whole_pass_keeps_the_gemms_shared_core_rows(capsys):
+    """The shared-core rows time the model's whole forward + backward in every process:
+    beyond MAX_PASS_PARAMS they are not taken (the GEMM's `gemm_shared` rows price its
+    plans), and `plan profile` says so; its blocks' DTensor rows are still timed."""
+    from planner.commands.profile import MeasureRequest, _host_blocks
+    from planner.specs.model import preset
+    from profiler.hostcost import MAX_PASS_PARAMS
+
+    wide = dataclasses.replace(preset("debug-small"), vocab_size=1_000_000)
+    assert wide.num_params() > MAX_PASS_PARAMS
+    req = MeasureRequest(model=None, output="p.csv", command="", collectives=True,
+                         host_costs=True, host_model=wide, mbs=(8,), seq=(64,))
+    assert _host_blocks(req) == ((wide, 8, 64),)
+    err = capsys.readouterr().err
+    assert "shared-core rows on debug-small's whole pass skipped" in err
+    assert "(gemm_shared)" in err
+    small = preset("debug-small")
+    assert _host_blocks(dataclasses.replace(req, host_model=small)) == ((small, 8, 64),)
+    assert "whole pass" not in capsys.readouterr().err

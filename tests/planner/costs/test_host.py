@@ -13,6 +13,8 @@ from planner.costs.host import (
     at_size,
     collective_cpu_share,
     fsdp_unit_s,
+    host_families,
+    host_source,
     launch_s,
     shared_cores,
     sync_skew,
@@ -260,6 +262,44 @@ def test_the_shared_core_slowdown_is_the_measured_ratio_per_rank_count(tmp_path)
     assert k.measured == pytest.approx((1.0, 1.2, 3.0, 4.0))
 
 
+def _pass_shared(size, *seconds):
+    """`pass_shared` rows: the model's pass, at activation `size`, with 1, 2, ... ranks."""
+    return tuple(_host("pass_shared", t, variant=None, ranks=n, size=size)
+                 for n, t in enumerate(seconds, start=1))
+
+
+def test_the_models_own_pass_prices_the_sharing_where_the_profile_measured_it(tmp_path):
+    """A pass slows more than a GEMM in cache while other ranks compute (its memory-bound
+    ops share the memory bandwidth and cache): where the profile timed the model's own
+    pass (`pass_shared`), its ratio is the slowdown, at the measured activation size
+    nearest the plan's (the largest without one); the GEMM's otherwise."""
+    gemm = _shared(1e-3, 1.01e-3)
+    rows = gemm + _pass_shared(1 << 16, 8e-3, 8.64e-3) + _pass_shared(1 << 20, 0.1, 0.104)
+    profile = _profiles(tmp_path, _collectives() + rows).get("CPU")
+    cpu = device("CPU")
+    assert shared_cores(cpu, profile, 1 << 15).measured == pytest.approx((1.0, 1.08))
+    assert shared_cores(cpu, profile, 1 << 17).measured == pytest.approx((1.0, 1.08))
+    assert shared_cores(cpu, profile, 1 << 19).measured == pytest.approx((1.0, 1.04))
+    assert shared_cores(cpu, profile, 1 << 24).measured == pytest.approx((1.0, 1.04))
+    assert shared_cores(cpu, profile).measured == pytest.approx((1.0, 1.04))
+    only_gemm = _profiles(tmp_path, _collectives() + gemm, "gemm.csv").get("CPU")
+    assert shared_cores(cpu, only_gemm, 1 << 17).measured == pytest.approx((1.0, 1.01))
+    # a dp2 plan is priced with the pass's slowdown, and says it measured it
+    dp2 = _plan(dp=2, gbs=16)
+    by_gemm = simulate(dp2, profiles=_profiles(tmp_path, _collectives() + gemm, "g.csv"))
+    by_pass = simulate(dp2, profiles=_profiles(tmp_path, _collectives() + gemm
+                                               + _pass_shared(1 << 18, 1e-2, 1.2e-2), "p.csv"))
+    compute = by_gemm.breakdown.compute_s + by_gemm.breakdown.host_overhead_s
+    assert by_pass.iteration_time_s == pytest.approx(by_gemm.iteration_time_s
+                                                     + (1.2 - 1.01) * compute, rel=0.02)
+    families = host_families(gpus=False, cpu_ranks=2, fsdp=False, tp=False)
+    said = host_source(_profiles(tmp_path, _collectives() + gemm
+                                 + _pass_shared(1 << 18, 1e-2, 1.2e-2), "s.csv"),
+                       {"CPU"}, families=families)
+    assert "measured on the model's own pass" in said
+    assert "compute at once;" not in said and "compute at once)" not in said
+
+
 def test_cpu_ranks_are_slowed_only_while_they_compute_at_once(tmp_path):
     """dp ranks compute side by side the whole step: their compute is slowed by k(2);
     two pipeline stages compute partly in turn (fill, drain, waits for the other stage):
@@ -465,3 +505,27 @@ def test_a_tp_block_measured_at_the_plans_activation_stands_whole(tmp_path, sp):
 
     layer, _ = priced(16)
     assert layer == pytest.approx([t - moved(act) + moved(2 * act) for t in totals[act][:2]])
+
+
+def test_dtensor_host_time_is_marked_as_measured_with_the_tp_ranks_at_once(tmp_path):
+    """DTensor's rows were timed on every tp rank at once: the block's and the root's
+    DTensor seconds are marked (`Part.measured_shared_s`), so that the shared-core
+    simulation does not slow them by the tp ranks' sharing a second time; ops measured by
+    one process alone are not marked."""
+    act = 8 * 64 * SMALL.hidden_size * 4
+    rows = _collectives() + tuple(
+        _host(name, t, variant="gloo", size=act)
+        for name, t in zip(("dtensor_layer_total_forward", "dtensor_layer_total_backward",
+                            "dtensor_root_forward", "dtensor_root_backward"),
+                           (9e-3, 12e-3, 40e-3, 50e-3), strict=True))
+    plan = homogeneous_plan(SMALL, CPU, ParallelConfig(seq_len=64, dtype="fp32", mbs=8, gbs=8,
+                                                       tp=2),
+                            kernels=Kernels(attention="flash", optimizer="fused"))
+    cost = plan_costs(plan, _profiles(tmp_path, rows)).costs[0][0]
+    bare = plan_costs(plan, _profiles(tmp_path, _collectives(), "bare.csv")).costs[0][0]
+    for name in ("layer_forward", "layer_backward", "head_forward", "head_backward"):
+        part = getattr(cost, name)
+        assert 0.0 < part.measured_shared_s <= part.host_s
+        assert part.measured_shared_s == pytest.approx(
+            part.host_s - getattr(bare, name).host_s)
+        assert getattr(bare, name).measured_shared_s == 0.0

@@ -329,6 +329,33 @@ def test_a_collective_is_slowed_only_by_load_beyond_what_it_was_measured_at():
     assert old.end[1] == pytest.approx(10.0 * k(2.0))
 
 
+def test_host_time_measured_with_the_ranks_at_once_is_not_slowed_twice():
+    """DTensor's host rows are timed on every tp rank at once, so a tp-2 stage's share of
+    them already holds its 2 ranks' sharing: alone on the host that share runs as
+    measured (k(2) / k(2)), the rest of its CPU work at k(2); beside a third rank
+    computing, the measured share is slowed by k(3) / k(2) only."""
+    from planner.simulator.graph import SharedCores, TaskGraph
+    from planner.simulator.graph import schedule as list_schedule
+
+    def k(load: float) -> float:  # 2 cores: processor sharing above 2 ranks, 1.2 at 2
+        return 1.0 if load <= 1.0 else 1.2 if load <= 2.0 else 1.2 * load / 2.0
+
+    g = TaskGraph()
+    tp = g.stream("p0.s0.compute")
+    g.add("F", "F", tp, 1.0)
+    host = [SharedCores({tp: 2.0}, k)]
+    out = list_schedule(g, shared=host, cpu_share=[1.0], in_situ=[(0.25, 2.0)])
+    assert out.end[0] == pytest.approx(0.25 + 0.75 * k(2.0))
+    twice = list_schedule(g, shared=host, cpu_share=[1.0])  # as before: all of it at k(2)
+    assert twice.end[0] == pytest.approx(k(2.0))
+    other = g.stream("p1.s0.compute")
+    g.add("G", "F", other, 10.0)
+    host = [SharedCores({tp: 2.0, other: 1.0}, k)]
+    both = list_schedule(g, shared=host, cpu_share=[1.0, 1.0],
+                         in_situ=[(0.25, 2.0), (0.0, 1.0)])
+    assert both.end[0] == pytest.approx(0.25 * k(3.0) / k(2.0) + 0.75 * k(3.0))
+
+
 def test_a_slower_replica_is_not_told_as_data_parallel_communication():
     """GB200 NVL72 racks of 72 GPUs: of four tp-32 replicas, the third spans two racks and
     runs its tp collectives over the NICs. The gradient reduction waits for it; the
