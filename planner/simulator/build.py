@@ -506,7 +506,7 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
         part = g.meta[t].part
         measured = (part.measured_shared_s / part.total_s
                     if part is not None and part.total_s > 0.0 and not n else 0.0)
-        in_situ.append((measured, float(measured_at.get(g.streams[t], 1))))
+        in_situ.append((min(measured, cpu[-1]), float(measured_at.get(g.streams[t], 1))))
     return _HostLoad(hosts, cpu, ref, in_situ)
 
 
