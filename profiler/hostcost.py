@@ -66,8 +66,8 @@ from typing import Any
 
 from profiler.store import ProfileRow
 
-__all__ = ["FRAMEWORK_LAYERS", "HOST_COLLECTIVES", "MAX_PASS_PARAMS", "dispatch_rows",
-           "framework_rows",
+__all__ = ["FRAMEWORK_LAYERS", "HOST_COLLECTIVES", "MAX_PASS_PARAMS", "activation_bytes",
+           "dispatch_rows", "framework_rows",
            "grad_hand_off", "host_row", "runner_rows"]
 
 HOST_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
@@ -227,11 +227,9 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
 
 
 def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
-    """A GEMM's time while n of the `world` ranks compute it at once, n = 1..world (the
-    others wait in the all-reduce that collects the slowest rank's time), the counts
-    sampled in turn so that a burst of other load hits them alike."""
+    """A GEMM's time while n of the `world` ranks compute it at once, n = 1..world
+    (`_at_each_count`), `repeats` rounds after 3 untimed."""
     import torch
-    import torch.distributed as dist
 
     a, b = torch.randn(256, 256), torch.randn(256, 256)
 
@@ -240,14 +238,7 @@ def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
     def gemm_s(calls: int = 100) -> float:
         return _host_s(lambda: torch.mm(a, b), calls)
 
-    times: dict[int, list[float]] = {n: [] for n in range(1, world + 1)}
-    for i in range(repeats + 3):
-        for n in times:
-            dist.barrier()
-            slowest = torch.tensor([gemm_s() if rank < n else 0.0], dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            if i >= 3:
-                times[n].append(float(slowest))
+    times = _at_each_count(rank, world, gemm_s, warmup=3, rounds=repeats)
     return [host_row("gemm_shared", ts, ranks=n, calls=100, size_bytes=3 * 4 * 256 * 256)
             for n, ts in times.items()]
 
@@ -255,12 +246,9 @@ def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
 def _pass_share_rows(rank: int, world: int, spec: Any, batch: tuple[int, int], *,
                      budget_s: float = PASS_SHARED_BUDGET_S) -> list[ProfileRow]:
     """The `spec` model's forward + backward on `batch` (micro-batch, sequence) tokens
-    while n of the `world` ranks run it at once, n = 1..world (the others wait in the
-    all-reduce that collects the slowest rank's time), the counts sampled in turn; as
-    many rounds as fit in `budget_s` (the ranks agree on the count from the slowest's
-    warm-up), PASS_SHARED_MIN to PASS_SHARED_MAX."""
+    while n of the `world` ranks run it at once, n = 1..world (`_at_each_count`); as
+    many rounds as fit in `budget_s`, PASS_SHARED_MIN to PASS_SHARED_MAX."""
     import torch
-    import torch.distributed as dist
 
     from executor.model import GPT
 
@@ -274,26 +262,54 @@ def _pass_share_rows(rank: int, world: int, spec: Any, batch: tuple[int, int], *
         model.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
+    times = _at_each_count(rank, world, one_pass, warmup=2, rounds=PASS_SHARED_MAX,
+                           budget=(PASS_SHARED_MIN, budget_s))
+    return [host_row("pass_shared", ts, ranks=n, size_bytes=activation_bytes(mbs, seq, spec))
+            for n, ts in times.items()]
+
+
+def activation_bytes(mbs: int, seq: int, spec: Any) -> int:
+    """The size the rows timed on a model at (micro-batch, sequence) carry: the
+    activation [b, s, h] in fp32 (the DTensor rows' tp collectives ran at it)."""
+    return 4 * mbs * seq * spec.hidden_size
+
+
+def _at_each_count(rank: int, world: int, seconds: Callable[[], float], *, warmup: int,
+                   rounds: int, budget: tuple[int, float] | None = None
+                   ) -> dict[int, list[float]]:
+    """`seconds()` (what one sample took) while n of the `world` ranks take it at once,
+    n = 1..world (the others wait in the all-reduce that collects the slowest rank's
+    time), the counts sampled in turn so that a burst of other load hits them alike:
+    `warmup` untimed rounds, then `rounds`; with `budget` (least, seconds), as many as fit
+    in those seconds at the warm-up's pace, from least to `rounds` (`_budget_rounds`)."""
+    import torch
+    import torch.distributed as dist
+
     times: dict[int, list[float]] = {n: [] for n in range(1, world + 1)}
-    warmup = 2
-    rounds, i, start = warmup + PASS_SHARED_MIN, 0, time.perf_counter()
-    while i < rounds:
-        if i == warmup:
-            per_round = torch.tensor([(time.perf_counter() - start) / warmup],
-                                     dtype=torch.float64)
-            dist.all_reduce(per_round, op=dist.ReduceOp.MAX)
-            rounds = warmup + min(PASS_SHARED_MAX,
-                                  max(PASS_SHARED_MIN, int(budget_s / float(per_round))))
+    total, i, start = warmup + rounds, 0, time.perf_counter()
+    while i < total:
+        if i == warmup and budget is not None:
+            total = warmup + _budget_rounds(start, warmup, least=budget[0], most=rounds,
+                                            budget_s=budget[1])
         for n in times:
             dist.barrier()
-            slowest = torch.tensor([one_pass() if rank < n else 0.0], dtype=torch.float64)
+            slowest = torch.tensor([seconds() if rank < n else 0.0], dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             if i >= warmup:
                 times[n].append(float(slowest))
         i += 1
-    act_bytes = 4 * mbs * seq * spec.hidden_size  # [b, s, h] in fp32, as the DTensor rows
-    return [host_row("pass_shared", ts, ranks=n, size_bytes=act_bytes)
-            for n, ts in times.items()]
+    return times
+
+
+def _budget_rounds(start: float, done: int, *, least: int, most: int, budget_s: float) -> int:
+    """How many rounds fit in `budget_s` at the slowest rank's pace over the `done` rounds
+    since `start` (a collective: every rank agrees on the count), `least` to `most`."""
+    import torch
+    import torch.distributed as dist
+
+    per_round = torch.tensor([(time.perf_counter() - start) / done], dtype=torch.float64)
+    dist.all_reduce(per_round, op=dist.ReduceOp.MAX)
+    return min(most, max(least, int(budget_s / float(per_round))))
 
 
 # GEMM calls (256^3 fp32, ~0.35 ms each on a 2020s x86 core) between two synchronisations:
@@ -372,9 +388,7 @@ def _pass_times(models: dict[tuple[str, int], tuple[object, object]], repeats: i
     rounds, i, start = repeats + 3, 0, time.perf_counter()
     while i < rounds:
         if i == 3 and budget_s is not None:
-            per_round = torch.tensor([(time.perf_counter() - start) / 3], dtype=torch.float64)
-            dist.all_reduce(per_round, op=dist.ReduceOp.MAX)
-            rounds = 3 + min(repeats, max(7, int(budget_s / float(per_round))))
+            rounds = 3 + _budget_rounds(start, 3, least=7, most=repeats, budget_s=budget_s)
         for key, (model, tokens) in models.items():
             framed = key[0] == "framed"
             dist.barrier()
@@ -521,7 +535,7 @@ def _dtensor_rows(rank: int, world: int, *, backend: str, family_model: str | An
                      reference=lambda s: tp_rank_spec(s, world))
     times = _pass_times(models, repeats, vocab_parallel=True, hand_off=grad_hand_off,
                         budget_s=budget_s)
-    act_bytes = 4 * batch[0] * batch[1] * spec.hidden_size  # [b, s, h] in fp32
+    act_bytes = activation_bytes(*batch, spec)
     fwd, bwd, root_fwd, root_bwd = _marginal(times)
     variant = backend + ("+sp" if sequence_parallel else "")
     return [host_row(name, ts, variant=variant, ranks=world, size_bytes=act_bytes)

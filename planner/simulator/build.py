@@ -56,6 +56,7 @@ from planner.simulator.schedules import Pass, stage_order
 from planner.specs.layout import chunk_sizes
 from planner.specs.plan import Plan
 from profiler.devices import DeviceSpec
+from profiler.hostcost import activation_bytes
 from profiler.store import Profile, Profiles
 
 # A chunk's last backward is simulated in at most this many gradient-bucket pieces: real
@@ -473,9 +474,8 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
             first = slots[stage.devices[0]]
             dev = plan.group_of(stage).device
             profile = profiles.get(dev.name) if profiles else None
-            # the pass probe's size: the micro-batch's [b, s, h] in fp32 (profiler/hostcost.py)
-            act_bytes = 4 * pipe.micro_batch_size * plan.training.seq_len * plan.model.hidden_size
-            slowdown = shared_cores(dev, profile, act_bytes)
+            slowdown = shared_cores(dev, profile, activation_bytes(
+                pipe.micro_batch_size, plan.training.seq_len, plan.model))
             if slowdown is None:
                 continue
             node = first.node
