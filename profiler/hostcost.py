@@ -19,7 +19,13 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   collectives are bimodal on a busy host (0.5 or 2.5 ms for 0.2 MB), so a median timed
   alone here and another in the collective rows differed by up to 1 ms a unit, and the
   unit's cost with them (profiles before 2026-12-04: `fsdp_unit_forward` / `_backward`,
-  less the collectives timed alone here; still read).
+  less the collectives timed alone here; still read). Measured on the tiny preset, and
+  (since 2026-12-05) on the `--host-model`'s own blocks, once per model: a unit's copies
+  and collectives grow with its bytes (debug-small's 0.79 MB block: 2.9 + 6.7 ms a
+  forward + backward on this VM, the tiny preset's 0.2 MB one 1.3-1.7 + 3.5).
+  `fsdp_root_total_forward` / `_backward` (size the root's bytes): the same for the root
+  unit (embedding, final norm and head), which FSDP2 gathers once per step (it keeps the
+  root's parameters from forward to backward) and reduce-scatters once.
 * `dtensor_layer_total_forward`, `dtensor_layer_total_backward` (ranks N = tp, variant
   the backend, "+sp" with sequence parallelism, size the activation's bytes): what a
   tensor-parallel block under DTensor (executor/tensor_parallel.py) adds to a pass, its
@@ -213,6 +219,9 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
     repeats = max(repeats, 25)  # differences of noisy times: more samples
     rows += _fsdp_rows(rank, world, backend=backend, family_model=family_model,
                        repeats=repeats)
+    for model, mbs, seq in _fsdp_blocks(blocks):
+        rows += _fsdp_rows(rank, world, backend=backend, family_model=model, repeats=repeats,
+                           batch=(mbs, seq), budget_s=BLOCK_BUDGET_S)
     for sequence_parallel in (False, True):
         rows += _dtensor_rows(rank, world, backend=backend, family_model=family_model,
                               sequence_parallel=sequence_parallel, repeats=repeats)
@@ -224,6 +233,17 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
         if model.num_params() <= MAX_PASS_PARAMS:
             rows += _pass_share_rows(rank, world, model, (mbs, seq))
     return rows
+
+
+def _fsdp_blocks(blocks: Sequence[tuple[Any, int, int]]) -> list[tuple[Any, int, int]]:
+    """Each model of `blocks` once, at its smallest activation: FSDP2's cost is its
+    units' (their bytes), not the pass's, and a short pass leaves the difference of
+    framed and plain least noise."""
+    smallest: dict[Any, tuple[Any, int, int]] = {}
+    for model, mbs, seq in blocks:
+        if model not in smallest or mbs * seq < smallest[model][1] * smallest[model][2]:
+            smallest[model] = (model, mbs, seq)
+    return list(smallest.values())
 
 
 def _share_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
@@ -474,8 +494,14 @@ def tp_rank_spec(spec: Any, tp: int) -> Any:
         vocab_size=-(-spec.vocab_size // tp))
 
 
-def _fsdp_rows(rank: int, world: int, *, backend: str, family_model: str,
-               repeats: int) -> list[ProfileRow]:
+def _fsdp_rows(rank: int, world: int, *, backend: str, family_model: str | Any,
+               repeats: int, batch: tuple[int, int] = (1, _TINY_SEQ),
+               budget_s: float | None = None) -> list[ProfileRow]:
+    """FSDP2's unit and root rows, on the tiny preset of `family_model`'s family (a name)
+    or on blocks of that model (a ModelSpec) at `batch` (micro-batch, sequence), framed as
+    executor/fsdp.py frames a chunk (each block a unit, the root the rest): the unit rows'
+    size is a block's bytes, the root rows' the bytes the root holds (embedding, final
+    norm, head), at which their collectives ran."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -491,14 +517,18 @@ def _fsdp_rows(rank: int, world: int, *, backend: str, family_model: str,
             if hasattr(u, "set_force_sum_reduction_for_comms"):
                 u.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
 
-    times = _pass_times(_models(family_model, frame), repeats)
-    block = GPT(_tiny(family_model, 1)).blocks["0"]
-    block_bytes = 4 * sum(p.numel() for p in block.parameters())
-    fwd, bwd, _, _ = _marginal(times)
-    return [host_row("fsdp_unit_total_forward", fwd, variant=backend, ranks=world,
-                     size_bytes=block_bytes),
-            host_row("fsdp_unit_total_backward", bwd, variant=backend, ranks=world,
-                     size_bytes=block_bytes)]
+    times = _pass_times(_models(family_model, frame, batch=batch), repeats, budget_s=budget_s)
+    spec = (_tiny(family_model, 1) if isinstance(family_model, str)
+            else dataclasses.replace(family_model, num_layers=1, seq_len=batch[1]))
+    one = GPT(spec)  # as measured (a learned position table holds `seq` rows)
+    block_bytes = 4 * sum(p.numel() for p in one.blocks["0"].parameters())
+    root_bytes = 4 * sum(p.numel() for p in one.parameters()) - block_bytes
+    fwd, bwd, root_fwd, root_bwd = _marginal(times)
+    return [host_row(name, ts, variant=backend, ranks=world, size_bytes=size)
+            for name, ts, size in (("fsdp_unit_total_forward", fwd, block_bytes),
+                                   ("fsdp_unit_total_backward", bwd, block_bytes),
+                                   ("fsdp_root_total_forward", root_fwd, root_bytes),
+                                   ("fsdp_root_total_backward", root_bwd, root_bytes))]
 
 
 def grad_hand_off(model: object) -> list[object]:

@@ -5,9 +5,10 @@ host (profiler/hostcost.py), else the analytic defaults:
   `dispatch_forward` or the catalog's `launch_overhead_us`) while the device runs ahead;
   on the CPU the op runs on the thread that dispatches it, so each op's measured time
   already holds its dispatch and nothing is added;
-* FSDP2 (`fsdp_unit_s`): each unit's hooks and copies beyond its all-gather and
-  reduce-scatter, per forward and per backward (measured with the collectives in, those
-  taken out at the profile's own price of them). Where they were measured, the unit's
+* FSDP2 (`fsdp_unit_s`, `fsdp_root_s`): each unit's hooks and copies beyond its
+  all-gather and reduce-scatter, per forward and per backward (measured with the
+  collectives in, those taken out at the profile's own price of them), at the unit's
+  bytes; the root unit's (embedding, final norm, head) apart. Where they were measured, the unit's
   collectives are taken as blocking the compute thread (gloo has no streams; FSDP2 waits
   for each gather), so the simulator prices gathers one by one inside the pass instead of
   prefetched on a side stream;
@@ -51,7 +52,7 @@ from profiler.store import Profile, ProfileRow, Profiles
 
 __all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "NO_BLOCK_COST",
            "BlockHostCost", "SharedCoreSlowdown", "backend", "collective_cpu_share",
-           "dtensor_layer_s", "dtensor_root_s", "fsdp_unit_s", "host_families",
+           "dtensor_layer_s", "dtensor_root_s", "fsdp_root_s", "fsdp_unit_s", "host_families",
            "host_source", "launch_s", "runner_microbatch_s", "shared_cores", "sync_skew",
            "at_size"]
 
@@ -148,10 +149,23 @@ def at_size(rows: Sequence[ProfileRow], size: float | None) -> tuple[float, floa
     return size, lo_row.time_s + share * (hi_row.time_s - lo_row.time_s)
 
 
-def fsdp_unit_s(dev: DeviceSpec, profile: Profile | None, ranks: int
-                ) -> BlockHostCost | None:
-    """FSDP2's measured per-unit cost, or None."""
-    return None if profile is None else _block_cost(profile, "fsdp_unit", backend(dev), ranks)
+def fsdp_unit_s(dev: DeviceSpec, profile: Profile | None, ranks: int,
+                unit_bytes: float | None = None) -> BlockHostCost | None:
+    """FSDP2's measured per-unit cost, or None; at `unit_bytes` where the profile measured
+    units of several sizes (the tiny preset's block and the plan model's)."""
+    return (None if profile is None
+            else _block_cost(profile, "fsdp_unit", backend(dev), ranks, unit_bytes))
+
+
+def fsdp_root_s(dev: DeviceSpec, profile: Profile | None, ranks: int,
+                root_bytes: float | None = None) -> BlockHostCost | None:
+    """FSDP2's measured cost of the root unit (embedding, final norm, head), measured
+    with its one gather (forward) and one reduce-scatter (backward) in, at `root_bytes`
+    as `fsdp_unit_s`; None where the profile lacks the rows (before 2026-12-05)."""
+    if profile is None:
+        return None
+    found = _pair_at(profile, "fsdp_root_total", backend(dev), ranks, root_bytes)
+    return None if found is None else BlockHostCost(found[1], found[2], found[0])
 
 
 def _variant(dev: DeviceSpec, sequence_parallel: bool) -> str:

@@ -42,6 +42,7 @@ from planner.costs.host import (
     BlockHostCost,
     dtensor_layer_s,
     dtensor_root_s,
+    fsdp_root_s,
     fsdp_unit_s,
     host_families,
     host_source,
@@ -724,7 +725,8 @@ def bucket_params(comm: Communication, dp: int) -> float:
 def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurrency: int,
             sharding: Sharding, dtype: str, profiles: Profiles | None = None, *,
             comm: Communication, units: int = 1,
-            fsdp_host: BlockHostCost | None = None) -> DPSync:
+            fsdp_host: BlockHostCost | None = None,
+            fsdp_root: BlockHostCost | None = None) -> DPSync:
     """Traffic of the data-parallel group `group` (the ranks holding the same parameters:
     one GPU per replica and context-parallel rank, `StageSpec.dp_cp_group`) holding
     `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP), with
@@ -754,7 +756,7 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
     block the compute thread unit by unit, as FSDP2 runs them on this host: every unit of
     a pass waits for its gather (no prefetch), and each backward's reduce-scatters and
     hooks are held by it too (`param_microbatch_s` then carries all of it, none on a side
-    stream).
+    stream). `fsdp_root`: the same for the root unit (one of the `units`), where measured.
     """
     dp = len(group)
     if dp == 1:
@@ -797,15 +799,27 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
                               gather_units)
     prefetch = comm.shard_prefetch
     if fsdp_host is not None and gather_units:
-        fwd, bwd = fsdp_host.forward_s, fsdp_host.backward_s
-        if fsdp_host.comm_bytes:  # measured with its collectives: take them out at our price
-            tiers = group_tiers(cluster, group[0:p], concurrency)
-            gather = collective_time_s("all_gather", fsdp_host.comm_bytes, tiers,
-                                       profiles=profiles)
-            scatter = collective_time_s("reduce_scatter", fsdp_host.comm_bytes, tiers,
-                                        profiles=profiles)
-            fwd, bwd = max(0.0, fwd - gather), max(0.0, bwd - gather - scatter)
-        param_mb += grad_mb + gather_units * (fwd + bwd)
+        tiers = group_tiers(cluster, group[0:p], concurrency)
+
+        def beyond(cost: BlockHostCost, gathers: int) -> float:
+            """A unit's forward + backward less its collectives at our price of them
+            (`gathers` all-gathers and a reduce-scatter, where measured with them in)."""
+            fwd, bwd = cost.forward_s, cost.backward_s
+            if cost.comm_bytes:
+                gather = collective_time_s("all_gather", cost.comm_bytes, tiers,
+                                           profiles=profiles)
+                scatter = collective_time_s("reduce_scatter", cost.comm_bytes, tiers,
+                                            profiles=profiles)
+                fwd, bwd = max(0.0, fwd - gather), max(0.0, bwd - (gathers - 1) * gather
+                                                       - scatter)
+            return fwd + bwd
+
+        host = gather_units * beyond(fsdp_host, 2)
+        if fsdp_root is not None:
+            # FSDP2 keeps the root's parameters from forward to backward: one gather fewer
+            host += beyond(fsdp_root, 1) - beyond(fsdp_host, 2)
+            param_mb -= param_mb / (2 * gather_units)
+        param_mb += grad_mb + host
         grad_mb, prefetch = 0.0, 0
     return DPSync(grad_it, grad_mb, param_it, param_mb, buckets=buckets,
                   overlap=comm.overlap_grad_reduce, gather_units=gather_units,
@@ -1015,13 +1029,24 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
     `num_params` parameters per rank, sharded as `sharding` (none depend on the
     micro-batches: the search computes them once per stage kind)."""
     dtype = run.dtype
-    fsdp = None
+    fsdp = root = None
+    units = shard_units(spec)
     if sharding.params == sharding.grads == sharding.optim > 1 and spec.placed.tp == 1:
-        # the executor's FSDP2 (executor/fsdp.py `fsdp_applies`), if measured here
-        fsdp = fsdp_unit_s(spec.device, profiles.get(spec.device_name) if profiles else None,
-                           sharding.params)
+        # the executor's FSDP2 (executor/fsdp.py `fsdp_applies`), if measured here: a unit
+        # per block, and the root holding the rest (embedding, final norm, head)
+        profile = profiles.get(spec.device_name) if profiles else None
+        low = DType(dtype).element_bytes
+        layers = spec.placed.num_layers
+        block = model.params_per_layer()
+        fsdp = fsdp_unit_s(spec.device, profile, sharding.params, low * block)
+        if fsdp is not None:
+            ends = spec.first or spec.last
+            units = layers + int(ends)
+            root = (fsdp_root_s(spec.device, profile, sharding.params,
+                                low * max(0.0, num_params - layers * block))
+                    if ends else None)
     sync = dp_sync(cluster, spec.dp_cp_group, num_params, spec.concurrency, sharding, dtype,
-                   profiles, comm=run.comm, units=shard_units(spec), fsdp_host=fsdp)
+                   profiles, comm=run.comm, units=units, fsdp_host=fsdp, fsdp_root=root)
     opt = optimizer_work(num_params / sharding.optim, dtype=dtype,
                          implementation=run.kernels.optimizer,
                          num_tensors=max(1, 6 * spec.placed.num_layers),

@@ -224,8 +224,9 @@ class _Builder:
                  ) -> tuple[Part, int]:
         """ZeRO-3 / FSDP: the pass's parameter units all-gathered on the stage's gather
         stream, the first one pass ahead (one pass late without prefetch), the rest while
-        the pass computes; the pass waits where a unit gathers slower than the one before
-        it computes (`gather_stall_s`). Returns the pass's time with that wait and the
+        the pass computes (without prefetch: inside the pass, which issues them); the pass
+        waits where a unit gathers slower than the one before it computes
+        (`gather_stall_s`). Returns the pass's time with that wait and the
         first gather, which the pass needs."""
         dp, vp = self.costs[pi][si].dp, self.plan.training.virtual_stages
         phase, c, j = pass_
@@ -237,7 +238,10 @@ class _Builder:
         label = f"p{pi}s{si}{phase}{c}.{j}"
         first = self.g.add(f"all-gather {label} unit 1/{units:g}", "dp", stream,
                            dp.gather_unit_s, meta, after=(ahead,) if ahead >= 0 else ())
-        if units > 1:
+        # without prefetch the pass issues and waits for each gather in turn: they are its
+        # stall (`gather_stall_s`), not a stream's work beside it (on shared CPU cores
+        # such a task would load the host a second time)
+        if units > 1 and dp.prefetch >= 1:
             self.g.add(f"all-gather {label} units 2-{units:g}", "dp", stream,
                        (units - 1) * dp.gather_unit_s, meta, after=(first,))
         return part + Part(dp_s=gather_stall_s(dp, part.compute_s, units)), first

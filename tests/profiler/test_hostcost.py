@@ -6,7 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from profiler.hostcost import SKEW_SEGMENTS, _skew_rows  # noqa: E402
+from planner.specs.model import preset  # noqa: E402
+from profiler.hostcost import SKEW_SEGMENTS, _fsdp_blocks, _skew_rows  # noqa: E402
 
 
 def _worker(rank: int, world: int, store: str, out: str) -> None:
@@ -146,6 +147,8 @@ def _fsdp_worker(rank: int, world: int, store: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world)
     rows = _fsdp_rows(rank, world, backend="gloo", family_model="debug-tiny", repeats=3)
+    rows += _fsdp_rows(rank, world, backend="gloo", family_model=preset("debug-small"),
+                       repeats=3, batch=(1, 16))
     rows += _dtensor_rows(rank, world, backend="gloo", family_model="debug-tiny",
                           sequence_parallel=True, repeats=3)
     if rank == 0:
@@ -159,13 +162,18 @@ def test_fsdp2_units_and_dtensor_blocks_are_measured_whole_with_their_sizes(tmp_
     """FSDP2's unit rows and DTensor's block rows hold the block's collectives (the
     planner takes them out at the profile's own price, planner/costs/stages.py `dp_sync`,
     `layer_parts`), so they carry the size those were measured at: a debug-tiny block,
-    49,408 fp32 parameters; its activation, 16 tokens x 64 in fp32."""
+    49,408 fp32 parameters, its root (embedding, 16 positions, final norm, tied head)
+    17,536; a debug-small block (the plan model's own) 197,120, its root at 16 positions
+    35,072; a debug-tiny block's activation, 16 tokens x 64 in fp32."""
     out = str(tmp_path / "rows.pt")
     torch.multiprocessing.spawn(_fsdp_worker, args=(2, str(tmp_path / "store"), out), nprocs=2)
     rows = torch.load(out)
+    fsdp = [(f"fsdp_{part}_total_{p}", "gloo", (4 * n,), 2)
+            for block, root in ((49408, 17536), (197120, 35072))
+            for part, n in (("unit", block), ("root", root))
+            for p in ("forward", "backward")]
     assert [(n, v, s, k) for n, v, s, k, _ in rows] == [
-        ("fsdp_unit_total_forward", "gloo", (4 * 49408,), 2),
-        ("fsdp_unit_total_backward", "gloo", (4 * 49408,), 2),
+        *fsdp,
         *((f"dtensor_{n}", "gloo+sp", (4 * 16 * 64,), 2)
           for n in ("layer_total_forward", "layer_total_backward", "root_forward",
                     "root_backward"))]
@@ -282,3 +290,12 @@ def test_the_models_own_pass_is_timed_with_one_to_all_ranks_at_once(tmp_path):
     assert [(n, v, s, k, samples) for n, v, s, k, samples, _ in rows] == [
         ("pass_shared", None, (4 * 2 * 16 * 64,), k, PASS_SHARED_MIN) for k in (1, 2)]
     assert all(p10 > 0.0 for *_, p10 in rows)
+
+
+def test_fsdp2_rows_time_each_plan_model_once_at_its_shortest_pass():
+    """FSDP2's cost is its units' (their bytes), not the pass's: the plan model's rows are
+    measured once, at the smallest micro-batch x sequence asked for, where the difference
+    of framed and plain passes has the least noise."""
+    small, tiny = preset("debug-small"), preset("debug-tiny")
+    blocks = [(small, 8, 64), (small, 4, 64), (small, 4, 128), (tiny, 2, 32)]
+    assert _fsdp_blocks(blocks) == [(small, 4, 64), (tiny, 2, 32)]

@@ -12,6 +12,7 @@ from planner.costs.host import (
     HOST_ANALYTIC_SOURCE,
     at_size,
     collective_cpu_share,
+    fsdp_root_s,
     fsdp_unit_s,
     host_families,
     host_source,
@@ -20,7 +21,7 @@ from planner.costs.host import (
     sync_skew,
 )
 from planner.costs.stages import cost_sources, plan_costs
-from planner.simulator import simulate
+from planner.simulator import simulate, simulate_detailed
 from planner.specs.cluster import load_cluster, parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
@@ -102,12 +103,18 @@ def test_fsdp2_units_block_the_compute_thread_where_measured(tmp_path):
     measured = _profiles(tmp_path, _collectives() + HOST, "host.csv")
     before = plan_costs(plan, bare).costs[0][0].dp
     after = plan_costs(plan, measured).costs[0][0].dp
-    units = SMALL.num_layers + 2  # a block each, the root's embedding and head
-    assert before.gather_units == after.gather_units == units
+    # a framework's units: a block each, the embedding and the head (torchtitan); the
+    # executor's FSDP2 measured here: a block each and the root holding the rest
+    assert before.gather_units == SMALL.num_layers + 2
+    units = SMALL.num_layers + 1
+    assert after.gather_units == units
     assert before.prefetch >= 1 and after.prefetch == 0  # no gather runs ahead
     assert after.grad_microbatch_s == 0.0  # the reduce-scatters are held by the backward
-    assert after.param_microbatch_s == pytest.approx(
-        before.param_microbatch_s + before.grad_microbatch_s + units * (4e-4 + 6e-4))
+    piece = 4 * plan_costs(plan, None).costs[0][0].num_params / units
+    profile = measured.get("CPU")
+    assert after.param_microbatch_s == pytest.approx(units * (
+        2 * profile.collective_time_s("all_gather", piece, 2)
+        + profile.collective_time_s("reduce_scatter", piece, 2) + 4e-4 + 6e-4), rel=1e-6)
     slower = simulate(plan, profiles=measured).iteration_time_s
     assert slower > simulate(plan, profiles=bare).iteration_time_s + units * 1e-3 * 0.99
     # ZeRO-1 runs on flat buffers, not FSDP2: unchanged
@@ -126,7 +133,7 @@ def test_whole_fsdp2_units_pay_their_collectives_at_the_profiles_own_price(tmp_p
     whole = (_host("fsdp_unit_total_forward", fwd, size=unit_bytes),
              _host("fsdp_unit_total_backward", bwd, size=unit_bytes))
     plan = _plan(dp=2, gbs=16, sharding=Sharding(params=2, grads=2, optim=2))
-    units = SMALL.num_layers + 2
+    units = SMALL.num_layers + 1  # the executor's: a block each and the root
     params = plan_costs(plan, None).costs[0][0].num_params
     for slow in (0.5, 2.0, 4.0):  # the collective rows measured fast, or slower
         rows = tuple(dataclasses.replace(r, time_s=r.time_s * slow, p10_s=r.p10_s * slow,
@@ -529,3 +536,65 @@ def test_dtensor_host_time_is_marked_as_measured_with_the_tp_ranks_at_once(tmp_p
         assert part.measured_shared_s == pytest.approx(
             part.host_s - getattr(bare, name).host_s)
         assert getattr(bare, name).measured_shared_s == 0.0
+
+
+def test_fsdp2_units_at_the_plans_block_size_and_the_root_apart(tmp_path):
+    """The executor's FSDP2 (executor/fsdp.py) frames a chunk as a unit per block and the
+    root holding the rest (embedding, final norm, head). The unit rows measured at several
+    block sizes (the tiny preset's and the plan model's own) are read at the plan's block
+    bytes; the root's rows price the root unit, which FSDP2 gathers once per step (the
+    root's parameters stay gathered from forward to backward: torch FSDP2's root state
+    has no post-forward reshard) and reduce-scatters once."""
+    tiny_block, block, root = 4 * 49408, 4 * SMALL.params_per_layer(), 4 * 41216
+    rows = (_host("fsdp_unit_total_forward", 1e-3, size=tiny_block),
+            _host("fsdp_unit_total_backward", 2e-3, size=tiny_block),
+            _host("fsdp_unit_total_forward", 3e-3, size=block),
+            _host("fsdp_unit_total_backward", 7e-3, size=block),
+            _host("fsdp_root_total_forward", 2e-3, size=root),
+            _host("fsdp_root_total_backward", 2.5e-3, size=root))
+    profiles = _profiles(tmp_path, _collectives() + rows, "sized.csv")
+    profile = profiles.get("CPU")
+    assert fsdp_unit_s(device("CPU"), profile, 2, block).forward_s == 3e-3
+    assert fsdp_unit_s(device("CPU"), profile, 2, tiny_block).forward_s == 1e-3
+    assert fsdp_root_s(device("CPU"), profile, 2, root).comm_bytes == root
+    plan = _plan(dp=2, gbs=16, sharding=Sharding(params=2, grads=2, optim=2))
+    assert 4 * plan_costs(plan, None).costs[0][0].num_params == SMALL.num_layers * block + root
+    dp = plan_costs(plan, profiles).costs[0][0].dp
+    units = SMALL.num_layers + 1
+    assert dp.gather_units == units
+
+    def gather(size):
+        return profile.collective_time_s("all_gather", size, 2)
+
+    def scatter(size):
+        return profile.collective_time_s("reduce_scatter", size, 2)
+
+    piece = (SMALL.num_layers * block + root) / units
+    blocks = SMALL.num_layers * (3e-3 + 7e-3 - 2 * gather(block) - scatter(block))
+    the_root = 2e-3 + 2.5e-3 - gather(root) - scatter(root)
+    assert dp.param_microbatch_s == pytest.approx(
+        (2 * units - 1) * gather(piece) + units * scatter(piece) + blocks + the_root,
+        rel=1e-6)
+    # a profile without the root's rows prices the root as one more block
+    old = _profiles(tmp_path, _collectives() + rows[:4], "unrooted.csv")
+    assert plan_costs(plan, old).costs[0][0].dp.param_microbatch_s == pytest.approx(
+        2 * units * gather(piece) + units * scatter(piece) + blocks * units
+        / SMALL.num_layers, rel=1e-6)
+
+
+def test_fsdp2_gathers_inside_the_pass_load_the_shared_host_once(tmp_path):
+    """Without prefetch (the executor's FSDP2 on gloo) each pass issues its units' gathers
+    and waits for them: they are in the pass, not a gather stream's work beside it. Two
+    ranks on a host whose two cores share nothing (k(2) = 1) then run as if alone; the
+    pass and a copy of its gathers on the gather stream loaded the host 2 + 2 x gloo's
+    share and slowed the dp2 ZeRO-3 step by a quarter (debug-small's benchmark, +28%)."""
+    plan = _plan(dp=2, gbs=16, sharding=Sharding(params=2, grads=2, optim=2))
+    fsdp = (_host("fsdp_unit_total_forward", 3e-3, size=4 * SMALL.params_per_layer()),
+            _host("fsdp_unit_total_backward", 7e-3, size=4 * SMALL.params_per_layer()))
+    alone = _profiles(tmp_path, _collectives() + fsdp, "alone.csv")
+    shared = _profiles(tmp_path, _collectives() + fsdp + _shared(1e-3, 1e-3), "shared.csv")
+    result, sim = simulate_detailed(plan, profiles=shared)
+    gathers = [n for n in sim.graph.names if n.startswith("all-gather")]
+    assert gathers and all("unit 1/" in n for n in gathers)  # the rest are in the passes
+    assert result.iteration_time_s == pytest.approx(
+        simulate(plan, profiles=alone).iteration_time_s, rel=1e-9)
