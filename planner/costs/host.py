@@ -162,10 +162,8 @@ def fsdp_root_s(dev: DeviceSpec, profile: Profile | None, ranks: int,
     """FSDP2's measured cost of the root unit (embedding, final norm, head), measured
     with its one gather (forward) and one reduce-scatter (backward) in, at `root_bytes`
     as `fsdp_unit_s`; None where the profile lacks the rows (before 2026-12-05)."""
-    if profile is None:
-        return None
-    found = _pair_at(profile, "fsdp_root_total", backend(dev), ranks, root_bytes)
-    return None if found is None else BlockHostCost(found[1], found[2], found[0])
+    return (None if profile is None
+            else _block_cost(profile, "fsdp_root", backend(dev), ranks, root_bytes))
 
 
 def _variant(dev: DeviceSpec, sequence_parallel: bool) -> str:

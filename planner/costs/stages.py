@@ -814,10 +814,11 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
                                                        - scatter)
             return fwd + bwd
 
-        host = gather_units * beyond(fsdp_host, 2)
+        unit = beyond(fsdp_host, 2)
+        host = gather_units * unit
         if fsdp_root is not None:
             # FSDP2 keeps the root's parameters from forward to backward: one gather fewer
-            host += beyond(fsdp_root, 1) - beyond(fsdp_host, 2)
+            host += beyond(fsdp_root, 1) - unit
             param_mb -= param_mb / (2 * gather_units)
         param_mb += grad_mb + host
         grad_mb, prefetch = 0.0, 0
