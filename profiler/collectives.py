@@ -9,6 +9,14 @@ trip. A sample is the slowest rank's time of back-to-back calls after a barrier.
 Sizes are measured in interleaved rounds (one sample of every size, then the next
 round), so a burst of load on the machine hits all sizes alike instead of skewing one.
 Each rank imports torch only inside the spawned worker.
+
+On the CPU with N > 2 processes, all-reduce, all-gather and reduce-scatter are also timed
+in groups of every g dividing N (2 <= g < N), the N / g groups of consecutive ranks at
+once: variant `crowd<N>`, ranks g. That is how a plan's data-parallel groups reduce after
+the backward, every rank of the host at once, and gloo's collectives on oversubscribed
+cores are not the alone measurement slowed by a share: a rank waiting for its peer waits
+for the peer's CPU work, itself queued behind the other groups' (on the 2-core VMs two
+2-rank reduce-scatters of 3.3 MB at once took 6.8 ms where one alone took 2.7, 2026-12-05).
 """
 
 from __future__ import annotations
@@ -22,12 +30,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.store import ProfileRow, RowKind
+from profiler.store import ProfileRow, RowKind, crowd_variant
 
-__all__ = ["COLLECTIVES", "CollectiveSettings", "measure_collectives", "size_grid"]
+__all__ = ["COLLECTIVES", "CROWDED", "CollectiveSettings", "crowd_sizes", "measure_collectives",
+           "size_grid"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
+# timed in groups smaller than the world too, every group at once (`crowd_variant`)
+CROWDED = ("all_reduce", "all_gather", "reduce_scatter")
 _ELEM_BYTES = 4  # fp32 buffers
+
+
+def crowd_sizes(nprocs: int) -> tuple[int, ...]:
+    """The group sizes timed at once in a run of `nprocs` CPU processes: every divisor
+    from 2 to below `nprocs`."""
+    return tuple(g for g in range(2, nprocs) if nprocs % g == 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +72,10 @@ def size_grid(min_bytes: int, max_bytes: int) -> tuple[int, ...]:
     return tuple(2**e for e in range(lo, hi + 1))
 
 
-def _ops(kind: str, size: int, rank: int, world: int, device: str) -> Callable[[], None]:
-    """One call of collective `kind` with a per-rank buffer of `size` bytes."""
+def _ops(kind: str, size: int, rank: int, world: int, device: str,
+         group: object = None) -> Callable[[], None]:
+    """One call of collective `kind` with a per-rank buffer of `size` bytes, over the
+    default group (`world` ranks) or over `group` of `world` ranks."""
     import torch
     import torch.distributed as dist
 
@@ -67,11 +86,11 @@ def _ops(kind: str, size: int, rank: int, world: int, device: str) -> Callable[[
     full = torch.ones(numel, device=device)
     shard = torch.ones(numel // world, device=device)
     if kind == "all_reduce":
-        return lambda: dist.all_reduce(full)
+        return lambda: dist.all_reduce(full, group=group)
     if kind == "all_gather":
-        return lambda: all_gather_single(full, shard)
+        return lambda: all_gather_single(full, shard, group=group)
     if kind == "reduce_scatter":
-        return lambda: reduce_scatter_single(shard, full)
+        return lambda: reduce_scatter_single(shard, full, group=group)
     if kind == "all_to_all":
         out = torch.empty_like(full)
         return lambda: dist.all_to_all_single(out, full)
@@ -117,10 +136,26 @@ def _sample_s(fn: Callable[[], None], calls: int, device: str) -> tuple[float, f
     return float(elapsed.item()), float(busy.item()) / dist.get_world_size()
 
 
-def _kind_rows(kind: str, rank: int, world: int, device: str,
-               s: CollectiveSettings) -> list[ProfileRow]:
-    """All sizes of one collective, sampled in interleaved rounds."""
-    fns = [_ops(kind, size, rank, world, device) for size in s.sizes_bytes]
+def _kind_rows(kind: str, rank: int, world: int, device: str, s: CollectiveSettings,
+               crowds: dict[int, object] | None = None) -> list[ProfileRow]:
+    """All sizes of one collective, sampled in interleaved rounds; with `crowds` (group
+    size -> this rank's group of that size) also in those groups, all at once."""
+    rows = _timed_rows(kind, rank, world, device, s, None)
+    if crowds and kind in CROWDED:
+        for g, group in crowds.items():
+            rows += _timed_rows(kind, rank, g, device, s, group)
+    return rows
+
+
+def _timed_rows(kind: str, rank: int, world: int, device: str, s: CollectiveSettings,
+                group: object) -> list[ProfileRow]:
+    """`_kind_rows` over the whole world (`group` None) or over `group` of `world` ranks,
+    every rank of the world in its own group at once (variant `crowd_variant`; no CPU-time
+    row: the shares are the alone measurement's)."""
+    import torch.distributed as dist
+
+    variant = None if group is None else crowd_variant(dist.get_world_size())
+    fns = [_ops(kind, size, rank, world, device, group) for size in s.sizes_bytes]
     calls, rounds = [], []
     for fn in fns:  # warm up; agree on calls per sample and on the number of rounds
         first = min(_sample_s(fn, 1, device)[0] for _ in range(max(s.warmup, 1)))
@@ -137,8 +172,8 @@ def _kind_rows(kind: str, rank: int, world: int, device: str,
     factor = 0.5 if kind == "send_recv" else 1.0  # a ping-pong is two one-way sends
     rows = []
     for size, ts, cs, n in zip(s.sizes_bytes, times, busy, calls, strict=True):
-        rows.append(_row("collective", kind, None, size, world, [t * factor for t in ts], n))
-        if device == "cpu":  # gloo runs the collective on the ranks' own cores
+        rows.append(_row("collective", kind, variant, size, world, [t * factor for t in ts], n))
+        if device == "cpu" and group is None:  # gloo runs it on the ranks' own cores
             rows.append(_row("host", f"cpu.{kind}", "gloo", size, world,
                              [max(c * factor, 1e-9) for c in cs], n))
     return rows
@@ -169,9 +204,12 @@ def _worker(rank: int, s: CollectiveSettings, init_file: str, results: object) -
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{init_file}",
                             rank=rank, world_size=s.nprocs)
+    # every rank makes every group, in the same order (torch.distributed.new_group)
+    crowds = {g: [dist.new_group(list(range(lo, lo + g))) for lo in range(0, s.nprocs, g)
+                  ][rank // g] for g in (() if cuda else crowd_sizes(s.nprocs))}
     try:
         for kind in s.kinds:
-            rows = _kind_rows(kind, rank, s.nprocs, device, s)
+            rows = _kind_rows(kind, rank, s.nprocs, device, s, crowds)
             if rank == 0:
                 results.put(rows)  # type: ignore[attr-defined]  # a multiprocessing queue
         if s.host_costs_model is not None:

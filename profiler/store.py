@@ -47,8 +47,8 @@ from profiler.schema import (
 )
 
 __all__ = ["INTERRUPTED_NOTE", "PEAK_MARGIN", "PROFILE_SCHEMA_VERSION", "SHAPE_LENGTHS",
-           "MonotoneCurve", "Profile", "ProfileMeta", "ProfileRow", "Profiles",
-           "interrupted_rows", "load_profile", "load_profiles", "parse_profile_text",
+           "MonotoneCurve", "Profile", "ProfileMeta", "ProfileRow", "Profiles", "crowd_of",
+           "crowd_variant", "interrupted_rows", "load_profile", "load_profiles", "parse_profile_text",
            "profile_text", "row_peak_flops", "save_profile"]
 
 PROFILE_SCHEMA_VERSION = 1
@@ -286,9 +286,21 @@ class Profile:
         at_edge = model_s(row)
         return None if at_edge <= 0 else fitted_s / at_edge * model_s(None)
 
-    def collective_time_s(self, kind: str, size_bytes: float, ranks: int) -> float | None:
-        return self.time_s(kind="collective", name=kind, variant=None, shape=(int(size_bytes),),
-                           size=size_bytes, ranks=ranks)
+    def collective_time_s(self, kind: str, size_bytes: float, ranks: int,
+                          variant: str | None = None) -> float | None:
+        return self.time_s(kind="collective", name=kind, variant=variant,
+                           shape=(int(size_bytes),), size=size_bytes, ranks=ranks)
+
+    @cached_property
+    def crowds(self) -> dict[tuple[str, int], frozenset[int]]:
+        """Per (collective, group size): the numbers of the host's processes that ran it at
+        once in groups of that size (`crowd<N>` rows, profiler/collectives.py)."""
+        out: dict[tuple[str, int], set[int]] = {}
+        for r in self.collective_rows:
+            n = crowd_of(r.variant)
+            if n:
+                out.setdefault((r.name, r.ranks), set()).add(n)
+        return {k: frozenset(v) for k, v in out.items()}
 
     def variants(self, name: str) -> frozenset[str]:
         """The alternatives measured for an op name (attention backends, optimizers)."""
@@ -340,10 +352,25 @@ class Profile:
                if r.name.startswith("cpu.")}
         shares: dict[tuple[str, int], list[float]] = {}
         for r in self.collective_rows:
+            if r.variant:  # measured in a crowd (`crowds`): the shares are the alone ones
+                continue
             busy = cpu.get((r.name, r.shape, r.ranks))
             if busy is not None:
                 shares.setdefault((r.name, r.ranks), []).append(busy / r.time_s)
         return shares
+
+
+def crowd_variant(nprocs: int) -> str:
+    """The variant of collective rows measured with `nprocs` processes of the host in the
+    collective at once, in groups of the row's `ranks` (profiler/collectives.py)."""
+    return f"crowd{nprocs}"
+
+
+def crowd_of(variant: str | None) -> int:
+    """The processes at once of a `crowd_variant` (0 for any other variant)."""
+    if variant and variant.startswith("crowd") and variant[5:].isdigit():
+        return int(variant[5:])
+    return 0
 
 
 def _key(r: ProfileRow) -> SeriesKey:

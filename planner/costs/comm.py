@@ -52,11 +52,12 @@ from functools import cache
 from planner.specs.cluster import ClusterSpec, GpuSlot, NodeGroup
 from profiler.devices import LinkKind, NcclTuning, link_kind, nccl_tuning
 from profiler.schema import cached_hash
-from profiler.store import Profiles
+from profiler.store import Profiles, crowd_variant
 
 __all__ = ["ALGORITHMS", "COMM_SOURCE", "PROTOCOLS", "Choice", "Tier", "clear_comm_caches",
            "Transfer", "collective_choices", "collective_time_s", "dispatch_time_s", "group_domains",
-           "group_ranks", "group_tiers", "holders_reached", "measured_collective_s"]
+           "group_ranks", "group_tiers", "holders_reached", "measured_collective_s",
+           "measured_crowd"]
 
 COMM_SOURCE = ("NCCL's cost model (2.20.3: ring/tree, LL/LL128/Simple) over the cluster's links "
                "(profiler/data/nccl.yaml, links.yaml)")
@@ -410,34 +411,58 @@ def _send_s(size: float, tiers: Sequence[Tier]) -> float:
     return nccl.base_latency_us["ring"]["simple"] * _US + hop + size / bandwidth
 
 
+def measured_crowd(kind: str, tiers: Sequence[Tier], profiles: Profiles | None,
+                   crowd: int) -> int:
+    """How many of the host's processes were in the collective at once in the measurement
+    that prices `kind` for a group inside one node (`tiers`) while `crowd` of the host's
+    ranks run such collectives at once (every data-parallel group of a host reducing
+    after the backward): the measured crowd nearest `crowd` (`crowd<N>` rows of a CPU
+    profile, profiler/collectives.py), the group alone counting as its own size (the
+    smaller of two as near); 0 where the group is priced alone (GPUs, no such rows)."""
+    if (crowd <= 0 or profiles is None or len(tiers) != 1 or tiers[0].name != "node"
+            or not tiers[0].device):
+        return 0
+    profile = profiles.get(tiers[0].device)
+    n = tiers[0].fanout
+    measured = profile.crowds.get((kind, n)) if profile is not None else None
+    if not measured or crowd <= n:
+        return 0
+    nearest = min({n, *measured}, key=lambda p: (abs(p - crowd), p))
+    return 0 if nearest == n else nearest
+
+
 def measured_collective_s(kind: str, size_bytes: float, tiers: Sequence[Tier],
-                          profiles: Profiles | None) -> float | None:
+                          profiles: Profiles | None, crowd: int = 0) -> float | None:
     """The profile's time of a collective of a group inside one node, if it measured
     that collective at that group size: interpolated inside the sizes it measured, and
     outside them the model's time scaled by the profile's measured / model time at the
-    nearest size it measured (as op times are, planner/costs/compute.py)."""
+    nearest size it measured (as op times are, planner/costs/compute.py). `crowd`: the
+    host's ranks in such collectives at once (`measured_crowd`)."""
     if profiles is None or len(tiers) != 1 or tiers[0].name != "node" or not tiers[0].device:
         return None
     profile = profiles.get(tiers[0].device)
     if profile is None:
         return None
-    measured = profile.collective_time_s(kind, size_bytes, tiers[0].fanout)
+    at_once = measured_crowd(kind, tiers, profiles, crowd)
+    variant = crowd_variant(at_once) if at_once else None
+    measured = profile.collective_time_s(kind, size_bytes, tiers[0].fanout, variant)
     if measured is not None:
         return measured
     return profile.scaled_s(
-        kind="collective", name=kind, variant=None, size=size_bytes, ranks=tiers[0].fanout,
+        kind="collective", name=kind, variant=variant, size=size_bytes, ranks=tiers[0].fanout,
         model_s=lambda row: _model_time_s(kind, size_bytes if row is None else row.bytes,
                                           tuple(tiers)))
 
 
 def collective_time_s(kind: str, size_bytes: float, tiers: Sequence[Tier], *,
-                      profiles: Profiles | None = None) -> float:
+                      profiles: Profiles | None = None, crowd: int = 0) -> float:
     """Time of one collective whose per-rank buffer is `size_bytes` (all-gather and
     reduce-scatter: the whole gathered buffer): measured where a profile of the group's
-    device type has it, else NCCL's fastest choice."""
+    device type has it (with `crowd` of the host's ranks in such collectives at once:
+    `measured_crowd`), else NCCL's fastest choice."""
     if not tiers or size_bytes <= 0:
         return 0.0
-    measured = measured_collective_s(kind, size_bytes, tiers, profiles)
+    measured = measured_collective_s(kind, size_bytes, tiers, profiles, crowd)
     if measured is not None:
         return measured
     return _model_time_s(kind, size_bytes, tuple(tiers))
@@ -525,9 +550,13 @@ class Transfer:
     size_bytes: float  # one piece
     tiers: tuple[Tier, ...]
     pieces: int = 1
+    # the host's processes in collectives at once in the measurement that priced it
+    # (`measured_crowd`; 0: the group alone)
+    crowd: int = 0
 
     def describe(self) -> str:
-        """"4 x all_gather 396 MB, 64 ranks (8 per node/8 nodes): ring/simple"."""
+        """"4 x all_gather 396 MB, 64 ranks (8 per node/8 nodes): ring/simple"; on CPU
+        ranks priced in a crowd, ", measured with 4 of the host's ranks at once"."""
         n = group_ranks(self.tiers)
         even = n == math.prod(t.fanout for t in self.tiers)
         where = "/".join(f"{'' if even or t.name != 'node' else 'up to '}{t.fanout} "
@@ -537,6 +566,8 @@ class Transfer:
             c = min(collective_choices(self.kind, self.size_bytes, self.tiers),
                     key=lambda c: c.time_s)
             text += f": {c.algorithm}/{c.protocol}"
+        if self.crowd:
+            text += f", measured with {self.crowd} of the host's ranks at once"
         return f"{self.pieces} x {text}" if self.pieces > 1 else text
 
 

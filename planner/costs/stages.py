@@ -29,6 +29,7 @@ from planner.costs.comm import (
     dispatch_time_s,
     group_ranks,
     group_tiers,
+    measured_crowd,
 )
 from planner.costs.compute import (
     ANALYTIC_SOURCE,
@@ -92,7 +93,7 @@ from profiler.store import Profile, Profiles
 __all__ = ["DPSync", "Part", "PlacedStage", "PlanCosts",
            "RunSettings", "ShardingTerms", "StageCost", "StageSpec", "apply_sharding",
            "bucket_params", "clear_cost_caches", "cost_sources", "dp_sync", "ep_paced", "ep_peers", "exposed_s",
-           "gather_stall_s", "group_signature", "island_concurrency", "layer_parts", "on_clear_cost_caches",
+           "gather_stall_s", "group_signature", "host_crowd", "island_concurrency", "layer_parts", "on_clear_cost_caches",
            "placement", "plan_costs", "plan_replicas", "plan_runs", "position_groups", "replica_key",
            "pass_key", "replica_specs", "shard_units", "sharding_states", "sharding_terms",
            "stage_cost", "stage_key", "stage_passes",
@@ -174,6 +175,11 @@ class DPSync:
             known[term] = max((group_ranks(x.tiers) for name, x in self.detail
                                if name == term), default=0)
         return known[term]
+
+    def crowd(self, term: str) -> int:
+        """The most of the host's processes at once that measured one of the term's
+        transfers (`Transfer.crowd`; 0: all priced alone)."""
+        return max((x.crowd for name, x in self.detail if name == term), default=0)
 
     @property
     def gather_unit_s(self) -> float:
@@ -721,12 +727,22 @@ def bucket_params(comm: Communication, dp: int) -> float:
     return max(MEGATRON_BUCKET_MIN_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP * dp)
 
 
+def host_crowd(cluster: ClusterSpec, spec: StageSpec) -> int:
+    """The ranks of the stage's first host that reduce gradients at once with its first
+    rank: the members of its data-parallel (x context) group on that host, each with its
+    tp ranks (every tp rank reduces its own slice: the groups of all of them meet after
+    the same backward)."""
+    slots = cluster.slots
+    node = slots[spec.dp_cp_group[0]].node
+    return sum(slots[d].node == node for d in spec.dp_cp_group) * spec.placed.tp
+
+
 @cache
 def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurrency: int,
             sharding: Sharding, dtype: str, profiles: Profiles | None = None, *,
             comm: Communication, units: int = 1,
             fsdp_host: BlockHostCost | None = None,
-            fsdp_root: BlockHostCost | None = None) -> DPSync:
+            fsdp_root: BlockHostCost | None = None, crowd: int = 0) -> DPSync:
     """Traffic of the data-parallel group `group` (the ranks holding the same parameters:
     one GPU per replica and context-parallel rank, `StageSpec.dp_cp_group`) holding
     `params` parameters each (Rajbhandari et al. 2020; Chen et al. 2023, AMSP), with
@@ -757,6 +773,12 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
     a pass waits for its gather (no prefetch), and each backward's reduce-scatters and
     hooks are held by it too (`param_microbatch_s` then carries all of it, none on a side
     stream). `fsdp_root`: the same for the root unit (one of the `units`), where measured.
+
+    `crowd`: the host's ranks that run these collectives at once (CPU ranks: `host_crowd`),
+    which prices them from a CPU profile's measurement of groups of their size reducing all
+    at once (`comm.measured_crowd`; on oversubscribed cores several times the group alone).
+    FSDP2's collectives inside the passes (with `fsdp_host`) alternate with the other
+    groups' compute and stay priced alone, slowed by the host's load as the passes are.
     """
     dp = len(group)
     if dp == 1:
@@ -767,17 +789,22 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
 
     detail: list[tuple[str, Transfer]] = []
 
-    def time_s(term: str, kind: str, size: float, members: int, stride: int,
-               pieces: int = 1) -> float:
-        tiers = group_tiers(cluster, group[0:members * stride:stride], concurrency)
-        detail.append((term, Transfer(kind, size / pieces, tiers, pieces)))
-        return pieces * collective_time_s(kind, size / pieces, tiers, profiles=profiles)
-
     g, optim, p = sharding.grads, sharding.optim, sharding.params
     gather_units = 0
     if p > 1:
         gather_units = (max(1, math.ceil(params / comm.shard_unit_params))
                         if comm.shard_unit_params else max(1, units))
+    in_pass = fsdp_host is not None and gather_units > 0  # FSDP2's, inside the passes
+
+    def time_s(term: str, kind: str, size: float, members: int, stride: int,
+               pieces: int = 1) -> float:
+        tiers = group_tiers(cluster, group[0:members * stride:stride], concurrency)
+        at_once = 0 if in_pass and term.endswith("microbatch") else crowd
+        measured = measured_crowd(kind, tiers, profiles, at_once)
+        detail.append((term, Transfer(kind, size / pieces, tiers, pieces, measured)))
+        return pieces * collective_time_s(kind, size / pieces, tiers, profiles=profiles,
+                                          crowd=at_once)
+
     grad_pieces = gather_units or buckets
     grad_mb = 0.0
     if g > 1:
@@ -798,7 +825,8 @@ def dp_sync(cluster: ClusterSpec, group: tuple[int, ...], params: float, concurr
         param_mb = 2 * time_s("param_microbatch", "all_gather", params * low, p, 1,
                               gather_units)
     prefetch = comm.shard_prefetch
-    if fsdp_host is not None and gather_units:
+    if in_pass:
+        assert fsdp_host is not None
         tiers = group_tiers(cluster, group[0:p], concurrency)
 
         def beyond(cost: BlockHostCost, gathers: int) -> float:
@@ -1047,7 +1075,8 @@ def sharding_terms(model: ModelSpec, cluster: ClusterSpec, spec: StageSpec, run:
                                 low * max(0.0, num_params - layers * block))
                     if ends else None)
     sync = dp_sync(cluster, spec.dp_cp_group, num_params, spec.concurrency, sharding, dtype,
-                   profiles, comm=run.comm, units=units, fsdp_host=fsdp, fsdp_root=root)
+                   profiles, comm=run.comm, units=units, fsdp_host=fsdp, fsdp_root=root,
+                   crowd=host_crowd(cluster, spec) if spec.device.vendor == "cpu" else 0)
     opt = optimizer_work(num_params / sharding.optim, dtype=dtype,
                          implementation=run.kernels.optimizer,
                          num_tensors=max(1, 6 * spec.placed.num_layers),

@@ -24,7 +24,7 @@ from typing import Any
 from planner.outputs import PICTURE_SUFFIXES, atomic_path, check_output_file
 from planner.profiling.cases import op_dtype
 from profiler.devices import DeviceSpec, device
-from profiler.store import Profile, ProfileRow, interrupted_rows, load_profile
+from profiler.store import Profile, ProfileRow, crowd_of, interrupted_rows, load_profile
 
 __all__ = ["SeriesSummary", "bus_factor", "efficiency", "family", "show_profile", "summarise"]
 
@@ -158,11 +158,14 @@ def _lines(profile: Profile, summaries: list[SeriesSummary]) -> list[str]:
     colls = [s for s in summaries if s.kind == "collective"]
     busy = {key: statistics.median(v) for key, v in profile.collective_cpu_shares.items()}
     if colls:
-        lines.append(f"{'collective':16} {'ranks':>5} {'sizes':>16}  {'at smallest':>10}  "
+        ranks = [f"{s.ranks}" + (f" ({crowd_of(s.variant)} at once)" if crowd_of(s.variant)
+                                 else "") for s in colls]
+        w = max(5, *map(len, ranks))
+        lines.append(f"{'collective':16} {'ranks':>{w}} {'sizes':>16}  {'at smallest':>10}  "
                      f"{'bus bandwidth at largest':>24}" + ("  CPU busy (median)" if busy else ""))
-        for s in colls:
-            share = busy.get((s.name, s.ranks))
-            lines.append(f"{s.name:16} {s.ranks:5d} {_size(s.smallest_bytes):>7}.."
+        for s, n in zip(colls, ranks, strict=True):
+            share = None if s.variant else busy.get((s.name, s.ranks))
+            lines.append(f"{s.name:16} {n:>{w}} {_size(s.smallest_bytes):>7}.."
                          f"{_size(s.largest_bytes):<7}  {s.min_time_s * 1e3:7.3f} ms  "
                          f"{s.best_bytes_per_s / 1e9:18.2f} GB/s"
                          + (f"  {share:17.0%}" if share is not None else ""))

@@ -79,6 +79,9 @@ class TaskMeta(NamedTuple):
     part: Part | None = None  # compute-stream tasks: what their time is spent on
     detail: str = ""  # communication tasks: the collective, its size, group and algorithm
     ranks: int = 0  # communication tasks: the largest group of their collectives
+    # communication tasks priced from a measurement with this many of the host's ranks in
+    # such collectives at once (`DPSync.crowd`; 0: their group alone)
+    crowd: int = 0
 
 
 @dataclass
@@ -209,7 +212,8 @@ class _Builder:
                 rs = g.add(f"reduce-scatter p{pi}s{si}{grad}{c}.{j}", "dp",
                            self._dp_stream(pi, si), cost.dp.grad_microbatch_s / vp,
                            TaskMeta(pi, si, c, j, detail=cost.dp.about("grad_microbatch"),
-                                    ranks=cost.dp.group_ranks("grad_microbatch")),
+                                    ranks=cost.dp.group_ranks("grad_microbatch"),
+                                    crowd=cost.dp.crowd("grad_microbatch")),
                            after=(tid,))
                 waits_for = rs if in_line else -1
             prev2, prev = prev, tid
@@ -234,7 +238,8 @@ class _Builder:
         stream = self._dp_stream(pi, si, "param gather")
         ahead = prev2 if dp.prefetch >= 1 else prev
         meta = TaskMeta(pi, si, c, j, detail=dp.about("param_microbatch"),
-                        ranks=dp.group_ranks("param_microbatch"))
+                        ranks=dp.group_ranks("param_microbatch"),
+                        crowd=dp.crowd("param_microbatch"))
         label = f"p{pi}s{si}{phase}{c}.{j}"
         first = self.g.add(f"all-gather {label} unit 1/{units:g}", "dp", stream,
                            dp.gather_unit_s, meta, after=(ahead,) if ahead >= 0 else ())
@@ -377,7 +382,9 @@ class _Builder:
                         reductions.append(self.g.add(
                             f"grad-sync s{si}c{c}[{k}]", "dp", stream, grad / vp / count,
                             TaskMeta(first, si, c, detail=cost.dp.about("grad_iteration"),
-                                     ranks=cost.dp.group_ranks("grad_iteration")),
+                                     ranks=cost.dp.group_ranks("grad_iteration"),
+                                     crowd=max(cost.dp.crowd("grad_iteration"),
+                                               cost.dp.crowd("grad_microbatch"))),
                             after=after))
             for pi in reps:
                 self._optimizer(pi, si, self.costs[pi][si], reductions)
@@ -423,7 +430,8 @@ class _Builder:
             self.g.add(f"param-gather p{pi}s{si}", "dp", self._dp_stream(pi, si, "param gather"),
                        exposed_s(cost.dp.param_iteration_s, cost.forward_s, cost.dp),
                        TaskMeta(pi, si, detail=cost.dp.about("param_iteration"),
-                                ranks=cost.dp.group_ranks("param_iteration")), after=(opt,))
+                                ranks=cost.dp.group_ranks("param_iteration"),
+                                crowd=cost.dp.crowd("param_iteration")), after=(opt,))
 
 
 @dataclass(frozen=True)
@@ -465,7 +473,8 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
     empty where none do. A stage's streams (compute, and its sends, reductions and
     gathers) stand for the ranks of the stage on the host of its first rank, in every
     pipeline they represent. A collective was measured with a group of its size alone on
-    the host: its reference load is that group's ranks times their CPU share."""
+    the host, or with `TaskMeta.crowd` of the host's ranks in such groups at once: its
+    reference load is those ranks times their CPU share."""
     slots = plan.cluster.slots
     ranks: dict[int, dict[int, float]] = {}  # node -> stream -> ranks on that node
     slowdowns = {}
@@ -506,7 +515,8 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
         share, groups = share_of_stream.get(g.streams[t], none)
         cpu.append(_cpu_share(g, t, share, groups))
         n = g.meta[t].ranks  # a communication task's group (0 for passes, the optimizer)
-        ref.append(n * share(n) if n else 0.0)
+        # measured alone, or with `crowd` of the host's ranks in such collectives at once
+        ref.append((g.meta[t].crowd or n) * share(n) if n else 0.0)
         part = g.meta[t].part
         measured = (part.measured_shared_s / part.total_s
                     if part is not None and part.total_s > 0.0 and not n else 0.0)

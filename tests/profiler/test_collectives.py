@@ -69,3 +69,26 @@ def test_every_collective_is_measured_from_the_command_line(tmp_path, capsys):
     assert all(r.variant == "gloo" and r.ranks == 2 for r in cpu.values())
     share = collective_cpu_share(device("CPU"), profile, 2)
     assert share is not None and 0.0 < share <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_smaller_groups_are_also_timed_all_at_once_on_the_cpu():
+    """4 processes: besides the 4-rank rows, all-reduce, all-gather and reduce-scatter in
+    the two groups of 2 at once (`crowd4`, ranks 2), as a plan's data-parallel groups of 2
+    reduce together after the backward; no CPU-share rows for them (the shares are the
+    alone measurement's) and none for the pairs of send/recv, which are pairs already."""
+    from profiler.collectives import CROWDED, crowd_sizes
+
+    assert crowd_sizes(4) == (2,) and crowd_sizes(8) == (2, 4) and crowd_sizes(2) == ()
+    settings = CollectiveSettings(nprocs=4, kinds=(*CROWDED, "send_recv"), repeats=5,
+                                  sizes_bytes=(4096, 65536))
+    rows, interrupted = measure_collectives(settings)
+    assert not interrupted
+    crowd = [r for r in rows if r.variant == "crowd4"]
+    assert {(r.kind, r.name, r.ranks, r.bytes) for r in crowd} == {
+        ("collective", k, 2, b) for k in CROWDED for b in (4096.0, 65536.0)}
+    whole = [r for r in rows if r.kind == "collective" and not r.variant]
+    assert {r.name for r in whole} == {*CROWDED, "send_recv"}
+    assert all(r.ranks == 4 for r in whole) and all(r.time_s > 0 for r in crowd)
+    assert all(r.variant == "gloo" and r.ranks == 4 for r in rows if r.kind == "host")
