@@ -105,6 +105,9 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
     m.add_argument("--warmup", type=int_in(0, 100_000), default=3, metavar="N")
     m.add_argument("--repeats", type=int_in(1, 100_000), default=15, metavar="N",
                    help="timed samples per row")
+    m.add_argument("--passes", type=int_in(1, 100), default=2, metavar="N",
+                   help="passes over every op, each op's fastest median kept (default 2: a "
+                        "burst of other load on the host slows whole ops, never speeds one)")
     m.add_argument("--collectives", action="store_true",
                    help="also measure collectives across --nprocs local processes")
     m.add_argument("--nprocs", type=int_in(2, 256), default=2, metavar="N",
@@ -159,6 +162,7 @@ class MeasureRequest:
     threads: int = 1
     warmup: int = 3
     repeats: int = 15
+    passes: int = 2
     collectives: bool = False
     nprocs: int = 2
     host_costs: bool = False
@@ -185,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
         device=args.device, device_name=args.device_name, tp=args.tp, mbs=args.mbs,
         seq=args.seq, dtype=args.dtype, attention=args.attention, optimizer=args.optimizer,
         sequence_parallel=args.sequence_parallel, threads=args.threads, warmup=args.warmup,
-        repeats=args.repeats, collectives=args.collectives, nprocs=args.nprocs,
+        repeats=args.repeats, passes=args.passes, collectives=args.collectives,
+        nprocs=args.nprocs,
         host_costs=args.host_costs, host_model=host_model,
         min_bytes=args.min_bytes, max_bytes=args.max_bytes))
 
@@ -304,9 +309,9 @@ def _measure_ops(req: MeasureRequest, model: ModelSpec, dev: DeviceSpec,
                      attentions=_attentions(req, dev), optimizers=req.optimizer,
                      sequence_parallel=req.sequence_parallel)
     _check_fits(cases, req, dev)
-    bar = ProgressBar(len(cases), title="ops")
+    bar = ProgressBar(len(cases) * req.passes, title="ops")
     settings = MeasureSettings(device=req.device, dtype=dtype, warmup=req.warmup,
-                               repeats=req.repeats)
+                               repeats=req.repeats, passes=req.passes)
     try:
         return measure_ops(cases, settings, progress=bar)
     finally:
