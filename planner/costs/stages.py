@@ -159,27 +159,30 @@ class DPSync:
     # param_microbatch -> its transfers
     detail: tuple[tuple[str, Transfer], ...] = ()
 
+    def _per_term(self, memo: str, term: str, work: Callable[[], T]) -> T:
+        """`work()` for `term`, worked out once per DPSync (every pass of every replica
+        that shares this traffic asks) under the memo `memo`."""
+        known: dict[str, T] = self.__dict__.setdefault(memo, {})
+        if term not in known:
+            known[term] = work()
+        return known[term]
+
     def about(self, term: str) -> str:
-        """The transfers of one term, as traces describe them (worked out once: every
-        pass of every replica that shares this traffic asks)."""
-        said: dict[str, str] = self.__dict__.setdefault("_about", {})
-        if term not in said:
-            said[term] = "; ".join(t.describe() for name, t in self.detail if name == term)
-        return said[term]
+        """The transfers of one term, as traces describe them (worked out once)."""
+        return self._per_term("_about", term, lambda: "; ".join(
+            t.describe() for name, t in self.detail if name == term))
 
     def group_ranks(self, term: str) -> int:
         """The largest group one of the term's transfers spans (0 where it has none;
-        worked out once, as `about`)."""
-        known: dict[str, int] = self.__dict__.setdefault("_ranks", {})
-        if term not in known:
-            known[term] = max((group_ranks(x.tiers) for name, x in self.detail
-                               if name == term), default=0)
-        return known[term]
+        worked out once)."""
+        return self._per_term("_ranks", term, lambda: max(
+            (group_ranks(x.tiers) for name, x in self.detail if name == term), default=0))
 
     def crowd(self, term: str) -> int:
         """The most of the host's processes at once that measured one of the term's
-        transfers (`Transfer.crowd`; 0: all priced alone)."""
-        return max((x.crowd for name, x in self.detail if name == term), default=0)
+        transfers (`Transfer.crowd`; 0: all priced alone; worked out once)."""
+        return self._per_term("_crowd", term, lambda: max(
+            (x.crowd for name, x in self.detail if name == term), default=0))
 
     @property
     def gather_unit_s(self) -> float:
