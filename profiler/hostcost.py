@@ -35,6 +35,8 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   every backward (`grad_hand_off`: with sequence parallelism each norm weight's and
   bias's partial gradient all-reduced, one blocking redistribution per parameter).
   `dtensor_root_*`: the same for the embedding and head (the final norm's gradients).
+  Each has a `cpu.` twin: the same marginal in the CPU seconds the ranks' processes used
+  (a rank waiting for its peer in a tp collective is off its core).
   Profiles before 2026-12-04: `dtensor_layer_forward` / `_backward`, less the two
   collectives timed alone here (still read).
 * `arrival_skew`, `arrival_segment` (ranks N, size the segment's GEMM calls): after the
@@ -389,7 +391,8 @@ def _tiny(family_model: str, num_layers: int) -> Any:
 def _pass_times(models: dict[tuple[str, int], tuple[object, object]], repeats: int, *,
                 vocab_parallel: bool = False,
                 hand_off: Callable[[object], object] | None = None,
-                budget_s: float | None = None
+                budget_s: float | None = None,
+                cpu: dict[tuple[str, int], tuple[list[float], list[float]]] | None = None
                 ) -> dict[tuple[str, int], tuple[list[float], list[float]]]:
     """Forward and backward seconds (the slowest rank's) of each model (with its tokens),
     `repeats` samples taken in turn, so that a burst of load on the machine hits every
@@ -397,7 +400,9 @@ def _pass_times(models: dict[tuple[str, int], tuple[object, object]], repeats: i
     executor's tp runs it; `hand_off`: what the executor does with a model's gradients
     after each backward, timed as part of it; `budget_s`: fewer samples (down to 7) where
     `repeats` rounds of every model would take longer (the ranks agree on the count from
-    the slowest's warm-up)."""
+    the slowest's warm-up). `cpu`, where given, receives the same samples of the CPU
+    seconds a rank's process used in each pass (the ranks' mean): a pass that waits for a
+    peer in a collective is off the CPU for that part of its time."""
     import contextlib
 
     import torch
@@ -413,19 +418,27 @@ def _pass_times(models: dict[tuple[str, int], tuple[object, object]], repeats: i
             framed = key[0] == "framed"
             dist.barrier()
             with loss_parallel() if vocab_parallel and framed else contextlib.nullcontext():
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 loss = model(tokens, tokens)  # type: ignore[operator]  # an executor GPT
-                t1 = time.perf_counter()
+                c1, t1 = time.process_time(), time.perf_counter()
                 loss.backward()
                 if hand_off is not None:
                     hand_off(model)
-                t2 = time.perf_counter()
+                c2, t2 = time.process_time(), time.perf_counter()
             model.zero_grad(set_to_none=True)  # type: ignore[attr-defined]  # an nn.Module
             both = torch.tensor([t1 - t0, t2 - t1], dtype=torch.float64)
             dist.all_reduce(both, op=dist.ReduceOp.MAX)
+            used = torch.tensor([c1 - c0, c2 - c1], dtype=torch.float64)
+            if cpu is not None:
+                dist.all_reduce(used)
+                used /= dist.get_world_size()
             if i >= 3:
                 out[key][0].append(float(both[0]))
                 out[key][1].append(float(both[1]))
+                if cpu is not None:
+                    cpu.setdefault(key, ([], []))
+                    cpu[key][0].append(float(used[0]))
+                    cpu[key][1].append(float(used[1]))
         i += 1
     return out
 
@@ -563,13 +576,15 @@ def _dtensor_rows(rank: int, world: int, *, backend: str, family_model: str | An
 
     models = _models(family_model, frame, batch=batch,
                      reference=lambda s: tp_rank_spec(s, world))
+    used: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
     times = _pass_times(models, repeats, vocab_parallel=True, hand_off=grad_hand_off,
-                        budget_s=budget_s)
+                        budget_s=budget_s, cpu=used)
     act_bytes = activation_bytes(*batch, spec)
-    fwd, bwd, root_fwd, root_bwd = _marginal(times)
     variant = backend + ("+sp" if sequence_parallel else "")
-    return [host_row(name, ts, variant=variant, ranks=world, size_bytes=act_bytes)
-            for name, ts in (("dtensor_layer_total_forward", fwd),
-                             ("dtensor_layer_total_backward", bwd),
-                             ("dtensor_root_forward", root_fwd),
-                             ("dtensor_root_backward", root_bwd))]
+    names = ("dtensor_layer_total_forward", "dtensor_layer_total_backward",
+             "dtensor_root_forward", "dtensor_root_backward")
+    # the same marginals in the CPU seconds the ranks' processes used (`cpu.` rows, as the
+    # collectives' are): the share of a block's DTensor time a rank loads its core with
+    return [host_row(prefix + name, ts, variant=variant, ranks=world, size_bytes=act_bytes)
+            for prefix, marginals in (("", _marginal(times)), ("cpu.", _marginal(used)))
+            for name, ts in zip(names, marginals, strict=True)]

@@ -19,7 +19,9 @@ host (profiler/hostcost.py), else the analytic defaults:
   the collectives are taken out at the profile's own price for the size measured and
   priced again at the plan's, so at a measured size the measured block stands whole (a
   collective inside a block costs more than one timed back to back: on this CPU host a
-  256 KB all-reduce took 1.4-2.0 ms a call in situ against 0.5-0.9 ms);
+  256 KB all-reduce took 1.4-2.0 ms a call in situ against 0.5-0.9 ms); the share of a
+  block's time its rank is on the CPU (`dtensor_cpu_share`, from the rows' `cpu.` twins:
+  a rank waiting for its peer in a tp collective leaves its core to others);
 * shared cores (`shared_cores`): CPU ranks of one host share its cores, caches, memory
   bandwidth and whatever else runs there, so each computes slower than the single process
   that measured the op profile while other ranks compute too: the plan model's own
@@ -52,7 +54,7 @@ from profiler.store import Profile, ProfileRow, Profiles
 
 __all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "NO_BLOCK_COST",
            "BlockHostCost", "SharedCoreSlowdown", "backend", "collective_cpu_share",
-           "dtensor_layer_s", "dtensor_root_s", "fsdp_root_s", "fsdp_unit_s", "host_families",
+           "dtensor_cpu_share", "dtensor_layer_s", "dtensor_root_s", "fsdp_root_s", "fsdp_unit_s", "host_families",
            "host_source", "launch_s", "runner_microbatch_s", "shared_cores", "sync_skew",
            "at_size"]
 
@@ -178,6 +180,25 @@ def dtensor_layer_s(dev: DeviceSpec, profile: Profile | None, tp: int,
         return NO_BLOCK_COST
     return (_block_cost(profile, "dtensor_layer", _variant(dev, sequence_parallel), tp,
                         act_bytes) or NO_BLOCK_COST)
+
+
+def dtensor_cpu_share(dev: DeviceSpec, profile: Profile | None, tp: int,
+                      sequence_parallel: bool, act_bytes: float | None = None) -> float | None:
+    """The share of a tp block's DTensor time (its machinery and tp collectives together,
+    forward and backward) that its rank's process is on the CPU: the `cpu.` twins of the
+    `dtensor_layer_total_*` rows (CPU seconds, the ranks' mean) against the rows, at
+    `act_bytes` as `dtensor_layer_s`, at most 1. A rank waiting in a tp collective for its
+    peer (gloo blocks in a socket read) leaves its core to the host's other ranks. None
+    where the profile lacks the rows (profiles before 2026-12-05), on GPUs and without tp."""
+    if profile is None or tp <= 1 or dev.vendor != "cpu":
+        return None
+    wall = _pair_at(profile, "dtensor_layer_total", _variant(dev, sequence_parallel), tp,
+                    act_bytes)
+    used = _pair_at(profile, "cpu.dtensor_layer_total", _variant(dev, sequence_parallel), tp,
+                    act_bytes)
+    if wall is None or used is None or wall[1] + wall[2] <= 0.0:
+        return None
+    return max(0.0, min(1.0, (used[1] + used[2]) / (wall[1] + wall[2])))
 
 
 def dtensor_root_s(dev: DeviceSpec, profile: Profile | None, tp: int,

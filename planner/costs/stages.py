@@ -41,6 +41,8 @@ from planner.costs.compute import (
 )
 from planner.costs.host import (
     BlockHostCost,
+    collective_cpu_share,
+    dtensor_cpu_share,
     dtensor_layer_s,
     dtensor_root_s,
     fsdp_root_s,
@@ -123,6 +125,10 @@ class Part:
     # DTensor rows, timed on every tp rank together), so the slowdown of CPU ranks
     # sharing a host is in them already (planner/simulator/build.py `_cpu_share`)
     measured_shared_s: float = 0.0
+    # Of host_s and tp_s: seconds the rank's process was measured off the CPU beyond what
+    # the tp collectives' own CPU share leaves it (a DTensor block waiting for its peer:
+    # `host.dtensor_cpu_share`); they load no core in the shared-core simulation
+    off_cpu_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -131,16 +137,19 @@ class Part:
     def __add__(self, other: Part) -> Part:
         return Part(self.compute_s + other.compute_s, self.tp_s + other.tp_s,
                     self.cp_s + other.cp_s, self.host_s + other.host_s, self.dp_s + other.dp_s,
-                    self.ep_s + other.ep_s, self.measured_shared_s + other.measured_shared_s)
+                    self.ep_s + other.ep_s, self.measured_shared_s + other.measured_shared_s,
+                    self.off_cpu_s + other.off_cpu_s)
 
     def __sub__(self, other: Part) -> Part:
         return Part(self.compute_s - other.compute_s, self.tp_s - other.tp_s,
                     self.cp_s - other.cp_s, self.host_s - other.host_s, self.dp_s - other.dp_s,
-                    self.ep_s - other.ep_s, self.measured_shared_s - other.measured_shared_s)
+                    self.ep_s - other.ep_s, self.measured_shared_s - other.measured_shared_s,
+                    self.off_cpu_s - other.off_cpu_s)
 
     def __mul__(self, k: float) -> Part:
         return Part(self.compute_s * k, self.tp_s * k, self.cp_s * k, self.host_s * k,
-                    self.dp_s * k, self.ep_s * k, self.measured_shared_s * k)
+                    self.dp_s * k, self.ep_s * k, self.measured_shared_s * k,
+                    self.off_cpu_s * k)
 
 
 @dataclass(frozen=True)
@@ -656,8 +665,34 @@ def layer_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_k
                                          profiles=profiles) for k in kinds)
         dt_fwd, dt_bwd = max(0.0, dt_fwd - comm), max(0.0, dt_bwd - comm)
     again_s = dt_fwd if recompute == Recompute.FULL else 0.0
-    return (fwd + Part(host_s=dt_fwd, measured_shared_s=dt_fwd),
-            bwd + Part(host_s=dt_bwd + again_s, measured_shared_s=dt_bwd + again_s))
+    share = _dtensor_share(model, shape, dev, profile)
+    return (_off_cpu(fwd + Part(host_s=dt_fwd, measured_shared_s=dt_fwd), dt_fwd, *share),
+            _off_cpu(bwd + Part(host_s=dt_bwd + again_s, measured_shared_s=dt_bwd + again_s),
+                     dt_bwd + again_s, *share))
+
+
+def _dtensor_share(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec,
+                   profile: Profile | None) -> tuple[float | None, float]:
+    """(the measured CPU share of a tp block's DTensor time, or None; the CPU share of
+    its tp collectives as the simulation prices them, `collective_cpu_share`)."""
+    share = dtensor_cpu_share(dev, profile, shape.tp, shape.sequence_parallel,
+                              _activation_bytes(model, shape))
+    if share is None:
+        return None, 0.0
+    return share, collective_cpu_share(dev, profile, shape.tp) or 0.0
+
+
+def _off_cpu(part: Part, dtensor_s: float, share: float | None, tp_share: float) -> Part:
+    """`part` with the seconds of its DTensor time (`dtensor_s` of its host time, with
+    its tp collectives) that the profile measured off the CPU marked (`Part.off_cpu_s`):
+    the simulation counts the collectives busy at `tp_share` and the rest as CPU work, the
+    profile measured the two together busy at `share`. Never negative: a measurement
+    busier than that leaves the part as it was."""
+    if share is None:
+        return part
+    busy = dtensor_s + part.tp_s * tp_share
+    return replace(part, off_cpu_s=part.off_cpu_s + max(0.0, busy - share * (dtensor_s
+                                                                             + part.tp_s)))
 
 
 @cache
@@ -686,13 +721,15 @@ def _extra_parts(model: ModelSpec, shape: WorkloadShape, dev: DeviceSpec, tiers_
     profile = profiles.get(dev.name) if profiles else None
     issue_s = launch_s(dev, profile)
     fwd, bwd = embedding_work(model, shape) if which == "embed" else head_work(model, shape)[:2]
-    # DTensor's embedding, head and vocabulary-parallel loss, priced with the head
+    # DTensor's embedding, head and vocabulary-parallel loss, priced with the head (busy
+    # on the CPU at the share the blocks measured)
     dt_fwd, dt_bwd = (_dtensor_root(model, shape, dev, profile, tiers, profiles)
                       if which == "head" else (0.0, 0.0))
-    return (_part(fwd, costs, tiers, issue_s, profiles=profiles)
-            + Part(host_s=dt_fwd, measured_shared_s=dt_fwd),
-            _part(bwd, costs, tiers, issue_s, profiles=profiles)
-            + Part(host_s=dt_bwd, measured_shared_s=dt_bwd))
+    share = _dtensor_share(model, shape, dev, profile) if which == "head" else (None, 0.0)
+    return (_off_cpu(_part(fwd, costs, tiers, issue_s, profiles=profiles)
+                     + Part(host_s=dt_fwd, measured_shared_s=dt_fwd), dt_fwd, *share),
+            _off_cpu(_part(bwd, costs, tiers, issue_s, profiles=profiles)
+                     + Part(host_s=dt_bwd, measured_shared_s=dt_bwd), dt_bwd, *share))
 
 
 def _activation_bytes(model: ModelSpec, shape: WorkloadShape) -> float:

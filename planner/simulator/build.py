@@ -451,8 +451,9 @@ def _cpu_share(g: TaskGraph, t: int, collective_share: Callable[[int], float],
     """The fraction of task `t`'s time that is CPU work on its rank: a pass's compute and
     host time, and of its in-line collectives (and waits for gathers) the share their
     processes are busy (`collective_share` of the group size; `groups`: each in-line
-    `Part` field's group size; gloo's share, 0 where not measured); all of the optimizer
-    step; of a communication task, that share."""
+    `Part` field's group size; gloo's share, 0 where not measured), less what a profile
+    measured off the CPU (`Part.off_cpu_s`: DTensor blocks waiting for their peers); all
+    of the optimizer step; of a communication task, that share."""
     if g.kinds[t] == "optimizer":
         return 1.0
     meta = g.meta[t]
@@ -463,7 +464,7 @@ def _cpu_share(g: TaskGraph, t: int, collective_share: Callable[[int], float],
         return 0.0
     busy = sum(getattr(part, field) * collective_share(ranks)
                for field, ranks in groups.items() if getattr(part, field))
-    return (part.compute_s + part.host_s + busy) / part.total_s
+    return max(0.0, part.compute_s + part.host_s + busy - part.off_cpu_s) / part.total_s
 
 
 def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles | None

@@ -174,10 +174,15 @@ def test_fsdp2_units_and_dtensor_blocks_are_measured_whole_with_their_sizes(tmp_
             for p in ("forward", "backward")]
     assert [(n, v, s, k) for n, v, s, k, _ in rows] == [
         *fsdp,
-        *((f"dtensor_{n}", "gloo+sp", (4 * 16 * 64,), 2)
+        *((f"{cpu}dtensor_{n}", "gloo+sp", (4 * 16 * 64,), 2) for cpu in ("", "cpu.")
           for n in ("layer_total_forward", "layer_total_backward", "root_forward",
                     "root_backward"))]
     assert all(t > 0.0 for *_, t in rows)
+    # the `cpu.` twins: the CPU seconds the ranks' processes used in the same marginals
+    # (planner/costs/host.py `dtensor_cpu_share`), of the order of the wall time's
+    wall = {n: t for n, v, _, _, t in rows if n.startswith("dtensor_layer")}
+    used = {n[4:]: t for n, v, _, _, t in rows if n.startswith("cpu.dtensor_layer")}
+    assert 0.0 < sum(used.values()) < 3.0 * sum(wall.values())
 
 
 def test_the_runner_row_is_what_the_runner_adds_per_micro_batch(monkeypatch):
