@@ -54,9 +54,9 @@ from profiler.store import Profile, ProfileRow, Profiles
 
 __all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "NO_BLOCK_COST",
            "BlockHostCost", "SharedCoreSlowdown", "backend", "collective_cpu_share",
-           "dtensor_cpu_share", "dtensor_layer_s", "dtensor_root_s", "fsdp_root_s", "fsdp_unit_s", "host_families",
-           "host_source", "launch_s", "runner_microbatch_s", "shared_cores", "sync_skew",
-           "at_size"]
+           "dtensor_cpu_share", "dtensor_layer_s", "dtensor_root_s", "fsdp_root_s",
+           "fsdp_unit_s", "host_families", "host_source", "launch_s", "runner_microbatch_s",
+           "shared_cores", "sync_skew", "at_size"]
 
 HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
                         "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "

@@ -691,8 +691,8 @@ def _off_cpu(part: Part, dtensor_s: float, share: float | None, tp_share: float)
     if share is None:
         return part
     busy = dtensor_s + part.tp_s * tp_share
-    return replace(part, off_cpu_s=part.off_cpu_s + max(0.0, busy - share * (dtensor_s
-                                                                             + part.tp_s)))
+    off = max(0.0, busy - share * (dtensor_s + part.tp_s))
+    return replace(part, off_cpu_s=part.off_cpu_s + off)
 
 
 @cache

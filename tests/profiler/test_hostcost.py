@@ -254,7 +254,7 @@ def test_dtensor_blocks_are_timed_against_what_a_tp_rank_computes_at_the_plans_s
     for local, plain, whole in got["numel"].values():
         assert local == plain < whole
     assert [(n, s) for n, s, _ in got["rows"]] == [
-        (f"dtensor_{n}", (4 * 2 * 16 * 64,))
+        (f"{cpu}dtensor_{n}", (4 * 2 * 16 * 64,)) for cpu in ("", "cpu.")
         for n in ("layer_total_forward", "layer_total_backward", "root_forward",
                   "root_backward")]
     assert all(samples == 7 for *_, samples in got["rows"])
