@@ -428,17 +428,17 @@ def _pass_times(models: dict[tuple[str, int], tuple[object, object]], repeats: i
             model.zero_grad(set_to_none=True)  # type: ignore[attr-defined]  # an nn.Module
             both = torch.tensor([t1 - t0, t2 - t1], dtype=torch.float64)
             dist.all_reduce(both, op=dist.ReduceOp.MAX)
-            used = torch.tensor([c1 - c0, c2 - c1], dtype=torch.float64)
-            if cpu is not None:
+            if cpu is not None:  # every rank's own CPU seconds, summed, then their mean
+                used = torch.tensor([c1 - c0, c2 - c1], dtype=torch.float64)
                 dist.all_reduce(used)
                 used /= dist.get_world_size()
             if i >= 3:
                 out[key][0].append(float(both[0]))
                 out[key][1].append(float(both[1]))
                 if cpu is not None:
-                    cpu.setdefault(key, ([], []))
-                    cpu[key][0].append(float(used[0]))
-                    cpu[key][1].append(float(used[1]))
+                    fwd_cpu, bwd_cpu = cpu.setdefault(key, ([], []))
+                    fwd_cpu.append(float(used[0]))
+                    bwd_cpu.append(float(used[1]))
         i += 1
     return out
 

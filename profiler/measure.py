@@ -314,9 +314,14 @@ def measure_ops(cases: Sequence[OpCase], settings: MeasureSettings,
         if cuda:
             torch.cuda.empty_cache()
     except KeyboardInterrupt:
-        return Measured(tuple(best[i] for i in sorted(best)),
-                        tuple(skipped[i] for i in sorted(skipped)), interrupted=True)
+        return _in_case_order(best, skipped, interrupted=True)
     if progress is not None:
         progress(passes * len(cases), "done")
-    return Measured(tuple(best[i] for i in sorted(best)),
-                    tuple(skipped[i] for i in sorted(skipped)), interrupted=False)
+    return _in_case_order(best, skipped, interrupted=False)
+
+
+def _in_case_order(rows: dict[int, ProfileRow], skipped: dict[int, tuple[OpCase, str]], *,
+                   interrupted: bool) -> Measured:
+    """`measure_ops`' rows and skipped cases (by case index) in the cases' order."""
+    return Measured(tuple(rows[i] for i in sorted(rows)),
+                    tuple(skipped[i] for i in sorted(skipped)), interrupted=interrupted)

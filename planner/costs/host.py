@@ -192,10 +192,9 @@ def dtensor_cpu_share(dev: DeviceSpec, profile: Profile | None, tp: int,
     where the profile lacks the rows (profiles before 2026-12-05), on GPUs and without tp."""
     if profile is None or tp <= 1 or dev.vendor != "cpu":
         return None
-    wall = _pair_at(profile, "dtensor_layer_total", _variant(dev, sequence_parallel), tp,
-                    act_bytes)
-    used = _pair_at(profile, "cpu.dtensor_layer_total", _variant(dev, sequence_parallel), tp,
-                    act_bytes)
+    variant = _variant(dev, sequence_parallel)
+    wall = _pair_at(profile, "dtensor_layer_total", variant, tp, act_bytes)
+    used = _pair_at(profile, "cpu.dtensor_layer_total", variant, tp, act_bytes)
     if wall is None or used is None or wall[1] + wall[2] <= 0.0:
         return None
     return max(0.0, min(1.0, (used[1] + used[2]) / (wall[1] + wall[2])))
