@@ -50,6 +50,11 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   bandwidth (and any other load on the machine), so a rank computes slower while others
   compute too: the time at n against the time at 1 is that slowdown, measured now on this
   host; the event simulation applies it only while n ranks compute at once.
+* `optimizer_shared` (ranks n = 1..N, size 16 bytes a parameter): a fused fp32 AdamW step
+  and the gradients' zeroing after it, over the `--host-model`'s parameters and their 1/N
+  shard, while n of the N ranks step at once. The step streams its states through memory
+  once; beyond the last-level cache the ranks stepping at once share the memory bandwidth
+  (this VM, 25 M parameters: 19 ms alone, 31 ms with two at once; 0.8 M: no slower).
 * `pass_shared` (ranks n = 1..N, size the activation's bytes): the same slowdown on the
   plan model's own forward + backward at a plan's micro-batch and sequence (`plan profile
   --host-model M --mbs B --seq S`), whole and at tp 1. A training pass is not all GEMMs in
@@ -234,6 +239,9 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
     for model, mbs, seq in blocks:
         if model.num_params() <= MAX_PASS_PARAMS:
             rows += _pass_share_rows(rank, world, model, (mbs, seq))
+    for model, _, _ in _fsdp_blocks(blocks):
+        if model.num_params() <= MAX_PASS_PARAMS:
+            rows += _optimizer_share_rows(rank, world, int(model.num_params()))
     return rows
 
 
@@ -288,6 +296,36 @@ def _pass_share_rows(rank: int, world: int, spec: Any, batch: tuple[int, int], *
                            budget=(PASS_SHARED_MIN, budget_s))
     return [host_row("pass_shared", ts, ranks=n, size_bytes=activation_bytes(mbs, seq, spec))
             for n, ts in times.items()]
+
+
+def _optimizer_share_rows(rank: int, world: int, params: int, *,
+                          rounds: int = 15) -> list[ProfileRow]:
+    """A fused fp32 AdamW step and the gradients' zeroing after it (as the executor steps:
+    profiler/measure.py `_adamw_step`) over `params` parameters, and over their 1/`world`
+    shard, while n of the `world` ranks step at once, n = 1..world (`_at_each_count`),
+    `rounds` rounds after 2 untimed. Size: 16 bytes a parameter (weight, gradient, two
+    moments), what the step streams through memory."""
+    import torch
+
+    rows = []
+    for n_params in sorted({params, max(1, params // world)}):
+        weight = torch.nn.Parameter(torch.randn(n_params))
+        weight.grad = torch.randn(n_params)
+        opt = torch.optim.AdamW([weight], lr=1e-4, fused=True)
+
+        def step_s(weight: torch.nn.Parameter = weight, opt: torch.optim.Optimizer = opt
+                   ) -> float:
+            start = time.perf_counter()
+            opt.step()
+            assert weight.grad is not None
+            weight.grad.zero_()
+            return time.perf_counter() - start
+
+        times = _at_each_count(rank, world, step_s, warmup=2, rounds=rounds)
+        rows += [host_row("optimizer_shared", ts, ranks=n, size_bytes=16 * n_params)
+                 for n, ts in times.items()]
+        del weight, opt
+    return rows
 
 
 def activation_bytes(mbs: int, seq: int, spec: Any) -> int:

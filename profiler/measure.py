@@ -131,7 +131,17 @@ def _adamw_step(case: OpCase, s: MeasureSettings) -> tuple[Call, int]:
     flags = {"fused": {"fused": True}, "foreach": {"foreach": True},
              "for_loop": {"foreach": False, "fused": False}}[case.variant or "fused"]
     opt = torch.optim.AdamW(params, lr=1e-4, **flags)
-    return opt.step, 16 * sum(case.dims)  # weight, grad and two moments in fp32
+    grads = [p.grad for p in params]
+
+    def step() -> None:
+        """The step as planner/costs/workload.py `optimizer_work` prices it: AdamW, then
+        the gradients zeroed in place for the next iteration (a trainer that keeps its
+        gradient buffer, as Megatron-LM's `zero_grad_buffer` and the executor's
+        `ShardedState.skip_step` do, writes it once a step)."""
+        opt.step()
+        torch._foreach_zero_(grads)
+
+    return step, 16 * sum(case.dims)  # weight, grad and two moments in fp32
 
 
 def _fragment(case: OpCase, s: MeasureSettings, *, frozen_weights: bool = False) -> Any:

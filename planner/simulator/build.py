@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from planner.costs.comm import group_tiers
-from planner.costs.host import collective_cpu_share, shared_cores, sync_skew
-from planner.costs.memory import layers_in_flight
+from planner.costs.host import collective_cpu_share, optimizer_shared, shared_cores, sync_skew
+from planner.costs.memory import layers_in_flight, rank_param_count
 from planner.costs.stages import (
     Part,
     PlanCosts,
@@ -53,7 +53,7 @@ from planner.costs.stages import (
 )
 from planner.simulator.graph import Schedule, SharedCores, TaskGraph, schedule
 from planner.simulator.schedules import Pass, stage_order
-from planner.specs.layout import chunk_sizes
+from planner.specs.layout import chunk_sizes, pipeline_moe_layers
 from planner.specs.plan import Plan
 from profiler.devices import DeviceSpec
 from profiler.hostcost import activation_bytes
@@ -438,12 +438,14 @@ class _Builder:
 class _HostLoad:
     """What the shared-core scheduler needs: the hosts, and per task its CPU share, the
     load its duration was measured at, and the share of it a profile measured with the
-    stage's ranks at once and their count (`graph.schedule`)."""
+    stage's ranks at once and their count, and the slowdown measured on its own kind of
+    work where a profile has one (`graph.schedule`)."""
 
     hosts: list[SharedCores]
     cpu_share: list[float]
     ref_load: list[float]
     in_situ: list[tuple[float, float]]
+    own_slowdown: list[Callable[[float], float] | None]
 
 
 def _cpu_share(g: TaskGraph, t: int, collective_share: Callable[[int], float],
@@ -482,6 +484,7 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
     shares: dict[str, Callable[[int], float]] = {}  # device -> group size -> CPU share
     share_of_stream: dict[int, tuple[Callable[[int], float], dict[str, int]]] = {}
     measured_at: dict[int, int] = {}  # stream -> ranks its in-situ host rows ran on at once
+    stepping: dict[tuple[int, int], Callable[[float], float]] = {}  # optimizer_shared
     for pi, pipe in enumerate(plan.pipelines):
         rep = priced.representative[pi]
         for si, stage in enumerate(pipe.stages):
@@ -492,6 +495,9 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
                 pipe.micro_batch_size, plan.training.seq_len, plan.model))
             if slowdown is None:
                 continue
+            step = optimizer_shared(dev, profile, _optimizer_params(plan, pi, si))
+            if step is not None:
+                stepping[(rep, si)] = step
             node = first.node
             slowdowns[node] = slowdown
             if dev.name not in shares:
@@ -509,9 +515,11 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
     hosts = [SharedCores(streams, slowdowns[node]) for node, streams in ranks.items()
              if sum(streams.values()) > 1]
     if not hosts:
-        return _HostLoad([], [], [], [])
+        return _HostLoad([], [], [], [], [])
     none: tuple[Callable[[int], float], dict[str, int]] = (lambda n: 0.0, {})  # no shared host
     cpu, ref, in_situ = [], [], []
+    own = [stepping.get((g.meta[t].pipeline, g.meta[t].stage)) if g.kinds[t] == "optimizer"
+           else None for t in range(len(g))]
     for t in range(len(g)):
         share, groups = share_of_stream.get(g.streams[t], none)
         cpu.append(_cpu_share(g, t, share, groups))
@@ -522,7 +530,17 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
         measured = (part.measured_shared_s / part.total_s
                     if part is not None and part.total_s > 0.0 and not n else 0.0)
         in_situ.append((min(measured, cpu[-1]), float(measured_at.get(g.streams[t], 1))))
-    return _HostLoad(hosts, cpu, ref, in_situ)
+    return _HostLoad(hosts, cpu, ref, in_situ, own)
+
+
+def _optimizer_params(plan: Plan, pi: int, si: int) -> float:
+    """The parameters one rank of stage `si` of pipeline `pi` steps (its optimizer shard)."""
+    pipe = plan.pipelines[pi]
+    stage = pipe.stages[si]
+    held = rank_param_count(plan.model, num_layers=stage.num_layers, first=si == 0,
+                            last=si == len(pipe.stages) - 1, tp=stage.tp, pp=len(pipe.stages),
+                            moe_layers=pipeline_moe_layers(plan, pipe)[si])
+    return held / plan.sharding_of(si).optim
 
 
 def sync_group(plan: Plan, pi: int, si: int) -> int:
@@ -592,6 +610,7 @@ def simulate_graph(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | Non
     load = shared_hosts(plan, priced, b.g, profiles)
     return Simulation(plan=plan, costs=priced.costs, graph=b.g,
                       schedule=schedule(b.g, shared=load.hosts, cpu_share=load.cpu_share,
-                                        ref_load=load.ref_load, in_situ=load.in_situ),
+                                        ref_load=load.ref_load, in_situ=load.in_situ,
+                                        own_slowdown=load.own_slowdown),
                       representatives=reps, representative=priced.representative,
                       in_flight_layers=b.in_flight, profiles=profiles)

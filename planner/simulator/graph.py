@@ -107,7 +107,8 @@ class SharedCores:
 
 def schedule(graph: TaskGraph, *, shared: Sequence[SharedCores] = (),
              cpu_share: Sequence[float] = (), ref_load: Sequence[float] = (),
-             in_situ: Sequence[tuple[float, float]] = ()) -> Schedule:
+             in_situ: Sequence[tuple[float, float]] = (),
+             own_slowdown: Sequence[Callable[[float], float] | None] = ()) -> Schedule:
     """List-schedule `graph`; raises if it has a cycle. With `shared` hosts, tasks on their
     streams are slowed by the host's load (`_schedule_shared`); `cpu_share`: per task, the
     fraction of its duration that is CPU work (the rest, e.g. waiting for a peer, is
@@ -117,9 +118,12 @@ def schedule(graph: TaskGraph, *, shared: Sequence[SharedCores] = (),
     its CPU share); `in_situ`: per task, the fraction of its duration (within its CPU
     share) that a profile measured with L0 of the host's ranks computing at once, and L0
     (DTensor's rows, timed on every tp rank together): that work is slowed by
-    k(L) / k(L0), not k(L), its ranks' own sharing being in the measurement already."""
+    k(L) / k(L0), not k(L), its ranks' own sharing being in the measurement already;
+    `own_slowdown`: per task, a slowdown measured on that task's own kind of work (None:
+    the host's), e.g. the optimizer step, which streams its states through the memory
+    that the ranks stepping at once share."""
     if shared:
-        return _schedule_shared(graph, shared, cpu_share, ref_load, in_situ)
+        return _schedule_shared(graph, shared, cpu_share, ref_load, in_situ, own_slowdown)
     n = len(graph)
     succs, streams, durations = graph.succs, graph.streams, graph.durations
     remaining = list(graph.num_preds)
@@ -168,7 +172,9 @@ class _Host:
 
 def _schedule_shared(graph: TaskGraph, shared: Sequence[SharedCores],
                      cpu_share: Sequence[float], ref_load: Sequence[float] = (),
-                     in_situ: Sequence[tuple[float, float]] = ()) -> Schedule:
+                     in_situ: Sequence[tuple[float, float]] = (),
+                     own_slowdown: Sequence[Callable[[float], float] | None] = ()
+                     ) -> Schedule:
     """`schedule` as a discrete-event simulation in which tasks on shared hosts' streams
     progress at a rate set by the host's load: a task with CPU fraction w on a stream
     standing for c ranks adds c * w to the load the host's other streams see, and runs at
@@ -214,10 +220,11 @@ def _schedule_shared(graph: TaskGraph, shared: Sequence[SharedCores],
         total = sum(spread.values())
         for t, left in h.running.items():
             ref = ref_load[t] if ref_load else 0.0
+            slowdown = (own_slowdown[t] if own_slowdown else None) or h.cores.slowdown
             if ref > 0.0:  # a collective, measured with its group at load `ref`
-                k = h.cores.slowdown(total) / h.cores.slowdown(ref)
+                k = slowdown(total) / slowdown(ref)
             else:
-                k = h.cores.slowdown(total - spread[t] + host_of[streams[t]][1])
+                k = slowdown(total - spread[t] + host_of[streams[t]][1])
             measured, at = in_situ[t] if in_situ else (0.0, 1.0)
             alone = cpu_share[t] - measured  # measured by one process alone
             k_situ = k / h.cores.slowdown(at) if measured else 1.0

@@ -297,6 +297,37 @@ def test_the_models_own_pass_is_timed_with_one_to_all_ranks_at_once(tmp_path):
     assert all(p10 > 0.0 for *_, p10 in rows)
 
 
+def _optimizer_share_worker(rank: int, world: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from profiler.hostcost import _optimizer_share_rows
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)
+    rows = _optimizer_share_rows(rank, world, 1000, rounds=3)
+    if rank == 0:
+        torch.save([(r.name, r.variant, r.shape, r.ranks, r.samples, r.p10_s) for r in rows],
+                   out)
+    gc.collect()  # before destroy: gloo's exit-time abort otherwise (profiler/collectives.py)
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiprocess
+def test_the_optimizer_step_is_timed_with_one_to_all_ranks_stepping_at_once(tmp_path):
+    """`optimizer_shared`: AdamW and the gradients' zeroing over the model's parameters
+    and over their 1/N shard, with n = 1..N of the ranks stepping at once, sized by the
+    16 bytes a parameter the step streams."""
+    out = str(tmp_path / "rows.pt")
+    torch.multiprocessing.spawn(_optimizer_share_worker, args=(2, str(tmp_path / "store"), out),
+                                nprocs=2)
+    rows = torch.load(out)
+    assert [(n, v, s, k, samples) for n, v, s, k, samples, _ in rows] == [
+        ("optimizer_shared", None, (16 * params,), k, 3) for params in (500, 1000)
+        for k in (1, 2)]
+    assert all(p10 > 0.0 for *_, p10 in rows)
+
+
 def test_fsdp2_rows_time_each_plan_model_once_at_its_shortest_pass():
     """FSDP2's cost is its units' (their bytes), not the pass's: the plan model's rows are
     measured once, at the smallest micro-batch x sequence asked for, where the difference

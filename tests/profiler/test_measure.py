@@ -199,3 +199,23 @@ def test_fp8_cases_measure_on_the_cpu():
     (case, reason), = measured.skipped
     assert case is cases[4] and "divisible by 16" in reason
     assert torch_dtype("fp8") == torch.bfloat16 and torch_dtype("tf32") == torch.float32
+
+
+def test_the_optimizer_row_times_adamw_and_the_gradients_zeroing(monkeypatch):
+    """planner/costs/workload.py `optimizer_work` prices AdamW and the gradient buffer's
+    zeroing for the next step (as Megatron-LM and the executor keep their gradients): the
+    profiled step runs both, on the step's own gradients, every call."""
+    from profiler.measure import _runners
+
+    zeroed: list[list] = []
+    real = torch._foreach_zero_
+    monkeypatch.setattr(torch, "_foreach_zero_",
+                        lambda ts: (zeroed.append(list(ts)), real(ts))[1])
+    case = OpCase(name="optimizer.adamw", kind="optimizer", variant="fused", shape=(600,),
+                  flops=1.0, bytes=1.0, kernels=1, impl="adamw", dims=(100, 500))
+    step, baseline, footprint = _runners(case, FAST)
+    assert baseline is None and footprint == 16 * 600
+    step()
+    step()
+    assert len(zeroed) == 2 and [g.numel() for g in zeroed[0]] == [100, 500]
+    assert all(float(g.abs().sum()) == 0.0 for g in zeroed[1])

@@ -17,6 +17,7 @@ from planner.costs.host import (
     host_families,
     host_source,
     launch_s,
+    optimizer_shared,
     shared_cores,
     sync_skew,
 )
@@ -328,6 +329,47 @@ def test_cpu_ranks_are_slowed_only_while_they_compute_at_once(tmp_path):
                                                                      optimizer="fused"))
     assert simulate(one, profiles=measured).iteration_time_s == \
         simulate(one, profiles=bare).iteration_time_s
+
+
+def _optimizer_shared(params, *seconds):
+    """`optimizer_shared` rows: a step over `params` parameters with 1, 2, ... ranks
+    stepping at once."""
+    return tuple(_host("optimizer_shared", t, variant=None, ranks=n, size=16 * params)
+                 for n, t in enumerate(seconds, start=1))
+
+
+def test_ranks_stepping_at_once_share_the_hosts_memory_bandwidth(tmp_path):
+    """The optimizer step streams its states through memory: where the profile timed it
+    with n ranks stepping at once (`optimizer_shared`), a dp2 plan's two ranks, which
+    step together after the reduction, take the measured ratio longer for it, at the
+    measured size nearest the step (16 bytes a parameter); the passes keep their own
+    slowdown, and one rank alone steps as measured alone."""
+    cpu = device("CPU")
+    rows = (_optimizer_shared(400_000, 1e-3, 1.02e-3)
+            + _optimizer_shared(25_000_000, 15e-3, 25.5e-3))
+    profile = _profiles(tmp_path, _collectives() + rows).get("CPU")
+    assert optimizer_shared(cpu, profile, 800_000).measured == pytest.approx((1.0, 1.02))
+    assert optimizer_shared(cpu, profile, 20e6).measured == pytest.approx((1.0, 1.7))
+    assert optimizer_shared(device("A100-80GB-SXM"), profile, 20e6) is None
+    assert optimizer_shared(cpu, _profiles(tmp_path, _collectives(), "bare.csv").get("CPU"),
+                            20e6) is None
+    dp2 = _plan(dp=2, gbs=16)
+    params = SMALL.num_params()
+    base = _collectives() + _shared(1e-3, 1.1e-3)
+    without = _profiles(tmp_path, base, "without.csv")
+    streaming = _profiles(tmp_path, base + _optimizer_shared(params, 1e-3, 1.7e-3), "with.csv")
+    step = plan_costs(dp2, without).costs[0][0].optimizer_s
+    assert step > 0
+    assert simulate(dp2, profiles=streaming).iteration_time_s == pytest.approx(
+        simulate(dp2, profiles=without).iteration_time_s + (1.7 - 1.1) * step, rel=1e-3)
+    families = host_families(gpus=False, cpu_ranks=2, fsdp=False, tp=False)
+    assert "memory bandwidth while they step at once" in host_source(streaming, {"CPU"},
+                                                                     families=families)
+    cfg = ParallelConfig(seq_len=64, dtype="fp32", mbs=8, gbs=8)
+    one = homogeneous_plan(SMALL, CPU.take(1), cfg, kernels=Kernels(attention="flash",
+                                                                     optimizer="fused"))
+    assert simulate(one, profiles=streaming).iteration_time_s == \
+        simulate(one, profiles=without).iteration_time_s
 
 
 def _cpu_rows(share, ranks=2):
