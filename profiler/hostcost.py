@@ -50,11 +50,6 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   bandwidth (and any other load on the machine), so a rank computes slower while others
   compute too: the time at n against the time at 1 is that slowdown, measured now on this
   host; the event simulation applies it only while n ranks compute at once.
-* `optimizer_shared` (ranks n = 1..N, size 16 bytes a parameter): a fused fp32 AdamW step
-  and the gradients' zeroing after it, over the `--host-model`'s parameters and their 1/N
-  shard, while n of the N ranks step at once. The step streams its states through memory
-  once; beyond the last-level cache the ranks stepping at once share the memory bandwidth
-  (this VM, 25 M parameters: 19 ms alone, 31 ms with two at once; 0.8 M: no slower).
 * `pass_shared` (ranks n = 1..N, size the activation's bytes): the same slowdown on the
   plan model's own forward + backward at a plan's micro-batch and sequence (`plan profile
   --host-model M --mbs B --seq S`), whole and at tp 1. A training pass is not all GEMMs in
@@ -64,6 +59,11 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   ranks at once: debug-tiny 1.03-1.09, debug-small 1.08, debug-medium 1.03, against the
   GEMM's 1.00-1.01 in the same processes). The planner prefers these rows where the
   profile has them.
+* `optimizer_shared` (ranks n = 1..N, size 16 bytes a parameter): a fused fp32 AdamW step
+  and the gradients' zeroing after it, over the `--host-model`'s parameters and their 1/N
+  shard, while n of the N ranks step at once. The step streams its states through memory
+  once; beyond the last-level cache the ranks stepping at once share the memory bandwidth
+  (this VM, 25 M parameters: 19 ms alone, 31 ms with two at once; 0.8 M: no slower).
 
 All are measured per host with the framework this repository runs, never fitted to a
 plan. torch and the executor are imported only inside the functions that measure.

@@ -260,19 +260,25 @@ def test_dtensor_blocks_are_timed_against_what_a_tp_rank_computes_at_the_plans_s
     assert all(samples == 7 for *_, samples in got["rows"])
 
 
-def _pass_share_worker(rank: int, world: int, store: str, out: str) -> None:
+def _share_worker(rank: int, world: int, store: str, out: str, probe: str) -> None:
+    """Rank `rank` of `world`: the `probe` rows ("pass": `_pass_share_rows` on a one-block
+    debug-tiny; "optimizer": `_optimizer_share_rows` over 1000 parameters), rank 0's
+    saved to `out`."""
     import dataclasses
 
     import torch.distributed as dist
 
     from planner.specs.model import preset
-    from profiler.hostcost import _pass_share_rows
+    from profiler.hostcost import _optimizer_share_rows, _pass_share_rows
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world)
-    spec = dataclasses.replace(preset("debug-tiny"), num_layers=1)
-    rows = _pass_share_rows(rank, world, spec, (2, 16), budget_s=0.0)
+    if probe == "pass":
+        spec = dataclasses.replace(preset("debug-tiny"), num_layers=1)
+        rows = _pass_share_rows(rank, world, spec, (2, 16), budget_s=0.0)
+    else:
+        rows = _optimizer_share_rows(rank, world, 1000, rounds=3)
     if rank == 0:
         torch.save([(r.name, r.variant, r.shape, r.ranks, r.samples, r.p10_s) for r in rows],
                    out)
@@ -289,28 +295,12 @@ def test_the_models_own_pass_is_timed_with_one_to_all_ranks_at_once(tmp_path):
     from profiler.hostcost import PASS_SHARED_MIN
 
     out = str(tmp_path / "rows.pt")
-    torch.multiprocessing.spawn(_pass_share_worker, args=(2, str(tmp_path / "store"), out),
+    torch.multiprocessing.spawn(_share_worker, args=(2, str(tmp_path / "store"), out, "pass"),
                                 nprocs=2)
     rows = torch.load(out)
     assert [(n, v, s, k, samples) for n, v, s, k, samples, _ in rows] == [
         ("pass_shared", None, (4 * 2 * 16 * 64,), k, PASS_SHARED_MIN) for k in (1, 2)]
     assert all(p10 > 0.0 for *_, p10 in rows)
-
-
-def _optimizer_share_worker(rank: int, world: int, store: str, out: str) -> None:
-    import torch.distributed as dist
-
-    from profiler.hostcost import _optimizer_share_rows
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
-                            world_size=world)
-    rows = _optimizer_share_rows(rank, world, 1000, rounds=3)
-    if rank == 0:
-        torch.save([(r.name, r.variant, r.shape, r.ranks, r.samples, r.p10_s) for r in rows],
-                   out)
-    gc.collect()  # before destroy: gloo's exit-time abort otherwise (profiler/collectives.py)
-    dist.destroy_process_group()
 
 
 @pytest.mark.multiprocess
@@ -319,8 +309,8 @@ def test_the_optimizer_step_is_timed_with_one_to_all_ranks_stepping_at_once(tmp_
     and over their 1/N shard, with n = 1..N of the ranks stepping at once, sized by the
     16 bytes a parameter the step streams."""
     out = str(tmp_path / "rows.pt")
-    torch.multiprocessing.spawn(_optimizer_share_worker, args=(2, str(tmp_path / "store"), out),
-                                nprocs=2)
+    torch.multiprocessing.spawn(_share_worker,
+                                args=(2, str(tmp_path / "store"), out, "optimizer"), nprocs=2)
     rows = torch.load(out)
     assert [(n, v, s, k, samples) for n, v, s, k, samples, _ in rows] == [
         ("optimizer_shared", None, (16 * params,), k, 3) for params in (500, 1000)
