@@ -300,31 +300,26 @@ def _pass_share_rows(rank: int, world: int, spec: Any, batch: tuple[int, int], *
 
 def _optimizer_share_rows(rank: int, world: int, params: int, *,
                           rounds: int = 15) -> list[ProfileRow]:
-    """A fused fp32 AdamW step and the gradients' zeroing after it (as the executor steps:
-    profiler/measure.py `_adamw_step`) over `params` parameters, and over their 1/`world`
+    """A fused fp32 AdamW step and the gradients' zeroing after it (profiler/measure.py
+    `adamw_step`, what the op profile's optimizer row times) over `params` parameters, and over their 1/`world`
     shard, while n of the `world` ranks step at once, n = 1..world (`_at_each_count`),
     `rounds` rounds after 2 untimed. Size: 16 bytes a parameter (weight, gradient, two
     moments), what the step streams through memory."""
-    import torch
+    from profiler.measure import adamw_step
 
     rows = []
     for n_params in sorted({params, max(1, params // world)}):
-        weight = torch.nn.Parameter(torch.randn(n_params))
-        weight.grad = torch.randn(n_params)
-        opt = torch.optim.AdamW([weight], lr=1e-4, fused=True)
+        step = adamw_step((n_params,))
 
-        def step_s(weight: torch.nn.Parameter = weight, opt: torch.optim.Optimizer = opt
-                   ) -> float:
+        def step_s(step: Callable[[], object] = step) -> float:
             start = time.perf_counter()
-            opt.step()
-            assert weight.grad is not None
-            weight.grad.zero_()
+            step()
             return time.perf_counter() - start
 
         times = _at_each_count(rank, world, step_s, warmup=2, rounds=rounds)
         rows += [host_row("optimizer_shared", ts, ranks=n, size_bytes=16 * n_params)
                  for n, ts in times.items()]
-        del weight, opt
+        del step  # its states, before the next size's
     return rows
 
 

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from profiler.store import ProfileRow
 from profiler.timing import Timing, time_calls
 
-__all__ = ["MATMUL_PRECISION", "MeasureSettings", "Measured", "OpCase", "cache_bytes",
+__all__ = ["MATMUL_PRECISION", "MeasureSettings", "Measured", "OpCase", "adamw_step", "cache_bytes",
            "device_description", "measure_ops", "torch_dtype"]
 
 GradOf = Literal["input", "weight", "all"]
@@ -121,27 +121,34 @@ def cache_bytes(device: str) -> int:
 Call = Callable[[], object]
 
 
-def _adamw_step(case: OpCase, s: MeasureSettings) -> tuple[Call, int]:
+def adamw_step(dims: Sequence[int], *, variant: str | None = "fused", device: str = "cpu"
+               ) -> Call:
+    """An AdamW step (`variant`: fused, foreach or for_loop) over fp32 parameters of sizes
+    `dims`, as planner/costs/workload.py `optimizer_work` prices it: AdamW, then the
+    gradients zeroed in place for the next iteration (a trainer that keeps its gradient
+    buffer, as Megatron-LM's `zero_grad_buffer` and the executor's
+    `ShardedState.skip_step` do, writes it once a step)."""
     import torch
 
     dtype = torch.float32  # parameters the optimizer updates are fp32 master weights
-    params = [torch.nn.Parameter(torch.randn(n, device=s.device, dtype=dtype)) for n in case.dims]
+    params = [torch.nn.Parameter(torch.randn(n, device=device, dtype=dtype)) for n in dims]
     for p in params:
         p.grad = torch.randn_like(p)
     flags = {"fused": {"fused": True}, "foreach": {"foreach": True},
-             "for_loop": {"foreach": False, "fused": False}}[case.variant or "fused"]
+             "for_loop": {"foreach": False, "fused": False}}[variant or "fused"]
     opt = torch.optim.AdamW(params, lr=1e-4, **flags)
     grads = [p.grad for p in params]
 
     def step() -> None:
-        """The step as planner/costs/workload.py `optimizer_work` prices it: AdamW, then
-        the gradients zeroed in place for the next iteration (a trainer that keeps its
-        gradient buffer, as Megatron-LM's `zero_grad_buffer` and the executor's
-        `ShardedState.skip_step` do, writes it once a step)."""
         opt.step()
         torch._foreach_zero_(grads)
 
-    return step, 16 * sum(case.dims)  # weight, grad and two moments in fp32
+    return step
+
+
+def _adamw_step(case: OpCase, s: MeasureSettings) -> tuple[Call, int]:
+    return (adamw_step(case.dims, variant=case.variant, device=s.device),
+            16 * sum(case.dims))  # weight, grad and two moments in fp32
 
 
 def _fragment(case: OpCase, s: MeasureSettings, *, frozen_weights: bool = False) -> Any:

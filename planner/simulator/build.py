@@ -495,9 +495,10 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
                 pipe.micro_batch_size, plan.training.seq_len, plan.model))
             if slowdown is None:
                 continue
-            step = optimizer_shared(dev, profile, _optimizer_params(plan, pi, si))
-            if step is not None:
-                stepping[(rep, si)] = step
+            if (rep, si) not in stepping:  # replicas folded into `rep` step alike
+                step = optimizer_shared(dev, profile, _optimizer_params(plan, rep, si))
+                if step is not None:
+                    stepping[(rep, si)] = step
             node = first.node
             slowdowns[node] = slowdown
             if dev.name not in shares:
