@@ -82,6 +82,9 @@ class TaskMeta(NamedTuple):
     # communication tasks priced from a measurement with this many of the host's ranks in
     # such collectives at once (`DPSync.crowd`; 0: their group alone)
     crowd: int = 0
+    # batched pipeline sends: the receiving stage, whose processes take the transfer in on
+    # their own cores as the sender's do (-1: none, or a blocking receive, its own task)
+    peer: int = -1
 
 
 @dataclass
@@ -315,7 +318,8 @@ class _Builder:
                 g.stream(f"p{pi}.s{src}.compute") if blocking else
                 _comm_stream(g, self.plan, pi, src, devices, "pipeline sends"),
                 g.stream(f"p{pi}.s{dst}.compute"),
-                TaskMeta(pi, src, detail=about, ranks=2), TaskMeta(pi, dst, detail=about, ranks=2))
+                TaskMeta(pi, src, detail=about, ranks=2, peer=-1 if blocking else dst),
+                TaskMeta(pi, dst, detail=about, ranks=2))
         ln, g = self.links[key], self.g
         # the transfer's chunk and micro-batch: the sending pass's (the receive: the pass
         # that takes it)
@@ -446,6 +450,7 @@ class _HostLoad:
     ref_load: list[float]
     in_situ: list[tuple[float, float]]
     own_slowdown: list[Callable[[float], float] | None]
+    peer_ranks: list[float]
 
 
 def _cpu_share(g: TaskGraph, t: int, collective_share: Callable[[int], float],
@@ -484,6 +489,8 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
     shares: dict[str, Callable[[int], float]] = {}  # device -> group size -> CPU share
     share_of_stream: dict[int, tuple[Callable[[int], float], dict[str, int]]] = {}
     measured_at: dict[int, int] = {}  # stream -> ranks its in-situ host rows ran on at once
+    stage_ranks: dict[tuple[int, int, int], int] = {}  # (rep, stage, node) -> its ranks there
+    node_of: dict[int, int] = {}  # stream -> the node of the ranks it stands for
     stepping: dict[tuple[int, int], Callable[[float], float]] = {}  # optimizer_shared
     for pi, pipe in enumerate(plan.pipelines):
         rep = priced.representative[pi]
@@ -504,6 +511,9 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
             if dev.name not in shares:
                 shares[dev.name] = _share_by_ranks(dev, profile)
             on_node = sum(slots[d].node == node for d in stage.devices)
+            for d in stage.devices:
+                key = (rep, si, slots[d].node)
+                stage_ranks[key] = stage_ranks.get(key, 0) + 1
             groups = {"tp_s": stage.tp, "cp_s": stage.cp, "ep_s": plan.training.ep or 1,
                       "dp_s": priced.costs[rep][si].dp.group_ranks("param_microbatch")
                       or plan.dp}
@@ -513,10 +523,11 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
                     ranks.setdefault(node, {})[sid] = ranks.get(node, {}).get(sid, 0) + on_node
                     share_of_stream[sid] = (shares[dev.name], groups)
                     measured_at[sid] = stage.tp  # the DTensor rows' ranks
+                    node_of[sid] = node
     hosts = [SharedCores(streams, slowdowns[node]) for node, streams in ranks.items()
              if sum(streams.values()) > 1]
     if not hosts:
-        return _HostLoad([], [], [], [], [])
+        return _HostLoad([], [], [], [], [], [])
     none: tuple[Callable[[int], float], dict[str, int]] = (lambda n: 0.0, {})  # no shared host
     cpu, ref, in_situ = [], [], []
     own = [stepping.get((g.meta[t].pipeline, g.meta[t].stage)) if g.kinds[t] == "optimizer"
@@ -531,7 +542,11 @@ def shared_hosts(plan: Plan, priced: PlanCosts, g: TaskGraph, profiles: Profiles
         measured = (part.measured_shared_s / part.total_s
                     if part is not None and part.total_s > 0.0 and not n else 0.0)
         in_situ.append((min(measured, cpu[-1]), float(measured_at.get(g.streams[t], 1))))
-    return _HostLoad(hosts, cpu, ref, in_situ, own)
+    # a batched send's receivers on the sender's host: their processes are as busy
+    peers = [float(stage_ranks.get((g.meta[t].pipeline, g.meta[t].peer,
+                                    node_of.get(g.streams[t], -1)), 0))
+             if g.meta[t].peer >= 0 else 0.0 for t in range(len(g))]
+    return _HostLoad(hosts, cpu, ref, in_situ, own, peers)
 
 
 def _optimizer_params(plan: Plan, pi: int, si: int) -> float:
@@ -612,6 +627,7 @@ def simulate_graph(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | Non
     return Simulation(plan=plan, costs=priced.costs, graph=b.g,
                       schedule=schedule(b.g, shared=load.hosts, cpu_share=load.cpu_share,
                                         ref_load=load.ref_load, in_situ=load.in_situ,
-                                        own_slowdown=load.own_slowdown),
+                                        own_slowdown=load.own_slowdown,
+                                        peer_ranks=load.peer_ranks),
                       representatives=reps, representative=priced.representative,
                       in_flight_layers=b.in_flight, profiles=profiles)

@@ -108,7 +108,8 @@ class SharedCores:
 def schedule(graph: TaskGraph, *, shared: Sequence[SharedCores] = (),
              cpu_share: Sequence[float] = (), ref_load: Sequence[float] = (),
              in_situ: Sequence[tuple[float, float]] = (),
-             own_slowdown: Sequence[Callable[[float], float] | None] = ()) -> Schedule:
+             own_slowdown: Sequence[Callable[[float], float] | None] = (),
+             peer_ranks: Sequence[float] = ()) -> Schedule:
     """List-schedule `graph`; raises if it has a cycle. With `shared` hosts, tasks on their
     streams are slowed by the host's load (`_schedule_shared`); `cpu_share`: per task, the
     fraction of its duration that is CPU work (the rest, e.g. waiting for a peer, is
@@ -121,9 +122,13 @@ def schedule(graph: TaskGraph, *, shared: Sequence[SharedCores] = (),
     k(L) / k(L0), not k(L), its ranks' own sharing being in the measurement already;
     `own_slowdown`: per task, a slowdown measured on that task's own kind of work (None:
     the host's), e.g. the optimizer step, which streams its states through the memory
-    that the ranks stepping at once share."""
+    that the ranks stepping at once share; `peer_ranks`: per task, the host's ranks at the
+    other end of a point-to-point transfer on a sender's stream, whose processes take it in
+    on their own cores (gloo's receive copies it as its send does), so it loads the host
+    for them too."""
     if shared:
-        return _schedule_shared(graph, shared, cpu_share, ref_load, in_situ, own_slowdown)
+        return _schedule_shared(graph, shared, cpu_share, ref_load, in_situ, own_slowdown,
+                                peer_ranks)
     n = len(graph)
     succs, streams, durations = graph.succs, graph.streams, graph.durations
     remaining = list(graph.num_preds)
@@ -173,8 +178,8 @@ class _Host:
 def _schedule_shared(graph: TaskGraph, shared: Sequence[SharedCores],
                      cpu_share: Sequence[float], ref_load: Sequence[float] = (),
                      in_situ: Sequence[tuple[float, float]] = (),
-                     own_slowdown: Sequence[Callable[[float], float] | None] = ()
-                     ) -> Schedule:
+                     own_slowdown: Sequence[Callable[[float], float] | None] = (),
+                     peer_ranks: Sequence[float] = ()) -> Schedule:
     """`schedule` as a discrete-event simulation in which tasks on shared hosts' streams
     progress at a rate set by the host's load: a task with CPU fraction w on a stream
     standing for c ranks adds c * w to the load the host's other streams see, and runs at
@@ -216,7 +221,8 @@ def _schedule_shared(graph: TaskGraph, shared: Sequence[SharedCores],
         stage's tp ranks or identical replicas, running the same ops at the same time, so
         their CPU phases coincide whatever the task's share) and beside the other
         streams' ranks in proportion to those tasks' CPU shares (independent phases)."""
-        spread = {t: host_of[streams[t]][1] * cpu_share[t] for t in h.running}
+        spread = {t: (host_of[streams[t]][1] + (peer_ranks[t] if peer_ranks else 0.0))
+                  * cpu_share[t] for t in h.running}
         total = sum(spread.values())
         for t, left in h.running.items():
             ref = ref_load[t] if ref_load else 0.0

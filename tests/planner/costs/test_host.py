@@ -23,10 +23,12 @@ from planner.costs.host import (
 )
 from planner.costs.stages import cost_sources, plan_costs
 from planner.simulator import simulate, simulate_detailed
+from planner.simulator.build import shared_hosts, simulate_graph
+from planner.simulator.graph import schedule
 from planner.specs.cluster import load_cluster, parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
-from planner.specs.plan import Kernels, Sharding
+from planner.specs.plan import Communication, Kernels, PipelineP2P, Sharding
 from profiler.devices import device
 from profiler.store import (
     PROFILE_SCHEMA_VERSION,
@@ -370,6 +372,33 @@ def test_ranks_stepping_at_once_share_the_hosts_memory_bandwidth(tmp_path):
                                                                      optimizer="fused"))
     assert simulate(one, profiles=streaming).iteration_time_s == \
         simulate(one, profiles=without).iteration_time_s
+
+
+def test_a_pipeline_sends_receiver_on_the_same_host_is_counted_busy(tmp_path):
+    """A batched send (the executor's isend / irecv) is one task on the sender's stream;
+    its receiving stage's ranks, on the same host, are busy for the same share of it
+    (`cpu.send_recv` halves a ping-pong, each rank sending once and receiving once), so
+    the shared-host load counts them (`peer_ranks`); a blocking receive (DeepSpeed) is its
+    own task on the receiver's compute stream and adds nothing."""
+    profiles = _profiles(tmp_path, _collectives() + _cpu_rows(0.5) + _shared(1e-3, 1.1e-3))
+    pp2 = _plan(pp=2, gbs=32)
+    blocking = dataclasses.replace(pp2, training=dataclasses.replace(
+        pp2.training, comm=Communication(pipeline_p2p=PipelineP2P.BLOCKING)))
+    for plan, receivers in ((pp2, 1.0), (blocking, 0.0)):
+        g = simulate_graph(plan, profiles=profiles).graph
+        load = shared_hosts(plan, plan_costs(plan, profiles), g, profiles)
+        sends = [t for t in range(len(g)) if g.kinds[t] == "send"]
+        assert sends and all(load.peer_ranks[t] == receivers for t in sends)
+        assert all(load.cpu_share[t] > 0 for t in sends)
+        assert not any(load.peer_ranks[t] for t in range(len(g)) if g.kinds[t] != "send")
+    # the passes beside the sends see both ends busy: the step is longer than with the
+    # sender alone counted
+    g = simulate_graph(pp2, profiles=profiles)
+    load = shared_hosts(pp2, plan_costs(pp2, profiles), g.graph, profiles)
+    kw = dict(shared=load.hosts, cpu_share=load.cpu_share, ref_load=load.ref_load,
+              in_situ=load.in_situ, own_slowdown=load.own_slowdown)
+    assert max(schedule(g.graph, **kw, peer_ranks=load.peer_ranks).end) > \
+        max(schedule(g.graph, **kw).end)
 
 
 def _cpu_rows(share, ranks=2):

@@ -329,6 +329,39 @@ def test_a_collective_is_slowed_only_by_load_beyond_what_it_was_measured_at():
     assert old.end[1] == pytest.approx(10.0 * k(2.0))
 
 
+def test_a_pipeline_send_loads_the_host_for_its_receiver_too():
+    """gloo moves a point-to-point transfer on both ends' cores (profiler/collectives.py
+    times a ping-pong and halves it: each rank's process is busy that share of a one-way
+    send, sending or receiving). A batched send runs on the sender's stream, so a pass
+    beside it on a shared host sees the sender's share and, where the receiving stage's
+    ranks are on that host, theirs too."""
+    from planner.simulator.graph import SharedCores, TaskGraph
+    from planner.simulator.graph import schedule as list_schedule
+
+    def k(load: float) -> float:  # 2 cores: processor sharing above 2 ranks
+        return max(1.0, load / 2.0)
+
+    g = TaskGraph()
+    send = g.stream("p0.s0.pipeline sends (in node)")
+    compute = g.stream("p0.s1.compute")
+    other = g.stream("p0.s0.compute")
+    g.add("send", "send", send, 1.0)
+    g.add("F", "F", compute, 10.0)
+    g.add("G", "F", other, 10.0)
+    host = [SharedCores({send: 1.0, compute: 1.0, other: 1.0}, k)]
+    kw = dict(shared=host, cpu_share=[0.5, 1.0, 1.0], ref_load=[1.0, 0.0, 0.0])
+    sender_only = list_schedule(g, **kw)
+    both_ends = list_schedule(g, **kw, peer_ranks=[1.0, 0.0, 0.0])
+    # the send itself: measured at its 2 processes' load (1.0), which it now is
+    assert both_ends.end[0] == pytest.approx(0.5 + 0.5 * k(2.0 + 1.0) / k(1.0))
+    assert sender_only.end[0] == pytest.approx(0.5 + 0.5 * k(2.0 + 0.5) / k(1.0))
+    # a pass beside it computes at k(2 + 1) while it runs, not k(2 + 0.5)
+    for out, load in ((both_ends, 3.0), (sender_only, 2.5)):
+        done = out.end[0] / k(load)
+        assert out.end[1] == pytest.approx(out.end[0] + (10.0 - done) * k(2.0))
+    assert both_ends.end[1] > sender_only.end[1]
+
+
 def test_host_time_measured_with_the_ranks_at_once_is_not_slowed_twice():
     """DTensor's host rows are timed on every tp rank at once, so a tp-2 stage's share of
     them already holds its 2 ranks' sharing: alone on the host that share runs as
