@@ -59,6 +59,15 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   ranks at once: debug-tiny 1.03-1.09, debug-small 1.08, debug-medium 1.03, against the
   GEMM's 1.00-1.01 in the same processes). The planner prefers these rows where the
   profile has them.
+* `p2p_send`, `p2p_recv` (ranks N, variant the backend, size the message's bytes): the
+  compute thread's part of a pipeline transfer as the executor issues it
+  (executor/pipeline.py `Links`), rank 0 sending to rank 1: the `isend` call and, once the
+  message has left, the `wait` on it (`Links.wait_sends`); allocating the buffer and
+  posting the `irecv`, and, once the message has arrived, the `wait` (`Links.recv`). The
+  transfer itself is the `send_recv` collective row's, on its own stream; these are what
+  the ranks' compute threads spend on it in line with their passes (this VM: 0.09-0.14 ms
+  to send, 0.13-0.25 ms to receive a 4 KB-4 MB message, about what a pass of one
+  debug-small layer spends beside its 3.5 ms forward).
 * `optimizer_shared` (ranks n = 1..N, size 16 bytes a parameter): a fused fp32 AdamW step
   and the gradients' zeroing after it, over the `--host-model`'s parameters and their 1/N
   shard, while n of the N ranks step at once. The step streams its states through memory
@@ -95,6 +104,8 @@ BLOCK_BUDGET_S = 10.0  # seconds of samples for one variant of a model's DTensor
 PASS_SHARED_BUDGET_S = 8.0
 PASS_SHARED_MIN, PASS_SHARED_MAX = 7, 150
 MAX_PASS_PARAMS = 100_000_000
+P2P_SIZES = (1 << 12, 1 << 18, 1 << 22)  # message bytes of the `p2p_send` / `p2p_recv` rows
+P2P_SETTLE_S = 0.005  # time a message is given to leave (arrive) before it is waited on
 
 
 def host_row(name: str, times: Sequence[float], *, variant: str | None = None,
@@ -223,6 +234,7 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
             for kind in HOST_COLLECTIVES]
     rows += _share_rows(rank, world, repeats=max(repeats, 15))
     rows += _skew_rows(rank, world, repeats=max(repeats, 15))
+    rows += _p2p_rows(rank, world, backend=backend, repeats=max(repeats, 15))
     repeats = max(repeats, 25)  # differences of noisy times: more samples
     rows += _fsdp_rows(rank, world, backend=backend, family_model=family_model,
                        repeats=repeats)
@@ -404,6 +416,44 @@ def _skew_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
             for row in (host_row("arrival_segment", segment[k], ranks=world, size_bytes=k,
                                  calls=k),
                         host_row("arrival_skew", skew[k], ranks=world, size_bytes=k, calls=k))]
+
+
+def _p2p_rows(rank: int, world: int, *, backend: str, repeats: int) -> list[ProfileRow]:
+    """`p2p_send` / `p2p_recv` (module docstring): rank 0 sends each size of P2P_SIZES
+    to rank 1 as `Links` does, the other ranks idle; each side's two calls are timed
+    with the message given P2P_SETTLE_S to move between them, so the waits find it
+    done, as a pass's do when the transfer ran beside the compute."""
+    import torch
+    import torch.distributed as dist
+
+    sent: dict[int, list[float]] = {size: [] for size in P2P_SIZES}
+    taken: dict[int, list[float]] = {size: [] for size in P2P_SIZES}
+    messages = {size: torch.ones(size // 4) for size in P2P_SIZES}
+    for i in range(repeats + 3):
+        for size in P2P_SIZES:
+            dist.barrier()
+            spent = torch.zeros(2, dtype=torch.float64)
+            if rank in (0, 1):
+                start = time.perf_counter()
+                if rank == 0:
+                    work = dist.isend(messages[size], 1)
+                else:
+                    work = dist.irecv(torch.empty(size // 4), 0)
+                assert work is not None
+                posted = time.perf_counter() - start
+                time.sleep(P2P_SETTLE_S)
+                start = time.perf_counter()
+                work.wait()
+                spent[rank] = posted + time.perf_counter() - start
+            dist.all_reduce(spent)  # each side's own slot: the sum is both
+            if i >= 3:
+                sent[size].append(float(spent[0]))
+                taken[size].append(float(spent[1]))
+    return [row for size in P2P_SIZES
+            for row in (host_row("p2p_send", sent[size], variant=backend, ranks=world,
+                                 size_bytes=size),
+                        host_row("p2p_recv", taken[size], variant=backend, ranks=world,
+                                 size_bytes=size))]
 
 
 def _samples(fn: Callable[[], None], repeats: int, *, calls: int) -> list[float]:

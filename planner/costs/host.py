@@ -64,7 +64,7 @@ __all__ = ["HOST_ANALYTIC_GPU_SOURCE", "HOST_ANALYTIC_SOURCE", "NO_BLOCK_COST",
            "BlockHostCost", "SharedCoreSlowdown", "backend", "collective_cpu_share",
            "dtensor_cpu_share", "dtensor_layer_s", "dtensor_root_s", "fsdp_root_s",
            "fsdp_unit_s", "host_families", "host_source", "launch_s", "runner_microbatch_s",
-           "optimizer_shared", "shared_cores", "sync_skew", "at_size"]
+           "optimizer_shared", "p2p_host_s", "shared_cores", "sync_skew", "at_size"]
 
 HOST_ANALYTIC_SOURCE = ("analytic defaults (per-op dispatch inside each op's time on the CPU, "
                         "the catalog's launch overhead on GPUs; FSDP gathers prefetched on "
@@ -99,6 +99,22 @@ def runner_microbatch_s(dev: DeviceSpec, profile: Profile | None) -> float:
     if dev.vendor != "cpu" or profile is None:
         return 0.0
     return profile.host_s("runner_microbatch") or 0.0
+
+
+def p2p_host_s(dev: DeviceSpec, profile: Profile | None, size: float
+               ) -> tuple[float, float]:
+    """The compute thread's seconds to send one pipeline message of `size` bytes (the
+    `isend` call, and the `wait` once it has gone) and to receive one (posting the
+    `irecv` and the `wait` once it has arrived), as measured on this host (`p2p_send` /
+    `p2p_recv` rows, `at_size`); on the CPU only, where the thread that issues them is
+    the one that computes; (0, 0) without the rows."""
+    if dev.vendor != "cpu" or profile is None:
+        return 0.0, 0.0
+    sent, taken = (profile.sized_host_rows(name, variant=backend(dev), ranks=2)
+                   for name in ("p2p_send", "p2p_recv"))
+    if not sent or not taken:
+        return 0.0, 0.0
+    return at_size(sent, size)[1], at_size(taken, size)[1]
 
 
 @dataclass(frozen=True)
@@ -363,18 +379,22 @@ _HOST_FAMILIES = (("dispatch_", "per-op dispatch"),
                   ("optimizer_shared", "CPU ranks sharing the host's memory bandwidth "
                                        "while they step at once"),
                   ("arrival_", "ranks in step waiting for the slowest"),
+                  ("p2p_", "the compute thread's part of pipeline sends and receives"),
                   ("cpu.", "the CPU time of gloo collectives"),
                   ("runner_", "the executor's runner per micro-batch"))
 
 
-def host_families(*, gpus: bool, cpu_ranks: int, fsdp: bool, tp: bool) -> frozenset[str]:
+def host_families(*, gpus: bool, cpu_ranks: int, fsdp: bool, tp: bool,
+                  cpu_pipeline: bool = False) -> frozenset[str]:
     """The families of host rows (`_HOST_FAMILIES`, by their names' start) that price a
     plan: per-op dispatch on GPUs (on the CPU each op's time holds it); FSDP2's units where
     the executor runs FSDP2; DTensor's where a stage has tp > 1; and where several CPU ranks
     share a host, their sharing, their keeping in step and their collectives' CPU time;
-    the executor's runner wherever CPU ranks train."""
+    the executor's runner wherever CPU ranks train, and its pipeline sends' calls where
+    CPU ranks pipeline (`cpu_pipeline`)."""
     out = {"dispatch_"} if gpus else set()
     out |= {"runner_"} if cpu_ranks else set()
+    out |= {"p2p_"} if cpu_pipeline else set()
     out |= {"fsdp_unit_"} if fsdp else set()
     out |= {"dtensor_"} if tp else set()
     out |= ({"pass_shared", "gemm_shared", "optimizer_shared", "arrival_", "cpu."}

@@ -50,6 +50,7 @@ from planner.costs.host import (
     host_families,
     host_source,
     launch_s,
+    p2p_host_s,
     runner_microbatch_s,
 )
 from planner.costs.kernels import attention_for, supported_attention
@@ -375,6 +376,11 @@ class StageCost:
     # the framework's runner around each micro-batch's pass of a model chunk, beyond the
     # model's own work (measured on CPU hosts: `host.runner_microbatch_s`), on the forward
     runner: Part = Part()
+    # the compute thread's part of one batched pipeline send and of one receive (issuing
+    # and waiting; measured on CPU hosts: `host.p2p_host_s`), in line with the pass that
+    # sends or receives (`simulator.build._chunk_parts`); 0 without a pipeline
+    p2p_send_host: Part = Part()
+    p2p_recv_host: Part = Part()
 
     @_once
     def forward(self) -> Part:
@@ -944,10 +950,16 @@ def _p2p(model: ModelSpec, shape: WorkloadShape, tiers: tuple[Tier, ...] | None,
     already assumes every GPU of a node sends)."""
     if tiers is None:
         return 0.0, None
-    size = (shape.micro_batch_size * shape.seq_len // shape.cp * model.hidden_size
-            * DType(shape.dtype).element_bytes / shape.tp)
+    size = _p2p_bytes(model, shape)
     return (collective_time_s("send_recv", size, tiers, profiles=profiles),
             Transfer("send_recv", size, tiers))
+
+
+def _p2p_bytes(model: ModelSpec, shape: WorkloadShape) -> float:
+    """Bytes of one pipeline message: a micro-batch's activation (or its gradient), the
+    slice of one tp and cp rank."""
+    return (shape.micro_batch_size * shape.seq_len // shape.cp * model.hidden_size
+            * DType(shape.dtype).element_bytes / shape.tp)
 
 
 def shard_units(spec: StageSpec) -> int:
@@ -1045,7 +1057,10 @@ def _pass_costs(model: ModelSpec, shape: WorkloadShape, links: _StageLinks,
              else zero)
     head = _extra_parts(model, shape, dev, tiers_key, "head", profiles) if links.last else zero
     p2p_s, p2p_transfer = _p2p(model, shape, links.p2p_tiers, profiles)
-    runner = Part(host_s=runner_microbatch_s(dev, profiles.get(dev.name) if profiles else None))
+    profile = profiles.get(dev.name) if profiles else None
+    runner = Part(host_s=runner_microbatch_s(dev, profile))
+    send_s, recv_s = (p2p_host_s(dev, profile, _p2p_bytes(model, shape))
+                      if not (links.first and links.last) else (0.0, 0.0))
     cost = StageCost(pipeline=0, stage=0, device=dev.name, num_layers=links.num_layers,
                      num_params=links.num_params, layer_forward=layer_fwd,
                      layer_backward=layer_bwd, embed_forward=embed[0], embed_backward=embed[1],
@@ -1056,7 +1071,8 @@ def _pass_costs(model: ModelSpec, shape: WorkloadShape, links: _StageLinks,
                                               recompute=recompute, layers_in_flight=0.0),
                      layer_weight_grad=_layer_weight_grad(model, shape, dev, tiers_key,
                                                           recompute, profiles),
-                     runner=runner)
+                     runner=runner, p2p_send_host=Part(host_s=send_s),
+                     p2p_recv_host=Part(host_s=recv_s))
     _ = cost.forward_s, cost.backward_s, cost.weight_grad_s
     return cost
 
@@ -1475,4 +1491,8 @@ def _plan_host_families(plan: Plan) -> frozenset[str]:
     return host_families(gpus=not all(on_cpu), fsdp=any(fsdp),
                          cpu_ranks=sum(len(s.devices) for (_, s), c in zip(stages, on_cpu,
                                                                             strict=True) if c),
-                         tp=any(s.tp > 1 for _, s in stages))
+                         tp=any(s.tp > 1 for _, s in stages),
+                         cpu_pipeline=not plan.training.comm.pipeline_p2p.blocks_compute
+                         and any(len(p.stages) > 1 and any(
+                             plan.group_of(s).device.vendor == "cpu" for s in p.stages)
+                             for p in plan.pipelines))

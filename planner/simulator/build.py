@@ -106,15 +106,24 @@ def chunk_layers(num_layers: int, vp: int, slots: tuple[int, int] = (0, 0)) -> l
 
 
 def _chunk_parts(c: StageCost, chunk: int, vp: int, last_stage: bool,
-                 split_w: bool, slots: tuple[int, int] = (0, 0)) -> dict[str, Part]:
+                 split_w: bool, slots: tuple[int, int] = (0, 0), *,
+                 first_stage: bool = False) -> dict[str, Part]:
     """Time of each pass kind of one chunk: F, B and (with `split_w`) W, where B is the
-    backward without its layers' weight gradients (embedding and head stay in B)."""
+    backward without its layers' weight gradients (embedding and head stay in B). With
+    batched pipeline sends, a pass that receives or sends holds its compute thread for
+    the calls (`StageCost.p2p_recv_host`, `p2p_send_host`): F receives its input but on
+    the model's first chunk and sends its output but on the last; B the reverse."""
     layers = chunk_layers(c.num_layers, vp, slots)[chunk]
     fwd, bwd = c.layer_forward * layers + c.runner, c.layer_backward * layers
     if chunk == 0:
         fwd, bwd = fwd + c.embed_forward, bwd + c.embed_backward
     if last_stage and chunk == vp - 1:
         fwd, bwd = fwd + c.head_forward, bwd + c.head_backward
+    if not c.p2p_blocking:
+        if not (first_stage and chunk == 0):  # takes an activation, sends its gradient
+            fwd, bwd = fwd + c.p2p_recv_host, bwd + c.p2p_send_host
+        if not (last_stage and chunk == vp - 1):  # sends an activation, takes its gradient
+            fwd, bwd = fwd + c.p2p_send_host, bwd + c.p2p_recv_host
     if not split_w:
         return {"F": fwd, "B": bwd}
     w = c.layer_weight_grad * layers
@@ -181,7 +190,8 @@ class _Builder:
         # the pass that completes a micro-batch's gradients and frees its activations
         grad = "W" if any(phase == "W" for phase, _, _ in order) else "B"
         slots = self.plan.training.slots(si, len(pipe.stages))
-        parts = [_chunk_parts(cost, c, vp, last, grad == "W", slots) for c in range(vp)]
+        parts = [_chunk_parts(cost, c, vp, last, grad == "W", slots, first_stage=si == 0)
+                 for c in range(vp)]
         pieces = self._bucket_count(cost, vp)
         prev, prev2 = -1, -1
         layers = chunk_layers(cost.num_layers, vp, slots)

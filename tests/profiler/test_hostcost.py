@@ -7,16 +7,23 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from planner.specs.model import preset  # noqa: E402
-from profiler.hostcost import SKEW_SEGMENTS, _fsdp_blocks, _skew_rows  # noqa: E402
+from profiler.hostcost import (  # noqa: E402
+    P2P_SIZES,
+    SKEW_SEGMENTS,
+    _fsdp_blocks,
+    _p2p_rows,
+    _skew_rows,
+)
 
 
-def _worker(rank: int, world: int, store: str, out: str) -> None:
+def _worker(rank: int, world: int, store: str, out: str, kind: str = "skew") -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world)
-    rows = _skew_rows(rank, world, repeats=3)
+    rows = (_skew_rows(rank, world, repeats=3) if kind == "skew"
+            else _p2p_rows(rank, world, backend="gloo", repeats=3))
     if rank == 0:
         torch.save([(r.name, r.shape, r.ranks, r.time_s, r.samples) for r in rows], out)
     gc.collect()  # before destroy: gloo's exit-time abort otherwise (profiler/collectives.py)
@@ -37,6 +44,23 @@ def test_the_last_ranks_lateness_is_measured_per_segment_of_compute(tmp_path):
     segment = [t for n, _, _, t, _ in rows if n == "arrival_segment"]
     assert segment == sorted(segment) and segment[-1] > 4 * segment[0]
     assert all(t >= 0.0 for n, _, _, t, _ in rows if n == "arrival_skew")
+
+
+@pytest.mark.multiprocess
+def test_a_pipeline_transfers_calls_on_the_compute_thread_are_timed_per_size(tmp_path):
+    """`p2p_send` / `p2p_recv`: what a rank's compute thread spends issuing a send and
+    waiting on it once gone, and posting a receive and taking it once arrived, per
+    message size; with 3 ranks the third idles. Each is a few calls' host time (0.1-0.3
+    ms on the development VM), not the P2P_SETTLE_S the message was given to move
+    between them (the waits find it done)."""
+    out = str(tmp_path / "rows.pt")
+    torch.multiprocessing.spawn(_worker, args=(3, str(tmp_path / "store"), out, "p2p"),
+                                nprocs=3)
+    rows = torch.load(out)
+    assert {(n, s) for n, s, *_ in rows} == {(n, (size,)) for size in P2P_SIZES
+                                            for n in ("p2p_send", "p2p_recv")}
+    assert all(ranks == 3 and samples == 3 for _, _, ranks, _, samples in rows)
+    assert all(0.0 < t < 0.02 for *_, t, _ in rows)
 
 
 def _hand_off_worker(rank: int, world: int, store: str, out: str) -> None:

@@ -18,12 +18,13 @@ from planner.costs.host import (
     host_source,
     launch_s,
     optimizer_shared,
+    p2p_host_s,
     shared_cores,
     sync_skew,
 )
 from planner.costs.stages import cost_sources, plan_costs
 from planner.simulator import simulate, simulate_detailed
-from planner.simulator.build import shared_hosts, simulate_graph
+from planner.simulator.build import _chunk_parts, shared_hosts, simulate_graph
 from planner.simulator.graph import schedule
 from planner.specs.cluster import load_cluster, parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
@@ -399,6 +400,51 @@ def test_a_pipeline_sends_receiver_on_the_same_host_is_counted_busy(tmp_path):
               in_situ=load.in_situ, own_slowdown=load.own_slowdown)
     assert max(schedule(g.graph, **kw, peer_ranks=load.peer_ranks).end) > \
         max(schedule(g.graph, **kw).end)
+
+
+def _p2p_rows(send_s, recv_s):
+    """`p2p_send` / `p2p_recv` rows at two message sizes (the larger twice as dear)."""
+    return tuple(_host(name, t * k, size=size) for name, t in (("p2p_send", send_s),
+                                                                ("p2p_recv", recv_s))
+                 for size, k in ((4096, 1.0), (1 << 22, 2.0)))
+
+
+def test_a_pipeline_pass_holds_its_compute_thread_for_its_sends_and_receives(tmp_path):
+    """The executor's batched isend / irecv are called by the thread that computes: a
+    forward takes its input (but on the model's first chunk) and sends its output (but
+    on the last), a backward the reverse, each at the measured `p2p_send` / `p2p_recv`
+    cost at the message's size; a blocking receive (DeepSpeed) is its own task, and one
+    stage, or a GPU, has none."""
+    bare = _profiles(tmp_path, _collectives())
+    measured = _profiles(tmp_path, _collectives() + _p2p_rows(1e-4, 3e-4), "p2p.csv")
+    pp2 = _plan(pp=2, gbs=32)
+    cost, with_calls = (plan_costs(pp2, p).costs[0] for p in (bare, measured))
+    size = SMALL.hidden_size * 8 * 64 * 4  # a micro-batch's activation, fp32
+    assert cost[0].p2p_transfer.size_bytes == size
+    share = (size - 4096) / ((1 << 22) - 4096)
+    send_s, recv_s = 1e-4 * (1 + share), 3e-4 * (1 + share)
+    assert p2p_host_s(device("CPU"), measured.get("CPU"), size) == pytest.approx(
+        (send_s, recv_s))
+    assert p2p_host_s(device("A100-80GB-SXM"), measured.get("CPU"), size) == (0.0, 0.0)
+    for si, (sends, takes) in enumerate(((1, 0), (0, 1))):  # stage 0 sends, stage 1 takes
+        plain = _chunk_parts(cost[si], 0, 1, si == 1, False, first_stage=si == 0)
+        calls = _chunk_parts(with_calls[si], 0, 1, si == 1, False, first_stage=si == 0)
+        assert calls["F"].total_s - plain["F"].total_s == pytest.approx(
+            sends * send_s + takes * recv_s)
+        assert calls["B"].total_s - plain["B"].total_s == pytest.approx(
+            sends * recv_s + takes * send_s)
+    before = simulate(pp2, profiles=bare).iteration_time_s
+    assert simulate(pp2, profiles=measured).iteration_time_s > before + 4 * (send_s + recv_s)
+    blocking = dataclasses.replace(pp2, training=dataclasses.replace(
+        pp2.training, comm=Communication(pipeline_p2p=PipelineP2P.BLOCKING)))
+    assert simulate(blocking, profiles=measured).iteration_time_s == \
+        simulate(blocking, profiles=bare).iteration_time_s
+    dp2 = _plan(dp=2, gbs=16)
+    assert simulate(dp2, profiles=measured).iteration_time_s == \
+        simulate(dp2, profiles=bare).iteration_time_s
+    said = cost_sources(pp2, measured)["host"]
+    assert "pipeline sends and receives" in said
+    assert "pipeline sends" not in cost_sources(dp2, measured)["host"]
 
 
 def _cpu_rows(share, ranks=2):
