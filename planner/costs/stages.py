@@ -1488,11 +1488,11 @@ def _plan_host_families(plan: Plan) -> frozenset[str]:
     on_cpu = [plan.group_of(s).device.vendor == "cpu" for _, s in stages]
     fsdp = [(sh := plan.sharding_of(i)).params == sh.grads == sh.optim > 1 and s.tp == 1
             for i, s in stages]
+    # CPU ranks sending to another stage with batched sends (their calls: `p2p_host_s`)
+    cpu_pipeline = not plan.training.comm.pipeline_p2p.blocks_compute and any(
+        len(p.stages) > 1 and any(plan.group_of(s).device.vendor == "cpu" for s in p.stages)
+        for p in plan.pipelines)
     return host_families(gpus=not all(on_cpu), fsdp=any(fsdp),
                          cpu_ranks=sum(len(s.devices) for (_, s), c in zip(stages, on_cpu,
                                                                             strict=True) if c),
-                         tp=any(s.tp > 1 for _, s in stages),
-                         cpu_pipeline=not plan.training.comm.pipeline_p2p.blocks_compute
-                         and any(len(p.stages) > 1 and any(
-                             plan.group_of(s).device.vendor == "cpu" for s in p.stages)
-                             for p in plan.pipelines))
+                         tp=any(s.tp > 1 for _, s in stages), cpu_pipeline=cpu_pipeline)
