@@ -148,13 +148,20 @@ def slurm_script(plan: Plan, *, framework: str, config_text: str, version: str) 
         lines.append(f'srun {het}--nodes={len(sec)} --ntasks-per-node=1 '
                      f'bash "$CONFIG_DIR/launch-node.sh" {sec[0].node_rank} & pids+=($!)')
     # the job fails when a group does (a bare `wait` returns 0), and a failed group stops
-    # the others, which would otherwise wait for it at their next collective
+    # the others, which would otherwise wait for it at their next collective. `wait -n`
+    # answers 127 once bash has no unreported group left, which groups that end together
+    # can make happen early; `wait PID` then gives each group's own status
     lines += ["status=0",
               'for _ in "${pids[@]}"; do',
               "    rc=0; wait -n || rc=$?",
+              '    [ "$rc" -eq 127 ] && break',
               '    if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then',
               '        status=$rc; kill "${pids[@]}" 2>/dev/null || true',
               "    fi",
+              "done",
+              'for pid in "${pids[@]}"; do',
+              '    rc=0; wait "$pid" || rc=$?',
+              '    if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then status=$rc; fi',
               "done",
               'exit "$status"', ""]
     return "\n".join(lines)
