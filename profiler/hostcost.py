@@ -313,10 +313,10 @@ def _pass_share_rows(rank: int, world: int, spec: Any, batch: tuple[int, int], *
 def _optimizer_share_rows(rank: int, world: int, params: int, *,
                           rounds: int = 15) -> list[ProfileRow]:
     """A fused fp32 AdamW step and the gradients' zeroing after it (profiler/measure.py
-    `adamw_step`, what the op profile's optimizer row times) over `params` parameters, and over their 1/`world`
-    shard, while n of the `world` ranks step at once, n = 1..world (`_at_each_count`),
-    `rounds` rounds after 2 untimed. Size: 16 bytes a parameter (weight, gradient, two
-    moments), what the step streams through memory."""
+    `adamw_step`, what the op profile's optimizer row times) over `params` parameters,
+    and over their 1/`world` shard, while n of the `world` ranks step at once, n = 1..world
+    (`_at_each_count`), `rounds` rounds after 2 untimed. Size: 16 bytes a parameter
+    (weight, gradient, two moments), what the step streams through memory."""
     from profiler.measure import adamw_step
 
     rows = []

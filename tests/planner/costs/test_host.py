@@ -375,6 +375,12 @@ def test_ranks_stepping_at_once_share_the_hosts_memory_bandwidth(tmp_path):
         simulate(one, profiles=without).iteration_time_s
 
 
+def _blocking(plan):
+    """`plan` with DeepSpeed's blocking pipeline sends."""
+    return dataclasses.replace(plan, training=dataclasses.replace(
+        plan.training, comm=Communication(pipeline_p2p=PipelineP2P.BLOCKING)))
+
+
 def test_a_pipeline_sends_receiver_on_the_same_host_is_counted_busy(tmp_path):
     """A batched send (the executor's isend / irecv) is one task on the sender's stream;
     its receiving stage's ranks, on the same host, are busy for the same share of it
@@ -383,8 +389,7 @@ def test_a_pipeline_sends_receiver_on_the_same_host_is_counted_busy(tmp_path):
     own task on the receiver's compute stream and adds nothing."""
     profiles = _profiles(tmp_path, _collectives() + _cpu_rows(0.5) + _shared(1e-3, 1.1e-3))
     pp2 = _plan(pp=2, gbs=32)
-    blocking = dataclasses.replace(pp2, training=dataclasses.replace(
-        pp2.training, comm=Communication(pipeline_p2p=PipelineP2P.BLOCKING)))
+    blocking = _blocking(pp2)
     for plan, receivers in ((pp2, 1.0), (blocking, 0.0)):
         g = simulate_graph(plan, profiles=profiles).graph
         load = shared_hosts(plan, plan_costs(plan, profiles), g, profiles)
@@ -435,8 +440,7 @@ def test_a_pipeline_pass_holds_its_compute_thread_for_its_sends_and_receives(tmp
             sends * recv_s + takes * send_s)
     before = simulate(pp2, profiles=bare).iteration_time_s
     assert simulate(pp2, profiles=measured).iteration_time_s > before + 4 * (send_s + recv_s)
-    blocking = dataclasses.replace(pp2, training=dataclasses.replace(
-        pp2.training, comm=Communication(pipeline_p2p=PipelineP2P.BLOCKING)))
+    blocking = _blocking(pp2)
     assert simulate(blocking, profiles=measured).iteration_time_s == \
         simulate(blocking, profiles=bare).iteration_time_s
     dp2 = _plan(dp=2, gbs=16)
