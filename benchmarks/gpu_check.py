@@ -206,7 +206,10 @@ def _plan_summary(work: str, name: str) -> dict:
                     "memory_kind": run["memory_kind"],
                     "peak_memory_bytes": [r["peak_bytes"] for r in run["ranks"]],
                     "predicted_peak_memory_bytes": [r["predicted_peak_bytes"]
-                                                    for r in run["ranks"]]}
+                                                    for r in run["ranks"]],
+                    # `plan run --trace`: each rank's time by kind of op beside the cost
+                    # model's (kernels' time on GPUs)
+                    "traces": run.get("traces", [])}
     measured_s = measured["iteration_s"] if measured else None
     return {"plan": name, "file": f"plans/{name}.yaml",
             "layout": run["layout"] if run else None,
@@ -258,6 +261,13 @@ def _table(result: dict) -> str:
         if plan["error"] is not None:
             text += f" ({plan['error']:+.1%}; analytic alone {plan['error_analytic']:+.1%})"
         lines.append(f"  plan {plan['plan']}: {text}")
+        traces = (meas or {}).get("traces") or []
+        if traces:
+            kinds = ", ".join(
+                f"{k['kind']} {k['measured_s'] * 1e3:.2f}"
+                + (f" ({k['predicted_s'] * 1e3:.2f})" if k["predicted_s"] is not None else "")
+                for k in traces[0]["kinds"])
+            lines.append(f"    rank 0 by kind of op, ms a step measured (predicted): {kinds}")
     lines.append(f"  {'complete' if result['complete'] else 'INCOMPLETE'} in "
                  f"{result['elapsed_s']:.0f} s")
     return "\n".join(lines)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check (issue 17): on a machine with NVIDIA GPUs and no network, profile one
 # model's GEMMs, attention kernels and optimizer in bf16, tf32 and fp8 (those the GPU has),
-# predict and run one single-GPU plan and, with several GPUs, one NCCL data-parallel plan,
+# predict and run one single-GPU plan and, with several GPUs, one NCCL data-parallel plan
+# (each run ends with a few steps under torch.profiler: the kernels' time by kind, GEMM,
+# attention, memory-bound, optimizer, NCCL, beside the cost model's split of the step),
 # and write what was predicted beside what was measured, with the device's metadata, to
 # benchmarks/results/<name>.json (<name>: gpu-check-<gpu type>-<UTC time>; the work files,
 # profiles, plans and run reports, in benchmarks/results/<name>/). Under 8 minutes on one
@@ -59,12 +61,12 @@ command -v "$PY" >/dev/null || {
 
 if [[ $DRY_RUN == 1 ]]; then
   DEVICE=cpu MODEL=${GPU_CHECK_MODEL:-debug-tiny} MBS=${GPU_CHECK_MBS:-8}
-  SEQ=${GPU_CHECK_SEQ:-64} STEPS=${GPU_CHECK_STEPS:-4} WARMUP=1 RUN_DTYPE=fp32
+  SEQ=${GPU_CHECK_SEQ:-64} STEPS=${GPU_CHECK_STEPS:-4} WARMUP=1 TRACE=2 RUN_DTYPE=fp32
   PROFILE_DTYPES=(fp32 tf32 fp8) PROFILE_FLAGS=(--warmup 1 --repeats 5)
   MIN_BYTES=64KB MAX_BYTES=1MB  # debug-tiny's gradients: 0.5 MB
 else
   DEVICE=cuda MODEL=${GPU_CHECK_MODEL:-gpt3-1.3b} MBS=${GPU_CHECK_MBS:-4}
-  SEQ=${GPU_CHECK_SEQ:-2048} STEPS=${GPU_CHECK_STEPS:-20} WARMUP=3 RUN_DTYPE=bf16
+  SEQ=${GPU_CHECK_SEQ:-2048} STEPS=${GPU_CHECK_STEPS:-20} WARMUP=3 TRACE=3 RUN_DTYPE=bf16
   PROFILE_DTYPES=(bf16 tf32 fp8) PROFILE_FLAGS=()
   MIN_BYTES=1MB MAX_BYTES=4GB
 fi
@@ -178,7 +180,7 @@ plan_step() {  # plan_step NAME DP
     "${PLAN[@]}" simulate --plan "$WORK/plans/$name.yaml" --json
   run_step "run-$name" 300 "$WORK/runs/$name.json" required \
     "${PLAN[@]}" run --plan "$WORK/plans/$name.yaml" --profile "$WORK/profiles" \
-    --steps "$STEPS" --warmup "$WARMUP" --report "$WORK/runs/$name" --json
+    --steps "$STEPS" --warmup "$WARMUP" --trace "$TRACE" --report "$WORK/runs/$name" --json
 }
 
 PLANS=(single)
@@ -190,8 +192,8 @@ fi
 [[ $DRY_RUN == 1 ]] || gpu_state
 
 # 4. predicted vs measured, with the device's metadata
-printf '{"model": "%s", "micro_batch_size": %d, "seq_len": %d, "global_batch_per_replica": %d, "steps": %d, "warmup_steps": %d, "run_dtype": "%s", "profile_dtypes": ["%s"], "ranks": %d, "budget_s": %d, "plans": ["%s"]}\n' \
-  "$MODEL" "$MBS" "$SEQ" "$GBS" "$STEPS" "$WARMUP" "$RUN_DTYPE" \
+printf '{"model": "%s", "micro_batch_size": %d, "seq_len": %d, "global_batch_per_replica": %d, "steps": %d, "warmup_steps": %d, "trace_steps": %d, "run_dtype": "%s", "profile_dtypes": ["%s"], "ranks": %d, "budget_s": %d, "plans": ["%s"]}\n' \
+  "$MODEL" "$MBS" "$SEQ" "$GBS" "$STEPS" "$WARMUP" "$TRACE" "$RUN_DTYPE" \
   "$(IFS=,; echo "${PROFILE_DTYPES[*]}" | sed 's/,/", "/g')" "$RANKS" "$BUDGET_S" \
   "$(IFS=,; echo "${PLANS[*]}" | sed 's/,/", "/g')" > "$WORK/settings.json"
 DRY_FLAG=()

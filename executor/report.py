@@ -13,7 +13,7 @@ from executor.topology import Topology
 from planner.predict.results import SimResult
 from planner.specs.plan import Plan, describe_layout
 
-__all__ = ["RankMemory", "RunReport", "make_report", "to_markdown"]
+__all__ = ["KindTime", "RankMemory", "RankTrace", "RunReport", "make_report", "to_markdown"]
 
 MIB = 1024**2
 
@@ -27,6 +27,29 @@ class RankMemory:
     predicted_peak_bytes: int | None
     model_state_bytes: int  # parameters, gradients and optimizer states it holds
     predicted_model_state_bytes: int | None
+
+
+@dataclass(frozen=True)
+class KindTime:
+    """A step's time in one kind of op on one rank (executor/trace.py `KINDS`)."""
+
+    kind: str
+    predicted_s: float | None  # the cost model's (None: a kind it does not price as ops)
+    measured_s: float
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    """One rank's traced steps (`plan run --trace`): its time by kind of op beside the
+    cost model's (planner/predict/op_kinds.py), and the ops that took longest."""
+
+    rank: int
+    pipeline: int
+    stage: int
+    steps: int
+    wall_s: float  # a traced step's wall time, the profiler's overhead included
+    kinds: list[KindTime]
+    top: list[list]  # [name, kind, calls a step, seconds a step]
 
 
 @dataclass(frozen=True)
@@ -50,6 +73,7 @@ class RunReport:
     # fp16 (dynamic loss scaling): the scale of each step run, the steps skipped on overflow
     loss_scales: list[float] | None = None
     skipped_steps: list[int] = field(default_factory=list)
+    traces: list[RankTrace] = field(default_factory=list)
 
     @property
     def iteration_error(self) -> float | None:
@@ -90,9 +114,29 @@ def measured_iteration_s(metrics: dict, warmup: int) -> float:
     return max(statistics.median(times[warmup:]) for times in _rank_step_times(metrics))
 
 
+def _traces(plan: Plan, metrics: dict,
+            predicted: dict[tuple[int, int], dict[str, float]] | None) -> list[RankTrace]:
+    """Each traced rank's kinds of op, measured beside predicted (`stage_op_kinds`)."""
+    out = []
+    for role, trace in zip(Topology.of(plan).roles, metrics.get("traces") or [], strict=False):
+        if not trace:
+            continue
+        mine = (predicted or {}).get((role.pipeline, role.stage), {})
+        out.append(RankTrace(
+            rank=role.rank, pipeline=role.pipeline, stage=role.stage, steps=trace["steps"],
+            wall_s=trace["wall_s"], top=trace["top"],
+            kinds=[KindTime(kind, mine.get(kind), seconds)
+                   for kind, seconds in trace["kinds"].items()]))
+    return out
+
+
 def make_report(plan: Plan, metrics: dict, *, prediction: SimResult | None, source: str,
-                warmup: int, name: str) -> RunReport:
-    """The report of one run (`metrics` as executor/runtime.py writes them)."""
+                warmup: int, name: str,
+                predicted_kinds: dict[tuple[int, int], dict[str, float]] | None = None
+                ) -> RunReport:
+    """The report of one run (`metrics` as executor/runtime.py writes them);
+    `predicted_kinds`: the cost model's split of each stage's step by kind of op
+    (planner/predict/op_kinds.py `stage_op_kinds`), set beside a traced run's."""
     times = metrics["step_times_s"]
     skip = min(warmup, len(times) - 1)
     steady = [t for rank in _rank_step_times(metrics) for t in rank[skip:]]
@@ -123,7 +167,8 @@ def make_report(plan: Plan, metrics: dict, *, prediction: SimResult | None, sour
         predicted_iteration_s=predicted_s, measured_tokens_per_s=tokens / measured,
         predicted_tokens_per_s=tokens / predicted_s if predicted_s else None,
         prediction_source=source, memory_kind=metrics["memory_kind"], ranks=ranks,
-        loss_scales=metrics.get("loss_scales"), skipped_steps=metrics.get("skipped_steps", []))
+        loss_scales=metrics.get("loss_scales"), skipped_steps=metrics.get("skipped_steps", []),
+        traces=_traces(plan, metrics, predicted_kinds))
 
 
 def _mib(value: int | None) -> str:
@@ -161,4 +206,36 @@ def to_markdown(r: RunReport) -> str:
         lines += [f"fp16 loss scale: {r.loss_scales[0]:g} at step {r.first_step + 1}, "
                   f"{r.loss_scales[-1]:g} at step {r.first_step + len(r.loss_scales)}; "
                   f"steps skipped on an overflow: {skipped}.", ""]
+    if r.traces:
+        lines += _trace_markdown(r.traces)
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.2f}"
+
+
+def _trace_markdown(traces: list[RankTrace]) -> list[str]:
+    """The traced steps' table: per rank and kind of op, ms a step predicted and measured."""
+    t = traces[0]
+    lines = [f"Time by kind of op (ms a step; `--trace`: {t.steps} more steps after the "
+             "measured ones under torch.profiler; measured: each op's own time, the CPU's on "
+             "CPU ranks, the kernels' on GPUs; predicted: the cost model's op times over the "
+             "step's passes, without the waits, host gaps and sharing the simulation adds; "
+             "collectives and the framework's own time are not priced as ops).", "",
+             "| rank | pipeline.stage | kind | predicted | measured | measured / predicted |",
+             "|---|---|---|---|---|---|"]
+    for t in traces:
+        where = f"{t.pipeline}.{t.stage}"
+        for k in t.kinds:
+            ratio = (f"{k.measured_s / k.predicted_s:.2f}" if k.predicted_s else "-")
+            lines.append(f"| {t.rank} | {where} | {k.kind} | {_ms(k.predicted_s)} | "
+                         f"{_ms(k.measured_s)} | {ratio} |")
+        in_ops = sum(k.measured_s for k in t.kinds)
+        lines.append(f"| {t.rank} | {where} | in no op (idle, waits, Python, the profiler) "
+                     f"| - | {_ms(max(0.0, t.wall_s - in_ops))} | - |")
+        lines.append(f"| {t.rank} | {where} | traced step (wall) | - | {_ms(t.wall_s)} | - |")
+    lines += ["", "Longest ops (rank " + str(traces[0].rank) + "): "
+              + "; ".join(f"{name} ({kind}) {calls:g} a step, {seconds * 1e3:.2f} ms"
+                          for name, kind, calls, seconds in traces[0].top[:8]), ""]
+    return lines

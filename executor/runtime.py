@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import gc
@@ -31,6 +32,7 @@ import signal
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -76,6 +78,9 @@ class RunSettings:
     # "RANK:STEP:kill|hang|freeze|error|overflow", for failure tests (overflow: an inf in
     # that rank's gradients at that step)
     fault: str | None = None
+    # steps run after the measured ones under torch.profiler, their ops' time summed by
+    # kind (executor/trace.py); not timed with the others
+    trace_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,9 @@ class Metrics:
     expert_state_bytes: list[int] = field(default_factory=list)
     # per rank: its own time of each step run (executor/report.py `measured_iteration_s`)
     rank_step_times_s: list[list[float]] = field(default_factory=list)
+    # per rank, with RunSettings.trace_steps: its traced steps by kind of op
+    # (executor/trace.py `TraceSummary.to_dict`)
+    traces: list[dict] = field(default_factory=list)
 
 
 # glibc mallopt parameters (malloc.h) and the size below which freed memory stays in the
@@ -478,8 +486,53 @@ def _train(trainer: Trainer, settings: RunSettings, watchdog: Watchdog, *, start
     return losses, times
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 to /dev/null inside the block (native code's own writes too)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w", encoding="utf-8") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _trace(trainer: Trainer, settings: RunSettings, device: torch.device) -> dict:
+    """Run `settings.trace_steps` more steps under torch.profiler; their ops' own time by
+    kind (`executor.trace.summarize`): self CPU time on CPU ranks, kernel time on GPUs."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from executor.trace import summarize
+
+    cuda = device.type == "cuda"
+    n = settings.trace_steps
+    prof = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
+    with _quiet_stderr():  # Kineto's "USDT: profiler_start" lines, on every rank
+        prof.start()
+    try:
+        t0 = time.perf_counter()
+        for step in range(settings.steps, settings.steps + n):
+            trainer.iteration(step)
+        if cuda:
+            torch.cuda.synchronize(device)
+        wall = (time.perf_counter() - t0) / n
+    finally:
+        with _quiet_stderr():
+            prof.stop()
+    if cuda:
+        events = [(e.key, e.count, e.self_device_time_total * 1e-6) for e in prof.key_averages()
+                  if e.device_type == DeviceType.CUDA]
+    else:
+        events = [(e.key, e.count, e.self_cpu_time_total * 1e-6) for e in prof.key_averages()]
+    return summarize(events, steps=n, wall_s=wall, device=cuda).to_dict()
+
+
 def _metrics(trainer: Trainer, device: torch.device, start: int, losses: list[float],
-             times: list[float], resume: str | None) -> Metrics:
+             times: list[float], resume: str | None, trace: dict | None = None) -> Metrics:
     """Everyone's measurements, combined (collective)."""
     loss_t = torch.tensor(losses, dtype=torch.float64, device=device)
     time_t = torch.tensor(times, dtype=torch.float64, device=device)
@@ -488,12 +541,13 @@ def _metrics(trainer: Trainer, device: torch.device, start: int, losses: list[fl
     peak, kind = _peak_memory_bytes(device)
     scaling = (trainer.loss_scales, trainer.skipped) if trainer.scaler is not None else None
     mine = {"peak": peak, "scaling": scaling, "experts": trainer.expert_state_bytes(),
-            "times": times, **trainer.state_bytes()}
+            "times": times, "trace": trace, **trainer.state_bytes()}
     everyone: list[dict] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(everyone, mine)
     scalings = [e.pop("scaling") for e in everyone]
     experts = [e.pop("experts") for e in everyone]
     rank_times = [e.pop("times") for e in everyone]
+    traces = [e.pop("trace") for e in everyone]
     if any(s != scaling for s in scalings):  # the found-inf all-reduce makes them agree
         raise RuntimeError(f"the ranks' loss scales and skipped steps differ: {scalings}")
     return Metrics(first_step=start, losses=loss_t.tolist(), step_times_s=time_t.tolist(),
@@ -502,7 +556,8 @@ def _metrics(trainer: Trainer, device: torch.device, start: int, losses: list[fl
                    loss_scales=scaling[0] if scaling else None,
                    skipped_steps=scaling[1] if scaling else [],
                    expert_state_bytes=experts if trainer.plan.training.ep > 1 else [],
-                   rank_step_times_s=rank_times)
+                   rank_step_times_s=rank_times,
+                   traces=traces if trace is not None else [])
 
 
 def run_rank(plan: Plan, settings: RunSettings) -> None:
@@ -528,7 +583,8 @@ def run_rank(plan: Plan, settings: RunSettings) -> None:
             start, note = _resume(trainer, settings, plan, rank) if settings.resume else (0, None)
         losses, times = _train(trainer, settings, watchdog, start=start, rank=rank,
                                device=device, plan=plan)
-        metrics = _metrics(trainer, device, start, losses, times, note)
+        traced = _trace(trainer, settings, device) if settings.trace_steps else None
+        metrics = _metrics(trainer, device, start, losses, times, note, traced)
         if rank == 0:
             with open(os.path.join(settings.run_dir, "metrics.json"), "w",
                       encoding="utf-8") as fh:

@@ -26,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--hang-timeout", type=float, default=30.0)
     p.add_argument("--fault", help=argparse.SUPPRESS)
+    p.add_argument("--trace", type=int, default=0, help="steps run after the measured ones "
+                   "under torch.profiler (their ops' time by kind in metrics.json)")
     return p
 
 
@@ -33,7 +35,7 @@ def worker_args(*, plan: str, steps: int, run_dir: str, seed: int = 0,
                 learning_rate: float | None = None,
                 checkpoint_dir: str | None = None, checkpoint_every: int = 0,
                 resume: bool = False, hang_timeout_s: float = 30.0,
-                fault: str | None = None) -> list[str]:
+                fault: str | None = None, trace_steps: int = 0) -> list[str]:
     """The worker's arguments for these settings (the inverse of its parser)."""
     args = ["--plan", plan, "--steps", str(steps), "--run-dir", run_dir, "--seed", str(seed),
             "--hang-timeout", f"{hang_timeout_s:g}"]
@@ -46,6 +48,8 @@ def worker_args(*, plan: str, steps: int, run_dir: str, seed: int = 0,
         args.append("--resume")
     if fault:
         args += ["--fault", fault]
+    if trace_steps:
+        args += ["--trace", str(trace_steps)]
     return args
 
 
@@ -63,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_rank(load_plan(args.plan), RunSettings(
         steps=args.steps, run_dir=args.run_dir, seed=args.seed, **extra,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        resume=args.resume, hang_timeout_s=args.hang_timeout, fault=args.fault))
+        resume=args.resume, hang_timeout_s=args.hang_timeout, fault=args.fault,
+        trace_steps=args.trace))
     return 0
 
 

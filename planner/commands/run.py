@@ -105,6 +105,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=non_negative_int, metavar="N",
                    help=f"first steps left out of the measured time (default {DEFAULT_WARMUP}, "
                    "fewer where --steps leaves less)")
+    p.add_argument("--trace", type=int_in(0, 100), default=0, metavar="N",
+                   help="run N more steps after the measured ones under torch.profiler and "
+                   "report each rank's time by kind of op (GEMMs, attention, memory-bound "
+                   "ops, optimizer, collectives, framework) beside the cost model's "
+                   "(default 0: no trace)")
     p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, metavar="N",
                    help="weights and data seed")
     p.add_argument("--lr", type=number_in(gt=0, high=10), metavar="X",
@@ -499,7 +504,8 @@ def _launch(args: argparse.Namespace, plan: Plan, prediction: SimResult | None, 
             plan=os.path.abspath(plan_path), steps=args.steps, run_dir=run_dir,
             seed=args.seed, learning_rate=args.lr, checkpoint_dir=args.checkpoint_dir,
             checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
-            hang_timeout_s=args.hang_timeout, fault=args.inject_fault))
+            hang_timeout_s=args.hang_timeout, fault=args.inject_fault,
+            trace_steps=args.trace))
 
     launches = launches_for(os.path.abspath(folder))
     if args.dry_run or len(launches) > 1:
@@ -514,7 +520,12 @@ def _launch(args: argparse.Namespace, plan: Plan, prediction: SimResult | None, 
         return 1
     assert prediction is not None  # only a dry run goes without
     sources = "; ".join(f"{k}: {v}" for k, v in prediction.sources.items())
+    kinds = None
+    if args.trace:
+        from planner.predict.op_kinds import stage_op_kinds
+
+        kinds = stage_op_kinds(plan, profiles_for(args, plan.cluster, plan.training.dtype))
     report = make_report(plan, metrics, prediction=prediction, source=f"{source} ({sources})",
-                         warmup=args.warmup, name=name)
+                         warmup=args.warmup, name=name, predicted_kinds=kinds)
     _write_report(folder, keep, report, args.json)
     return 0

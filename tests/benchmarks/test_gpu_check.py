@@ -81,8 +81,14 @@ def test_the_dry_run_exercises_every_step_but_the_cuda_ones(tmp_path):
         assert "analytic" in plan["predicted_analytic"]["sources"]["compute"]
         assert plan["error"] == pytest.approx(plan["predicted"]["iteration_s"]
                                               / plan["measured"]["iteration_s"] - 1, abs=1e-4)
+        # each run's traced steps: every rank's GEMMs beside the cost model's
+        traces = plan["measured"]["traces"]
+        assert len(traces) == (1 if plan["plan"] == "single" else 2)
+        gemm = next(k for k in traces[0]["kinds"] if k["kind"] == "gemm")
+        assert gemm["measured_s"] > 0 and gemm["predicted_s"] > 0
     assert [p["plan"] for p in result["plans"]] == ["single", "dp2"]
     copied = sorted(p.name for p in out.iterdir())  # what the device tool brings back
     assert [re.sub(r"\d{8}T\d{6}Z", "T", name) for name in copied] == [
         "gpu-check-dry-run-T.json", "gpu-check-dry-run-T.log", "gpu-check-dry-run-T.tar.gz"]
     assert "complete in" in done.stdout
+    assert "rank 0 by kind of op, ms a step measured (predicted): gemm" in done.stdout
