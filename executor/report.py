@@ -207,7 +207,7 @@ def to_markdown(r: RunReport) -> str:
                   f"{r.loss_scales[-1]:g} at step {r.first_step + len(r.loss_scales)}; "
                   f"steps skipped on an overflow: {skipped}.", ""]
     if r.traces:
-        lines += _trace_markdown(r.traces)
+        lines += _trace_markdown(r.traces, r.measured_iteration_s)
     return "\n".join(lines)
 
 
@@ -215,14 +215,18 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.2f}"
 
 
-def _trace_markdown(traces: list[RankTrace]) -> list[str]:
+def _trace_markdown(traces: list[RankTrace], measured_s: float) -> list[str]:
     """The traced steps' table: per rank and kind of op, ms a step predicted and measured."""
     t = traces[0]
+    slowest = max(t.wall_s for t in traces)
     lines = [f"Time by kind of op (ms a step; `--trace`: {t.steps} more steps after the "
              "measured ones under torch.profiler; measured: each op's own time, the CPU's on "
              "CPU ranks, the kernels' on GPUs; predicted: the cost model's op times over the "
              "step's passes, without the waits, host gaps and sharing the simulation adds; "
-             "collectives and the framework's own time are not priced as ops).", "",
+             "collectives and the framework's own time are not priced as ops). A traced step "
+             f"took {slowest * 1e3:.2f} ms against the measured {measured_s * 1e3:.2f}: the "
+             "profiler's own cost is in the traced times (on CPU ranks also in memory-bound "
+             "ops, whose outputs the profiler's growing records leave to fresh pages).", "",
              "| rank | pipeline.stage | kind | predicted | measured | measured / predicted |",
              "|---|---|---|---|---|---|"]
     for t in traces:

@@ -124,4 +124,6 @@ def test_the_report_sets_each_kind_beside_its_prediction():
     assert "| 0 | 0.0 | gemm | 5.00 | 4.00 | 0.80 |" in text
     assert "| 1 | 1.0 | elementwise | 1.00 | 2.00 | 2.00 |" in text
     assert "in no op" in text and "| 0 | 0.0 | traced step (wall) | - | 10.00 | - |" in text
+    # the measured iteration is rank 1's median after the warm-up step: 10 ms
+    assert "A traced step took 10.00 ms against the measured 10.00" in text
     assert report.to_dict()["traces"][1]["kinds"][0]["kind"] == "gemm"
