@@ -510,6 +510,8 @@ def _trace(trainer: Trainer, settings: RunSettings, device: torch.device) -> dic
 
     cuda = device.type == "cuda"
     n = settings.trace_steps
+    # fp16: the loss scales and skips of the run's own steps only
+    scales, skipped = len(trainer.loss_scales), len(trainer.skipped)
     prof = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
     with _quiet_stderr():  # Kineto's "USDT: profiler_start" lines, on every rank
         prof.start()
@@ -523,6 +525,7 @@ def _trace(trainer: Trainer, settings: RunSettings, device: torch.device) -> dic
     finally:
         with _quiet_stderr():
             prof.stop()
+        del trainer.loss_scales[scales:], trainer.skipped[skipped:]
     if cuda:
         events = [(e.key, e.count, e.self_device_time_total * 1e-6) for e in prof.key_averages()
                   if e.device_type == DeviceType.CUDA]

@@ -254,3 +254,15 @@ def test_tf32_on_cpu_ranks_is_fp32(tmp_path):
     ref = reference_losses(TINY, global_batch_size=8, seq_len=32, steps=STEPS,
                            learning_rate=TEST_LR)
     assert _error(metrics["losses"], ref) < 1e-5
+
+
+@pytest.mark.multiprocess
+def test_traced_steps_leave_the_runs_loss_scales_alone(tmp_path):
+    """`plan run --trace`: the steps traced after the measured ones are not the run's, so
+    the report's loss scale per step run (and its step numbers) count only the run's."""
+    plan = _in(PLANS["dp2"](), "fp16")
+    codes, metrics = run_forked(plan, tmp_path, steps=3, trace_steps=2)
+    assert codes == [0, 0] and metrics is not None
+    assert metrics["loss_scales"] == [SCALE] * 3 and len(metrics["losses"]) == 3
+    assert [t["steps"] for t in metrics["traces"]] == [2, 2]
+
