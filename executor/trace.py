@@ -54,30 +54,22 @@ _GPU_GEMM = re.compile(r"gemm|gemv|xmma|cutlass|cublas|nvjet|_s1688|_s16816|_h16
 _GPU_OPTIMIZER = re.compile(r"multi_tensor_apply|fused_?adam|adam_?kernel", re.IGNORECASE)
 
 
+# In order, the first that fits: GPU kernels by a search of the name, CPU events by a
+# match at its start (not an ATen op, or an ATen op that only makes a tensor: framework)
+_GPU_KINDS = ((_GPU_COLLECTIVE, "collective"), (_GPU_OPTIMIZER, "optimizer"),
+              (_GPU_ATTENTION, "attention"), (_GPU_GEMM, "gemm"))
+_CPU_KINDS = ((re.compile(r"c10d::|gloo:|nccl:"), "collective"),
+              (re.compile(r"(?!aten::)"), "framework"), (_CPU_FRAMEWORK, "framework"),
+              (_CPU_ATTENTION, "attention"), (_CPU_GEMM, "gemm"),
+              (_CPU_OPTIMIZER, "optimizer"))
+
+
 def op_kind(name: str, *, device: bool = False) -> str:
     """The kind (`KINDS`) of a profiler event: an ATen / c10d op or a framework scope on
     the CPU, or a GPU kernel (`device`)."""
     if device:
-        if _GPU_COLLECTIVE.search(name):
-            return "collective"
-        if _GPU_OPTIMIZER.search(name):
-            return "optimizer"
-        if _GPU_ATTENTION.search(name):
-            return "attention"
-        if _GPU_GEMM.search(name):
-            return "gemm"
-        return "elementwise"
-    if name.startswith(("c10d::", "gloo:", "nccl:")):
-        return "collective"
-    if not name.startswith("aten::") or _CPU_FRAMEWORK.match(name):
-        return "framework"
-    if _CPU_ATTENTION.match(name):
-        return "attention"
-    if _CPU_GEMM.match(name):
-        return "gemm"
-    if _CPU_OPTIMIZER.match(name):
-        return "optimizer"
-    return "elementwise"
+        return next((kind for p, kind in _GPU_KINDS if p.search(name)), "elementwise")
+    return next((kind for p, kind in _CPU_KINDS if p.match(name)), "elementwise")
 
 
 @dataclass(frozen=True)
