@@ -225,8 +225,7 @@ def _trace_markdown(traces: list[RankTrace], measured_s: float) -> list[str]:
              "step's passes, without the waits, host gaps and sharing the simulation adds; "
              "collectives and the framework's own time are not priced as ops). A traced step "
              f"took {slowest * 1e3:.2f} ms against the measured {measured_s * 1e3:.2f}: the "
-             "profiler's own cost is in the traced times (on CPU ranks also in memory-bound "
-             "ops, whose outputs the profiler's growing records leave to fresh pages).", "",
+             "profiler's own cost is in the traced times.", "",
              "| rank | pipeline.stage | kind | predicted | measured | measured / predicted |",
              "|---|---|---|---|---|---|"]
     for t in traces:

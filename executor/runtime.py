@@ -502,9 +502,15 @@ def _quiet_stderr() -> Iterator[None]:
 
 def _trace(trainer: Trainer, settings: RunSettings, device: torch.device) -> dict:
     """Run `settings.trace_steps` more steps under torch.profiler; their ops' own time by
-    kind (`executor.trace.summarize`): self CPU time on CPU ranks, kernel time on GPUs."""
+    kind (`executor.trace.summarize`): self CPU time on CPU ranks, kernel time on GPUs.
+    Each step is its own profiling cycle, its events summed and dropped at its end: a
+    profiler holding every event of several steps grows the heap through them, and on
+    CPU ranks the activations freed in one step then land on untouched pages in the next
+    (a debug-small GELU took 256 page faults, 3x its time, in most steps)."""
+    import warnings
+
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     from executor.trace import summarize
 
@@ -512,25 +518,41 @@ def _trace(trainer: Trainer, settings: RunSettings, device: torch.device) -> dic
     n = settings.trace_steps
     # fp16: the loss scales and skips of the run's own steps only
     scales, skipped = len(trainer.loss_scales), len(trainer.skipped)
-    prof = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
-    with _quiet_stderr():  # Kineto's "USDT: profiler_start" lines, on every rank
-        prof.start()
-    try:
-        t0 = time.perf_counter()
-        for step in range(settings.steps, settings.steps + n):
-            trainer.iteration(step)
-        if cuda:
-            torch.cuda.synchronize(device)
-        wall = (time.perf_counter() - t0) / n
-    finally:
-        with _quiet_stderr():
-            prof.stop()
-        del trainer.loss_scales[scales:], trainer.skipped[skipped:]
-    if cuda:
-        events = [(e.key, e.count, e.self_device_time_total * 1e-6) for e in prof.key_averages()
-                  if e.device_type == DeviceType.CUDA]
-    else:
-        events = [(e.key, e.count, e.self_cpu_time_total * 1e-6) for e in prof.key_averages()]
+    totals: dict[str, list[float]] = {}
+
+    def collect(prof: profile) -> None:
+        for e in prof.key_averages():
+            if (cuda and e.device_type != DeviceType.CUDA) or e.key.startswith("ProfilerStep"):
+                continue  # (the step's own scope: its self time is the time in no op)
+            seconds = (e.self_device_time_total if cuda else e.self_cpu_time_total) * 1e-6
+            total = totals.setdefault(e.key, [0, 0.0])
+            total[0] += e.count
+            total[1] += seconds
+
+    with warnings.catch_warnings():  # "won't be using warmup": each step is measured whole
+        warnings.simplefilter("ignore")
+        prof = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda
+                                                            else [])],
+                       schedule=schedule(wait=0, warmup=0, active=1, repeat=n),
+                       on_trace_ready=collect)
+        with _quiet_stderr():  # Kineto's "USDT: profiler_start" lines, on every rank
+            prof.start()
+        try:
+            wall = 0.0  # the steps' own time, not the profiler's work between them
+            for step in range(settings.steps, settings.steps + n):
+                t0 = time.perf_counter()
+                trainer.iteration(step)
+                if cuda:
+                    torch.cuda.synchronize(device)
+                wall += (time.perf_counter() - t0) / n
+                with _quiet_stderr():
+                    prof.step()
+                dist.barrier()  # the next step starts together, as run steps do
+        finally:
+            with _quiet_stderr():
+                prof.stop()
+            del trainer.loss_scales[scales:], trainer.skipped[skipped:]
+    events = [(name, int(calls), seconds) for name, (calls, seconds) in totals.items()]
     return summarize(events, steps=n, wall_s=wall, device=cuda).to_dict()
 
 
