@@ -36,7 +36,7 @@ from planner.specs.plan import Plan
 from profiler.store import Profiles
 
 __all__ = ["ESTIMATE_SOURCE", "critical_path_s", "estimate", "iteration_end_s", "iteration_time",
-           "pipeline_time", "receives_s", "sends_s"]
+           "pass_host_s", "pipeline_time", "receives_s", "sends_s"]
 
 ESTIMATE_SOURCE = "analytic pipeline estimate (closed form, planner/predict/estimate.py)"
 
@@ -71,10 +71,22 @@ def receives_s(costs: Sequence[StageCost], stage: int, vp: int) -> float:
 
 
 def _microbatch_s(c: StageCost, pp: int, vp: int, receives: float = 0.0) -> float:
-    """One micro-batch on a stage: its work (`_busy_s`) and the transfers it waits for
-    (`sends_s`)."""
-    busy = _busy_s(c, vp, receives)
+    """One micro-batch on a stage: its work (`_busy_s`, `pass_host_s`) and the transfers
+    it waits for (`sends_s`)."""
+    busy = _busy_s(c, vp, receives) + pass_host_s(c, pp, vp)
     return busy + sends_s(c, pp, vp, busy)
+
+
+def pass_host_s(c: StageCost, pp: int, vp: int) -> float:
+    """What the passes of one micro-batch hold the stage's compute thread for beyond the
+    stage's forward and backward sums, as the event simulation prices each pass
+    (`simulator.build._chunk_parts`): the runner around each further model chunk's pass
+    under interleaving (`StageCost.forward` counts it once), and with batched pipeline
+    sends the calls of each transfer the stage sends and takes (`_sent` of each; CPU
+    hosts' `p2p_send` / `p2p_recv` rows, 0 elsewhere)."""
+    calls = 0.0 if c.p2p_blocking else _sent(c, pp, vp) * (c.p2p_send_host.total_s
+                                                            + c.p2p_recv_host.total_s)
+    return (vp - 1) * c.runner.total_s + calls
 
 
 def _busy_s(c: StageCost, vp: int, receives: float = 0.0) -> float:
@@ -126,15 +138,16 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
     opt_s = min(opt_s, after)
     c = costs[slow]
     work = c.forward + c.backward
-    sends = sends_s(c, pp, vp, _busy_s(c, vp, keys[slow][1])) + keys[slow][1]
+    host = pass_host_s(c, pp, vp)
+    sends = sends_s(c, pp, vp, _busy_s(c, vp, keys[slow][1]) + host) + keys[slow][1]
     parts = {
         "compute": m * work.compute_s,
-        "host": m * work.host_s,
+        "host": m * (work.host_s + host),
         "tp": m * work.tp_s,
         "cp": m * work.cp_s,
         "ep": m * work.ep_s,
         "pp": m * sends,
-        "dp": after - opt_s + m * (times[slow] - work.total_s - sends),
+        "dp": after - opt_s + m * (times[slow] - work.total_s - host - sends),
         "opt": opt_s,
     }
     parts["bubble"] = end - sum(parts.values())
@@ -209,7 +222,8 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
         # no shorter than micro-batch 0's own way through every chunk and back, each hop
         # a transfer (the fill shrinks by vp, its transfers do not): what a slow link
         # makes of a pipeline with few micro-batches
-        chain = sum(c.forward_s + c.backward_s + _sent(c, pp, vp) * c.p2p_s for c in costs)
+        chain = sum(c.forward_s + c.backward_s + pass_host_s(c, pp, vp)
+                    + _sent(c, pp, vp) * c.p2p_s for c in costs)
         paths = [max(p, chain) for p in paths]
     return memo, keys, times, paths
 

@@ -451,6 +451,33 @@ def test_a_pipeline_pass_holds_its_compute_thread_for_its_sends_and_receives(tmp
     assert "pipeline sends" not in cost_sources(dp2, measured)["host"]
 
 
+def test_the_estimate_prices_a_passs_transfer_calls_as_the_simulation_does(tmp_path):
+    """`--method estimate` (and the search's ranking) counts the compute thread's part of
+    each batched transfer too: each stage of a 2-stage pipeline sends one and takes one
+    per micro-batch, so with m micro-batches the pipeline's critical path (the first
+    stage's fill, then the last stage's m micro-batches) grows by (m + 1) x (send +
+    receive), as the event simulation has it; blocking sends and one stage are
+    unchanged."""
+    from planner.predict.estimate import estimate
+
+    bare = _profiles(tmp_path, _collectives())
+    measured = _profiles(tmp_path, _collectives() + _p2p_rows(1e-4, 3e-4), "p2p.csv")
+    pp2 = _plan(pp=2, gbs=32)
+    m = pp2.pipelines[0].num_microbatches
+    send_s, recv_s = (p.total_s for p in (plan_costs(pp2, measured).costs[0][0].p2p_send_host,
+                                         plan_costs(pp2, measured).costs[0][0].p2p_recv_host))
+    assert send_s > 0 and recv_s > 0
+    grown = estimate(pp2, profiles=measured).iteration_time_s - \
+        estimate(pp2, profiles=bare).iteration_time_s
+    assert grown == pytest.approx((m + 1) * (send_s + recv_s), rel=1e-6)
+    simulated = simulate(pp2, profiles=measured).iteration_time_s - \
+        simulate(pp2, profiles=bare).iteration_time_s
+    assert grown == pytest.approx(simulated, rel=0.25)
+    for plan in (_blocking(pp2), _plan(dp=2, gbs=16)):
+        assert estimate(plan, profiles=measured).iteration_time_s == \
+            estimate(plan, profiles=bare).iteration_time_s
+
+
 def _cpu_rows(share, ranks=2):
     """`cpu.<collective>` rows: `share` of each `_collectives` row's time on the CPU."""
     return tuple(_host(f"cpu.{r.name}", share * r.time_s, ranks=ranks, size=int(r.bytes))
