@@ -217,9 +217,8 @@ def _ms(value: float | None) -> str:
 
 def _trace_markdown(traces: list[RankTrace], measured_s: float) -> list[str]:
     """The traced steps' table: per rank and kind of op, ms a step predicted and measured."""
-    t = traces[0]
     slowest = max(t.wall_s for t in traces)
-    lines = [f"Time by kind of op (ms a step; `--trace`: {t.steps} more steps after the "
+    lines = [f"Time by kind of op (ms a step; `--trace`: {traces[0].steps} more steps after the "
              "measured ones under torch.profiler; measured: each op's own time, the CPU's on "
              "CPU ranks, the kernels' on GPUs; predicted: the cost model's op times over the "
              "step's passes, without the waits, host gaps and sharing the simulation adds; "

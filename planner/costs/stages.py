@@ -100,7 +100,7 @@ __all__ = ["DPSync", "Part", "PlacedStage", "PlanCosts",
            "placement", "plan_costs", "plan_replicas", "plan_runs", "position_groups", "replica_key",
            "pass_key", "replica_specs", "shard_units", "sharding_states", "sharding_terms",
            "stage_cost", "stage_key", "stage_passes",
-           "stage_params", "unsharded_cost", "with_sharding", "workload_shape"]
+           "stage_params", "stage_work", "unsharded_cost", "with_sharding", "workload_shape"]
 
 T = TypeVar("T")
 # Megatron-Core DistributedDataParallelConfig: bucket_size None -> max(40e6, 1e6 x dp)
@@ -1389,17 +1389,27 @@ def clear_cost_caches() -> None:
 
 # -- where the numbers came from ----------------------------------------------------------
 
-def _stage_ops(model: ModelSpec, spec: StageSpec, run: RunSettings) -> list[Op]:
-    """Every op a stage runs for one micro-batch, and its optimizer step."""
+def stage_work(model: ModelSpec, spec: StageSpec, run: RunSettings
+               ) -> tuple[tuple[Work, ...], tuple[Work, ...]]:
+    """What one micro-batch runs on a stage: a layer's forward, recomputation and backward
+    (each of the stage's layers runs them), and the embedding's and the head's forward
+    and backward where the stage holds them."""
     shape = workload_shape(spec, run)
     work = layer_work(model, shape)
-    items: list[Work] = [*work.forward, *_recomputed(work, spec.placed.recompute),
-                         *work.backward]
+    layer = (*work.forward, *_recomputed(work, spec.placed.recompute), *work.backward)
+    extra: list[Work] = []
     if spec.first:
-        items.extend(w for ws in embedding_work(model, shape) for w in ws)
+        extra.extend(w for ws in embedding_work(model, shape) for w in ws)
     if spec.last:
         fwd, bwd, _ = head_work(model, shape)
-        items.extend((*fwd, *bwd))
+        extra.extend((*fwd, *bwd))
+    return layer, tuple(extra)
+
+
+def _stage_ops(model: ModelSpec, spec: StageSpec, run: RunSettings) -> list[Op]:
+    """Every op a stage runs for one micro-batch, and its optimizer step."""
+    layer, extra = stage_work(model, spec, run)
+    items: list[Work] = [*layer, *extra]
     params = stage_params(model, spec)
     items.append(optimizer_work(params / spec.sharding.optim, dtype=run.dtype,
                                 implementation=run.kernels.optimizer,

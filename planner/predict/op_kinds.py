@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from planner.costs.compute import ComputeCosts
-from planner.costs.stages import plan_costs, workload_shape
-from planner.costs.workload import Op, Work, embedding_work, head_work, layer_work
-from planner.specs.choices import Recompute
+from planner.costs.stages import plan_costs, stage_work
+from planner.costs.workload import Op, Work
 from planner.specs.plan import Plan
 from profiler.store import Profiles
 
@@ -47,19 +46,10 @@ def stage_op_kinds(plan: Plan, profiles: Profiles | None = None
         for si, spec in enumerate(specs):
             dev = spec.device
             costs = ComputeCosts(dev, run.dtype, profiles.get(dev.name) if profiles else None)
-            shape = workload_shape(spec, run)
-            work = layer_work(plan.model, shape)
-            again = {Recompute.NONE: (), Recompute.SELECTIVE: work.selective_recompute,
-                     Recompute.FULL: work.forward}[spec.placed.recompute]
+            layer, extra = stage_work(plan.model, spec, run)
             kinds = dict.fromkeys(COMPUTE_KINDS, 0.0)
-            layers = m * spec.placed.num_layers
-            _add(kinds, (*work.forward, *again, *work.backward), costs, layers)
-            if spec.first:
-                _add(kinds, (op for part in embedding_work(plan.model, shape) for op in part),
-                     costs, m)
-            if spec.last:
-                _add(kinds, (op for part in head_work(plan.model, shape)[:2] for op in part),
-                     costs, m)
+            _add(kinds, layer, costs, m * spec.placed.num_layers)
+            _add(kinds, extra, costs, m)  # the embedding, the head
             kinds["optimizer"] += priced.costs[pi][si].optimizer_s
             out[(pi, si)] = kinds
     return out
