@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 PHASES = ("run", "reduce", "step", "total", "cpu", "hand_off")
 
@@ -41,22 +42,7 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from executor.groups import create_groups
-    from executor.runtime import RunSettings, Trainer, _device
-    from executor.topology import Topology
-    from executor.watchdog import Watchdog
-    from planner.specs.plan import load_plan
-
-    plan = load_plan(args.plan)
-    topo, rank = Topology.of(plan), int(os.environ["RANK"])
-    device, backend = _device(plan, topo, rank)
-    timeout = datetime.timedelta(seconds=120)
-    dist.init_process_group(backend, timeout=timeout)
-    run_dir = tempfile.mkdtemp()
-    watchdog = Watchdog(rank=rank, names=[r.describe() for r in topo.roles], run_dir=run_dir,
-                        hang_timeout_s=120)
-    trainer = Trainer(plan, topo, rank, device, create_groups(plan, topo, rank, timeout=timeout),
-                      watchdog, RunSettings(steps=args.steps, run_dir=run_dir))
+    trainer, rank = start_trainer(args.plan, args.steps)
     samples: dict[str, list[float]] = {k: [] for k in PHASES}
     hand_off = [0.0]
 
@@ -97,6 +83,30 @@ def main() -> None:
         print()
     gc.collect()  # before destroy: avoids gloo's exit-time abort
     dist.destroy_process_group()
+
+
+def start_trainer(plan_path: str, steps: int) -> tuple[Any, int]:
+    """This torchrun rank's executor Trainer for the plan at `plan_path` (its process
+    group started, a watchdog and a scratch run folder), and the rank."""
+    import torch.distributed as dist
+
+    from executor.groups import create_groups
+    from executor.runtime import RunSettings, Trainer, _device
+    from executor.topology import Topology
+    from executor.watchdog import Watchdog
+    from planner.specs.plan import load_plan
+
+    plan = load_plan(plan_path)
+    topo, rank = Topology.of(plan), int(os.environ["RANK"])
+    device, backend = _device(plan, topo, rank)
+    timeout = datetime.timedelta(seconds=120)
+    dist.init_process_group(backend, timeout=timeout)
+    run_dir = tempfile.mkdtemp()
+    watchdog = Watchdog(rank=rank, names=[r.describe() for r in topo.roles], run_dir=run_dir,
+                        hang_timeout_s=120)
+    trainer = Trainer(plan, topo, rank, device, create_groups(plan, topo, rank, timeout=timeout),
+                      watchdog, RunSettings(steps=steps, run_dir=run_dir))
+    return trainer, rank
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ compute (`host.sync_skew`), their passes are that much longer (`in_step`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -65,7 +65,7 @@ from profiler.store import Profile, Profiles
 # millions of tasks (and a trace of hundreds of MB) for a tail it changes by < 0.1%.
 MAX_SIMULATED_BUCKETS = 1024
 
-__all__ = ["Simulation", "TaskMeta", "simulate_graph"]
+__all__ = ["Simulation", "TaskMeta", "rescheduled", "simulate_graph"]
 
 
 class TaskMeta(NamedTuple):
@@ -97,6 +97,7 @@ class Simulation:
     representative: list[int]  # per pipeline, the simulated one it equals
     in_flight_layers: dict[tuple[int, int], float]  # (pipeline, stage) -> peak layers held
     profiles: Profiles | None = None  # the measured profiles the costs came from
+    host_load: _HostLoad | None = None  # what the shared-core scheduler was given
 
 
 def chunk_layers(num_layers: int, vp: int, slots: tuple[int, int] = (0, 0)) -> list[int]:
@@ -635,9 +636,29 @@ def simulate_graph(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | Non
     in_step(plan, priced, b.g, profiles)
     load = shared_hosts(plan, priced, b.g, profiles)
     return Simulation(plan=plan, costs=priced.costs, graph=b.g,
-                      schedule=schedule(b.g, shared=load.hosts, cpu_share=load.cpu_share,
-                                        ref_load=load.ref_load, in_situ=load.in_situ,
-                                        own_slowdown=load.own_slowdown,
-                                        peer_ranks=load.peer_ranks),
+                      schedule=_list_schedule(b.g, load),
                       representatives=reps, representative=priced.representative,
-                      in_flight_layers=b.in_flight, profiles=profiles)
+                      in_flight_layers=b.in_flight, profiles=profiles, host_load=load)
+
+
+def _list_schedule(g: TaskGraph, load: _HostLoad | None) -> Schedule:
+    if load is None:
+        return schedule(g)
+    return schedule(g, shared=load.hosts, cpu_share=load.cpu_share, ref_load=load.ref_load,
+                    in_situ=load.in_situ, own_slowdown=load.own_slowdown,
+                    peer_ranks=load.peer_ranks)
+
+
+def rescheduled(sim: Simulation, durations: Sequence[float]) -> Schedule:
+    """`sim`'s task graph list-scheduled again with each task taking `durations[t]` in
+    place of its priced time, under the same hosts' core sharing: how the iteration's
+    order, waits and transfers carry other task times (benchmarks/pass_tails.py propagates
+    measured pass-time spreads through it). The simulation itself is left as it was."""
+    if len(durations) != len(sim.graph):
+        raise ValueError(f"durations: {len(durations)} given for {len(sim.graph)} tasks")
+    priced = list(sim.graph.durations)
+    sim.graph.durations[:] = durations
+    try:
+        return _list_schedule(sim.graph, sim.host_load)
+    finally:
+        sim.graph.durations[:] = priced

@@ -403,3 +403,37 @@ def test_a_slower_replica_is_not_told_as_data_parallel_communication():
     assert parts == pytest.approx(r.iteration_time_s)
     assert b.tp_comm_s > 0.5 * r.iteration_time_s
     assert b.dp_comm_s < 0.05 * r.iteration_time_s
+
+
+def test_rescheduling_with_the_priced_times_gives_the_same_schedule_and_longer_ones_a_longer():
+    """`build.rescheduled`: the simulation's graph scheduled again with other task times,
+    under the same host sharing (a CPU pipeline on its profile: the shared-core
+    scheduler); the priced times give the simulation's own schedule back."""
+    import os
+
+    from planner.simulator.build import rescheduled
+    from planner.specs.cluster import load_cluster
+    from planner.specs.model import preset
+    from planner.specs.plan import Communication, Kernels
+    from profiler.store import load_profiles
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "..")
+    profiles = load_profiles([os.path.join(root, "benchmarks", "results",
+                                           "profiles-debug-small-2026-12-05T1511")],
+                             devices=["CPU"], dtype="fp32")
+    cfg = ParallelConfig(pp=2, vp=2, mbs=8, gbs=32, seq_len=64, dtype="fp32",
+                         schedule="interleaved-1f1b",
+                         comm=Communication.preset("trainplan", dtype="fp32"))
+    plan = homogeneous_plan(preset("debug-small"),
+                            load_cluster(os.path.join(root, "cluster_specs", "local-cpu.yaml")),
+                            cfg, kernels=Kernels(attention="flash", optimizer="fused"))
+    sim = simulate_graph(plan, profiles=profiles)
+    assert sim.host_load is not None and sim.host_load.hosts  # cores shared
+    same = rescheduled(sim, list(sim.graph.durations))
+    assert same.end == sim.schedule.end
+    longer = [d * (2.0 if k == "F" else 1.0) for d, k in zip(sim.graph.durations,
+                                                             sim.graph.kinds, strict=True)]
+    assert max(rescheduled(sim, longer).end) > max(sim.schedule.end) * 1.2
+    assert rescheduled(sim, list(sim.graph.durations)).end == sim.schedule.end
+    with pytest.raises(ValueError, match="durations"):
+        rescheduled(sim, [1.0])
