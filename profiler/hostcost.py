@@ -65,9 +65,17 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   message has left, the `wait` on it (`Links.wait_sends`); allocating the buffer and
   posting the `irecv`, and, once the message has arrived, the `wait` (`Links.recv`). The
   transfer itself is the `send_recv` collective row's, on its own stream; these are what
-  the ranks' compute threads spend on it in line with their passes (this VM: 0.09-0.14 ms
-  to send, 0.13-0.25 ms to receive a 4 KB-4 MB message, about what a pass of one
-  debug-small layer spends beside its 3.5 ms forward).
+  the ranks' compute threads spend on it in line with their passes. Timed as a pipeline
+  runs them: both ranks compute (a GEMM loop of P2P_SETTLE_S) after the send is issued
+  and the receive posted; then the receiver waits, and the sender waits on its send once
+  the message is gone (as `wait_sends` at the iteration's end). With the cores busy a
+  gloo call now and then waits for a transport thread to get one (the loopback socket
+  drains only while the receiver's thread runs), so the samples are skewed far to the
+  right (this VM, 256 KB: receive median 0.04 ms, p90 2 ms), and a step pays every call:
+  the rows' time is the mean of P2P_MIN_SAMPLES samples (`host_row(..., mean=True)`;
+  0.16-0.28 ms to send, 0.28-0.56 to receive, against the executor's 0.19-0.27 and
+  0.06-0.36 a call in 2-rank pipelines; the median of idle ranks' calls, 0.05 ms, priced
+  a fifth of the sends).
 * `optimizer_shared` (ranks n = 1..N, size 16 bytes a parameter): a fused fp32 AdamW step
   and the gradients' zeroing after it, over the `--host-model`'s parameters and their 1/N
   shard, while n of the N ranks step at once. The step streams its states through memory
@@ -106,19 +114,23 @@ PASS_SHARED_MIN, PASS_SHARED_MAX = 7, 150
 MAX_PASS_PARAMS = 100_000_000
 P2P_SIZES = (1 << 12, 1 << 18, 1 << 22)  # message bytes of the `p2p_send` / `p2p_recv` rows
 P2P_SETTLE_S = 0.005  # time a message is given to leave (arrive) before it is waited on
+P2P_MIN_SAMPLES = 100  # a mean over a skewed sample needs more of them than a median
 
 
 def host_row(name: str, times: Sequence[float], *, variant: str | None = None,
-             ranks: int = 1, size_bytes: int = 0, calls: int = 1) -> ProfileRow:
-    """A "host" row from samples of seconds per call (the median; never below 0.1 us:
-    a cost is never free, and a difference of two noisy times may come out below zero;
-    the percentiles are kept on either side of it, as a profile row's must be)."""
+             ranks: int = 1, size_bytes: int = 0, calls: int = 1,
+             mean: bool = False) -> ProfileRow:
+    """A "host" row from samples of seconds per call: their median, or with `mean` their
+    mean (a cost paid at every call whose samples are skewed, where the sum over a step
+    is the mean's; `_p2p_rows`); never below 0.1 us: a cost is never free, and a
+    difference of two noisy times may come out below zero. The percentiles are kept on
+    either side of it, as a profile row's must be."""
     ts = sorted(times)
-    median = max(statistics.median(ts), 1e-7)
+    time_s = max(statistics.fmean(ts) if mean else statistics.median(ts), 1e-7)
     return ProfileRow(kind="host", name=name, variant=variant, shape=(size_bytes,),
-                      flops=0.0, bytes=float(size_bytes), ranks=ranks, time_s=median,
-                      p10_s=min(max(ts[len(ts) // 10], 0.0), median),
-                      p90_s=max(ts[-1 - len(ts) // 10], median), samples=len(ts), calls=calls)
+                      flops=0.0, bytes=float(size_bytes), ranks=ranks, time_s=time_s,
+                      p10_s=min(max(ts[len(ts) // 10], 0.0), time_s),
+                      p90_s=max(ts[-1 - len(ts) // 10], time_s), samples=len(ts), calls=calls)
 
 
 # -- one process: dispatch -------------------------------------------------------------
@@ -420,19 +432,30 @@ def _skew_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
 
 def _p2p_rows(rank: int, world: int, *, backend: str, repeats: int) -> list[ProfileRow]:
     """`p2p_send` / `p2p_recv` (module docstring): rank 0 sends each size of P2P_SIZES
-    to rank 1 as `Links` does, the other ranks idle; each side's two calls are timed
-    with the message given P2P_SETTLE_S to move between them, so the waits find it
-    done, as a pass's do when the transfer ran beside the compute."""
+    to rank 1 as `Links` does, the other ranks idle. Both compute for P2P_SETTLE_S after
+    the send is issued and the receive posted, so the message moves while the cores are
+    busy, as in a pipeline; then rank 1 waits for it (a pass's `recv`), and once every
+    rank is past a barrier (the message gone) rank 0 waits on its send, as `wait_sends`
+    does at the iteration's end. At least P2P_MIN_SAMPLES samples; the mean."""
     import torch
     import torch.distributed as dist
 
+    samples = max(repeats, P2P_MIN_SAMPLES)
     sent: dict[int, list[float]] = {size: [] for size in P2P_SIZES}
     taken: dict[int, list[float]] = {size: [] for size in P2P_SIZES}
     messages = {size: torch.ones(size // 4) for size in P2P_SIZES}
-    for i in range(repeats + 3):
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+    def compute() -> None:
+        until = time.perf_counter() + P2P_SETTLE_S
+        while time.perf_counter() < until:
+            torch.mm(a, b)
+
+    for i in range(samples + 3):
         for size in P2P_SIZES:
             dist.barrier()
             spent = torch.zeros(2, dtype=torch.float64)
+            work = None
             if rank in (0, 1):
                 start = time.perf_counter()
                 if rank == 0:
@@ -440,20 +463,26 @@ def _p2p_rows(rank: int, world: int, *, backend: str, repeats: int) -> list[Prof
                 else:
                     work = dist.irecv(torch.empty(size // 4), 0)
                 assert work is not None
-                posted = time.perf_counter() - start
-                time.sleep(P2P_SETTLE_S)
+                spent[rank] = time.perf_counter() - start
+                compute()
+                if rank == 1:
+                    start = time.perf_counter()
+                    work.wait()
+                    spent[1] += time.perf_counter() - start
+            dist.barrier()
+            if rank == 0 and work is not None:
                 start = time.perf_counter()
                 work.wait()
-                spent[rank] = posted + time.perf_counter() - start
+                spent[0] += time.perf_counter() - start
             dist.all_reduce(spent)  # each side's own slot: the sum is both
             if i >= 3:
                 sent[size].append(float(spent[0]))
                 taken[size].append(float(spent[1]))
     return [row for size in P2P_SIZES
             for row in (host_row("p2p_send", sent[size], variant=backend, ranks=world,
-                                 size_bytes=size),
+                                 size_bytes=size, mean=True),
                         host_row("p2p_recv", taken[size], variant=backend, ranks=world,
-                                 size_bytes=size))]
+                                 size_bytes=size, mean=True))]
 
 
 def _samples(fn: Callable[[], None], repeats: int, *, calls: int) -> list[float]:
