@@ -73,9 +73,10 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   drains only while the receiver's thread runs), so the samples are skewed far to the
   right (this VM, 256 KB: receive median 0.04 ms, p90 2 ms), and a step pays every call:
   the rows' time is the mean of P2P_MIN_SAMPLES samples (`host_row(..., mean=True)`;
-  0.16-0.28 ms to send, 0.28-0.56 to receive, against the executor's 0.19-0.27 and
-  0.06-0.36 a call in 2-rank pipelines; the median of idle ranks' calls, 0.05 ms, priced
-  a fifth of the sends).
+  0.16-0.37 ms to send, 0.28-0.71 to receive in four measurements, against the
+  executor's 0.19-0.27 and 0.06-0.36 a call in 2-rank pipelines, where the receiver is
+  not always computing when a message lands; the median of idle ranks' calls, 0.05 ms,
+  priced a fifth of the sends).
 * `optimizer_shared` (ranks n = 1..N, size 16 bytes a parameter): a fused fp32 AdamW step
   and the gradients' zeroing after it, over the `--host-model`'s parameters and their 1/N
   shard, while n of the N ranks step at once. The step streams its states through memory
