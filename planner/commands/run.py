@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # the planner imports the executor only inside `run`
     from executor.launch import NodeLaunch
     from executor.report import RunReport
     from planner.commands.profile import MeasureRequest
+    from profiler.store import Profiles
 
 __all__ = ["add_parser", "run"]
 
@@ -216,7 +217,7 @@ def _cuda_devices(kind: str) -> int:
     return cuda_device_count()
 
 
-def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
+def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str, Profiles | None]:
     """The automatic mode: the best plan of `plan search` that the executor can run."""
     from executor.preflight import check_model, check_runnable, device_kind
     from planner.errors import InfeasiblePlan
@@ -250,12 +251,13 @@ def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str]:
             continue
         plan = with_prediction(r.plan, r.result, command=["plan", *args.argv],
                                profiles=profiles)
-        return plan, r.result, "event simulation of the searched plan"
+        return plan, r.result, "event simulation of the searched plan", profiles
     raise SpecError(f"--model: none of the {len(ranked)} best plans runs on the executor "
                     f"(the first: {refusals[0]})")
 
 
-def _predict(args: argparse.Namespace, plan: Plan) -> tuple[SimResult, str]:
+def _predict(args: argparse.Namespace, plan: Plan, profiles: Profiles | None = None
+             ) -> tuple[SimResult, str]:
     """The plan's prediction as the executor runs it: a plan priced with communication the
     executor does not do (`plan simulate -o` writes Megatron-LM's: gradients reduced while
     the backward runs) is priced again with the executor's, and a note says so."""
@@ -267,7 +269,8 @@ def _predict(args: argparse.Namespace, plan: Plan) -> tuple[SimResult, str]:
     )
     from planner.simulator import simulate
 
-    profiles = profiles_for(args, plan.cluster, plan.training.dtype)
+    if profiles is None:
+        profiles = profiles_for(args, plan.cluster, plan.training.dtype)
     diffs = comm_differences(plan, CAPABILITIES["trainplan"])
     if not diffs:
         return simulate(plan, profiles=profiles), "event simulation"
@@ -464,13 +467,16 @@ def run(args: argparse.Namespace) -> int:
         # a dry run prints the launch lines of any plan on any host: plan checks only
         check_runnable(plan, where=f"{args.plan}:", host=not args.dry_run,
                        cuda_devices=0 if args.dry_run else _cuda_devices(device_kind(plan)))
-        prediction, source = (None, "") if args.dry_run else _predict(args, plan)
+        profiles = None if args.dry_run else profiles_for(args, plan.cluster,
+                                                          plan.training.dtype)
+        prediction, source = (None, "") if args.dry_run else _predict(args, plan, profiles)
     else:
-        plan, prediction, source = _search(args)
+        plan, prediction, source, profiles = _search(args)
     folder, name, keep = _report_dir(args, plan.model.name, plan.cluster.name,
                                      plan.training.global_batch_size)
     try:
-        return _launch(args, plan, prediction, source, folder=folder, name=name, keep=keep)
+        return _launch(args, plan, prediction, source, profiles, folder=folder, name=name,
+                       keep=keep)
     except KeyboardInterrupt:
         from executor.checkpoint_dirs import step_folders
 
@@ -484,9 +490,10 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _launch(args: argparse.Namespace, plan: Plan, prediction: SimResult | None, source: str, *,
-            folder: str, name: str, keep: bool) -> int:
-    """Run (or print the torchrun lines of) `plan`, with `folder` for the ranks' files."""
+def _launch(args: argparse.Namespace, plan: Plan, prediction: SimResult | None, source: str,
+            profiles: Profiles | None, *, folder: str, name: str, keep: bool) -> int:
+    """Run (or print the torchrun lines of) `plan`, with `folder` for the ranks' files
+    (`profiles`: what priced the prediction, for a traced run's split by kind of op)."""
     from executor.launch import node_launches
     from executor.preflight import device_kind
     from executor.report import make_report
@@ -524,7 +531,7 @@ def _launch(args: argparse.Namespace, plan: Plan, prediction: SimResult | None, 
     if args.trace:
         from planner.predict.op_kinds import stage_op_kinds
 
-        kinds = stage_op_kinds(plan, profiles_for(args, plan.cluster, plan.training.dtype))
+        kinds = stage_op_kinds(plan, profiles)
     report = make_report(plan, metrics, prediction=prediction, source=f"{source} ({sources})",
                          warmup=args.warmup, name=name, predicted_kinds=kinds)
     _write_report(folder, keep, report, args.json)
