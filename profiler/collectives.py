@@ -4,7 +4,10 @@ gloo on the CPU (one thread per rank: other load makes more threads slower, see
 shared/notes/torch-distributed-on-cpu.md), NCCL on GPUs (rank r on cuda:r). Sizes are
 NCCL's "size": the full per-rank buffer (the all-gather output, the reduce-scatter
 input); send/recv is one way between rank pairs (0,1), (2,3), ..., timed as half a round
-trip. A sample is the slowest rank's time of back-to-back calls after a barrier.
+trip. A sample is the slowest rank's time of back-to-back calls after a barrier; a row's
+time is the samples' median on GPUs and their mean on the CPU, where gloo's calls are
+skewed far to the right (a transport thread now and then waits a scheduler slice for a
+core) and a step pays every call (profiler.store.summary_row).
 
 Sizes are measured in interleaved rounds (one sample of every size, then the next
 round), so a burst of load on the machine hits all sizes alike instead of skewing one.
@@ -24,13 +27,12 @@ from __future__ import annotations
 import math
 import os
 import queue
-import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.store import ProfileRow, RowKind, crowd_variant
+from profiler.store import ProfileRow, crowd_variant, summary_row
 
 __all__ = ["COLLECTIVES", "CROWDED", "CollectiveSettings", "crowd_sizes", "measure_collectives",
            "size_grid"]
@@ -170,22 +172,19 @@ def _timed_rows(kind: str, rank: int, world: int, device: str, s: CollectiveSett
                 times[i].append(wall)
                 busy[i].append(cpu)
     factor = 0.5 if kind == "send_recv" else 1.0  # a ping-pong is two one-way sends
+    # gloo's calls are skewed far right on a busy host and a step pays each: their mean
+    # (`summary_row`), wall and CPU time alike (their ratio is the CPU share of a call)
+    gloo = device == "cpu"
     rows = []
     for size, ts, cs, n in zip(s.sizes_bytes, times, busy, calls, strict=True):
-        rows.append(_row("collective", kind, variant, size, world, [t * factor for t in ts], n))
-        if device == "cpu" and group is None:  # gloo runs it on the ranks' own cores
-            rows.append(_row("host", f"cpu.{kind}", "gloo", size, world,
-                             [max(c * factor, 1e-9) for c in cs], n))
+        rows.append(summary_row("collective", kind, [t * factor for t in ts],
+                                variant=variant, ranks=world, size_bytes=size, calls=n,
+                                mean=gloo))
+        if gloo and group is None:  # gloo runs it on the ranks' own cores
+            rows.append(summary_row("host", f"cpu.{kind}", [max(c * factor, 1e-9) for c in cs],
+                                    variant="gloo", ranks=world, size_bytes=size, calls=n,
+                                    mean=True))
     return rows
-
-
-def _row(kind: RowKind, name: str, variant: str | None, size: int, world: int,
-         samples: list[float], calls: int) -> ProfileRow:
-    ts = sorted(samples)
-    return ProfileRow(kind=kind, name=name, variant=variant, shape=(size,), flops=0.0,
-                      bytes=float(size), ranks=world, time_s=statistics.median(ts),
-                      p10_s=ts[len(ts) // 10], p90_s=ts[-1 - len(ts) // 10],
-                      samples=len(ts), calls=calls)
 
 
 def _worker(rank: int, s: CollectiveSettings, init_file: str, results: object) -> None:

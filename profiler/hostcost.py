@@ -95,7 +95,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from profiler.store import ProfileRow
+from profiler.store import ProfileRow, summary_row
 
 __all__ = ["FRAMEWORK_LAYERS", "HOST_COLLECTIVES", "MAX_PASS_PARAMS", "activation_bytes",
            "dispatch_rows", "framework_rows",
@@ -123,15 +123,10 @@ def host_row(name: str, times: Sequence[float], *, variant: str | None = None,
              mean: bool = False) -> ProfileRow:
     """A "host" row from samples of seconds per call: their median, or with `mean` their
     mean (a cost paid at every call whose samples are skewed, where the sum over a step
-    is the mean's; `_p2p_rows`); never below 0.1 us: a cost is never free, and a
-    difference of two noisy times may come out below zero. The percentiles are kept on
-    either side of it, as a profile row's must be."""
-    ts = sorted(times)
-    time_s = max(statistics.fmean(ts) if mean else statistics.median(ts), 1e-7)
-    return ProfileRow(kind="host", name=name, variant=variant, shape=(size_bytes,),
-                      flops=0.0, bytes=float(size_bytes), ranks=ranks, time_s=time_s,
-                      p10_s=min(max(ts[len(ts) // 10], 0.0), time_s),
-                      p90_s=max(ts[-1 - len(ts) // 10], time_s), samples=len(ts), calls=calls)
+    is the mean's; `_p2p_rows`; `summary_row`); never below 0.1 us: a cost is never
+    free, and a difference of two noisy times may come out below zero."""
+    return summary_row("host", name, times, variant=variant, ranks=ranks,
+                       size_bytes=size_bytes, calls=calls, mean=mean, floor_s=1e-7)
 
 
 # -- one process: dispatch -------------------------------------------------------------

@@ -28,6 +28,7 @@ import hashlib
 import io
 import math
 import os
+import statistics
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -125,7 +126,9 @@ class ProfileRow:
                               help="launches the planner counts for it")
     ranks: int = spec_field(default=1, min=1, max=131_072,
                             help="group size of a collective; 1 for ops")
-    time_s: float = spec_field(gt=0, max=86_400, help="median seconds per call")
+    time_s: float = spec_field(gt=0, max=86_400, help="seconds per call: the samples' median, "
+                               "or their mean where a step pays every call and the samples "
+                               "are skewed (`summary_row`)")
     p10_s: float = spec_field(min=0, max=86_400)
     p90_s: float = spec_field(min=0, max=86_400)
     samples: int = spec_field(min=1, max=1_000_000_000)
@@ -150,6 +153,29 @@ class ProfileRow:
     def size(self) -> float:
         """What its time is interpolated against: FLOPs or bytes."""
         return self.flops if self.kind in _BY_FLOPS else self.bytes
+
+
+def summary_row(kind: RowKind, name: str, samples: Sequence[float], *,
+                variant: str | None = None, ranks: int = 1, size_bytes: int = 0,
+                calls: int = 1, mean: bool = False, floor_s: float = 0.0) -> ProfileRow:
+    """A row of a collective or a host cost from its samples of seconds per call (size
+    `size_bytes`): their median, or with `mean` their mean, never below `floor_s`, with
+    the percentiles kept on either side of it, as a row's must be.
+
+    The mean is for a cost a step pays at every call whose samples are skewed far to the
+    right: the sum over many calls is the count times the mean (linearity of expectation),
+    which a median of such samples prices low. On the 2-core CPU hosts a gloo call now
+    and then waits a scheduler slice for a transport thread to get a core: a 477 KB
+    all-reduce between 2 ranks took 0.67-0.81 ms median but 1.97-2.17 ms mean (p90 3.9-4.5
+    ms) in 55 calls after a barrier, 0.82-1.41 / 1.79-2.50 ms right after both ranks had
+    computed (2026-12-05; docs/profiles.md)."""
+    ts = sorted(samples)
+    time_s = max(statistics.fmean(ts) if mean else statistics.median(ts), floor_s)
+    return ProfileRow(kind=kind, name=name, variant=variant, shape=(size_bytes,), flops=0.0,
+                      bytes=float(size_bytes), ranks=ranks, time_s=time_s,
+                      p10_s=min(max(ts[len(ts) // 10], 0.0), time_s),
+                      p90_s=max(ts[-1 - len(ts) // 10], time_s), samples=len(ts),
+                      calls=calls)
 
 
 class MonotoneCurve:
