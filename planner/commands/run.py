@@ -256,11 +256,11 @@ def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str, Profiles | 
                     f"(the first: {refusals[0]})")
 
 
-def _predict(args: argparse.Namespace, plan: Plan, profiles: Profiles | None = None
-             ) -> tuple[SimResult, str]:
-    """The plan's prediction as the executor runs it: a plan priced with communication the
-    executor does not do (`plan simulate -o` writes Megatron-LM's: gradients reduced while
-    the backward runs) is priced again with the executor's, and a note says so."""
+def _predict(plan: Plan, profiles: Profiles | None) -> tuple[SimResult, str]:
+    """The plan's prediction as the executor runs it, priced with `profiles` (None: the
+    analytic model): a plan priced with communication the executor does not do (`plan
+    simulate -o` writes Megatron-LM's: gradients reduced while the backward runs) is
+    priced again with the executor's, and a note says so."""
     from planner.export.frameworks import (
         CAPABILITIES,
         comm_differences,
@@ -269,8 +269,6 @@ def _predict(args: argparse.Namespace, plan: Plan, profiles: Profiles | None = N
     )
     from planner.simulator import simulate
 
-    if profiles is None:
-        profiles = profiles_for(args, plan.cluster, plan.training.dtype)
     diffs = comm_differences(plan, CAPABILITIES["trainplan"])
     if not diffs:
         return simulate(plan, profiles=profiles), "event simulation"
@@ -469,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
                        cuda_devices=0 if args.dry_run else _cuda_devices(device_kind(plan)))
         profiles = None if args.dry_run else profiles_for(args, plan.cluster,
                                                           plan.training.dtype)
-        prediction, source = (None, "") if args.dry_run else _predict(args, plan, profiles)
+        prediction, source = (None, "") if args.dry_run else _predict(plan, profiles)
     else:
         plan, prediction, source, profiles = _search(args)
     folder, name, keep = _report_dir(args, plan.model.name, plan.cluster.name,

@@ -206,7 +206,6 @@ def test_a_plan_priced_with_overlapped_gradient_reduction_is_predicted_as_the_ex
     backward runs); the executor reduces after the last backward
     (executor/data_parallel.py reduce_grads), so `plan run` set its measurement beside a
     prediction of something it did not run."""
-    import argparse
     from dataclasses import replace
 
     from planner.commands.run import _predict
@@ -216,8 +215,7 @@ def test_a_plan_priced_with_overlapped_gradient_reduction_is_predicted_as_the_ex
     plan = homogeneous_plan(preset("gpt3-1.3b"), parse_gpus_arg("A100-80GB-SXM:8"),
                             ParallelConfig(dp=8, mbs=4, gbs=32, seq_len=2048, dtype="bf16"))
     assert plan.training.comm.overlap_grad_reduce  # Megatron-LM's default
-    args = argparse.Namespace(profile=None)
-    result, source = _predict(args, plan)
+    result, source = _predict(plan, None)
     runs = replace(plan, training=replace(plan.training, comm=Communication.preset(
         "trainplan", dtype="bf16")))
     assert result.iteration_time_s == pytest.approx(simulate(runs).iteration_time_s)
@@ -227,6 +225,6 @@ def test_a_plan_priced_with_overlapped_gradient_reduction_is_predicted_as_the_ex
     assert "training.comm.overlap_grad_reduce true)" in err
     assert "gradients reduced after the last backward" in err
     # a plan already priced as the executor runs it: no note
-    again, source = _predict(args, runs)
+    again, source = _predict(runs, None)
     assert again.iteration_time_s == result.iteration_time_s and source == "event simulation"
     assert capsys.readouterr().err == ""
