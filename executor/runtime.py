@@ -533,13 +533,18 @@ def _trace(trainer: Trainer, settings: RunSettings, device: torch.device) -> dic
         warnings.simplefilter("ignore")
         prof = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda
                                                             else [])],
-                       schedule=schedule(wait=0, warmup=0, active=1, repeat=n),
+                       schedule=schedule(wait=1, warmup=0, active=1, repeat=n),
                        on_trace_ready=collect)
         with _quiet_stderr():  # Kineto's "USDT: profiler_start" lines, on every rank
             prof.start()
         try:
             wall = 0.0  # the steps' own time, not the profiler's work between them
             for step in range(settings.steps, settings.steps + n):
+                # each step starts together, as run steps do; the barrier is in the
+                # cycle's unrecorded (wait) part: it is not the step's, nor in `wall`
+                dist.barrier()
+                with _quiet_stderr():
+                    prof.step()
                 t0 = time.perf_counter()
                 trainer.iteration(step)
                 if cuda:
@@ -547,7 +552,6 @@ def _trace(trainer: Trainer, settings: RunSettings, device: torch.device) -> dic
                 wall += (time.perf_counter() - t0) / n
                 with _quiet_stderr():
                     prof.step()
-                dist.barrier()  # the next step starts together, as run steps do
         finally:
             with _quiet_stderr():
                 prof.stop()

@@ -80,8 +80,10 @@ def test_a_traced_run_times_its_ops_and_not_its_traced_steps(tmp_path):
         assert trace["steps"] == 2 and trace["wall_s"] > 0
         for kind in ("gemm", "attention", "elementwise", "optimizer", "collective"):
             assert trace["kinds"][kind] > 0, kind
-        # the ops' own times fit in the step
+        # the ops' own times fit in the step, and nothing outside the step is counted
+        # (the barrier between traced steps was, in the next step's cycle)
         assert sum(trace["kinds"].values()) < trace["wall_s"]
+        assert "c10d::barrier" not in [op[0] for op in trace["top"]]
 
 
 @pytest.mark.multiprocess
