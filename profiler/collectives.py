@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import queue
+import signal
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -255,8 +256,8 @@ def measure_collectives(s: CollectiveSettings,
         for p in procs:
             p.join()
         if any(p.exitcode for p in procs):
-            raise RuntimeError(f"a measuring process failed (exit codes "
-                               f"{[p.exitcode for p in procs]})")
+            raise RuntimeError("a measuring process failed ("
+                               + _exits([p.exitcode for p in procs]) + ")")
     if progress is not None:
         progress(len(s.kinds), "done")
     return tuple(rows), False
@@ -271,8 +272,22 @@ def _next_rows(results: object, procs: Sequence[object]) -> list[ProfileRow]:
             dead = [p.exitcode for p in procs if not p.is_alive()]  # type: ignore[attr-defined]  # multiprocessing processes
             if dead:
                 _stop(procs)
-                raise RuntimeError(f"a measuring process exited early (exit codes {dead})"
-                                   ) from None
+                raise RuntimeError(f"a measuring process exited early ({_exits(dead)}); its "
+                                   "error, if it printed one, is above") from None
+
+
+def _exits(codes: Sequence[int | None]) -> str:
+    """Processes' exit codes as a person reads them: a negative code is the signal that
+    killed the process (SIGABRT: a C++ abort, as gloo's threads do now and then when a
+    process ends; SIGKILL: most often the kernel's out-of-memory killer)."""
+    def one(code: int | None) -> str:
+        if code is not None and code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                pass
+        return f"exit code {code}"
+    return ", ".join(one(c) for c in codes)
 
 
 def _stop(procs: Sequence[object]) -> None:

@@ -121,3 +121,31 @@ def test_gloo_rows_are_priced_at_their_samples_mean_and_nccl_rows_at_their_media
         assert cpu.name == "cpu.all_reduce" and cpu.time_s == pytest.approx(expected_s / 2)
     else:
         assert all(r.kind == "collective" for r in rows)
+
+
+class _DeadRank:
+    """A measuring process that died: killed by `signal` (a negative exit code)."""
+
+    def __init__(self, exitcode: int) -> None:
+        self.exitcode = exitcode
+
+    def is_alive(self) -> bool:
+        return False
+
+    def join(self) -> None:
+        pass
+
+
+def test_a_rank_killed_by_a_signal_is_said_so_by_name():
+    """`plan profile --collectives` said 'exit codes [-6]' when a rank aborted
+    (2026-12-06): the message names the signal, and points at the rank's own error."""
+    import queue
+
+    from profiler.collectives import _exits, _next_rows
+
+    with pytest.raises(RuntimeError) as err:
+        _next_rows(queue.Queue(), [_DeadRank(-6)])
+    assert "killed by SIGABRT" in str(err.value) and "-6" not in str(err.value)
+    assert "above" in str(err.value)
+    assert _exits([1, -9, None]) == "exit code 1, killed by SIGKILL, exit code None"
+    assert _exits([-999]) == "exit code -999"  # no such signal: the code as it is
