@@ -146,16 +146,26 @@ def _shape_cases(model: ModelSpec, w: WorkloadShape) -> list[OpCase]:
 
 
 def optimizer_cases(model: ModelSpec, *, tp: int, dtype: str,
-                    implementations: Iterable[str] = OPTIMIZERS) -> list[OpCase]:
-    """One AdamW step over the parameters of the whole model on one tp rank."""
+                    implementations: Iterable[str] = OPTIMIZERS,
+                    step: tuple[int, int] | None = None) -> list[OpCase]:
+    """One AdamW step over the parameters of the whole model on one tp rank, its operands
+    as cold as the training step between two optimizer steps leaves them: that step's
+    traffic (`step_bytes`) at `step` (micro-batch, sequence; default one sequence of the
+    model's length) is their reuse distance. A plan steps the optimizer once an iteration,
+    after at least one micro-batch's forward and backward, so `op_cases` gives the
+    largest shape it measures: a tiny model's states fit the last-level cache when timed
+    back to back, not after a step at the plan's batch (debug-tiny's fused AdamW on this
+    VM: 0.10 ms back to back, 0.18 after a 32 MB sweep; its step at 8 x 64 moves 42 MB,
+    at 1 x 64 10 MB)."""
     tensors = rank_param_tensors(model, num_layers=model.num_layers, first=True, last=True,
                                  tp=tp, pp=1)
+    mbs, seq = step or (1, model.seq_len)
+    reuse = step_bytes(model, WorkloadShape(micro_batch_size=mbs, seq_len=seq, tp=tp,
+                                            dtype=dtype))
     out = []
     for impl in implementations:
         op = optimizer_work(float(sum(tensors)), dtype=dtype, implementation=impl,
                             num_tensors=len(tensors))
-        reuse = step_bytes(model, WorkloadShape(micro_batch_size=1, seq_len=model.seq_len,
-                                                tp=tp, dtype=dtype))
         out.append(_case(op, "adamw", tensors, None, reuse))
     return out
 
@@ -175,7 +185,10 @@ def op_cases(model: ModelSpec, *, tps: Sequence[int], micro_batch_sizes: Sequenc
                                       dtype=dtype, attention=attention)
                     for case in _shape_cases(model, w):
                         seen.setdefault((case.key, case.grad_of), case)
-        for case in optimizer_cases(model, tp=tp, dtype=dtype, implementations=optimizers):
+        largest = max(((b, q) for b in micro_batch_sizes for q in seq_lens),
+                      key=lambda bq: bq[0] * bq[1], default=None)
+        for case in optimizer_cases(model, tp=tp, dtype=dtype, implementations=optimizers,
+                                    step=largest):
             seen.setdefault((case.key, None), case)
     return list(seen.values())
 

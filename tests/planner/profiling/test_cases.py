@@ -119,3 +119,17 @@ def test_a_geglu_model_profiles_its_own_activation():
     assert "mlp.swiglu" not in cases
     assert (cases["mlp.geglu"].impl, cases["mlp.geglu"].dims) == ("geglu", (2 * 32, 176 // 2))
     assert cases["mlp.geglu.bwd"].impl == "geglu" and cases["mlp.geglu.bwd"].grad_of == "all"
+
+
+def test_the_optimizer_is_timed_as_cold_as_the_largest_measured_step_leaves_it():
+    """Between two optimizer steps a plan runs at least one micro-batch's forward and
+    backward: the optimizer case's reuse distance is that step's traffic at the largest
+    micro-batch x sequence the profile measures, not one sequence's."""
+    m = MODELS[0]
+    cases = op_cases(m, tps=(1,), micro_batch_sizes=(1, 8), seq_lens=(32, 64), dtype="fp32",
+                     attentions=("flash",))
+    adamw = [c for c in cases if c.impl == "adamw"]
+    assert adamw and all(c.reuse_bytes == step_bytes(
+        m, WorkloadShape(micro_batch_size=8, seq_len=64, dtype="fp32")) for c in adamw)
+    assert adamw[0].reuse_bytes > step_bytes(
+        m, WorkloadShape(micro_batch_size=1, seq_len=m.seq_len, dtype="fp32"))
