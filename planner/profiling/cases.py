@@ -176,6 +176,10 @@ def op_cases(model: ModelSpec, *, tps: Sequence[int], micro_batch_sizes: Sequenc
              sequence_parallel: bool = False) -> list[OpCase]:
     """Every distinct op the planner may ask for at these settings (each measured once)."""
     seen: dict[tuple, OpCase] = {}
+    # the largest step measured: the least traffic a plan at that shape runs between two
+    # optimizer steps (`optimizer_cases`)
+    largest = max(((b, q) for b in micro_batch_sizes for q in seq_lens),
+                  key=lambda bq: bq[0] * bq[1], default=None)
     for tp in tps:
         for mbs in micro_batch_sizes:
             for seq in seq_lens:
@@ -185,8 +189,6 @@ def op_cases(model: ModelSpec, *, tps: Sequence[int], micro_batch_sizes: Sequenc
                                       dtype=dtype, attention=attention)
                     for case in _shape_cases(model, w):
                         seen.setdefault((case.key, case.grad_of), case)
-        largest = max(((b, q) for b in micro_batch_sizes for q in seq_lens),
-                      key=lambda bq: bq[0] * bq[1], default=None)
         for case in optimizer_cases(model, tp=tp, dtype=dtype, implementations=optimizers,
                                     step=largest):
             seen.setdefault((case.key, None), case)
