@@ -105,7 +105,13 @@ HOST_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 FRAMEWORK_LAYERS = (1, 5)  # blocks of the two tiny models whose difference is one block
 _CHAIN = 32  # tiny ops per dispatch sample
 _TINY_SEQ = 16  # tokens of the tiny models' micro-batch (one sequence)
-BLOCK_BUDGET_S = 10.0  # seconds of samples for one variant of a model's DTensor rows
+# The rows on a model's own blocks (FSDP2's units, DTensor's blocks with and without sp):
+# up to BLOCK_ROUNDS rounds within about BLOCK_BUDGET_S a variant. A row is a median of
+# paired differences of four passes; on debug-small's units (2 ranks, 8 x 64) a median of
+# 25 rounds moved by 7-10% (relative standard deviation, bootstrapped from 100-round
+# probes), of 100 rounds by 3-6% (docs/executor.md, "2026-12-06, 01:10-02:10")
+BLOCK_ROUNDS = 100
+BLOCK_BUDGET_S = 30.0
 # The `pass_shared` rows: seconds of samples for one (micro-batch, sequence) at most (and
 # at least PASS_SHARED_MIN rounds of every count), the rounds at most, and the largest
 # model whose whole forward + backward they time (N processes hold a copy each, with its
@@ -244,17 +250,18 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
     rows += _skew_rows(rank, world, repeats=max(repeats, 15))
     rows += _p2p_rows(rank, world, backend=backend, repeats=max(repeats, 15))
     repeats = max(repeats, 25)  # differences of noisy times: more samples
+    rounds = max(repeats, BLOCK_ROUNDS)
     rows += _fsdp_rows(rank, world, backend=backend, family_model=family_model,
                        repeats=repeats)
     for model, mbs, seq in _fsdp_blocks(blocks):
-        rows += _fsdp_rows(rank, world, backend=backend, family_model=model, repeats=repeats,
+        rows += _fsdp_rows(rank, world, backend=backend, family_model=model, repeats=rounds,
                            batch=(mbs, seq), budget_s=BLOCK_BUDGET_S)
     for sequence_parallel in (False, True):
         rows += _dtensor_rows(rank, world, backend=backend, family_model=family_model,
                               sequence_parallel=sequence_parallel, repeats=repeats)
         for model, mbs, seq in blocks:
             rows += _dtensor_rows(rank, world, backend=backend, family_model=model,
-                                  sequence_parallel=sequence_parallel, repeats=repeats,
+                                  sequence_parallel=sequence_parallel, repeats=rounds,
                                   batch=(mbs, seq), budget_s=BLOCK_BUDGET_S)
     for model, mbs, seq in blocks:
         if model.num_params() <= MAX_PASS_PARAMS:
