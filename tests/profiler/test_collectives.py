@@ -124,7 +124,7 @@ def test_gloo_rows_are_priced_at_their_samples_mean_and_nccl_rows_at_their_media
 
 
 class _DeadRank:
-    """A measuring process that died: killed by `signal` (a negative exit code)."""
+    """A measuring process that has died with `exitcode` (negative: killed by that signal)."""
 
     def __init__(self, exitcode: int) -> None:
         self.exitcode = exitcode
