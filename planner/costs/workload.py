@@ -535,20 +535,34 @@ def _moe_block(model: ModelSpec, w: WorkloadShape, mlp_in: tuple[Comm, ...],
     saved += 4 * n_r * experts + computed * h * linear + 4 * computed
     send: tuple[Comm, ...] = (dispatch,) if w.ep > 1 else ()
     back: tuple[Comm, ...] = (combine,) if w.ep > 1 else ()
-    # Megatron-Core's MoEAlltoAllTokenDispatcher, routing not padded to capacity: the
-    # per-expert token counts (and all-to-all splits) are copied to the host after the
-    # routing ("before_permutation_1") and the host waits for them before the dispatch
-    # (`_maybe_dtoh_and_synchronize` at "before_ep_alltoall"; dropless or dropping); only
-    # `moe_pad_expert_input_to_capacity` (`drop_and_pad`) skips it. DeepEP's path is not
-    # modelled here.
-    sync = w.dispatcher == "alltoall" and not model.pad_to_capacity
+    # The host waits for the GPU once in every MoE layer's forward:
+    # * Megatron-Core's MoEAlltoAllTokenDispatcher, routing not padded to capacity: the
+    #   per-expert token counts (and all-to-all splits) are copied to the host after the
+    #   routing ("before_permutation_1") and the host waits for them before the dispatch
+    #   (`_maybe_dtoh_and_synchronize` at "before_ep_alltoall"; dropless or dropping); only
+    #   `moe_pad_expert_input_to_capacity` (`drop_and_pad`) skips it;
+    # * DeepEP (ep > 1): the forward's dispatch has no cached handle, so after its layout
+    #   and notify kernels the host busy-waits for the receive counts before it allocates
+    #   the receive buffer and launches the transfer (Megatron-Core and NeMo AutoModel
+    #   moe/fused_a2a.py `FusedDispatch.forward`: "the CPU will wait for GPU's signal to
+    #   arrive, so this is not compatible with CUDA graph"; DeepEP csrc/deep_ep.cpp
+    #   `intranode_dispatch` / `internode_dispatch`, `moe_recv_counter`, skipped only with
+    #   `num_worst_tokens`, which neither passes). The backward's dispatch (the combine's
+    #   gradient) reuses the forward's handle (cached mode) and does not wait. DeepEP
+    #   permutes the tokens after it receives them.
+    deepep = w.dispatcher == "deepep"
+    sync = (deepep and w.ep > 1) or (not deepep and not model.pad_to_capacity)
     record: tuple[Work, ...] = (HostSync("moe.tokens_per_expert.d2h", "record"),) if sync else ()
     wait: tuple[Work, ...] = (HostSync("moe.tokens_per_expert.sync", "wait"),) if sync else ()
-    forward: list[Work] = [router, topk, *record, permute, *wait, *send, *tp_in,
+    into: list[Work] = ([*record, *wait, *send, permute] if deepep
+                        else [*record, permute, *wait, *send])
+    into_bwd: list[Work] = ([*_backward_of(permute), *send] if deepep
+                            else [*send, *_backward_of(permute)])
+    forward: list[Work] = [router, topk, *into, *tp_in,
                            *fc1.forward, act, *fc2.forward, *tp_out, *back, unpermute]
     backward: list[Work] = [*_backward_of(unpermute), *back, *tp_out_bwd, *fc2.backward,
-                            *_backward_of(act), *fc1.backward, *tp_in_bwd, *send,
-                            *_backward_of(permute), *_backward_of(topk), *_backward_of(router)]
+                            *_backward_of(act), *fc1.backward, *tp_in_bwd, *into_bwd,
+                            *_backward_of(topk), *_backward_of(router)]
     # moe_act: fc2's input is dropped and the activation run again (with fp8, Megatron
     # has fc2 save its bf16 input for this, `set_save_original_input`, then drops it, and
     # TE quantizes the recomputed input again for wgrad: fc2's input cast)
