@@ -419,10 +419,16 @@ def _passes_at(pr: _Pricing, kind: int, *, recompute: Recompute, layers: int,
                sharding: Sharding, moe: int | None = None) -> tuple[StageCost, StageMemory]:
     """A stage kind's passes and its memory at `sharding` (no data-parallel traffic)."""
     spec, base = _unsharded(pr, kind, recompute=recompute, layers=layers, moe=moe)
-    states = sharding_states(pr.ctx.model, spec, pr.ctx.dtype, sharding, base.num_params,
-                             master_weights=pr.run.master_weights,
-                             states=pr.run.model_states, fp8_params=pr.run.fp8_params,
-                             grad_dtype=pr.run.comm.grad_reduce_dtype)
+    run = pr.run
+    # the states do not depend on recomputation or micro-batches: one per kind and layers
+    key = ("states", kind, layers, moe, sharding, run.master_weights, run.model_states,
+           run.fp8_params, run.comm.grad_reduce_dtype)
+    states = pr.memo.get(key)
+    if states is None:
+        states = pr.memo[key] = sharding_states(
+            pr.ctx.model, spec, pr.ctx.dtype, sharding, base.num_params,
+            master_weights=run.master_weights, states=run.model_states,
+            fp8_params=run.fp8_params, grad_dtype=run.comm.grad_reduce_dtype)
     return base, base.memory.with_states(*states)
 
 

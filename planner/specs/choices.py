@@ -131,7 +131,7 @@ class DType(StrEnum):
     @property
     def storage(self) -> DType:
         """The dtype of weights and activations."""
-        return {DType.TF32: DType.FP32, DType.FP8: DType.BF16}.get(self, self)
+        return _STORAGE.get(self, self)
 
     @property
     def element_bytes(self) -> int:
@@ -158,6 +158,10 @@ class DType(StrEnum):
         the dtype of the weights it updates (PyTorch's Adam allocates its moments with
         zeros_like(param), and a parameter's gradient takes its dtype)."""
         return 4 if self.keeps_master(master_weights) else self.element_bytes
+
+
+# `DType.storage` where it is not the dtype itself (a search asks it millions of times)
+_STORAGE = {DType.TF32: DType.FP32, DType.FP8: DType.BF16}
 class PipelineP2P(StrEnum):
     """How a framework moves activations and their gradients between pipeline stages.
 
