@@ -26,6 +26,7 @@ from planner.costs.stages import on_clear_cost_caches
 from planner.describe import layout_cell, recompute_words, shape_key, sharding_cell
 from planner.errors import InfeasiblePlan
 from planner.export.frameworks import CAPABILITIES, FRAMEWORKS, FrameworkCapabilities
+from planner.gc_pause import gc_paused
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import pools_by_type
 from planner.hetero.search import (
@@ -866,6 +867,7 @@ def _counted(simulate_fn: Callable[[Plan], SimResult], bar: ProgressBar
     return counted
 
 
+@gc_paused()  # millions of memo entries and candidates: planner/gc_pause.py
 def search(req: SearchRequest, *, simulate_fn: Callable[[Plan], SimResult] | None = None
            ) -> SearchResult:
     """The best plans on `req.cluster`; raise InfeasiblePlan if nothing fits.

@@ -51,6 +51,7 @@ from planner.costs.stages import (
     gather_stall_s,
     plan_costs,
 )
+from planner.gc_pause import gc_paused
 from planner.simulator.graph import Schedule, SharedCores, TaskGraph, schedule
 from planner.simulator.schedules import Pass, stage_order
 from planner.specs.layout import chunk_sizes, pipeline_moe_layers
@@ -620,6 +621,7 @@ def _share_by_ranks(dev: DeviceSpec, profile: Profile | None) -> Callable[[int],
     return share
 
 
+@gc_paused()  # a large task graph: planner/gc_pause.py
 def simulate_graph(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | None = None,
                    overlap_grad_reduce: bool = True,
                    profiles: Profiles | None = None) -> Simulation:
