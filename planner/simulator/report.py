@@ -160,6 +160,7 @@ def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
     rows, vp = min(pp, max_stages), plan.training.virtual_stages
     bars: dict[tuple[int, str, int], list[tuple[float, float, int]]] = {}
     labels = []
+    makespan = sched.makespan_s  # a max over every task: once, not per task
     for t in range(len(g)):
         meta: TaskMeta = g.meta[t]
         if meta.pipeline != pi or meta.stage >= rows or g.kinds[t] == "send":
@@ -167,7 +168,7 @@ def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
         kind = g.kinds[t]
         bars.setdefault((meta.stage, kind, meta.chunk), []).append(
             (sched.start[t], sched.end[t] - sched.start[t], meta.microbatch))
-        if kind in _COMPUTE_KINDS and sched.end[t] - sched.start[t] > sched.makespan_s / 100:
+        if kind in _COMPUTE_KINDS and sched.end[t] - sched.start[t] > makespan / 100:
             labels.append(((sched.start[t] + sched.end[t]) / 2, meta.stage, meta.microbatch))
     fig, ax = plt.subplots(figsize=(14, 0.45 * rows + 1.8))
     shades = {"F": plt.cm.Blues, "B": plt.cm.Greens, "W": plt.cm.Purples}
@@ -185,9 +186,9 @@ def write_gantt(sim: Simulation, path: str, *, max_stages: int = 32) -> None:
         ax.text(x, y, str(j), ha="center", va="center", fontsize=6, color="white")
     ax.set_yticks(range(rows), [f"stage {s}" for s in range(rows)])
     ax.set_ylim(rows - 0.5, -0.5)
-    ax.set_xlim(0, sched.makespan_s * 1.01)
+    ax.set_xlim(0, makespan * 1.01)
     ax.set_xlabel("time (s)")
-    ax.set_title(gantt_title(plan, pi, sched.makespan_s))
+    ax.set_title(gantt_title(plan, pi, makespan))
     split = any(kind == "W" for _, kind, _ in bars)
     handles = [Patch(color=plt.cm.Blues(0.6), label="forward"),
                Patch(color=plt.cm.Greens(0.6), label="backward: input grads (B, +recompute)" if split

@@ -9,6 +9,7 @@ from planner.costs.stages import plan_costs
 from planner.predict.estimate import estimate
 from planner.simulator import simulate, simulate_detailed, write_gantt, write_trace
 from planner.simulator.build import MAX_SIMULATED_BUCKETS, simulate_graph
+from planner.simulator.graph import Schedule
 from planner.simulator.schedules import stage_order
 from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan, sharding_preset
@@ -180,6 +181,18 @@ def test_trace_and_gantt(tmp_path):
     end_us = max(e["ts"] + e["dur"] for e in slices)
     assert end_us == pytest.approx(result.iteration_time_s * 1e6)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_the_gantt_chart_reads_the_iterations_end_once(tmp_path, monkeypatch):
+    """`Schedule.makespan_s` is a max over every task: read once per task, a chart of
+    llama3-405b in 32 stages x 256 micro-batches (24,578 tasks drawn) took 14 of its 15 s
+    in it."""
+    _, sim = simulate_detailed(make_plan(pp=4, dp=2, m=8, vp=2, layers=16))
+    reads = []
+    end = Schedule.makespan_s.fget
+    monkeypatch.setattr(Schedule, "makespan_s", property(lambda s: reads.append(1) or end(s)))
+    write_gantt(sim, str(tmp_path / "g.png"))
+    assert len(sim.graph) > 100 and len(reads) == 1
 
 
 def test_trace_shows_each_kind_of_traffic_on_its_own_stream(tmp_path):
