@@ -799,6 +799,7 @@ def _evaluate_item(item: tuple[SearchRequest, tuple]) -> object:
     return _evaluate_task(*item)
 
 
+@gc_paused()  # as `search`: planner/gc_pause.py
 def prepare(requests: Sequence[SearchRequest], *, title: str) -> None:
     """Do the pure work of several searches together, over all cores, for their `search`
     calls to take from this process's memory: a what-if report's scenarios share GPU

@@ -8,6 +8,7 @@ import pytest
 
 from planner.gc_pause import gc_paused
 from planner.search import SearchRequest, search
+from planner.search.search import prepare
 from planner.simulator import simulate
 from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
@@ -66,3 +67,11 @@ def test_a_search_runs_no_collection_until_it_ends(collector_on):
     found = search(request)
     assert _collections() - before <= ON_RESUMING
     assert found.ranked and gc.isenabled()
+
+
+def test_a_what_if_reports_searches_together_run_no_collection(collector_on):
+    requests = [SearchRequest(model=preset("gpt3-1.3b"), cluster=parse_gpus_arg(gpus), gbs=32,
+                              seq_len=2048) for gpus in ("A100-80GB-SXM:8", "H100-80GB-SXM:16")]
+    before = _collections()
+    prepare(requests, title="searching every scenario")
+    assert _collections() - before <= ON_RESUMING and gc.isenabled()
