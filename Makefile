@@ -43,7 +43,7 @@ lint: $(BIN)/plan
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# The example what-if report committed under reports/ (about 40 seconds).
+# The example what-if report committed under reports/ (about 20 seconds on 2 cores).
 report: $(BIN)/plan
 	$(BIN)/plan what-if --model llama2-13b --cluster cluster_specs/mixed-a100-v100.yaml \
 		--tokens 1e12 --gbs 256 --seq 4096 --dtype fp16 \
