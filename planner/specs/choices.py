@@ -162,6 +162,8 @@ class DType(StrEnum):
 
 # `DType.storage` where it is not the dtype itself (a search asks it millions of times)
 _STORAGE = {DType.TF32: DType.FP32, DType.FP8: DType.BF16}
+
+
 class PipelineP2P(StrEnum):
     """How a framework moves activations and their gradients between pipeline stages.
 
