@@ -1112,7 +1112,7 @@ def _idle_notes(req: SearchRequest, ranked: list[tuple[float, Ranked]],
             why = ("every plan that uses them is slower: at best "
                    f"{with_type[gpu] * req.gbs * req.seq_len:.3g} s/iteration by the closed "
                    f"form (a lower bound where pruned), not among the leaders simulated; "
-                   f"the best simulates at {best_s:.3g}")
+                   f"the best plan simulates at {best_s:.3g} s")
         elif per_type.get(gpu):
             why = "plans on them alone are slower" + (
                 ", and no mixed plan with them fits" if mixed else "")
