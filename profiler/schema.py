@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeVar
 
 __all__ = ["MAX_FILE_BYTES", "MAX_YAML_NODES", "SpecError", "at", "atomic_path", "cached_hash", "coerce_choices",
            "dump", "fail", "load_json_text", "load_yaml", "load_yaml_text", "one_line", "parse",
-           "read_text", "short_repr", "spec_field"]
+           "read_bytes", "read_text", "short_repr", "spec_field"]
 
 T = TypeVar("T")
 
@@ -514,6 +514,17 @@ def atomic_path(path: str) -> Iterator[str]:
 def read_text(path: str) -> str:
     """A UTF-8 text file's contents (at most MAX_FILE_BYTES); one that cannot be read, is
     too large or is not UTF-8 is a SpecError naming it."""
+    data = read_bytes(path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
+                        f"{err.start})") from None
+
+
+def read_bytes(path: str) -> bytes:
+    """A file's contents (at most MAX_FILE_BYTES); one that cannot be read or is too large
+    is a SpecError naming it."""
     if not path:
         raise SpecError("'': not allowed (an empty file name)")
     try:
@@ -525,11 +536,7 @@ def read_text(path: str) -> str:
         raise SpecError(f"{short_repr(path)}: cannot read ({err})") from None
     if len(data) > MAX_FILE_BYTES:
         raise SpecError(f"{path}: larger than {MAX_FILE_BYTES // 1024**2} MiB (not allowed)")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise SpecError(f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
-                        f"{err.start})") from None
+    return data
 
 
 def load_json_text(text: str, *, where: str) -> Any:

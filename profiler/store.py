@@ -3,7 +3,8 @@ in memory, with lookup by interpolation.
 
 A profile file is CSV: a `## ` title line, `# ` lines holding the metadata as YAML
 (`ProfileMeta`), then one row per measured op or collective (`ProfileRow`); times are
-written with full precision so that a file reads back exactly. The schema is documented in
+written with full precision so that a file reads back exactly. A `.parquet` file holds the
+same in typed columns (`profiler/parquet.py`). The schema is documented in
 docs/profiles.md and versioned by `PROFILE_SCHEMA_VERSION`; both are validated by the
 one spec loader (`profiler/schema.py`), so a bad file gets a one-line `SpecError`.
 
@@ -36,6 +37,7 @@ from functools import cached_property
 from typing import Literal
 
 from profiler.devices import device
+from profiler.parquet import ColumnKind
 from profiler.schema import (
     at,
     atomic_path,
@@ -49,7 +51,7 @@ from profiler.schema import (
 
 __all__ = ["INTERRUPTED_NOTE", "PEAK_MARGIN", "PROFILE_SCHEMA_VERSION", "SHAPE_LENGTHS",
            "MonotoneCurve", "Profile", "ProfileMeta", "ProfileRow", "Profiles", "crowd_of",
-           "crowd_variant", "interrupted_rows", "load_profile", "load_profiles", "parse_profile_text",
+           "crowd_variant", "interrupted_rows", "is_parquet", "load_profile", "load_profiles", "parse_profile_text",
            "profile_text", "row_peak_flops", "save_profile", "summary_row"]
 
 PROFILE_SCHEMA_VERSION = 1
@@ -406,46 +408,71 @@ def _key(r: ProfileRow) -> SeriesKey:
 _COLUMNS = tuple(f.name for f in dataclasses.fields(ProfileRow))
 
 
-def _row_text(row: ProfileRow) -> list[str]:
-    out = []
-    for name in _COLUMNS:
-        value = getattr(row, name)
-        if value is None:
-            out.append("")
-        elif isinstance(value, tuple):
-            out.append("x".join(str(v) for v in value))
-        elif isinstance(value, float):
-            out.append(repr(value))
-        else:
-            out.append(str(value))
-    return out
+def _cell_text(value: object) -> str:
+    """A value as its CSV cell: empty for None, a shape's numbers joined by x, a float
+    with every digit it holds (`repr`), so that a file reads back exactly."""
+    if value is None:
+        return ""
+    if isinstance(value, tuple | list):
+        return "x".join(str(v) for v in value)
+    return repr(value) if isinstance(value, float) else str(value)
 
 
-def profile_text(meta: ProfileMeta, rows: Iterable[ProfileRow]) -> str:
-    """The file content: metadata as `# ` YAML lines, then the CSV table."""
+def _head(meta: ProfileMeta) -> str:
+    """The title line and the metadata as `# ` YAML lines."""
     import yaml
 
-    head = yaml.safe_dump(dump(meta), sort_keys=False, width=1000).splitlines()
+    lines = yaml.safe_dump(dump(meta), sort_keys=False, width=1000).splitlines()
+    return "## trainplan profile (schema: docs/profiles.md)\n" + "".join(
+        f"# {line}\n" for line in lines)
+
+
+def _table_text(head: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     buf = io.StringIO()
-    buf.write("## trainplan profile (schema: docs/profiles.md)\n")
-    buf.writelines(f"# {line}\n" for line in head)
+    buf.write(head)
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(_COLUMNS)
-    writer.writerows(_row_text(r) for r in rows)
+    writer.writerow(columns)
+    writer.writerows([_cell_text(v) for v in row] for row in rows)
     return buf.getvalue()
 
 
+def _values(row: ProfileRow) -> list[object]:
+    return [getattr(row, name) for name in _COLUMNS]
+
+
+def profile_text(meta: ProfileMeta, rows: Iterable[ProfileRow]) -> str:
+    """The CSV form: metadata as `# ` YAML lines, then the table."""
+    return _table_text(_head(meta), _COLUMNS, map(_values, rows))
+
+
+def is_parquet(path: str) -> bool:
+    """Whether `path` names a profile's Parquet form (by its extension); else CSV."""
+    return path.lower().endswith(".parquet")
+
+
 def save_profile(path: str, meta: ProfileMeta, rows: Iterable[ProfileRow]) -> None:
-    """Write a profile atomically (a reader never sees half a file)."""
-    text = profile_text(meta, rows)
+    """Write a profile atomically (a reader never sees half a file), as Parquet where
+    `path` ends in .parquet (`profiler/parquet.py`), else as CSV."""
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
+    if is_parquet(path):
+        from profiler.parquet import write_parquet
+
+        with atomic_path(path) as tmp:
+            write_parquet(tmp, head=_head(meta), columns=_PARQUET_COLUMNS,
+                          rows=[_values(r) for r in rows])
+        return
+    text = profile_text(meta, rows)
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
 
 
 _HINTS = typing.get_type_hints(ProfileRow)
+# each column's Parquet type: a shape a list of integers; text where the field is one
+_PARQUET_COLUMNS: dict[str, ColumnKind] = {
+    name: "ints" if name == "shape" else "int" if _HINTS[name] is int
+    else "float" if _HINTS[name] is float else "str" for name in _COLUMNS}
 
 
 def _cell(name: str, text: str, where: str) -> object:
@@ -465,8 +492,9 @@ def _cell(name: str, text: str, where: str) -> object:
     return text
 
 
-def parse_profile_text(text: str, *, path: str) -> Profile:
-    """A Profile from file content; every problem is a SpecError naming file, row, field."""
+def parse_profile_text(text: str, *, path: str, own_lines: bool = True) -> Profile:
+    """A Profile from its CSV form; every problem is a SpecError naming file, row, field
+    (and the line, where `own_lines`: the text is the file's own, not a Parquet file's)."""
     lines = text.removeprefix("\ufeff").splitlines()  # a spreadsheet's byte-order mark
     if not lines or not lines[0].startswith("#"):
         fail(path, lines[0][:60] if lines else "an empty file",
@@ -498,7 +526,8 @@ def parse_profile_text(text: str, *, path: str) -> Profile:
     first_row: dict[tuple, int] = {}
     for i, record in enumerate(reader, start=1):
         # csv reads one record a line here (the writer quotes no newlines)
-        where = f"{path}:row {i} (line {line_of[i] if i < len(line_of) else '?'})"
+        where = f"{path}:row {i}" + (
+            f" (line {line_of[i] if i < len(line_of) else '?'})" if own_lines else "")
         if len(record) != len(_COLUMNS):
             fail(where, record, f"{len(_COLUMNS)} columns; it has {len(record)}")
         data = {name: _cell(name, cell, at(where + ":", name))
@@ -512,7 +541,8 @@ def parse_profile_text(text: str, *, path: str) -> Profile:
         if first != i and rows[first - 1].time_s != row.time_s:
             fail(where, f"{row.kind} {row.name} {'x'.join(map(str, row.shape))} in "
                  f"{row.time_s:g} s", f"one measurement of an op and shape a file; row "
-                 f"{first} (line {line_of[first]}) measures it in {rows[first - 1].time_s:g} s")
+                 f"{first}{f' (line {line_of[first]})' if own_lines else ''} measures it in "
+                 f"{rows[first - 1].time_s:g} s")
         rows.append(row)
     if not rows:  # it would price nothing, and the sources would still name it
         fail(path, "a header and no rows", "a profile with measured rows (plan profile "
@@ -522,7 +552,13 @@ def parse_profile_text(text: str, *, path: str) -> Profile:
 
 
 def load_profile(path: str) -> Profile:
-    """Read and validate one profile file."""
+    """Read and validate one profile file, CSV or (by its extension) Parquet."""
+    if is_parquet(path):
+        from profiler.parquet import read_parquet
+
+        head, columns, rows = read_parquet(path)
+        return parse_profile_text(_table_text(head, columns, rows), path=path,
+                                  own_lines=False)
     return parse_profile_text(read_text(path), path=path)
 
 
@@ -612,8 +648,8 @@ def _check_rates(profile: Profile, where: str) -> None:
 
 def load_profiles(paths: Sequence[str], *, devices: Sequence[str], dtype: str,
                   where: str = "--profile") -> Profiles:
-    """The profiles in `paths` (files, or folders of *.csv) for the plan's device types
-    trained in `dtype`. A file named explicitly must fit (its device is one of `devices`,
+    """The profiles in `paths` (files, or folders of *.csv and *.parquet) for the plan's
+    device types trained in `dtype`. A file named explicitly must fit (its device is one of `devices`,
     its op rows are of `dtype`, a CPU profile's ops measured with one thread as CPU ranks
     run); files in a folder that do not fit are skipped. A file reached twice (named and
     in a named folder) counts once. `Profiles.notes` says what a reader should know: an
@@ -625,7 +661,8 @@ def load_profiles(paths: Sequence[str], *, devices: Sequence[str], dtype: str,
     for path in paths:
         explicit = not os.path.isdir(path)
         files = [path] if explicit else sorted(
-            os.path.join(path, f) for f in os.listdir(path) if f.endswith(".csv"))
+            os.path.join(path, f) for f in os.listdir(path)
+            if f.endswith(".csv") or is_parquet(f))
         for file in files:
             real = os.path.realpath(file)
             if real in seen:
@@ -661,7 +698,7 @@ def load_profiles(paths: Sequence[str], *, devices: Sequence[str], dtype: str,
                              "analytic model")
             chosen.setdefault(meta.device, []).append(profile)
     if paths and not chosen:  # folders only, none of it fits: the flag would do nothing
-        held = ", ".join(sorted(set(skipped))) or "no profile (*.csv)"
+        held = ", ".join(sorted(set(skipped))) or "no profile (*.csv, *.parquet)"
         fail(where, ", ".join(paths), f"a profile of {' or '.join(devices)} in {dtype}; "
              f"it holds {held}")
     for name, ps in sorted(chosen.items()):

@@ -42,6 +42,7 @@ from profiler.host import LocalDevice, check_dtype, local_device, runtime
 from profiler.hostcost import MAX_PASS_PARAMS
 from profiler.kernels import SDPA_BACKENDS
 from profiler.measure import MATMUL_PRECISION, Measured, MeasureSettings, OpCase
+from profiler.parquet import require_pyarrow
 from profiler.progress import ProgressBar
 from profiler.schema import SpecError, fail
 from profiler.store import (
@@ -49,6 +50,7 @@ from profiler.store import (
     PROFILE_SCHEMA_VERSION,
     ProfileMeta,
     ProfileRow,
+    is_parquet,
     save_profile,
 )
 
@@ -129,7 +131,8 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
     m.add_argument("--min-bytes", type=bytes_arg, default=1024, metavar="SIZE")
     m.add_argument("--max-bytes", type=bytes_arg, default=256 * 1024**2, metavar="SIZE")
     m.add_argument("-o", "--output", required=True, type=path_arg, metavar="FILE",
-                   help="the profile (.csv)")
+                   help="the profile: .csv, or .parquet (typed columns; needs pyarrow, "
+                   "`pip install 'trainplan[parquet]'`)")
 
 
 def default_verb(argv: list[str]) -> list[str]:
@@ -206,7 +209,9 @@ def _check(req: MeasureRequest) -> None:
     bad = [o for o in req.optimizer if o not in OPTIMIZERS]
     if bad:
         fail("--optimizer", bad[0], "allowed: " + ", ".join(OPTIMIZERS))
-    check_output_file(req.output, flag="-o", suffixes=(".csv",))
+    check_output_file(req.output, flag="-o", suffixes=(".csv", ".parquet"))
+    if is_parquet(req.output):
+        require_pyarrow("-o", req.output)
     if req.model is not None:
         for tp in req.tp:
             check_tp(req.model, tp)

@@ -61,8 +61,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attention", choices=values(Attention))
     add_framework_arg(p)
     p.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",
-                   help="measured profile (`plan profile`), or a folder of them matched by "
-                   "device name; repeatable")
+                   help="measured profile (`plan profile`: .csv or .parquet), or a folder of "
+                   "them matched by device name; repeatable")
     p.add_argument("-o", "--output", type=path_arg, metavar="PLAN",
                    help="write the best plan (.yaml/.json)")
     p.add_argument("--memory-headroom", type=gib_arg, default=DEFAULT_HEADROOM_BYTES,

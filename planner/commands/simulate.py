@@ -119,9 +119,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--attention", choices=values(Attention),
                      help="attention kernel (default: the fastest the device supports)")
     sim.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",
-                     help="measured profile (`plan profile`), or a folder of them matched by "
-                     "device name; repeatable. It answers the ops and collectives it has, the "
-                     "analytic models the rest")
+                     help="measured profile (`plan profile`: .csv or .parquet), or a folder of "
+                     "them matched by device name; repeatable. It answers the ops and "
+                     "collectives it has, the analytic models the rest")
     sim.add_argument("--framework", choices=tuple(CAPABILITIES),
                      help="communicate and keep model states as this framework does, at the "
                      "version `plan search --framework` plans for, and refuse what it cannot "

@@ -198,7 +198,8 @@ def test_models_lists_small_counts_in_millions(capsys):
 
 def test_planner_never_imports_torch():
     code = ("import sys, planner.cli, planner.commands.simulate, planner.predict.estimate;"
-            "bad = [m for m in ('torch', 'pandas', 'matplotlib', 'scipy') if m in sys.modules];"
+            "bad = [m for m in ('torch', 'pandas', 'matplotlib', 'scipy', 'pyarrow')"
+            " if m in sys.modules];"
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
