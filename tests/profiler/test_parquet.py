@@ -6,9 +6,11 @@ import sys
 from dataclasses import replace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from profiler.schema import SpecError
-from profiler.store import load_profile, load_profiles, profile_text, save_profile
+from profiler.store import ProfileRow, load_profile, load_profiles, profile_text, save_profile
 from tests.planner.cli_helpers import run_cli
 from tests.profiler.test_store import META, ROWS, _collective
 
@@ -120,3 +122,35 @@ def test_plan_profile_writes_parquet_and_the_planner_prices_from_it(tmp_path, ca
     assert code == 0, err
     assert json.loads(out)["sources"]["compute"] == (
         f"measured profile {path} (attention, elementwise, gemm, optimizer)")
+
+
+_times = st.floats(min_value=1e-7, max_value=1e3, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def _rows(draw):
+    """Valid rows of any kind with a one-number shape, names with commas, quotes and
+    non-ASCII letters, and times of every digit a double holds."""
+    count = draw(st.integers(1, 6))
+    rows = []
+    for i in range(count):
+        low, mid, high = sorted(draw(_times) for _ in range(3))
+        size = draw(st.integers(0, 2**40))
+        rows.append(ProfileRow(
+            kind=draw(st.sampled_from(["elementwise", "optimizer", "collective"])),
+            name=f"{i}" + draw(st.text(st.characters(categories=(
+                "L", "N", "P", "S", "Zs")), max_size=8).filter(str.isprintable)),
+            variant=draw(st.none() | st.sampled_from(["flash", 'a,"b"', "é"])),
+            shape=(size,), flops=0.0, bytes=float(size), ranks=draw(st.integers(1, 64)),
+            time_s=mid, p10_s=low, p90_s=high, samples=draw(st.integers(1, 10**6)),
+            calls=1))
+    return tuple(rows)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=_rows())
+def test_both_forms_read_back_exactly_what_was_written(tmp_path, rows):
+    for name in ("p.csv", "p.parquet"):
+        save_profile(path := str(tmp_path / name), META, rows)
+        assert load_profile(path).rows == rows, name
