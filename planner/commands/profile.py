@@ -31,9 +31,10 @@ from planner.commands.args import (
     name_list,
     path_arg,
 )
+from planner.costs.workload import WorkloadShape
 from planner.errors import INTERRUPTED
 from planner.outputs import check_output_file
-from planner.profiling.cases import FP8_GEMMS, OPTIMIZERS, op_cases
+from planner.profiling.cases import FP8_GEMMS, OPTIMIZERS, op_cases, unmeasured_ops
 from planner.specs.layout import check_tp
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec, load_model, preset
@@ -274,6 +275,12 @@ def measure(req: MeasureRequest) -> int:
         rows.extend(measured.rows)
         interrupted = measured.interrupted
         notes.extend(f"skipped {c.name} [{c.variant}]: {why}" for c, why in measured.skipped)
+        left = unmeasured_ops(req.model, WorkloadShape(
+            micro_batch_size=req.mbs[0], seq_len=(req.seq or (req.model.seq_len,))[0],
+            tp=req.tp[0], dtype=dtype))
+        if left:
+            notes.append(f"not measured: {', '.join(left)} and their gradients (no torch code "
+                         "here runs them as the frameworks do: the analytic model prices them)")
         if req.host_costs and not interrupted:
             from profiler.hostcost import dispatch_rows, runner_rows
 
@@ -341,6 +348,11 @@ def _check_fits(cases: Sequence[OpCase], req: MeasureRequest, dev: DeviceSpec) -
     big = max(cases, key=lambda c: c.bytes, default=None)
     if big is None or big.bytes <= memory:
         return
+    if big.kind == "optimizer":  # the model's size, whatever the batch
+        fail("--model", req.model.name if req.model else None,
+             f"a model whose optimizer step fits in {whose} {memory / 2**30:,.1f} GiB; "
+             f"{big.name} ({big.variant}) over its {big.shape[0]:,} parameters on one tp "
+             f"rank holds {big.bytes / 2**30:,.1f} GiB: a higher --tp, or a smaller model")
     flags = [f"--seq {','.join(map(str, req.seq))}"] if req.seq else []
     flags.append(f"--mbs {','.join(map(str, req.mbs))}")
     fail("/".join(f.split()[0] for f in flags), " ".join(flags),

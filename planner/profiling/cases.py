@@ -24,8 +24,10 @@ from planner.costs.workload import (
 )
 from planner.specs.model import ModelSpec
 from profiler.measure import GradOf, OpCase
+from profiler.store import SHAPE_LENGTHS
 
-__all__ = ["FP8_GEMMS", "OPTIMIZERS", "op_cases", "op_dtype", "optimizer_cases", "step_bytes"]
+__all__ = ["FP8_GEMMS", "OPTIMIZERS", "op_cases", "op_dtype", "optimizer_cases", "step_bytes",
+           "unmeasured_ops"]
 
 OPTIMIZERS = ("fused", "foreach", "for_loop")
 # The GEMMs an fp8 run computes in FP8 (with their .dgrad / .wgrad / .bwd): the layers'
@@ -38,8 +40,12 @@ _BACKWARD: dict[str, GradOf] = {".dgrad": "input", ".wgrad": "weight", ".bwd": "
 _LINEARS = ("attn.proj", "mlp.fc1", "mlp.fc2", "head.logits")
 
 
-def _forward_impl(model: ModelSpec, w: WorkloadShape, op: Op) -> tuple[str, tuple[int, ...]]:
-    """The torch impl and its dimensions for a forward op of the workload."""
+def _forward_impl(model: ModelSpec, w: WorkloadShape, op: Op
+                  ) -> tuple[str, tuple[int, ...]] | None:
+    """The torch impl and its dimensions for a forward op of the workload; None for an op
+    profiler/torch_ops.py has no code for (`unmeasured_ops`)."""
+    if len(op.shape) != SHAPE_LENGTHS.get(op.kind, len(op.shape)):
+        return None  # MLA's attention (query-key and value head sizes apart): no row holds it
     b, s, t = w.micro_batch_size, w.seq_len // w.cp, w.tp
     h, d = model.hidden_size, model.head_dim
     heads, kv_heads = model.num_heads // t, max(model.kv_heads // t, 1)
@@ -70,10 +76,34 @@ def _forward_impl(model: ModelSpec, w: WorkloadShape, op: Op) -> tuple[str, tupl
                                        else 0, dropout)),
         "head.loss": ("cross_entropy", (b * s, -(-model.vocab_size // t))),
     }
-    if name not in table:
-        raise ValueError(f"no torch implementation for workload op {name!r}")
-    impl, dims = table[name]
-    return _in_fp8(impl, name, w.dtype), dims
+    if name in table:
+        impl, dims = table[name]
+        return _in_fp8(impl, name, w.dtype), dims
+    if op.kind == "gemm" and op.shape[0] == 1:  # one plain GEMM: MoE's router, MLA's and
+        _, m, n, k = op.shape  # the shared experts' projections
+        return "linear", (m, n, k)
+    activation = name.rsplit(".", 1)[-1]  # the experts': over the tokens routed to them
+    if op.kind == "elementwise" and activation in ("gelu", "swiglu", "geglu") \
+            and elements % (b * s) == 0:
+        return activation, (b * s, elements // (b * s))
+    return None  # MoE's grouped expert GEMMs and token shuffles, MLA's attention and rope
+
+
+def unmeasured_ops(model: ModelSpec, w: WorkloadShape) -> list[str]:
+    """The forward ops of `model` at `w` that `plan profile` does not measure (no torch
+    code runs them as the frameworks do); they and their gradients stay with the
+    analytic model."""
+    return [op.name for op in _forward_ops(model, w) if _forward_impl(model, w, op) is None]
+
+
+def _forward_ops(model: ModelSpec, w: WorkloadShape) -> list[Op]:
+    work = layer_work(model, w)
+    emb_fwd, _ = embedding_work(model, w)
+    head_fwd, _, _ = head_work(model, w)
+    # TE's FP8 quantization kernels (cast, transpose) have no torch op here that runs as
+    # they do: they stay with the analytic memory model, priced from their bytes
+    return [op for op in (*work.forward, *emb_fwd, *head_fwd)
+            if isinstance(op, Op) and not is_fp8_quantization(op)]
 
 
 def _in_fp8(impl: str, name: str, dtype: str) -> str:
@@ -126,22 +156,21 @@ def step_bytes(model: ModelSpec, w: WorkloadShape) -> float:
 def _shape_cases(model: ModelSpec, w: WorkloadShape) -> list[OpCase]:
     """Forward and backward ops of a layer, the embedding and the head at one shape."""
     work = layer_work(model, w)
-    emb_fwd, emb_bwd = embedding_work(model, w)
-    head_fwd, head_bwd, _ = head_work(model, w)
-    # TE's FP8 quantization kernels (cast, transpose) have no torch op here that runs as
-    # they do: they stay with the analytic memory model, priced from their bytes
-    forward = [op for op in (*work.forward, *emb_fwd, *head_fwd)
-               if isinstance(op, Op) and not is_fp8_quantization(op)]
+    _, emb_bwd = embedding_work(model, w)
+    _, head_bwd, _ = head_work(model, w)
+    forward = _forward_ops(model, w)
     backward = [op for op in (*work.backward, *emb_bwd, *head_bwd)
                 if isinstance(op, Op) and not is_fp8_quantization(op)]
     impls = {op.name: _forward_impl(model, w, op) for op in forward}
     reuse = step_bytes(model, w)
-    cases = [_case(op, *impls[op.name], None, reuse) for op in forward]
+    cases = [_case(op, *impl, None, reuse) for op in forward
+             if (impl := impls[op.name]) is not None]
     for op in backward:
         source = _forward_name(op.name)
         if source is None or source[0] not in impls:
             raise ValueError(f"backward op {op.name!r} has no forward op to differentiate")
-        cases.append(_case(op, *impls[source[0]], source[1], reuse))
+        if (impl := impls[source[0]]) is not None:
+            cases.append(_case(op, *impl, source[1], reuse))
     return cases
 
 

@@ -52,6 +52,9 @@ from tests.planner.cli_helpers import run_cli as _run
     (["--model", "debug-tiny-llama", "--seq", "1000000", "-o", "p.csv"],
      "--seq/--mbs: '--seq 1000000 --mbs 1' is not allowed (ops whose tensors fit in this "
      "host's"),
+    # the optimizer step outgrew the host: the message blamed --seq/--mbs and --attention
+    (["--model", "gpt3-175b", "--seq", "16", "--mbs", "1", "-o", "p.csv"],
+     "--model: 'gpt3-175b' is not allowed (a model whose optimizer step fits in this host's"),
 ])
 def test_bad_flags(argv, needle, capsys, tmp_path, monkeypatch):
     pytest.importorskip("torch")
@@ -169,3 +172,20 @@ def test_the_profiler_measures_only_the_kernels_pytorch_runs():
     asked = dataclasses.replace(req, attention=("flash_triton",))
     with pytest.raises(SpecError, match="A100-80GB-SXM supports flash, memory_efficient, math"):
         _attentions(asked, a100)
+
+
+def test_an_moe_model_is_measured_where_torch_runs_its_ops(tmp_path, capsys):
+    """The shipped debug-tiny-moe raised ValueError ('no torch implementation for workload
+    op moe.router') with a traceback; now its router, attention and dense ops are measured
+    and the note names what the analytic model prices."""
+    pytest.importorskip("torch")
+    path = str(tmp_path / "moe.csv")
+    code, out, err = _run(["profile", "--model", "debug-tiny-moe", "--mbs", "2", "--seq", "32",
+                           "--attention", "flash", "--optimizer", "fused", "--warmup", "1",
+                           "--repeats", "3", "-o", path], capsys)
+    assert code == 0 and f"to {path}" in out, err
+    assert ("not measured: moe.topk, moe.permute, moe.expert.fc1, moe.expert.fc2, "
+            "moe.unpermute and their gradients") in err
+    code, out, _ = _run(["profile", "show", path, "--json"], capsys)
+    assert {"moe.router", "moe.expert.swiglu", "attn.core"} <= {
+        s["name"] for s in json.loads(out)["series"]}

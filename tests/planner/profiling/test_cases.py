@@ -6,7 +6,7 @@ import pytest
 
 from planner.costs.memory import rank_param_count
 from planner.costs.workload import Op, WorkloadShape, embedding_work, head_work, layer_work
-from planner.profiling.cases import op_cases, step_bytes
+from planner.profiling.cases import op_cases, step_bytes, unmeasured_ops
 from planner.specs.model import preset
 from profiler.measure import OpCase
 
@@ -133,3 +133,35 @@ def test_the_optimizer_is_timed_as_cold_as_the_largest_measured_step_leaves_it()
         m, WorkloadShape(micro_batch_size=8, seq_len=64, dtype="fp32")) for c in adamw)
     assert adamw[0].reuse_bytes > step_bytes(
         m, WorkloadShape(micro_batch_size=1, seq_len=m.seq_len, dtype="fp32"))
+
+
+# an MoE model with MLA attention, shared experts and a dense first layer (DeepSeek-V2's
+# layout, Liu et al. 2024), small enough to measure
+TINY_MLA_MOE = dataclasses.replace(
+    preset("debug-tiny-moe"), name="tiny-mla-moe", kv_lora_rank=32, q_lora_rank=48,
+    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, expert_ffn_hidden_size=32,
+    num_shared_experts=1, first_k_dense=1)
+
+
+@pytest.mark.parametrize("model, left", [
+    (preset("debug-tiny-moe"),
+     ["moe.topk", "moe.permute", "moe.expert.fc1", "moe.expert.fc2", "moe.unpermute"]),
+    (TINY_MLA_MOE,
+     ["attn.latent_norm", "attn.rope", "attn.core", "moe.topk", "moe.permute",
+      "moe.expert.fc1", "moe.expert.fc2", "moe.unpermute"]),
+], ids=["moe", "mla-moe"])
+def test_moe_and_mla_cases_cover_every_op_torch_runs_and_name_the_rest(model, left):
+    """`plan profile` on an MoE or MLA model raised on the first op without torch code
+    (moe.router), the shipped debug-tiny-moe included; now it measures every op a plain
+    GEMM or a norm, activation or attention of the dense layer's kind runs, and names the
+    rest, which the analytic model prices."""
+    w = WorkloadShape(micro_batch_size=2, seq_len=32, tp=1, dtype="fp32", attention="flash")
+    assert unmeasured_ops(model, w) == left
+    cases = op_cases(model, tps=(1,), micro_batch_sizes=(2,), seq_lens=(32,), dtype="fp32",
+                     attentions=("flash",))
+    measured = {c.name for c in cases}
+    every = {name for name, _, _ in _workload_keys(model, w)}
+    assert {"moe.router", "moe.router.wgrad", "moe.expert.swiglu"} <= measured
+    forward = {name: name.removesuffix(".dgrad").removesuffix(".wgrad").removesuffix(".bwd")
+               for name in every}
+    assert every - measured == {name for name in every if forward[name] in left}
