@@ -11,7 +11,8 @@ after the fields are valid. Validation is pure: it never touches a device.
 
 Nothing read is trusted: every number must be finite (NaN and ±inf are refused wherever a
 number is expected), a file is read only up to `MAX_FILE_BYTES` and must be UTF-8, and
-YAML whose aliases would expand past `MAX_YAML_NODES` nodes is refused before it is
+YAML whose aliases would expand past `MAX_YAML_NODES` nodes (or past the file's length in
+characters, which bounds the values of a file without aliases) is refused before it is
 built. Values quoted in messages are cut to `MAX_REPR_CHARS`.
 """
 
@@ -378,7 +379,9 @@ def load_yaml_text(text: str, *, where: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        _check_expanded_size(node, where)
+        # an alias-free document holds fewer values than characters: only aliases make
+        # more, and only beyond the file's own size are they refused
+        _check_expanded_size(node, where, max(MAX_YAML_NODES, len(text) + 1))
         return loader.construct_document(node)
     except SpecError:
         raise
@@ -395,10 +398,10 @@ def load_yaml_text(text: str, *, where: str) -> Any:
         loader.dispose()
 
 
-def _check_expanded_size(root: Any, where: str) -> None:
-    """Refuse YAML whose aliases expand to more than MAX_YAML_NODES values, or to a
-    value that contains itself, or a mapping with a key given twice (`_check_keys`),
-    before anything is built (each node is sized once)."""
+def _check_expanded_size(root: Any, where: str, limit: int) -> None:
+    """Refuse YAML whose aliases expand to more than `limit` values, or to a value that
+    contains itself, or a mapping with a key given twice (`_check_keys`), before
+    anything is built (each node is sized once)."""
     size: dict[int, int] = {}
     stack: list[tuple[Any, bool]] = [(root, False)]
     open_nodes: set[int] = set()
@@ -408,9 +411,9 @@ def _check_expanded_size(root: Any, where: str) -> None:
         if children_done:
             open_nodes.discard(key)
             size[key] = 1 + sum(size[id(c)] for c in _children(node))
-            if size[key] > MAX_YAML_NODES:
+            if size[key] > limit:
                 raise SpecError(f"{where}: YAML aliases expand to more than "
-                                f"{MAX_YAML_NODES:,} values (not allowed)")
+                                f"{limit:,} values (not allowed)")
             continue
         if key in size:
             continue
