@@ -31,7 +31,7 @@ import math
 import os
 import statistics
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -492,6 +492,22 @@ def _cell(name: str, text: str, where: str) -> object:
     return text
 
 
+def _records(lines: list[str], path: str) -> Iterator[list[str]]:
+    """The CSV records of `lines`; one the csv module cannot read (a cell past its
+    131,072-character limit) is a SpecError naming the record."""
+    reader = csv.reader(lines)
+    while True:
+        try:
+            record = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            where = "header" if reader.line_num <= 1 else f"row {reader.line_num - 1}"
+            fail(f"{path}:{where}", f"unreadable CSV ({err})",
+                 "cells of at most 131,072 characters")
+        yield record
+
+
 def parse_profile_text(text: str, *, path: str, own_lines: bool = True) -> Profile:
     """A Profile from its CSV form; every problem is a SpecError naming file, row, field
     (and the line, where `own_lines`: the text is the file's own, not a Parquet file's)."""
@@ -518,7 +534,7 @@ def parse_profile_text(text: str, *, path: str, own_lines: bool = True) -> Profi
              + ("the file was written by a newer trainplan: update this one"
                 if newer else "re-measure with `plan profile`"))
     meta = parse(ProfileMeta, raw, where=f"{path}:")
-    reader = csv.reader(body)
+    reader = _records(body, path)
     header = next(reader, None)
     if header is None or tuple(header) != _COLUMNS:
         fail(f"{path}: header", header, "expected columns " + ",".join(_COLUMNS))
@@ -557,6 +573,11 @@ def load_profile(path: str) -> Profile:
         from profiler.parquet import read_parquet
 
         head, columns, rows = read_parquet(path)
+        for i, row in enumerate(rows, start=1):  # a line break would split the CSV form's row
+            for name, value in zip(columns, row, strict=True):
+                if isinstance(value, str) and not value.isprintable():
+                    fail(f"{path}:row {i}:{name}", value,
+                         "a name or value of one line without control characters")
         return parse_profile_text(_table_text(head, columns, rows), path=path,
                                   own_lines=False)
     return parse_profile_text(read_text(path), path=path)

@@ -71,6 +71,11 @@ def _head() -> bytes:
     (lambda: _table(ROWS, head=None).rename_columns(["kind", "label", *COLUMNS[2:]])
      .replace_schema_metadata({b"trainplan.profile": _head()}),
      "p.parquet: header: "),
+    (lambda: _table([replace(ROWS[0], name="x" * 200_000)], head=_head()),
+     "p.parquet:row 1: 'unreadable CSV (field larger than field limit (131072))'"),
+    # a line break in a cell vanished ('a\nb' read as 'ab')
+    (lambda: _table([replace(ROWS[0], name="a\nb")], head=_head()),
+     "p.parquet:row 1:name: 'a\\nb' is not allowed (a name or value of one line"),
     (lambda: _table([ROWS[4], _collective(1024, 3e-5)], head=_head()),
      "p.parquet:row 2: 'collective all_reduce 1024 in 3e-05 s' is not allowed (one "
      "measurement of an op and shape a file; row 1 measures it in 2e-05 s)"),

@@ -199,6 +199,10 @@ def _write(tmp_path, text, name="p.csv"):
      "p.csv:row 1 (line 14):time_s: '1e-300 s' is not allowed (at least 1e-07 s"),
     # the count a short row has
     (lambda t: t.replace(",1x64x256x64,", ",", 1), "p.csv:row 1 (line 14): "),
+    # a cell past the csv module's limit raised _csv.Error with a traceback
+    (lambda t: t.replace("gemm,mlp.fc1,", "gemm," + "x" * 200_000 + ",", 1),
+     "p.csv:row 1: 'unreadable CSV (field larger than field limit (131072))' is not allowed "
+     "(cells of at most 131,072 characters)"),
     # a header and no rows priced nothing, while the sources still named the file
     (lambda t: t[:t.index("\n", t.index("kind,name")) + 1],
      "p.csv: 'a header and no rows' is not allowed (a profile with measured rows"),
