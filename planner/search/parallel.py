@@ -2,8 +2,9 @@
 
 Results come back in the order of the items, so a parallel search returns exactly what a
 sequential one would. No worker outlives the search: Ctrl-C or SIGTERM in the parent (a
-KeyboardInterrupt, planner/cli.py), or any error, terminates the pool before it is raised
+KeyboardInterrupt, planner/cli.py), or any error, kills the workers before it is raised
 on, and a worker whose parent dies is killed by the kernel (Linux: PR_SET_PDEATHSIG).
+A worker that dies is an error, never a wait.
 Progress is counted in units finer than items where the work says how many it has
 (`units`, `tick`): a worker counts into a shared counter the parent draws from.
 """
@@ -85,54 +86,107 @@ def parallel_map(fn: Callable[[Any], T], items: Sequence[Any], *, title: str,
 
 def _in_pool(fn: Callable[[Any], T], items: Sequence[Any], n: int, context: Any,
              bar: ProgressBar, counted: bool) -> list[T]:
+    """`parallel_map` over `n` forked workers, each with a pipe of its own: the parent
+    hands out one index at a time and gathers the results. No lock is shared between
+    the parent and a worker (but the progress counter's), so a worker that dies, however
+    it dies, cannot leave the parent waiting: multiprocessing.Pool's terminate waited on
+    its task queue's lock, which an idle worker holds while it waits for a task, and a
+    SIGTERM to the whole process group (`timeout`, Slurm, Kubernetes) hung `plan search`
+    about one time in ten; a worker killed alone hung Pool's results for ever."""
     global _work
-    results: list[Any] = [None] * len(items)
+    workers: list[tuple[Any, Any]] = []  # (process, the parent's end of its pipe)
     _work = (fn, items)
     # SIGINT and SIGTERM are blocked while the workers are forked: a worker inherits the
-    # parent's handlers (SIGTERM raises KeyboardInterrupt, planner/cli.py) and, until its
-    # initializer has replaced them, a signal in its start-up (the pool's terminate, or
-    # a terminal's Ctrl-C to the group) printed a KeyboardInterrupt traceback. The
-    # workers unblock them once their own handlers are set (`_worker_init`); the parent,
-    # once the pool exists, takes any that arrived meanwhile.
+    # parent's handlers (SIGTERM raises KeyboardInterrupt, planner/cli.py) and, until
+    # `_worker_init` has replaced them, a signal in its start-up (a terminal's Ctrl-C to
+    # the group) printed a KeyboardInterrupt traceback. The workers unblock them once
+    # their own handlers are set; the parent, once all are started, takes any that
+    # arrived meanwhile (and stops the workers, below).
     blocked = _blockable()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked) if blocked else None
     try:
-        pool = context.Pool(n, initializer=_worker_init, initargs=(os.getpid(),))
+        try:
+            for _ in range(n):
+                mine, theirs = context.Pipe()
+                process = context.Process(target=_worker, args=(theirs, os.getpid()),
+                                          daemon=True)
+                process.start()
+                theirs.close()
+                workers.append((process, mine))
+        finally:
+            _work = None  # the workers have their copy from the fork
+            if previous is not None:  # a signal that came meanwhile is raised here
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        results = _gather(workers, len(items), bar, counted)
     except BaseException:
-        if previous is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for process, _ in workers:  # SIGKILL: no handler, nothing left half-done to wait on
+            if process.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(process.pid, signal.SIGKILL)
         raise
     finally:
-        _work = None  # the workers have their copy from the fork
-    try:
-        if previous is not None:  # a signal that came meanwhile is raised here
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        done = pool.imap_unordered(_call, range(len(items)))
-        for _ in items:
-            while True:  # redraw the bar while the workers count
-                try:
-                    i, value = done.next(timeout=0.25)
-                    break
-                except multiprocessing.TimeoutError:
-                    bar(_counter.value)
-            results[i] = value
-            if not counted:
-                tick()
-            bar(_counter.value)
-        pool.close()
-    except BaseException:
-        pool.terminate()  # SIGTERM to every worker, whatever it is doing
-        raise
-    finally:
-        pool.join()
+        for process, conn in workers:
+            with contextlib.suppress(OSError):
+                conn.send(None)  # done: the worker exits (a killed one is past caring)
+            conn.close()
+            process.join()
     return results
 
 
-def _call(index: int) -> tuple[int, Any]:
-    """Item `index` of the parallel_map the worker was forked from."""
+def _gather(workers: list[tuple[Any, Any]], total: int, bar: ProgressBar,
+            counted: bool) -> list[Any]:
+    """Hand the indices 0..total-1 to the workers, one at a time each, and collect what
+    they send back, in the items' order; a worker's error is raised here."""
+    from multiprocessing.connection import wait
+
+    results: list[Any] = [None] * total
+    todo = iter(range(total))
+    busy = {}  # the parent's end of a worker's pipe -> the worker
+    for process, conn in workers:
+        if (index := next(todo, None)) is not None:
+            conn.send(index)
+            busy[conn] = process
+    for _ in range(total):
+        ready: list[Any] = []
+        while not ready:  # redraw the bar while the workers count
+            ready = wait(list(busy), timeout=0.25)
+            bar(_counter.value)
+        conn = ready[0]
+        try:
+            index, ok, value = conn.recv()
+        except EOFError:
+            process = busy[conn]
+            process.join(timeout=1)
+            raise RuntimeError(f"a worker of the search (pid {process.pid}) died (exit code "
+                               f"{process.exitcode})") from None
+        if not ok:
+            raise value
+        results[index] = value
+        if not counted:
+            tick()
+        bar(_counter.value)
+        if (index := next(todo, None)) is not None:
+            conn.send(index)
+        else:
+            del busy[conn]
+    return results
+
+
+def _worker(conn: Any, parent: int) -> None:
+    """Run the items whose indices the parent sends until it sends None; send back
+    (index, True, result), or (index, False, the exception) and stop."""
+    _worker_init(parent)
     assert _work is not None, "a worker of parallel_map has its work"
     fn, items = _work
-    return index, fn(items[index])
+    while (index := conn.recv()) is not None:
+        try:
+            conn.send((index, True, fn(items[index])))
+        except Exception as err:  # the parent raises it
+            try:
+                conn.send((index, False, err))
+            except Exception:  # the exception would not pickle
+                conn.send((index, False, RuntimeError(f"{type(err).__name__}: {err}")))
+            return
 
 
 def _blockable() -> set[signal.Signals]:
@@ -148,8 +202,8 @@ def _blockable() -> set[signal.Signals]:
 
 def _worker_init(parent: int) -> None:
     """A worker leaves Ctrl-C to its parent (the terminal sends it to the whole process
-    group), stops on SIGTERM (the pool's terminate; a fork inherits the parent's handler,
-    which would raise instead) and dies with its parent."""
+    group), stops on SIGTERM (a fork inherits the parent's handler, which would raise
+    instead) and dies with its parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     blocked = _blockable()
