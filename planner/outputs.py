@@ -11,7 +11,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 
-from profiler.schema import atomic_path, fail
+from profiler.schema import NAME_MAX_BYTES, atomic_path, fail
 
 __all__ = ["PICTURE_SUFFIXES", "PLAN_SUFFIXES", "atomic_path", "check_distinct",
            "check_output_dir", "check_output_file", "write_text"]
@@ -28,6 +28,7 @@ def check_output_file(path: str | None, *, flag: str,
         return
     if not path or "\0" in path:
         fail(flag, path, "a file name")
+    _check_name_lengths(path, flag)
     if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
         fail(flag, path, f"a {', '.join(suffixes)} file")
     if os.path.isdir(path):
@@ -47,6 +48,7 @@ def check_output_dir(path: str | None, *, flag: str) -> None:
         return
     if not path or "\0" in path:
         fail(flag, path, "a folder name")
+    _check_name_lengths(path, flag)
     if os.path.lexists(path) and not os.path.isdir(path):
         fail(flag, path, "a folder, not a file")
     existing = os.path.abspath(path)
@@ -55,6 +57,15 @@ def check_output_dir(path: str | None, *, flag: str) -> None:
     if not os.path.isdir(existing):
         fail(flag, path, f"{existing!r} is a file, not a folder")
     _check_writable(existing, flag, path)
+
+
+def _check_name_lengths(path: str, flag: str) -> None:
+    """Every name along `path` within the file system's limit: a longer one failed with
+    a traceback once the work was done."""
+    for name in path.split(os.sep):
+        if len(name.encode(errors="surrogateescape")) > NAME_MAX_BYTES:
+            fail(flag, path, f"names of at most {NAME_MAX_BYTES} bytes each, the file "
+                 f"system's limit; one here has {len(name.encode(errors='surrogateescape'))}")
 
 
 def _check_writable(folder: str, flag: str, path: str) -> None:

@@ -30,13 +30,14 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, TypeVar
 
-__all__ = ["MAX_FILE_BYTES", "MAX_YAML_NODES", "SpecError", "at", "atomic_path", "cached_hash", "coerce_choices",
+__all__ = ["MAX_FILE_BYTES", "MAX_YAML_NODES", "NAME_MAX_BYTES", "SpecError", "at", "atomic_path", "cached_hash", "coerce_choices",
            "dump", "fail", "load_json_text", "load_yaml", "load_yaml_text", "one_line", "parse",
            "read_bytes", "read_text", "short_repr", "spec_field"]
 
 T = TypeVar("T")
 
 MAX_FILE_BYTES = 64 * 1024**2  # a spec, plan or profile is kilobytes; refuse more than 64 MiB
+NAME_MAX_BYTES = 255  # a file name's length on Linux and macOS file systems (NAME_MAX)
 MAX_YAML_NODES = 1_000_000  # values after alias expansion ("billion laughs" stops here)
 MAX_REPR_CHARS = 120  # of a value quoted in an error message
 
@@ -504,7 +505,10 @@ def atomic_path(path: str) -> Iterator[str]:
     removed otherwise."""
     folder, name = os.path.split(path)
     stem, ext = os.path.splitext(name)
-    tmp = os.path.join(folder, f".{stem}.{os.getpid()}-{secrets.token_hex(4)}.tmp{ext}")
+    tag = f".{os.getpid()}-{secrets.token_hex(4)}.tmp{ext}"
+    while len(f".{stem}{tag}".encode()) > NAME_MAX_BYTES:  # a name the system allows, kept
+        stem = stem[:-1]  # so by its temporary name too
+    tmp = os.path.join(folder, f".{stem}{tag}")
     try:
         yield tmp
         os.replace(tmp, path)

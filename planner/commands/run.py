@@ -206,7 +206,9 @@ def _cluster(args: argparse.Namespace) -> ClusterSpec:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-").lower()
+    """`text` as part of a folder name: letters, digits and dots, at most 80 of them (a
+    model or cluster may be named at any length; a folder name may not)."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-").lower()[:80].rstrip("-")
 
 
 def _cuda_devices(kind: str) -> int:

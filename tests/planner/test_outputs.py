@@ -48,6 +48,21 @@ def test_output_folders(tmp_path):
         check_output_dir(str(tmp_path / "file" / "sub"), flag="-o")
 
 
+def test_names_the_file_system_allows_and_only_those(tmp_path):
+    """A 245-character name (allowed) failed at the end of the work: its temporary name
+    passed 255 bytes; a name past the limit is refused before the work."""
+    longest = "a" * 250 + ".yaml"  # 255 bytes
+    check_output_file(str(tmp_path / longest), flag="-o", suffixes=PLAN_SUFFIXES)
+    write_text(str(tmp_path / longest), "new")
+    assert os.listdir(tmp_path) == [longest] and (tmp_path / longest).read_text() == "new"
+    with pytest.raises(SpecError, match=r"-o: .* is not allowed \(names of at most 255 "
+                                        r"bytes each, the file system's limit; one here "
+                                        r"has 257\)"):
+        check_output_file(str(tmp_path / ("é" * 126 + ".yaml")), flag="-o")
+    with pytest.raises(SpecError, match=r"one here has 300\)"):
+        check_output_dir(str(tmp_path / ("d" * 300) / "report"), flag="-o")
+
+
 def test_two_outputs_may_not_be_one_file(tmp_path):
     with pytest.raises(SpecError, match=r"--trace: .* \(the same file as -o\)"):
         check_distinct({"-o": str(tmp_path / "a.json"), "--trace": str(tmp_path / "a.json")})

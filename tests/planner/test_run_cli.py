@@ -228,3 +228,18 @@ def test_a_plan_priced_with_overlapped_gradient_reduction_is_predicted_as_the_ex
     again, source = _predict(runs, None)
     assert again.iteration_time_s == result.iteration_time_s and source == "event simulation"
     assert capsys.readouterr().err == ""
+
+
+def test_a_long_model_name_makes_a_folder_name_the_system_allows(tmp_path, capsys,
+                                                                 monkeypatch):
+    """The report folder is named after the model: a 240-character model name made a
+    folder name past 255 bytes and an OSError traceback, even with --dry-run."""
+    monkeypatch.chdir(tmp_path)
+    spec = {"name": "y" * 240, "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 256,
+            "num_heads": 4, "vocab_size": 256, "seq_len": 64}
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(spec))
+    code, out, err = _run(["run", "--model-file", "long.yaml", "--gpus", "CPU:2", "--gbs",
+                           "16", "--no-profile", "--dry-run"], capsys)
+    assert code == 0 and "torchrun" in out, err
+    (folder,) = (tmp_path / "reports").iterdir()
+    assert folder.name == "y" * 80 + "-2-cpu-ranks-gbs16"
