@@ -130,7 +130,23 @@ class ModelSpec:
         if self.num_heads % self.kv_heads:
             fail(at(where, "num_kv_heads"), self.num_kv_heads,
                  f"must divide num_heads {self.num_heads}")
+        self._check_rope(where)
         self._check_moe(where)
+
+    def _check_rope(self, where: str) -> None:
+        """RoPE rotates pairs of a head's dimensions (Su et al. 2021, eq. 34): the rotated
+        width is even (MLA's decoupled rotary key: qk_rope_head_dim)."""
+        if self.position_embedding != "rope":
+            return
+        if self.is_mla:
+            if self.qk_rope_head_dim is not None and self.qk_rope_head_dim % 2:
+                fail(at(where, "qk_rope_head_dim"), self.qk_rope_head_dim,
+                     "an even width: rope rotates pairs of dimensions")
+        elif self.head_dim % 2:
+            name = "attention_head_dim" if self.attention_head_dim else "num_heads"
+            fail(at(where, name), getattr(self, name),
+                 f"an even head width with rope, which rotates pairs of dimensions; a head "
+                 f"here is {self.head_dim} wide")
 
     def _check_mla(self, where: str) -> None:
         """MLA needs its three head widths; every head has its own K and V (up-projected

@@ -98,7 +98,11 @@ def models(draw: st.DrawFn, *, max_layers: int = 96, max_kv_heads: int = 16,
     tied or untied embeddings, every activation, norm and position embedding."""
     kv_heads = draw(st.integers(1, max_kv_heads))
     heads = kv_heads * draw(st.sampled_from((1, 1, 2, 4, 8)))
-    hidden = heads * draw(st.integers(1, max_head_dim))
+    position = draw(st.sampled_from(("learned", "rope", "alibi")))
+    head_dim = draw(st.integers(1, max_head_dim))
+    if position == "rope":  # it rotates pairs of a head's dimensions: an even width
+        head_dim = 2 * max(1, head_dim // 2)
+    hidden = heads * head_dim
     model = {"name": "fuzz-model", "num_layers": draw(st.integers(1, max_layers)),
              "hidden_size": hidden, "ffn_hidden_size": draw(st.integers(1, 4 * hidden)),
              "num_heads": heads, "vocab_size": draw(st.integers(1, max_vocab)),
@@ -106,7 +110,7 @@ def models(draw: st.DrawFn, *, max_layers: int = 96, max_kv_heads: int = 16,
              "activation": draw(st.sampled_from(("gelu", "swiglu"))),
              "norm": draw(st.sampled_from(("layernorm", "rmsnorm"))),
              "tied_embeddings": draw(st.booleans()),
-             "position_embedding": draw(st.sampled_from(("learned", "rope", "alibi"))),
+             "position_embedding": position,
              "dropout": draw(st.booleans())}
     if kv_heads != heads or draw(st.booleans()):
         model["num_kv_heads"] = kv_heads

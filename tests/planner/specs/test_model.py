@@ -46,6 +46,29 @@ def test_model_file_errors(tmp_path):
         load_model(str(f))
 
 
+def test_rope_needs_an_even_rotated_width(tmp_path):
+    """RoPE rotates pairs of dimensions (Su et al. 2021, eq. 34): a rope model with
+    1-wide heads loaded, then `plan run` failed in the ranks' apply_rope with a
+    traceback and `plan profile` dropped its qkv rows."""
+    f = tmp_path / "m.yaml"
+    base = "name: m\nnum_layers: 1\nffn_hidden_size: 8\nvocab_size: 8\nseq_len: 4\n"
+    f.write_text(base + "hidden_size: 6\nnum_heads: 2\n")
+    with pytest.raises(SpecError, match=r"m.yaml:num_heads: 2 is not allowed \(an even head "
+                                        r"width with rope, which rotates pairs of dimensions; "
+                                        r"a head here is 3 wide\)"):
+        load_model(str(f))
+    f.write_text(base + "hidden_size: 6\nnum_heads: 2\nposition_embedding: learned\n")
+    assert load_model(str(f)).head_dim == 3  # nothing rotated
+    f.write_text(base + "hidden_size: 8\nnum_heads: 2\nattention_head_dim: 5\n")
+    with pytest.raises(SpecError, match=r"m.yaml:attention_head_dim: 5 is not allowed"):
+        load_model(str(f))
+    f.write_text(base + "hidden_size: 8\nnum_heads: 2\nkv_lora_rank: 4\n"
+                 "qk_nope_head_dim: 4\nqk_rope_head_dim: 3\nv_head_dim: 4\n")
+    with pytest.raises(SpecError, match=r"m.yaml:qk_rope_head_dim: 3 is not allowed \(an even "
+                                        r"width: rope rotates pairs of dimensions\)"):
+        load_model(str(f))
+
+
 def test_a_model_without_lm_head_computes_its_loss_on_hidden_states():
     """Megatron-DeepSpeed's GPTNeoModelPipe (Sailor's GPT-Neo runs) ends in a LayerNorm:
     no output projection, no logits GEMM, no head weights."""
