@@ -148,7 +148,7 @@ class DeviceSpec:
     vendor: Literal["nvidia", "amd", "cpu"]
     arch: str
     # Bounds: generous physical limits, so every derived time, size and price stays finite
-    memory_gib: float = spec_field(gt=0, max=1_048_576)
+    memory_gib: float = spec_field(min=0.01, max=1_048_576)  # 10 MiB: below, no byte count
     memory_bandwidth_gb_per_s: float = spec_field(min=0.1, max=1_000_000)
     num_compute_units: int = spec_field(min=1, max=1_000_000, help="SMs or CUs; CPU cores "
                                         "in use")

@@ -297,7 +297,8 @@ def check_headroom(headroom_bytes: float, cluster: ClusterSpec,
     largest = max(g.device.memory_bytes for g in cluster.node_groups)
     if headroom_bytes >= largest:
         fail(where, headroom_bytes / GIB, f"less than the cluster's largest GPU "
-             f"memory, {largest / GIB:g} GiB: the GiB a plan should leave free at its peak")
+             f"memory, {largest / GIB:g} GiB: the GiB a plan should leave free at its peak, "
+             f"{DEFAULT_HEADROOM_BYTES / GIB:g} by default")
 
 
 def search_dtype(framework: str, model: ModelSpec, devices: Iterable[DeviceSpec],

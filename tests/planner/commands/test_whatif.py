@@ -29,10 +29,15 @@ WHATIF = ["what-if", "--model", "gpt3-1.3b", "--gbs", "64"]
      "its label 'baseline' is taken"),
     (["--tokens", "1e9", "--memory-headroom", "900", "-o", "r"],
      "--memory-headroom: 900.0 is not allowed (less than the cluster's largest GPU memory"),
+    # with GPUs of less memory than the default, the flag named was one never given
+    (["--tokens", "1e9", "--catalog", "small.yaml", "-o", "r"],
+     "--memory-headroom: 2.0 is not allowed (less than the cluster's largest GPU memory, "
+     "1.5 GiB: the GiB a plan should leave free at its peak, 2 by default)"),
 ])
 def test_refused_before_planning(tmp_path, monkeypatch, capsys, flags, needle):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("my notes")
+    (tmp_path / "small.yaml").write_text("H100-80GB-SXM: {memory_gib: 1.5}\n")
     code, out, err = run_cli([*WHATIF, "--cluster", str(DGX), *flags], capsys)
     assert code == 2 and needle in err, err
     assert err.count("\n") == 1 and "Traceback" not in err

@@ -83,6 +83,9 @@ def test_a_plan_file_may_define_its_gpu_under_the_clusters_devices(tmp_path, cap
     # numbers beyond any device, which overflowed or priced steps at 1e30 s
     (lambda t: t.replace("memory_gib: 24", "memory_gib: 1e300"),
      r"devices\[0\].memory_gib: 1e\+300 is not allowed \(must be ≤ 1,048,576\)"),
+    # a memory of no whole byte divided by zero in plan simulate's memory line
+    (lambda t: t.replace("memory_gib: 24", "memory_gib: 1e-300"),
+     r"devices\[0\].memory_gib: 1e-300 is not allowed \(must be ≥ 0.01\)"),
     (lambda t: t.replace("fp16: 70,", "fp16: 1e-300,"),
      r"devices\[0\].peak_tflops.fp16: 1e-300 is not allowed \(must be 0.001 to 1,000,000\)"),
     (lambda t: t.replace("num_compute_units: 80", "num_compute_units: 1000000000000"),
