@@ -110,6 +110,10 @@ class FrameworkCapabilities:
     comm_settable: frozenset[str] = frozenset()
     # multi-head latent attention (ModelSpec.kv_lora_rank: DeepSeek-V2 / V3)
     latent_attention: bool = True
+    # a learned position table as long as the training sequence, past the model's own
+    # (Megatron's export writes --max-position-embeddings from the sequence; DeepSpeed's
+    # and torchtitan's model is the user's code): `rules.seq_problem`
+    positions_past_the_table: bool = True
     # MLP activations (ModelSpec.activation) its model takes; DeepSpeed's config and
     # torchtitan's (a model registered by name, torchtitan's own or the user's:
     # protocols/train_spec.py register_train_spec) leave the model to the user's code
@@ -356,6 +360,7 @@ _TRAINPLAN = FrameworkCapabilities(
     ep_recompute=frozenset({"none", "selective"}), ep_sharding_multiple=True,
     moe_expert_tp=False, moe_sequence_parallel=False, pipeline_split_slots=False,
     latent_attention=False,  # executor/model.py: ordinary attention (preflight.check_model)
+    positions_past_the_table=False,  # executor/model.py: the model's own table (preflight)
     # executor/moe.py drops the copies over an expert's capacity (weight 0) but computes
     # them, and pads nothing
     moe_pad_to_capacity=False,

@@ -64,6 +64,7 @@ from planner.specs.cluster import (
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Communication, Kernels, Plan, Sharding
+from planner.specs.rules import seq_problem
 from profiler.devices import DeviceSpec
 from profiler.kernels import Attention
 from profiler.progress import ProgressBar
@@ -380,6 +381,11 @@ def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
         fail(field, value,
              "needs prices: a --cluster spec with price_per_gpu_hour_usd on every node group")
     check_train_dtype((g.device for g in cluster.node_groups), req.dtype, where="--dtype")
+    if seq_problem(req.model, req.seq_len) and not caps.positions_past_the_table:
+        others = [c.name for c in CAPABILITIES.values() if c.positions_past_the_table]
+        fail("--seq", req.seq_len, f"at most {req.model.seq_len}, the positions "
+             f"{req.model.name} learns: {caps.version} has no embedding past its model's "
+             f"table; --framework {' or '.join(others)} plans a longer one")
 
 
 def _kernels(req: SearchRequest, cluster: ClusterSpec) -> Kernels:

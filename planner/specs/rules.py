@@ -91,8 +91,9 @@ def seq_problem(model: ModelSpec, seq_len: int) -> str | None:
     """A model with learned positions has one embedding per position up to its own
     sequence length: the executor's model has none to look up past it. (The planner
     prices such a run as the architecture with a longer table, as Megatron's export sizes
-    --max-position-embeddings by the training sequence; only the executor refuses it.)
-    Rotary and ALiBi positions extend to any length."""
+    --max-position-embeddings by the training sequence; the executor refuses it, and a
+    search for it: `FrameworkCapabilities.positions_past_the_table`.) Rotary and ALiBi
+    positions extend to any length."""
     if model.position_embedding == "learned" and seq_len > model.seq_len:
         return (f"{model.name} learns {model.seq_len} positions (position_embedding: learned): "
                 f"at most {model.seq_len}")

@@ -390,3 +390,18 @@ def test_each_frameworks_search_plans_with_its_communication():
             assert unsupported(ranked.plan, CAPABILITIES[fw]) == [], fw
     assert not Communication.preset("trainplan", dtype="bf16").overlap_grad_reduce
     assert Communication.preset("fsdp2", dtype="bf16").overlap_grad_reduce
+
+
+def test_a_sequence_past_the_learned_positions_is_planned_only_where_it_runs():
+    """`plan search` (for trainplan's executor) wrote a plan at seq 2048 of debug-tiny,
+    which learns 64 positions, and `plan run` then refused it; Megatron's export sizes
+    --max-position-embeddings by the sequence, so it is planned there."""
+    req = SearchRequest(model=preset("debug-tiny"), cluster=parse_gpus_arg("CPU:2"), gbs=16,
+                        seq_len=2048)
+    with pytest.raises(SpecError, match=r"--seq: 2048 is not allowed \(at most 64, the "
+                       r"positions debug-tiny learns: trainplan 0.1.0 executor has no "
+                       r"embedding past its model's table; --framework megatron or "
+                       r"deepspeed or torchtitan plans a longer one\)"):
+        search(req)
+    assert search(dataclasses.replace(req, framework="megatron")).ranked
+    assert search(dataclasses.replace(req, seq_len=64)).ranked
