@@ -89,11 +89,13 @@ def parse_scenario(text: str, *, where: str = "--scenario") -> Scenario:
     if not changes:
         fail(where, text, "no change given (e.g. 'add H100-80GB-SXM 64')")
     label = label.strip()
-    if label and (set(label) & _MARKUP or not any(c.isalnum() for c in label)):
+    if label and (set(label) & _MARKUP or not any(c.isalnum() for c in label)
+                  or not label.isprintable()):
         # the label heads a report row, a Markdown table cell and a file name
         fail(where, text, f"its label {label!r} needs a letter or digit and none of "
-             f"{' '.join(sorted(_MARKUP))}")
-    return Scenario(label or body.strip(), tuple(changes))
+             f"{' '.join(sorted(_MARKUP))} or control characters (tabs, line breaks)")
+    # unlabelled, the changes name it, with any run of blanks (a tab) as one space
+    return Scenario(label or " ".join(body.split()), tuple(changes))
 
 
 _MARKUP = set("|<>*`[]\\")

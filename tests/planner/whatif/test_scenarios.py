@@ -113,6 +113,8 @@ def test_model_and_tokens() -> None:
     ("a|b <script>: price A100-80GB-SXM 2", ["its label 'a|b <script>'", "none of"]),
     ("*bold*: price A100-80GB-SXM 2", ["its label '*bold*'"]),
     ("///: price A100-80GB-SXM 2", ["its label '///' needs a letter or digit"]),
+    # a tab in a label was refused as the scenario cluster's name, not --scenario's
+    ("a\tb: price A100-80GB-SXM 2", ["its label 'a\\tb'", "control characters"]),
     # issue 15: unicode digits, quotes, NaN and sizes past the limits
     ("add H100-80GB-SXM ²", ["count", "'²'", "a positive whole number"]),
     ("add H100-80GB-SXM ١٦", ["count", "a positive whole number"]),
@@ -186,6 +188,14 @@ def test_add_a_new_island_over_a_wan_link() -> None:
 def test_removing_an_island_drops_its_links() -> None:
     s = apply(parse_scenario("remove A100-80GB-SXM 256"), _base(TWO_DC))
     assert s.cluster.island_links == () and {g.island for g in s.cluster.node_groups} == {"east"}
+
+
+def test_blanks_between_words_are_any_whitespace() -> None:
+    """Changes separated by tabs (as a script may join them) were read, but the name they
+    give an unlabelled scenario kept the tabs and was refused as the cluster's name."""
+    scenario = parse_scenario("add\tH100-80GB-SXM  8 ;\tprice H100-80GB-SXM 3")
+    assert scenario.label == "add H100-80GB-SXM 8 ; price H100-80GB-SXM 3"
+    assert apply(scenario, _base()).cluster.name.startswith(scenario.label)
 
 
 def test_a_scenarios_cluster_is_named_after_it() -> None:
