@@ -105,9 +105,10 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
     m.add_argument("--sequence-parallel", action="store_true")
     m.add_argument("--threads", type=int_in(1, 1024), default=1, metavar="N",
                    help="torch threads (default 1: one CPU rank is one core)")
-    m.add_argument("--warmup", type=int_in(0, 100_000), default=3, metavar="N")
+    m.add_argument("--warmup", type=int_in(0, 100_000), default=3, metavar="N",
+                   help="untimed calls before sampling (default 3)")
     m.add_argument("--repeats", type=int_in(1, 100_000), default=15, metavar="N",
-                   help="timed samples per row")
+                   help="timed samples per row (default 15)")
     m.add_argument("--passes", type=int_in(1, 100), default=2, metavar="N",
                    help="passes over every op, each op's fastest median kept (default 2: a "
                         "burst of other load on the host slows whole ops, never speeds one)")
@@ -129,8 +130,11 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
                         "--mbs x --seq, the activation sizes its plans run, and whose whole "
                         "forward + backward the shared-core rows time there (pass_shared), "
                         "without measuring its ops (default: --model)")
-    m.add_argument("--min-bytes", type=bytes_arg, default=1024, metavar="SIZE")
-    m.add_argument("--max-bytes", type=bytes_arg, default=256 * 1024**2, metavar="SIZE")
+    m.add_argument("--min-bytes", type=bytes_arg, default=1024, metavar="SIZE",
+                   help="the smallest collective measured (default 1KB)")
+    m.add_argument("--max-bytes", type=bytes_arg, default=256 * 1024**2, metavar="SIZE",
+                   help="the largest collective measured (the sizes: powers of two between "
+                   "them; default 256MB)")
     m.add_argument("-o", "--output", required=True, type=path_arg, metavar="FILE",
                    help="the profile: .csv, or .parquet (typed columns; needs pyarrow, "
                    "`pip install 'trainplan[parquet]'`)")

@@ -24,7 +24,7 @@ import re
 import sys
 from dataclasses import replace
 
-from planner.commands.args import add_framework_arg, path_arg, positive_int, print_json
+from planner.commands.args import add_framework_arg, int_in, path_arg, print_json
 from planner.commands.inputs import profiles_for, with_prediction
 from planner.costs.kernels import default_kernels
 from planner.errors import InfeasiblePlan
@@ -57,8 +57,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="N lost nodes of GPU type TYPE (repeatable)")
     p.add_argument("-o", "--output", required=True, metavar="PLAN",
                    help="write the new plan (.yaml/.json)")
-    p.add_argument("--top", type=positive_int, default=5, metavar="K",
-                   help="plans the search ranks (the best is written)")
+    p.add_argument("--top", type=int_in(1, 1000), default=5, metavar="K",
+                   help="plans the search ranks (the best is written; default 5)")
     p.add_argument("--profile", metavar="FILE|DIR", action="append",
                    help="measured profile(s) to price the search, as `plan search`")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -57,7 +57,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=tokens_arg, metavar="N", help="tokens to train on (for "
                    "time-to-train and the budget)")
     p.add_argument("--max-budget", type=budget_arg, metavar="USD", help="cap on the run's cost")
-    p.add_argument("--top", type=int_in(1, 1000), default=5, metavar="K", help="plans to list")
+    p.add_argument("--top", type=int_in(1, 1000), default=5, metavar="K",
+                   help="plans to list (default 5)")
     p.add_argument("--attention", choices=values(Attention))
     add_framework_arg(p)
     p.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",

@@ -60,8 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "a framework that plans each type alone: one some type has)")
     p.add_argument("--scenario", action="append", default=[], metavar="CHANGES",
                    help="a scenario (repeatable); the baseline is always the first row")
-    p.add_argument("--objective", choices=OBJECTIVES,
-                   default="time-to-train")
+    p.add_argument("--objective", choices=OBJECTIVES, default="time-to-train",
+                   help="what each scenario's search optimises (default time-to-train; "
+                   "cost and time-to-train may use fewer GPUs, as in `plan search`)")
     p.add_argument("--max-budget", type=budget_arg, metavar="USD", help="cap on each run's cost")
     add_framework_arg(p)
     p.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",

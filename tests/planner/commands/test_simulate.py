@@ -139,7 +139,7 @@ def test_tp_must_divide_the_mlp(tmp_path, capsys):
     """ffn_hidden_size 1 at tp 2 made a GEMM of width 0: ZeroDivisionError in the analytic
     device model (found by the property tests)."""
     path = tmp_path / "m.yaml"
-    path.write_text("{name: m, num_layers: 1, hidden_size: 2, ffn_hidden_size: 1, num_heads: 2,"
+    path.write_text("{name: m, num_layers: 1, hidden_size: 4, ffn_hidden_size: 1, num_heads: 2,"
                     " num_kv_heads: 1, vocab_size: 1, seq_len: 1}\n")
     _one_line(*run_cli(["simulate", "--model-file", str(path), "--gpus", "CPU:2", "--tp", "2",
                         "--pp", "1", "--dp", "1", "--mbs", "1", "--gbs", "1", "--seq", "64"],
