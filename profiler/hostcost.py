@@ -260,6 +260,8 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
         rows += _dtensor_rows(rank, world, backend=backend, family_model=family_model,
                               sequence_parallel=sequence_parallel, repeats=repeats)
         for model, mbs, seq in blocks:
+            if sequence_parallel and model.num_experts:  # the executor runs MoE layers on
+                continue  # the whole sequence: no sequence parallelism (preflight)
             rows += _dtensor_rows(rank, world, backend=backend, family_model=model,
                                   sequence_parallel=sequence_parallel, repeats=rounds,
                                   batch=(mbs, seq), budget_s=BLOCK_BUDGET_S)

@@ -398,3 +398,30 @@ def test_a_models_own_block_rows_take_more_rounds_than_the_tiny_ones(monkeypatch
     assert own == [(k, hc.BLOCK_ROUNDS, hc.BLOCK_BUDGET_S)
                    for k in ("fsdp", "dtensor", "dtensor")]
     assert hc.BLOCK_ROUNDS >= 100
+
+
+def test_an_moe_models_blocks_are_timed_without_sequence_parallelism(monkeypatch):
+    """The executor runs an MoE layer on the whole sequence (no sequence parallelism on MoE
+    models, executor/preflight.py): the DTensor rows on its blocks with sp fed the router a
+    sequence-sharded DTensor and `plan run --model debug-tiny-moe --gpus CPU:2` died in
+    its profile. Its blocks are timed without sp; the tiny dense preset's with and without."""
+    import profiler.collectives
+    import profiler.hostcost as hc
+
+    calls: list[tuple[object, bool]] = []
+
+    def dtensor(rank, world, *, family_model, sequence_parallel, **_):
+        calls.append((family_model, sequence_parallel))
+        return []
+
+    monkeypatch.setattr(profiler.collectives, "_ops", lambda *a, **k: None)
+    monkeypatch.setattr(hc, "_samples", lambda fn, repeats, *, calls: [1e-3] * repeats)
+    for name in ("_share_rows", "_skew_rows", "_p2p_rows", "_pass_share_rows",
+                 "_optimizer_share_rows", "_fsdp_rows"):
+        monkeypatch.setattr(hc, name, lambda *a, **k: [])
+    monkeypatch.setattr(hc, "_dtensor_rows", dtensor)
+    moe, small = preset("debug-tiny-moe"), preset("debug-small")
+    hc.framework_rows(0, 2, backend="gloo", family_model="debug-tiny-llama",
+                      blocks=[(moe, 8, 32), (small, 8, 64)])
+    assert calls == [("debug-tiny-llama", False), (moe, False), (small, False),
+                     ("debug-tiny-llama", True), (small, True)]
