@@ -185,6 +185,10 @@ class DeviceSpec:
         if self.efficiency is None and self.arch not in _efficiencies():
             fail(at(where, "arch"), self.arch, "a known architecture ("
                  + ", ".join(_efficiencies()) + ") or an `efficiency:` of its own")
+        if (self.intra_node_link == "loopback") != (self.vendor == "cpu"):
+            # as a cluster file's node group is held (planner/specs/cluster.py)
+            fail(at(where, "intra_node_link"), self.intra_node_link,
+                 "loopback for a CPU host's processes, and only for them")
 
     def __hash__(self) -> int:  # a cache key of the cost model (peak_tflops is a dict)
         return hash((self.name, self.arch, self.memory_gib, self.memory_bandwidth_gb_per_s,

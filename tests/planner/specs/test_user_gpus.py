@@ -83,6 +83,10 @@ def test_a_plan_file_may_define_its_gpu_under_the_clusters_devices(tmp_path, cap
     # numbers beyond any device, which overflowed or priced steps at 1e30 s
     (lambda t: t.replace("memory_gib: 24", "memory_gib: 1e300"),
      r"devices\[0\].memory_gib: 1e\+300 is not allowed \(must be ≤ 1,048,576\)"),
+    # a GPU joined by loopback (a CPU host's link): a cluster file refused it, a catalog not
+    (lambda t: t.replace("intra_node_link: pcie", "intra_node_link: loopback"),
+     r"devices\[0\].intra_node_link: 'loopback' is not allowed \(loopback for a CPU host's "
+     r"processes, and only for them\)"),
     # a memory of no whole byte divided by zero in plan simulate's memory line
     (lambda t: t.replace("memory_gib: 24", "memory_gib: 1e-300"),
      r"devices\[0\].memory_gib: 1e-300 is not allowed \(must be ≥ 0.01\)"),
