@@ -3,6 +3,11 @@
 from planner.costs.workload import Op
 from profiler.store import PROFILE_SCHEMA_VERSION, ProfileMeta, ProfileRow, save_profile
 
+# `plan profile` flags that measure a debug model in a few seconds: one small shape, one
+# attention backend and AdamW implementation, few samples
+QUICK_PROFILE = ["--mbs", "2", "--seq", "32", "--attention", "flash", "--optimizer", "fused",
+                 "--warmup", "1", "--repeats", "3"]
+
 
 def meta(device="CPU", dtype="fp32", world_size=1):
     """As `plan profile` writes it: a GPU's with its CUDA runtime, the CPU's without."""

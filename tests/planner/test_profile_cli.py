@@ -5,6 +5,7 @@ import json
 import pytest
 
 from tests.planner.cli_helpers import run_cli as _run
+from tests.planner.profile_helpers import QUICK_PROFILE
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -96,9 +97,7 @@ def test_measure_show_fit_and_use(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.setenv("TRAINPLAN_PROGRESS", "always")  # short work: show the bar anyway
     path = str(tmp_path / "cpu.csv")
-    code, out, err = _run(["profile", "--model", "debug-tiny", "--mbs", "2", "--seq", "32",
-                           "--attention", "flash", "--optimizer", "fused", "--warmup", "1",
-                           "--repeats", "3", "-o", path], capsys)
+    code, out, err = _run(["profile", "--model", "debug-tiny", *QUICK_PROFILE, "-o", path], capsys)
     assert code == 0, err
     # (progress on stderr is quiet off a terminal for work this short: profiler/progress.py)
     assert out.startswith("wrote ") and f"to {path}" in out
@@ -180,9 +179,8 @@ def test_an_moe_model_is_measured_where_torch_runs_its_ops(tmp_path, capsys):
     and the note names what the analytic model prices."""
     pytest.importorskip("torch")
     path = str(tmp_path / "moe.csv")
-    code, out, err = _run(["profile", "--model", "debug-tiny-moe", "--mbs", "2", "--seq", "32",
-                           "--attention", "flash", "--optimizer", "fused", "--warmup", "1",
-                           "--repeats", "3", "-o", path], capsys)
+    code, out, err = _run(["profile", "--model", "debug-tiny-moe", *QUICK_PROFILE, "-o",
+                           path], capsys)
     assert code == 0 and f"to {path}" in out, err
     assert ("not measured: moe.topk, moe.permute, moe.expert.fc1, moe.expert.fc2, "
             "moe.unpermute and their gradients") in err

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from profiler.schema import SpecError
 from profiler.store import ProfileRow, load_profile, load_profiles, profile_text, save_profile
 from tests.planner.cli_helpers import run_cli
+from tests.planner.profile_helpers import QUICK_PROFILE
 from tests.profiler.test_store import META, ROWS, _collective
 
 pa = pytest.importorskip("pyarrow")
@@ -114,9 +115,8 @@ def test_without_pyarrow_a_parquet_profile_is_refused_before_any_work(tmp_path, 
 def test_plan_profile_writes_parquet_and_the_planner_prices_from_it(tmp_path, capsys):
     pytest.importorskip("torch")
     path = str(tmp_path / "cpu.parquet")
-    code, out, err = run_cli(["profile", "--model", "debug-tiny", "--mbs", "2", "--seq", "32",
-                              "--attention", "flash", "--optimizer", "fused", "--warmup", "1",
-                              "--repeats", "3", "-o", path], capsys)
+    code, out, err = run_cli(["profile", "--model", "debug-tiny", *QUICK_PROFILE, "-o", path],
+                             capsys)
     assert code == 0 and f"to {path}" in out, err
     code, out, err = run_cli(["profile", "show", path, "--json"], capsys)
     assert code == 0 and json.loads(out)["meta"]["device"] == "CPU", err
