@@ -217,9 +217,6 @@ _MEGATRON_LIST_FLAGS = ("--recompute-modules ",)
 
 def _megatron(plan: Plan) -> Export:
     issues = unsupported(plan, CAPABILITIES["megatron"])
-    if plan.model.position_embedding == "alibi":
-        issues.append("position embedding alibi: Megatron-LM's GPT has learned_absolute, "
-                      "rope and none")
     # a flag and its value, quoted; a flag taking a list (argparse nargs) gets each item
     lines = [shlex.join(a.split(" ") if a.startswith(_MEGATRON_LIST_FLAGS) else a.split(" ", 1))
              for a in megatron_args(plan)]

@@ -114,6 +114,19 @@ class FrameworkCapabilities:
     # (Megatron's export writes --max-position-embeddings from the sequence; DeepSpeed's
     # and torchtitan's model is the user's code): `rules.seq_problem`
     positions_past_the_table: bool = True
+    # the position embeddings (ModelSpec.position_embedding) and a model without an
+    # output projection (ModelSpec.lm_head false: Megatron-DeepSpeed's GPT-Neo pipe) its
+    # model takes
+    positions: frozenset[str] = frozenset({"learned", "rope", "alibi"})
+    headless: bool = True
+    # tied input and output embeddings on stages of different tp (one tensor, sharded alike
+    # where it is used twice)
+    tied_ends_any_tp: bool = True
+    # model-state sharding at a stage position whose replicas differ in tp, beyond ZeRO-1
+    # over all of them
+    mixed_tp_sharding: bool = True
+    # full recomputation past the first stage under zb-h1 (its W pass re-runs the layer)
+    zb_full_recompute: bool = True
     # MLP activations (ModelSpec.activation) its model takes; DeepSpeed's config and
     # torchtitan's (a model registered by name, torchtitan's own or the user's:
     # protocols/train_spec.py register_train_spec) leave the model to the user's code
@@ -164,6 +177,9 @@ _MEGATRON = FrameworkCapabilities(
     # sequence parallelism scatters the sequence over the tp ranks and asserts an even
     # split (tensor_parallel/mappings.py `_split_along_first_dim`)
     even_sequence_split=True,
+    # --position-embedding-type: learned_absolute, rope, none (no ALiBi; BLOOM trained on
+    # Megatron-DeepSpeed)
+    positions=frozenset({"learned", "rope"}),
     schedules=frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B}),
     sharding=(NO_SHARDING, ZERO1, ("1", "1", "k")),
     recompute=frozenset({"none", "selective", "full"}),
@@ -361,6 +377,12 @@ _TRAINPLAN = FrameworkCapabilities(
     moe_expert_tp=False, moe_sequence_parallel=False, pipeline_split_slots=False,
     latent_attention=False,  # executor/model.py: ordinary attention (preflight.check_model)
     positions_past_the_table=False,  # executor/model.py: the model's own table (preflight)
+    # executor/model.py and executor/preflight.py: learned and rotary positions, an output
+    # projection, one tp where a tied embedding is used twice, mixed tp only unsharded or
+    # under ZeRO-1 over all replicas (executor/mixed_tp.py), ZB-H1's W pass without full
+    # recomputation past the first stage
+    positions=frozenset({"learned", "rope"}), headless=False, tied_ends_any_tp=False,
+    mixed_tp_sharding=False, zb_full_recompute=False, kv_heads_split=True,
     # executor/moe.py drops the copies over an expert's capacity (weight 0) but computes
     # them, and pads nothing
     moe_pad_to_capacity=False,
@@ -427,6 +449,8 @@ class PlanShape:
     recompute: tuple[str, ...]  # distinct recompute modes, first replica's order
     ep: int = 1  # expert-parallel degree (MoE)
     recompute_modules: tuple[str, ...] = ("core_attn",)  # what selective re-runs
+    schedule: str = Schedule.ONE_F_ONE_B
+    recompute_past_first: tuple[str, ...] = ()  # modes of any replica's stages 1..pp-1
 
 
 def plan_shape(plan: Plan) -> PlanShape:
@@ -448,7 +472,10 @@ def plan_shape(plan: Plan) -> PlanShape:
                           for p in plan.pipelines[1:]),
         tp_alike=len({(s.tp, s.cp) for p in plan.pipelines for s in p.stages}) == 1,
         recompute=tuple(dict.fromkeys(s.recompute for p in plan.pipelines for s in p.stages)),
-        ep=plan.training.ep, recompute_modules=tuple(plan.training.recompute_modules))
+        ep=plan.training.ep, recompute_modules=tuple(plan.training.recompute_modules),
+        schedule=plan.training.schedule,
+        recompute_past_first=tuple(dict.fromkeys(s.recompute for p in plan.pipelines
+                                                 for s in p.stages[1:])))
 
 
 def chunk_layer_counts(layers: tuple[int, ...], vp: int, *, lead: int = 0,
@@ -513,6 +540,7 @@ def unsupported(plan: Plan, capabilities: FrameworkCapabilities, *,
     out += _precision_and_kernels(plan, caps)
     out += _moe(plan, caps, s)
     out += _model(plan, caps)
+    out += _tp_mixes(plan, caps)
     if communication:
         out += _communication(plan, caps)
     return out
@@ -520,11 +548,46 @@ def unsupported(plan: Plan, capabilities: FrameworkCapabilities, *,
 
 def _model(plan: Plan, caps: FrameworkCapabilities) -> list[str]:
     """The model's own architecture against what the framework's model takes."""
+    out = []
     act = plan.model.activation
     if act not in caps.activations:
-        return [f"activation {act}: {caps.version} has "
-                f"{', '.join(sorted(caps.activations))}{_note(caps, f'activation {act}')}"]
-    return []
+        out.append(f"activation {act}: {caps.version} has "
+                   f"{', '.join(sorted(caps.activations))}{_note(caps, f'activation {act}')}")
+    position = plan.model.position_embedding
+    if position not in caps.positions:
+        out.append(f"{position} positions: {caps.version} has "
+                   f"{', '.join(sorted(caps.positions))}")
+    if not plan.model.lm_head and not caps.headless:
+        out.append(f"no output projection (lm_head false): {caps.version}'s models end in one")
+    return out
+
+
+def _tp_mixes(plan: Plan, caps: FrameworkCapabilities) -> list[str]:
+    """Where tp differs between stages or replicas: a tied embedding used on stages of two
+    tp, and model states sharded at a position whose replicas differ in tp."""
+    out = []
+    for p in plan.pipelines:
+        first, last = p.stages[0].tp, p.stages[-1].tp
+        if plan.model.tied_embeddings and first != last and not caps.tied_ends_any_tp:
+            out.append(f"tied embeddings on a first stage of tp {first} and a last of tp "
+                       f"{last}: {caps.version} needs one tp where the tied weight is used")
+            break
+    if not caps.mixed_tp_sharding:
+        for si in range(len(plan.pipelines[0].stages)):
+            tps = sorted({p.stages[si].tp for p in plan.pipelines})
+            sh = plan.sharding_of(si)
+            if len(tps) > 1 and not mixed_tp_sharding_runs(sh, plan.dp):
+                out.append(f"P/G/OS {sh.params}/{sh.grads}/{sh.optim} at stage position {si}, "
+                           f"whose replicas' tp differ ({tps}): {caps.version} runs mixed tp "
+                           f"unsharded or with ZeRO-1 over all {plan.dp} replicas")
+    return out
+
+
+def mixed_tp_sharding_runs(sharding: Sharding, dp: int) -> bool:
+    """Whether model states sharded so run at a stage position whose replicas differ in
+    tp, where the framework lacks `mixed_tp_sharding` (executor/mixed_tp.py sums whole
+    gradients: P/G/OS 1/1/1, or 1/1/dp)."""
+    return (sharding.params, sharding.grads) == (1, 1) and sharding.optim in (1, dp)
 
 
 def _note(caps: FrameworkCapabilities, key: str) -> str:
@@ -589,8 +652,9 @@ def _parallelisms(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list
         out.append(f"tp {s.tp} without sequence parallelism: {caps.version} always runs it "
                    f"with tp{_note(caps, 'sequence parallel')}")
     kv = plan.model.kv_heads
-    if caps.kv_heads_split and kv % s.tp:
-        out.append(f"tp {s.tp} over {kv} key/value heads: {caps.version} splits the "
+    over = max((st.tp for p in plan.pipelines for st in p.stages if kv % st.tp), default=0)
+    if caps.kv_heads_split and over:
+        out.append(f"tp {over} over {kv} key/value heads: {caps.version} splits the "
                    "key/value heads over the tp ranks (tp must divide them)")
     local = plan.training.seq_len // max(s.cp, 1)  # a context-parallel rank's sequence
     if sp and s.tp > 1 and caps.even_sequence_split and local % s.tp:
@@ -636,6 +700,10 @@ def _recompute(caps: FrameworkCapabilities, s: PlanShape) -> list[str]:
         if mode not in caps.recompute:
             out.append(f"recompute {mode}: {caps.version} has "
                        f"{', '.join(sorted(caps.recompute))}{_note(caps, f'recompute {mode}')}")
+    if not caps.zb_full_recompute and s.schedule == Schedule.ZB_H1 and \
+            Recompute.FULL in s.recompute_past_first:
+        out.append(f"full recompute past the first stage under zb-h1: {caps.version}'s W "
+                   "pass would run each layer's forward again (full on stage 0 only)")
     missing = [m for m in s.recompute_modules if m not in caps.recompute_modules]
     if Recompute.SELECTIVE in s.recompute and missing:
         out.append(f"selective recompute of {', '.join(missing)}: {caps.version} re-runs "

@@ -31,6 +31,7 @@ from planner.export.frameworks import (
     FrameworkCapabilities,
     ShardPattern,
     matches_pattern,
+    mixed_tp_sharding_runs,
 )
 from planner.hetero.candidates import Priced, Template, price
 from planner.hetero.placement import Pool, pools_by_type
@@ -82,6 +83,13 @@ class MixedSpace:
     ep_schedules: tuple[Schedule, ...] | None = None
     ep_recompute: tuple[Recompute, ...] | None = None
     ep_sharding_multiple: bool = False
+    # the framework's limits where tp differs (FrameworkCapabilities): tp dividing the
+    # key/value heads, one tp at both ends of a tied embedding, model states sharded at
+    # a position of unlike tp, full recomputation past the first stage under ZB-H1
+    kv_heads_split: bool = False
+    tied_ends_any_tp: bool = True
+    mixed_tp_sharding: bool = True
+    zb_full_recompute: bool = True
 
     @classmethod
     def for_framework(cls, caps: FrameworkCapabilities,
@@ -112,7 +120,9 @@ class MixedSpace:
             schedules=tuple(s for s in cls.schedules if s in caps.schedules),
             recompute=tuple(r for r in Recompute if r in caps.recompute),
             sharding=caps.sharding, sharding_with_pp=caps.sharding_with_pp,
-            per_stage_sharding=caps.per_stage_sharding)
+            per_stage_sharding=caps.per_stage_sharding, kv_heads_split=caps.kv_heads_split,
+            tied_ends_any_tp=caps.tied_ends_any_tp, mixed_tp_sharding=caps.mixed_tp_sharding,
+            zb_full_recompute=caps.zb_full_recompute)
         if model is None or not model.is_moe or "ep" not in caps.parallelisms:
             return space
         # every power-of-two ep that divides the experts, within the framework's limits
@@ -132,17 +142,25 @@ class MixedSpace:
             return True
         return self.per_stage_tp and (family == "mixed-stages" or self.unlike_replicas)
 
-    def shardings(self, dp: int, pp: int, ep: int = 1) -> tuple[list[Sharding], list[Sharding]]:
-        """The shardings searched for `dp` replicas of `pp` stages (ep groups of `ep`)
-        among replicated, ZeRO-1, 2, 3 that the patterns allow: the cheap ones
-        (replicated, ZeRO-1) and the rest."""
+    def ends_allowed(self, model: ModelSpec, t: Template) -> bool:
+        """Whether a tied embedding's two ends (first and last stage) may differ in tp."""
+        return (self.tied_ends_any_tp or not model.tied_embeddings
+                or all(rep[0][1] == rep[-1][1] for rep in t.replicas))
+
+    def shardings(self, dp: int, pp: int, ep: int = 1, *, mixed_tp: bool = False
+                  ) -> tuple[list[Sharding], list[Sharding]]:
+        """The shardings searched for `dp` replicas of `pp` stages (ep groups of `ep`;
+        `mixed_tp`: replicas unlike in tp at a stage position) among replicated, ZeRO-1,
+        2, 3 that the patterns allow: the cheap ones (replicated, ZeRO-1) and the rest."""
         patterns = self.sharding_with_pp if pp > 1 and self.sharding_with_pp else self.sharding
         whole = self.ep_sharding_multiple and ep > 1  # expert states in whole ep groups
+        unsharded = mixed_tp and not self.mixed_tp_sharding
 
         def ok(sh: Sharding) -> bool:
             sizes = (sh.params, sh.grads, sh.optim)
             return (any(matches_pattern(sizes, p, dp) for p in patterns)
-                    and not (whole and any(n > ep and n % ep for n in sizes)))
+                    and not (whole and any(n > ep and n % ep for n in sizes))
+                    and not (unsharded and not mixed_tp_sharding_runs(sh, dp)))
 
         options = sharding_options(dp)
         return [sh for sh in options[:2] if ok(sh)], [sh for sh in options[2:] if ok(sh)]
@@ -189,7 +207,8 @@ FULL_TYPES = 4
 
 def _tp_options(model: ModelSpec, nvlink_domain_gpus: int, space: MixedSpace) -> list[int]:
     """Tensor-parallel degrees inside one NVLink domain (a node; a GB200 NVL72 rack)."""
-    return [t for t in space.tp if t <= nvlink_domain_gpus and tp_problem(model, t) is None]
+    return [t for t in space.tp if t <= nvlink_domain_gpus and tp_problem(model, t) is None
+            and not (space.kv_heads_split and model.kv_heads % t)]
 
 
 def templates(model: ModelSpec, pools: dict[str, list[Pool]], gbs: int,
@@ -209,7 +228,8 @@ def templates(model: ModelSpec, pools: dict[str, list[Pool]], gbs: int,
         for family in space.families:
             if space.tp_allowed(family, tp):
                 for t in families[family](subset, tp, units, layers, gbs):
-                    yield from _with_ep(t, space.ep, gbs)
+                    if space.ends_allowed(model, t):
+                        yield from _with_ep(t, space.ep, gbs)
 
 
 def _type_choices(types: list[str], tps: dict[str, list[int]],
@@ -406,7 +426,7 @@ def hetero_candidates(model: ModelSpec, cluster: ClusterSpec, chosen: Sequence[T
     # with one sharding, so these are not branched on): ZB-H1, and AMSP per stage, each
     # position at the sharding its memory allows that shortens the iteration most.
     for p in [p for p in best if p.template.pp > 1]:
-        for schedule, relax in _variants(space, p.template):
+        for schedule, relax in _variants(space, p.template, p.recompute):
             q = price(model, cluster, p.template, pools=pools, mbs=p.mbs,
                       recompute=p.recompute, sharding=p.sharding, seq_len=seq_len,
                       dtype=dtype, gbs=gbs, kernels=kernels, attention=p.attention,
@@ -451,16 +471,24 @@ def _price_one(model: ModelSpec, cluster: ClusterSpec, t: Template, mbs: int, rc
     return price(model, cluster, t, mbs=mbs, recompute=rc, sharding=sh, **kw)  # type: ignore[arg-type]  # keyword arguments collected in kw
 
 
-def _variants(space: MixedSpace, t: Template) -> list[tuple[Schedule, list[Sharding]]]:
-    """(schedule, sharding options per stage position) of a leader's variants: ZB-H1 alone,
-    then AMSP per stage position under 1F1B and ZB-H1, as far as `space` allows."""
-    cheap, rest = space.shardings(t.dp, t.pp, t.ep)
+def _variants(space: MixedSpace, t: Template, recompute: Recompute
+              ) -> list[tuple[Schedule, list[Sharding]]]:
+    """(schedule, sharding options per stage position) of a leader's variants (recomputing
+    `recompute`): ZB-H1 alone, then AMSP per stage position under 1F1B and ZB-H1, as far as
+    `space` allows."""
+    cheap, rest = space.shardings(t.dp, t.pp, t.ep, mixed_tp=_mixes_tp(t))
     options = cheap + rest if t.dp > 1 and space.per_stage_sharding else []
     zb, one = Schedule.ZB_H1, Schedule.ONE_F_ONE_B
     wanted: list[tuple[Schedule, list[Sharding]]] = [(zb, [])]
     wanted += [(one, options), (zb, options)] * (len(options) > 0)
+    zb_ok = space.zb_full_recompute or recompute != Recompute.FULL
     return [(schedule, relax) for schedule, relax in wanted
-            if space.schedule_allowed(schedule, t.ep)]
+            if space.schedule_allowed(schedule, t.ep) and (schedule != zb or zb_ok)]
+
+
+def _mixes_tp(t: Template) -> bool:
+    """Whether the replicas of `t` differ in tp at some stage position."""
+    return any(len({rep[k][1] for rep in t.replicas}) > 1 for k in range(t.pp))
 
 
 def _cheapest_fitting(t: Template, mbs: int, space: MixedSpace, price_fn: Callable, *,
@@ -475,7 +503,7 @@ def _cheapest_fitting(t: Template, mbs: int, space: MixedSpace, price_fn: Callab
     reduction after it (llama2-7b, 32 A100 dp 32: ZeRO-3 1.76 s, ZeRO-1 1.87 s)."""
     for rc in space.recompute_for(t.ep):  # cheapest first
         fitted = False
-        for shardings in space.shardings(t.dp, t.pp, t.ep):
+        for shardings in space.shardings(t.dp, t.pp, t.ep, mixed_tp=_mixes_tp(t)):
             for sh in shardings:
                 p = price_fn(mbs, rc, sh)
                 fitted = fitted or (p is not None and p.fits)

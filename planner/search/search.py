@@ -355,6 +355,16 @@ def check_framework(framework: str, model: ModelSpec, dtype: str) -> FrameworkCa
             others = [c.name for c in CAPABILITIES.values() if getattr(c, ok)]
             fail("--model", model.name, f"{what} is not in {caps.version}'s MoE; "
                  f"--framework {' or '.join(others)} plans it")
+    if model.position_embedding not in caps.positions:
+        others = [c.name for c in CAPABILITIES.values()
+                  if model.position_embedding in c.positions]
+        fail("--model", model.name, f"its {model.position_embedding} positions are not among "
+             f"{caps.version}'s ({', '.join(sorted(caps.positions))}); --framework "
+             f"{' or '.join(others)} plans it")
+    if not model.lm_head and not caps.headless:
+        others = [c.name for c in CAPABILITIES.values() if c.headless]
+        fail("--model", model.name, f"it has no output projection (lm_head: false), and "
+             f"{caps.version}'s models end in one; --framework {' or '.join(others)} plans it")
     if model.activation not in caps.activations:
         others = [c.name for c in CAPABILITIES.values() if model.activation in c.activations]
         fail("--model", model.name, f"its activation {model.activation} is not among "

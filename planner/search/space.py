@@ -91,6 +91,7 @@ class SearchSpace:
     expert_tp_one: bool = False
     moe_sequence_parallel: bool = True
     ep_sharding_multiple: bool = False  # with ep > 1 sharding degrees <= ep or k x ep
+    zb_full_recompute: bool = True  # FrameworkCapabilities.zb_full_recompute
     # 16-bit compute with tp or pp only where parameters are sharded over dp x cp > 1, or
     # cp > 1 (FrameworkCapabilities.amp_needs_sharding_with_tp_pp: torchtitan)
     amp_needs_sharding_with_tp_pp: bool = False
@@ -160,6 +161,7 @@ def for_framework(space: SearchSpace, caps: FrameworkCapabilities) -> SearchSpac
         else tuple(r for r in Recompute if r in caps.ep_recompute),
         expert_tp_one=not caps.moe_expert_tp, moe_sequence_parallel=caps.moe_sequence_parallel,
         ep_sharding_multiple=caps.ep_sharding_multiple,
+        zb_full_recompute=space.zb_full_recompute and caps.zb_full_recompute,
         amp_needs_sharding_with_tp_pp=caps.amp_needs_sharding_with_tp_pp,
         fsdp_data_parallel=caps.fsdp_data_parallel)
 
@@ -226,6 +228,13 @@ def schedule_valid(layout: Layout, micro: Micro) -> bool:
     return schedule_problem(micro.schedule, layout.pp, micro.vp) is None
 
 
+def zb_recompute_allowed(space: SearchSpace, layout: Layout, micro: Micro) -> bool:
+    """Full recomputation on the stages past the first under ZB-H1, where the framework
+    runs it (its W pass is a second backward, which would re-run each layer)."""
+    return (space.zb_full_recompute or micro.schedule != Schedule.ZB_H1 or layout.pp == 1
+            or micro.recompute != Recompute.FULL)
+
+
 def tp_with_pp_allowed(space: SearchSpace, tp: int, pp: int) -> bool:
     return space.tp_with_pp or tp == 1 or pp == 1
 
@@ -285,6 +294,7 @@ def candidates(space: SearchSpace, model: ModelSpec, layout: Layout, *, gbs: int
         micro = Micro(vp, mbs, rc, sp, schedule)
         if (batch_divides(gbs, layout.dp, mbs) and pp_fits_layers(model, layout.pp, vp)
                 and interleaving_valid(layout, micro, gbs) and schedule_valid(layout, micro)
+                and zb_recompute_allowed(space, layout, micro)
                 and stages_even_where_needed(space, model, layout.pp, vp)
                 and ep_allows(space, layout, micro)):
             yield micro

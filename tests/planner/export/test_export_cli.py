@@ -537,8 +537,9 @@ def test_megatron_splits_the_key_value_heads_over_tp():
     assert any("tp 4 over 2 key/value heads" in u
                for u in unsupported(replicated, CAPABILITIES["megatron"]))
     assert not any("key/value heads" in u for u in unsupported(split, CAPABILITIES["megatron"]))
-    assert not any("key/value heads" in u
-                   for u in unsupported(replicated, CAPABILITIES["trainplan"]))
+    # nor does the executor copy K/V heads (executor/preflight.py: tp must divide them)
+    assert any("tp 4 over 2 key/value heads" in u
+               for u in unsupported(replicated, CAPABILITIES["trainplan"]))
     found = search(SearchRequest(model=preset("debug-tiny-llama"),
                                  cluster=parse_gpus_arg("A100-80GB-SXM:8"), gbs=8, seq_len=128,
                                  dtype=DType.BF16, framework="megatron", top=50))

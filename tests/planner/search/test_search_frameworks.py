@@ -18,7 +18,7 @@ from planner.predict.estimate import estimate
 from planner.search import SearchRequest, search
 from planner.search.sharding import allowed_options
 from planner.search.space import SearchSpace, candidates, default_space, for_framework, layouts
-from planner.specs.cluster import load_cluster, parse_gpus_arg, runs_dtype
+from planner.specs.cluster import ClusterSpec, NodeGroup, load_cluster, parse_gpus_arg, runs_dtype
 from planner.specs.layout import split_layers
 from planner.specs.model import preset
 from planner.specs.plan import Sharding
@@ -100,7 +100,10 @@ def test_deepspeed_pipelines_shard_at_most_the_optimizer():
 
 
 def test_mixed_space_per_framework():
-    assert MixedSpace.for_framework(CAPABILITIES["trainplan"]) == MixedSpace()
+    # the executor's limits where tp differs (executor/preflight.py), the rest searched
+    assert MixedSpace.for_framework(CAPABILITIES["trainplan"]) == dataclasses.replace(
+        MixedSpace(), kv_heads_split=True, tied_ends_any_tp=False, mixed_tp_sharding=False,
+        zb_full_recompute=False)
     for fw in ("megatron", "deepspeed", "torchtitan"):
         space = MixedSpace.for_framework(CAPABILITIES[fw])
         assert space.families == () and "mixed GPU types in one job" in space.why_none
@@ -405,3 +408,66 @@ def test_a_sequence_past_the_learned_positions_is_planned_only_where_it_runs():
         search(req)
     assert search(dataclasses.replace(req, framework="megatron")).ranked
     assert search(dataclasses.replace(req, seq_len=64)).ranked
+
+
+_H100_A100 = ClusterSpec(name="h100-a100", node_groups=(
+    NodeGroup(name="h", gpu="H100-80GB-SXM", num_nodes=1, island="ib"),
+    NodeGroup(name="a", gpu="A100-40GB-SXM", num_nodes=1, island="ib")))
+_GQA = dataclasses.replace(preset("debug-tiny-llama"), name="gqa", num_layers=3,
+                           hidden_size=128, ffn_hidden_size=344, num_heads=8, num_kv_heads=2,
+                           vocab_size=512, seq_len=128)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, cluster, gbs, extra", [
+    # tp 4 over 2 key/value heads: the executor splits them, it does not copy them
+    (preset("debug-tiny-llama"), "CPU:4", 1, {}),
+    (_GQA, "H100-80GB-SXM:64", 36, {}),
+    # tied embeddings on a first stage of tp 1 and a last of tp 4 (or 2)
+    (preset("gpt3-125m"), "cluster_specs/mixed-a100-v100.yaml", 160, {"dtype": "fp16"}),
+    (preset("gpt3-1.3b"), "cluster_specs/mixed-a100-v100.yaml", 256, {"dtype": "fp16"}),
+    # replicas of tp 2 and 1 at a position, their states sharded P/G/OS 64/64/64
+    (preset("gpt3-1.3b"), "cluster_specs/three-types.yaml", 256, {"dtype": "fp16"}),
+    (preset("llama2-7b"), _H100_A100, 64, {"dtype": "fp32"}),
+    # zb-h1 with full recomputation past the first stage
+    (preset("mixtral-8x7b"), "H100-80GB-SXM:16", 24,
+     {"dtype": "tf32", "objective": "time-to-train", "tokens": 5e9}),
+    (preset("mixtral-8x7b"), _H100_A100, 64, {}),
+], ids=["gqa-cpu", "gqa-h100", "tied-125m", "tied-1.3b", "mixed-tp-zero3", "mixed-tp-fp32",
+        "zb-full-moe", "zb-full-mixed"])
+def test_what_trainplan_searches_the_executor_runs(model, cluster, gbs, extra):
+    """Found by a sweep of `plan search` then `plan run --dry-run` (588 pairs, 37 refused):
+    each of these searches ranked first a plan the executor's preflight refuses. Every
+    plan ranked now passes it, and nothing of it is `unsupported` by trainplan."""
+    from executor.preflight import check_runnable
+    from planner.specs.cluster import ClusterSpec as Spec
+
+    if isinstance(cluster, Spec):
+        cluster = cluster.resolved()
+    elif cluster.endswith(".yaml"):
+        cluster = load_cluster(cluster)
+    else:
+        cluster = parse_gpus_arg(cluster)
+    found = search(SearchRequest(model=model, cluster=cluster, gbs=gbs,
+                                 seq_len=min(model.seq_len, 4096), top=3, **extra))
+    assert found.ranked
+    for ranked in found.ranked:
+        assert unsupported(ranked.plan, CAPABILITIES["trainplan"]) == []
+        check_runnable(ranked.plan, cuda_devices=64, host=False)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("position_embedding", "alibi", "its alibi positions are not among trainplan 0.1.0 "
+     "executor's (learned, rope); --framework deepspeed or torchtitan plans it"),
+    ("lm_head", False, "it has no output projection (lm_head: false), and trainplan 0.1.0 "
+     "executor's models end in one; --framework megatron or deepspeed or torchtitan plans it"),
+])
+def test_a_model_the_executor_lacks_is_refused_naming_who_plans_it(field, value, needle):
+    model = dataclasses.replace(preset("debug-tiny"), **{field: value},
+                                **({"tied_embeddings": False} if field == "lm_head" else {}))
+    with pytest.raises(SpecError) as err:
+        search(SearchRequest(model=model, cluster=parse_gpus_arg("CPU:2"), gbs=8, seq_len=64))
+    assert needle in str(err.value), str(err.value)
+    framework = "deepspeed"
+    assert search(SearchRequest(model=model, cluster=parse_gpus_arg("CPU:2"), gbs=8,
+                                seq_len=64, framework=framework)).ranked
