@@ -51,8 +51,9 @@ from profiler.schema import (
 
 __all__ = ["INTERRUPTED_NOTE", "PEAK_MARGIN", "PROFILE_SCHEMA_VERSION", "SHAPE_LENGTHS",
            "MonotoneCurve", "Profile", "ProfileMeta", "ProfileRow", "Profiles", "crowd_of",
-           "crowd_variant", "interrupted_rows", "is_parquet", "load_profile", "load_profiles", "parse_profile_text",
-           "profile_text", "row_peak_flops", "save_profile", "summary_row"]
+           "crowd_variant", "interrupted_rows", "is_parquet", "load_profile", "load_profiles",
+           "parse_profile_text", "profile_text", "row_peak_flops", "save_profile",
+           "summary_row"]
 
 PROFILE_SCHEMA_VERSION = 1
 # The least seconds an op or collective call can take (a GPU kernel launch takes ~2-5 us,

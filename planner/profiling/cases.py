@@ -93,17 +93,23 @@ def unmeasured_ops(model: ModelSpec, w: WorkloadShape) -> list[str]:
     """The forward ops of `model` at `w` that `plan profile` does not measure (no torch
     code runs them as the frameworks do); they and their gradients stay with the
     analytic model."""
-    return [op.name for op in _forward_ops(model, w) if _forward_impl(model, w, op) is None]
+    forward, _ = _ops(model, w)
+    return [op.name for op in forward if _forward_impl(model, w, op) is None]
 
 
-def _forward_ops(model: ModelSpec, w: WorkloadShape) -> list[Op]:
+def _ops(model: ModelSpec, w: WorkloadShape) -> tuple[list[Op], list[Op]]:
+    """The forward and backward ops of a layer, the embedding and the head at `w`."""
     work = layer_work(model, w)
-    emb_fwd, _ = embedding_work(model, w)
-    head_fwd, _, _ = head_work(model, w)
-    # TE's FP8 quantization kernels (cast, transpose) have no torch op here that runs as
-    # they do: they stay with the analytic memory model, priced from their bytes
-    return [op for op in (*work.forward, *emb_fwd, *head_fwd)
-            if isinstance(op, Op) and not is_fp8_quantization(op)]
+    emb_fwd, emb_bwd = embedding_work(model, w)
+    head_fwd, head_bwd, _ = head_work(model, w)
+
+    def kept(ops: Iterable[object]) -> list[Op]:
+        # TE's FP8 quantization kernels (cast, transpose) have no torch op here that runs
+        # as they do: they stay with the analytic memory model, priced from their bytes
+        return [op for op in ops if isinstance(op, Op) and not is_fp8_quantization(op)]
+
+    return (kept((*work.forward, *emb_fwd, *head_fwd)),
+            kept((*work.backward, *emb_bwd, *head_bwd)))
 
 
 def _in_fp8(impl: str, name: str, dtype: str) -> str:
@@ -155,12 +161,7 @@ def step_bytes(model: ModelSpec, w: WorkloadShape) -> float:
 
 def _shape_cases(model: ModelSpec, w: WorkloadShape) -> list[OpCase]:
     """Forward and backward ops of a layer, the embedding and the head at one shape."""
-    work = layer_work(model, w)
-    _, emb_bwd = embedding_work(model, w)
-    _, head_bwd, _ = head_work(model, w)
-    forward = _forward_ops(model, w)
-    backward = [op for op in (*work.backward, *emb_bwd, *head_bwd)
-                if isinstance(op, Op) and not is_fp8_quantization(op)]
+    forward, backward = _ops(model, w)
     impls = {op.name: _forward_impl(model, w, op) for op in forward}
     reuse = step_bytes(model, w)
     cases = [_case(op, *impl, None, reuse) for op in forward
