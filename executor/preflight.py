@@ -9,7 +9,7 @@ once, the batch adds up); these are the executor's own limits and this host's.
 from __future__ import annotations
 
 from planner.costs.kernels import supported_attention
-from planner.export.frameworks import model_states_differ
+from planner.export.frameworks import mixed_tp_sharding_runs, model_states_differ
 from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, DType, ModelStates, Recompute
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
@@ -61,7 +61,7 @@ def _check_replicas(plan: Plan, where: str) -> None:
         if len(set(tps)) == 1:
             continue
         sh = plan.sharding_of(si)
-        if (sh.params, sh.grads) != (1, 1) or sh.optim not in (1, plan.dp):
+        if not mixed_tp_sharding_runs(sh, plan.dp):
             fail(at(where, "stage_sharding" if plan.stage_sharding else "sharding"),
                  f"P/G/OS {sh.params}/{sh.grads}/{sh.optim} at stage position {si}",
                  f"the replicas' tp differs there ({tps}); the executor runs mixed tp "
