@@ -506,8 +506,12 @@ def atomic_path(path: str) -> Iterator[str]:
     folder, name = os.path.split(path)
     stem, ext = os.path.splitext(name)
     tag = f".{os.getpid()}-{secrets.token_hex(4)}.tmp{ext}"
-    while len(f".{stem}{tag}".encode()) > NAME_MAX_BYTES:  # a name the system allows, kept
-        stem = stem[:-1]  # so by its temporary name too
+    excess = len(f".{stem}{tag}".encode()) - NAME_MAX_BYTES
+    if excess > 0:  # a name the system allows, kept so by its temporary name too
+        if excess > len(stem.encode()):  # an extension of most of the name: left out
+            tag, excess = tag.removesuffix(ext), excess - len(ext.encode())
+        kept = stem.encode()[:max(0, len(stem.encode()) - excess)]
+        stem = kept.decode(errors="ignore")  # not half a character
     tmp = os.path.join(folder, f".{stem}{tag}")
     try:
         yield tmp

@@ -61,6 +61,11 @@ def test_names_the_file_system_allows_and_only_those(tmp_path):
         check_output_file(str(tmp_path / ("é" * 126 + ".yaml")), flag="-o")
     with pytest.raises(SpecError, match=r"one here has 300\)"):
         check_output_dir(str(tmp_path / ("d" * 300) / "report"), flag="-o")
+    # an extension of most of the name: the temporary name leaves it out (it was cut
+    # character by character from an empty stem for ever)
+    for name in ("a." + "x" * 240, "." + "y" * 250):
+        write_text(str(tmp_path / name), "text")
+        assert (tmp_path / name).read_text() == "text"
 
 
 def test_two_outputs_may_not_be_one_file(tmp_path):
