@@ -1192,8 +1192,14 @@ def _explain(req: SearchRequest, closest: list[Evaluation], total: int) -> str:
     """Why nothing fits, how close the nearest candidate came, what would help."""
     if not closest:
         if total == 0:
-            return (f"no configuration divides gbs {req.gbs} over these GPUs{_within(req)} "
-                    "(try a gbs that is a multiple of the GPU count)")
+            m = req.model
+            kv = (f" and its {m.kv_heads} key/value head{'s' * (m.kv_heads > 1)}"
+                  if req.capabilities.kv_heads_split and m.kv_heads != m.num_heads else "")
+            return (f"no configuration of these GPUs runs gbs {req.gbs}{_within(req)}: the "
+                    f"data-parallel degree divides the batch, and tensor x pipeline "
+                    f"parallelism takes the rest of the GPUs, tp dividing {m.name}'s "
+                    f"{m.num_heads} heads{kv} and pp at most its {m.num_layers} layers (try a "
+                    f"gbs that is a multiple of the GPU count)")
         if req.max_budget_usd is not None:
             return (f"every configuration that fits in memory exceeds the budget of "
                     f"{_dollars(req.max_budget_usd)} for {req.tokens:.3g} tokens")

@@ -471,3 +471,18 @@ def test_a_model_the_executor_lacks_is_refused_naming_who_plans_it(field, value,
     framework = "deepspeed"
     assert search(SearchRequest(model=model, cluster=parse_gpus_arg("CPU:2"), gbs=8,
                                 seq_len=64, framework=framework)).ranked
+
+
+def test_no_layout_of_the_gpus_says_which_rules_left_none():
+    """Four CPU ranks at gbs 1 leave dp 1, so tp x pp = 4; with one key/value head tp is 1
+    (the executor splits them) and pp 4 exceeds the 3 layers. The message blamed the batch
+    alone ('no configuration divides gbs 1')."""
+    model = dataclasses.replace(preset("debug-tiny-llama"), name="one-kv", num_layers=3,
+                                num_kv_heads=1)
+    with pytest.raises(InfeasiblePlan) as err:
+        search(SearchRequest(model=model, cluster=parse_gpus_arg("CPU:4"), gbs=1, seq_len=64))
+    assert str(err.value) == (
+        "no configuration of these GPUs runs gbs 1: the data-parallel degree divides the "
+        "batch, and tensor x pipeline parallelism takes the rest of the GPUs, tp dividing "
+        "one-kv's 4 heads and its 1 key/value head and pp at most its 3 layers (try a gbs "
+        "that is a multiple of the GPU count)")
