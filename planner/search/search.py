@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 from planner.costs.egress import egress_usd_per_iteration
 from planner.costs.kernels import default_kernels, fastest_kernels, supported_attention
@@ -343,34 +344,35 @@ def check_framework(framework: str, model: ModelSpec, dtype: str) -> FrameworkCa
         fail("--dtype", dtype, f"{caps.version} trains{what} in {', '.join(sorted(allowed))}"
              + (f"; --framework {' or '.join(others)} plans {dtype}" if others else ""))
     if model.is_mla and not caps.latent_attention:
-        others = [c.name for c in CAPABILITIES.values() if c.latent_attention]
         fail("--model", model.name, f"it uses multi-head latent attention, which "
-             f"{caps.version} does not run; --framework {' or '.join(others)} plans it")
+             f"{caps.version} does not run; --framework "
+             f"{_who(lambda c: c.latent_attention)} plans it")
     for what, ok, has in (
             (f"its MoE capacity factor {model.capacity_factor}", "moe_capacity_factor",
              model.capacity_factor is not None),
             ("its experts' inputs padded to capacity (pad_to_capacity)", "moe_pad_to_capacity",
              model.pad_to_capacity)):
         if has and not getattr(caps, ok):
-            others = [c.name for c in CAPABILITIES.values() if getattr(c, ok)]
             fail("--model", model.name, f"{what} is not in {caps.version}'s MoE; "
-                 f"--framework {' or '.join(others)} plans it")
+                 f"--framework {_who(attrgetter(ok))} plans it")
     if model.position_embedding not in caps.positions:
-        others = [c.name for c in CAPABILITIES.values()
-                  if model.position_embedding in c.positions]
         fail("--model", model.name, f"its {model.position_embedding} positions are not among "
              f"{caps.version}'s ({', '.join(sorted(caps.positions))}); --framework "
-             f"{' or '.join(others)} plans it")
+             f"{_who(lambda c: model.position_embedding in c.positions)} plans it")
     if not model.lm_head and not caps.headless:
-        others = [c.name for c in CAPABILITIES.values() if c.headless]
         fail("--model", model.name, f"it has no output projection (lm_head: false), and "
-             f"{caps.version}'s models end in one; --framework {' or '.join(others)} plans it")
+             f"{caps.version}'s models end in one; --framework {_who(lambda c: c.headless)} "
+             "plans it")
     if model.activation not in caps.activations:
-        others = [c.name for c in CAPABILITIES.values() if model.activation in c.activations]
         fail("--model", model.name, f"its activation {model.activation} is not among "
              f"{caps.version}'s ({', '.join(sorted(caps.activations))}); --framework "
-             f"{' or '.join(others)} plans it")
+             f"{_who(lambda c: model.activation in c.activations)} plans it")
     return caps
+
+
+def _who(takes: Callable[[FrameworkCapabilities], bool]) -> str:
+    """The frameworks that take what a refusal names ('megatron or deepspeed')."""
+    return " or ".join(c.name for c in CAPABILITIES.values() if takes(c))
 
 
 def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
@@ -392,10 +394,10 @@ def _check(req: SearchRequest, cluster: ClusterSpec) -> None:
              "needs prices: a --cluster spec with price_per_gpu_hour_usd on every node group")
     check_train_dtype((g.device for g in cluster.node_groups), req.dtype, where="--dtype")
     if seq_problem(req.model, req.seq_len) and not caps.positions_past_the_table:
-        others = [c.name for c in CAPABILITIES.values() if c.positions_past_the_table]
         fail("--seq", req.seq_len, f"at most {req.model.seq_len}, the positions "
              f"{req.model.name} learns: {caps.version} has no embedding past its model's "
-             f"table; --framework {' or '.join(others)} plans a longer one")
+             f"table; --framework {_who(lambda c: c.positions_past_the_table)} plans a "
+             "longer one")
 
 
 def _kernels(req: SearchRequest, cluster: ClusterSpec) -> Kernels:
