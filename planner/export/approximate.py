@@ -25,6 +25,7 @@ from planner.export.frameworks import (
 from planner.specs.choices import DType, EpLayout, Recompute
 from planner.specs.layout import split_layers
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Training
+from planner.specs.rules import sp_problem
 from profiler.kernels import Attention
 
 __all__ = ["nearest"]
@@ -65,7 +66,9 @@ def _sequence_parallel(plan: Plan, caps: FrameworkCapabilities, changes: list[st
     if sp and caps.sequence_parallel == "never":
         changes.append("sequence parallelism -> off")
         return _training(plan, sequence_parallel=False)
-    if not sp and tp > 1 and caps.sequence_parallel == "with tp":
+    if not sp and tp > 1 and caps.sequence_parallel == "with tp" and not any(
+            sp_problem(plan.training.seq_len, s.tp, s.cp) for p in plan.pipelines
+            for s in p.stages):  # else unsupported: tp does not split the sequence evenly
         changes.append("sequence parallelism -> on (tp > 1)")
         return _training(plan, sequence_parallel=True)
     return plan

@@ -75,8 +75,6 @@ class FrameworkCapabilities:
     tp_with_pp: bool = True
     # tp divides the key/value heads (no copies of a KV head on several tp ranks)
     kv_heads_split: bool = False
-    # sequence parallelism splits each context-parallel rank's sequence evenly over tp
-    even_sequence_split: bool = False
     rank_order: str | None = "tp-cp-dp-pp"  # how it numbers ranks (None: as the plan says)
     # what selective recomputation can re-run (Training.recompute_modules)
     recompute_modules: frozenset[str] = frozenset(RecomputeModule)
@@ -174,9 +172,6 @@ _MEGATRON = FrameworkCapabilities(
     # transformer/attention.py: num_query_groups_per_partition = divide(num_query_groups,
     # tp world size), which asserts an even split
     kv_heads_split=True,
-    # sequence parallelism scatters the sequence over the tp ranks and asserts an even
-    # split (tensor_parallel/mappings.py `_split_along_first_dim`)
-    even_sequence_split=True,
     # --position-embedding-type: learned_absolute, rope, none (no ALiBi; BLOOM trained on
     # Megatron-DeepSpeed)
     positions=frozenset({"learned", "rope"}),
@@ -656,10 +651,6 @@ def _parallelisms(plan: Plan, caps: FrameworkCapabilities, s: PlanShape) -> list
     if caps.kv_heads_split and over:
         out.append(f"tp {over} over {kv} key/value heads: {caps.version} splits the "
                    "key/value heads over the tp ranks (tp must divide them)")
-    local = plan.training.seq_len // max(s.cp, 1)  # a context-parallel rank's sequence
-    if sp and s.tp > 1 and caps.even_sequence_split and local % s.tp:
-        out.append(f"sequence parallelism with tp {s.tp} over a sequence of {local} tokens "
-                   f"per rank: {caps.version} splits the sequence evenly over the tp ranks")
     return out
 
 

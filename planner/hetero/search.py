@@ -45,7 +45,7 @@ from planner.specs.choices import ModelStates, Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from planner.specs.plan import DEFAULT_COMM, Communication, Kernels, Plan, Sharding
-from planner.specs.rules import tp_problem
+from planner.specs.rules import sp_problem, tp_problem
 from profiler.devices import DeviceSpec, device
 from profiler.kernels import Attention
 from profiler.store import Profiles
@@ -205,22 +205,28 @@ def _type_order(d: DeviceSpec) -> tuple:
 FULL_TYPES = 4
 
 
-def _tp_options(model: ModelSpec, nvlink_domain_gpus: int, space: MixedSpace) -> list[int]:
-    """Tensor-parallel degrees inside one NVLink domain (a node; a GB200 NVL72 rack)."""
+def _tp_options(model: ModelSpec, nvlink_domain_gpus: int, space: MixedSpace,
+                seq_len: int) -> list[int]:
+    """Tensor-parallel degrees inside one NVLink domain (a node; a GB200 NVL72 rack) that
+    split the sequence evenly: a template's tp > 1 runs sequence parallelism."""
     return [t for t in space.tp if t <= nvlink_domain_gpus and tp_problem(model, t) is None
-            and not (space.kv_heads_split and model.kv_heads % t)]
+            and not (space.kv_heads_split and model.kv_heads % t)
+            and sp_problem(seq_len, t) is None]
 
 
 def templates(model: ModelSpec, pools: dict[str, list[Pool]], gbs: int,
               space: MixedSpace = MixedSpace(), *,
-              spec: Callable[[str], DeviceSpec] = device) -> Iterator[Template]:
+              spec: Callable[[str], DeviceSpec] = device,
+              seq_len: int | None = None) -> Iterator[Template]:
     """Heterogeneous templates of `space` over combinations of two or more GPU types
     (every combination up to FULL_TYPES types; the fastest-k subsets beyond); `spec`: a
-    type's numbers (the cluster's own, for types it defines)."""
+    type's numbers (the cluster's own, for types it defines); `seq_len`: the training
+    sequence (default: the model's)."""
     types = sorted(pools, key=lambda g: _type_order(spec(g)))
     layers = model.num_layers
     total = {g: sum(len(p.gpus) for p in pools[g]) for g in types}
-    tps = {g: _tp_options(model, min(p.nvlink_domain_gpus for p in pools[g]), space)
+    tps = {g: _tp_options(model, min(p.nvlink_domain_gpus for p in pools[g]), space,
+                          model.seq_len if seq_len is None else seq_len)
            for g in types}
     families = {"mixed-stages": _mixed_stages, "mixed-replicas": _mixed_replicas}
     for subset, tp in _type_choices(types, tps, spec):
@@ -302,13 +308,14 @@ def sharding_options(dp: int) -> list[Sharding]:
 
 
 def mixed_templates(model: ModelSpec, cluster: ClusterSpec, gbs: int,
-                    space: MixedSpace = MixedSpace()) -> list[Template]:
+                    space: MixedSpace = MixedSpace(), *,
+                    seq_len: int | None = None) -> list[Template]:
     """The mixed-type templates of `cluster`, less those whose GPUs come from more than
     one vendor: NCCL (CUDA), RCCL (ROCm) and gloo (CPU ranks) build no communicator
     across one another, so no framework runs a data-parallel group, a pipeline or a
     sharded state over both (each vendor's GPUs are planned apart)."""
     return [t for t in templates(model, pools_by_type(cluster), gbs, space,
-                                 spec=cluster.device_of)
+                                 spec=cluster.device_of, seq_len=seq_len)
             if len({cluster.device_of(gpu).vendor for rep in t.replicas
                     for gpu, _ in rep}) == 1]
 

@@ -431,7 +431,7 @@ def _evaluate_all(req: SearchRequest, cluster: ClusterSpec, space: SearchSpace, 
     for i, lo in enumerate(layouts(space, req.model, gbs=req.gbs, seq_len=req.seq_len)):
         if i % shards != shard:
             continue
-        micros = list(candidates(space, req.model, lo, gbs=req.gbs))
+        micros = list(candidates(space, req.model, lo, gbs=req.gbs, seq_len=req.seq_len))
         if micros:
             models[lo] = LayoutModel(req.model, cluster, lo, dtype=req.dtype,
                                      seq_len=req.seq_len, gbs=req.gbs, kernels=kernels,
@@ -789,7 +789,8 @@ def _tasks(req: SearchRequest) -> list[tuple]:
                           for i in range(shards)]
     if mixes:
         templates = mixed_templates(req.model, req.cluster, req.gbs,
-                                    MixedSpace.for_framework(req.capabilities, req.model))
+                                    MixedSpace.for_framework(req.capabilities, req.model),
+                                    seq_len=req.seq_len)
         tasks[:0] = [("mixed", templates[i::MIXED_CHUNKS]) for i in range(MIXED_CHUNKS)
                      if templates[i::MIXED_CHUNKS]]
     return tasks

@@ -23,6 +23,7 @@ from planner.specs.rules import (
     ep_problem,
     interleaving_problem,
     schedule_problem,
+    sp_problem,
     tp_problem,
 )
 from profiler.schema import coerce_choices
@@ -246,15 +247,21 @@ def stages_even_where_needed(space: SearchSpace, model: ModelSpec, pp: int, vp: 
 
 
 def sequence_parallel_values(space: SearchSpace, layout: Layout,
-                             model: ModelSpec | None = None) -> tuple[bool, ...]:
+                             model: ModelSpec | None = None, *,
+                             seq_len: int | None = None) -> tuple[bool, ...]:
     """Sequence parallelism splits what tensor parallelism splits: off at tp 1. MoE with
     tp > 1 needs it (Megatron-Core: "When using MoE with expert parallelism and tensor
-    parallelism, sequence parallelism must be enabled")."""
+    parallelism, sequence parallelism must be enabled"). It splits the sequence evenly
+    over tp (`sp_problem`), so it is out where tp does not divide `seq_len` (any length
+    where None)."""
     if layout.tp == 1:
         return (False,)
+    values = space.sequence_parallel
     if model is not None and model.is_moe:
-        return tuple(sp for sp in space.sequence_parallel if sp == space.moe_sequence_parallel)
-    return space.sequence_parallel
+        values = tuple(sp for sp in values if sp == space.moe_sequence_parallel)
+    if seq_len is not None and sp_problem(seq_len, layout.tp, layout.cp) is not None:
+        values = tuple(sp for sp in values if not sp)
+    return values
 
 
 def missing_for(space: SearchSpace, model: ModelSpec, layout: Layout) -> list[str]:
@@ -286,11 +293,11 @@ def layouts(space: SearchSpace, model: ModelSpec, *, gbs: int, seq_len: int) -> 
                              ep_layout(space, ep))
 
 
-def candidates(space: SearchSpace, model: ModelSpec, layout: Layout, *, gbs: int
-               ) -> Iterator[Micro]:
+def candidates(space: SearchSpace, model: ModelSpec, layout: Layout, *, gbs: int,
+               seq_len: int) -> Iterator[Micro]:
     for vp, mbs, rc, sp, schedule in itertools.product(
-            space.vp, space.mbs, space.recompute, sequence_parallel_values(space, layout, model),
-            space.schedule):
+            space.vp, space.mbs, space.recompute,
+            sequence_parallel_values(space, layout, model, seq_len=seq_len), space.schedule):
         micro = Micro(vp, mbs, rc, sp, schedule)
         if (batch_divides(gbs, layout.dp, mbs) and pp_fits_layers(model, layout.pp, vp)
                 and interleaving_valid(layout, micro, gbs) and schedule_valid(layout, micro)

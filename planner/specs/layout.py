@@ -41,6 +41,7 @@ from planner.specs.rules import (
     require,
     schedule_problem,
     sharding_problem,
+    sp_problem,
     tp_problem,
 )
 from profiler.schema import at, coerce_choices, fail, spec_field
@@ -118,6 +119,8 @@ def check_parallel(cfg: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, 
              f"the cluster's {cluster.num_gpus} GPUs")
     require(at(where, "gbs"), cfg.gbs, batch_problem(cfg.gbs, cfg.mbs, cfg.dp))
     require(at(where, "cp"), cfg.cp, cp_problem(cfg.seq_len, cfg.cp))
+    if cfg.sequence_parallel:
+        require(at(where, "sequence_parallel"), True, sp_problem(cfg.seq_len, cfg.tp, cfg.cp))
     require(at(where, "etp"), cfg.etp, etp_problem(model, cfg.etp, tp=cfg.tp))
     require(at(where, "ep"), cfg.ep, ep_problem(model, cfg.ep, dp=cfg.dp, cp=cfg.cp, tp=cfg.tp,
                                                 etp=cfg.etp, layout=cfg.ep_layout))

@@ -36,6 +36,7 @@ from planner.specs.rules import (
     etp_problem,
     require,
     sharding_problem,
+    sp_problem,
     tp_problem,
 )
 from profiler.kernels import Attention, OptimizerKernel
@@ -554,6 +555,9 @@ class Plan:
     def _check_stage_parallel(self, stage: Stage, path: str) -> None:
         require(at(path, "tp"), stage.tp, tp_problem(self.model, stage.tp))
         require(at(path, "cp"), stage.cp, cp_problem(self.training.seq_len, stage.cp))
+        if self.training.sequence_parallel:
+            require(at(path, "tp"), stage.tp,
+                    sp_problem(self.training.seq_len, stage.tp, stage.cp))
 
     @property
     def dp(self) -> int:

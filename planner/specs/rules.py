@@ -15,7 +15,7 @@ from profiler.schema import fail
 
 __all__ = ["batch_problem", "chunks_problem", "cp_problem", "ep_problem", "etp_problem",
            "interleaving_problem",
-           "require", "schedule_problem", "sharding_problem", "tp_problem"]
+           "require", "schedule_problem", "sharding_problem", "sp_problem", "tp_problem"]
 
 
 def require(where: str, value: object, problem: str | None) -> None:
@@ -84,6 +84,19 @@ def cp_problem(seq_len: int, cp: int) -> str | None:
     causal work balances (Megatron-Core's load-balanced ring attention)."""
     if cp > 1 and seq_len % (2 * cp):
         return f"2*cp must divide the sequence length {seq_len} (load-balanced chunks)"
+    return None
+
+
+def sp_problem(seq_len: int, tp: int, cp: int = 1) -> str | None:
+    """Sequence parallelism splits each context-parallel rank's part of the sequence
+    (seq/cp tokens) evenly over the tp group (Korthikanti et al. 2022): Megatron-Core's
+    scatter and reduce-scatter assert "First dimension of the tensor should be divisible
+    by tensor parallel size" (tensor_parallel/mappings.py), torchtitan asserts seq_len
+    divisible by tp x 2cp, and the executor's DTensor collectives fail on uneven parts."""
+    if tp > 1 and (seq_len // cp) % tp:
+        part = f"{seq_len}" if cp == 1 else f"{seq_len // cp} (seq {seq_len} / cp {cp})"
+        return (f"with sequence parallelism, tp {tp} must divide the tokens each "
+                f"context-parallel rank holds, {part}")
     return None
 
 

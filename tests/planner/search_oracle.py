@@ -22,7 +22,7 @@ def exhaustive_best(model, cluster, *, gbs, seq_len, dtype="bf16", framework="tr
     best, best_plan, count = float("inf"), None, 0
     for lo in layouts(space, model, gbs=gbs, seq_len=seq_len):
         levels = sharding_levels(lo.dp, max(1, group.nvlink_domain_gpus // (lo.tp * lo.cp)))
-        for mi in candidates(space, model, lo, gbs=gbs):
+        for mi in candidates(space, model, lo, gbs=gbs, seq_len=seq_len):
             for sh in allowed_options(levels, dp=lo.dp,
                                       patterns=space.sharding_patterns(lo.pp)):
                 cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp,

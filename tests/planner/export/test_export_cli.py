@@ -25,6 +25,7 @@ from planner.specs.plan import (
     plan_from_dict,
     save_plan,
 )
+from profiler.schema import SpecError
 from tests.planner.cli_helpers import run_cli
 from tests.planner.export.framework_helpers import SELENE, gpt3_on_selene
 
@@ -507,18 +508,19 @@ def test_communication_of_another_framework_is_not_exported_as_priced(tmp_path, 
     assert (code, err) == (0, "") and "--overlap-grad-reduce" in out
 
 
-def test_megatron_refuses_a_sequence_that_tp_does_not_split_evenly():
+def test_no_plan_splits_a_sequence_unevenly_over_tp():
     """Megatron-Core scatters the sequence over the tp ranks under sequence parallelism
-    and asserts an even split (tensor_parallel/mappings.py `_split_along_first_dim`)."""
+    and asserts an even split (tensor_parallel/mappings.py `_split_along_first_dim`), as
+    torchtitan and the executor do: once a Megatron-only export refusal, now a rule of
+    every plan (`rules.sp_problem`), so no exporter meets one."""
     from tests.planner.export.framework_helpers import plan_on
 
-    uneven = plan_on("A100-80GB-SXM:8", tp=8, dp=1, gbs=8, seq_len=2044,
-                     sequence_parallel=True)
+    with pytest.raises(SpecError, match=r"tp 8 must divide the tokens each context-parallel "
+                                        r"rank holds, 2044"):
+        plan_on("A100-80GB-SXM:8", tp=8, dp=1, gbs=8, seq_len=2044, sequence_parallel=True)
     even = plan_on("A100-80GB-SXM:8", tp=8, dp=1, gbs=8, seq_len=2048,
                    sequence_parallel=True)
-    assert any("over a sequence of 2044 tokens" in u
-               for u in unsupported(uneven, CAPABILITIES["megatron"]))
-    assert not any("tokens per rank" in u for u in unsupported(even, CAPABILITIES["megatron"]))
+    assert unsupported(even, CAPABILITIES["megatron"]) == []
 
 
 def test_megatron_splits_the_key_value_heads_over_tp():

@@ -360,3 +360,14 @@ def test_a_search_over_two_vendors_plans_one_and_says_why_the_other_idles():
                     for s in p.stages for d in s.devices}) == 1
     assert any("no communicator spans GPUs of two vendors" in n for n in found.notes), \
         found.notes
+
+
+def test_mixed_templates_split_tensors_only_where_tp_splits_the_sequence():
+    """A template's tp > 1 runs sequence parallelism (`Template.sequence_parallel`), which
+    splits the sequence evenly over tp (`sp_problem`): at 2,047 tokens no template splits
+    tensors; at 2,048 some do."""
+    model, cluster = preset("llama2-7b"), load_cluster("cluster_specs/mixed-a100-v100.yaml")
+    odd = mixed_templates(model, cluster, 256, seq_len=2047)
+    even = mixed_templates(model, cluster, 256, seq_len=2048)
+    assert odd and all(tp == 1 for t in odd for rep in t.replicas for _, tp in rep)
+    assert any(tp > 1 for t in even for rep in t.replicas for _, tp in rep)

@@ -31,7 +31,7 @@ def _candidates(framework, model, *, n=64, gbs=128, seq_len=4096):
     if framework is not None:
         space = for_framework(space, CAPABILITIES[framework])
     return [(lo, mi) for lo in layouts(space, model, gbs=gbs, seq_len=seq_len)
-            for mi in candidates(space, model, lo, gbs=gbs)]
+            for mi in candidates(space, model, lo, gbs=gbs, seq_len=seq_len)]
 
 
 def test_each_frameworks_space_holds_what_it_runs_and_no_more():

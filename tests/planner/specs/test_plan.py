@@ -403,3 +403,26 @@ def test_sequence_parallelism_needs_a_stage_of_tp_above_one():
     with pytest.raises(SpecError, match=r"training.sequence_parallel: true is not allowed "
                                         r"\(needs a stage of tp > 1"):
         plan_from_dict(data, where="plan")
+
+
+def test_sequence_parallelism_needs_tp_to_split_the_sequence_evenly(tmp_path):
+    """Megatron-Core's sequence-parallel scatter asserts "First dimension of the tensor
+    should be divisible by tensor parallel size" (tensor_parallel/mappings.py) and
+    torchtitan asserts seq_len % (tp x 2cp); the executor's gloo collectives died on
+    seq 63 over tp 2 (a size mismatch, 2026-12-06). The flags and the plan file refuse it."""
+    from planner.specs.layout import check_parallel
+
+    model, cluster = preset("debug-small"), parse_gpus_arg("A100-80GB-SXM:8")
+    cfg = ParallelConfig(tp=2, pp=1, dp=4, mbs=1, gbs=8, seq_len=63, sequence_parallel=True)
+    with pytest.raises(SpecError, match=r"--sequence-parallel: true is not allowed "
+                                        r"\(.*tp 2 must divide .*63\)"):
+        check_parallel(cfg, model, cluster)
+    check_parallel(dataclasses.replace(cfg, seq_len=64), model, cluster)
+    check_parallel(dataclasses.replace(cfg, sequence_parallel=False), model, cluster)
+    data = plan_to_dict(homogeneous_plan(model, cluster, dataclasses.replace(cfg, seq_len=64)))
+    data["training"]["seq_len"] = 63
+    with pytest.raises(SpecError, match=r"plan.pipelines\[0\].stages\[0\].tp: 2 is not allowed"
+                                        r" \(with sequence parallelism.*63\)"):
+        plan_from_dict(data, where="plan")
+    data["training"]["sequence_parallel"] = False
+    plan_from_dict(data, where="plan")
