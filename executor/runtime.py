@@ -446,8 +446,18 @@ def _inject_fault(settings: RunSettings, rank: int, step: int) -> bool:
 
 
 def _peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    """The peak the prediction's stage memory counts: on a GPU its reserve too (CUDA
+    context, NCCL buffers, workspaces, allocator fragmentation: `costs.memory`), so the
+    allocator's high-water mark of reserved segments plus what the process holds outside
+    the allocator now (the device's used memory less the allocator's segments), not the
+    tensors alone (max_memory_allocated, 2 GiB and more below it)."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
+        free, total = torch.cuda.mem_get_info(device)
+        outside = max(0, total - free - torch.cuda.memory_reserved(device))
+        return (torch.cuda.max_memory_reserved(device) + outside,
+                "torch.cuda.max_memory_reserved + the device memory outside PyTorch's "
+                "allocator (torch.cuda.mem_get_info; CUDA context, NCCL; other processes "
+                "on the GPU count too)")
     # Linux reports the high-water mark of the resident set in KiB.
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "process peak resident set (ru_maxrss; includes the Python runtime)")

@@ -60,3 +60,23 @@ def test_dropout_seeding_draws_as_torch_manual_seed_without_queueing_cuda_calls(
     assert torch.equal(ours, torch.rand(8))
     if not torch.cuda.is_initialized():
         assert queued, "torch.manual_seed queued no CUDA call: the saving is gone"
+
+
+def test_a_gpus_measured_peak_counts_what_the_predicted_peak_counts(monkeypatch):
+    """The predicted stage peak includes the runtime reserve (CUDA context, NCCL buffers,
+    workspaces, fragmentation: 2 GiB in `costs.memory`); the measured one must too, not
+    max_memory_allocated's tensors alone. Here: 10 GiB of segments at the peak, 8 GiB now,
+    the device 11.5 GiB used, so 3.5 GiB outside the allocator -> 13.5 GiB."""
+    import torch
+
+    from executor.runtime import _peak_memory_bytes
+
+    gib = 1024**3
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (int(68.5 * gib), 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 8 * gib)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: 10 * gib)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 9 * gib)
+    peak, kind = _peak_memory_bytes(cuda)
+    assert peak == int(13.5 * gib)
+    assert "max_memory_reserved" in kind and "outside" in kind
