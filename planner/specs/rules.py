@@ -70,11 +70,11 @@ def ep_problem(model: ModelSpec, ep: int, *, dp: int, cp: int, tp: int = 1,
 def etp_problem(model: ModelSpec, etp: int | None, *, tp: int) -> str | None:
     """Expert tensor parallelism is tp or 1 (torchtitan parallel_dims.py: "Currently we
     only support ETP=TP or ETP=1"; Megatron recommends 1 for fine-grained experts)."""
-    if etp is None or etp == tp:
+    if etp is None:
         return None
     if not model.is_moe:
         return "only for MoE models (num_experts > 0)"
-    if etp != 1:
+    if etp not in (1, tp):
         return f"must be 1 or tp ({tp})"
     return None
 

@@ -197,6 +197,17 @@ def test_ep_needs_an_moe_model():
         check_parallel(cfg, preset("llama3-8b"), cluster)
 
 
+@pytest.mark.parametrize("etp", [1, 2])
+def test_etp_needs_an_moe_model_even_at_tp(etp):
+    """--etp 2 with --tp 2 on a dense model was accepted as a no-op (2026-12-05 fuzz): a
+    flag that means nothing for the model is refused like --ep."""
+    cluster = homogeneous_cluster("H100-80GB-SXM", 8)
+    cfg = ParallelConfig(tp=2, pp=1, dp=4, mbs=1, gbs=8, seq_len=4096, etp=etp)
+    with pytest.raises(SpecError, match=rf"--etp: {etp} .*only for MoE models"):
+        check_parallel(cfg, preset("llama3-8b"), cluster)
+    check_parallel(cfg, MIXTRAL, cluster)
+
+
 def test_deepep_sends_a_token_once_per_node_holding_its_experts():
     # DeepEP README / DeepSeek-V3 report §3.2.2: with 256 experts over 8 nodes and top-8,
     # a token crosses the network to 7 x (1 - C(224, 8) / C(256, 8)) = 4.6 of the other
