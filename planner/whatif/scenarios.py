@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.specs.cluster import ClusterSpec, IslandLink, NodeGroup, by_name
-from planner.specs.limits import MAX_TOKENS
+from planner.specs.limits import MAX_GPUS, MAX_TOKENS
 from planner.specs.model import ModelSpec, preset
 from profiler.devices import DeviceSpec, device
 from profiler.schema import SpecError, dump, fail, parse
@@ -129,7 +129,12 @@ def _final(cluster: ClusterSpec) -> ClusterSpec:
 
 
 def _count(text: str, what: str) -> int:
-    if not re.fullmatch(r"[0-9]{1,9}", text) or int(text) < 1:  # ASCII digits only
+    if not re.fullmatch(r"[0-9]+", text):  # ASCII digits only
+        fail(what, text, "a positive whole number")
+    # the digits counted before int(): a string of thousands of them is refused as such
+    if len(text.lstrip("0")) > len(str(MAX_GPUS)) or int(text) > MAX_GPUS:
+        fail(what, text, f"at most {MAX_GPUS:,}, the most GPUs a cluster holds")
+    if int(text) < 1:
         fail(what, text, "a positive whole number")
     return int(text)
 

@@ -124,8 +124,11 @@ def test_model_and_tokens() -> None:
     ("tokens nan", ["tokens", "'nan'"]),
     ("tokens inf", ["tokens", "'inf'"]),
     ("tokens 1e30", ["tokens", "must be ≤ 1e+17"]),
-    ("add H100-80GB-SXM 800000", ["num_nodes", "must be ≤ 65,536"]),
-    ("add H100-80GB-SXM 400000", ["at most 131,072 in a cluster"]),
+    ("add H100-80GB-SXM 800000", ["count", "'800000'", "at most 131,072"]),
+    ("add H100-80GB-SXM 131064 price 2", ["at most 131,072 in a cluster"]),
+    # ten digits were refused as "not a positive whole number" (audit of 2026-12-06)
+    ("add H100-80GB-SXM 1000000000", ["count", "at most 131,072, the most GPUs"]),
+    ("remove A100-80GB-SXM " + "9" * 5000, ["count", "at most 131,072"]),
     ("scale-nic a100 1e300", ["nic_bandwidth_gbit_per_s", "must be ≤ 100,000"]),
     ("scale-nic a100 1e-300", ["nic_bandwidth_gbit_per_s", "must be ≥ 0.1"]),
     ("price A100-80GB-SXM 1e9", ["price_per_gpu_hour_usd", "must be ≤ 10,000"]),
