@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from planner.export.frameworks import (
     CAPABILITIES,
@@ -22,6 +22,7 @@ from planner.export.frameworks import (
     unsupported,
 )
 from planner.specs.choices import DEFAULT_RECOMPUTE_MODULES, Recompute, Schedule
+from planner.specs.model import ModelSpec, preset
 from planner.specs.plan import Communication, Plan
 
 __all__ = ["CONFIG_FILES", "Export", "FORMATS", "export_plan", "megatron_args"]
@@ -298,13 +299,34 @@ _TITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B")
                   "deepseek-v3": ("deepseek_v3", "671B")}
 
 
+# ModelSpec fields that are training settings, not a flavor's shape: torchtitan takes the
+# sequence from [training], has no dropout, and routes as its own MoE code does
+_NOT_SHAPE = frozenset({"seq_len", "dropout", "load_imbalance", "capacity_factor",
+                        "pad_to_capacity"})
+
+
+def _titan_flavor(model: ModelSpec) -> tuple[str, str] | None:
+    """torchtitan's (name, flavor) of a preset's shape; None where the model is none, or a
+    model file kept a preset's name with another shape."""
+    flavor = _TITAN_FLAVORS.get(model.name)
+    if flavor is None:
+        return None
+    known = preset(model.name)
+    same = all(getattr(model, f.name) == getattr(known, f.name) for f in fields(ModelSpec)
+               if f.name not in _NOT_SHAPE)
+    return flavor if same else None
+
+
 def _torchtitan(plan: Plan) -> Export:
     issues = unsupported(plan, CAPABILITIES["torchtitan"])
     s, sh, tr = plan_shape(plan), plan.sharding, plan.training
     # FSDP2 over all replicas, or HSDP within groups of P; torchtitan shards over
     # dp_shard x cp (parallel_dims.py), and the plan's sizes count those ranks
     shard = max(1, sh.params // s.cp) if sh.params > 1 else 1
-    model = _TITAN_FLAVORS.get(plan.model.name)
+    model = _titan_flavor(plan.model)
+    other = (f" (not torchtitan's {' '.join(_TITAN_FLAVORS[plan.model.name])}: the plan's "
+             "model has another shape)" if plan.model.name in _TITAN_FLAVORS and not model
+             else "")
     lines = ["[model]"]
     mla = " with multi-latent attention (deepseek_v3)" if plan.model.is_mla else ""
     # torchtitan 0.2.2's own models gate their feed-forward with SiLU (models/llama3,
@@ -313,7 +335,8 @@ def _torchtitan(plan: Plan) -> Export:
     geglu = (", a GELU-gated feed-forward (GeGLU; torchtitan's own models gate with SiLU)"
              if plan.model.activation == "geglu" else "")
     lines += ([f'name = "{model[0]}"', f'flavor = "{model[1]}"'] if model else
-              [f"# {plan.model.name}: set name and flavor to a registered model of this shape "
+              [f"# {plan.model.name}{other}: set name and flavor to a registered model of "
+               "this shape "
                f"({plan.model.num_layers} layers, hidden {plan.model.hidden_size}{mla}{geglu})"])
     lines += [
         "", "[training]",

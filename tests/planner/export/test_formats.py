@@ -1,4 +1,7 @@
+import dataclasses
 import json
+
+import pytest
 
 from planner.export.formats import export_plan
 from planner.specs.cluster import parse_gpus_arg
@@ -116,6 +119,23 @@ def test_torchtitan_names_its_deepseek_flavors():
     text = export_plan(_mla_plan("deepseek-v2", tp=1, dp=16, ep=16,
                                  sequence_parallel=False), "torchtitan").text
     assert 'name = "deepseek_v3"' in text and 'flavor = "236B"' in text
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "llama3-70b", "llama3-405b", "deepseek-v2-lite",
+                                  "deepseek-v2", "deepseek-v3"])
+def test_a_torchtitan_flavor_is_named_only_for_its_shape(name):
+    """A model file that kept a preset's name with another shape (16 of llama3-8b's 32
+    layers) was exported as flavor "8B": torchtitan would build the real 8B, not the
+    planned model (audit of 2026-12-06). The flavor goes by the shape, not the name; the
+    training settings (sequence, dropout, routing balance) are not part of it."""
+    from planner.export.formats import _titan_flavor
+
+    model = preset(name)
+    assert _titan_flavor(model) is not None
+    assert _titan_flavor(dataclasses.replace(model, seq_len=1024, dropout=True,
+                                             load_imbalance=1.5)) is not None
+    assert _titan_flavor(dataclasses.replace(model, num_layers=model.num_layers // 2)) is None
+    assert _titan_flavor(dataclasses.replace(model, vocab_size=model.vocab_size + 1)) is None
 
 
 def test_geglu_is_refused_by_megatron_only():
