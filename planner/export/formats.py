@@ -271,6 +271,14 @@ def _deepspeed(plan: Plan) -> Export:
     if full:
         config["activation_checkpointing"] = {"partition_activations": False,
                                               "contiguous_memory_optimization": False}
+    if full and s.pp == 1:
+        # outside the pipeline engine no config key recomputes anything: the section above
+        # only configures deepspeed.checkpointing.checkpoint, which the model must call
+        # (runtime/activation_checkpointing/config.py, checkpointing.py)
+        notes.append("DeepSpeed recomputes only what your model code wraps: call "
+                     "deepspeed.checkpointing.checkpoint on each transformer layer's forward "
+                     "(the plan recomputes every layer in full; this config's "
+                     "activation_checkpointing section only configures that function)")
     return Export(json.dumps(config, indent=2) + "\n", tuple(issues), tuple(notes))
 
 

@@ -88,6 +88,23 @@ def test_pipeline_engine_with_full_recompute(monkeypatch):
     assert config.zero_optimization_stage == 1
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_full_recompute_without_a_pipeline_says_the_model_code_does_it(tp, monkeypatch):
+    """Without the pipeline engine no DeepSpeed config key recomputes anything (the
+    activation_checkpointing section holds DeepSpeed's defaults and only configures
+    deepspeed.checkpointing.checkpoint): the export said nothing, and a plan that fits only
+    with recompute ran out of memory as written (audit of 2026-12-06). A note says what the
+    model code must call; with recompute off there is none."""
+    plan = _ds_plan("A100-80GB-SXM:16", tp=tp, dp=16 // tp, mbs=2, gbs=64, recompute="full",
+                    sharding=Sharding(grads=16 // tp, optim=16 // tp))
+    out, raw, _ = _parse(plan, monkeypatch)
+    assert out.unsupported == () and "pipeline" not in raw
+    assert len(out.notes) == 1 and "deepspeed.checkpointing.checkpoint" in out.notes[0]
+    plain = _ds_plan("A100-80GB-SXM:16", tp=tp, dp=16 // tp, mbs=2, gbs=64,
+                     sharding=Sharding(grads=16 // tp, optim=16 // tp))
+    assert _parse(plain, monkeypatch)[0].notes == ()
+
+
 def test_autotp(monkeypatch):
     plan = _ds_plan("H100-80GB-SXM:16", tp=2, dp=8, mbs=1, gbs=64,
                     sharding=Sharding(grads=8, optim=8))
