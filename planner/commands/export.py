@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from planner.commands.args import path_arg
+from planner.costs.memory import GIB
 from planner.export.approximate import nearest
 from planner.export.formats import FORMATS, export_plan
 from planner.export.frameworks import CAPABILITIES, FRAMEWORKS, unsupported
@@ -71,9 +72,18 @@ def _approximate(plan: Plan, framework: str) -> Plan | None:
     for change in changes:
         print(f"plan export: approximated: {change}", file=sys.stderr)
     delta = after.iteration_time_s / before.iteration_time_s - 1
-    fits = "" if after.fits else "; it does not fit in memory"
+    fits = "" if after.fits or before.fits else "; it does not fit in memory, nor does the plan"
     print(f"plan export: simulated iteration time: plan {before.iteration_time_s:.4g} s, "
           f"exported {after.iteration_time_s:.4g} s ({delta:+.1%}){fits}", file=sys.stderr)
+    if before.fits and not after.fits:  # out of memory where the plan was not: no nearest
+        worst = max(after.stages, key=lambda s: s.memory.total_bytes / s.memory.capacity_bytes)
+        m = worst.memory
+        _refuse(framework, [f"it runs out of memory: {m.total_bytes / GIB:,.1f} GiB at the "
+                            f"peak of pipeline {worst.pipeline} stage {worst.stage}, which has "
+                            f"{m.capacity_bytes / GIB:,.1f} GiB; search for {framework} "
+                            f"(plan search --framework {framework})"],
+                what="the nearest plan either")
+        return None
     return approx
 
 

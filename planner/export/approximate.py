@@ -23,6 +23,7 @@ from planner.export.frameworks import (
     plan_shape,
 )
 from planner.specs.choices import DType, EpLayout, Recompute
+from planner.specs.cluster import runs_dtype
 from planner.specs.layout import split_layers
 from planner.specs.plan import Kernels, Pipeline, Plan, Sharding, Training
 from planner.specs.rules import sp_problem
@@ -199,10 +200,14 @@ def _even_split(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> 
 
 def _kernels(plan: Plan, caps: FrameworkCapabilities, changes: list[str]) -> Plan:
     tr: Training = plan.training
-    if tr.dtype not in caps.dtypes:
-        to = "bf16" if "bf16" in caps.dtypes else sorted(caps.dtypes)[0]
-        changes.append(f"dtype {tr.dtype} -> {to}")
-        plan = _training(plan, dtype=to)
+    # a dtype every GPU type of the plan runs (a V100 has no bf16); none: the dtype stays,
+    # and `unsupported` names it
+    devices = {plan.group_of(st).device for p in plan.pipelines for st in p.stages}
+    runnable = [d for d in ("bf16", *sorted(caps.dtypes)) if d in caps.dtypes
+                and all(runs_dtype(dev, d) for dev in devices)]
+    if tr.dtype not in caps.dtypes and runnable:
+        changes.append(f"dtype {tr.dtype} -> {runnable[0]}")
+        plan = _training(plan, dtype=runnable[0])
     k: Kernels = plan.kernels
     if k.attention not in caps.attention:
         to = "flash" if "flash" in caps.attention else sorted(caps.attention)[0]

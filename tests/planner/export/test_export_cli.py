@@ -76,6 +76,34 @@ def test_approximate_writes_the_nearest_and_both_times(tmp_path, capsys):
     assert "--num-distributed-optimizer-instances" not in out
 
 
+def test_an_approximation_that_runs_out_of_memory_is_refused(tmp_path, capsys):
+    """torchtitan's FSDP (P/G/OS 64/64/64) has no Megatron sharding as deep: the nearest,
+    1/1/64, needs 107 GiB of an H100's 80 and was written anyway, with "it does not fit in
+    memory" on stderr and exit 0 (audit of 2026-12-06). A plan that fits is not
+    approximated by one that does not; one that does not fit already keeps that note."""
+    def plan(mbs: int) -> str:
+        path = str(tmp_path / f"z{mbs}.yaml")
+        code, _, _ = run_cli(["simulate", "--model", "llama2-7b", "--gpus", "H100-80GB-SXM:64",
+                              "--tp", "1", "--pp", "1", "--dp", "64", "--mbs", str(mbs),
+                              "--gbs", "512", "--sharding", "zero3", "--framework",
+                              "torchtitan", "-o", path], capsys)
+        assert code == 0
+        return path
+
+    out = tmp_path / "args.sh"
+    code, _, err = run_cli(["export", plan(4), "--format", "megatron", "--approximate",
+                            "-o", str(out)], capsys)
+    assert code == 2 and not out.exists()
+    assert "megatron cannot express the nearest plan either: it runs out of memory" in err
+    assert "plan search --framework megatron" in err
+    code, _, err = run_cli(["export", plan(2), "--format", "megatron", "--approximate",
+                            "-o", str(out)], capsys)
+    assert code == 0 and out.exists() and "fit" not in err
+    code, _, err = run_cli(["export", plan(8), "--format", "megatron", "--approximate",
+                            "-o", str(out)], capsys)
+    assert code == 0 and "it does not fit in memory, nor does the plan" in err
+
+
 def mixed_plan() -> Plan:
     """Two replicas of unlike GPU types on mixed-a100-v100: one A100 node, two V100 nodes,
     priced as trainplan's executor communicates (gradients reduced after the backward)."""

@@ -151,3 +151,20 @@ def test_fsdp_regathers_parameters_for_the_backward_as_priced(tmp_path):
                    sequence_parallel=True, sharding=Sharding(params=4, grads=4, optim=4),
                    comm=FSDP2)
     assert _parse(plan, tmp_path).parallelism.fsdp_reshard_after_forward == "always"
+
+
+def test_the_nearest_dtype_is_one_the_gpus_run():
+    """torchtitan trains in bf16 or fp32: an fp16 plan on V100s (no bf16) was approximated
+    to bf16, and the refusal named a 'bf16' the user's plan never had (audit of
+    2026-12-06). The nearest dtype is one every GPU of the plan runs: fp32 there, bf16 on
+    an A100."""
+    from planner.export.approximate import nearest
+    from planner.export.frameworks import CAPABILITIES
+    from tests.planner.export.framework_helpers import plan_on
+
+    caps = CAPABILITIES["torchtitan"]
+    v100, changes = nearest(plan_on("V100-32GB-SXM2:8", model="gpt3-1.3b", attention="math",
+                                    dtype="fp16"), caps)
+    assert v100.training.dtype == "fp32" and "dtype fp16 -> fp32" in changes
+    a100, changes = nearest(plan_on("A100-80GB-SXM:8", model="gpt3-1.3b", dtype="fp16"), caps)
+    assert a100.training.dtype == "bf16" and "dtype fp16 -> bf16" in changes
