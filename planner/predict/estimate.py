@@ -93,35 +93,60 @@ def _busy_s(c: StageCost, vp: int, receives: float = 0.0) -> float:
     """One micro-batch's work on a stage: compute, its collectives, blocking receives, the
     ZeRO-3 parameter gathers its compute cannot hide (the first unit of each pass, and
     what a gather-bound pass waits for), and sharded-gradient reduce-scatters: all of each
-    where the framework runs them in line, else what outlasts the next micro-batch's
-    work."""
-    work = c.forward.compute_s + c.backward.compute_s
-    extra = 0.0
-    if c.dp.gather_units:
-        units = c.dp.gather_units / vp
-        extra += 2 * c.dp.gather_unit_s + vp * (
-            gather_stall_s(c.dp, c.forward.compute_s / vp, units)
-            + gather_stall_s(c.dp, c.backward.compute_s / vp, units))
-    # sharded-gradient reduce-scatters: in line where the framework does not overlap its
-    # reduction (`Communication.overlap_grad_reduce`), else what outlasts the next
-    # micro-batch's work
-    extra += (max(0.0, c.dp.grad_microbatch_s - work) if c.dp.overlap
-              else c.dp.grad_microbatch_s)
-    return c.forward_s + c.backward_s + receives + extra
+    where the framework runs them in line, else what outlasts the next micro-batch
+    (`grad_paced_s`)."""
+    span = _unpaced_s(c, vp, receives)
+    return span + _paced_s(c, span)
 
 
-def _backlog_s(c: StageCost, m: int, schedule: Schedule) -> float:
+def _unpaced_s(c: StageCost, vp: int, receives: float) -> float:
+    """`_busy_s` without the reduce-scatters: the time from one micro-batch's gradients to
+    the next's on the stage."""
+    return (c.forward_s + c.backward_s + receives + _gathers_s(c, vp, c.forward.compute_s)
+            + _gathers_s(c, vp, c.backward.compute_s))
+
+
+def _gathers_s(c: StageCost, vp: int, compute_s: float) -> float:
+    """What a pass of `compute_s` waits for ZeRO-3 parameter gathers: the first unit's,
+    and in each chunk what a gather-bound pass waits beyond it (`gather_stall_s`)."""
+    if not c.dp.gather_units:
+        return 0.0
+    return c.dp.gather_unit_s + vp * gather_stall_s(c.dp, compute_s / vp,
+                                                    c.dp.gather_units / vp)
+
+
+def _paced_s(c: StageCost, span_s: float) -> float:
+    if not c.dp.overlap:
+        return c.dp.grad_microbatch_s
+    return max(0.0, c.dp.grad_microbatch_s - span_s)
+
+
+def grad_paced_s(c: StageCost, vp: int = 1, receives: float = 0.0) -> float:
+    """What a micro-batch's sharded-gradient reduce-scatter adds to its stage's next
+    micro-batch: all of it where the framework does not overlap its reduction
+    (`Communication.overlap_grad_reduce`: in line), else what outlasts that micro-batch
+    (`_unpaced_s`: its own stream of them sets the pace, beside the compute and the
+    parameter gathers' stream). The last micro-batch has no next one: its reduce-scatter
+    goes with the final reduction into the stage's tail (as the simulator folds it into
+    the gradient sync, `simulator.build`), so a pipeline's path counts m - 1 of these,
+    and the fill a stage passes on none."""
+    return _paced_s(c, _unpaced_s(c, vp, receives))
+
+
+def _backlog_s(c: StageCost, m: int, schedule: Schedule, vp: int) -> float:
     """Sharded gradients: how much of the previous micro-batch's reduce-scatter is still
     running when the last gradient pass starts (one forward after it under 1F1B, the
-    forward and B under ZB-H1, none under GPipe's back-to-back backwards)."""
+    forward and B under ZB-H1, none under GPipe's back-to-back backwards; each pass with
+    the parameter gathers it waits for)."""
     if m < 2 or not c.dp.grad_microbatch_s or not c.dp.overlap:  # none left: in line
         return 0.0
+    forward = c.forward_s + _gathers_s(c, vp, c.forward.compute_s)
     if schedule == Schedule.GPIPE:
         gap = 0.0
     elif schedule == Schedule.ZB_H1:
-        gap = c.forward_s + c.backward_s - c.weight_grad_s
+        gap = forward + c.backward_s - c.weight_grad_s + _gathers_s(c, vp, c.backward.compute_s)
     else:
-        gap = c.forward_s
+        gap = forward
     return max(0.0, c.dp.grad_microbatch_s - gap)
 
 
@@ -147,7 +172,8 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
         "cp": m * work.cp_s,
         "ep": m * work.ep_s,
         "pp": m * sends,
-        "dp": after - opt_s + m * (times[slow] - work.total_s - host - sends),
+        "dp": (after - opt_s + m * (times[slow] - work.total_s - host - sends)
+               - grad_paced_s(c, vp, keys[slow][1])),
         "opt": opt_s,
     }
     parts["bubble"] = end - sum(parts.values())
@@ -167,7 +193,9 @@ def _pipeline_end(costs: Sequence[StageCost], m: int, vp: int, schedule: Schedul
     zb = schedule.splits_backward
     memo, keys, times, paths = _critical_paths(costs, m // flushes, vp, schedule)
     slow = max(range(len(costs)), key=paths.__getitem__)
-    lead = (flushes - 1) * paths[slow]  # the schedules before the last
+    # the schedules before the last, each with its last micro-batch's reduce-scatter (only
+    # the iteration's last goes into the tail: `grad_paced_s`)
+    lead = (flushes - 1) * (paths[slow] + grad_paced_s(costs[slow], vp, keys[slow][1]))
     pipe_s = lead + paths[slow]
     end, opt_s, drain = pipe_s, 0.0, 0.0
     w0 = memo[keys[0]][4]
@@ -204,12 +232,12 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
     for c, key in zip(costs, keys, strict=True):
         if key not in memo:
             w = c.weight_grad_s if zb else 0.0
-            # the last micro-batch's reduce-scatter: in its pass where it runs in line
-            last_grads = c.dp.grad_iteration_s + (c.dp.grad_microbatch_s if c.dp.overlap
-                                                  else 0.0)
+            # with the last micro-batch's reduce-scatter (`grad_paced_s`)
+            last_grads = c.dp.grad_iteration_s + c.dp.grad_microbatch_s
             # buckets are cut from the last gradient pass: the backward, or ZB-H1's last W,
             # less what the previous micro-batch's reduce-scatter still holds of the stream
-            window = (w if zb else c.backward_s) - _backlog_s(c, m, schedule)
+            window = ((w if zb else c.backward_s + _gathers_s(c, vp, c.backward.compute_s))
+                      - _backlog_s(c, m, schedule, vp))
             grad = exposed_s(last_grads, max(window, 0.0), c.dp) if last_grads else 0.0
             gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.dp)
                       if c.dp.param_iteration_s else 0.0)
@@ -217,7 +245,13 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
             memo[key] = (_microbatch_s(c, pp, vp, key[1]), grad + c.optimizer_s + gather,
                          c.backward_s - w + half, c.forward_s + half, w)
     times = [memo[k][0] for k in keys]
-    paths = _zb_paths([memo[k] for k in keys], m) if zb else _paths(times, m, vp)
+    # the fill up to a stage is its predecessors' micro-batches without their reduce-
+    # scatters, which pace only their own next micro-batch (`grad_paced_s`)
+    excess = [grad_paced_s(c, vp, key[1]) for c, key in zip(costs, keys, strict=True)]
+    paths = (_zb_paths([memo[k] for k in keys], m, excess) if zb
+             else _paths(times, m, vp, excess))
+    # the last micro-batch's reduce-scatter is in the stage's tail, not its path
+    paths = [p - e for p, e in zip(paths, excess, strict=True)]
     if vp > 1:
         # no shorter than micro-batch 0's own way through every chunk and back, each hop
         # a transfer (the fill shrinks by vp, its transfers do not): what a slow link
@@ -252,19 +286,21 @@ def iteration_time(costs: Sequence[Sequence[StageCost]], microbatches: Sequence[
     return ends[critical][0], ends[critical][1], critical
 
 
-def _paths(times: list[float], m: int, vp: int) -> list[float]:
+def _paths(times: list[float], m: int, vp: int, excess: list[float]) -> list[float]:
     """1F1B / GPipe: the critical path through stage k is the fill up to it, its m
     micro-batches, the drain back from it (the fill and drain shrink by v with
     interleaving). For equal stages the slowest path is the last stage's, (m + (p - 1)/v) t;
-    a slow stage followed by faster ones is not delayed by them."""
+    a slow stage followed by faster ones is not delayed by them. `excess`: each stage's
+    `grad_paced_s`, in its own micro-batches but not in the fill it passes on."""
     prefix, paths = 0.0, []
-    for t in times:
+    for t, e in zip(times, excess, strict=True):
         paths.append(prefix / vp + m * t)
-        prefix += t
+        prefix += t - e
     return paths
 
 
-def _zb_paths(stages: list[tuple[float, float, float, float, float]], m: int) -> list[float]:
+def _zb_paths(stages: list[tuple[float, float, float, float, float]], m: int,
+              excess: list[float]) -> list[float]:
     """ZB-H1 (module docstring): the path through stage k's m micro-batches and the
     drain back to stage 0, which ends with stage 0's last W; or, where that is longer,
     stage k's own work after its first forward arrives, and stage 0's after its first
@@ -273,9 +309,9 @@ def _zb_paths(stages: list[tuple[float, float, float, float, float]], m: int) ->
     t0, _, b0, f0, w0 = stages[0]
     prefix = fill = back = 0.0
     paths = []
-    for k, (t, _, b, f, w) in enumerate(stages):
+    for k, ((t, _, b, f, w), e) in enumerate(zip(stages, excess, strict=True)):
         paths.append(max(prefix + m * t - min(k + 1, m) * w + w0, fill + m * t))
-        prefix += t - w
+        prefix += t - w - e
         fill += f
         back += b
     # stage 0's first B waits for micro-batch 0 to pass every stage and come back

@@ -40,7 +40,7 @@ from planner.export.frameworks import (
     computes_in_fp32,
     fsdp_dp_problem,
 )
-from planner.predict.estimate import critical_path_s, iteration_end_s
+from planner.predict.estimate import critical_path_s, iteration_end_s, receives_s
 from planner.search.sharding import (
     ShardingOption,
     allowed_options,
@@ -294,22 +294,27 @@ class LayoutModel:
         # ZeRO-3 gathers add at least nothing (what they add depends on how the units'
         # gathers and computes interleave: `estimate._microbatch_s`)
         if not self.comm.overlap_grad_reduce:
-            # every micro-batch's reduce-scatter in line, the rest after the backward, all
-            # exposed (`exposed_s`)
-            return (path_s + m * grad_mb[:, s] + grad_it[:, f] + optimizer[:, f]
-                    + param_it[:, f])
-        # overlapped reduce-scatters that outlast the micro-batch's work add at least
-        # their excess
-        work = c.forward.compute_s + c.backward.compute_s
-        extra = np.maximum(0.0, grad_mb[:, s] - work)
+            # every micro-batch's reduce-scatter but the last in line, the last and the
+            # rest after the backward, all exposed (`exposed_s`, `estimate.grad_paced_s`)
+            return (path_s + (m - 1) * grad_mb[:, s] + grad_mb[:, f] + grad_it[:, f]
+                    + optimizer[:, f] + param_it[:, f])
+        # overlapped reduce-scatters that outlast the micro-batch add at least their
+        # excess over it, between micro-batches (the last one's is in the tail:
+        # `estimate.grad_paced_s`); a micro-batch lasts at most its passes, its receives
+        # and all its parameter gathers
+        span = (c.forward_s + c.backward_s + param_mb[:, s]
+                + receives_s([base[k] for k in kinds], slow, micro.vp))
+        extra = np.maximum(0.0, grad_mb[:, s] - span)
         # the framework's buckets (RunSettings.comm)
         buckets = max(1, math.ceil(first.num_params / bucket_params(self.comm,
                                                                    self.layout.dp)))
-        window = first.weight_grad_s if schedule.splits_backward else first.backward_s
+        # the backward the last reduce-scatter hides under, with at most half the gathers
+        window = (first.weight_grad_s if schedule.splits_backward
+                  else first.backward_s + param_mb[:, f] / 2)
         grads = grad_mb[:, f] + grad_it[:, f]
         tail = (np.maximum(grads / buckets, grads - window) + optimizer[:, f]
                 + np.maximum(param_it[:, f] / buckets, param_it[:, f] - first.forward_s))
-        return path_s + m * extra + tail
+        return path_s + (m - 1) * extra + tail
 
     def _evaluation(self, base: list[StageCost], micro: Micro, index: int,
                     peak: float) -> Evaluation:

@@ -107,3 +107,31 @@ def test_interleaved_transfers_over_a_slow_link_follow_the_simulation(pp, vp, m,
     costs = flat_costs(plan, fwd=1.0, bwd=2.0, p2p=p2p)
     simulated = simulate_graph(plan, costs=costs).schedule.makespan_s
     assert estimate(plan, costs=costs).iteration_time_s == pytest.approx(simulated, rel=bound)
+
+
+@pytest.mark.parametrize("model, pp, dp, gbs, sharding, framework, schedule", [
+    ("llama2-7b", 1, 32, 32, "zero2", "megatron", "1f1b"),   # overlapped, m 1
+    ("mpt-7b", 1, 32, 32, "zero2", "megatron", "1f1b"),
+    ("mpt-7b", 1, 32, 128, "zero2", "megatron", "1f1b"),     # m 4
+    ("mpt-7b", 2, 16, 16, "zero2", "trainplan", "1f1b"),     # in line after the backward
+    ("llama2-13b", 4, 8, 8, "zero2", "trainplan", "1f1b"),
+    ("mpt-7b", 2, 16, 64, "zero2", "trainplan", "zb-h1"),
+    ("llama2-7b", 1, 32, 64, "zero3", "fsdp2", "1f1b"),        # torchtitan
+])
+def test_sharded_gradients_are_estimated_as_simulated(model, pp, dp, gbs, sharding, framework,
+                                                      schedule):
+    """Sharded gradients on slow links (L40S over 2x200 Gb/s), where each micro-batch's
+    reduce-scatter outlasts its compute: the estimate counted the last micro-batch's twice
+    (in its path and in the tail; the simulator folds it into the gradient sync) and every
+    earlier stage's in the pipeline's fill. mpt-7b at ZeRO-2, m 1: 2.18 s against the
+    simulator's 1.56 s; llama2-13b pp 4 in line: 3.54 against 2.23 (audit of 2026-12-06)."""
+    from planner.simulator import simulate
+    from planner.specs.plan import Communication
+
+    shard = {"zero2": Sharding(grads=dp, optim=dp),
+             "zero3": Sharding(params=dp, grads=dp, optim=dp)}[sharding]
+    cfg = ParallelConfig(tp=1, pp=pp, dp=dp, mbs=1, gbs=gbs, seq_len=2048, sharding=shard,
+                         schedule=schedule, comm=Communication.preset(framework, dtype="bf16"))
+    plan = homogeneous_plan(preset(model), parse_gpus_arg("L40S-48GB:32"), cfg)
+    assert estimate(plan).iteration_time_s == pytest.approx(
+        simulate(plan).iteration_time_s, rel=0.02)

@@ -262,3 +262,39 @@ island_links:
     budgeted = search(dataclasses.replace(
         req, max_budget_usd=best.run_cost_usd(1e10) * 1.002)).ranked[0]
     assert budgeted.plan == best.plan
+
+
+@pytest.mark.parametrize("gpus, model, lo, mi, comm", [
+    ("L40S-48GB:32", "llama2-7b", Layout(32, 1, 1, 1, 32), Micro(1, 1, "none", False), "fsdp2"),
+    ("L40S-48GB:32", "mpt-7b", Layout(32, 1, 1, 2, 16), Micro(1, 1, "none", False),
+     "trainplan"),
+    ("L40S-48GB:32", "llama2-13b", Layout(32, 1, 1, 4, 8), Micro(1, 1, "full", False,
+                                                                "zb-h1"), "trainplan"),
+    ("L40S-48GB:32", "mpt-7b", Layout(32, 1, 1, 1, 32), Micro(1, 1, "none", False), "megatron"),
+    ("A100-80GB-SXM:64", "gpt3-13b", Layout(64, 4, 1, 4, 4), Micro(2, 1, "selective", True),
+     "megatron"),
+    ("H100-80GB-SXM:64", "llama2-7b", Layout(64, 2, 1, 2, 16), Micro(1, 2, "none", True),
+     "fsdp2"),
+])
+@pytest.mark.parametrize("gbs_per_replica", [1, 4])
+def test_the_sharding_bound_never_exceeds_the_estimate(gpus, model, lo, mi, comm,
+                                                       gbs_per_replica):
+    """`LayoutModel.evaluate` stops pricing sharding options once their lower bound
+    (`_lower_bounds`) passes the best found: a bound above an option's own estimate would
+    drop a faster option unpriced. Checked on sharded gradients over slow links, where the
+    reduce-scatters outlast the compute, in line (trainplan) and overlapped (Megatron-LM,
+    FSDP2's gathers), and on fast ones."""
+    from planner.costs.kernels import default_kernels as kernels_of
+    from planner.specs.plan import Communication
+
+    cluster = parse_gpus_arg(gpus)
+    gbs = lo.dp * mi.mbs * gbs_per_replica * (lo.pp if mi.vp > 1 else 1)
+    lm = LayoutModel(preset(model), cluster, lo, dtype="bf16", seq_len=2048, gbs=gbs,
+                     kernels=kernels_of([cluster.node_groups[0].device], attention="flash"),
+                     comm=Communication.preset(comm, dtype="bf16"))
+    base = lm.stage_costs(mi)
+    bounds = lm._lower_bounds(base, mi)
+    times = [lm.iteration_s(lm.sharded(base, o.sharding), mi) for o in lm.options]
+    assert len(times) > 1
+    for option, bound, time_s in zip(lm.options, bounds, times, strict=True):
+        assert bound <= time_s * (1 + 1e-9), option.sharding
