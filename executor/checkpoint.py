@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import pickle
-import re
 import shutil
 from dataclasses import dataclass
 
@@ -44,22 +43,23 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
-from executor.checkpoint_dirs import COMPLETE, latest_complete, step_folders
+from executor.checkpoint_dirs import (
+    COMPLETE,
+    FORMAT,
+    METADATA,
+    CheckpointError,
+    file_digest,
+    file_problems,
+    latest_complete,
+    model_problem,
+    read_marker,
+    step_folders,
+)
 from executor.checkpoint_layout import LoadPieces, Piece, SavePieces, check_pieces
 from planner.specs.plan import Plan, describe_layout, plan_to_dict
 
 __all__ = ["COMPLETE", "CheckpointError", "Resumed", "fingerprint", "latest_complete",
            "read_marker", "read_metadata", "resume", "save", "step_folders"]
-
-FORMAT = "trainplan-checkpoint/2"  # layout-independent, with file hashes
-METADATA = ".metadata"  # DCP's (a pickle)
-MAX_MARKER_BYTES = 16 << 20
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_FILE = re.compile(r"[A-Za-z0-9_.-]+")  # a plain name inside the folder
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used, said in one line."""
 
 
 def fingerprint(plan: Plan) -> str:
@@ -74,69 +74,6 @@ def fingerprint(plan: Plan) -> str:
 
 def _step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"step-{step:08d}")
-
-
-# ---- the marker ---------------------------------------------------------------------
-def _digest(path: str) -> dict[str, int | str]:
-    sha, size = hashlib.sha256(), 0
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            sha.update(block)
-            size += len(block)
-    return {"sha256": sha.hexdigest(), "bytes": size}
-
-
-def read_marker(path: str, step: int) -> dict:
-    """The marker of the checkpoint of `step` in `path`, checked; CheckpointError says
-    what is wrong with it."""
-    file = os.path.join(path, COMPLETE)
-    if not os.path.isfile(file):
-        raise CheckpointError(f"no {COMPLETE}")
-    if os.path.getsize(file) > MAX_MARKER_BYTES:
-        raise CheckpointError(f"{COMPLETE} is over {MAX_MARKER_BYTES} bytes")
-    try:
-        with open(file, encoding="utf-8") as fh:
-            marker = json.load(fh)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise CheckpointError(f"{COMPLETE} does not read ({type(err).__name__})") from None
-    problem = _marker_problem(marker, step)
-    if problem:
-        raise CheckpointError(f"{COMPLETE}: {problem}")
-    return marker
-
-
-def _marker_problem(marker: object, step: int) -> str | None:
-    if not isinstance(marker, dict) or marker.get("format") != FORMAT:
-        return f"not a {FORMAT} marker (written by an older trainplan, or not by it)"
-    if marker.get("step") != step:
-        return f"step {marker.get('step')!r}, the folder's is {step}"
-    if not isinstance(marker.get("model"), dict) or not isinstance(marker.get("plan"), str) \
-            or not isinstance(marker.get("layout"), str):
-        return "model, plan or layout missing"
-    files = marker.get("files")
-    if not isinstance(files, dict) or METADATA not in files:
-        return f"no file list with {METADATA}"
-    for name, info in files.items():
-        if not _FILE.fullmatch(name) or name in (".", "..", COMPLETE):
-            return f"file name {name!r} is not a plain name in the folder"
-        if not isinstance(info, dict) or not _SHA256.fullmatch(str(info.get("sha256"))) \
-                or type(info.get("bytes")) is not int or info["bytes"] < 0:
-            return f"{name}: no SHA-256 and size"
-    return None
-
-
-def file_problems(path: str, files: dict[str, dict], names: list[str]) -> list[str]:
-    """What differs, among `names`, between the folder's files and the marker's `files`."""
-    out = []
-    for name in names:
-        file, want = os.path.join(path, name), files[name]
-        if os.path.islink(file) or not os.path.isfile(file):
-            out.append(f"{name} is missing")
-        elif (size := os.path.getsize(file)) != want["bytes"]:
-            out.append(f"{name} is {size} bytes, {COMPLETE} says {want['bytes']}")
-        elif _digest(file)["sha256"] != want["sha256"]:
-            out.append(f"{name} differs from its SHA-256 in {COMPLETE}")
-    return out
 
 
 # ---- DCP's metadata, unpickled with an allow-list -------------------------------------
@@ -233,7 +170,8 @@ def _barrier() -> None:
 
 
 # ---- save -------------------------------------------------------------------------------
-def save(root: str, step: int, pieces: list[Piece], *, plan: Plan) -> str:
+def save(root: str, step: int, pieces: list[Piece], *, plan: Plan,
+         run: dict[str, float] | None = None) -> str:
     """Write this rank's `pieces` (executor/checkpoint_layout.py) as the checkpoint after
     `step` steps; returns its folder. Collective: every rank calls it."""
     import torch.distributed.checkpoint as dcp
@@ -248,12 +186,12 @@ def save(root: str, step: int, pieces: list[Piece], *, plan: Plan) -> str:
     dcp.save({}, storage_writer=FileSystemWriter(tmp), planner=SavePieces(pieces))
     names = _from_rank0(sorted(os.listdir(tmp)) if rank == 0 else None)
     assert isinstance(names, list)
-    digests = _everyones({n: _digest(os.path.join(tmp, n)) for n in names[rank::world]})
+    digests = _everyones({n: file_digest(os.path.join(tmp, n)) for n in names[rank::world]})
     if rank == 0:
         files = {n: d for share in digests for n, d in share.items()}
         marker = {"format": FORMAT, "step": step, "model": plan_to_dict(plan)["model"],
                   "plan": fingerprint(plan), "layout": describe_layout(plan),
-                  "files": dict(sorted(files.items()))}
+                  "files": dict(sorted(files.items())), **(run or {})}
         with open(os.path.join(tmp, COMPLETE), "w", encoding="utf-8") as fh:
             json.dump(marker, fh, indent=1)
             fh.flush()
@@ -281,19 +219,6 @@ class Resumed:
     note: str  # the one line the run says
 
 
-def _model_problem(marker: dict, plan: Plan, path: str) -> str | None:
-    """One line if the checkpoint holds another model than the plan trains."""
-    theirs, ours = marker["model"], plan_to_dict(plan)["model"]
-    differ = [f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here"
-              for k in sorted(set(theirs) | set(ours)) if k != "name"
-              and theirs.get(k) != ours.get(k)]
-    if not differ:
-        return None
-    return (f"{path} holds model {theirs.get('name')!r}, this plan trains "
-            f"{ours.get('name')!r} ({'; '.join(differ)}): resume with the model it was "
-            "written for, or another --checkpoint-dir")
-
-
 def _intact(path: str, step: int, pieces: list[Piece], plan: Plan
             ) -> tuple[dict, Metadata] | str:
     """The marker and metadata of the checkpoint in `path` if it is intact, else why not
@@ -306,7 +231,7 @@ def _intact(path: str, step: int, pieces: list[Piece], plan: Plan
     marker = _from_rank0(marker)  # type: ignore[assignment]
     if isinstance(marker, str):
         return marker
-    refused = _model_problem(marker, plan, path)
+    refused = model_problem(marker, plan, path)
     if refused:
         raise CheckpointError(refused)
     names = sorted(marker["files"])

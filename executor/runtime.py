@@ -492,7 +492,8 @@ def _train(trainer: Trainer, settings: RunSettings, watchdog: Watchdog, *, start
                 done % settings.checkpoint_every == 0:
             with watchdog.phase("checkpoint"):
                 checkpoint.save(settings.checkpoint_dir, done, trainer.checkpoint_pieces(),
-                                plan=plan)
+                                plan=plan, run={"seed": settings.seed,
+                                                "learning_rate": settings.learning_rate})
     return losses, times
 
 

@@ -17,13 +17,13 @@ import torch
 
 from executor.model import GPT
 from executor.precision import DTYPES, LossScaler, unscale_grads
+from executor.worker import LEARNING_RATE
 from planner.specs.model import ModelSpec
 from profiler.timing import Timing, time_calls
 
 __all__ = ["DTYPES", "LEARNING_RATE", "StepTiming", "adamw", "empty_adamw_state", "make_optimizer", "reference_losses",
            "sample_batch", "synthetic_batch", "time_train_step", "train_step"]
 
-LEARNING_RATE = 3e-4
 WEIGHT_DECAY = 0.1
 
 

@@ -11,7 +11,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main", "worker_args"]
+__all__ = ["LEARNING_RATE", "main", "worker_args"]
+
+LEARNING_RATE = 3e-4  # AdamW's, where a run names none (`plan run --lr`)
 
 
 def _parser() -> argparse.ArgumentParser:

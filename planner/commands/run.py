@@ -114,7 +114,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, metavar="N",
                    help="weights and data seed")
     p.add_argument("--lr", type=number_in(gt=0, high=10), metavar="X",
-                   help="AdamW learning rate (default 3e-4)")
+                   help="AdamW learning rate (default 3e-4, executor.worker.LEARNING_RATE)")
     p.add_argument("--checkpoint-dir", type=path_arg, metavar="DIR",
                    help="distributed checkpoints go here")
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
@@ -154,25 +154,16 @@ def _check_flags(args: argparse.Namespace) -> None:
         # folder may be a restart loop's first run, which starts at step 1 and writes it
         fail("--checkpoint-dir", args.checkpoint_dir, "an existing folder of checkpoints to "
              "resume from (or add --checkpoint-every N to start there and write them)")
-    if args.checkpoint_dir and os.path.isdir(args.checkpoint_dir):
-        from executor.checkpoint_dirs import latest_complete, step_folders
+    if args.checkpoint_dir and os.path.isdir(args.checkpoint_dir) and not args.resume:
+        from executor.checkpoint_dirs import step_folders
 
-        saved = step_folders(args.checkpoint_dir)
-        latest = latest_complete(args.checkpoint_dir)
-        if args.resume and latest is not None and args.steps <= latest[0]:
-            # the ranks loaded it, ran no step, and the report had no time to take
-            fail("--steps", args.steps, f"more than the step of the checkpoint it resumes "
-                 f"from, {latest[0]} ({latest[1]}): --steps counts from the run's start")
-        if args.resume and latest is not None and args.warmup is not None and \
-                args.warmup >= args.steps - latest[0]:  # it was dropped without a word
-            fail("--warmup", args.warmup, f"fewer than the {args.steps - latest[0]} steps "
-                 f"run after the checkpoint of step {latest[0]}")
-        if not args.resume and saved:
+        if saved := step_folders(args.checkpoint_dir):
             # a fresh run overwrote some of an earlier run's steps and left the rest, so a
             # later --resume took the earlier run's newest
             fail("--checkpoint-dir", args.checkpoint_dir, f"a folder without checkpoints "
                  f"(it holds an earlier run's, up to step {saved[0][0]}); --resume "
                  "continues that run")
+    args.warmup_given = args.warmup is not None  # `_check_resume` refuses only a given one
     if args.warmup is None:
         args.warmup = min(DEFAULT_WARMUP, args.steps - 1)
     if not 0 <= args.warmup < args.steps:
@@ -190,6 +181,43 @@ def _check_flags(args: argparse.Namespace) -> None:
                                               args.inject_fault):
         fail("--inject-fault", args.inject_fault,
              "RANK:STEP:kill|hang|freeze|error|overflow")
+
+
+def _check_resume(args: argparse.Namespace, plan: Plan) -> None:
+    """What a --resume of `plan` will load, before any rank starts: the checkpoint the
+    ranks take (`resume_point`: newest first, damaged ones skipped) must hold the plan's
+    model and leave steps to run (and to time, past --warmup); a different --seed or --lr
+    than it was trained with is said (the run goes on, off the uninterrupted one's path)."""
+    if not (args.resume and args.checkpoint_dir and os.path.isdir(args.checkpoint_dir)):
+        return
+    from executor.checkpoint_dirs import CheckpointError, resume_point
+
+    def refusing(step: int) -> bool:  # hash the files before refusing by this checkpoint
+        return args.steps <= step or (args.warmup_given and args.warmup >= args.steps - step)
+
+    try:
+        point = resume_point(args.checkpoint_dir, plan, verify=refusing)
+    except CheckpointError as err:
+        fail("--checkpoint-dir", args.checkpoint_dir, str(err))
+    if point is None:
+        return
+    if args.steps <= point.step:
+        # the ranks loaded it, ran no step, and the report had no time to take
+        fail("--steps", args.steps, f"more than the step of the checkpoint it resumes "
+             f"from, {point.step} ({point.path}): --steps counts from the run's start")
+    if args.warmup_given and args.warmup >= args.steps - point.step:
+        # it was dropped without a word
+        fail("--warmup", args.warmup, f"fewer than the {args.steps - point.step} steps "
+             f"run after the checkpoint of step {point.step}")
+    from executor.worker import LEARNING_RATE
+
+    ours = {"seed": args.seed, "learning_rate": LEARNING_RATE if args.lr is None else args.lr}
+    differ = [f"--{'lr' if k == 'learning_rate' else k} {ours[k]:g} (it was "
+              f"{point.marker[k]:g})" for k in ours
+              if isinstance(point.marker.get(k), (int, float)) and point.marker[k] != ours[k]]
+    if differ:
+        print(f"plan run: note: resuming step {point.step} with {' and '.join(differ)}: the "
+              "losses leave those of an uninterrupted run", file=sys.stderr)
 
 
 def _cluster(args: argparse.Namespace) -> ClusterSpec:
@@ -472,6 +500,7 @@ def run(args: argparse.Namespace) -> int:
         prediction, source = (None, "") if args.dry_run else _predict(plan, profiles)
     else:
         plan, prediction, source, profiles = _search(args)
+    _check_resume(args, plan)
     folder, name, keep = _report_dir(args, plan.model.name, plan.cluster.name,
                                      plan.training.global_batch_size)
     try:

@@ -1,6 +1,7 @@
 """`plan run`: flags checked before anything starts; no folder left behind; nothing
 written outside the report folder."""
 
+import json
 import tempfile
 
 import pytest
@@ -66,14 +67,24 @@ def test_no_temporary_folder_is_left(tmp_path, monkeypatch, capsys, plan_file):
     assert list(scratch.iterdir()) == []
 
 
-def _saved(root, *steps):
-    """Checkpoint folders as a finished save leaves them (the marker is enough here)."""
-    from executor.checkpoint_dirs import COMPLETE
+def _saved(root, plan_file, *steps, damaged=(), model=None, seed=0):
+    """Checkpoint folders as a finished save leaves them: a marker naming the plan's model
+    (or `model`) and its one file with its SHA-256; in the `damaged` steps that file
+    changed since (same size)."""
+    from executor.checkpoint_dirs import COMPLETE, FORMAT, METADATA, file_digest
+    from planner.specs.plan import load_plan, plan_to_dict
 
+    ours = plan_to_dict(load_plan(plan_file))["model"]
     for step in steps:
         folder = root / f"step-{step:08d}"
         folder.mkdir(parents=True)
-        (folder / COMPLETE).write_text("{}")
+        (folder / METADATA).write_bytes(b"dcp metadata")
+        files = {METADATA: file_digest(str(folder / METADATA))}
+        if step in damaged:
+            (folder / METADATA).write_bytes(b"DCP METADATA")
+        (folder / COMPLETE).write_text(json.dumps({
+            "format": FORMAT, "step": step, "model": model or ours, "plan": "0" * 16,
+            "layout": "pp 2", "files": files, "seed": seed, "learning_rate": 3e-4}))
 
 
 def test_checkpoints_of_an_earlier_run_are_checked_before_launching(tmp_path, monkeypatch,
@@ -82,7 +93,7 @@ def test_checkpoints_of_an_earlier_run_are_checked_before_launching(tmp_path, mo
     StatisticsError traceback; a fresh run into a folder of an earlier run's checkpoints
     overwrote some steps and left the rest, so a later --resume took the earlier run's."""
     monkeypatch.chdir(tmp_path)
-    _saved(tmp_path / "ck", 50, 100)
+    _saved(tmp_path / "ck", plan_file, 50, 100)
     code, _, err = run_cli(["run", "--plan", plan_file, "--checkpoint-dir", "ck", "--resume",
                             "--steps", "100", "--dry-run"], capsys)
     assert code == 2 and err.count("\n") == 1, err
@@ -99,6 +110,53 @@ def test_checkpoints_of_an_earlier_run_are_checked_before_launching(tmp_path, mo
                             "--steps", "101", "--warmup", "1", "--dry-run"], capsys)
     assert code == 2 and "--warmup: 1 is not allowed (fewer than the 1 steps run after " \
         "the checkpoint of step 100)" in err, err
+
+
+def test_the_checks_before_launching_take_the_checkpoint_the_ranks_take(tmp_path, monkeypatch,
+                                                                        capsys, plan_file):
+    """The ranks resume from the newest intact checkpoint; the checks before launching
+    went by the newest folder with a marker: a damaged step 100 refused --steps 100, which
+    resumes from step 50 and runs (audit of 2026-12-06)."""
+    monkeypatch.chdir(tmp_path)
+    _saved(tmp_path / "ck", plan_file, 50, 100, damaged=(100,))
+    code, _, err = run_cli(["run", "--plan", plan_file, "--checkpoint-dir", "ck", "--resume",
+                            "--steps", "100", "--dry-run"], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["run", "--plan", plan_file, "--checkpoint-dir", "ck", "--resume",
+                            "--steps", "50", "--dry-run"], capsys)
+    assert code == 2 and "resumes from, 50 (ck/step-00000050)" in err, err
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_launching(tmp_path, monkeypatch,
+                                                                   capsys, plan_file):
+    """Every rank started, failed on it, and the launcher cut its line mid-word (audit of
+    2026-12-06): now one line before any process starts."""
+    from planner.specs.model import preset as model_preset
+    from profiler.schema import dump
+
+    monkeypatch.chdir(tmp_path)
+    _saved(tmp_path / "ck", plan_file, 50, model=dump(model_preset("debug-small")))
+    code, _, err = run_cli(["run", "--plan", plan_file, "--checkpoint-dir", "ck", "--resume",
+                            "--steps", "60", "--dry-run"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--checkpoint-dir: 'ck' is not allowed (ck/step-00000050 holds model " \
+           "'debug-small', this plan trains 'debug-tiny'" in err
+
+
+def test_resuming_with_another_seed_says_so(tmp_path, monkeypatch, capsys, plan_file):
+    """A resume with another --seed or --lr than the checkpoint's run leaves the losses of
+    an uninterrupted run without a word (audit of 2026-12-06): it runs, with a note."""
+    monkeypatch.chdir(tmp_path)
+    _saved(tmp_path / "ck", plan_file, 50)
+    code, _, err = run_cli(["run", "--plan", plan_file, "--checkpoint-dir", "ck", "--resume",
+                            "--steps", "60", "--seed", "7", "--lr", "3e-3", "--dry-run"],
+                           capsys)
+    assert code == 0
+    assert "note: resuming step 50 with --seed 7 (it was 0) and --lr 0.003 (it was " \
+           "0.0003)" in err, err
+    code, _, err = run_cli(["run", "--plan", plan_file, "--checkpoint-dir", "ck", "--resume",
+                            "--steps", "60", "--dry-run"], capsys)
+    assert code == 0 and "note" not in err, err
 
 
 def test_a_rerun_forgets_the_last_runs_report(tmp_path):
