@@ -491,13 +491,17 @@ def run(args: argparse.Namespace) -> int:
     from executor.preflight import check_runnable, device_kind
 
     if args.plan is not None:
+        from planner.export.launch import plan_nodes
+
         plan = load_plan(args.plan)
-        # a dry run prints the launch lines of any plan on any host: plan checks only
-        check_runnable(plan, where=f"{args.plan}:", host=not args.dry_run,
-                       cuda_devices=0 if args.dry_run else _cuda_devices(device_kind(plan)))
-        profiles = None if args.dry_run else profiles_for(args, plan.cluster,
-                                                          plan.training.dtype)
-        prediction, source = (None, "") if args.dry_run else _predict(plan, profiles)
+        # a dry run, and a plan over several nodes, print the launch lines of any plan on
+        # any host (nothing runs here): plan checks only
+        lines_only = args.dry_run or len(plan_nodes(plan)) > 1
+        check_runnable(plan, where=f"{args.plan}:", host=not lines_only,
+                       cuda_devices=0 if lines_only else _cuda_devices(device_kind(plan)))
+        profiles = None if lines_only else profiles_for(args, plan.cluster,
+                                                        plan.training.dtype)
+        prediction, source = (None, "") if lines_only else _predict(plan, profiles)
     else:
         plan, prediction, source, profiles = _search(args)
     _check_resume(args, plan)

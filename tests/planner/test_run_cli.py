@@ -155,6 +155,19 @@ def test_multi_node_plans_print_a_torchrun_line_per_node(tmp_path, capsys, no_la
     assert code == 0 and f"--run-dir {report}" in out and "RUN_DIR" not in out
 
 
+def test_a_multi_node_gpu_plan_prints_its_lines_on_a_host_without_gpus(tmp_path, capsys,
+                                                                      no_launch):
+    """Nothing of a plan over several nodes runs here, so the host's devices do not matter:
+    a 2-node A100 plan was refused for this host's lack of CUDA unless --dry-run (audit of
+    2026-12-06), though the README promises its torchrun lines."""
+    plan = homogeneous_plan(TINY, parse_gpus_arg("A100-80GB-SXM:16"), ParallelConfig(
+        dp=16, mbs=1, gbs=16, seq_len=32))
+    code, out, err = _run(["run", "--plan", _plan_file(tmp_path, plan), "--steps", "3"], capsys)
+    assert code == 0, err
+    assert "the plan spans 2 nodes" in out
+    assert len([ln for ln in out.splitlines() if ln.startswith("torchrun")]) == 2
+
+
 def test_planner_never_imports_the_executor():
     code = ("import sys, planner.cli, planner.commands.run;"
             "print([m for m in ('torch', 'executor') if m in sys.modules])")
