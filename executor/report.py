@@ -6,6 +6,7 @@ planner's prediction (the simulator's SimResult, or the plan's `predicted`).
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -13,7 +14,8 @@ from executor.topology import Topology
 from planner.predict.results import SimResult
 from planner.specs.plan import Plan, describe_layout
 
-__all__ = ["KindTime", "RankMemory", "RankTrace", "RunReport", "make_report", "to_markdown"]
+__all__ = ["KindTime", "RankMemory", "RankTrace", "RunReport", "diverged", "make_report",
+           "to_markdown"]
 
 MIB = 1024**2
 
@@ -201,6 +203,8 @@ def to_markdown(r: RunReport) -> str:
               f"{_mib(m.peak_bytes)} | {_mib(m.predicted_model_state_bytes)} | "
               f"{_mib(m.model_state_bytes)} |" for m in r.ranks]
     lines += ["", "Loss per step: " + ", ".join(f"{x:.4f}" for x in r.losses), ""]
+    if (why := diverged(r)) is not None:
+        lines += [f"**{why}**", ""]
     if r.loss_scales:
         skipped = ", ".join(map(str, r.skipped_steps)) or "none"
         lines += [f"fp16 loss scale: {r.loss_scales[0]:g} at step {r.first_step + 1}, "
@@ -209,6 +213,16 @@ def to_markdown(r: RunReport) -> str:
     if r.traces:
         lines += _trace_markdown(r.traces, r.measured_iteration_s)
     return "\n".join(lines)
+
+
+def diverged(r: RunReport) -> str | None:
+    """One line if the run's loss stopped being a number (the time it measured stands;
+    what it trained does not)."""
+    bad = next((i for i, x in enumerate(r.losses) if not math.isfinite(x)), None)
+    if bad is None:
+        return None
+    return (f"the loss is not finite from step {r.first_step + bad + 1}: the run diverged "
+            "(a smaller --lr; the times are still measured)")
 
 
 def _ms(value: float | None) -> str:

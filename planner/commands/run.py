@@ -438,8 +438,10 @@ def _print_launches(launches: list[NodeLaunch], *, why: str, as_json: bool = Fal
 
 
 def _write_report(folder: str, keep: bool, report: RunReport, as_json: bool) -> None:
-    from executor.report import to_markdown
+    from executor.report import diverged, to_markdown
 
+    if (why := diverged(report)) is not None:  # in the report too; said where --json hides it
+        print(f"plan run: warning: {why}", file=sys.stderr)
     text = to_markdown(report)
     if keep:
         write_text(os.path.join(folder, "report.md"), text)

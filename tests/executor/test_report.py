@@ -50,3 +50,15 @@ def test_the_slowest_ranks_median_is_the_iteration():
 def test_older_metrics_without_per_rank_times_keep_the_median_of_the_slowest():
     metrics = {"step_times_s": [0.1, 0.02, 0.03, 0.01]}
     assert measured_iteration_s(metrics, 1) == pytest.approx(0.02)
+
+
+def test_a_diverged_run_says_so():
+    """An fp16 run at --lr 10 reported losses 5.54, nan, nan, ... with exit 0 and no word
+    (audit of 2026-12-06): the report and stderr now say from which step."""
+    from types import SimpleNamespace
+
+    from executor.report import diverged
+
+    assert diverged(SimpleNamespace(losses=[5.5, 5.4, 5.3], first_step=0)) is None
+    why = diverged(SimpleNamespace(losses=[5.5, float("nan"), float("inf")], first_step=3))
+    assert why is not None and why.startswith("the loss is not finite from step 5")
