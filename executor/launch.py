@@ -11,6 +11,7 @@ nodes. Imports no torch: the launcher only builds and runs command lines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -63,10 +64,14 @@ def node_launches(plan: Plan, worker_argv: list[str]) -> list[NodeLaunch]:
 
 
 STOP_GRACE_S = 45.0  # torchrun gives its ranks 30 s after SIGTERM before it kills them
+# in the run folder when `plan run` itself stops the ranks (Ctrl-C, SIGTERM): their
+# watchdogs then end without a line each (`plan run` says the one line)
+STOP_REQUESTED = "stop-requested"
 
 
-def run_local(launch: NodeLaunch, *, cpu: bool) -> int:
-    """Run one node's torchrun here (the same torch as this Python); its exit code."""
+def run_local(launch: NodeLaunch, *, cpu: bool, run_dir: str | None = None) -> int:
+    """Run one node's torchrun here (the same torch as this Python); its exit code.
+    `run_dir`: the ranks' folder, where a stop this process asks for is marked."""
     env = dict(os.environ)
     if cpu:
         env["OMP_NUM_THREADS"] = "1"  # one core per rank (the workers pin torch too)
@@ -76,6 +81,9 @@ def run_local(launch: NodeLaunch, *, cpu: bool) -> int:
     try:
         return proc.wait()
     except BaseException:  # Ctrl-C or SIGTERM (planner/cli.py): no rank may outlive us
+        if run_dir is not None:
+            with contextlib.suppress(OSError):
+                open(os.path.join(run_dir, STOP_REQUESTED), "w").close()
         stop_torchrun(proc)
         raise
 

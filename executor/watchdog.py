@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from executor.launch import STOP_REQUESTED
+
 __all__ = ["EXIT_FAILED", "EXIT_PEER_FAILED", "STALE_S", "Watchdog"]
 
 EXIT_FAILED = 1  # this rank raised
@@ -160,7 +162,11 @@ class Watchdog:
                 culprit = (None, f"lost the rendezvous store ({type(err).__name__}); the "
                            "launcher or rank 0 is gone")
             if culprit is None and terminated:
-                culprit = self._dead_local() or (None, "was terminated by the launcher")
+                culprit = self._dead_local()
+                if culprit is None and os.path.exists(os.path.join(self.run_dir,
+                                                                   STOP_REQUESTED)):
+                    os._exit(EXIT_PEER_FAILED)  # `plan run` stopped us, and says so once
+                culprit = culprit or (None, "was terminated by the launcher")
             if culprit is not None:
                 self._stop(*culprit)
 

@@ -454,9 +454,11 @@ def _write_report(folder: str, keep: bool, report: RunReport, as_json: bool) -> 
 
 def _clean(folder: str) -> None:
     """Forget a previous run's results in a reused report folder."""
+    from executor.launch import STOP_REQUESTED
+
     for name in os.listdir(folder):
         # the report too: a failed rerun left the last run's report.md beside its stop notes
-        if name in ("metrics.json", "report.md", "report.json") or (
+        if name in ("metrics.json", "report.md", "report.json", STOP_REQUESTED) or (
                 name.startswith("stop-rank") and name.endswith(".json")):
             os.remove(os.path.join(folder, name))
 
@@ -475,7 +477,7 @@ def _run_here(args: argparse.Namespace, launch: NodeLaunch, *, cpu: bool, folder
         print(f"plan run: note: {launch.num_ranks} ranks share {cores} cores; times will not "
               "match the prediction", file=sys.stderr)
     print(f"plan run: {launch.command_line()}", file=sys.stderr, flush=True)
-    code = run_local(launch, cpu=cpu)
+    code = run_local(launch, cpu=cpu, run_dir=folder)
     if code != 0:
         reason = first_failure(folder) or f"torchrun exited with code {code}"
         print(f"plan run: failed: {reason}", file=sys.stderr)

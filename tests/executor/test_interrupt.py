@@ -69,3 +69,35 @@ def test_torchrun_dies_with_a_killed_plan_run():
     else:
         os.kill(child, signal.SIGKILL)
         raise AssertionError("the child outlived its killed parent")
+
+
+@pytest.mark.serial
+def test_sigterm_to_plan_run_says_one_line(tmp_path):
+    """`plan run` stopped by SIGTERM (a scheduler's stop) printed its one line after one
+    'stopping: was terminated by the launcher' line from every rank (audit of 2026-12-06):
+    the ranks now see that `plan run` asked for the stop and end without a word."""
+    from planner.specs.cluster import parse_gpus_arg
+    from planner.specs.layout import ParallelConfig, homogeneous_plan
+    from planner.specs.model import preset
+    from planner.specs.plan import Kernels, save_plan
+
+    plan = homogeneous_plan(preset("debug-tiny"), parse_gpus_arg("CPU:2"), ParallelConfig(
+        dp=2, mbs=1, gbs=2, seq_len=16, dtype="fp32"),
+        kernels=Kernels(attention="math", optimizer="foreach"))
+    save_plan(plan, str(tmp_path / "plan.yaml"))
+    ck = tmp_path / "ck"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner.cli", "run", "--plan", str(tmp_path / "plan.yaml"),
+         "--steps", "100000", "--checkpoint-dir", str(ck), "--checkpoint-every", "1",
+         "--report", str(tmp_path / "rep")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (ck / "step-00000001").is_dir():  # the ranks and their watchdogs are up
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines()
+             if not ln.startswith(("plan run: torchrun", "plan run: note"))]
+    assert proc.returncode == 130
+    assert len(lines) == 1 and lines[0].startswith("plan run: interrupted"), err
