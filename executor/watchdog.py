@@ -162,12 +162,12 @@ class Watchdog:
                 culprit = (None, f"lost the rendezvous store ({type(err).__name__}); the "
                            "launcher or rank 0 is gone")
             if culprit is None and terminated:
-                culprit = self._dead_local()
-                if culprit is None and os.path.exists(os.path.join(self.run_dir,
-                                                                   STOP_REQUESTED)):
-                    os._exit(EXIT_PEER_FAILED)  # `plan run` stopped us, and says so once
-                culprit = culprit or (None, "was terminated by the launcher")
+                culprit = self._dead_local() or (None, "was terminated by the launcher")
             if culprit is not None:
+                if os.path.exists(os.path.join(self.run_dir, STOP_REQUESTED)):
+                    # `plan run` stopped the ranks (a peer that went first included), and
+                    # says so once
+                    os._exit(EXIT_PEER_FAILED)
                 self._stop(*culprit)
 
     def _read(self) -> None:
