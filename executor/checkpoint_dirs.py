@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from planner.specs.plan import Plan, plan_to_dict
 
 __all__ = ["COMPLETE", "CheckpointError", "ResumePoint", "file_digest", "file_problems",
-           "latest_complete",
-           "model_problem", "read_marker", "resume_point", "step_folders"]
+           "latest_complete", "model_problem", "read_marker", "resume_point", "step_folders"]
 
 COMPLETE = "COMPLETE.json"
 _STEP_DIR = re.compile(r"step-(\d{8})")
@@ -50,6 +49,7 @@ def latest_complete(root: str) -> tuple[int, str] | None:
 
 
 def file_digest(path: str) -> dict[str, int | str]:
+    """The SHA-256 and size of the file at `path`, as the marker records them."""
     sha, size = hashlib.sha256(), 0
     with open(path, "rb") as fh:
         while block := fh.read(1 << 20):

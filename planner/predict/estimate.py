@@ -228,9 +228,11 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
     through each stage."""
     pp, zb = len(costs), Schedule(schedule).splits_backward
     memo: dict[_Key, tuple[float, float, float, float, float]] = {}
+    paced: dict[_Key, float] = {}  # `grad_paced_s` of each, priced once as the rest
     keys = [(id(c), receives_s(costs, s, vp)) for s, c in enumerate(costs)]
     for c, key in zip(costs, keys, strict=True):
         if key not in memo:
+            paced[key] = grad_paced_s(c, vp, key[1])
             w = c.weight_grad_s if zb else 0.0
             # with the last micro-batch's reduce-scatter (`grad_paced_s`)
             last_grads = c.dp.grad_iteration_s + c.dp.grad_microbatch_s
@@ -247,7 +249,7 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
     times = [memo[k][0] for k in keys]
     # the fill up to a stage is its predecessors' micro-batches without their reduce-
     # scatters, which pace only their own next micro-batch (`grad_paced_s`)
-    excess = [grad_paced_s(c, vp, key[1]) for c, key in zip(costs, keys, strict=True)]
+    excess = [paced[k] for k in keys]
     paths = (_zb_paths([memo[k] for k in keys], m, excess) if zb
              else _paths(times, m, vp, excess))
     # the last micro-batch's reduce-scatter is in the stage's tail, not its path

@@ -285,8 +285,9 @@ class LayoutModel:
         kinds = self.replica_kinds[0]
         schedule = micro.schedule.for_chunks(micro.vp)
         m = micro.num_microbatches(self.gbs, self.layout.dp)
-        path_s, slow = critical_path_s([base[k] for k in kinds], num_microbatches=m,
-                                       virtual_stages=micro.vp, schedule=schedule)
+        stages = [base[k] for k in kinds]
+        path_s, slow = critical_path_s(stages, num_microbatches=m, virtual_stages=micro.vp,
+                                       schedule=schedule)
         _, terms = self._option_table
         grad_it, grad_mb, param_it, param_mb, optimizer = (terms[:, :, j] for j in range(5))
         s, f = kinds[slow], kinds[0]
@@ -303,7 +304,7 @@ class LayoutModel:
         # `estimate.grad_paced_s`); a micro-batch lasts at most its passes, its receives
         # and all its parameter gathers
         span = (c.forward_s + c.backward_s + param_mb[:, s]
-                + receives_s([base[k] for k in kinds], slow, micro.vp))
+                + receives_s(stages, slow, micro.vp))
         extra = np.maximum(0.0, grad_mb[:, s] - span)
         # the framework's buckets (RunSettings.comm)
         buckets = max(1, math.ceil(first.num_params / bucket_params(self.comm,

@@ -248,18 +248,17 @@ def stages_even_where_needed(space: SearchSpace, model: ModelSpec, pp: int, vp: 
 
 def sequence_parallel_values(space: SearchSpace, layout: Layout,
                              model: ModelSpec | None = None, *,
-                             seq_len: int | None = None) -> tuple[bool, ...]:
+                             seq_len: int) -> tuple[bool, ...]:
     """Sequence parallelism splits what tensor parallelism splits: off at tp 1. MoE with
     tp > 1 needs it (Megatron-Core: "When using MoE with expert parallelism and tensor
     parallelism, sequence parallelism must be enabled"). It splits the sequence evenly
-    over tp (`sp_problem`), so it is out where tp does not divide `seq_len` (any length
-    where None)."""
+    over tp (`sp_problem`), so it is out where tp does not divide `seq_len`."""
     if layout.tp == 1:
         return (False,)
     values = space.sequence_parallel
     if model is not None and model.is_moe:
         values = tuple(sp for sp in values if sp == space.moe_sequence_parallel)
-    if seq_len is not None and sp_problem(seq_len, layout.tp, layout.cp) is not None:
+    if sp_problem(seq_len, layout.tp, layout.cp) is not None:
         values = tuple(sp for sp in values if not sp)
     return values
 

@@ -132,11 +132,12 @@ def _count(text: str, what: str) -> int:
     if not re.fullmatch(r"[0-9]+", text):  # ASCII digits only
         fail(what, text, "a positive whole number")
     # the digits counted before int(): a string of thousands of them is refused as such
-    if len(text.lstrip("0")) > len(str(MAX_GPUS)) or int(text) > MAX_GPUS:
+    n = int(text) if len(text.lstrip("0")) <= len(str(MAX_GPUS)) else MAX_GPUS + 1
+    if n > MAX_GPUS:
         fail(what, text, f"at most {MAX_GPUS:,}, the most GPUs a cluster holds")
-    if int(text) < 1:
+    if n < 1:
         fail(what, text, "a positive whole number")
-    return int(text)
+    return n
 
 
 def _number(text: str, what: str, rule: str) -> float:
