@@ -53,6 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--objective", choices=OBJECTIVES,
                    default="throughput", help="what to optimise (throughput plans on every "
                    "GPU; cost and time-to-train may use fewer: whole nodes in powers of two, "
+                   "the node counts between that take more data parallelism of the batch, "
                    "then halves of a node)")
     p.add_argument("--tokens", type=tokens_arg, metavar="N", help="tokens to train on (for "
                    "time-to-train and the budget)")

@@ -298,3 +298,31 @@ def test_the_sharding_bound_never_exceeds_the_estimate(gpus, model, lo, mi, comm
     assert len(times) > 1
     for option, bound, time_s in zip(lm.options, bounds, times, strict=True):
         assert bound <= time_s * (1 + 1e-9), option.sharding
+
+
+def test_time_to_train_tries_node_counts_that_split_the_batch_better():
+    """Time to train tried whole nodes in powers of two only: gbs 24 on 4 A100 nodes ran
+    gpt3-1.3b as tp2 pp2 dp8 on 32 GPUs (0.148 s an iteration), never dp 24 on 3 nodes
+    (0.136 s: faster, on a quarter fewer GPUs). A dp degree divides both the GPUs and the
+    batch, so 3 nodes take dp 24 where 4 take at most 8."""
+    tokens = 1e10
+    req = SearchRequest(model=preset("gpt3-1.3b"), cluster=parse_gpus_arg("A100-80GB-SXM:32"),
+                        gbs=24, seq_len=2048, objective="time-to-train", tokens=tokens, top=1)
+    best = search(req).ranked[0]
+    on_24 = search(dataclasses.replace(req, cluster=parse_gpus_arg("A100-80GB-SXM:24"),
+                                       objective="throughput")).ranked[0]
+    assert best.time_to_train_s(tokens) <= on_24.time_to_train_s(tokens) * (1 + 1e-9)
+    assert best.result.num_gpus == 24
+
+
+def test_fewer_node_counts_are_those_that_take_more_data_parallelism():
+    from planner.search.search import _gpu_counts
+
+    assert _gpu_counts(32, 8, "time-to-train", gbs=24) == (32, 16, 8, 24, 4, 2, 1)
+    # gbs 1,024 splits best over powers of two: nothing between them is tried
+    assert _gpu_counts(1024, 8, "cost", gbs=1024) == (1024, 512, 256, 128, 64, 32, 16, 8,
+                                                      4, 2, 1)
+    # gbs 96 reaches its most data parallelism on 12 nodes; more nodes add nothing
+    assert set(_gpu_counts(1024, 8, "cost", gbs=96)) - {2 ** i for i in range(11)} == {
+        24, 48, 96}
+    assert _gpu_counts(1024, 8, "throughput", gbs=24) == (1024,)
