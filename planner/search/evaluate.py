@@ -279,9 +279,9 @@ class LayoutModel:
         """A lower bound on each option's iteration (`iteration_s`) of the first replica:
         its first stage ends no earlier than the pipeline's critical path with each
         micro-batch lengthened by what the option adds to the slowest stage's
-        (`estimate._microbatch_s`), plus the first stage's exposed gradient reduction,
-        optimizer step and parameter gather (`estimate.pipeline_time`'s tail, by
-        `exposed_s`). The iteration time only grows with these terms."""
+        (`estimate._work_s`, `estimate.sends_s`), plus the first stage's exposed gradient
+        reduction, optimizer step and parameter gather (`estimate.pipeline_time`'s tail,
+        by `exposed_s`). The iteration time only grows with these terms."""
         kinds = self.replica_kinds[0]
         schedule = micro.schedule.for_chunks(micro.vp)
         m = micro.num_microbatches(self.gbs, self.layout.dp)
@@ -292,20 +292,27 @@ class LayoutModel:
         grad_it, grad_mb, param_it, param_mb, optimizer = (terms[:, :, j] for j in range(5))
         s, f = kinds[slow], kinds[0]
         c, first = base[s], base[f]
+        # what the slowest stage waits for its pipeline transfers at most (`estimate.
+        # sends_s`): a micro-batch that computes longer waits less, by up to that; the
+        # path's fill and drain steps (half of each stage's waits) by up to one of each
+        # link's transfers per chunk
+        absorbed = micro.vp * (c.p2p_s + stages[slow - 1].p2p_s) if len(stages) > 1 else 0.0
+        if len(stages) > 1:
+            path_s -= micro.vp * sum(st.p2p_s for st in stages)
         # ZeRO-3 gathers add at least nothing (what they add depends on how the units'
-        # gathers and computes interleave: `estimate._microbatch_s`)
+        # gathers and computes interleave: `estimate._work_s`)
         if not self.comm.overlap_grad_reduce:
             # every micro-batch's reduce-scatter but the last in line, the last and the
             # rest after the backward, all exposed (`exposed_s`, `estimate.grad_paced_s`)
-            return (path_s + (m - 1) * grad_mb[:, s] + grad_mb[:, f] + grad_it[:, f]
-                    + optimizer[:, f] + param_it[:, f])
+            return (path_s + (m - 1) * np.maximum(0.0, grad_mb[:, s] - absorbed)
+                    + grad_mb[:, f] + grad_it[:, f] + optimizer[:, f] + param_it[:, f])
         # overlapped reduce-scatters that outlast the micro-batch add at least their
         # excess over it, between micro-batches (the last one's is in the tail:
         # `estimate.grad_paced_s`); a micro-batch lasts at most its passes, its receives
         # and all its parameter gathers
         span = (c.forward_s + c.backward_s + param_mb[:, s]
                 + receives_s(stages, slow, micro.vp))
-        extra = np.maximum(0.0, grad_mb[:, s] - span)
+        extra = np.maximum(0.0, grad_mb[:, s] - span - absorbed)
         # the framework's buckets (RunSettings.comm)
         buckets = max(1, math.ceil(first.num_params / bucket_params(self.comm,
                                                                    self.layout.dp)))
@@ -313,7 +320,9 @@ class LayoutModel:
         window = (first.weight_grad_s if schedule.splits_backward
                   else first.backward_s + param_mb[:, f] / 2)
         grads = grad_mb[:, f] + grad_it[:, f]
-        tail = (np.maximum(grads / buckets, grads - window) + optimizer[:, f]
+        # interleaved, chunk 0's share after its own last backward at least
+        # (`estimate._tail_grads_s`)
+        tail = (np.maximum(grads / buckets, (grads - window) / micro.vp) + optimizer[:, f]
                 + np.maximum(param_it[:, f] / buckets, param_it[:, f] - first.forward_s))
         return path_s + (m - 1) * extra + tail
 

@@ -1173,9 +1173,9 @@ def _budget_slack(req: SearchRequest, subclusters: list[ClusterSpec], outputs: l
     """How far over the budget a candidate's estimate may be and still be simulated: 3%
     (`ESTIMATE_SLACK`), or, where the simulation puts the leaders the budget does not
     limit faster than their estimates by more than that (a pipeline across a 100 Gb/s
-    island link: 20.2 s simulated, 25.7 s estimated, so a plan within a budget $46 above
-    its simulated $26,654 was left out for a 64-GPU plan twice as slow), the largest such
-    overestimate."""
+    island link: 20.2 s simulated, 25.7 s estimated on 2026-12-03, so a plan within a
+    budget $46 above its simulated $26,654 was left out for a 64-GPU plan twice as slow),
+    the largest such overestimate."""
     if req.max_budget_usd is None:
         return ESTIMATE_SLACK
     free = replace(req, max_budget_usd=None)
