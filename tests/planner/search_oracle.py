@@ -21,9 +21,11 @@ def exhaustive_best(model, cluster, *, gbs, seq_len, dtype="bf16", framework="tr
     kernels = default_kernels([group.device])
     best, best_plan, count = float("inf"), None, 0
     for lo in layouts(space, model, gbs=gbs, seq_len=seq_len):
-        levels = sharding_levels(lo.dp, max(1, group.nvlink_domain_gpus // (lo.tp * lo.cp)))
+        # as the search counts them (`LayoutModel.levels`): the dp x cp ranks holding the
+        # same parameters, of which an NVLink domain holds nvlink_domain_gpus / tp
+        levels = sharding_levels(lo.dp * lo.cp, max(1, group.nvlink_domain_gpus // lo.tp))
         for mi in candidates(space, model, lo, gbs=gbs, seq_len=seq_len):
-            for sh in allowed_options(levels, dp=lo.dp,
+            for sh in allowed_options(levels, dp=lo.dp * lo.cp,
                                       patterns=space.sharding_patterns(lo.pp)):
                 cfg = ParallelConfig(tp=lo.tp, pp=lo.pp, dp=lo.dp, cp=lo.cp, vp=mi.vp,
                                      mbs=mi.mbs, gbs=gbs, seq_len=seq_len,

@@ -72,6 +72,7 @@ def test_search_takes_zero_bubble_where_it_is_faster():
     ("llama2-7b", "A100-80GB-SXM:16", 32),
     ("gpt3-6.7b", "H100-80GB-SXM:32", 64),
     ("llama3-8b", "H100-80GB-SXM:64", 64),
+    ("gpt3-2.7b", "A10G-24GB:16", 32),  # PCIe nodes joined by one 100 Gb/s Ethernet NIC
 ])
 def test_search_is_optimal_on_enumerable_spaces(name, gpus, gbs):
     """Within 1% of the best of all candidates (every sharding option) simulated one by one."""
