@@ -291,6 +291,18 @@ def _score(req: SearchRequest, iteration_s: float, usd_hour: float | None,
 # $12,460 for its estimate's $12,476, sweep of 2026-12-03).
 ESTIMATE_SLACK = 0.03
 
+# The leaders confirmed by simulation are the first `SearchRequest.confirm` by estimate and
+# every further one within this much of the best estimate (at most CONFIRM_MOST times as
+# many): where transfers are slow the estimate sits up to 16% from the simulation, most
+# often within 5% either way (benchmarks/estimate_vs_simulation.py), so a plan priced 5%
+# high can be slower, by its estimate, than one priced 5% low that it beats. Against a
+# search that simulates every candidate, on 40 random clusters of 16-32 GPUs joined by
+# InfiniBand or 10-100 Gb/s Ethernet: 7 searches found a slower plan (by up to 8.3%) with
+# the first 8 alone, 2 (by up to 3.4%) with the window, in 15.6 s instead of 12.5 s; on
+# 40 others (held out) 9 -> 2 (2026-12-06). GPT-3 175B on 1,024 A100: 1.0 -> 1.8 s.
+CONFIRM_WINDOW = 0.10
+CONFIRM_MOST = 4
+
 
 def _within_budget(req: SearchRequest, iteration_s: float, usd_hour: float | None,
                    egress_usd: float = 0.0, *, slack: float = 0.0) -> bool:
@@ -613,8 +625,15 @@ def _leading(req: SearchRequest, cluster: ClusterSpec, evals: list[Evaluation],
                                                  slack=slack)]
     closest = [] if fitting else sorted(
         evals, key=lambda e: e.peak_memory_bytes / e.capacity_bytes)[:1]
-    near.sort(key=lambda e: _score(req, e.iteration_s, usd_hour(e), egress(e)))
-    return (_leaders(near, confirm=max(req.confirm, req.top), shapes=req.top,
+    scores = [_score(req, e.iteration_s, usd_hour(e), egress(e)) for e in near]
+    near = [e for _, e in sorted(zip(scores, near, strict=True), key=lambda se: se[0])]
+    scores.sort()
+    confirm = max(req.confirm, req.top)
+    # and every candidate the estimate puts within CONFIRM_WINDOW of the best, up to
+    # CONFIRM_MOST times as many
+    window = sum(1 for s in scores[:CONFIRM_MOST * confirm]
+                 if s <= scores[0] * (1 + CONFIRM_WINDOW))
+    return (_leaders(near, confirm=max(confirm, window), shapes=req.top,
                      by_gpus=req.max_budget_usd is not None), len(ok), closest)
 
 
@@ -1182,7 +1201,7 @@ def _budget_slack(req: SearchRequest, subclusters: list[ClusterSpec], outputs: l
     leaders = [_homogeneous_leaders(free, cluster, evaluated)  # type: ignore[arg-type]  # outputs of homogeneous tasks
                for cluster, evaluated in zip(subclusters, outputs, strict=False)]
     ratios = [simulate_fn(_with_measured_kernels(req, plan)).iteration_time_s / estimate_s
-              for found in leaders for plan, estimate_s in found[0][:req.confirm]
+              for found in leaders for plan, estimate_s in found[0]
               if estimate_s > 0]
     low = min(ratios, default=1.0)
     return min(MAX_BUDGET_SLACK, max(ESTIMATE_SLACK, (1 + ESTIMATE_SLACK) / low - 1))
