@@ -231,7 +231,7 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
     sends = sends_s(c, pp, vp, _busy_s(c, vp, keys[slow][1]) + host, keys[slow][2]) + keys[slow][1]
     # interleaved: the fill's transfers up to the critical stage that its own link's
     # waits do not cover (`_paths`)
-    fill = max(0.0, sum(2 * vp * d.p2p_s for d in costs[:slow]) - m * sends) if vp > 1 else 0.0
+    fill = max(0.0, sum(_fill_hops_s(d, vp) for d in costs[:slow]) - m * sends)
     parts = {
         "compute": m * work.compute_s,
         "host": m * (work.host_s + host),
@@ -330,9 +330,9 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
     # the fill up to a stage is its predecessors' micro-batches without their reduce-
     # scatters, which pace only their own next micro-batch (`grad_paced_s`)
     excess = [paced[k] for k in keys]
-    # interleaved: the fill crosses each stage's link twice per model chunk (`_paths`),
-    # and a stage's sends hold it only where they keep its link busier than its compute
-    hops = [2 * vp * c.p2p_s if vp > 1 else 0.0 for c in costs]
+    # interleaved: the fill crosses each stage's link (`_paths`), and a stage's sends
+    # hold it only where they keep its link busier than its compute
+    hops = [_fill_hops_s(c, vp) for c in costs]
     waits = [t - busy if vp > 1 else 0.0 for t, busy in zip(times, work, strict=True)]
     paths = (_zb_paths([memo[k] for k in keys], m, excess) if zb
              else _paths(times, m, vp, excess, hops, waits))
@@ -404,6 +404,13 @@ def iteration_time(costs: Sequence[Sequence[StageCost]], microbatches: Sequence[
             for pc, m in zip(costs, microbatches, strict=True)]
     critical = max(range(len(ends)), key=lambda i: ends[i][0])
     return ends[critical][0], ends[critical][1], critical
+
+
+def _fill_hops_s(c: StageCost, vp: int) -> float:
+    """Interleaved, what the fill spends on stage `c`'s link: the first micro-batches cross
+    it once per model chunk each way (none without interleaving: the fill's transfers are
+    then in its micro-batches, `sends_s`)."""
+    return 2 * vp * c.p2p_s if vp > 1 else 0.0
 
 
 def _paths(times: list[float], m: int, vp: int, excess: list[float], hops: list[float],

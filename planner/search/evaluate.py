@@ -296,8 +296,9 @@ class LayoutModel:
         # sends_s`): a micro-batch that computes longer waits less, by up to that; the
         # path's fill and drain steps (half of each stage's waits) by up to one of each
         # link's transfers per chunk
-        absorbed = micro.vp * (c.p2p_s + stages[slow - 1].p2p_s) if len(stages) > 1 else 0.0
+        absorbed = 0.0
         if len(stages) > 1:
+            absorbed = micro.vp * (c.p2p_s + stages[slow - 1].p2p_s)
             path_s -= micro.vp * sum(st.p2p_s for st in stages)
         # ZeRO-3 gathers add at least nothing (what they add depends on how the units'
         # gathers and computes interleave: `estimate._work_s`)

@@ -625,9 +625,9 @@ def _leading(req: SearchRequest, cluster: ClusterSpec, evals: list[Evaluation],
                                                  slack=slack)]
     closest = [] if fitting else sorted(
         evals, key=lambda e: e.peak_memory_bytes / e.capacity_bytes)[:1]
-    scores = [_score(req, e.iteration_s, usd_hour(e), egress(e)) for e in near]
-    near = [e for _, e in sorted(zip(scores, near, strict=True), key=lambda se: se[0])]
-    scores.sort()
+    ranked = sorted(((_score(req, e.iteration_s, usd_hour(e), egress(e)), e) for e in near),
+                    key=lambda se: se[0])
+    scores, near = [sc for sc, _ in ranked], [e for _, e in ranked]
     confirm = max(req.confirm, req.top)
     # and every candidate the estimate puts within CONFIRM_WINDOW of the best, up to
     # CONFIRM_MOST times as many
