@@ -8,16 +8,22 @@ micro-batch's backward bucket by bucket (per model chunk when interleaved); the 
 step follows. The event simulator refines this with the actual dependencies; both price
 work through `stage_costs`.
 
-Pipeline transfers: under 1F1B each stage waits, per micro-batch, for its own two sends
-(its activation to the next stage, its gradient to the previous one, each over the link
-it crosses), less what the neighbour across it has to spare. Interleaved, its sends run
-beside the other chunks' compute and cost the steady state only where they outlast it,
-but the fill pays them in full (its compute shrinks by v, its transfers do not), and no
-micro-batch is shorter than v / pp of a chunk's round through every stage. No pipeline
+Pipeline transfers: under 1F1B and ZB-H1 (batched sends) a stage's micro-batch takes
+at least what its sends stream carries (its activation to the next stage and its gradient
+to the previous one); the fill and drain through an earlier stage are its passes and a
+transfer each way over its link; a stage whose warmup forwards do not cover micro-batch
+0's way on and back waits for the rest (`_delays_s`); and where links are slow the
+stages run at the pace of the cycles through them (`_cycle_paths`: a forward waits for an
+earlier micro-batch's gradient, which crossed every link between them twice). Blocking
+sends (DeepSpeed) hold the stage for its exchange with the next. Interleaved, its sends
+run beside the other chunks' compute and cost the steady state only where they outlast
+it, but the fill pays them in full (its compute shrinks by v, its transfers do not), and
+no micro-batch is shorter than v / pp of a chunk's round through every stage. No pipeline
 ends before each link has carried its transfers both ways, which overlap only in the
 steady state (`_link_bound_s`). `benchmarks/estimate_vs_simulation.py` measures the gap
-to the simulator (2026-12-06, 400 random plans on nodes joined by InfiniBand or 10-100
-Gb/s Ethernet: mean 7.8% -> 2.3%, max 63% -> 16%).
+to the simulator (400 random plans on nodes joined by InfiniBand or 10-100 Gb/s
+Ethernet: mean 7.8% -> 2.3% (2026-12-06, transfers per link), 1F1B and ZB-H1 1.6% ->
+0.5% (2026-12-06, cycles)).
 
 ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", §2.1) defers each micro-batch's
 weight gradients (W, w_s of t_s) on stage s by s micro-batches, so the drain through stage
@@ -53,7 +59,7 @@ __all__ = ["ESTIMATE_SOURCE", "critical_path_s", "estimate", "iteration_end_s", 
 ESTIMATE_SOURCE = "analytic pipeline estimate (closed form, planner/predict/estimate.py)"
 
 # a stage's cost object, the blocking receives it waits for, what it sends (`_outbound_s`)
-_Key = tuple[int, float, float]
+_Key = tuple[int, float, float, float]
 
 
 def sends_s(c: StageCost, pp: int, vp: int, busy: float = 0.0,
@@ -62,10 +68,9 @@ def sends_s(c: StageCost, pp: int, vp: int, busy: float = 0.0,
     (DeepSpeed): one exchange over the link to the next stage (activations out, their
     gradients back) holds the stage, none from the last stage. Otherwise the stage's own
     sends of a micro-batch (`outbound`, `_outbound_s`: its activation to the next stage,
-    its gradient to the previous) run on its link's stream beside the compute, and 1F1B's
-    exchange with both neighbours (Megatron-Core's send_forward_recv_backward and
-    send_backward_recv_forward) makes each stage wait for them once per micro-batch.
-    Under interleaving a stage sends about two per model chunk beside the other chunks'
+    its gradient to the previous) run on its link's stream beside the compute; under
+    1F1B and ZB-H1 `outbound` is what that stream takes beyond the stage's own work, or
+    under GPipe what the stage waits for them (`_outbound_s`). Under interleaving a stage sends about two per model chunk beside the other chunks'
     compute: they add to the steady state only where they outlast the stage's own `busy`
     time (the stage then waits for its link); their latency is paid in the fill
     (`_paths`). Without `outbound` (a stage priced alone, its neighbours unknown: the
@@ -79,25 +84,36 @@ def sends_s(c: StageCost, pp: int, vp: int, busy: float = 0.0,
 
 
 def _outbound_s(costs: Sequence[StageCost], stage: int, vp: int,
-                work: Sequence[float]) -> float:
-    """What stage `stage` sends per micro-batch: an activation per model chunk over the
-    link to the next stage (but the last stage's last chunk) and a gradient per chunk
-    over the link to the previous one (but the first stage's first; interleaved, the
-    first stage's go over the last stage's link around to it). Under 1F1B each is what
-    the stage waits for less what its neighbour across that link has to spare, the time
-    the stage computes longer than it per micro-batch (a heavy last stage, the LM head's,
-    waits for no gradient: the stage before has sent it long before). `work`: each
-    stage's `_work_s`."""
+                work: Sequence[float], steady: bool = False) -> float:
+    """What stage `stage` waits for its pipeline transfers per micro-batch. Interleaved or
+    blocking (DeepSpeed): what it sends, an activation per model chunk over the link to
+    the next stage (but the last stage's last chunk) and a gradient per chunk over the
+    link to the previous one (but the first stage's first; interleaved, the first stage's
+    go over the last stage's link around to it). 1F1B and ZB-H1 (`steady`): what its
+    sends stream, which carries its activation and its gradient one after the other
+    (`_hops_s`), takes beyond its own work (`work`: each stage's `_work_s`); the cycles
+    over links that pace it are priced apart (`_cycle_paths`). GPipe: each send less what
+    the neighbour across that link has to spare, the time the stage computes longer than
+    it per micro-batch."""
     pp = len(costs)
     if vp > 1 or costs[stage].p2p_blocking:
         acts, grads = vp - (stage == pp - 1), vp - (stage == 0)
         return acts * costs[stage].p2p_s + grads * costs[stage - 1].p2p_s
+    if steady:
+        return max(0.0, _hops_s(costs, stage) - work[stage])
     waits = 0.0
     for other, link in ((stage + 1, stage), (stage - 1, stage - 1)):
         if 0 <= other < pp:
             spare = max(0.0, work[stage] - work[other])
             waits += max(0.0, costs[link].p2p_s - spare)
     return waits
+
+
+def _hops_s(costs: Sequence[StageCost], stage: int) -> float:
+    """A stage's own sends of one micro-batch: its activation over the link to the next
+    stage and its gradient over the link to the previous one."""
+    return ((costs[stage].p2p_s if stage < len(costs) - 1 else 0.0)
+            + (costs[stage - 1].p2p_s if stage > 0 else 0.0))
 
 
 def _sent(c: StageCost, pp: int, vp: int) -> int:
@@ -299,7 +315,8 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
         if (id(c), r) not in priced:
             priced[(id(c), r)] = _work_s(c, pp, vp, r)
     work = [priced[(id(c), r)] for c, r in zip(costs, receives, strict=True)]
-    keys = [(id(c), r, _outbound_s(costs, s, vp, work))
+    steady = vp == 1 and schedule != Schedule.GPIPE and not costs[0].p2p_blocking
+    keys = [(id(c), r, _outbound_s(costs, s, vp, work, steady), _hops_s(costs, s))
             for s, (c, r) in enumerate(zip(costs, receives, strict=True))]
     for c, key, busy in zip(costs, keys, work, strict=True):
         if key not in memo:
@@ -315,6 +332,8 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
             gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.dp)
                       if c.dp.param_iteration_s else 0.0)
             half = (sends_s(c, pp, vp, c.forward_s + c.backward_s, key[2]) + key[1]) / 2
+            if vp == 1 and not c.p2p_blocking and schedule != Schedule.GPIPE:
+                half = key[3] / 2  # the fill's and drain's hops: its own two sends
             memo[key] = (busy + sends_s(c, pp, vp, busy, key[2]),
                          grad + c.optimizer_s + gather,
                          c.backward_s - w + half, c.forward_s + half, w)
@@ -334,8 +353,17 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
     # hold it only where they keep its link busier than its compute
     hops = [_fill_hops_s(c, vp) for c in costs]
     waits = [t - busy if vp > 1 else 0.0 for t, busy in zip(times, work, strict=True)]
-    paths = (_zb_paths([memo[k] for k in keys], m, excess) if zb
-             else _paths(times, m, vp, excess, hops, waits))
+    # 1F1B and ZB-H1: the fill and drain through an earlier stage are its passes and a
+    # transfer each way over its link to the next, not its steady state's period (a heavy
+    # last stage slows the cycles through it but not micro-batch 0's way there and back)
+    fills = ([busy + 2 * c.p2p_s for busy, c in zip(work, costs, strict=True)]
+             if steady else times)
+    delays = (_delays_s(costs, work, excess, m, zb) if steady
+              else [0.0] * pp)
+    paths = (_zb_paths([memo[k] for k in keys], m, excess, fills, delays) if zb
+             else _paths(times, m, vp, excess, hops, waits, fills, delays))
+    if steady:
+        paths = _cycle_paths(costs, paths, times, work, excess, m, zb)
     # the last micro-batch's reduce-scatter is in the stage's tail, not its path
     paths = [p - e for p, e in zip(paths, excess, strict=True)]
     if vp > 1:
@@ -414,7 +442,7 @@ def _fill_hops_s(c: StageCost, vp: int) -> float:
 
 
 def _paths(times: list[float], m: int, vp: int, excess: list[float], hops: list[float],
-           waits: list[float]) -> list[float]:
+           waits: list[float], fills: list[float], delays: list[float]) -> list[float]:
     """1F1B / GPipe: the critical path through stage k is the fill up to it, its m
     micro-batches, the drain back from it (the fill and drain shrink by v with
     interleaving). For equal stages the slowest path is the last stage's, (m + (p - 1)/v) t;
@@ -425,15 +453,84 @@ def _paths(times: list[float], m: int, vp: int, excess: list[float], hops: list[
     transfers), beyond what stage k already waits for its own link (`waits`, per
     micro-batch) in the meantime."""
     prefix, crossed, paths = 0.0, 0.0, []
-    for t, e, hop, wait in zip(times, excess, hops, waits, strict=True):
-        paths.append(prefix / vp + max(0.0, crossed - m * wait) + m * t)
-        prefix += t - e
+    for t, e, hop, wait, fill, delay in zip(times, excess, hops, waits, fills, delays,
+                                            strict=True):
+        paths.append(prefix / vp + max(0.0, crossed - m * wait) + m * t + delay)
+        prefix += fill - e
         crossed += hop
     return paths
 
 
+def _delays_s(costs: Sequence[StageCost], work: list[float], excess: list[float], m: int,
+              zb: bool) -> list[float]:
+    """1F1B and ZB-H1 with batched sends: how long each stage waits for its first
+    backward beyond its warmup. Its first gradient comes back after micro-batch 0's way
+    through the later stages and back (their passes, under ZB-H1 their B's, and two
+    transfers over each link from the stage on), while the stage runs its warmup's
+    min(pp - k - 1, m - 1) further forwards: a slow stage followed by faster ones waits
+    for nothing, a stage before slow links for what its forwards do not cover (two
+    nodes of four stages each over 10 Gb/s, pp 8: the path through the stage before a
+    slow link was 10% short without it)."""
+    pp = len(costs)
+    delays, beyond = [0.0] * pp, 0.0
+    for k in range(pp - 1, -1, -1):
+        if k < pp - 1:
+            beyond += 2 * costs[k].p2p_s
+        warm = min(pp - k - 1, m - 1)
+        delays[k] = max(0.0, beyond - warm * costs[k].forward_s)
+        beyond += work[k] - excess[k] - (costs[k].weight_grad_s if zb else 0.0)
+    return delays
+
+
+def _cycle_paths(costs: Sequence[StageCost], paths: list[float], times: list[float],
+                 work: list[float], excess: list[float], m: int, zb: bool) -> list[float]:
+    """1F1B and ZB-H1 with batched sends: the cycles over pipeline links. Stage j runs
+    pp - j - 1 forwards ahead of its backwards (Megatron-Core's warmup), so on stages
+    j < k the forward of micro-batch i goes from j to k, k runs it and then its backward
+    of i - (pp - k - 1), whose gradient comes back to j, and j's next forward is of
+    i + pp - j: a cycle of the passes of stages j..k (under ZB-H1 their B's, and stage
+    0's W, which it runs before that forward; the others defer theirs) and two transfers
+    over each link between them, every n = k - j + 1 micro-batches (it needs m > pp - j).
+    Stage j's last backward comes then after micro-batch 0's way through every stage and
+    back (`trip`), q = (m - 1) // n such cycles, and the r = (m - 1) % n micro-batches
+    before them, which follow one another at the pace of the shorter cycles and of every
+    stage's own work and sends (`times`). For equal stages of work t over links of
+    transfer L the cycle through all of them paces t + 2 L (pp - 1) / pp, not the
+    t + 2 L of a stage's own sends: llama2-13b on four L40S nodes over one 25 Gb/s NIC
+    each (pp 4, 8 replicas a NIC), ZB-H1, simulated 10.83 s, estimated 10.85 s (13.02 s
+    with each stage waiting for its own sends); gpt3-1.3b at pp 2 over 10 Gb/s, m 4:
+    0.80 s to stage 0's last backward, as simulated."""
+    pp = len(costs)
+    if not any(c.p2p_s for c in costs[:-1]):
+        return paths  # no cycle averages above its slowest stage
+    w = [c.weight_grad_s if zb else 0.0 for c in costs]
+    trip = sum(work[s] - excess[s] - w[s] for s in range(pp)) + w[0]
+    trip += 2 * sum(c.p2p_s for c in costs[:-1])
+    windows = []  # (span, period, first stage)
+    for j in range(max(0, pp - m + 1), pp - 1):
+        total = work[j] - w[j] + (w[0] if j == 0 else 0.0)
+        for k in range(j + 1, pp):
+            total += work[k] - w[k] + 2 * costs[k - 1].p2p_s
+            windows.append((k - j + 1, total / (k - j + 1), j))
+    if not windows:
+        return paths
+    # the pace of micro-batches between cycles of span n: shorter cycles, own work
+    shorter = [max(times)] * (pp + 1)
+    for n, period, _ in windows:
+        if n < pp:
+            shorter[n + 1] = max(shorter[n + 1], period)
+    for n in range(1, pp + 1):
+        shorter[n] = max(shorter[n], shorter[n - 1])
+    out = list(paths)
+    for n, period, j in windows:
+        q, r = divmod(m - 1, n)
+        # (each path still holds its stage's last reduce-scatter, taken out after)
+        out[j] = max(out[j], trip + excess[j] + r * shorter[n] + q * n * period)
+    return out
+
+
 def _zb_paths(stages: list[tuple[float, float, float, float, float]], m: int,
-              excess: list[float]) -> list[float]:
+              excess: list[float], fills: list[float], delays: list[float]) -> list[float]:
     """ZB-H1 (module docstring): the path through stage k's m micro-batches and the
     drain back to stage 0, which ends with stage 0's last W; or, where that is longer,
     stage k's own work after its first forward arrives, and stage 0's after its first
@@ -442,9 +539,10 @@ def _zb_paths(stages: list[tuple[float, float, float, float, float]], m: int,
     t0, _, b0, f0, w0 = stages[0]
     prefix = fill = back = 0.0
     paths = []
-    for k, ((t, _, b, f, w), e) in enumerate(zip(stages, excess, strict=True)):
-        paths.append(max(prefix + m * t - min(k + 1, m) * w + w0, fill + m * t))
-        prefix += t - w - e
+    for k, ((t, _, b, f, w), e, through, delay) in enumerate(zip(stages, excess, fills, delays,
+                                                                 strict=True)):
+        paths.append(max(prefix + m * t - min(k + 1, m) * w + w0 + delay, fill + m * t))
+        prefix += through - w - e
         fill += f
         back += b
     # stage 0's first B waits for micro-batch 0 to pass every stage and come back

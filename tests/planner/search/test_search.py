@@ -86,21 +86,25 @@ def test_search_is_optimal_on_enumerable_spaces(name, gpus, gbs):
 
 @pytest.mark.slow
 def test_search_confirms_what_the_estimate_may_misrank():
-    """Four L40S nodes joined by one 25 Gb/s Ethernet NIC each: llama2-7b's best plan (tp 2
-    pp 4 ZB-H1 dp 4, 1.44 s an iteration) came after eight candidates the estimate put
-    lower, interleaved pipelines over the slow links among them (tp 2 pp 4 vp 2: 1.49 s
-    estimated, 1.74 s simulated), so the search returned a plan 5% slower. It now also
-    simulates every candidate within `CONFIRM_WINDOW` of the best estimate."""
+    """Four L4 nodes joined by one 10 Gb/s Ethernet NIC each, llama2-7b under Megatron-LM:
+    the best plan (12.33 s an iteration) is not among the first eight the estimate ranks,
+    and a search that confirms only those returns one 0.8% slower. It also simulates every
+    candidate within `CONFIRM_WINDOW` of the best estimate. (The first case of this test,
+    four L40S nodes over 25 Gb/s, where the best ZB-H1 plan came after interleaved ones
+    the estimate put lower, no longer needs it: the estimate prices the cycles over slow
+    links, `estimate._cycle_paths`.)"""
     from planner.specs.cluster import ClusterSpec
     from profiler.schema import parse
 
     cluster = parse(ClusterSpec, {"name": "c", "node_groups": [
-        {"name": "a", "gpu": "L40S-48GB", "num_nodes": 4, "nic": "ethernet",
-         "nics_per_node": 1, "nic_bandwidth_gbit_per_s": 25}]}, where="t").resolved()
+        {"name": "a", "gpu": "L4-24GB", "num_nodes": 4, "nic": "ethernet",
+         "nics_per_node": 1, "nic_bandwidth_gbit_per_s": 10}]}, where="t").resolved()
     model = preset("llama2-7b")
-    best, _, count = exhaustive_best(model, cluster, gbs=32, seq_len=2048)
-    found = search(SearchRequest(model=model, cluster=cluster, gbs=32, seq_len=2048))
-    assert count > 5000
+    best, _, count = exhaustive_best(model, cluster, gbs=128, seq_len=2048,
+                                     framework="megatron")
+    found = search(SearchRequest(model=model, cluster=cluster, gbs=128, seq_len=2048,
+                                 framework="megatron"))
+    assert count > 3000
     assert found.ranked[0].result.iteration_time_s <= best * (1 + 1e-9)
 
 
