@@ -796,13 +796,16 @@ def _evaluate_tasks(req: SearchRequest, tasks: list[tuple]) -> list[object]:
     """`_evaluate_task` of each task, over all cores; work an earlier search of this
     process already did is taken from it."""
     keys = [_task_key(req, t) for t in tasks]
-    todo = [i for i, k in enumerate(keys) if k not in _evaluated]
+    # taken out first: keeping this search's new work may evict what it found kept
+    found = {k: _evaluated[k] for k in keys if k in _evaluated}
+    todo = [i for i, k in enumerate(keys) if k not in found]
     done = parallel_map(functools.partial(_evaluate_task, req), [tasks[i] for i in todo],
                         title=f"searching {req.model.name} on {req.cluster.name}",
                         units=[_units(req, tasks[i]) for i in todo], unit="layout")
     for i, out in zip(todo, done, strict=True):
+        found[keys[i]] = out
         _keep(_evaluated, keys[i], out)
-    return [_evaluated[k] for k in keys]
+    return [found[k] for k in keys]
 
 
 def _tasks(req: SearchRequest) -> list[tuple]:

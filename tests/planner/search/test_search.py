@@ -365,3 +365,26 @@ def test_fewer_node_counts_are_those_that_take_more_data_parallelism():
     assert set(_gpu_counts(1024, 8, "cost", gbs=96)) - {2 ** i for i in range(11)} == {
         24, 48, 96}
     assert _gpu_counts(1024, 8, "throughput", gbs=24) == (1024,)
+
+
+def test_a_search_whose_kept_work_is_evicted_still_answers(monkeypatch):
+    """A process keeps the last `_KEPT` units of search work (a what-if report plans many
+    scenarios). A search took the units it found kept only after keeping its own new
+    ones, which could evict them: a long run of searches (forty random mixed clusters in
+    one process) failed with a KeyError. With room for one unit, a search of two GPU
+    types (several units) answers as with the default."""
+    import importlib
+
+    searching = importlib.import_module("planner.search.search")
+    from profiler.schema import parse
+
+    cluster = parse(ClusterSpec, {"name": "c", "node_groups": [
+        {"name": "a", "gpu": "A100-80GB-SXM", "num_nodes": 1},
+        {"name": "v", "gpu": "V100-32GB-SXM2", "num_nodes": 1}]}, where="t").resolved()
+    req = SearchRequest(model=preset("gpt3-1.3b"), cluster=cluster, gbs=32, seq_len=2048,
+                        dtype="fp16", top=1)
+    expected = search(req).ranked[0].result.iteration_time_s
+    searching._forget()
+    monkeypatch.setattr(searching, "_KEPT", 1)
+    assert search(req).ranked[0].result.iteration_time_s == expected
+    assert search(req).ranked[0].result.iteration_time_s == expected
