@@ -1,15 +1,19 @@
 """How far the closed-form estimate (what the search ranks candidates by) sits from the event
 simulation (what confirms the leaders), over random plans the frameworks run.
 
-    python benchmarks/estimate_vs_simulation.py [--sets fast,pcie,slow] [--plans N] [--seed S]
+    python benchmarks/estimate_vs_simulation.py [--sets fast,pcie,slow,mixed] [--plans N]
+        [--seed S]
 
-Three sets, each of random valid plans (`check_parallel`, and `unsupported` for the
+Four sets, each of random valid plans (`check_parallel`, and `unsupported` for the
 plan's framework empty):
   fast   InfiniBand nodes (L40S, A100, H100), 16-64 GPUs, pp 1-4, ZeRO-1/2/3, 1F1B and
          ZB-H1, Megatron, DeepSpeed, FSDP2 and trainplan communication;
   pcie   interleaved pipelines (vp 1-8) on PCIe nodes and InfiniBand ones, pp 2-8;
   slow   2-8 nodes joined by InfiniBand or one 10 / 25 / 100 Gb/s Ethernet NIC each,
-         1F1B, ZB-H1 and interleaved, Megatron and trainplan communication.
+         1F1B, ZB-H1 and interleaved, Megatron and trainplan communication;
+  mixed  clusters of two GPU types (1-4 nodes each, InfiniBand or one Ethernet NIC): the
+         12 leaders of the mixed search's closed form on each (pipelines of unlike
+         stages, replicas of unlike types), as it would confirm them.
 Prints per set (and group) the mean and largest |estimate / simulation - 1| and the
 plans furthest off. The estimate is a ranking heuristic: the search simulates its leaders,
 so what matters is that a good plan is not priced far above a worse one.
@@ -18,6 +22,7 @@ so what matters is that a good plan is not priced far above a worse one.
 from __future__ import annotations
 
 import argparse
+import importlib
 import random
 import statistics
 from collections.abc import Callable, Iterator
@@ -116,12 +121,59 @@ def _plan(model: str, cluster: ClusterSpec, cfg: dict, framework: str,
                       mbs=config.mbs, m=config.gbs // (config.dp * config.mbs))
 
 
+_MIXED_GPUS = ["L4-24GB", "H100-80GB-PCIe", "A100-80GB-SXM", "L40S-48GB", "A10G-24GB",
+               "H100-80GB-SXM", "V100-32GB-SXM2", "A100-40GB-SXM"]
+_queued: list[tuple[Plan, dict[str, object]]] = []
+
+
+def _mixed(rng: random.Random) -> tuple[Plan, dict[str, object]] | None:
+    """The leaders the mixed search would confirm (its closed form's best 12, layers and
+    micro-batches split) on a random cluster of two GPU types, one after the other."""
+    if not _queued:
+        _queued.extend(_mixed_leaders(rng))
+    return _queued.pop(0) if _queued else None
+
+
+def _mixed_leaders(rng: random.Random) -> list[tuple[Plan, dict[str, object]]]:
+    from planner.hetero.search import MixedSpace, hetero_candidates, mixed_templates
+    searching = importlib.import_module("planner.search.search")
+
+    model = rng.choice(["llama2-7b", "gpt3-1.3b", "gpt3-2.7b", "llama2-13b"])
+    gpus = rng.sample(_MIXED_GPUS, 2)
+    nic = rng.choice(["infiniband", "ethernet 10", "ethernet 25", "ethernet 100"])
+    groups = []
+    for name, gpu in zip("ab", gpus, strict=True):
+        group: dict[str, object] = {"name": name, "gpu": gpu, "island": "x",
+                                    "num_nodes": rng.choice([1, 2, 4])}
+        if nic != "infiniband":
+            group.update(nic="ethernet", nics_per_node=1,
+                         nic_bandwidth_gbit_per_s=int(nic.split()[1]))
+        groups.append(group)
+    cluster = parse(ClusterSpec, {"name": "c", "node_groups": groups}, where="t").resolved()
+    dtype = "fp16" if any(g.startswith("V100") for g in gpus) else "bf16"
+    req = searching.SearchRequest(model=preset(model), cluster=cluster, gbs=rng.choice(
+        [32, 64, 128, 256]), seq_len=2048, dtype=dtype, framework="trainplan")
+    space = MixedSpace.for_framework(req.capabilities, req.model)
+    kernels = searching._kernels(req, cluster)
+    leaders, _, _ = hetero_candidates(
+        req.model, cluster, mixed_templates(req.model, cluster, req.gbs, space, seq_len=2048),
+        gbs=req.gbs, seq_len=2048, dtype=dtype, kernels=kernels, space=space,
+        model_states=req.model_states, comm=req.comm, keep=12,
+        score=lambda p: p.iteration_s, bound_score=lambda _, bound: bound)
+    about = dict(nic=nic, gpus="+".join(gpus), model=model, framework="trainplan")
+    return [(p.plan(req.model, cluster, seq_len=2048, dtype=dtype, kernels=kernels),
+             dict(about, schedule=str(p.schedule),
+                  layout=f"pp{p.template.pp} dp{p.template.dp} mbs{p.mbs}"))
+            for p in leaders]
+
+
 SETS: dict[str, Callable[[random.Random], tuple[Plan, dict[str, object]] | None]] = {
-    "fast": _fast, "pcie": _pcie, "slow": _slow}
+    "fast": _fast, "pcie": _pcie, "slow": _slow, "mixed": _mixed}
 
 
 def rows(make: Callable, plans: int, seed: int) -> Iterator[Row]:
     rng, done = random.Random(seed), 0
+    _queued.clear()  # a mixed cluster's leaders are of this seed's draws
     while done < plans:
         try:
             made = make(rng)
@@ -144,7 +196,7 @@ def _summary(label: str, errors: list[float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", default="fast,pcie,slow")
+    ap.add_argument("--sets", default="fast,pcie,slow,mixed")
     ap.add_argument("--plans", type=int, default=400, help="plans per set")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
