@@ -58,7 +58,8 @@ __all__ = ["ESTIMATE_SOURCE", "critical_path_s", "estimate", "iteration_end_s", 
 
 ESTIMATE_SOURCE = "analytic pipeline estimate (closed form, planner/predict/estimate.py)"
 
-# a stage's cost object, the blocking receives it waits for, what it sends (`_outbound_s`)
+# a stage's cost object, the blocking receives it waits for, what its sends add
+# (`_outbound_s`), its own two sends (`_hops_s`)
 _Key = tuple[int, float, float, float]
 
 
@@ -70,12 +71,13 @@ def sends_s(c: StageCost, pp: int, vp: int, busy: float = 0.0,
     sends of a micro-batch (`outbound`, `_outbound_s`: its activation to the next stage,
     its gradient to the previous) run on its link's stream beside the compute; under
     1F1B and ZB-H1 `outbound` is what that stream takes beyond the stage's own work, or
-    under GPipe what the stage waits for them (`_outbound_s`). Under interleaving a stage sends about two per model chunk beside the other chunks'
-    compute: they add to the steady state only where they outlast the stage's own `busy`
-    time (the stage then waits for its link); their latency is paid in the fill
-    (`_paths`). Without `outbound` (a stage priced alone, its neighbours unknown: the
-    mixed search's layer split) the exchange over the link to the next stage, both ways
-    under 1F1B, every send interleaved."""
+    under GPipe what the stage waits for them (`_outbound_s`). Under interleaving a
+    stage sends about two per model chunk beside the other chunks' compute: they add to
+    the steady state only where they outlast the stage's own `busy` time (the stage then
+    waits for its link); their latency is paid in the fill (`_paths`). Without
+    `outbound` (a stage priced alone, its neighbours unknown: the mixed search's layer
+    split) the exchange over the link to the next stage, both ways under 1F1B, every
+    send interleaved."""
     if c.p2p_blocking or (outbound is None and vp == 1):
         return 2 * c.p2p_s if c.stage < pp - 1 else 0.0
     if outbound is None:
