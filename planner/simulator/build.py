@@ -379,7 +379,11 @@ class _Builder:
             return
         vp = plan.training.virtual_stages
         first = reps[0]
-        for si, cost in enumerate(self.costs[first]):
+        for si in range(len(self.costs[first])):
+            # one reduction over the replicas' ranks: as long as its slowest member's
+            # share (replicas of unlike tp hold unlike shares of the same layers)
+            cost = max((self.costs[q][si] for q in reps),
+                       key=lambda c: c.dp.grad_iteration_s + c.dp.grad_microbatch_s)
             stream = self._dp_stream(first, si)
             reductions = []
             grad = cost.dp.grad_iteration_s + cost.dp.grad_microbatch_s
