@@ -85,9 +85,7 @@ def _slow(rng: random.Random) -> tuple[Plan, dict[str, object]] | None:
     nic = rng.choice(["infiniband", "ethernet 10", "ethernet 25", "ethernet 100", "infiniband"])
     nodes = rng.choice([2, 4, 8])
     group: dict[str, object] = {"name": "a", "gpu": gpu, "num_nodes": nodes}
-    if nic != "infiniband":
-        group.update(nic="ethernet", nics_per_node=1,
-                     nic_bandwidth_gbit_per_s=int(nic.split()[1]))
+    _with_nic(group, nic)
     n = nodes * 8
     tp, pp, vp = rng.choice([1, 2, 4]), rng.choice([2, 4, 8]), rng.choice([1, 1, 2, 3, 4])
     if n % (tp * pp):
@@ -104,6 +102,14 @@ def _slow(rng: random.Random) -> tuple[Plan, dict[str, object]] | None:
     cluster = parse(ClusterSpec, {"name": "c", "node_groups": [group]}, where="t").resolved()
     return _plan(model, cluster, cfg, framework,
                  dict(nic=nic, vp=vp, schedule=schedule if vp == 1 else "interleaved"))
+
+
+def _with_nic(group: dict[str, object], nic: str) -> None:
+    """A node group's NIC: the catalog's InfiniBand, or one Ethernet NIC of "ethernet N"
+    Gb/s."""
+    if nic != "infiniband":
+        group.update(nic="ethernet", nics_per_node=1,
+                     nic_bandwidth_gbit_per_s=int(nic.split()[1]))
 
 
 def _plan(model: str, cluster: ClusterSpec, cfg: dict, framework: str,
@@ -145,9 +151,7 @@ def _mixed_leaders(rng: random.Random) -> list[tuple[Plan, dict[str, object]]]:
     for name, gpu in zip("ab", gpus, strict=True):
         group: dict[str, object] = {"name": name, "gpu": gpu, "island": "x",
                                     "num_nodes": rng.choice([1, 2, 4])}
-        if nic != "infiniband":
-            group.update(nic="ethernet", nics_per_node=1,
-                         nic_bandwidth_gbit_per_s=int(nic.split()[1]))
+        _with_nic(group, nic)
         groups.append(group)
     cluster = parse(ClusterSpec, {"name": "c", "node_groups": groups}, where="t").resolved()
     dtype = "fp16" if any(g.startswith("V100") for g in gpus) else "bf16"

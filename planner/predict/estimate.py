@@ -333,9 +333,10 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
             grad = _tail_grads_s(c, last_grads, window, pp, vp)
             gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.dp)
                       if c.dp.param_iteration_s else 0.0)
-            half = (sends_s(c, pp, vp, c.forward_s + c.backward_s, key[2]) + key[1]) / 2
-            if vp == 1 and not c.p2p_blocking and schedule != Schedule.GPIPE:
-                half = key[3] / 2  # the fill's and drain's hops: its own two sends
+            # the fill's and drain's step on the stage: half its own two sends (1F1B,
+            # ZB-H1), else half what it waits for per micro-batch
+            half = (key[3] if steady else
+                    sends_s(c, pp, vp, c.forward_s + c.backward_s, key[2]) + key[1]) / 2
             memo[key] = (busy + sends_s(c, pp, vp, busy, key[2]),
                          grad + c.optimizer_s + gather,
                          c.backward_s - w + half, c.forward_s + half, w)
