@@ -95,7 +95,7 @@ from profiler.store import Profile, Profiles
 
 __all__ = ["DPSync", "Part", "PlacedStage", "PlanCosts",
            "RunSettings", "ShardingTerms", "StageCost", "StageSpec", "apply_sharding",
-           "bucket_params", "clear_cost_caches", "cost_sources", "dp_sync", "ep_paced", "ep_peers", "exposed_s",
+           "bucket_params", "clear_cost_caches", "cost_sources", "dp_paced", "dp_sync", "ep_paced", "ep_peers", "exposed_s",
            "gather_stall_s", "group_signature", "host_crowd", "island_concurrency", "layer_parts", "on_clear_cost_caches",
            "placement", "plan_costs", "plan_replicas", "plan_runs", "position_groups", "replica_key",
            "pass_key", "replica_specs", "shard_units", "sharding_states", "sharding_terms",
@@ -1275,6 +1275,8 @@ def plan_costs(plan: Plan, profiles: Profiles | None = None) -> PlanCosts:
         costs.append([stage_cost(plan.model, plan.cluster, s, runs[pi], pipeline=pi,
                                  profiles=profiles) for s in specs])
     costs, representative = _paced_plan(costs, representative, all_specs)
+    if groups is not None:  # replicas that split the layers alike reduce together
+        costs = _dp_paced_plan(costs, representative)
     return PlanCosts(costs, representative, all_specs, runs)
 
 
@@ -1358,6 +1360,40 @@ def _paced_plan(costs: list[list[StageCost]], representative: list[int],
         paced.append([ep_paced(c, [costs[q][k] for q in row[k]])
                       for k, c in enumerate(costs[pi])])
     return paced, again
+
+
+def dp_paced(costs: Sequence[StageCost]) -> list[StageCost]:
+    """The stages at one position of replicas that reduce their gradients together (one
+    data-parallel group: replicas that split the layers alike), each with its
+    iteration's gradient reduction as long as the slowest member's share.
+
+    A reduction is one collective over every replica's ranks: NCCL's ring (or tree)
+    moves each rank's share in lockstep steps, so no rank finishes before the one
+    holding most bytes over the slowest link has sent them (NCCL docs, "Collective
+    Operations"; the simulator's reduction, `simulator.build`). Replicas of unlike tp
+    hold unlike shares of the same layers: an H100 rank at tp 1 holds twice the
+    gradients of an A100 rank at tp 2, and both wait for it. Only the iteration's
+    reduction (`DPSync.grad_iteration_s`, with the last micro-batch's reduce-scatter)
+    changes: each micro-batch's own reduce-scatter paces its own stream."""
+    total = max(c.dp.grad_iteration_s + c.dp.grad_microbatch_s for c in costs)
+    return [c if c.dp.grad_iteration_s + c.dp.grad_microbatch_s >= total else
+            _clone(c, dp=replace(c.dp, grad_iteration_s=total - c.dp.grad_microbatch_s))
+            for c in costs]
+
+
+def _dp_paced_plan(costs: list[list[StageCost]], representative: list[int]
+                   ) -> list[list[StageCost]]:
+    """Every replica's stages with their gradient reduction as long as the slowest
+    replica's at that position (`dp_paced`); replicas that cost alike stay alike."""
+    reps = sorted(set(representative))
+    if len(reps) == 1:
+        return costs
+    paced: dict[int, list[StageCost]] = {r: [] for r in reps}
+    for k in range(len(costs[reps[0]])):
+        for r, c in zip(reps, dp_paced([costs[r][k] for r in reps]), strict=True):
+            paced[r].append(c)
+    return [paced[pi] if rep == pi else [_clone(c, pipeline=pi) for c in paced[rep]]
+            for pi, rep in enumerate(representative)]
 
 
 _DERIVED_CACHES: list[Callable[[], None]] = []

@@ -31,6 +31,7 @@ from planner.costs.stages import (
     StageCost,
     StageSpec,
     apply_sharding,
+    dp_paced,
     ep_paced,
     group_signature,
     island_concurrency,
@@ -496,7 +497,7 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *,
         sharding = max(per_stage, key=lambda sh: (sh.optim, sh.grads, sh.params))
     else:
         sharding = per_stage[0]
-    costs = _replica_costs(pr, recompute, layers, per_stage)
+    costs = _dp_paced(_replica_costs(pr, recompute, layers, per_stage))
     fits = all(_fits_at(pr, k, per_stage[k], recompute=recompute, layers=layers,
                         in_flight=in_flight) for k in range(template.pp))
     if microbatches is None:
@@ -527,6 +528,17 @@ def _paced(lay: _Layout, costs: dict[int, list[StageCost]]
     rows = {key: [ep_paced(c, [costs[q][k] for q in key[1][k]])
                   for k, c in enumerate(costs[key[0]])] for key in set(keys)}
     return rows, keys
+
+
+def _dp_paced(costs: dict[int, list[StageCost]]) -> dict[int, list[StageCost]]:
+    """Each kind of replica's stages with its gradient reduction as long as the slowest
+    kind's at that position (`dp_paced`: the replicas split the layers alike and reduce
+    together)."""
+    if len(costs) == 1:
+        return costs
+    kinds = list(costs)
+    rows = zip(*(dp_paced(at) for at in zip(*costs.values(), strict=True)), strict=True)
+    return {q: list(row) for q, row in zip(kinds, rows, strict=True)}
 
 
 def _split_layers(pr: _Pricing, t: Template, recompute: Recompute, sharding: Sharding,
@@ -584,10 +596,10 @@ def _relaxed(pr: _Pricing, t: Template, per_stage: list[Sharding],
                    for j in together(k))
 
     def iteration_s(shardings: list[Sharding]) -> float:
-        costs = _replica_costs(pr, recompute, layers, shardings)
+        rows, _ = _paced(pr.lay, _dp_paced(_replica_costs(pr, recompute, layers, shardings)))
         return max(pipeline_time(c, num_microbatches=pr.run.num_microbatches,
                                  virtual_stages=1, schedule=pr.run.schedule)[0]
-                   for c in costs.values())
+                   for c in rows.values())
 
     best, improved = iteration_s(per_stage), True
     while improved:  # until no position alone can do better (each pass shortens it)
