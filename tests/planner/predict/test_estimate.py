@@ -205,9 +205,9 @@ def test_unlike_replicas_wait_for_the_slowest_share_of_their_reduction():
     ranks, which lasts as long as its slowest member's share (NCCL's ring moves every
     rank's share in lockstep; `costs.stages.dp_paced`): an H100 rank at tp 1 holds twice
     an A100 tp-2 rank's. The estimate priced each replica by its own share, and the A100
-    replicas, whose share is half, ended first: 8 H100 (tp 1) beside 4 A100 replicas
-    (tp 2), gpt3-1.3b, was estimated 4.6% faster than simulated. Now as simulated, and the
-    replicas' order changes nothing."""
+    replicas, which compute longest, took half as long to reduce: 8 H100 (tp 1, one
+    micro-batch) beside 8 A100 replicas (tp 2, two), gpt3-1.3b, was estimated 25% faster
+    than simulated. Now within 2%, and the replicas' order changes nothing."""
     from planner.simulator import simulate
     from planner.specs.cluster import ClusterSpec
     from planner.specs.plan import Pipeline, Stage
@@ -215,19 +215,18 @@ def test_unlike_replicas_wait_for_the_slowest_share_of_their_reduction():
 
     cluster = parse(ClusterSpec, {"name": "c", "node_groups": [
         {"name": "h", "gpu": "H100-80GB-SXM", "num_nodes": 1},
-        {"name": "a", "gpu": "A100-40GB-SXM", "num_nodes": 1}]}, where="t").resolved()
+        {"name": "a", "gpu": "A100-40GB-SXM", "num_nodes": 2}]}, where="t").resolved()
     model = preset("gpt3-1.3b")
     layers = (0, model.num_layers)
     pipelines = tuple(
         [Pipeline(stages=(Stage(layers=layers, devices=(d,), tp=1),), micro_batch_size=1,
-                  num_microbatches=3) for d in range(8)]
+                  num_microbatches=1) for d in range(8)]
         + [Pipeline(stages=(Stage(layers=layers, devices=(8 + 2 * i, 9 + 2 * i), tp=2),),
-                    micro_batch_size=1, num_microbatches=2) for i in range(4)])
+                    micro_batch_size=1, num_microbatches=2) for i in range(8)])
     base = homogeneous_plan(model, parse_gpus_arg("H100-80GB-SXM:8"),
-                            ParallelConfig(dp=8, mbs=1, gbs=32, seq_len=2048))
-    plan = dataclasses.replace(base, cluster=cluster, pipelines=pipelines,
-                               sharding=Sharding(optim=12))
+                            ParallelConfig(dp=8, mbs=1, gbs=24, seq_len=2048))
+    plan = dataclasses.replace(base, cluster=cluster, pipelines=pipelines)
     reversed_plan = dataclasses.replace(plan, pipelines=pipelines[::-1])
     estimated = estimate(plan).iteration_time_s
-    assert estimated == pytest.approx(simulate(plan).iteration_time_s, rel=0.01)
+    assert estimated == pytest.approx(simulate(plan).iteration_time_s, rel=0.02)
     assert estimated == pytest.approx(estimate(reversed_plan).iteration_time_s, rel=1e-9)
