@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from planner.hetero.split import EXACT_MILP
 from planner.specs.cluster import ClusterSpec
 
 __all__ = ["Pool", "assign_islands", "place", "pools_by_type"]
@@ -86,7 +87,8 @@ def assign_islands(demand: Sequence[int], weight: Sequence[float], replicas: int
         hi.append(0)
     res = milp(c=c, constraints=LinearConstraint(np.vstack(rows), lo, hi),
                integrality=np.ones(2 * nx),
-               bounds=Bounds(0, np.concatenate([np.full(nx, replicas), np.ones(nx)])))
+               bounds=Bounds(0, np.concatenate([np.full(nx, replicas), np.ones(nx)])),
+               options=EXACT_MILP)
     if not res.success:
         return None
     x = np.round(res.x[:nx]).astype(int)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.export.frameworks import ShardPattern, matches_pattern
+from planner.hetero.split import EXACT_MILP
 from planner.specs.plan import Sharding
 
 __all__ = ["ShardingOption", "allowed_options", "choose", "pareto_options", "sharding_levels",
@@ -109,7 +110,7 @@ def solve_ilp(times_s: Sequence[float], memory_bytes: Sequence[Sequence[float]],
         lo = np.concatenate([[1.0], np.full(stages, -np.inf)])
         hi = np.concatenate([[1.0], np.asarray(caps_bytes) / scale])
         res = milp(c=np.asarray(times_s), constraints=LinearConstraint(a, lo, hi),
-                   integrality=np.ones(n), bounds=Bounds(0, 1))
+                   integrality=np.ones(n), bounds=Bounds(0, 1), options=EXACT_MILP)
         return int(np.argmax(res.x)) if res.success else None
     import warnings
 

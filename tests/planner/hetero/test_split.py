@@ -1,7 +1,7 @@
 """Layer and batch splits of heterogeneous pipelines (Zorse; Metis; HexiScale)."""
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from planner.hetero.split import (
@@ -24,6 +24,8 @@ cases = st.integers(2, 6).flatmap(lambda s: st.tuples(
 
 @settings(max_examples=50, deadline=None)
 @given(cases, st.sampled_from([None, 1, 4, 32]))
+# scipy's HiGHS stopped at its default 1e-4 relative gap: [3, 1, 1] (3.00006) for [2, 2, 1]
+@example((5, [6.103515625e-05, 1.0, 0.0], [1.0, 1.0, 1.0], [3, 3, 1]), None)
 def test_ilp_dynamic_program_and_search_agree(case, microbatches):
     """Same optimum (slowest stage, or the 1F1B time with m micro-batches) from the ILP
     (pulp and scipy), the dynamic program and the parametric search."""
