@@ -44,7 +44,7 @@ from planner.costs.stages import (
 )
 from planner.hetero.placement import Pool, place
 from planner.hetero.split import layer_split_fast, least_feasible
-from planner.predict.estimate import pipeline_time, sends_s
+from planner.predict.estimate import iteration_end_s, pipeline_time, sends_s
 from planner.specs.choices import ModelStates, Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
 from planner.specs.layout import stage_moe_layers
@@ -505,12 +505,12 @@ def price(model: ModelSpec, cluster: ClusterSpec, template: Template, *,
         if microbatches is None:
             return None
     rows, row_of = _paced(lay, costs)
-    finish = {(q, mb): pipeline_time(rows[q], num_microbatches=mb, virtual_stages=1,
-                                     schedule=schedule)[0]
-              for q, mb in set(zip(row_of, microbatches, strict=True))}
-    times = [finish[(q, mb)] for q, mb in zip(row_of, microbatches, strict=True)]
+    # each distinct replica once: alike ones end alike (`iteration_end_s`)
+    distinct = list(dict.fromkeys(zip(row_of, microbatches, strict=True)))
+    time_s = iteration_end_s([rows[q] for q, _ in distinct], [mb for _, mb in distinct],
+                             virtual_stages=1, schedule=schedule)
     return Priced(template, mbs, recompute, sharding, tuple(layers), tuple(microbatches),
-                  lay.devices, max(times), fits, schedule,
+                  lay.devices, time_s, fits, schedule,
                   tuple(per_stage) if len(set(per_stage)) > 1 else None, attention,
                   model_states, comm)
 
@@ -597,9 +597,8 @@ def _relaxed(pr: _Pricing, t: Template, per_stage: list[Sharding],
 
     def iteration_s(shardings: list[Sharding]) -> float:
         rows, _ = _paced(pr.lay, _dp_paced(_replica_costs(pr, recompute, layers, shardings)))
-        return max(pipeline_time(c, num_microbatches=pr.run.num_microbatches,
-                                 virtual_stages=1, schedule=pr.run.schedule)[0]
-                   for c in rows.values())
+        return iteration_end_s(list(rows.values()), [pr.run.num_microbatches] * len(rows),
+                               virtual_stages=1, schedule=pr.run.schedule)
 
     best, improved = iteration_s(per_stage), True
     while improved:  # until no position alone can do better (each pass shortens it)

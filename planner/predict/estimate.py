@@ -5,7 +5,10 @@ activation transfers) on stage s and m micro-batches, a 1F1B or GPipe schedule t
 max_k (Σ_{j<k} t_j / v + m·t_k): the critical path through each stage's fill, work and
 drain (for p equal stages (m + (p−1)/v)·t, Narayanan et al. 2021, v interleaved chunks). Gradient reduction overlaps the last
 micro-batch's backward bucket by bucket (per model chunk when interleaved); the optimizer
-step follows. The event simulator refines this with the actual dependencies; both price
+step follows. Replicas that split the layers alike reduce each stage's gradients together:
+as long as the slowest member's share (`costs.stages.dp_paced`), ending after the last
+replica's last bucket, and every replica's optimizer step waits for it
+(`joint_reductions`). The event simulator refines this with the actual dependencies; both price
 work through `stage_costs`.
 
 Pipeline transfers: under 1F1B and ZB-H1 (batched sends) a stage's micro-batch takes
@@ -54,7 +57,7 @@ from planner.specs.plan import Plan
 from profiler.store import Profiles
 
 __all__ = ["ESTIMATE_SOURCE", "critical_path_s", "estimate", "iteration_end_s", "iteration_time",
-           "pass_host_s", "pipeline_time", "receives_s", "sends_s"]
+           "joint_reductions", "pass_host_s", "pipeline_time", "receives_s", "sends_s"]
 
 ESTIMATE_SOURCE = "analytic pipeline estimate (closed form, planner/predict/estimate.py)"
 
@@ -233,14 +236,16 @@ def _tail_grads_s(c: StageCost, grads_s: float, window_s: float, pp: int, vp: in
 
 
 def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_stages: int,
-                  schedule: Schedule = Schedule.ONE_F_ONE_B, flushes: int = 1
-                  ) -> tuple[float, dict[str, float]]:
+                  schedule: Schedule = Schedule.ONE_F_ONE_B, flushes: int = 1,
+                  reduced: Sequence[float] | None = None) -> tuple[float, dict[str, float]]:
     """End time of one pipeline's iteration (its stages' costs in order) under `schedule`
     (`flushes` of them in a row, `_pipeline_end`) and the critical stage's breakdown.
-    Stages that are the same object are priced once."""
+    `reduced`: when each stage position's gradient reduction over every replica ends
+    (`joint_reductions`), where the pipeline's own ends earlier. Stages that are the same
+    object are priced once."""
     m, vp, pp = num_microbatches, virtual_stages, len(costs)
-    end, pipe_s, opt_s, slow, times, keys = _pipeline_end(costs, m, vp, Schedule(schedule),
-                                                          flushes)
+    end, pipe_s, opt_s, slow, times, keys, _ = _pipeline_end(
+        costs, m, vp, Schedule(schedule), flushes, reduced)
     after = end - pipe_s  # what sticks out after the pipeline drains
     opt_s = min(opt_s, after)
     c = costs[slow]
@@ -266,15 +271,19 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
 
 
 def _pipeline_end(costs: Sequence[StageCost], m: int, vp: int, schedule: Schedule,
-                  flushes: int = 1
-                  ) -> tuple[float, float, float, int, list[float], list[_Key]]:
+                  flushes: int = 1, reduced: Sequence[float] | None = None
+                  ) -> tuple[float, float, float, int, list[float], list[_Key],
+                             list[tuple[float, float]]]:
     """The iteration's end; the critical path before gradients and the optimizer; the
     optimizer step of the stage that ends last; the critical stage; micro-batch times;
-    each stage's key (its cost object, the blocking receives it waits for). With
-    `flushes` > 1 the m micro-batches run as that many schedules of m / flushes in a row
-    (NeMo AutoModel's `schedule.step` per local batch): stage 0 starts the next one when
-    it has finished the last (the critical path's end), so each adds its fill and drain;
-    gradients and the optimizer follow the last."""
+    each stage's key (its cost object, the blocking receives it waits for); per stage,
+    when its gradient reduction ends and what follows it (the optimizer step and the
+    exposed parameter gather), its reduction ending no earlier than `reduced` (the
+    joint reduction's end, `joint_reductions`) where given. With `flushes` > 1 the m
+    micro-batches run as that many schedules of m / flushes in a row (NeMo AutoModel's
+    `schedule.step` per local batch): stage 0 starts the next one when it has finished
+    the last (the critical path's end), so each adds its fill and drain; gradients and
+    the optimizer follow the last."""
     zb = schedule.splits_backward
     memo, keys, times, paths = _critical_paths(costs, m // flushes, vp, schedule)
     slow = max(range(len(costs)), key=paths.__getitem__)
@@ -284,22 +293,58 @@ def _pipeline_end(costs: Sequence[StageCost], m: int, vp: int, schedule: Schedul
     pipe_s = lead + paths[slow]
     end, opt_s, drain = pipe_s, 0.0, 0.0
     w0 = memo[keys[0]][4]
+    ends: list[tuple[float, float]] = []
     for s, c in enumerate(costs):  # stage s finishes its last backward `drain` before stage 0
         _, tail, step, _, w = memo[keys[s]]
+        after = _after_s(c)
         # under ZB-H1 its last B, then its last min(s + 1, m) W's
-        stage_end = pipe_s - drain + tail + (min(s + 1, m // flushes) * w - w0 if zb else 0.0)
-        if stage_end > end:
-            end, opt_s = stage_end, c.optimizer_s
+        grads_end = pipe_s - drain + tail - after + (min(s + 1, m // flushes) * w - w0
+                                                     if zb else 0.0)
+        if reduced is not None:
+            grads_end = max(grads_end, reduced[s])
+        ends.append((grads_end, after))
+        if grads_end + after > end:
+            end, opt_s = grads_end + after, c.optimizer_s
         drain += step
-    return end, pipe_s, opt_s, slow, times, keys
+    return end, pipe_s, opt_s, slow, times, keys, ends
+
+
+def _after_s(c: StageCost) -> float:
+    """What follows a stage's gradient reduction: its optimizer step, and what its
+    parameter gather (sharded parameters) adds beyond the next forward it overlaps."""
+    gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.dp)
+              if c.dp.param_iteration_s else 0.0)
+    return c.optimizer_s + gather
+
+
+def joint_reductions(ends: Sequence[Sequence[tuple[float, float]]],
+                     costs: Sequence[Sequence[StageCost]]) -> list[float] | None:
+    """When each stage position's gradient reduction ends, where replicas that split the
+    layers alike reduce it together (one collective over all their ranks: none finishes
+    before the last replica's last bucket has gone round, and each replica's optimizer
+    step waits for it; the simulator's reduction, `simulator.build`): the latest of the
+    replicas' own ends (`ends`: per replica, per stage, its reduction's end and what
+    follows, `_pipeline_end`). None where the replicas split the layers unlike (they
+    reduce per layer segment) or there is one. A replica of a faster GPU ends its
+    backward first, but not its iteration."""
+    if len(costs) < 2:
+        return None
+    layers = [c.num_layers for c in costs[0]]
+    if any([c.num_layers for c in row] != layers for row in costs[1:]):
+        return None
+    return [max(e[k][0] for e in ends) for k in range(len(layers))]
 
 
 def iteration_end_s(costs: Sequence[Sequence[StageCost]], microbatches: Sequence[int], *,
                     virtual_stages: int, schedule: Schedule, flushes: int = 1) -> float:
     """`iteration_time`'s time alone (what the search ranks by), without the breakdown."""
     schedule = Schedule(schedule)
-    return max(_pipeline_end(pc, m, virtual_stages, schedule, flushes)[0]
-               for pc, m in zip(costs, microbatches, strict=True))
+    own = [_pipeline_end(pc, m, virtual_stages, schedule, flushes)
+           for pc, m in zip(costs, microbatches, strict=True)]
+    joint = joint_reductions([o[6] for o in own], costs)
+    if joint is None:
+        return max(o[0] for o in own)
+    return max(max(r + after for r, (_, after) in zip(joint, o[6], strict=True)) for o in own)
 
 
 def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Schedule
@@ -331,14 +376,12 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
             window = ((w if zb else c.backward_s + _gathers_s(c, vp, c.backward.compute_s))
                       - _backlog_s(c, m, schedule, vp))
             grad = _tail_grads_s(c, last_grads, window, pp, vp)
-            gather = (exposed_s(c.dp.param_iteration_s, c.forward_s, c.dp)
-                      if c.dp.param_iteration_s else 0.0)
             # the fill's and drain's step on the stage: half its own two sends (1F1B,
             # ZB-H1), else half what it waits for per micro-batch
             half = (key[3] if steady else
                     sends_s(c, pp, vp, c.forward_s + c.backward_s, key[2]) + key[1]) / 2
             memo[key] = (busy + sends_s(c, pp, vp, busy, key[2]),
-                         grad + c.optimizer_s + gather,
+                         grad + _after_s(c),
                          c.backward_s - w + half, c.forward_s + half, w)
     times = [memo[k][0] for k in keys]
     if vp > 1:
@@ -430,8 +473,11 @@ def iteration_time(costs: Sequence[Sequence[StageCost]], microbatches: Sequence[
     `microbatches[r]` micro-batches each, as `flushes` schedules in a row: the latest
     replica's end, its breakdown, and which replica it is. The search ranks candidates
     with this, `estimate` prices Plans."""
+    schedule = Schedule(schedule)
+    joint = joint_reductions([_pipeline_end(pc, m, virtual_stages, schedule, flushes)[6]
+                              for pc, m in zip(costs, microbatches, strict=True)], costs)
     ends = [pipeline_time(pc, num_microbatches=m, virtual_stages=virtual_stages,
-                          schedule=schedule, flushes=flushes)
+                          schedule=schedule, flushes=flushes, reduced=joint)
             for pc, m in zip(costs, microbatches, strict=True)]
     critical = max(range(len(ends)), key=lambda i: ends[i][0])
     return ends[critical][0], ends[critical][1], critical
