@@ -21,12 +21,15 @@ earlier micro-batch's gradient, which crossed every link between them twice). Bl
 sends (DeepSpeed) hold the stage for its exchange with the next. Interleaved, its sends
 run beside the other chunks' compute and cost the steady state only where they outlast
 it, but the fill pays them in full (its compute shrinks by v, its transfers do not), and
-no micro-batch is shorter than v / pp of a chunk's round through every stage. No pipeline
-ends before each link has carried its transfers both ways, which overlap only in the
-steady state (`_link_bound_s`). `benchmarks/estimate_vs_simulation.py` measures the gap
-to the simulator (400 random plans on nodes joined by InfiniBand or 10-100 Gb/s
-Ethernet: mean 7.8% -> 2.3% (2026-12-06, transfers per link), 1F1B and ZB-H1 1.6% ->
-0.5% (2026-12-06, cycles)).
+no micro-batch is shorter than v / pp of a chunk's round through every stage; and, phase
+by phase (`_interleaved_paths`), its warmup and cooldown run at the pace of the laps a
+micro-batch's chunks make round every stage, its steady steps at least at the pace of the
+cycles over the links (`_link_cycle_s`). No pipeline ends before each link has carried its
+transfers both ways, which overlap only in the steady state (`_link_bound_s`).
+`benchmarks/estimate_vs_simulation.py` measures the gap to the simulator (400 random
+plans on nodes joined by InfiniBand or 10-100 Gb/s Ethernet: mean 7.8% -> 2.3%
+(2026-12-06, transfers per link), 1F1B and ZB-H1 1.6% -> 0.5% (2026-12-06, cycles), the
+whole set 1.92% -> 1.16% and its interleaved plans 2.63% -> 1.5% (2026-12-06, phases)).
 
 ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", §2.1) defers each micro-batch's
 weight gradients (W, w_s of t_s) on stage s by s micro-batches, so the drain through stage
@@ -40,6 +43,7 @@ w ≤ b: W is one GEMM per forward GEMM, B the other and the attention backward)
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from planner.costs.memory import MEMORY_SOURCE
@@ -217,7 +221,8 @@ def _backlog_s(c: StageCost, m: int, schedule: Schedule, vp: int) -> float:
     return max(0.0, c.dp.grad_microbatch_s - gap)
 
 
-def _tail_grads_s(c: StageCost, grads_s: float, window_s: float, pp: int, vp: int) -> float:
+def _tail_grads_s(c: StageCost, grads_s: float, window_s: float, pp: int, vp: int,
+                  lap_s: float = 0.0) -> float:
     """What the iteration's gradient reduction (`grads_s`) adds after the last backward
     pass (`window_s`, which hides its buckets as they are cut). With v interleaved chunks
     each chunk's gradients reduce once its own last backward is done (Megatron-Core's
@@ -225,13 +230,15 @@ def _tail_grads_s(c: StageCost, grads_s: float, window_s: float, pp: int, vp: in
     cooldown runs the last pp micro-batches of each chunk in turn, so chunk k's reduction
     starts k x pp chunk-backwards before chunk 0's and only what it still holds of the
     stream when chunk 0's starts (the backlog), with chunk 0's own 1 / v, outlasts chunk
-    0's last backward."""
+    0's last backward. Chunk k + 1's last backward comes no later than a lap of the
+    backwards round every stage (`lap_s`: each stage's and link's share of one chunk)
+    before chunk k's: the last micro-batch's gradient goes round the ring once per chunk."""
     if not grads_s:
         return 0.0
     if vp == 1 or not c.dp.overlap:
         return exposed_s(grads_s, max(window_s, 0.0), c.dp)
     chunk = grads_s / vp
-    backlog = max(0.0, (vp - 1) * (chunk - pp * c.backward_s / vp))
+    backlog = max(0.0, (vp - 1) * (chunk - max(pp * c.backward_s / vp, lap_s)))
     return max(grads_s / c.dp.buckets, chunk + backlog - max(window_s / vp, 0.0))
 
 
@@ -363,6 +370,7 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
             priced[(id(c), r)] = _work_s(c, pp, vp, r)
     work = [priced[(id(c), r)] for c, r in zip(costs, receives, strict=True)]
     steady = vp == 1 and schedule != Schedule.GPIPE and not costs[0].p2p_blocking
+    lap_b = sum(c.backward_s / vp + c.p2p_s for c in costs) if vp > 1 else 0.0
     keys = [(id(c), r, _outbound_s(costs, s, vp, work, steady), _hops_s(costs, s))
             for s, (c, r) in enumerate(zip(costs, receives, strict=True))]
     for c, key, busy in zip(costs, keys, work, strict=True):
@@ -375,7 +383,7 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
             # less what the previous micro-batch's reduce-scatter still holds of the stream
             window = ((w if zb else c.backward_s + _gathers_s(c, vp, c.backward.compute_s))
                       - _backlog_s(c, m, schedule, vp))
-            grad = _tail_grads_s(c, last_grads, window, pp, vp)
+            grad = _tail_grads_s(c, last_grads, window, pp, vp, lap_b)
             # the fill's and drain's step on the stage: half its own two sends (1F1B,
             # ZB-H1), else half what it waits for per micro-batch
             half = (key[3] if steady else
@@ -408,6 +416,12 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
               else [0.0] * pp)
     paths = (_zb_paths([memo[k] for k in keys], m, excess, fills, delays) if zb
              else _paths(times, m, vp, excess, hops, waits, fills, delays))
+    if vp > 1:
+        # the phases hold what a micro-batch's average misses (the warmup and cooldown at
+        # the laps' pace), the average what the phases' shares of a chunk smooth over
+        phased = _interleaved_paths(costs, [w - e for w, e in zip(work, excess, strict=True)],
+                                    excess, m, vp)
+        paths = [max(p, q) for p, q in zip(paths, phased, strict=True)]
     if steady:
         paths = _cycle_paths(costs, paths, times, work, excess, m, zb)
     # the last micro-batch's reduce-scatter is in the stage's tail, not its path
@@ -421,6 +435,98 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
         paths = [max(p, chain) for p in paths]
     bound = _link_bound_s(costs, m, vp, schedule)
     return memo, keys, times, [max(p, bound) for p in paths]
+
+
+def _interleaved_paths(costs: Sequence[StageCost], work: list[float], excess: list[float],
+                       m: int, vp: int) -> list[float]:
+    """Interleaved 1F1B, phase by phase: the path through each stage to stage 0's last
+    backward. Megatron's order (`simulator.schedules`) runs w_s = 2 (p - s - 1) + (v - 1) p
+    warmup forwards on stage s, then pairs of a forward and a backward, then w_s
+    backwards; micro-batches go in groups of p, each group's chunks in turn, so a
+    micro-batch's chunk c + 1 follows its chunk c round every stage (a lap: each stage's
+    pass of a chunk and each link's transfer). With f, b a stage's share of one chunk
+    (`work`, without the sharded-gradient reduce-scatters `excess`, which pace each
+    micro-batch) and L each link's transfer:
+    - its first backward waits for micro-batch 0's last chunk: v laps forward and its
+      gradient back to the stage; and for its warmup forwards, those after the first
+      group's as far apart as a lap over p, the stage's forward or its link allows;
+    - a pair takes the stage's work, at least ((v - 1) laps + p (f + b)) / (p v) (a group's
+      chunks wait for their laps), and at least what the cycles over the links allow
+      (`_link_cycle_s`);
+    - the cooldown's backwards are as far apart as a backward lap over p, the stage's
+      backward or its link to the previous stage allows;
+    - from its first backward on, its sends stream carries every gradient it sends and the
+      steady state's activations;
+    and its last backward's gradient goes back to stage 0. On 10 uniform pipelines of
+    flat costs (`benchmarks/estimate_vs_simulation.py`'s slow and PCIe sets hold the real
+    ones) this lands within 3.3% of the simulation, where the per-micro-batch path alone
+    (`_paths`) was 7% short: the warmup and cooldown run at the pace of the laps, not of
+    the compute."""
+    pp, total = len(costs), m * vp
+    links = [c.p2p_s for c in costs]
+    fwd = [w / vp * c.forward_s / max(c.forward_s + c.backward_s, 1e-30)
+           for c, w in zip(costs, work, strict=True)]
+    bwd = [w / vp - f for w, f in zip(work, fwd, strict=True)]
+    lap_f, lap_b = sum(fwd) + sum(links), sum(bwd) + sum(links)
+    cycle = _link_cycle_s([f + b for f, b in zip(fwd, bwd, strict=True)], links,
+                          min(work) / vp)
+    # sums over the stages before each: backwards, transfers
+    backs, hops = [0.0, *itertools.accumulate(bwd)], [0.0, *itertools.accumulate(links)]
+    fwds = [0.0, *itertools.accumulate(fwd)]
+    paths = []
+    for s in range(pp):
+        warm = min(2 * (pp - s - 1) + (vp - 1) * pp, total)
+        # micro-batch 0's last chunk: v laps but the last link, then its gradient from
+        # the last stage back to this one
+        chain = (vp * lap_f - links[-1] + (backs[pp] - backs[s + 1])
+                 + (hops[pp - 1] - hops[s]))
+        # micro-batch 0's way to the stage, and its last gradient's back to stage 0
+        start, drain = fwds[s] + hops[s], backs[s] + hops[s]
+        paced = (start + min(warm, pp) * fwd[s]
+                 + max(0, warm - pp) * max(fwd[s], lap_f / pp, links[s]))
+        # a steady state's first step runs its forward before that first backward
+        steady = total - warm
+        first_b = max(chain, paced + (fwd[s] if steady else 0.0))
+        pair = max(work[s] / vp, ((vp - 1) * max(lap_f, lap_b)
+                                  + pp * (fwd[s] + bwd[s])) / (pp * vp), cycle)
+        back = max(bwd[s], lap_b / pp, links[s - 1])
+        steady_sends = steady
+        if s == pp - 1:  # the last chunk's activations go nowhere
+            steady_sends -= _in_chunk(total, pp, vp, vp - 1) - _in_chunk(warm, pp, vp, vp - 1)
+        stream = first_b + bwd[s] + steady_sends * links[s] + m * (vp - (s == 0)) * links[s - 1]
+        phases = (first_b + (steady - 1) * pair + warm * back if steady
+                  else first_b + (warm - 1) * back) + bwd[s]
+        paths.append(max(phases, stream) + drain + m * excess[s])
+    return paths
+
+
+def _link_cycle_s(pairs: Sequence[float], links: Sequence[float], floor: float = 0.0
+                  ) -> float:
+    """Interleaved 1F1B's steady state: the shortest step (a chunk's forward and
+    backward) the cycles over the links allow; 0 where none can exceed `floor`. Stage s
+    runs its steady steps two after stage s - 1's for the same forward (their warmups
+    differ by two) and in the same step for the same backward, so a forward from stage a
+    over n links and the backward back close a cycle of 2 n + 1 steps holding the n + 1
+    stages' steps and 2 n transfers: a step lasts at least (Σ pairs + 2 Σ links) / (2 n + 1)
+    over every window (one link between equal stages of step t: (2 t + 2 L) / 3)."""
+    pp, best = len(pairs), 0.0
+    top, slowest = max(pairs), max(links)
+    if max(2 * (top + slowest) / 3, (top + 2 * slowest) / 2) <= floor:
+        return 0.0  # no window's average reaches the stages' own steps
+    for a in range(pp):
+        work, link = pairs[a], 0.0
+        for n in range(1, pp + 1):
+            work += pairs[(a + n) % pp]
+            link += links[(a + n - 1) % pp]
+            best = max(best, (work + 2 * link) / (2 * n + 1))
+    return best
+
+
+def _in_chunk(n: int, pp: int, vp: int, chunk: int) -> int:
+    """How many of a stage's first `n` forwards (or backwards) under Megatron's
+    interleaved order are of model chunk `chunk` (its k-th is of chunk (k // pp) % vp)."""
+    groups, rest = divmod(n, pp * vp)
+    return groups * pp + min(max(rest - chunk * pp, 0), pp)
 
 
 def _link_bound_s(costs: Sequence[StageCost], m: int, vp: int, schedule: Schedule) -> float:
