@@ -414,7 +414,8 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
              if steady else times)
     delays = (_delays_s(costs, work, excess, m, zb) if steady
               else [0.0] * pp)
-    paths = (_zb_paths([memo[k] for k in keys], m, excess, fills, delays) if zb
+    paths = (_zb_paths([memo[k] for k in keys], m, excess, fills, delays,
+                       [_inline_s(c) for c in costs]) if zb
              else _paths(times, m, vp, excess, hops, waits, fills, delays))
     if vp > 1:
         # the phases hold what a micro-batch's average misses (the warmup and cooldown at
@@ -661,11 +662,16 @@ def _cycle_paths(costs: Sequence[StageCost], paths: list[float], times: list[flo
     w = [c.weight_grad_s if zb else 0.0 for c in costs]
     trip = sum(work[s] - excess[s] - w[s] for s in range(pp)) + w[0]
     trip += 2 * sum(c.p2p_s for c in costs[:-1])
+    # a reduce-scatter run in line follows its backward (under ZB-H1 its W) while the
+    # gradient goes on: on the cycle only where the first stage runs it before its next
+    # forward (1F1B; under ZB-H1 stage 0, with its W)
+    inline = [_inline_s(c) for c in costs]
     windows = []  # (span, period, first stage)
     for j in range(max(0, pp - m + 1), pp - 1):
-        total = work[j] - w[j] + (w[0] if j == 0 else 0.0)
+        total = (work[j] - w[j] - (inline[j] if zb else 0.0)
+                 + (w[0] + inline[0] if zb and j == 0 else 0.0))
         for k in range(j + 1, pp):
-            total += work[k] - w[k] + 2 * costs[k - 1].p2p_s
+            total += work[k] - w[k] - inline[k] + 2 * costs[k - 1].p2p_s
             windows.append((k - j + 1, total / (k - j + 1), j))
     if not windows:
         return paths
@@ -685,24 +691,37 @@ def _cycle_paths(costs: Sequence[StageCost], paths: list[float], times: list[flo
 
 
 def _zb_paths(stages: list[tuple[float, float, float, float, float]], m: int,
-              excess: list[float], fills: list[float], delays: list[float]) -> list[float]:
+              excess: list[float], fills: list[float], delays: list[float],
+              inline: list[float]) -> list[float]:
     """ZB-H1 (module docstring): the path through stage k's m micro-batches and the
     drain back to stage 0, which ends with stage 0's last W; or, where that is longer,
     stage k's own work after its first forward arrives, and stage 0's after its first
-    backward arrives (it runs min(m, p) forwards before it)."""
+    backward arrives (it runs min(m, p) forwards before it). A framework that
+    reduce-scatters each micro-batch's gradients in line runs it after that micro-batch's
+    W (`inline`), so the drain carries the deferred W's reduce-scatters too (but the
+    last's, which goes into the tail)."""
     pp = len(stages)
     t0, _, b0, f0, w0 = stages[0]
     prefix = fill = back = 0.0
     paths = []
-    for k, ((t, _, b, f, w), e, through, delay) in enumerate(zip(stages, excess, fills, delays,
-                                                                 strict=True)):
-        paths.append(max(prefix + m * t - min(k + 1, m) * w + w0 + delay, fill + m * t))
+    for k, ((t, _, b, f, w), e, through, delay, rs) in enumerate(zip(
+            stages, excess, fills, delays, inline, strict=True)):
+        deferred = min(k + 1, m)
+        paths.append(max(prefix + m * t - deferred * w - (deferred - 1) * rs + w0 + delay,
+                         fill + m * t))
         prefix += through - w - e
         fill += f
         back += b
     # stage 0's first B waits for micro-batch 0 to pass every stage and come back
     paths[0] = max(paths[0], fill + back - b0 + m * t0 - min(m, pp) * f0)
     return paths
+
+
+def _inline_s(c: StageCost) -> float:
+    """A micro-batch's sharded-gradient reduce-scatter where the framework runs it in line
+    after the weight gradients (`Communication.overlap_grad_reduce` off: trainplan's
+    executor, DeepSpeed), else 0 (on its own stream: `grad_paced_s`)."""
+    return 0.0 if c.dp.overlap else c.dp.grad_microbatch_s
 
 
 def estimate(plan: Plan, *, costs: PlanCosts | list[list[StageCost]] | None = None,

@@ -304,8 +304,11 @@ class LayoutModel:
         # gathers and computes interleave: `estimate._work_s`)
         if not self.comm.overlap_grad_reduce:
             # every micro-batch's reduce-scatter but the last in line, the last and the
-            # rest after the backward, all exposed (`exposed_s`, `estimate.grad_paced_s`)
-            return (path_s + (m - 1) * np.maximum(0.0, grad_mb[:, s] - absorbed)
+            # rest after the backward, all exposed (`exposed_s`, `estimate.grad_paced_s`);
+            # under ZB-H1 those of the W's the stage defers go with them into the drain
+            # (`estimate._zb_paths`)
+            kept = m - (min(slow + 1, m) if schedule.splits_backward else 1)
+            return (path_s + kept * np.maximum(0.0, grad_mb[:, s] - absorbed)
                     + grad_mb[:, f] + grad_it[:, f] + optimizer[:, f] + param_it[:, f])
         # overlapped reduce-scatters that outlast the micro-batch add at least their
         # excess over it, between micro-batches (the last one's is in the tail:
