@@ -1377,8 +1377,17 @@ def dp_paced(costs: Sequence[StageCost]) -> list[StageCost]:
     changes: each micro-batch's own reduce-scatter paces its own stream."""
     total = max(c.dp.grad_iteration_s + c.dp.grad_microbatch_s for c in costs)
     return [c if c.dp.grad_iteration_s + c.dp.grad_microbatch_s >= total else
-            _clone(c, dp=replace(c.dp, grad_iteration_s=total - c.dp.grad_microbatch_s))
+            _clone(c, dp=_dp_with(c.dp, grad_iteration_s=total - c.dp.grad_microbatch_s))
             for c in costs]
+
+
+def _dp_with(sync: DPSync, **fields: float) -> DPSync:
+    """A copy of `sync` with `fields` changed, keeping what it worked out from its
+    transfers (`DPSync._per_term`; a search makes many: dataclasses.replace was slower)."""
+    out = object.__new__(DPSync)
+    out.__dict__.update(sync.__dict__)
+    out.__dict__.update(fields)
+    return out
 
 
 def _dp_paced_plan(costs: list[list[StageCost]], representative: list[int]
