@@ -40,3 +40,32 @@ def flat_costs(plan, *, fwd=1.0, bwd=2.0, wgrad=0.0, p2p=0.0, grad_sync=0.0, opt
                 optimizer_s=optimizer))
         out.append(row)
     return out
+
+
+def h100_beside_a100(*, a100_replicas, h100_microbatches, a100_microbatches, sharding=None):
+    """gpt3-1.3b (pp 1) on 8 H100 replicas at tp 1 beside `a100_replicas` A100-40GB
+    replicas at tp 2: replicas of unlike tp, whose ranks hold unlike shares of the same
+    gradients."""
+    from planner.specs.cluster import ClusterSpec
+    from planner.specs.plan import Pipeline, Sharding, Stage
+    from profiler.schema import parse
+
+    cluster = parse(ClusterSpec, {"name": "c", "node_groups": [
+        {"name": "h", "gpu": "H100-80GB-SXM", "num_nodes": 1},
+        {"name": "a", "gpu": "A100-40GB-SXM", "num_nodes": math.ceil(a100_replicas / 4)}]},
+        where="t").resolved()
+    model = preset("gpt3-1.3b")
+    layers = (0, model.num_layers)
+    pipelines = tuple(
+        [Pipeline(stages=(Stage(layers=layers, devices=(d,), tp=1),), micro_batch_size=1,
+                  num_microbatches=h100_microbatches) for d in range(8)]
+        + [Pipeline(stages=(Stage(layers=layers, devices=(8 + 2 * i, 9 + 2 * i), tp=2),),
+                    micro_batch_size=1, num_microbatches=a100_microbatches)
+           for i in range(a100_replicas)])
+    base = homogeneous_plan(model, parse_gpus_arg("H100-80GB-SXM:8"),
+                            ParallelConfig(dp=8, mbs=1, gbs=8 * h100_microbatches,
+                                           seq_len=2048))
+    training = dataclasses.replace(base.training, global_batch_size=sum(
+        p.micro_batch_size * p.num_microbatches for p in pipelines))
+    return dataclasses.replace(base, cluster=cluster, pipelines=pipelines, training=training,
+                               sharding=sharding or Sharding())

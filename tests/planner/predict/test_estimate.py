@@ -10,7 +10,7 @@ from planner.specs.cluster import parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
 from planner.specs.plan import Communication, Sharding
-from tests.planner.simulator_helpers import flat_costs, make_plan
+from tests.planner.simulator_helpers import flat_costs, h100_beside_a100, make_plan
 
 
 def _result(gpus="A100-80GB-SXM:64", model="gpt3-175b", **kw):
@@ -200,30 +200,6 @@ def test_pipeline_cycles_over_slow_links_are_estimated_as_simulated(
     assert estimate(plan).iteration_time_s == pytest.approx(simulated, rel=0.02)
 
 
-def _h100_beside_a100(h100_microbatches: int, a100_microbatches: int,
-                      sharding: Sharding | None = None):
-    """gpt3-1.3b on 8 H100 replicas (tp 1) beside 8 A100 replicas (tp 2), pp 1."""
-    from planner.specs.cluster import ClusterSpec
-    from planner.specs.plan import Pipeline, Stage
-    from profiler.schema import parse
-
-    cluster = parse(ClusterSpec, {"name": "c", "node_groups": [
-        {"name": "h", "gpu": "H100-80GB-SXM", "num_nodes": 1},
-        {"name": "a", "gpu": "A100-40GB-SXM", "num_nodes": 2}]}, where="t").resolved()
-    model = preset("gpt3-1.3b")
-    layers = (0, model.num_layers)
-    pipelines = tuple(
-        [Pipeline(stages=(Stage(layers=layers, devices=(d,), tp=1),), micro_batch_size=1,
-                  num_microbatches=h100_microbatches) for d in range(8)]
-        + [Pipeline(stages=(Stage(layers=layers, devices=(8 + 2 * i, 9 + 2 * i), tp=2),),
-                    micro_batch_size=1, num_microbatches=a100_microbatches)
-           for i in range(8)])
-    base = homogeneous_plan(model, parse_gpus_arg("H100-80GB-SXM:8"),
-                            ParallelConfig(dp=8, mbs=1, gbs=8, seq_len=2048))
-    return dataclasses.replace(base, cluster=cluster, pipelines=pipelines,
-                               sharding=sharding or Sharding())
-
-
 def test_unlike_replicas_wait_for_the_slowest_share_of_their_reduction():
     """Replicas of unlike tp reduce a stage's gradients in one collective over all their
     ranks, which lasts as long as its slowest member's share (NCCL's ring moves every
@@ -234,7 +210,7 @@ def test_unlike_replicas_wait_for_the_slowest_share_of_their_reduction():
     than simulated. Now within 2%, and the replicas' order changes nothing."""
     from planner.simulator import simulate
 
-    plan = _h100_beside_a100(1, 2)
+    plan = h100_beside_a100(a100_replicas=8, h100_microbatches=1, a100_microbatches=2)
     reversed_plan = dataclasses.replace(plan, pipelines=plan.pipelines[::-1])
     estimated = estimate(plan).iteration_time_s
     assert estimated == pytest.approx(simulate(plan).iteration_time_s, rel=0.02)
@@ -250,7 +226,8 @@ def test_every_replica_steps_after_the_joint_reduction():
     estimate, which ended each replica after its own reduction, was 5.3% fast."""
     from planner.simulator import simulate
 
-    plan = _h100_beside_a100(2, 2, Sharding(optim=16))
+    plan = h100_beside_a100(a100_replicas=8, h100_microbatches=2, a100_microbatches=2,
+                            sharding=Sharding(optim=16))
     result = estimate(plan)
     assert result.iteration_time_s == pytest.approx(simulate(plan).iteration_time_s,
                                                     rel=0.02)

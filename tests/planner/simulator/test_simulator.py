@@ -458,25 +458,12 @@ def test_the_order_of_unlike_replicas_changes_nothing():
     replica's time, so the same plan with its replicas listed the other way round was
     simulated 11% faster (gpt3-1.3b, 8 H100 and 4 A100 replicas: 0.191 s, 0.170 s). It
     lasts as long as its slowest member's share, whatever the order."""
-    from planner.specs.cluster import ClusterSpec
-    from planner.specs.plan import Pipeline, Sharding, Stage
-    from profiler.schema import parse
+    from planner.specs.plan import Sharding
+    from tests.planner.simulator_helpers import h100_beside_a100
 
-    cluster = parse(ClusterSpec, {"name": "c", "node_groups": [
-        {"name": "h", "gpu": "H100-80GB-SXM", "num_nodes": 1},
-        {"name": "a", "gpu": "A100-40GB-SXM", "num_nodes": 1}]}, where="t").resolved()
-    model = preset("gpt3-1.3b")
-    layers = (0, model.num_layers)
-    pipelines = tuple(
-        [Pipeline(stages=(Stage(layers=layers, devices=(d,), tp=1),), micro_batch_size=1,
-                  num_microbatches=3) for d in range(8)]
-        + [Pipeline(stages=(Stage(layers=layers, devices=(8 + 2 * i, 9 + 2 * i), tp=2),),
-                    micro_batch_size=1, num_microbatches=2) for i in range(4)])
-    base = homogeneous_plan(model, parse_gpus_arg("H100-80GB-SXM:8"),
-                            ParallelConfig(dp=8, mbs=1, gbs=32, seq_len=2048))
-    plan = dataclasses.replace(base, cluster=cluster, pipelines=pipelines,
-                               sharding=Sharding(optim=12))
-    reversed_plan = dataclasses.replace(plan, pipelines=pipelines[::-1])
+    plan = h100_beside_a100(a100_replicas=4, h100_microbatches=3, a100_microbatches=2,
+                            sharding=Sharding(optim=12))
+    reversed_plan = dataclasses.replace(plan, pipelines=plan.pipelines[::-1])
     forward, backward = simulate(plan), simulate(reversed_plan)
     assert forward.iteration_time_s == pytest.approx(backward.iteration_time_s, rel=1e-9)
     assert forward.breakdown.dp_comm_s == pytest.approx(backward.breakdown.dp_comm_s, rel=1e-9)
