@@ -430,8 +430,8 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
         # pipelines over slow links 3% below the simulation: not applied there)
         delays = [max(0.0, d - min(pp - s - 1, m - 1) * (t - busy))
                   for s, (d, t, busy) in enumerate(zip(delays, times, work, strict=True))]
-    paths = (_zb_paths([memo[k] for k in keys], m, excess, fills, delays,
-                       [_inline_s(c) for c in costs]) if zb
+    inline = [_inline_s(c) for c in costs]
+    paths = (_zb_paths([memo[k] for k in keys], m, excess, fills, delays, inline) if zb
              else _paths(times, m, vp, excess, hops, waits, fills, delays))
     if vp > 1:
         # the phases hold what a micro-batch's average misses (the warmup and cooldown at
@@ -440,7 +440,7 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
                                     excess, m, vp)
         paths = [max(p, q) for p, q in zip(paths, phased, strict=True)]
     if steady:
-        paths = _cycle_paths(costs, paths, times, work, excess, m, zb)
+        paths = _cycle_paths(costs, paths, times, work, excess, inline, m, zb)
     # the last micro-batch's reduce-scatter is in the stage's tail, not its path
     paths = [p - e for p, e in zip(paths, excess, strict=True)]
     if vp > 1:
@@ -597,8 +597,10 @@ def iteration_time(costs: Sequence[Sequence[StageCost]], microbatches: Sequence[
     replica's end, its breakdown, and which replica it is. The search ranks candidates
     with this, `estimate` prices Plans."""
     schedule = Schedule(schedule)
-    joint = joint_reductions([_pipeline_end(pc, m, virtual_stages, schedule, flushes)[6]
-                              for pc, m in zip(costs, microbatches, strict=True)], costs)
+    # one replica (or alike ones, priced once) reduces alone: no pass for the joint ends
+    joint = (joint_reductions([_pipeline_end(pc, m, virtual_stages, schedule, flushes)[6]
+                               for pc, m in zip(costs, microbatches, strict=True)], costs)
+             if len(costs) > 1 else None)
     ends = [pipeline_time(pc, num_microbatches=m, virtual_stages=virtual_stages,
                           schedule=schedule, flushes=flushes, reduced=joint)
             for pc, m in zip(costs, microbatches, strict=True)]
@@ -655,7 +657,8 @@ def _delays_s(costs: Sequence[StageCost], work: list[float], excess: list[float]
 
 
 def _cycle_paths(costs: Sequence[StageCost], paths: list[float], times: list[float],
-                 work: list[float], excess: list[float], m: int, zb: bool) -> list[float]:
+                 work: list[float], excess: list[float], inline: list[float], m: int,
+                 zb: bool) -> list[float]:
     """1F1B and ZB-H1 with batched sends: the cycles over pipeline links. Stage j runs
     pp - j - 1 forwards ahead of its backwards (Megatron-Core's warmup), so on stages
     j < k the forward of micro-batch i goes from j to k, k runs it and then its backward
@@ -678,10 +681,9 @@ def _cycle_paths(costs: Sequence[StageCost], paths: list[float], times: list[flo
     w = [c.weight_grad_s if zb else 0.0 for c in costs]
     trip = sum(work[s] - excess[s] - w[s] for s in range(pp)) + w[0]
     trip += 2 * sum(c.p2p_s for c in costs[:-1])
-    # a reduce-scatter run in line follows its backward (under ZB-H1 its W) while the
-    # gradient goes on: on the cycle only where the first stage runs it before its next
-    # forward (1F1B; under ZB-H1 stage 0, with its W)
-    inline = [_inline_s(c) for c in costs]
+    # a reduce-scatter run in line (`inline`, `_inline_s`) follows its backward (under
+    # ZB-H1 its W) while the gradient goes on: on the cycle only where the first stage
+    # runs it before its next forward (1F1B; under ZB-H1 stage 0, with its W)
     windows = []  # (span, period, first stage)
     for j in range(max(0, pp - m + 1), pp - 1):
         total = (work[j] - w[j] - (inline[j] if zb else 0.0)
