@@ -15,6 +15,7 @@ from typing import Any, TextIO
 __all__ = ["PROGRESS_MODES", "ProgressBar", "silence"]
 
 DELAY_S = 1.0  # work shorter than this shows no bar
+FALLBACK_COLUMNS = 80  # where the terminal reports no width
 PROGRESS_MODES = ("auto", "always", "never")  # TRAINPLAN_PROGRESS
 _silenced = False
 
@@ -37,6 +38,14 @@ def _shown(stream: TextIO) -> bool:
     return mode == "always" or stream.isatty()
 
 
+def _columns(stream: TextIO) -> int:
+    """The width the stream's terminal reports; 0 where it reports none."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
 class ProgressBar:
     """`bar(done, label)` reports `done` of `total` units (`label`: what is being done);
     `bar.advance(n)` adds n; `bar.close()` ends the line."""
@@ -56,9 +65,12 @@ class ProgressBar:
             shape = ("{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit} "
                      "[{elapsed}<{remaining}] {postfix}" if self.total is not None else
                      "{desc}: {n_fmt} {unit} [{elapsed}] {postfix}")
+            # a terminal that reports no width (CI's and editors' ptys) drew nothing
+            width: dict[str, Any] = ({"dynamic_ncols": True} if _columns(stream)
+                                     else {"ncols": FALLBACK_COLUMNS})
             self._bar = tqdm(total=self.total, desc=title, unit=unit, file=stream,
                              delay=DELAY_S if delay_s is None else delay_s,
-                             dynamic_ncols=True, leave=False, bar_format=shape)
+                             leave=False, bar_format=shape, **width)
 
     def __call__(self, done: int, label: str = "") -> None:
         if self.total is not None:

@@ -33,7 +33,7 @@ from planner.predict.results import SimResult
 from planner.search.search import check_framework
 from planner.simulator import simulate_detailed, write_gantt, write_trace
 from planner.specs.choices import EpLayout, Recompute, Schedule, ShardingPreset, values
-from planner.specs.cluster import train_dtype
+from planner.specs.cluster import count_gpus, train_dtype
 from planner.specs.layout import (
     ParallelConfig,
     check_parallel,
@@ -328,6 +328,17 @@ def _cfg_layout(plan: Plan, cfg: ParallelConfig) -> str:
             f"{plan.kernels.optimizer} AdamW")
 
 
+def _on(plan: Plan, n: int) -> str:
+    """'dgx-h100 (8 GPUs)', 'dgx-h100 (first 8 GPUs)', '8x H100-80GB-SXM', 'local (2
+    CPU ranks)': the cluster and how many of its GPUs the plan uses, once."""
+    cpu = all(g.device.vendor == "cpu" for g in plan.cluster.node_groups)
+    count = f"{n} CPU rank{'s' if n != 1 else ''}" if cpu else count_gpus(n)
+    name = plan.cluster.name
+    if name.endswith(f"(first {count_gpus(n)})") or name.startswith(f"{n}x "):
+        return name
+    return f"{name} ({count})"
+
+
 def _figure(value: float, decimals: int) -> str:
     """`value` with `decimals` decimals and thousands separators, or to 3 significant
     digits where those decimals would show fewer (0.076 tokens/s printed as 0)."""
@@ -349,7 +360,7 @@ def summary(plan: Plan, layout: str, r: SimResult) -> str:
     fit = ("fits" if r.fits else
            f"DOES NOT FIT: short by {m.shortfall_bytes / GIB:.1f} GiB per rank on stage {worst.stage}")
     lines = [
-        f"{plan.model.name} on {plan.cluster.name} ({r.num_gpus} GPUs)",
+        f"{plan.model.name} on {_on(plan, r.num_gpus)}",
         f"  {layout}",
         f"iteration   {total:.4g} s   ({r.method})",
         f"throughput  {_figure(r.tokens_per_s, 0)} tokens/s, "

@@ -54,13 +54,23 @@ from profiler.devices import LinkKind, NcclTuning, link_kind, nccl_tuning
 from profiler.schema import cached_hash
 from profiler.store import Profiles, crowd_variant
 
-__all__ = ["ALGORITHMS", "COMM_SOURCE", "PROTOCOLS", "Choice", "Tier", "clear_comm_caches",
+__all__ = ["ALGORITHMS", "COMM_SOURCE", "CPU_COMM_SOURCE", "PROTOCOLS", "Choice", "Tier", "clear_comm_caches",
            "Transfer", "collective_choices", "collective_time_s", "dispatch_time_s", "group_domains",
            "group_ranks", "group_tiers", "holders_reached", "measured_collective_s",
            "measured_crowd"]
 
 COMM_SOURCE = ("NCCL's cost model (2.20.3: ring/tree, LL/LL128/Simple) over the cluster's links "
                "(profiler/data/nccl.yaml, links.yaml)")
+# CPU ranks talk over gloo on their host: the same ring model over the loopback link
+CPU_COMM_SOURCE = ("gloo between CPU ranks on one host, as a ring over the loopback link "
+                   "(profiler/data/links.yaml: 300 us a step; the CPU entry's 2 GB/s, "
+                   "profiler/data/devices.yaml)")
+
+
+def comm_source(on_cpu: bool) -> str:
+    """What prices collectives that no profile measured: NCCL's model, or gloo's on CPU
+    ranks."""
+    return CPU_COMM_SOURCE if on_cpu else COMM_SOURCE
 ALGORITHMS = ("ring", "tree", "nvls")
 PROTOCOLS = ("ll", "ll128", "simple")
 _US = 1e-6

@@ -21,11 +21,11 @@ from functools import cache
 from typing import Any, Generic, TypeVar
 
 from planner.costs.comm import (
-    COMM_SOURCE,
     Tier,
     Transfer,
     clear_comm_caches,
     collective_time_s,
+    comm_source,
     dispatch_time_s,
     group_ranks,
     group_tiers,
@@ -1489,12 +1489,13 @@ def _comm_source(cluster: ClusterSpec, specs: Sequence[tuple[StageSpec, ...]],
                                        for r in profile.collective_rows):
             used.setdefault(profile.collective_path or profile.path, set()).add(
                 tiers[0].fanout)
+    rest = comm_source(any(g.device.vendor == "cpu" for g in cluster.node_groups))
     if not used:
-        return COMM_SOURCE
+        return rest
     parts = [f"measured collective profile {path} (groups of {', '.join(map(str, sorted(n)))} "
              "ranks in a node; at sizes it did not measure, the model scaled by its nearest "
              "measurement)" for path, n in sorted(used.items())]
-    return "; ".join(parts) + f"; {COMM_SOURCE} for the rest"
+    return "; ".join(parts) + f"; {rest} for the rest"
 
 
 _PRECISION = {
@@ -1521,7 +1522,7 @@ def cost_sources(plan: Plan, profiles: Profiles | None) -> dict[str, str]:
         triton = any(stage_attention(plan, s) == Attention.FLASH_TRITON
                      for p in plan.pipelines for s in p.stages)
         compute = ANALYTIC_SOURCE + (f"; {TRITON_FLASH_SOURCE}" if triton else "")
-        return {"compute": compute, **extra, "communication": COMM_SOURCE,
+        return {"compute": compute, **extra, "communication": comm_source(on_cpu),
                 "host": host_source(profiles, set(), on_cpu=on_cpu)}
     priced = plan_costs(plan, profiles)
     uses: list[tuple[Profile | None, Op]] = []

@@ -202,8 +202,9 @@ def _footer(result: SearchResult, req: SearchRequest, flagged: bool) -> list[str
     if flagged:
         lines.append(f"! less than the {req.memory_headroom_bytes / GIB:.1f} GiB of free "
                      "memory asked for (--memory-headroom): it may run out of memory")
-    lines += wrapped(f"searched {result.num_candidates:,} candidates on {result.num_layouts} "
-                     f"layouts ({result.num_fitting:,} fit) in {result.elapsed_s:.1f} s; one "
+    layouts = f"{result.num_layouts} layout{'s' if result.num_layouts != 1 else ''}"
+    lines += wrapped(f"searched {result.num_candidates:,} candidates on {layouts} "
+                     f"({result.num_fitting:,} fit) in {result.elapsed_s:.1f} s; one "
                      "row per layout, ranked by event simulation")
     for b in _baselines(result, req):
         if b["iteration_time_s"] is None:

@@ -228,7 +228,9 @@ def test_the_cluster_file_must_hold_the_gpus_the_plan_ran_on(plan_a, tmp_path, c
 def test_the_way_on_is_plan_run_only_where_the_executor_runs_the_new_plan():
     """A Megatron-searched MoE plan at tp 2 (experts at tp 2) was written with 'resume the
     run with: plan run --plan ...', which then refused it (the executor keeps experts
-    whole); replan said nothing of the framework it searched for."""
+    whole); replan said nothing of the framework it searched for. A Megatron-searched
+    plan the executor runs was told only 'plan run ... --resume', which reads the
+    executor's checkpoints, not those of the Megatron run it most likely was."""
     from planner.commands.replan import resume_command
 
     moe = homogeneous_plan(preset("mixtral-8x7b"), parse_gpus_arg("H100-80GB-SXM:16"),
@@ -236,9 +238,18 @@ def test_the_way_on_is_plan_run_only_where_the_executor_runs_the_new_plan():
                                           sequence_parallel=True))
     assert resume_command(moe, "megatron", "b.yaml").startswith(
         "plan export b.yaml --format megatron, from the run's checkpoints")
-    dense = homogeneous_plan(preset("debug-tiny"), _cpu_nodes(1), ParallelConfig(
-        dp=2, mbs=1, gbs=8, seq_len=32, dtype="fp32"))
+    dense = homogeneous_plan(preset("debug-tiny"), parse_gpus_arg("H100-80GB-SXM:8"),
+                             ParallelConfig(dp=8, mbs=1, gbs=8, seq_len=32))
+    # a Megatron run wrote Megatron's checkpoints: its own files first, then the executor
     assert resume_command(dense, "megatron", "b.yaml") == (
+        "plan export b.yaml --format megatron, from the run's checkpoints as megatron "
+        "resumes; a run of this project's executor: plan run --plan b.yaml "
+        "--checkpoint-dir DIR --resume")
+    assert resume_command(dense, "trainplan", "b.yaml") == (
+        "plan run --plan b.yaml --checkpoint-dir DIR --resume")
+    cpu = homogeneous_plan(preset("debug-tiny"), _cpu_nodes(1), ParallelConfig(
+        dp=2, mbs=1, gbs=8, seq_len=32, dtype="fp32"))  # only the executor runs CPU ranks
+    assert resume_command(cpu, "megatron", "b.yaml") == (
         "plan run --plan b.yaml --checkpoint-dir DIR --resume")
 
 

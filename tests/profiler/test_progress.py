@@ -70,3 +70,26 @@ def test_the_cli_silences_progress_for_json(capsys):
     assert main(["search", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8", "--gbs",
                  "16", "--json"]) == 0
     assert progress._silenced and capsys.readouterr().err == ""
+
+
+def test_a_terminal_without_a_width_still_gets_a_bar():
+    """A pty that reports 0 x 0 (CI's, editors') drew nothing: tqdm's dynamic width was 0
+    (CLI audit, 2026-12-06)."""
+    import os
+    import select
+
+    master, slave = os.openpty()  # a new pty reports no size
+    try:
+        with open(slave, "w", closefd=False) as stream:
+            assert stream.isatty() and os.get_terminal_size(slave).columns == 0
+            bar = ProgressBar(20, title="ops", unit="ops", stream=stream)
+            bar(20, "op20")
+            bar._bar.refresh()
+            stream.flush()
+            ready, _, _ = select.select([master], [], [], 2.0)
+            drawn = os.read(master, 4096).decode() if ready else ""
+            bar.close()
+        assert "20/20 ops" in drawn and "op20" in drawn
+    finally:
+        os.close(master)
+        os.close(slave)

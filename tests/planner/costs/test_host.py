@@ -898,3 +898,17 @@ def test_dtensor_time_measured_off_the_cpu_loads_no_core(tmp_path):
     dp = _plan(dp=2, gbs=16)
     assert simulate(dp, profiles=with_rows).iteration_time_s == \
         simulate(dp, profiles=without).iteration_time_s
+
+
+def test_cpu_ranks_collectives_are_credited_to_gloo(tmp_path):
+    """CPU ranks talk over gloo on loopback; their unmeasured collectives were credited to
+    "NCCL's cost model (2.20.3 ...)" (CLI audit, 2026-12-06)."""
+    from planner.costs.comm import COMM_SOURCE, CPU_COMM_SOURCE
+
+    plan = _plan(dp=2, gbs=16)
+    assert cost_sources(plan, None)["communication"] == CPU_COMM_SOURCE
+    assert cost_sources(plan, _profiles(tmp_path, _collectives()))["communication"].endswith(
+        f"; {CPU_COMM_SOURCE} for the rest")
+    gpus = homogeneous_plan(preset("debug-small"), parse_gpus_arg("A100-80GB-SXM:8"),
+                            ParallelConfig(tp=1, pp=1, dp=8, mbs=1, gbs=8, seq_len=64))
+    assert cost_sources(gpus, None)["communication"] == COMM_SOURCE
