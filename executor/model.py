@@ -77,12 +77,14 @@ class Attention(nn.Module):
         self.gqa = spec.kv_heads != spec.num_heads
         self.recompute_core = recompute_core
         self.rope = spec.position_embedding == "rope"
+        self.rope_theta = spec.rope_theta
         self._rope_tables: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _rotation(self, s: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (s, str(device))
         if key not in self._rope_tables:
-            self._rope_tables[key] = rope_tables(s, self.head_dim, device=device)
+            self._rope_tables[key] = rope_tables(s, self.head_dim, device=device,
+                                                 base=self.rope_theta)
         return self._rope_tables[key]
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

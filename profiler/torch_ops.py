@@ -57,10 +57,11 @@ def sdpa_backend(name: str) -> object:
     return table[name]
 
 
-def rope_tables(seq_len: int, head_dim: int, *, device: torch.device | str = "cpu"
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, each [s, d/2] (Su et al. 2021)."""
-    inv_freq = ROPE_BASE ** (-torch.arange(0, head_dim, 2, device=device) / head_dim)
+def rope_tables(seq_len: int, head_dim: int, *, device: torch.device | str = "cpu",
+                base: float = ROPE_BASE) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, each [s, d/2] (Su et al. 2021; `base`: the model's
+    `rope_theta`)."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=device) / head_dim)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
 

@@ -81,6 +81,10 @@ def megatron_args(plan: Plan) -> list[str]:
     args.append("--position-embedding-type "
                 + {"rope": "rope", "learned": "learned_absolute"}.get(m.position_embedding,
                                                                      m.position_embedding))
+    if m.position_embedding == "rope":
+        # always written (Megatron-LM's default is 10000; Llama 3's is 500000): an integer
+        # argument (arguments.py: --rotary-base, type=int)
+        args.append(f"--rotary-base {round(m.rope_theta)}")
     if not m.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     # The planner prices linear layers without biases (ModelSpec counts none); Megatron adds
@@ -218,6 +222,10 @@ _MEGATRON_LIST_FLAGS = ("--recompute-modules ",)
 
 def _megatron(plan: Plan) -> Export:
     issues = unsupported(plan, CAPABILITIES["megatron"])
+    m = plan.model
+    if m.position_embedding == "rope" and not float(m.rope_theta).is_integer():
+        issues.append(f"rope_theta {m.rope_theta:g}: Megatron-LM's --rotary-base takes an "
+                      "integer")
     # a flag and its value, quoted; a flag taking a list (argparse nargs) gets each item
     lines = [shlex.join(a.split(" ") if a.startswith(_MEGATRON_LIST_FLAGS) else a.split(" ", 1))
              for a in megatron_args(plan)]
@@ -325,6 +333,12 @@ def _titan_flavor(model: ModelSpec) -> tuple[str, str] | None:
     return flavor if same else None
 
 
+def _titan_rope(model: ModelSpec) -> str:
+    """The RoPE base a registered model must have (its model args' rope_theta)."""
+    return (f", rope_theta {model.rope_theta:g}" if model.position_embedding == "rope"
+            else "")
+
+
 def _torchtitan(plan: Plan) -> Export:
     issues = unsupported(plan, CAPABILITIES["torchtitan"])
     s, sh, tr = plan_shape(plan), plan.sharding, plan.training
@@ -345,7 +359,8 @@ def _torchtitan(plan: Plan) -> Export:
     lines += ([f'name = "{model[0]}"', f'flavor = "{model[1]}"'] if model else
               [f"# {plan.model.name}{other}: set name and flavor to a registered model of "
                "this shape "
-               f"({plan.model.num_layers} layers, hidden {plan.model.hidden_size}{mla}{geglu})"])
+               f"({plan.model.num_layers} layers, hidden {plan.model.hidden_size}{mla}{geglu}"
+               f"{_titan_rope(plan.model)})"])
     lines += [
         "", "[training]",
         # with pp > 1 a replica's batch is one step split into micro-batches; without,

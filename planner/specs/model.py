@@ -20,7 +20,9 @@ from profiler.schema import (
     spec_field,
 )
 
-__all__ = ["ModelSpec", "load_model", "model_presets", "preset"]
+__all__ = ["ROPE_THETA", "ModelSpec", "load_model", "model_presets", "preset"]
+
+ROPE_THETA = 10_000.0  # RoPE's base frequency (Su et al. 2021, RoFormer, eq. 15)
 
 
 @cached_hash
@@ -49,6 +51,10 @@ class ModelSpec:
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     tied_embeddings: bool = False
     position_embedding: Literal["learned", "rope", "alibi"] = "rope"
+    rope_theta: float = spec_field(
+        default=ROPE_THETA, min=1, max=1e9,
+        help="RoPE's base frequency (Su et al. 2021: 10000; Llama 3: 500000; Mixtral, "
+        "Qwen3: 1000000); Megatron's --rotary-base")
     # Megatron-LM's default (attention and hidden dropout 0.1); Llama-style presets set false.
     dropout: bool = spec_field(default=True, help="dropout on attention probs and outputs")
     lm_head: bool = spec_field(default=True, help="false: no output projection, the loss "
@@ -137,6 +143,9 @@ class ModelSpec:
         """RoPE rotates pairs of a head's dimensions (Su et al. 2021, eq. 34): the rotated
         width is even (MLA's decoupled rotary key: qk_rope_head_dim)."""
         if self.position_embedding != "rope":
+            if self.rope_theta != ROPE_THETA:
+                fail(at(where, "rope_theta"), self.rope_theta, "applies only to "
+                     "position_embedding: rope")
             return
         if self.is_mla:
             if self.qk_rope_head_dim is not None and self.qk_rope_head_dim % 2:

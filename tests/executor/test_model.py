@@ -107,3 +107,17 @@ def test_the_gated_mlps_compute_their_unit():
         outs[act] = mlp(x)
         torch.testing.assert_close(outs[act], (f(gate) * up) @ mlp.fc2.weight.T)
     assert not torch.allclose(outs["swiglu"], outs["geglu"])
+
+
+def test_the_model_rotates_with_its_rope_base():
+    """The executor rotated every rope model with base 10000, Llama 3's (500,000) too."""
+    spec = SPECS[1]
+    tokens, targets = synthetic_batch(spec, batch_size=2, seq_len=16)
+    losses = [GPT(dataclasses.replace(spec, rope_theta=theta), seed=0)(tokens, targets).item()
+              for theta in (10_000.0, 500_000.0)]
+    assert losses[0] != losses[1]
+    from profiler.torch_ops import rope_tables
+
+    attention = GPT(dataclasses.replace(spec, rope_theta=500_000.0)).blocks["0"].attn
+    cos, _ = attention._rotation(16, torch.device("cpu"))
+    torch.testing.assert_close(cos, rope_tables(16, spec.head_dim, base=500_000.0)[0])

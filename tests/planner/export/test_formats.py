@@ -280,3 +280,25 @@ def test_capacity_routing_is_refused_where_the_framework_routes_dropless():
     with pytest.raises(SpecError, match="padded to capacity .* not in trainplan"):
         check_framework("trainplan", padded, "bf16")
     check_framework("megatron", padded, "bf16")
+
+
+def test_megatron_gets_the_models_rope_base():
+    """Llama 3 rotates with base 500,000 (Llama 3 Herd §3.2), Mixtral and Qwen3 with
+    1,000,000 (their config.json): the export wrote no --rotary-base, so Megatron-LM
+    trained with its default 10,000, another model than the plan's (CLI audit,
+    2026-12-06). torchtitan's comment for a model it has no flavor of names it too."""
+    def rotary(name, **kw):
+        cfg = {"tp": 8, "pp": 1, "dp": 1, "mbs": 1, "gbs": 8, "seq_len": 2048, **kw}
+        plan = homogeneous_plan(preset(name), parse_gpus_arg("H100-80GB-SXM:8"),
+                                ParallelConfig(**cfg))
+        args = export_plan(plan, "megatron").text.replace("\\\n", " ").split()
+        return dict(zip(args, args[1:], strict=False)).get("--rotary-base"), plan
+
+    assert rotary("llama3-8b")[0] == "500000"
+    assert rotary("llama2-7b")[0] == "10000"
+    assert rotary("gpt3-1.3b", tp=1, dp=8)[0] is None  # learned positions
+    _, qwen = rotary("qwen3-30b-a3b", tp=1, dp=8, ep=8)
+    assert ", rope_theta 1e+06)" in export_plan(qwen, "torchtitan").text
+    odd = dataclasses.replace(qwen, model=dataclasses.replace(qwen.model, rope_theta=1e4 + 0.5))
+    assert "rope_theta 10000.5: Megatron-LM's --rotary-base takes an integer" in (
+        export_plan(odd, "megatron").unsupported)

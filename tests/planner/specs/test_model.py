@@ -282,3 +282,20 @@ def test_tied_embeddings_need_an_output_layer():
     with pytest.raises(SpecError, match=r"m.tied_embeddings: true is not allowed \(needs "
                                         r"lm_head: true"):
         dataclasses.replace(gpt, lm_head=False).check("m")
+
+
+def test_rope_theta_is_the_published_base_and_only_for_rope(tmp_path):
+    """RoPE's base frequency (Su et al. 2021: 10000; Llama 3 Herd §3.2: 500,000; Mixtral
+    and Qwen3 config.json: 1,000,000)."""
+    assert preset("llama2-7b").rope_theta == 10_000
+    assert preset("llama3-70b").rope_theta == 500_000
+    assert preset("mixtral-8x7b").rope_theta == preset("qwen3-235b-a22b").rope_theta == 1e6
+    f = tmp_path / "m.yaml"
+    base = "name: m\nnum_layers: 1\nhidden_size: 8\nnum_heads: 2\nffn_hidden_size: 8\n" \
+           "vocab_size: 8\nseq_len: 4\n"
+    f.write_text(base + "rope_theta: 500000\n")
+    assert load_model(str(f)).rope_theta == 500_000
+    f.write_text(base + "position_embedding: learned\nrope_theta: 500000\n")
+    with pytest.raises(SpecError, match=r"m.yaml:rope_theta: 500000(\.0)? is not allowed "
+                                        r"\(applies only to position_embedding: rope\)"):
+        load_model(str(f))
