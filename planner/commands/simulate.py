@@ -33,7 +33,7 @@ from planner.predict.results import SimResult
 from planner.search.search import check_framework
 from planner.simulator import simulate_detailed, write_gantt, write_trace
 from planner.specs.choices import EpLayout, Recompute, Schedule, ShardingPreset, values
-from planner.specs.cluster import count_gpus, train_dtype
+from planner.specs.cluster import ClusterSpec, count_gpus, train_dtype
 from planner.specs.layout import (
     ParallelConfig,
     check_parallel,
@@ -221,8 +221,12 @@ def run(args: argparse.Namespace) -> int:
                 fail(f"--{flag.replace('_', '-')}", getattr(args, flag),
                      f"only for mixture-of-experts models ({model.name} has no experts)")
     cfg = config_from_args(args, model)
+    taken = None
     if args.cluster is not None:  # a configuration may use the first part of a larger cluster
+        whole = cluster
         cluster = cluster.take(cfg.num_gpus)
+        if cluster.num_gpus < whole.num_gpus:
+            taken = _taken_note(whole, cluster)
     cfg = replace(cfg, dtype=train_dtype((g.device for g in cluster.node_groups), args.dtype,
                                          where="--dtype"))
     caps = None
@@ -254,7 +258,17 @@ def run(args: argparse.Namespace) -> int:
         print("plan simulate: note: --sequence-parallel does nothing at --tp 1 (it splits "
               "the tensor-parallel group's norms and dropout along the sequence): left off",
               file=sys.stderr)
+    if taken:  # which GPUs the layout takes of a larger cluster was said nowhere
+        print(f"plan simulate: note: {taken}; training in {cfg.dtype}", file=sys.stderr)
     return _simulate_plan(args, plan, profiles=profiles, layout=_cfg_layout(plan, cfg))
+
+
+def _taken_note(whole: ClusterSpec, part: ClusterSpec) -> str:
+    """Which GPUs of `whole` a layout of `part.num_gpus` runs on (its node groups in the
+    file's order), and that the rest idle."""
+    groups = ", ".join(f"{g.num_gpus} {g.gpu} of group {g.name!r}" for g in part.node_groups)
+    return (f"the layout's {count_gpus(part.num_gpus)} are the first of --cluster's "
+            f"{whole.num_gpus} ({groups}; the rest idle: plan search uses them all)")
 
 
 def _simulate_plan(args: argparse.Namespace, plan: Plan, *, profiles: Profiles | None = None,

@@ -6,7 +6,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from planner.costs.memory import StageMemory
-from planner.costs.workload import hardware_flops_per_token, model_flops_per_token
+from planner.costs.workload import (
+    attention_core_flops_per_token,
+    hardware_flops_per_token,
+    model_flops_per_token,
+)
 from planner.specs.choices import DType
 from planner.specs.plan import Plan
 from profiler.analytic import math_dtype
@@ -137,4 +141,16 @@ def make_result(plan: Plan, *, method: str, iteration_s: float, breakdown: Break
         tflops_per_gpu_model=model_flops / iteration_s / num_gpus / 1e12,
         tflops_per_gpu_hw=hw_flops / iteration_s / num_gpus / 1e12,
         mfu=model_flops / iteration_s / peak, num_gpus=num_gpus, breakdown=breakdown,
-        stages=stages, sources=sources)
+        stages=stages, sources={**sources, "flops": flops_source(plan)})
+
+
+def flops_source(plan: Plan) -> str:
+    """How the FLOP/s and MFU count: Megatron-LM's formula, whose attention term counts
+    the causal mask's half that fused kernels skip (at long sequences a large part)."""
+    model, seq = plan.model, plan.training.seq_len
+    share = (3 * model.num_layers * attention_core_flops_per_token(model, seq)
+             / model_flops_per_token(model, seq))
+    return ("Megatron-LM's count (Narayanan et al. 2021: 6 FLOPs a parameter and token plus "
+            "attention; hardware FLOP/s add recomputation), attention's scores and context "
+            f"counted unmasked: {share:.0%} of the count here, half of which causal fused "
+            "kernels skip")

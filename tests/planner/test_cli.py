@@ -434,3 +434,19 @@ def test_simulate_names_the_gpus_it_runs_on_once(where, first, capsys):
                            "--mbs", "1", "--gbs", "4", "--seq", "32"], capsys)
     assert code == 0, err
     assert out.startswith("debug-tiny on local-cpu (2 CPU ranks)\n")
+
+
+def test_simulate_says_which_gpus_of_a_larger_cluster_it_takes(capsys):
+    """On three-types.yaml a 32-GPU layout silently ran on the H100 group alone, in bf16
+    where the whole cluster's default is fp16 (CLI audit, 2026-12-06)."""
+    code, out, err = _run(["simulate", "--model", "llama2-13b", "--cluster",
+                           "cluster_specs/three-types.yaml", "--tp", "2", "--pp", "2", "--dp",
+                           "8", "--mbs", "1", "--gbs", "160"], capsys)
+    assert code == 0, err
+    assert err == ("plan simulate: note: the layout's 32 GPUs are the first of --cluster's 160 "
+                   "(32 H100-80GB-SXM of group 'h100'; the rest idle: plan search uses them "
+                   "all); training in bf16\n")
+    code, out, err = _run(["simulate", "--model", "llama2-13b", "--cluster",
+                           "cluster_specs/dgx-h100.yaml", "--tp", "8", "--pp", "4", "--dp",
+                           "32", "--mbs", "1", "--gbs", "256"], capsys)
+    assert code == 0 and err == ""  # the whole cluster: nothing to say
