@@ -33,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "Exits 2, naming each setting, when the framework cannot express the "
                        "plan exactly.")
     p.add_argument("plan", type=path_arg, metavar="PLAN", help="a Plan file (.yaml/.json)")
-    p.add_argument("--format", choices=(*sorted(FORMATS), *LAUNCH_FORMATS), required=True)
+    p.add_argument("--format", choices=(*sorted(FORMATS), *LAUNCH_FORMATS), required=True,
+                   help="a framework's own terms, or launch files for --framework")
     p.add_argument("--framework", choices=FRAMEWORKS,
                    help="with --format slurm|kubernetes: what the nodes run (default trainplan, "
                    "this project's executor)")

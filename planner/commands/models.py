@@ -18,7 +18,7 @@ def _count(n: float) -> str:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the model presets")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the presets as JSON")
 
 
 def _moe(m: ModelSpec) -> str:

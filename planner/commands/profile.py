@@ -69,11 +69,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     verbs = prof.add_subparsers(dest="profile_command", required=True, parser_class=Parser)
     _add_measure(verbs)
     show = verbs.add_parser("show", help="achieved FLOP/s and bandwidth per op")
-    show.add_argument("file", type=path_arg, metavar="FILE")
+    show.add_argument("file", type=path_arg, metavar="FILE",
+                      help="a profile (.csv or .parquet) that plan profile measure wrote")
     show.add_argument("--plot", type=path_arg, metavar="PNG", help="also draw them")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help="print the rows as JSON")
     fit = verbs.add_parser("fit", help="fit the analytic model of the profiled GPU type")
-    fit.add_argument("file", type=path_arg, metavar="FILE")
+    fit.add_argument("file", type=path_arg, metavar="FILE",
+                     help="a profile (.csv or .parquet) that plan profile measure wrote")
     fit.add_argument("--iterations", type=int_in(1, 1_000_000), default=400, metavar="N",
                      help="Nelder-Mead evaluations (default 400)")
     fit.add_argument("-o", "--output", type=path_arg, metavar="FILE", help="write the GPU type with the "
@@ -102,7 +104,8 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
                    "(default: all the device supports; those torch cannot run are skipped)")
     m.add_argument("--optimizer", type=name_list, default=("fused", "foreach", "for_loop"),
                    metavar="K,K", help="AdamW implementations (default fused,foreach,for_loop)")
-    m.add_argument("--sequence-parallel", action="store_true")
+    m.add_argument("--sequence-parallel", action="store_true",
+                   help="time the layer ops as sequence parallelism splits them")
     m.add_argument("--threads", type=int_in(1, 1024), default=1, metavar="N",
                    help="torch threads (default 1: one CPU rank is one core)")
     m.add_argument("--warmup", type=int_in(0, 100_000), default=3, metavar="N",

@@ -51,8 +51,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="training dtype (default: bf16 where every GPU type has it, else fp16; "
                    "a framework that plans each type alone: one some type has)")
     p.add_argument("--objective", choices=OBJECTIVES,
-                   default="throughput", help="what to optimise (throughput plans on every "
-                   "GPU; cost and time-to-train may use fewer: whole nodes in powers of two, "
+                   default="throughput", help="what to optimise (throughput plans on all "
+                   "the GPUs of each type a plan uses: each type alone, and mixed plans of "
+                   "several, so a row may leave a type idle (its GPUs column; the notes say "
+                   "why of the best); cost and time-to-train may use fewer: whole nodes in "
+                   "powers of two, "
                    "the node counts between that take more data parallelism of the batch, "
                    "then halves of a node)")
     p.add_argument("--tokens", type=tokens_arg, metavar="N", help="tokens to train on (for "
@@ -60,7 +63,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-budget", type=budget_arg, metavar="USD", help="cap on the run's cost")
     p.add_argument("--top", type=int_in(1, 1000), default=5, metavar="K",
                    help="plans to list (default 5)")
-    p.add_argument("--attention", choices=values(Attention))
+    p.add_argument("--attention", choices=values(Attention),
+                   help="attention kernel every plan uses (default: the fastest each GPU type "
+                   "runs, or that a --profile measured); the framework must run it "
+                   "(flash_triton: plan simulate only)")
     add_framework_arg(p)
     p.add_argument("--profile", type=path_arg, metavar="FILE|DIR", action="append",
                    help="measured profile (`plan profile`: .csv or .parquet), or a folder of "

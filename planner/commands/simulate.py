@@ -93,7 +93,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="sequence length (default: the model's)")
     sim.add_argument("--recompute", choices=values(Recompute),
                      help="activation recomputation (default none)")
-    sim.add_argument("--sequence-parallel", action="store_true")
+    sim.add_argument("--sequence-parallel", action="store_true",
+                     help="Megatron's sequence parallelism: the tp group's norms and dropout "
+                     "split along the sequence (all-gather / reduce-scatter for all-reduce)")
     sim.add_argument("--ep-layout", choices=values(EpLayout),
                      help="which ranks an ep group is: folded (default; Megatron-Core: a "
                      "replica's tp / etp ranks, then the next replica's) or data_parallel (one "

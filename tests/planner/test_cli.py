@@ -450,3 +450,21 @@ def test_simulate_says_which_gpus_of_a_larger_cluster_it_takes(capsys):
                            "cluster_specs/dgx-h100.yaml", "--tp", "8", "--pp", "4", "--dp",
                            "32", "--mbs", "1", "--gbs", "256"], capsys)
     assert code == 0 and err == ""  # the whole cluster: nothing to say
+
+
+def test_every_option_of_every_command_has_help():
+    """`search --attention`, `simulate --sequence-parallel`, `models --json`, the profile
+    commands' FILE had none (CLI audit, 2026-12-06)."""
+    import argparse
+
+    from planner.cli import build_parser
+
+    def bare(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from bare(sub, f"{path} {name}")
+            elif not isinstance(action, argparse._HelpAction) and not action.help:
+                yield f"{path} {'/'.join(action.option_strings) or action.dest}"
+
+    assert list(bare(build_parser(), "plan")) == []
