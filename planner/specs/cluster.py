@@ -438,6 +438,9 @@ def load_cluster(path: str, *, catalog: dict[str, DeviceSpec] | None = None) -> 
         raise SpecError(f"{path}: a plan file is not allowed here (a cluster file has "
                         "`name` and `node_groups`: the plan's `cluster:` section is one; "
                         "a plan goes to --plan)")
+    if isinstance(raw, Mapping) and "num_layers" in raw and "node_groups" not in raw:
+        raise SpecError(f"{path}: a model file is not allowed here (a cluster file has "
+                        "`name` and `node_groups`; a model goes to --model-file)")
     if catalog and isinstance(raw, Mapping):
         raw = _with_catalog_devices(raw, catalog)
     return parse(ClusterSpec, raw, where=f"{path}:").resolved(f"{path}:")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
@@ -396,4 +397,12 @@ def preset(name: str, *, where: str = "model") -> ModelSpec:
 
 def load_model(path: str) -> ModelSpec:
     """A ModelSpec from a YAML file; errors name the file and the field."""
-    return parse(ModelSpec, load_yaml(path), where=f"{path}:")
+    raw = load_yaml(path)
+    if isinstance(raw, Mapping) and "num_layers" not in raw:  # another kind of file
+        kind = ("a plan file" if {"cluster", "pipelines"} <= raw.keys() else
+                "a cluster file" if "node_groups" in raw else None)
+        if kind is not None:
+            raise SpecError(f"{path}: {kind} is not allowed here (a model file has `name`, "
+                            "`num_layers`, `hidden_size` and the other ModelSpec fields: "
+                            "a plan's `model:` section is one)")
+    return parse(ModelSpec, raw, where=f"{path}:")

@@ -231,6 +231,13 @@ def test_the_alias_bomb_in_bounded_memory(tmp_path):
     (["simulate", "--plan", "{cluster}"], "a cluster file is not allowed here (a plan file has"),
     (["export", "{cluster}", "--format", "megatron"], "a cluster file is not allowed here"),
     (["gpus", "--catalog", "{cluster}"], "'a cluster file' is not allowed (a catalog file"),
+    # a model file named a cluster's `description` ("unknown field; known: ..." of 32
+    # names); a cluster flag a model's (CLI audit, 2026-12-06)
+    (["search", "--model-file", "{cluster}", "--gpus", "CPU:1", "--gbs", "1"],
+     "a cluster file is not allowed here (a model file has `name`, `num_layers`"),
+    (["search", "--model", "debug-tiny", "--cluster", "{model}", "--gbs", "1"],
+     "a model file is not allowed here (a cluster file has `name` and `node_groups`; a model "
+     "goes to --model-file)"),
     (["simulate", "--model", "debug-tiny", "--gpus", "CPU:1", "--tp", "1", "--pp", "1", "--dp",
       "1", "--mbs", "1", "--gbs", "1", "--profile", "{cluster}"],
      "is not allowed (a trainplan profile"),
@@ -241,5 +248,8 @@ def test_a_file_of_another_kind_says_what_it_is(tmp_path, capsys, argv, needle):
     version (sweep of 2026-12-03)."""
     cluster = tmp_path / "two.yaml"
     cluster.write_text("name: two\nnode_groups:\n  - {name: a, gpu: CPU, num_nodes: 1}\n")
-    code, out, err = _call([a.format(cluster=cluster) for a in argv], capsys)
+    model = tmp_path / "m.yaml"
+    model.write_text("name: m\nnum_layers: 1\nhidden_size: 8\nnum_heads: 2\n"
+                     "ffn_hidden_size: 8\nvocab_size: 8\nseq_len: 4\n")
+    code, out, err = _call([a.format(cluster=cluster, model=model) for a in argv], capsys)
     assert code == 2 and needle in err and err.count("\n") == 1, err
