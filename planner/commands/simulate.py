@@ -225,6 +225,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, model)
     taken = None
     if args.cluster is not None:  # a configuration may use the first part of a larger cluster
+        if cfg.num_gpus <= cluster.num_gpus and (
+                problem := cluster.take_problem(cfg.num_gpus)) is not None:
+            # the layout's flags are what to change, not the cluster (it blamed --cluster)
+            fail("--dp", cfg.dp, f"tp*pp*dp*cp = {cfg.tp}*{cfg.pp}*{cfg.dp}*{cfg.cp}: "
+                 f"{problem} of --cluster {cluster.name!r}")
         whole = cluster
         cluster = cluster.take(cfg.num_gpus)
         if cluster.num_gpus < whole.num_gpus:

@@ -318,15 +318,14 @@ class ClusterSpec:
                            nvlink_domain_gpus=num_gpus)
             return replace(self, name=f"{self.name} (first {count_gpus(num_gpus)})",
                            node_groups=(part,), island_links=())
+        if (problem := self.take_problem(num_gpus)) is not None:
+            fail(where, self.name, problem)
         groups, left = [], num_gpus
         for g in self.node_groups:
             if left == 0:
                 break
             assert g.gpus_per_node is not None, "resolve the cluster first"
-            nodes, rest = divmod(min(left, g.num_gpus), g.gpus_per_node)
-            if rest:
-                fail(where, self.name, f"{num_gpus} GPUs do not fill whole nodes of "
-                     f"{g.gpus_per_node} GPUs in group {g.name!r}")
+            nodes = min(left, g.num_gpus) // g.gpus_per_node
             groups.append(replace(g, num_nodes=nodes))
             left -= nodes * g.gpus_per_node
         if num_gpus == self.num_gpus:
@@ -335,6 +334,25 @@ class ClusterSpec:
         links = tuple(k for k in self.island_links if set(k.islands) <= islands)
         return replace(self, name=f"{self.name} (first {count_gpus(num_gpus)})",
                        node_groups=tuple(groups), island_links=links)
+
+    def take_problem(self, num_gpus: int) -> str | None:
+        """Why the first `num_gpus` GPUs are not whole nodes (or part of the first node);
+        None where they are (`take`)."""
+        first = self.node_groups[0]
+        assert first.gpus_per_node is not None, "resolve the cluster first"
+        if num_gpus < first.gpus_per_node:
+            return None
+        left = num_gpus
+        for g in self.node_groups:
+            if left == 0:
+                break
+            assert g.gpus_per_node is not None, "resolve the cluster first"
+            nodes, rest = divmod(min(left, g.num_gpus), g.gpus_per_node)
+            if rest:
+                return (f"{num_gpus} GPUs do not fill whole nodes of {g.gpus_per_node} GPUs "
+                        f"in group {g.name!r}")
+            left -= nodes * g.gpus_per_node
+        return None
 
     def group_of(self, gpu_index: int) -> NodeGroup:
         """The node group holding the cluster's GPU `gpu_index` (global order, `slots`)."""

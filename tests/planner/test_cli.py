@@ -468,3 +468,14 @@ def test_every_option_of_every_command_has_help():
                 yield f"{path} {'/'.join(action.option_strings) or action.dest}"
 
     assert list(bare(build_parser(), "plan")) == []
+
+
+def test_a_layout_that_is_not_whole_nodes_of_a_cluster_names_the_layout(capsys):
+    """It blamed --cluster ("'dgx-h100' is not allowed (12 GPUs do not fill whole
+    nodes ...)") where the layout's flags are what to change (CLI audit, 2026-12-06)."""
+    code, _, err = _run(["simulate", "--model", "llama2-7b", "--cluster",
+                         "cluster_specs/dgx-h100.yaml", "--tp", "2", "--pp", "2", "--dp", "3",
+                         "--mbs", "1", "--gbs", "60"], capsys)
+    assert code == 2 and err == (
+        "plan simulate: error: --dp: 3 is not allowed (tp*pp*dp*cp = 2*2*3*1: 12 GPUs do not "
+        "fill whole nodes of 8 GPUs in group 'dgx-h100' of --cluster 'dgx-h100')\n")
