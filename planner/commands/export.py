@@ -18,7 +18,7 @@ from planner.export.formats import FORMATS, export_plan
 from planner.export.frameworks import CAPABILITIES, FRAMEWORKS, unsupported
 from planner.outputs import check_distinct, check_output_file, write_text
 from planner.specs.plan import Plan, load_plan, plan_to_dict
-from profiler.schema import fail
+from profiler.schema import SpecError, fail
 
 __all__ = ["add_parser", "run"]
 
@@ -88,6 +88,14 @@ def _approximate(plan: Plan, framework: str) -> Plan | None:
     return approx
 
 
+def _nearest_refused(plan: Plan, framework: str) -> bool:
+    """Whether the framework cannot express the nearest plan either."""
+    try:
+        return bool(_issues(nearest(plan, CAPABILITIES[framework])[0], framework))
+    except SpecError:  # --approximate says why
+        return False
+
+
 def _issues(plan: Plan, framework: str) -> list[str]:
     if framework in FORMATS:
         return list(export_plan(plan, framework).unsupported)
@@ -123,8 +131,15 @@ def run(args: argparse.Namespace) -> int:
     issues = _issues(plan, framework)
     if issues and not args.approximate:
         _refuse(framework, issues, what="this plan")
-        print("plan export: nothing written; --approximate writes the nearest plan it "
-              "expresses", file=sys.stderr)
+        # --approximate only where its nearest plan is one the framework expresses (it
+        # was suggested for mixed GPU types too, and then refused)
+        if _nearest_refused(plan, framework):
+            print(f"plan export: nothing written; --approximate cannot help (no plan near "
+                  f"it is one {framework} expresses): plan search --framework {framework} "
+                  "finds one", file=sys.stderr)
+        else:
+            print("plan export: nothing written; --approximate writes the nearest plan it "
+                  "expresses", file=sys.stderr)
         return 2
     if issues:
         approx = _approximate(plan, framework)

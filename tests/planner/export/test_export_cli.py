@@ -63,6 +63,8 @@ def test_amsp_plan_is_refused_by_megatron_naming_the_sharding(tmp_path, capsys):
                               "-o", str(tmp_path / "args.sh")], capsys)
     assert code == 2 and out == ""
     assert "sharding P/G/OS 1/4/64 over dp 64" in err
+    assert err.endswith("plan export: nothing written; --approximate writes the nearest plan "
+                        "it expresses\n")
     assert not (tmp_path / "args.sh").exists()
 
 
@@ -133,6 +135,11 @@ def test_mixed_plan_is_refused_by_the_frameworks_and_not_approximated(tmp_path, 
         assert code == 2 and out == "", fmt
         assert "mixed GPU types A100-80GB-SXM, V100-32GB-SXM2" in err
         assert "unequal micro-batches per replica" in err
+        # without --approximate it was suggested, to be refused in turn (CLI audit)
+        code, out, err = run_cli(["export", path, "--format", fmt], capsys)
+        assert code == 2 and err.endswith(
+            f"plan export: nothing written; --approximate cannot help (no plan near it is one "
+            f"{fmt} expresses): plan search --framework {fmt} finds one\n"), err
     assert unsupported(mixed_plan(), CAPABILITIES["trainplan"]) == []
 
 
