@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from planner.commands.args import (
     add_cluster_args,
@@ -24,8 +25,9 @@ from planner.outputs import PLAN_SUFFIXES, check_distinct, check_output_file
 from planner.search import SearchRequest, search
 from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES, check_headroom, search_dtype
 from planner.search.show import search_json, search_table
-from planner.specs.choices import values
-from planner.specs.plan import TRAIN_DTYPES, save_plan
+from planner.specs.choices import DType, values
+from planner.specs.cluster import runs_dtype
+from planner.specs.plan import TRAIN_DTYPES, Plan, save_plan
 from profiler.kernels import Attention
 from profiler.schema import one_line
 
@@ -106,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
                         "memory_headroom_bytes": int(req.memory_headroom_bytes)})
         return 1
     best = result.ranked[0]
+    if args.dtype is None and (note := _default_dtype_note(req, best.plan)):
+        result = replace(result, notes=[*result.notes, note])
     if args.output:
         save_plan(with_prediction(best.plan, best.result, command=["plan", *args.argv],
                                   profiles=profiles), args.output)
@@ -114,3 +118,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(search_table(result, req, wide=args.wide))
     return 0
+
+
+def _default_dtype_note(req: SearchRequest, best: Plan) -> str | None:
+    """Why the default dtype is fp16 where the best plan's GPU types all run bf16: another
+    type of the cluster has none (the default is one every type runs), which a user reading
+    a plan of H100s in fp16 would not guess."""
+    if req.dtype != DType.FP16 or DType.BF16 not in req.capabilities.dtypes_for(req.model):
+        return None
+    used = sorted(best.gpu_types)
+    lacking = sorted(g.gpu for g in req.cluster.node_groups
+                     if not runs_dtype(g.device, DType.BF16))
+    if not lacking or not all(runs_dtype(req.cluster.device_of(t), DType.BF16) for t in used):
+        return None
+    names = list(dict.fromkeys(lacking))
+    return (f"fp16 because {', '.join(names)} {'has' if len(names) == 1 else 'have'} no bf16 "
+            "(the default is a "
+            f"dtype every GPU type runs); the best plan uses only {', '.join(used)}, which "
+            "run bf16: --dtype bf16 plans them in it")

@@ -153,4 +153,5 @@ def flops_source(plan: Plan) -> str:
     return ("Megatron-LM's count (Narayanan et al. 2021: 6 FLOPs a parameter and token plus "
             "attention; hardware FLOP/s add recomputation), attention's scores and context "
             f"counted unmasked: {share:.0%} of the count here, half of which causal fused "
-            "kernels skip")
+            f"kernels skip; MFU over the summed {mfu_dtype(plan.training.dtype)} peak of the "
+            "GPUs the plan uses")

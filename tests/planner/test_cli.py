@@ -479,3 +479,21 @@ def test_a_layout_that_is_not_whole_nodes_of_a_cluster_names_the_layout(capsys):
     assert code == 2 and err == (
         "plan simulate: error: --dp: 3 is not allowed (tp*pp*dp*cp = 2*2*3*1: 12 GPUs do not "
         "fill whole nodes of 8 GPUs in group 'dgx-h100' of --cluster 'dgx-h100')\n")
+
+
+def test_search_says_why_its_default_dtype_is_fp16_for_a_plan_of_bf16_gpus(tmp_path, capsys):
+    """On an H100 + V100 cluster the default dtype is fp16 (V100s have no bf16); the best
+    plan, on the H100s alone, was listed in fp16 without a word (CLI audit, 2026-12-06)."""
+    cluster = tmp_path / "hv.yaml"
+    cluster.write_text("name: hv\nnode_groups:\n  - {name: h, gpu: H100-80GB-SXM, num_nodes: 1}"
+                       "\n  - {name: v, gpu: V100-32GB-SXM2, num_nodes: 1}\n")
+    argv = ["search", "--model", "gpt3-1.3b", "--cluster", str(cluster), "--gbs", "32", "--json"]
+    code, out, err = _run(argv, capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["plans"][0]["gpu_types"] == {"H100-80GB-SXM": 8}
+    assert ("fp16 because V100-32GB-SXM2 has no bf16 (the default is a dtype every GPU type "
+            "runs); the best plan uses only H100-80GB-SXM, which run bf16: --dtype bf16 plans "
+            "them in it") in result["notes"]
+    code, out, err = _run(argv + ["--dtype", "fp16"], capsys)  # asked for: nothing to say
+    assert code == 0 and not any(n.startswith("fp16 because") for n in json.loads(out)["notes"])
