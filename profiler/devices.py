@@ -344,10 +344,19 @@ def load_catalog(path: str) -> dict[str, DeviceSpec]:
                      "names it too (names are compared without case)")
         shipped = _by_lower()  # an entry names a shipped type in any case
         raw = {(spec.name if (spec := shipped.get(str(name).lower())) else name):
-               (_merged(_fields(spec), entry) if spec is not None and isinstance(entry, Mapping)
-                else entry)
+               (_merged(_fields(spec), _sourced(entry, spec, path))
+                if spec is not None and isinstance(entry, Mapping) else entry)
                for name, entry in raw.items()}
     return parse_catalog(raw, where=f"{path}:")
+
+
+def _sourced(entry: Mapping, shipped: DeviceSpec, path: str) -> Mapping:
+    """An override of a shipped entry that names its changes as its source (it kept the
+    datasheet's, so `plan gpus` and the sources credited the file's numbers to it)."""
+    if "source" in entry:
+        return entry
+    changed = ", ".join(str(k) for k in entry)
+    return {**entry, "source": f"{path}: {changed} overridden; otherwise {shipped.source}"}
 
 
 def _merged(shipped: dict, entry: Mapping) -> dict:

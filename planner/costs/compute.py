@@ -77,16 +77,20 @@ def calibration_source(devices: Iterable[DeviceSpec]) -> str:
             shipped = device(dev.name) == dev
         except SpecError:
             shipped = False
+        # a type a catalog or cluster file defines or changes: its peaks and memory are
+        # the file's, not the datasheet's (the sources said "datasheet peak" of them)
+        own = "" if shipped else f" (its numbers from the user's file: {dev.source})"
         if dev.efficiency is not None:
             parts.append(f"{dev.name}: its own parameters, "
                          + ("fitted to Zorse's measured layer times (docs/calibration.md, "
-                            '"Zorse")' if shipped else "from the catalog file"))
+                            '"Zorse")' if shipped else "from the catalog file") + own)
         elif dev.arch in ARCH_CALIBRATION:
-            parts.append(f"{dev.name}: {dev.arch}'s parameters, {ARCH_CALIBRATION[dev.arch]}")
+            parts.append(f"{dev.name}: {dev.arch}'s parameters, {ARCH_CALIBRATION[dev.arch]}"
+                         + own)
         else:
             parts.append(f"{dev.name}: {dev.arch}'s parameters, NOT calibrated against any "
                          "measurement (the nearest calibrated generation's starting values: "
-                         "measure a profile with `plan profile` to replace them)")
+                         "measure a profile with `plan profile` to replace them)" + own)
     return "; ".join(parts)
 
 

@@ -150,3 +150,20 @@ def test_a_measurement_carried_to_other_sizes_never_passes_the_gpus_peak(tmp_pat
             * ComputeCosts(h100, "bf16").time_s(big)
         assert big.flops / uncapped > peak  # what the scaling alone would price
         assert costs.time_s(big) == pytest.approx(big.flops / peak)
+
+
+def test_a_users_numbers_are_credited_to_the_users_file(tmp_path):
+    """A --catalog override (A100-80GB-SXM: {memory_gib: 40}) kept the datasheet as its
+    source, and the sources line credited its numbers to it (CLI audit, 2026-12-06)."""
+    from planner.costs.compute import calibration_source
+    from profiler.devices import load_catalog
+
+    path = tmp_path / "cat.yaml"
+    path.write_text("A100-80GB-SXM: {memory_gib: 40}\n")
+    a100 = load_catalog(str(path))["A100-80GB-SXM"]
+    assert a100.memory_gib == 40
+    assert a100.source.startswith(f"{path}: memory_gib overridden; otherwise NVIDIA A100")
+    assert f"(its numbers from the user's file: {path}: memory_gib overridden" in (
+        calibration_source([a100]))
+    path.write_text("A100-80GB-SXM: {memory_gib: 40, source: our 40 GB parts}\n")
+    assert load_catalog(str(path))["A100-80GB-SXM"].source == "our 40 GB parts"
