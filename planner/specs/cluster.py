@@ -22,11 +22,12 @@ from planner.specs.limits import MAX_GPUS
 from profiler.devices import NIC_KINDS, DeviceSpec, device
 from profiler.schema import SpecError, at, cached_hash, dump, fail, load_yaml, parse, spec_field
 
-__all__ = ["TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup", "by_name",
+__all__ = ["NIC_GBIT_RANGE", "TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup", "by_name",
            "check_train_dtype", "homogeneous_cluster", "runs_dtype", "train_dtype", "load_cluster",
            "parse_gpus_arg"]
 
 TRAIN_DTYPES = values(DType)  # what a model trains in (Plan.training.dtype)
+NIC_GBIT_RANGE = (0.1, 100_000.0)  # a NIC's bandwidth, Gb/s (NodeGroup.nic_bandwidth_gbit_per_s)
 LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "pcie-host", "loopback"]
 NicName = Literal["infiniband", "roce", "ethernet"]
 
@@ -53,7 +54,8 @@ class NodeGroup:
         default=None, min=0.1, max=100_000, help="per GPU, per direction; 0.1 to 100,000")
     nic: NicName | None = None
     nics_per_node: int | None = spec_field(default=None, min=1, max=64)
-    nic_bandwidth_gbit_per_s: float | None = spec_field(default=None, min=0.1, max=100_000,
+    nic_bandwidth_gbit_per_s: float | None = spec_field(default=None, min=NIC_GBIT_RANGE[0],
+                                                        max=NIC_GBIT_RANGE[1],
                                                         help="per NIC; 0.1 to 100,000")
     nvlink_domain_gpus: int | None = spec_field(
         default=None, min=1, max=65_536, help="GPUs of consecutive nodes sharing one NVLink "

@@ -34,7 +34,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from planner.specs.cluster import ClusterSpec, IslandLink, NodeGroup, by_name
+from planner.specs.cluster import NIC_GBIT_RANGE, ClusterSpec, IslandLink, NodeGroup, by_name
 from planner.specs.limits import MAX_GPUS, MAX_TOKENS
 from planner.specs.model import ModelSpec, preset
 from profiler.devices import DeviceSpec, device
@@ -282,6 +282,15 @@ def _scale_nic(s: Setting, what: str, factor: str) -> Setting:
            if what.lower() in (g.name.lower(), g.gpu.lower())]  # as `price` and `swap` take it
     if not hit:
         fail("scale-nic", what, "a node group name or GPU type of the cluster")
+    # the NIC's bounds (NodeGroup.nic_bandwidth_gbit_per_s) as a bound on the factor: the
+    # message named the cluster's field path and the product, not the factor
+    low, high = NIC_GBIT_RANGE
+    fastest = max(g.nic_bandwidth_gbit_per_s or 0.0 for g in hit)
+    slowest = min(g.nic_bandwidth_gbit_per_s or high for g in hit)
+    if f * fastest > high or f * slowest < low:
+        rates = f"{slowest:g}" if slowest == fastest else f"{slowest:g} to {fastest:g}"
+        fail("scale-nic factor", factor, f"{low / slowest:g} to {high / fastest:g} here: a NIC "
+             f"runs {low:g} to {high:,g} Gb/s, {what}'s {rates} Gb/s")
     groups = tuple(replace(g, nic_bandwidth_gbit_per_s=g.nic_bandwidth_gbit_per_s * f)  # type: ignore[operator]  # resolved clusters have NIC bandwidths
                    if g in hit else g for g in s.cluster.node_groups)
     return _with_groups(s, groups)

@@ -129,8 +129,10 @@ def test_model_and_tokens() -> None:
     # ten digits were refused as "not a positive whole number" (audit of 2026-12-06)
     ("add H100-80GB-SXM 1000000000", ["count", "at most 131,072, the most GPUs"]),
     ("remove A100-80GB-SXM " + "9" * 5000, ["count", "at most 131,072"]),
-    ("scale-nic a100 1e300", ["nic_bandwidth_gbit_per_s", "must be ≤ 100,000"]),
-    ("scale-nic a100 1e-300", ["nic_bandwidth_gbit_per_s", "must be ≥ 0.1"]),
+    # the factor's own bounds: it named the cluster's field path and the product
+    ("scale-nic a100 1e300", ["scale-nic factor: '1e300' is not allowed (0.0005 to 500 here: "
+                              "a NIC runs 0.1 to 100,000 Gb/s, a100's 200 Gb/s)"]),
+    ("scale-nic a100 1e-300", ["scale-nic factor: '1e-300'", "0.0005 to 500 here"]),
     ("price A100-80GB-SXM 1e9", ["price_per_gpu_hour_usd", "must be ≤ 10,000"]),
 ])
 def test_bad_scenarios_are_one_line_errors(text: str, words: list[str]) -> None:
