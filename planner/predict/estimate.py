@@ -143,10 +143,11 @@ def receives_s(costs: Sequence[StageCost], stage: int, vp: int) -> float:
     return 2 * costs[stage - 1].p2p_s
 
 
-def _work_s(c: StageCost, pp: int, vp: int, receives: float = 0.0) -> float:
+def _work_s(c: StageCost, pp: int, vp: int, receives: float = 0.0, zb: bool = False
+            ) -> float:
     """One micro-batch's work on a stage: its passes (`_busy_s`) and their host calls;
     a micro-batch takes that and the transfers the stage waits for (`sends_s`)."""
-    return _busy_s(c, vp, receives) + pass_host_s(c, pp, vp)
+    return _busy_s(c, vp, receives, zb) + pass_host_s(c, pp, vp)
 
 
 def pass_host_s(c: StageCost, pp: int, vp: int) -> float:
@@ -161,39 +162,54 @@ def pass_host_s(c: StageCost, pp: int, vp: int) -> float:
     return (vp - 1) * c.runner.total_s + calls
 
 
-def _busy_s(c: StageCost, vp: int, receives: float = 0.0) -> float:
+def _busy_s(c: StageCost, vp: int, receives: float = 0.0, zb: bool = False) -> float:
     """One micro-batch's work on a stage: compute, its collectives, blocking receives, the
     ZeRO-3 parameter gathers its compute cannot hide (the first unit of each pass, and
     what a gather-bound pass waits for), and sharded-gradient reduce-scatters: all of each
     where the framework runs them in line, else what outlasts the next micro-batch
-    (`grad_paced_s`)."""
-    span = _unpaced_s(c, vp, receives)
-    return span + _paced_s(c, span)
+    (`grad_paced_s`). `zb`: ZB-H1, whose B and W are passes of their own."""
+    span = _unpaced_s(c, vp, receives, zb)
+    return max(span + _paced_s(c, span), _gather_stream_s(c))
 
 
-def _unpaced_s(c: StageCost, vp: int, receives: float) -> float:
+def _unpaced_s(c: StageCost, vp: int, receives: float, zb: bool = False) -> float:
     """`_busy_s` without the reduce-scatters: the time from one micro-batch's gradients to
     the next's on the stage."""
     return (c.forward_s + c.backward_s + receives + _gathers_s(c, vp, c.forward.compute_s)
-            + _gathers_s(c, vp, c.backward.compute_s))
+            + _gathers_s(c, vp, _gathered_backward_s(c, zb)))
+
+
+def _gathered_backward_s(c: StageCost, zb: bool) -> float:
+    """The compute a backward's parameter gathers run under: under ZB-H1 B's alone (W is a
+    pass of its own, after them: `simulator.build._gathers` of the B part), else the
+    whole backward. With B's: gpt3-scale ZeRO-3 on L40S at pp 2, trainplan, ZB-H1, was
+    estimated 7.8% fast (its B waited 102 ms a micro-batch, priced 5)."""
+    return c.backward.compute_s - (c.weight_grad.compute_s if zb else 0.0)
 
 
 def _gathers_s(c: StageCost, vp: int, compute_s: float) -> float:
-    """What a pass of `compute_s` waits for ZeRO-3 parameter gathers. With prefetch the
-    first unit's gather runs a pass ahead on the gather stream and the rest under the
-    units' compute (`simulator.build._gathers`), so from one pass to the next the stage
-    waits only where the stream, which carries every unit's gather, outlasts the compute:
-    a pass lasts the longer of its compute and its gathers (it was priced with the first
-    unit's gather and the stall beyond it, a unit's compute or gather too long a pass:
-    mpt-7b on 16 L40S at ZeRO-3, pp 4, FSDP2, 8.5% slower than simulated). Without
-    prefetch each gather is issued and waited for in turn: the first one's and every
-    other's (`gather_stall_s`)."""
+    """What a pass of `compute_s` waits for its ZeRO-3 parameter gathers, as the simulator
+    prices each pass (`simulator.build._gathers`): with prefetch the first unit's gather
+    runs a pass ahead and the rest under the units' compute, so the pass waits where a unit
+    gathers slower than one computes (`gather_stall_s`, per model chunk); without prefetch
+    each gather is issued and waited for in turn, the first one's too. The gather stream
+    carries every unit's gather of every pass: where passes follow back to back it sets
+    the pace (`_gather_stream_s`, in `_busy_s`); where something runs between them (an
+    in-line reduce-scatter) it gathers the next pass's units meanwhile. (A pass priced at
+    the stream's pace, units x gather - compute, was 2.5% slow beside trainplan's in-line
+    reduce-scatters: gpt3-1.3b on 16 L40S at ZeRO-3, pp 2, ZB-H1.)"""
     if not c.dp.gather_units:
         return 0.0
-    if c.dp.prefetch >= 1:
-        return max(0.0, c.dp.gather_units * c.dp.gather_unit_s - compute_s)
-    return c.dp.gather_unit_s + vp * gather_stall_s(c.dp, compute_s / vp,
-                                                    c.dp.gather_units / vp)
+    stall = vp * gather_stall_s(c.dp, compute_s / vp, c.dp.gather_units / vp)
+    return stall if c.dp.prefetch >= 1 else c.dp.gather_unit_s + stall
+
+
+def _gather_stream_s(c: StageCost) -> float:
+    """A micro-batch's work on the prefetching gather stream: every unit gathered for the
+    forward and again for the backward (the simulator gathers for every pass but W)."""
+    if not c.dp.gather_units or c.dp.prefetch < 1:
+        return 0.0
+    return 2 * c.dp.gather_units * c.dp.gather_unit_s
 
 
 def _paced_s(c: StageCost, span_s: float) -> float:
@@ -202,7 +218,8 @@ def _paced_s(c: StageCost, span_s: float) -> float:
     return max(0.0, c.dp.grad_microbatch_s - span_s)
 
 
-def grad_paced_s(c: StageCost, vp: int = 1, receives: float = 0.0) -> float:
+def grad_paced_s(c: StageCost, vp: int = 1, receives: float = 0.0, zb: bool = False
+                 ) -> float:
     """What a micro-batch's sharded-gradient reduce-scatter adds to its stage's next
     micro-batch: all of it where the framework does not overlap its reduction
     (`Communication.overlap_grad_reduce`: in line), else what outlasts that micro-batch
@@ -211,7 +228,7 @@ def grad_paced_s(c: StageCost, vp: int = 1, receives: float = 0.0) -> float:
     goes with the final reduction into the stage's tail (as the simulator folds it into
     the gradient sync, `simulator.build`), so a pipeline's path counts m - 1 of these,
     and the fill a stage passes on none."""
-    return _paced_s(c, _unpaced_s(c, vp, receives))
+    return _paced_s(c, _unpaced_s(c, vp, receives, zb))
 
 
 def _backlog_s(c: StageCost, m: int, schedule: Schedule, vp: int) -> float:
@@ -225,7 +242,8 @@ def _backlog_s(c: StageCost, m: int, schedule: Schedule, vp: int) -> float:
     if schedule == Schedule.GPIPE:
         gap = 0.0
     elif schedule == Schedule.ZB_H1:
-        gap = forward + c.backward_s - c.weight_grad_s + _gathers_s(c, vp, c.backward.compute_s)
+        gap = (forward + c.backward_s - c.weight_grad_s
+               + _gathers_s(c, vp, _gathered_backward_s(c, True)))
     else:
         gap = forward
     return max(0.0, c.dp.grad_microbatch_s - gap)
@@ -265,10 +283,11 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
         costs, m, vp, Schedule(schedule), flushes, reduced)
     after = end - pipe_s  # what sticks out after the pipeline drains
     opt_s = min(opt_s, after)
-    c = costs[slow]
+    c, zb = costs[slow], Schedule(schedule).splits_backward
     work = c.forward + c.backward
     host = pass_host_s(c, pp, vp)
-    sends = sends_s(c, pp, vp, _busy_s(c, vp, keys[slow][1]) + host, keys[slow][2]) + keys[slow][1]
+    sends = (sends_s(c, pp, vp, _busy_s(c, vp, keys[slow][1], zb) + host, keys[slow][2])
+             + keys[slow][1])
     # interleaved: the fill's transfers up to the critical stage that its own link's
     # waits do not cover (`_paths`)
     fill = max(0.0, sum(_fill_hops_s(d, vp) for d in costs[:slow]) - m * sends)
@@ -280,7 +299,7 @@ def pipeline_time(costs: Sequence[StageCost], *, num_microbatches: int, virtual_
         "ep": m * work.ep_s,
         "pp": m * sends + fill,
         "dp": (after - opt_s + m * (times[slow] - work.total_s - host - sends)
-               - grad_paced_s(c, vp, keys[slow][1])),
+               - grad_paced_s(c, vp, keys[slow][1], zb)),
         "opt": opt_s,
     }
     parts["bubble"] = end - sum(parts.values())
@@ -306,7 +325,7 @@ def _pipeline_end(costs: Sequence[StageCost], m: int, vp: int, schedule: Schedul
     slow = max(range(len(costs)), key=paths.__getitem__)
     # the schedules before the last, each with its last micro-batch's reduce-scatter (only
     # the iteration's last goes into the tail: `grad_paced_s`)
-    lead = (flushes - 1) * (paths[slow] + grad_paced_s(costs[slow], vp, keys[slow][1]))
+    lead = (flushes - 1) * (paths[slow] + grad_paced_s(costs[slow], vp, keys[slow][1], zb))
     pipe_s = lead + paths[slow]
     end, opt_s, drain = pipe_s, 0.0, 0.0
     w0 = memo[keys[0]][4]
@@ -377,7 +396,7 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
     priced: dict[tuple[int, float], float] = {}  # `_work_s` of each distinct stage
     for c, r in zip(costs, receives, strict=True):
         if (id(c), r) not in priced:
-            priced[(id(c), r)] = _work_s(c, pp, vp, r)
+            priced[(id(c), r)] = _work_s(c, pp, vp, r, zb)
     work = [priced[(id(c), r)] for c, r in zip(costs, receives, strict=True)]
     steady = vp == 1 and schedule != Schedule.GPIPE and not costs[0].p2p_blocking
     lap_b = sum(c.backward_s / vp + c.p2p_s for c in costs) if vp > 1 else 0.0
@@ -385,7 +404,7 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
             for s, (c, r) in enumerate(zip(costs, receives, strict=True))]
     for c, key, busy in zip(costs, keys, work, strict=True):
         if key not in memo:
-            paced[key] = grad_paced_s(c, vp, key[1])
+            paced[key] = grad_paced_s(c, vp, key[1], zb)
             w = c.weight_grad_s if zb else 0.0
             # with the last micro-batch's reduce-scatter (`grad_paced_s`)
             last_grads = c.dp.grad_iteration_s + c.dp.grad_microbatch_s
