@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from planner.specs.choices import DType, values
+from planner.specs.files import refuse_other_kind
 from planner.specs.limits import MAX_GPUS
 from profiler.devices import NIC_KINDS, DeviceSpec, device
 from profiler.schema import SpecError, at, cached_hash, dump, fail, load_yaml, parse, spec_field
@@ -454,13 +455,8 @@ def load_cluster(path: str, *, catalog: dict[str, DeviceSpec] | None = None) -> 
     """A ClusterSpec from YAML, with the catalog's defaults filled in (`catalog`: device
     types of a --catalog file, which the cluster's own `devices` override)."""
     raw = load_yaml(path)
-    if isinstance(raw, Mapping) and {"cluster", "pipelines"} <= raw.keys():
-        raise SpecError(f"{path}: a plan file is not allowed here (a cluster file has "
-                        "`name` and `node_groups`: the plan's `cluster:` section is one; "
-                        "a plan goes to --plan)")
-    if isinstance(raw, Mapping) and "num_layers" in raw and "node_groups" not in raw:
-        raise SpecError(f"{path}: a model file is not allowed here (a cluster file has "
-                        "`name` and `node_groups`; a model goes to --model-file)")
+    refuse_other_kind(raw, path, "cluster", "`name` and `node_groups`: a plan's `cluster:` "
+                      "section is one")
     if catalog and isinstance(raw, Mapping):
         raw = _with_catalog_devices(raw, catalog)
     return parse(ClusterSpec, raw, where=f"{path}:").resolved(f"{path}:")

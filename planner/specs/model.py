@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
 from typing import Literal
 
+from planner.specs.files import refuse_other_kind
 from planner.specs.limits import MAX_SEQ_LEN
 from profiler.schema import (
     SpecError,
@@ -398,11 +398,6 @@ def preset(name: str, *, where: str = "model") -> ModelSpec:
 def load_model(path: str) -> ModelSpec:
     """A ModelSpec from a YAML file; errors name the file and the field."""
     raw = load_yaml(path)
-    if isinstance(raw, Mapping) and "num_layers" not in raw:  # another kind of file
-        kind = ("a plan file" if {"cluster", "pipelines"} <= raw.keys() else
-                "a cluster file" if "node_groups" in raw else None)
-        if kind is not None:
-            raise SpecError(f"{path}: {kind} is not allowed here (a model file has `name`, "
-                            "`num_layers`, `hidden_size` and the other ModelSpec fields: "
-                            "a plan's `model:` section is one)")
+    refuse_other_kind(raw, path, "model", "`name`, `num_layers`, `hidden_size` and the other "
+                      "ModelSpec fields: a plan's `model:` section is one")
     return parse(ModelSpec, raw, where=f"{path}:")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -28,6 +27,7 @@ from planner.specs.choices import (
     Schedule,
 )
 from planner.specs.cluster import TRAIN_DTYPES, ClusterSpec, NodeGroup, check_train_dtype
+from planner.specs.files import refuse_other_kind
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN
 from planner.specs.model import ModelSpec
 from planner.specs.rules import (
@@ -651,11 +651,6 @@ def save_plan(plan: Plan, path: str) -> None:
 def load_plan(path: str) -> Plan:
     """Read a plan (YAML or JSON: JSON is YAML) and validate it."""
     raw = load_yaml(path)
-    if isinstance(raw, Mapping) and "pipelines" not in raw:  # another kind of file
-        kind = ("a cluster file" if "node_groups" in raw else
-                "a model file" if "num_layers" in raw else None)
-        if kind is not None:
-            raise SpecError(f"{path}: {kind} is not allowed here (a plan file has `model`, "
-                            "`cluster`, `training` and `pipelines`: `plan search -o` or "
-                            "`plan simulate -o` writes one)")
+    refuse_other_kind(raw, path, "plan", "`model`, `cluster`, `training` and `pipelines`: "
+                      "`plan search -o` or `plan simulate -o` writes one")
     return parse(Plan, raw, where=f"{path}:")

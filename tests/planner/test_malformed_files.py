@@ -236,8 +236,8 @@ def test_the_alias_bomb_in_bounded_memory(tmp_path):
     (["search", "--model-file", "{cluster}", "--gpus", "CPU:1", "--gbs", "1"],
      "a cluster file is not allowed here (a model file has `name`, `num_layers`"),
     (["search", "--model", "debug-tiny", "--cluster", "{model}", "--gbs", "1"],
-     "a model file is not allowed here (a cluster file has `name` and `node_groups`; a model "
-     "goes to --model-file)"),
+     "a model file is not allowed here (a cluster file has `name` and `node_groups`: a "
+     "plan's `cluster:` section is one; a model goes to --model-file)"),
     (["simulate", "--model", "debug-tiny", "--gpus", "CPU:1", "--tp", "1", "--pp", "1", "--dp",
       "1", "--mbs", "1", "--gbs", "1", "--profile", "{cluster}"],
      "is not allowed (a trainplan profile"),
