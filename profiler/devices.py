@@ -353,7 +353,7 @@ def load_catalog(path: str) -> dict[str, DeviceSpec]:
 def _sourced(entry: Mapping, shipped: DeviceSpec, path: str) -> Mapping:
     """An override of a shipped entry that names its changes as its source (it kept the
     datasheet's, so `plan gpus` and the sources credited the file's numbers to it)."""
-    if "source" in entry:
+    if "source" in entry or not entry:
         return entry
     changed = ", ".join(str(k) for k in entry)
     return {**entry, "source": f"{path}: {changed} overridden; otherwise {shipped.source}"}

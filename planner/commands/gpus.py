@@ -14,7 +14,8 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gpus", help="list the device catalog")
-    p.add_argument("--json", action="store_true", help="print the catalog as JSON (each figure's source too)")
+    p.add_argument("--json", action="store_true",
+                   help="print the catalog as JSON (each figure's source too)")
     add_catalog_arg(p)
 
 

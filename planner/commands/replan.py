@@ -207,13 +207,14 @@ def run(args: argparse.Namespace) -> int:
 
 def resume_command(new: Plan, framework: str, path: str) -> str:
     """How to go on with the new plan at `path`: `plan run ... --resume` for this
-    project's executor (and on CPU ranks); for another framework its own files from `plan export` (its run
-    wrote its own checkpoints), and `plan run` as well where the executor runs the layout
-    (a run of a plan searched for another framework may have been the executor's)."""
+    project's executor (and on CPU ranks, which only it runs); for another framework its
+    own files from `plan export` (its run wrote its own checkpoints), and `plan run` as
+    well where the executor runs the layout (a run of a plan searched for another
+    framework may have been the executor's)."""
     own = f"plan run --plan {path} --checkpoint-dir DIR --resume"
     if framework == "trainplan" or all(g.device.vendor == "cpu"
                                        for g in new.cluster.node_groups):
-        return own  # (on CPU ranks only the executor runs)
+        return own
     export = (f"plan export {path} --format {framework}, from the run's checkpoints as "
               f"{framework} resumes")
     if unsupported(new, CAPABILITIES["trainplan"], communication=False):

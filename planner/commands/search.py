@@ -132,7 +132,7 @@ def _default_dtype_note(req: SearchRequest, best: Plan) -> str | None:
     if not lacking or not all(runs_dtype(req.cluster.device_of(t), DType.BF16) for t in used):
         return None
     names = list(dict.fromkeys(lacking))
-    return (f"fp16 because {', '.join(names)} {'has' if len(names) == 1 else 'have'} no bf16 "
-            "(the default is a "
-            f"dtype every GPU type runs); the best plan uses only {', '.join(used)}, which "
-            "run bf16: --dtype bf16 plans them in it")
+    have = "has" if len(names) == 1 else "have"
+    return (f"fp16 because {', '.join(names)} {have} no bf16 (the default is a dtype every "
+            f"GPU type runs); the best plan uses only {', '.join(used)}, which run bf16: "
+            "--dtype bf16 plans them in it")

@@ -54,8 +54,8 @@ from profiler.devices import LinkKind, NcclTuning, link_kind, nccl_tuning
 from profiler.schema import cached_hash
 from profiler.store import Profiles, crowd_variant
 
-__all__ = ["ALGORITHMS", "COMM_SOURCE", "CPU_COMM_SOURCE", "PROTOCOLS", "Choice", "Tier", "clear_comm_caches",
-           "Transfer", "collective_choices", "collective_time_s", "dispatch_time_s", "group_domains",
+__all__ = ["ALGORITHMS", "COMM_SOURCE", "CPU_COMM_SOURCE", "PROTOCOLS", "Choice", "Tier",
+           "Transfer", "clear_comm_caches", "collective_choices", "collective_time_s", "comm_source", "dispatch_time_s", "group_domains",
            "group_ranks", "group_tiers", "holders_reached", "measured_collective_s",
            "measured_crowd"]
 
@@ -66,14 +66,15 @@ CPU_COMM_SOURCE = ("gloo between CPU ranks on one host, as a ring over the loopb
                    "(profiler/data/links.yaml: 300 us a step; the CPU entry's 2 GB/s, "
                    "profiler/data/devices.yaml)")
 
+ALGORITHMS = ("ring", "tree", "nvls")
+PROTOCOLS = ("ll", "ll128", "simple")
+_US = 1e-6
+
 
 def comm_source(on_cpu: bool) -> str:
     """What prices collectives that no profile measured: NCCL's model, or gloo's on CPU
     ranks."""
     return CPU_COMM_SOURCE if on_cpu else COMM_SOURCE
-ALGORITHMS = ("ring", "tree", "nvls")
-PROTOCOLS = ("ll", "ll128", "simple")
-_US = 1e-6
 _GB = 1e9
 
 

@@ -163,11 +163,11 @@ def pass_host_s(c: StageCost, pp: int, vp: int) -> float:
 
 
 def _busy_s(c: StageCost, vp: int, receives: float = 0.0, zb: bool = False) -> float:
-    """One micro-batch's work on a stage: compute, its collectives, blocking receives, the
-    ZeRO-3 parameter gathers its compute cannot hide (the first unit of each pass, and
-    what a gather-bound pass waits for), and sharded-gradient reduce-scatters: all of each
-    where the framework runs them in line, else what outlasts the next micro-batch
-    (`grad_paced_s`). `zb`: ZB-H1, whose B and W are passes of their own."""
+    """One micro-batch's work on a stage: compute, its collectives, blocking receives, what
+    each pass waits for its ZeRO-3 parameter gathers (`_gathers_s`), and sharded-gradient
+    reduce-scatters: all of each where the framework runs them in line, else what outlasts
+    the next micro-batch (`grad_paced_s`); no less than the gather stream's work
+    (`_gather_stream_s`). `zb`: ZB-H1, whose B and W are passes of their own."""
     span = _unpaced_s(c, vp, receives, zb)
     return max(span + _paced_s(c, span), _gather_stream_s(c))
 
@@ -182,8 +182,9 @@ def _unpaced_s(c: StageCost, vp: int, receives: float, zb: bool = False) -> floa
 def _gathered_backward_s(c: StageCost, zb: bool) -> float:
     """The compute a backward's parameter gathers run under: under ZB-H1 B's alone (W is a
     pass of its own, after them: `simulator.build._gathers` of the B part), else the
-    whole backward. With B's: gpt3-scale ZeRO-3 on L40S at pp 2, trainplan, ZB-H1, was
-    estimated 7.8% fast (its B waited 102 ms a micro-batch, priced 5)."""
+    whole backward. With the whole backward, llama2-7b on 64 L40S at ZeRO-3, pp 2,
+    trainplan, ZB-H1, was estimated 7.8% fast (its B waited 102 ms a micro-batch, priced
+    5)."""
     return c.backward.compute_s - (c.weight_grad.compute_s if zb else 0.0)
 
 
@@ -742,13 +743,13 @@ def _cycle_paths(costs: Sequence[StageCost], paths: list[float], times: list[flo
                  for j, c in enumerate(costs)]
     queued_down = [max(0.0, c.p2p_s - (c.backward_s - w[k])) if k < pp - 1 else 0.0
                    for k, c in enumerate(costs)]
-    # a reduce-scatter run in line (`inline`, `_inline_s`) follows its backward (under
-    # ZB-H1 its W) while the gradient goes on: on the cycle only where the first stage
-    # runs it before its next forward (1F1B; under ZB-H1 stage 0, with its W)
     # in the steady state only: stage s's last pp - s - 1 backwards send no forward, so of
     # the m - 1 micro-batches after the first, m - pp + s queue at s
     steady = [max(0, m - pp + s) for s in range(pp)]
     links = [2 * c.p2p_s for c in costs]
+    # a reduce-scatter run in line (`inline`, `_inline_s`) follows its backward (under
+    # ZB-H1 its W) while the gradient goes on: on the cycle only where the first stage
+    # runs it before its next forward (1F1B; under ZB-H1 stage 0, with its W)
     windows = []  # (span, period, first stage, what queues in all the cycles)
     for j in range(max(0, pp - m + 1), pp - 1):
         total = (work[j] - w[j] - (inline[j] if zb else 0.0)
