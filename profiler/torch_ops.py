@@ -26,11 +26,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["IMPLS", "ROPE_BASE", "Fragment", "apply_rope", "build", "fp8_mm", "rope_tables",
+from planner.specs.model import ROPE_THETA  # RoPE's default base: the model spec's
+
+__all__ = ["IMPLS", "Fragment", "apply_rope", "build", "fp8_mm", "rope_tables",
            "sdpa_backend"]
 
 DROPOUT_P = 0.1  # Megatron-LM's attention and hidden dropout
-ROPE_BASE = 10000.0  # Su et al. 2021, as in Llama
 
 
 @dataclass
@@ -58,7 +59,7 @@ def sdpa_backend(name: str) -> object:
 
 
 def rope_tables(seq_len: int, head_dim: int, *, device: torch.device | str = "cpu",
-                base: float = ROPE_BASE) -> tuple[torch.Tensor, torch.Tensor]:
+                base: float = ROPE_THETA) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary angles, each [s, d/2] (Su et al. 2021; `base`: the model's
     `rope_theta`)."""
     inv_freq = base ** (-torch.arange(0, head_dim, 2, device=device) / head_dim)

@@ -419,21 +419,23 @@ def test_sequence_parallelism_at_tp_1_is_left_off_with_a_note(capsys):
     assert "plan simulate: note: --sequence-parallel does nothing at --tp 1" in err
 
 
-@pytest.mark.parametrize("where, first", [
-    (["--gpus", "H100-80GB-SXM:8"], "llama2-7b on 8x H100-80GB-SXM\n"),
-    (["--cluster", "cluster_specs/dgx-h100.yaml"], "llama2-7b on dgx-h100 (first 8 GPUs)\n"),
+_LLAMA_LAYOUT = ["--model", "llama2-7b", "--tp", "2", "--pp", "2", "--dp", "2", "--mbs", "1",
+                 "--gbs", "64"]
+
+
+@pytest.mark.parametrize("argv, first", [
+    (["--gpus", "H100-80GB-SXM:8", *_LLAMA_LAYOUT], "llama2-7b on 8x H100-80GB-SXM\n"),
+    (["--cluster", "cluster_specs/dgx-h100.yaml", *_LLAMA_LAYOUT],
+     "llama2-7b on dgx-h100 (first 8 GPUs)\n"),
+    (["--model", "debug-tiny", "--cluster", "cluster_specs/local-cpu.yaml", "--tp", "1",
+      "--pp", "1", "--dp", "2", "--mbs", "1", "--gbs", "4", "--seq", "32"],
+     "debug-tiny on local-cpu (2 CPU ranks)\n"),
 ])
-def test_simulate_names_the_gpus_it_runs_on_once(where, first, capsys):
+def test_simulate_names_the_gpus_it_runs_on_once(argv, first, capsys):
     """The header said '(first 8 GPUs) (8 GPUs)' and '1x CPU (1 GPUs)'."""
-    code, out, err = _run(["simulate", "--model", "llama2-7b", *where, "--tp", "2", "--pp", "2",
-                           "--dp", "2", "--mbs", "1", "--gbs", "64"], capsys)
+    code, out, err = _run(["simulate", *argv], capsys)
     assert code == 0, err
     assert out.startswith(first)
-    code, out, err = _run(["simulate", "--model", "debug-tiny", "--cluster",
-                           "cluster_specs/local-cpu.yaml", "--tp", "1", "--pp", "1", "--dp", "2",
-                           "--mbs", "1", "--gbs", "4", "--seq", "32"], capsys)
-    assert code == 0, err
-    assert out.startswith("debug-tiny on local-cpu (2 CPU ranks)\n")
 
 
 def test_simulate_says_which_gpus_of_a_larger_cluster_it_takes(capsys):
