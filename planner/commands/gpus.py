@@ -25,10 +25,11 @@ def run(args: argparse.Namespace) -> int:
         print_json({name: {k: v for k, v in dump(d).items() if k != "name"}
                     for name, d in devices.items()})
         return 0
-    print(f"{'name':16} {'memory':>9} {'bf16':>9} {'fp16':>9} {'fp32':>7} {'HBM':>9}  "
-          "standard node (TF: dense TFLOP/s; -: none)")
+    print(f"{'name':16} {'memory':>9} {'fp8':>9} {'bf16':>9} {'fp16':>9} {'tf32':>8} "
+          f"{'fp32':>7} {'HBM':>9}  standard node (TF: dense TFLOP/s; -: none)")
     for name, d in devices.items():
-        bf16, fp16 = (_tflops(d.peak_tflops.get(k)) for k in ("bf16", "fp16"))
+        fp8, bf16, fp16, tf32 = (_tflops(d.peak_tflops.get(k))
+                                 for k in ("fp8", "bf16", "fp16", "tf32"))
         n = d.node
         node = ("none (a cluster file gives its nodes)" if n is None else
                 f"{n.name}: {n.gpus_per_node} GPUs on {d.intra_node_link} "
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{n.nic_bandwidth_gbit_per_s:g} Gb/s {n.nic}"
                 + (f"; NVLink domain of {n.nvlink_domain_gpus} GPUs"
                    if n.nvlink_domain_gpus not in (None, n.gpus_per_node) else ""))
-        print(f"{name:16} {d.memory_gib:6.1f}GiB {bf16:>9} {fp16:>9} "
+        print(f"{name:16} {d.memory_gib:6.1f}GiB {fp8:>9} {bf16:>9} {fp16:>9} {tf32:>8} "
               f"{_tflops(d.peak_tflops.get('fp32')):>7} "
               f"{d.memory_bandwidth_gb_per_s:6.0f}GB/s  {node}")
     return 0

@@ -124,7 +124,7 @@ def test_a_catalog_file_overrides_an_entry_for_every_command(tmp_path, capsys):
     assert code == code2 == 0, err
     assert _iteration(slower) > 1.3 * _iteration(shipped)
     code, listing, _ = run_cli(["gpus", "--catalog", str(catalog)], capsys)
-    assert re.search(r"A100-80GB-SXM +80\.0GiB +156\.0TF +156\.0TF", listing)
+    assert re.search(r"A100-80GB-SXM +80\.0GiB +- +156\.0TF +156\.0TF +78\.0TF", listing)
 
 
 def test_a_catalog_entry_for_a_shipped_type_may_give_only_what_it_changes(tmp_path, capsys):
@@ -134,7 +134,7 @@ def test_a_catalog_entry_for_a_shipped_type_may_give_only_what_it_changes(tmp_pa
     catalog.write_text("A100-80GB-SXM: {memory_gib: 40}\n")
     code, listing, err = run_cli(["gpus", "--catalog", str(catalog)], capsys)
     assert code == 0, err
-    assert re.search(r"A100-80GB-SXM +40\.0GiB +312\.0TF +312\.0TF", listing)
+    assert re.search(r"A100-80GB-SXM +40\.0GiB +- +312\.0TF +312\.0TF +156\.0TF", listing)
     # a `name` other than the key renamed the type behind the user's back
     catalog.write_text("A100-80GB-SXM: {name: A100-RENAMED, memory_gib: 40}\n")
     code, _, err = run_cli(["gpus", "--catalog", str(catalog)], capsys)
@@ -260,13 +260,17 @@ def test_profile_fit_writes_a_catalog_file(tmp_path, capsys):
         fitted.source
 
 
-def test_the_gpus_table_shows_bf16_and_fp16_apart(capsys):
+def test_the_gpus_table_shows_each_precision_apart(capsys):
     """One 'bf16/fp16' column showed a V100's fp16 peak with no word that it has no bf16,
-    and a CPU's 0.05 TFLOP/s as 0.1."""
+    and a CPU's 0.05 TFLOP/s as 0.1; which GPUs take `--dtype fp8` or run tf32 on tensor
+    cores showed only in --json."""
     code, listing, _ = run_cli(["gpus"], capsys)
     assert code == 0
-    assert re.search(r"^V100-32GB-SXM2 +32\.0GiB +- +125\.0TF +15\.7TF", listing, re.M)
-    assert re.search(r"^CPU +\S+ +0\.05TF +0\.02TF +0\.1TF", listing, re.M)
+    assert listing.split()[:7] == ["name", "memory", "fp8", "bf16", "fp16", "tf32", "fp32"]
+    assert re.search(r"^V100-32GB-SXM2 +32\.0GiB +- +- +125\.0TF +- +15\.7TF", listing, re.M)
+    assert re.search(r"^H100-80GB-SXM +\S+ +1978\.9TF +989\.4TF +989\.4TF +494\.7TF +67\.0TF",
+                     listing, re.M)
+    assert re.search(r"^CPU +\S+ +- +0\.05TF +0\.02TF +- +0\.1TF", listing, re.M)
 
 
 def test_a_gpu_with_neither_tf32_nor_fp32_runs_no_tf32():
