@@ -114,6 +114,9 @@ class SailorCase:
     sailor_s: float  # Sailor's own simulator on the same plan
     # why the measurement cannot be of this layout ("" if it can): printed, not scored
     inconsistent: str = ""
+    # the run's logged `max_mem` (bytes; None where the row has none): the most any rank's
+    # GPU had in use after its last step (`sailor_memory` says how it was measured)
+    measured_mem_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -286,6 +289,11 @@ def _inconsistent(r: dict[str, str]) -> str:
             f"Sailor's own profile (sailor_gptneo_gh200_profile.csv)")
 
 
+def _max_mem_bytes(r: dict[str, str]) -> int | None:
+    logged = re.search(r"max_mem=(\d+) B", r["measurement_method"])
+    return int(logged.group(1)) if logged else None
+
+
 def _group(r: dict[str, str]) -> str:
     cluster = "GH200" if r["heterogeneous"] == "no" else "mixed RTX"
     return f"{cluster} {'pipelined' if int(float(r['pp'])) > 1 else 'data parallel'}"
@@ -304,7 +312,8 @@ def sailor_cases(path: str | None = None, *,
                               and "TF32" in r["dtype"],
                               measured_s=float(r["measured_iter_time_s"]),
                               sailor_s=float(r["sailor_simulator_iter_time_s"]),
-                              inconsistent=_inconsistent(r)))
+                              inconsistent=_inconsistent(r),
+                              measured_mem_bytes=_max_mem_bytes(r)))
     return out
 
 
