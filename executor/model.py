@@ -121,11 +121,11 @@ class Block(nn.Module):
     experts (rank `ep_rank` of `ep`)."""
 
     def __init__(self, spec: ModelSpec, *, backend: str, dropout_p: float,
-                 recompute: str = "none", moe: bool = False, ep: int = 1,
-                 ep_rank: int = 0) -> None:
+                 attention_dropout_p: float, recompute: str = "none", moe: bool = False,
+                 ep: int = 1, ep_rank: int = 0) -> None:
         super().__init__()
         self.norm1 = _norm(spec)
-        self.attn = Attention(spec, backend=backend, dropout_p=dropout_p,
+        self.attn = Attention(spec, backend=backend, dropout_p=attention_dropout_p,
                               recompute_core=recompute == Recompute.SELECTIVE)
         self.norm2 = _norm(spec)
         self.mlp: nn.Module = MoE(spec, ep=ep, ep_rank=ep_rank) if moe else MLP(spec)
@@ -168,7 +168,9 @@ class GPT(nn.Module):
                     if embedding and spec.position_embedding == "learned" else None)
         self.drop = nn.Dropout(dropout_p) if dropout_p else nn.Identity()
         # Keyed by global layer index: names match the whole model's `blocks.<i>.`.
+        attention_p = DROPOUT_P if spec.drops_attention else 0.0
         self.blocks = nn.ModuleDict({str(i): Block(spec, backend=attention, dropout_p=dropout_p,
+                                                   attention_dropout_p=attention_p,
                                                    recompute=recompute,
                                                    moe=spec.is_moe_layer(i), ep=ep,
                                                    ep_rank=ep_rank)

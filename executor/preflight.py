@@ -174,7 +174,7 @@ def _check_kernels(plan: Plan, kind: str, where: str) -> None:
             if attention not in SDPA_BACKENDS:
                 fail(path, attention, f"the executor runs {', '.join(sorted(SDPA_BACKENDS))} "
                      "(PyTorch's scaled_dot_product_attention backends)")
-            if attention.fused and m.dropout and kind == "cpu":
+            if attention.fused and m.drops_attention and kind == "cpu":
                 fail(path, attention, "fused attention with dropout does not run on the CPU "
                      "(use math)")
 

@@ -147,7 +147,7 @@ def kept_attention(plan: Plan, cluster: ClusterSpec) -> str | None:
     dtype, else None (each GPU type its own, as a search without --attention)."""
     try:
         default_kernels([g.device for g in cluster.node_groups], dtype=plan.training.dtype,
-                        attention=plan.kernels.attention, dropout=plan.model.dropout)
+                        attention=plan.kernels.attention, dropout=plan.model.drops_attention)
     except SpecError:
         return None
     return plan.kernels.attention

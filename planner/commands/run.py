@@ -265,7 +265,7 @@ def _search(args: argparse.Namespace) -> tuple[Plan, SimResult, str, Profiles | 
     profiles = profiles_for(args, cluster, dtype)
     req = SearchRequest(model=model, cluster=cluster, gbs=args.gbs,
                         seq_len=args.seq or model.seq_len, dtype=DType(dtype), top=SEARCH_TOP,
-                        attention="math" if cpu and model.dropout else None,
+                        attention="math" if cpu and model.drops_attention else None,
                         profiles=profiles)
     try:
         ranked = search(req).ranked

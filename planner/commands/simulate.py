@@ -244,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
                       caps.ep_layout)
     check_parallel(cfg, model, cluster)
     kernels = default_kernels([g.device for g in cluster.node_groups], dtype=cfg.dtype,
-                              attention=args.attention, dropout=model.dropout)
+                              attention=args.attention, dropout=model.drops_attention)
     if not kernels.attention.fused and cfg.cp > 1:
         fail("--attention", "math", "context parallelism needs a fused attention kernel")
     plan = with_stage_attention(homogeneous_plan(model, cluster, cfg, kernels=kernels))

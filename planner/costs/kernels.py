@@ -105,7 +105,7 @@ def fastest_kernels(plan: Plan, profiles: Profiles, *, keep_attention: bool = Fa
         return kernels
     valid = [k for k in Attention
              if all(k in supported_attention(g.device, plan.training.dtype,
-                                             dropout=plan.model.dropout)
+                                             dropout=plan.model.drops_attention)
                     for g in plan.cluster.node_groups)
              and (k.fused or all(s.cp == 1 for p in plan.pipelines for s in p.stages))]
     if not keep_attention:

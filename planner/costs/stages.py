@@ -1180,7 +1180,7 @@ def stage_attention(plan: Plan, stage: Stage) -> Attention:
     if stage.attention is not None:
         return asked
     dev = plan.group_of(stage).device
-    dropout = plan.model.dropout
+    dropout = plan.model.drops_attention
     if asked in supported_attention(dev, plan.training.dtype, dropout=dropout):
         return asked
     return attention_for(dev, plan.training.dtype, dropout=dropout)

@@ -344,7 +344,7 @@ def _attention_core(model: ModelSpec, w: WorkloadShape, heads: int) -> tuple[Op,
         probs = b * heads * s * s_kv
         ops = [_gemm("attn.scores", s, s_kv, d, elem, batch=b * heads),
                _softmax(probs, w.dtype, fused=_fused_softmax_fits(b * heads, s, s_kv))]
-        if model.dropout:
+        if model.drops_attention:
             # forward: read the scores, write them and a byte mask; backward (torch's
             # native_dropout_backward): read the gradient and the mask, write the gradient
             ops.append(_elementwise("attn.dropout", probs, elem, reads=1, writes=1.5, kernels=2,
@@ -816,7 +816,8 @@ def _saved_activation_bytes(model: ModelSpec, w: WorkloadShape, q_heads: int,
     selective = replicated + qkv + proj_in + mlp
     if not Attention(w.attention).fused:
         scores = b * q_heads * s * w.seq_len
-        core = scores * (e + mask + (e if model.dropout else 0))  # softmax out, mask, dropout out
+        drop = 1 if model.drops_attention else 0
+        core = scores * (e + drop * (1 + e))  # softmax out; with dropout its mask and output
     else:
         core = b * q_heads * s * 4  # fp32 log-sum-exp per row; the output is proj_in
     if g != e:  # the attention output is saved at full precision beside its FP8 cast

@@ -91,8 +91,10 @@ def megatron_args(plan: Plan) -> list[str]:
     # them unless told, and refuses biased experts under expert tensor parallelism
     # (TransformerConfig: "Bias in Moe is only supported when ETP==1").
     args.append("--disable-bias-linear")
+    if not m.drops_attention:
+        args.append("--attention-dropout 0")
     if not m.dropout:
-        args += ["--attention-dropout 0", "--hidden-dropout 0"]
+        args.append("--hidden-dropout 0")
     args += _megatron_pipeline(plan, s)
     if tr.sequence_parallel:
         args.append("--sequence-parallel")
@@ -317,8 +319,8 @@ _TITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B")
 
 # ModelSpec fields that are training settings, not a flavor's shape: torchtitan takes the
 # sequence from [training], has no dropout, and routes as its own MoE code does
-_NOT_SHAPE = frozenset({"seq_len", "dropout", "load_imbalance", "capacity_factor",
-                        "pad_to_capacity"})
+_NOT_SHAPE = frozenset({"seq_len", "dropout", "attention_dropout", "load_imbalance",
+                        "capacity_factor", "pad_to_capacity"})
 
 
 def _titan_flavor(model: ModelSpec) -> tuple[str, str] | None:

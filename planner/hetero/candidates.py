@@ -129,7 +129,7 @@ class Priced:
         pipelines = []
         for r, rep in enumerate(self.template.replicas):
             own = [attention_for(cluster.device_of(gpu), dtype, self.attention,
-                                 dropout=model.dropout) for gpu, _ in rep]
+                                 dropout=model.drops_attention) for gpu, _ in rep]
             stages = tuple(Stage(layers=(bounds[k], bounds[k + 1]), devices=self.devices[r][k],
                                  tp=tp, recompute=self.recompute,
                                  attention=None if own[k] == kernels.attention else own[k])
@@ -281,7 +281,7 @@ def _placed_stages(ctx: _Context, rep_slots: Sequence[Slot],
     for gpu, _ in rep_slots:
         if gpu not in kernel:
             kernel[gpu] = attention_for(ctx.cluster.device_of(gpu), ctx.dtype, ctx.attention,
-                                        dropout=ctx.model.dropout)
+                                        dropout=ctx.model.drops_attention)
     return [PlacedStage(devices=replica[k], tp=tp, cp=1, num_layers=1,
                         recompute=Recompute.NONE, attention=kernel[gpu], ep=ep)
             for k, (gpu, tp) in enumerate(rep_slots)]

@@ -368,7 +368,7 @@ def _layer_time_s(model: ModelSpec, cluster: ClusterSpec, slot: tuple[str, int],
     placed = PlacedStage(devices=tuple(range(first, first + tp)), tp=tp, cp=1, num_layers=1,
                          recompute=Recompute.NONE,
                          attention=attention_for(dev, dtype, attention,
-                                                 dropout=model.dropout), ep=ep)
+                                                 dropout=model.drops_attention), ep=ep)
     spec = StageSpec(device=dev,
                      placed=placed, index=1, pp=3, next_device=None, dp_group=(first,),
                      concurrency=tp, sharding=Sharding())

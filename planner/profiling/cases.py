@@ -50,7 +50,7 @@ def _forward_impl(model: ModelSpec, w: WorkloadShape, op: Op
     h, d = model.hidden_size, model.head_dim
     heads, kv_heads = model.num_heads // t, max(model.kv_heads // t, 1)
     attention = (b, heads, kv_heads, s, w.seq_len, d)
-    dropout = int(model.dropout)
+    dropout, attention_dropout = int(model.dropout), int(model.drops_attention)
     elements = op.shape[0] if op.shape else 0
     name = op.name
     if name in ("attn.norm", "mlp.norm", "head.norm"):
@@ -61,7 +61,7 @@ def _forward_impl(model: ModelSpec, w: WorkloadShape, op: Op
     table: dict[str, tuple[str, tuple[int, ...]]] = {
         "attn.qkv": ("qkv", (b, s, h, heads, kv_heads, d,
                              int(model.position_embedding == "rope"))),
-        "attn.core": ("sdpa", (*attention, dropout)),
+        "attn.core": ("sdpa", (*attention, attention_dropout)),
         "attn.scores": ("scores", attention),
         "attn.softmax": ("causal_softmax", (b * heads, s, w.seq_len)),
         "attn.dropout": ("dropout", (elements,)),

@@ -428,7 +428,7 @@ def _kernels(req: SearchRequest, cluster: ClusterSpec) -> Kernels:
     """The kernels every candidate on `cluster` is priced with and its Plan records: the
     calibrated default where the framework has it, else the first it has that the GPUs run."""
     devices = [g.device for g in cluster.node_groups]
-    dropout = req.model.dropout
+    dropout = req.model.drops_attention
     kernels = default_kernels(devices, dtype=req.dtype, attention=req.attention,
                               dropout=dropout)
     allowed = req.capabilities.attention

@@ -244,6 +244,6 @@ def homogeneous_plan(model: ModelSpec, cluster: ClusterSpec, cfg: ParallelConfig
                 sharding=cfg.sharding,
                 kernels=kernels or Kernels(attention=cluster.node_groups[0].device
                                            .default_attention(cfg.dtype,
-                                                              dropout=model.dropout)))
+                                                              dropout=model.drops_attention)))
     plan.check("plan")
     return plan

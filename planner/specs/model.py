@@ -57,7 +57,14 @@ class ModelSpec:
         help="RoPE's base frequency (Su et al. 2021: 10000; Llama 3: 500000; Mixtral, "
         "Qwen3: 1000000); Megatron's --rotary-base")
     # Megatron-LM's default (attention and hidden dropout 0.1); Llama-style presets set false.
-    dropout: bool = spec_field(default=True, help="dropout on attention probs and outputs")
+    dropout: bool = spec_field(default=True, help="dropout on the attention and MLP "
+                               "outputs, and on the attention probs unless "
+                               "attention_dropout says otherwise")
+    # Megatron's --attention-dropout apart from --hidden-dropout: Megatron-DeepSpeed's
+    # GPT-Neo builds its attention dropout and never applies it (gpt_neo_model.py,
+    # eth-easl/sailor's third_party copy), while keeping the residual dropouts
+    attention_dropout: bool | None = spec_field(
+        default=None, help="dropout on the attention probs; default: as dropout")
     lm_head: bool = spec_field(default=True, help="false: no output projection, the loss "
                                "runs on the final hidden states (Megatron-DeepSpeed's "
                                "GPTNeoModelPipe)")
@@ -255,6 +262,12 @@ class ModelSpec:
 
     def _mlp_params(self, ffn: int) -> int:
         return self.hidden_size * ffn * (3 if self.gated else 2)
+
+    @property
+    def drops_attention(self) -> bool:
+        """Whether the attention probs go through dropout (fused attention kernels then
+        need a dropout mode, the math path keeps a mask and the dropped probs)."""
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
 
     @property
     def kv_heads(self) -> int:

@@ -540,7 +540,7 @@ class Plan:
             for si, stage in enumerate(pipe.stages):
                 dev = self.group_of(stage).device
                 if dev.name not in kernels_of:
-                    kernels_of[dev.name] = dev.attention_in(dtype, dropout=self.model.dropout)
+                    kernels_of[dev.name] = dev.attention_in(dtype, dropout=self.model.drops_attention)
                 kernels = kernels_of[dev.name]
                 if stage.attention is not None and stage.attention not in kernels:
                     fail(at(where, f"pipelines[{pi}].stages[{si}].attention"), stage.attention,

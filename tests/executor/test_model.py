@@ -121,3 +121,15 @@ def test_the_model_rotates_with_its_rope_base():
     attention = GPT(dataclasses.replace(spec, rope_theta=500_000.0)).blocks["0"].attn
     cos, _ = attention._rotation(16, torch.device("cpu"))
     torch.testing.assert_close(cos, rope_tables(16, spec.head_dim, base=500_000.0)[0])
+
+
+@pytest.mark.parametrize("dropout, attention_dropout", [(True, None), (True, False),
+                                                        (False, True), (False, None)])
+def test_attention_dropout_and_the_residual_dropout_apart(dropout, attention_dropout):
+    """The attention probs drop at Megatron's 0.1 where the spec's `drops_attention` says
+    so, the two residual branches where `dropout` does (GPT-Neo: only the latter)."""
+    spec = dataclasses.replace(preset("debug-tiny"), dropout=dropout,
+                               attention_dropout=attention_dropout)
+    block = next(iter(GPT(spec).blocks.values()))
+    assert (block.attn.dropout_p > 0) == spec.drops_attention
+    assert isinstance(block.dropout, torch.nn.Dropout) == dropout

@@ -133,6 +133,35 @@ def test_activation_bytes_match_korthikanti(tp, sp):
     assert w.input_bytes == pytest.approx(2 * sbh / (tp if sp else 1))
 
 
+def test_attention_dropout_apart_from_the_hidden_dropout():
+    """Korthikanti et al. 2022 §4.1: with dropout a layer keeps 5as²b bytes of attention
+    core (2 softmax output, 1 mask, 2 dropout output) and two 1-byte residual masks
+    (2sbh). GPT-Neo in Megatron-DeepSpeed never applies its attention dropout but keeps
+    the residual ones (`attention_dropout: false`): its core keeps the softmax output
+    alone (2as²b), no attention-dropout kernel runs, the residual masks stay."""
+    from dataclasses import replace
+
+    m = preset("megatron-22b")
+    b, s, h, a = 4, 2048, m.hidden_size, m.num_heads
+    shape = WorkloadShape(micro_batch_size=b, seq_len=s, attention="math")
+    both = layer_work(m, shape)
+    neo = layer_work(replace(m, attention_dropout=False), shape)
+    none = layer_work(replace(m, dropout=False), shape)
+    assert both.activation_bytes - neo.activation_bytes == pytest.approx(3 * a * s * s * b)
+    assert neo.activation_bytes - none.activation_bytes == pytest.approx(2 * s * b * h)
+
+    def names(w):
+        return {i.name for i in (*w.forward, *w.backward) if isinstance(i, Op)}
+
+    assert "attn.dropout" in names(both) and "attn.dropout" not in names(neo)
+    residual = {i.name: i.bytes for i in neo.forward if isinstance(i, Op)}
+    assert residual["attn.residual"] > {i.name: i.bytes for i in none.forward
+                                        if isinstance(i, Op)}["attn.residual"]
+    # and the other way round: attention dropout alone (attention_dropout over dropout)
+    assert replace(m, dropout=False, attention_dropout=True).drops_attention
+    assert not replace(m, attention_dropout=False).drops_attention
+
+
 def test_tp_collectives_per_layer():
     m = preset("megatron-22b")
     for sp, kinds in ((False, ["all_reduce"] * 4), (True, ["all_gather", "reduce_scatter"] * 4)):

@@ -302,3 +302,21 @@ def test_megatron_gets_the_models_rope_base():
     odd = dataclasses.replace(qwen, model=dataclasses.replace(qwen.model, rope_theta=1e4 + 0.5))
     assert "rope_theta 10000.5: Megatron-LM's --rotary-base takes an integer" in (
         export_plan(odd, "megatron").unsupported)
+
+
+@pytest.mark.parametrize("dropout, attention_dropout, flags", [
+    (True, None, []),
+    (False, None, ["--attention-dropout", "--hidden-dropout"]),
+    (True, False, ["--attention-dropout"]),  # GPT-Neo in Megatron-DeepSpeed
+    (False, True, ["--hidden-dropout"]),
+])
+def test_megatron_sets_attention_and_hidden_dropout_apart(dropout, attention_dropout, flags):
+    """Megatron-LM's --attention-dropout and --hidden-dropout (0.1 each by default) are
+    written 0 for the dropout the model does not apply, each on its own."""
+    plan = _plan()
+    plan = dataclasses.replace(plan, model=dataclasses.replace(
+        plan.model, dropout=dropout, attention_dropout=attention_dropout))
+    args = export_plan(plan, "megatron").text.replace("\\\n", " ").split()
+    pairs = dict(zip(args, args[1:], strict=False))
+    assert [f for f in ("--attention-dropout", "--hidden-dropout") if f in pairs] == flags
+    assert all(pairs[f] == "0" for f in flags)
