@@ -150,14 +150,24 @@ def _catalog_name(sailor_name: str, gpu_names: Mapping[str, tuple[str, ...]]) ->
     return None
 
 
+# The dropout each model of Sailor's Megatron-DeepSpeed applies (saha18uiuc/sailor@13b7942,
+# third_party/Megatron-DeepSpeed/megatron/model): OPT (`opt_model.py`) never applies its
+# attention dropout and has its two residual dropouts commented out; GPT-Neo
+# (`gpt_neo_model.py`) builds `attn_dropout` and never calls it, and keeps the residual
+# dropouts. (dropout, attention_dropout) as ModelSpec takes them.
+_DROPOUT = {"OPT-350M": (False, False), "GPT-Neo-2.7B": (True, False)}
+
+
 def _model(r: dict[str, str], layers: int) -> ModelSpec:
     name = r["model"].split(" (")[0]
+    dropout, attention_dropout = _DROPOUT[name]
     return ModelSpec(name=f"{name} (Sailor run)", num_layers=layers, hidden_size=int(r["hidden"]),
                      ffn_hidden_size=int(r["ffn"]), num_heads=int(r["heads"]),
                      vocab_size=int(float(r["vocab_run"])), seq_len=int(r["seq_len"]),
                      activation="gelu", norm="layernorm", position_embedding="learned",
                      tied_embeddings=r["lm_head"] not in ("untied", "none"),
-                     lm_head=r["lm_head"] != "none")
+                     lm_head=r["lm_head"] != "none", dropout=dropout,
+                     attention_dropout=attention_dropout)
 
 
 def _cluster(r: dict[str, str], types: list[str]) -> ClusterSpec:

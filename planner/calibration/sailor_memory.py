@@ -24,14 +24,19 @@ Rows 8 and 30 are printed, not scored (`SailorCase.inconsistent`): row 30's reco
 `max_mem` included, is row 34's (`sailor.COPIED_RECORDS`); row 8's is not a run of its
 layout (`ROW_8_MEMORY`, docs/calibration.md "Sailor").
 
-Known, not changed (this is a measurement): the plans keep `ModelSpec.dropout`'s default,
-Megatron's attention dropout, whose mask and output the model saves beside the softmax
-output (9 bytes a score in fp32, `workload._saved_activation_bytes`); Sailor's OPT and
-GPT-Neo attention feeds the softmax straight into the second batched GEMM
-(third_party/Megatron-DeepSpeed/megatron/model/opt_model.py, gpt_neo_model.py @13b79423:
-`attn_dropout` is built but never called), which saves 4. With `dropout=False` the 34
-rows' mean |error| is 24.5% (GH200 pipelined 11.5%; its large-activation rows -5..-8%); what is
-left on most GH200 rows is 1.4-3.9 GiB in use beyond the 2 GiB runtime reserve.
+What the rows say (nothing tuned to them): the 34 rows' mean |error| is 24.1%, GH200
+pipelined 10.8% (its large-activation rows within -2..-7%). It was 51.3% while the plans
+priced Megatron's default dropout, whose mask and output the model saves beside the
+softmax output (9 bytes a score in fp32 against 4, `workload._saved_activation_bytes`):
+Sailor's OPT and GPT-Neo attention feeds the softmax straight into the second batched
+GEMM (`sailor._DROPOUT`), so the plans now apply the dropout the layers apply. Left:
+- small runs (rows 3, 6, 7, 13, 14, 23, 24) hold 2.1-2.6 GiB more than the model, beyond
+  its 2 GiB runtime reserve (CUDA context, NCCL buffers, cuBLAS workspace), which these
+  rows measure at about twice that on a GH200;
+- rows 28 and 29 (mixed RTX, +222% / +175%) logged 3.8 and 5.5 GiB, less than one
+  stage's fp32 softmax outputs (row 28) or its fp32 Adam states and weights (row 29,
+  16 bytes a parameter of OPT-350M: 5.3 GiB) need: not a record of those layouts;
+- row 11 logged 26.6 GiB where rows 1, 5 and 9, the same per-rank layout, logged 34.8.
 
 Run `python -m planner.calibration.sailor_memory` for the table and the error by group.
 """

@@ -135,17 +135,34 @@ def test_rows_run_in_the_dtype_the_run_used():
             assert on_cuda_cores(g.device, "tf32") == (g.device.arch == "turing"), g.gpu
 
 
+def test_rows_apply_the_dropout_their_layers_apply():
+    """Sailor's Megatron-DeepSpeed OPT applies no dropout at all, its GPT-Neo its two
+    residual dropouts but not the attention's (sailor._DROPOUT); the plans had priced
+    Megatron's default dropout everywhere, which Sailor's logged memory refutes
+    (test_sailor_memory.py)."""
+    for c in sailor_cases():
+        assert c.plan is not None
+        m = c.plan.model
+        assert not m.drops_attention
+        assert m.dropout == m.name.startswith("GPT-Neo"), m.name
+
+
 # Measured mean |error| of the event simulation over the 34 scored rows and per group
-# (14.1%; 14.9 / 11.3 / 9.0 / 22.8%, rounded up by under a point); Sailor's own simulator
-# on them: 9.6% (9.1 / 10.4 / 4.1 / 19.9%). Row 8 (+260%) is printed but not scored: its
+# (15.6%; 14.6 / 16.6 / 11.3 / 27.2%, rounded up by under a point); Sailor's own simulator
+# on them: 9.6% (9.1 / 10.4 / 4.1 / 19.9%). Row 8 (+234%) is printed but not scored: its
 # logged time is 0.40x the compute its layout needs by Sailor's own profile; row 30's
 # record is row 34's (docs/calibration.md, "Sailor").
+# 2026-12-07: the bounds were 0.145 / 0.15 / 0.12 / 0.10 / 0.25 (14.3%; 14.9 / 11.3 / 9.4 /
+# 24.7%) while the plans priced dropout the runs do not apply (OPT none, GPT-Neo no
+# attention dropout; `test_rows_apply_the_dropout_their_layers_apply`). With the dropout
+# the runs ran, GPT-Neo's rows got faster (GH200 pipelined 14.9 -> 14.6%) and OPT's, already
+# too fast, faster still: those bounds rose with the inputs made true, not with the model.
 # mixed RTX data parallel: 0.235 until its gradient rings were counted by their own ranks
 # (rows 33 and 36: 6 ranks over two islands, 1 + 5 nodes, had been priced as 2 x 5 = 10);
 # the logged reductions of rows 35 and 36 came within 4% (below), the rows' end-to-end
 # error moved from 22.8% to 24.7%: the RTX runs' missing time is not in their collectives
-SAILOR_BOUND = {"all": 0.145, "GH200 pipelined": 0.15, "GH200 data parallel": 0.12,
-                "mixed RTX pipelined": 0.10, "mixed RTX data parallel": 0.25}
+SAILOR_BOUND = {"all": 0.16, "GH200 pipelined": 0.15, "GH200 data parallel": 0.17,
+                "mixed RTX pipelined": 0.12, "mixed RTX data parallel": 0.28}
 
 
 def test_simulated_accuracy():
