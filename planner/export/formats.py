@@ -363,6 +363,13 @@ def _torchtitan(plan: Plan) -> Export:
                "this shape "
                f"({plan.model.num_layers} layers, hidden {plan.model.hidden_size}{mla}{geglu}"
                f"{_titan_rope(plan.model)})"])
+    # torchtitan 0.2.2's models apply no dropout (models/llama3/model/model.py and the
+    # rest): the plan's dropout is priced, not trained
+    dropped = [k for k, on in (("attention", plan.model.drops_attention),
+                               ("hidden", plan.model.dropout)) if on]
+    if dropped:
+        lines.append(f"# the plan's {' and '.join(dropped)} dropout: torchtitan's models "
+                     "apply none (the plan priced it)")
     lines += [
         "", "[training]",
         # with pp > 1 a replica's batch is one step split into micro-batches; without,

@@ -320,3 +320,17 @@ def test_megatron_sets_attention_and_hidden_dropout_apart(dropout, attention_dro
     pairs = dict(zip(args, args[1:], strict=False))
     assert [f for f in ("--attention-dropout", "--hidden-dropout") if f in pairs] == flags
     assert all(pairs[f] == "0" for f in flags)
+
+
+def test_torchtitan_says_its_models_apply_no_dropout():
+    """torchtitan 0.2.2's LLMs (llama3, llama4, qwen3, deepseek_v3) have no dropout: a plan
+    priced with dropout says which it priced and torchtitan does not train."""
+    def header(**dropout):
+        cfg = dict(tp=1, pp=1, dp=8, mbs=1, gbs=8, seq_len=2048)
+        model = dataclasses.replace(preset("gpt3-1.3b"), **dropout)
+        plan = homogeneous_plan(model, parse_gpus_arg("A100-80GB-SXM:8"), ParallelConfig(**cfg))
+        return export_plan(plan, "torchtitan").text.split("[training]")[0]
+
+    assert "the plan's attention and hidden dropout: torchtitan" in header()
+    assert "the plan's hidden dropout: torchtitan" in header(attention_dropout=False)
+    assert "dropout" not in header(dropout=False)
