@@ -30,9 +30,9 @@ priced Megatron's default dropout, whose mask and output the model saves beside 
 softmax output (9 bytes a score in fp32 against 4, `workload._saved_activation_bytes`):
 Sailor's OPT and GPT-Neo attention feeds the softmax straight into the second batched
 GEMM (`sailor._DROPOUT`), so the plans now apply the dropout the layers apply. Left:
-- small runs (rows 3, 6, 7, 13, 14, 23, 24) hold 2.1-2.6 GiB more than the model, beyond
-  its 2 GiB runtime reserve (CUDA context, NCCL buffers, cuBLAS workspace), which these
-  rows measure at about twice that on a GH200;
+- small runs (rows 3, 6, 7, 13, 14, 23, 24) hold 2.1-3.5 GiB more than the model, beyond
+  its 2 GiB runtime reserve (CUDA context, NCCL buffers, cuBLAS workspace, the
+  allocator's cache): two to three times that reserve is in use on a GH200;
 - rows 28 and 29 (mixed RTX, +222% / +175%) logged 3.8 and 5.5 GiB, less than one
   stage's fp32 softmax outputs (row 28) or its fp32 Adam states and weights (row 29,
   16 bytes a parameter of OPT-350M: 5.3 GiB) need: not a record of those layouts;
