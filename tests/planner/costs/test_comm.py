@@ -161,14 +161,27 @@ def test_members_off_their_rails_pay_an_nvlink_hop():
 # -- PCIe, TCP sockets, islands -------------------------------------------------------------
 
 def test_pcie_with_and_without_peer_to_peer():
-    """4 RTX 4090 with P2P on PCIe Gen4: 25.95 GB/s busbw (row 58); 2 GeForce cards
-    without P2P (staged through host memory) on Gen3 x16: 4.0 GB/s (row 54)."""
-    p2p = cluster("RTX4090-24GB", 1, gpus_per_node=4, intra_node_bandwidth_gb_per_s=31.5)
+    """4 RTX 4090 with P2P on PCIe Gen4 (tinygrad's patched kernel module): 25.95 GB/s
+    busbw (row 58); 2 GeForce cards without P2P (staged through host memory) on Gen3 x16:
+    4.0 GB/s (row 54). Stock GeForce drivers give the 4090, the 3090 and Turing's GeForce
+    cards no P2P (NVIDIA/nccl#1127, rows 51-57), so their standard nodes stage through host
+    memory; the workstation and data-center cards on PCIe keep P2P."""
+    p2p = cluster("RTX4090-24GB", 1, gpus_per_node=4, intra_node_link="pcie",
+                  intra_node_bandwidth_gb_per_s=31.5)
     assert busbw("all_reduce", GIB, group_tiers(p2p, tuple(range(4)))) == \
         pytest.approx(25.95, rel=0.05)
     host = cluster("RTX4090-24GB", 1, gpus_per_node=2, intra_node_link="pcie-host",
                    intra_node_bandwidth_gb_per_s=15.75)
     assert busbw("all_reduce", GIB, group_tiers(host, (0, 1))) == pytest.approx(4.0, rel=0.1)
+    from profiler.devices import device
+
+    for geforce in ("RTX4090-24GB", "RTX3090-24GB", "RTX3080Ti-12GB", "RTX2080Ti-11GB",
+                    "RTX2080-8GB"):
+        assert device(geforce).intra_node_link == "pcie-host", geforce
+        stock = cluster(geforce, 1)
+        assert busbw("all_reduce", GIB, group_tiers(stock, tuple(range(8)))) < 9, geforce
+    for pro in ("A6000-48GB", "L40S-48GB", "L4-24GB", "A100-80GB-PCIe"):
+        assert device(pro).intra_node_link == "pcie", pro
 
 
 def test_tcp_sockets_on_ethernet():
