@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
                                  for k in ("fp8", "bf16", "fp16", "tf32"))
         n = d.node
         node = ("none (a cluster file gives its nodes)" if n is None else
-                f"{n.name}: {n.gpus_per_node} GPUs on {d.intra_node_link} "
+                f"{n.name}: {n.gpus_per_node} {'ranks' if d.vendor == 'cpu' else 'GPUs'} "
+                f"on {d.intra_node_link} "
                 f"({d.intra_node_bandwidth_gb_per_s:g} GB/s), {n.nics_per_node}x "
                 f"{n.nic_bandwidth_gbit_per_s:g} Gb/s {n.nic}"
                 + (f"; NVLink domain of {n.nvlink_domain_gpus} GPUs"

@@ -270,7 +270,8 @@ def test_the_gpus_table_shows_each_precision_apart(capsys):
     assert re.search(r"^V100-32GB-SXM2 +32\.0GiB +- +- +125\.0TF +- +15\.7TF", listing, re.M)
     assert re.search(r"^H100-80GB-SXM +\S+ +1978\.9TF +989\.4TF +989\.4TF +494\.7TF +67\.0TF",
                      listing, re.M)
-    assert re.search(r"^CPU +\S+ +- +0\.05TF +0\.02TF +- +0\.1TF", listing, re.M)
+    assert re.search(r"^CPU +\S+ +- +0\.05TF +0\.02TF +- +0\.1TF .* 64 ranks on loopback",
+                     listing, re.M)  # CPU ranks, not "64 GPUs" (CLI audit, 2026-12-06)
 
 
 def test_a_gpu_with_neither_tf32_nor_fp32_runs_no_tf32():
