@@ -61,8 +61,9 @@ class ModelSpec:
                                "outputs, and on the attention probs unless "
                                "attention_dropout says otherwise")
     # Megatron's --attention-dropout apart from --hidden-dropout: Megatron-DeepSpeed's
-    # GPT-Neo builds its attention dropout and never applies it (gpt_neo_model.py,
-    # eth-easl/sailor's third_party copy), while keeping the residual dropouts
+    # GPT-Neo builds its attention dropout and never applies it, while keeping the residual
+    # dropouts (third_party/Megatron-DeepSpeed/megatron/model/gpt_neo_model.py in Sailor's
+    # artifact, saha18uiuc/sailor@13b7942)
     attention_dropout: bool | None = spec_field(
         default=None, help="dropout on the attention probs; default: as dropout")
     lm_head: bool = spec_field(default=True, help="false: no output projection, the loss "
