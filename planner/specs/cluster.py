@@ -23,9 +23,9 @@ from planner.specs.limits import MAX_GPUS
 from profiler.devices import NIC_KINDS, DeviceSpec, device
 from profiler.schema import SpecError, at, cached_hash, dump, fail, load_yaml, parse, spec_field
 
-__all__ = ["NIC_GBIT_RANGE", "TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLink", "NodeGroup", "by_name",
-           "check_train_dtype", "homogeneous_cluster", "runs_dtype", "train_dtype", "load_cluster",
-           "parse_gpus_arg"]
+__all__ = ["NIC_GBIT_RANGE", "TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLink",
+           "NodeGroup", "by_name", "check_train_dtype", "homogeneous_cluster", "runs_dtype",
+           "train_dtype", "load_cluster", "parse_gpus_arg"]
 
 TRAIN_DTYPES = values(DType)  # what a model trains in (Plan.training.dtype)
 NIC_GBIT_RANGE = (0.1, 100_000.0)  # a NIC's bandwidth, Gb/s (NodeGroup.nic_bandwidth_gbit_per_s)
@@ -321,16 +321,12 @@ class ClusterSpec:
                            nvlink_domain_gpus=num_gpus)
             return replace(self, name=f"{self.name} (first {count_gpus(num_gpus)})",
                            node_groups=(part,), island_links=())
-        if (problem := self.take_problem(num_gpus)) is not None:
+        nodes, problem = self._first_nodes(num_gpus)
+        if problem is not None:
             fail(where, self.name, problem)
-        groups, left = [], num_gpus
-        for g in self.node_groups:
-            if left == 0:
-                break
-            assert g.gpus_per_node is not None, "resolve the cluster first"
-            nodes = min(left, g.num_gpus) // g.gpus_per_node
-            groups.append(replace(g, num_nodes=nodes))
-            left -= nodes * g.gpus_per_node
+        # the groups the GPUs reach (`nodes` stops at the last of them)
+        groups = [replace(g, num_nodes=n)
+                  for g, n in zip(self.node_groups, nodes, strict=False)]
         if num_gpus == self.num_gpus:
             return self
         islands = {g.island for g in groups}
@@ -345,17 +341,25 @@ class ClusterSpec:
         assert first.gpus_per_node is not None, "resolve the cluster first"
         if num_gpus < first.gpus_per_node:
             return None
+        return self._first_nodes(num_gpus)[1]
+
+    def _first_nodes(self, num_gpus: int) -> tuple[list[int], str | None]:
+        """The nodes of each group (in the file's order, up to the last one reached) that
+        the first `num_gpus` GPUs fill, and why they are not whole nodes (None where
+        they are)."""
+        nodes: list[int] = []
         left = num_gpus
         for g in self.node_groups:
             if left == 0:
                 break
             assert g.gpus_per_node is not None, "resolve the cluster first"
-            nodes, rest = divmod(min(left, g.num_gpus), g.gpus_per_node)
+            n, rest = divmod(min(left, g.num_gpus), g.gpus_per_node)
             if rest:
-                return (f"{num_gpus} GPUs do not fill whole nodes of {g.gpus_per_node} GPUs "
-                        f"in group {g.name!r}")
-            left -= nodes * g.gpus_per_node
-        return None
+                return nodes, (f"{num_gpus} GPUs do not fill whole nodes of "
+                               f"{g.gpus_per_node} GPUs in group {g.name!r}")
+            nodes.append(n)
+            left -= n * g.gpus_per_node
+        return nodes, None
 
     def group_of(self, gpu_index: int) -> NodeGroup:
         """The node group holding the cluster's GPU `gpu_index` (global order, `slots`)."""
