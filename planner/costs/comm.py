@@ -55,9 +55,9 @@ from profiler.schema import cached_hash
 from profiler.store import Profiles, crowd_variant
 
 __all__ = ["ALGORITHMS", "COMM_SOURCE", "CPU_COMM_SOURCE", "PROTOCOLS", "Choice", "Tier",
-           "Transfer", "clear_comm_caches", "collective_choices", "collective_time_s", "comm_source", "dispatch_time_s", "group_domains",
-           "group_ranks", "group_tiers", "holders_reached", "measured_collective_s",
-           "measured_crowd"]
+           "Transfer", "clear_comm_caches", "collective_choices", "collective_time_s",
+           "comm_source", "dispatch_time_s", "group_domains", "group_ranks", "group_tiers",
+           "holders_reached", "measured_collective_s", "measured_crowd"]
 
 COMM_SOURCE = ("NCCL's cost model (2.20.3: ring/tree, LL/LL128/Simple) over the cluster's links "
                "(profiler/data/nccl.yaml, links.yaml)")
@@ -69,13 +69,13 @@ CPU_COMM_SOURCE = ("gloo between CPU ranks on one host, as a ring over the loopb
 ALGORITHMS = ("ring", "tree", "nvls")
 PROTOCOLS = ("ll", "ll128", "simple")
 _US = 1e-6
+_GB = 1e9
 
 
 def comm_source(on_cpu: bool) -> str:
     """What prices collectives that no profile measured: NCCL's model, or gloo's on CPU
     ranks."""
     return CPU_COMM_SOURCE if on_cpu else COMM_SOURCE
-_GB = 1e9
 
 
 @cached_hash
