@@ -125,8 +125,10 @@ def add_model_args(p: argparse.ArgumentParser, *, required: bool = True,
 
 def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     g = p.add_mutually_exclusive_group(required=required)
-    g.add_argument("--gpus", metavar="TYPE:COUNT",
-                   help="a homogeneous cluster of standard nodes, e.g. A100-80GB-SXM:64")
+    g.add_argument("--gpus", metavar="TYPE:COUNT[,...]",
+                   help="GPUs in their types' standard nodes on one network, e.g. "
+                   "A100-80GB-SXM:64 or A100-80GB-SXM:32,V100-32GB-SXM2:64 (types whose "
+                   "nodes have different NICs: a --cluster file)")
     g.add_argument("--cluster", type=path_arg, metavar="FILE", help="a ClusterSpec YAML file")
     add_catalog_arg(p)
 

@@ -82,8 +82,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--model-file", type=path_arg, metavar="FILE",
                       help="search for this ModelSpec")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--gpus", metavar="TYPE:COUNT", help="with --model: a homogeneous "
-                       "cluster (CPU:N: N CPU ranks on this host)")
+    where.add_argument("--gpus", metavar="TYPE:COUNT[,...]", help="with --model: GPUs in "
+                       "their types' standard nodes (CPU:N: N CPU ranks on this host)")
     where.add_argument("--cluster", type=path_arg, metavar="FILE",
                        help="with --model: a ClusterSpec file")
     p.add_argument("--gbs", type=gbs_arg, metavar="N", help="with --model: global batch")
@@ -225,8 +225,8 @@ def _cluster(args: argparse.Namespace) -> ClusterSpec:
     if args.cluster is not None:
         return load_cluster(args.cluster)
     gpu, _, count = args.gpus.rpartition(":")
-    if (gpu and re.fullmatch(r"[0-9]{1,3}", count) and int(count) > 0
-            and device(gpu).vendor == "cpu"):
+    if (gpu and "," not in args.gpus and re.fullmatch(r"[0-9]{1,3}", count) and int(count) > 0
+            and device(gpu, where="--gpus").vendor == "cpu"):
         return ClusterSpec(name=f"{count} CPU rank{'s' if int(count) > 1 else ''}", node_groups=(NodeGroup(
             name="host", gpu=device(gpu).name, num_nodes=1, gpus_per_node=int(count),
             intra_node_link="loopback", island="local"),)).resolved()

@@ -486,39 +486,75 @@ def _with_catalog_devices(raw: Mapping, catalog: dict[str, DeviceSpec]) -> dict:
     return {**raw, "devices": [*devices, *extra]} if extra else dict(raw)
 
 
+def _standard_group(gpu: str, count: int, where: str, text: str,
+                    entries: Mapping[str, DeviceSpec]) -> tuple[NodeGroup, DeviceSpec]:
+    """`count` GPUs of type `gpu` in the type's standard nodes (one partial node if
+    fewer), as a node group named after the type; `text` is the flag's value, for errors."""
+    dev = entries.get(gpu.lower()) or device(gpu, where=where)  # any case, as `device` takes them
+    if dev.node is None:
+        fail(where, text, f"{dev.name} defines no standard node: describe the "
+             "cluster in a --cluster file")
+    per_node = dev.node.gpus_per_node
+    if count < 1:
+        fail(where, text, "the GPU count must be ≥ 1")
+    if count > MAX_GPUS:
+        fail(where, text, f"the GPU count must be ≤ {MAX_GPUS:,}")
+    if count > per_node and count % per_node:
+        fail(where, text, f"more than one {dev.node.name} node needs a multiple of "
+             f"{per_node} {dev.name} GPUs")
+    nodes, per = (1, count) if count <= per_node else (count // per_node, per_node)
+    return NodeGroup(name=dev.name.lower(), gpu=dev.name, num_nodes=nodes,
+                     gpus_per_node=per), dev
+
+
 def homogeneous_cluster(gpu: str, count: int, *, where: str = "--gpus",
                         catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:
     """`count` GPUs of one type in the type's standard nodes (one partial node if fewer);
     `catalog` (a --catalog file) may define the type."""
+    return _standard_cluster([(gpu, count)], where, f"{gpu}:{count}", catalog)
+
+
+def _standard_cluster(parts: list[tuple[str, int]], where: str, text: str,
+                      catalog: dict[str, DeviceSpec] | None) -> ClusterSpec:
+    """Each (type, count) of `parts` in the type's standard nodes, all on one network
+    fabric (one island): the types' standard nodes must have the same kind of NIC."""
     entries = by_name((catalog or {}).values())
-    dev = entries.get(gpu.lower()) or device(gpu, where=where)  # any case, as `device` takes them
-    if dev.node is None:
-        fail(where, f"{gpu}:{count}", f"{dev.name} defines no standard node: describe the "
-             "cluster in a --cluster file")
-    per_node = dev.node.gpus_per_node
-    if count < 1:
-        fail(where, f"{gpu}:{count}", "the GPU count must be ≥ 1")
-    if count > MAX_GPUS:
-        fail(where, f"{gpu}:{count}", f"the GPU count must be ≤ {MAX_GPUS:,}")
-    if count > per_node and count % per_node:
-        fail(where, f"{gpu}:{count}",
-             f"more than one {dev.node.name} node needs a multiple of {per_node} GPUs")
-    nodes, per = (1, count) if count <= per_node else (count // per_node, per_node)
-    group = NodeGroup(name=dev.name.lower(), gpu=dev.name, num_nodes=nodes, gpus_per_node=per)
-    own = (dev,) if dev.name.lower() in entries else ()
-    return ClusterSpec(name=f"{count}x {dev.name}", devices=own,
-                       node_groups=(group,)).resolved()
+    built = [_standard_group(gpu, count, where, text, entries) for gpu, count in parts]
+    devs = [dev for _, dev in built]
+    names = [dev.name for dev in devs]
+    if len(set(names)) < len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        fail(where, text, f"each GPU type once ({twice} is listed twice: add its counts)")
+    if len(devs) > 1 and any(dev.vendor == "cpu" for dev in devs):
+        fail(where, text, "CPU ranks are a cluster of their own: CPU:N alone")
+    nics = {dev.name: dev.node.nic for dev in devs if dev.node is not None}
+    if len(set(nics.values())) > 1:
+        kinds = ", ".join(f"{name}'s {nic}" for name, nic in nics.items())
+        fail(where, text, f"one network for all types, but their standard nodes have "
+             f"different NICs ({kinds}): describe the islands and the links joining them "
+             "in a --cluster file (e.g. cluster_specs/mixed-nic.yaml)")
+    total = sum(count for _, count in parts)
+    if total > MAX_GPUS:
+        fail(where, text, f"at most {MAX_GPUS:,} GPUs in all")
+    own = tuple(dev for dev in devs if dev.name.lower() in entries)
+    return ClusterSpec(name=" + ".join(f"{count}x {dev.name}"
+                                       for (_, count), dev in zip(parts, devs, strict=True)),
+                       devices=own, node_groups=tuple(g for g, _ in built)).resolved()
 
 
 def parse_gpus_arg(text: str, *, catalog: dict[str, DeviceSpec] | None = None) -> ClusterSpec:
-    """`TYPE:COUNT` (the CLI's --gpus) to a homogeneous cluster."""
-    gpu, sep, count = text.rpartition(":")
-    if not sep or not gpu or not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", count):  # ASCII digits
-        fail("--gpus", text, "expected TYPE:COUNT, e.g. A100-80GB-SXM:64")
-    if ":" in gpu or "," in gpu:  # "A100:8:8", "A100:8,H100:8" read as a type name
-        fail("--gpus", text, "one TYPE:COUNT, e.g. A100-80GB-SXM:64 (a cluster of several "
-             "types is a --cluster FILE)")
-    return homogeneous_cluster(gpu, int(count), catalog=catalog)
+    """`TYPE:COUNT[,TYPE:COUNT...]` (the CLI's --gpus): each type in its standard nodes,
+    all on one network fabric."""
+    parts = []
+    for item in text.split(","):
+        gpu, sep, count = item.strip().rpartition(":")
+        if not sep or not gpu or not re.fullmatch(r"\s*-?[0-9]{1,12}\s*", count):  # ASCII digits
+            fail("--gpus", text, "expected TYPE:COUNT[,TYPE:COUNT...], e.g. A100-80GB-SXM:64 "
+                 "or A100-80GB-SXM:32,V100-32GB-SXM2:64")
+        if ":" in gpu:  # "A100:8:8" read as a type name
+            fail("--gpus", text, "TYPE:COUNT, one count a type, e.g. A100-80GB-SXM:64")
+        parts.append((gpu.strip(), int(count)))
+    return _standard_cluster(parts, "--gpus", text, catalog)
 
 
 assert set(NIC_KINDS) == set(NicName.__args__)  # type: ignore[attr-defined]  # Literal's args at runtime

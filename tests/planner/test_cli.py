@@ -69,13 +69,14 @@ MODEL = ("name: m\nnum_layers: 4\nhidden_size: 256\nffn_hidden_size: 1024\nnum_h
     (["simulate", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8", "--tp", "1", "--pp", "1",
       "--dp", "8", "--mbs", "1", "--gbs", "12", "--sequence-parallel"],
      "--gbs: 12 is not allowed"),
-    # two counts, or two types, read as one unknown type name
+    # two counts of one type; two types on different networks
     (["simulate", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8:8", "--tp", "1", "--pp",
       "1", "--dp", "8", "--mbs", "1", "--gbs", "8"],
-     "--gpus: 'A100-80GB-SXM:8:8' is not allowed (one TYPE:COUNT"),
-    (["simulate", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8,H100-80GB-SXM:8", "--tp",
-      "1", "--pp", "1", "--dp", "8", "--mbs", "1", "--gbs", "8"],
-     "(one TYPE:COUNT, e.g. A100-80GB-SXM:64 (a cluster of several types is a --cluster FILE))"),
+     "--gpus: 'A100-80GB-SXM:8:8' is not allowed (TYPE:COUNT, one count a type"),
+    (["simulate", "--model", "gpt3-1.3b", "--gpus", "A100-80GB-SXM:8,RTX4090-24GB:8", "--tp",
+      "1", "--pp", "1", "--dp", "16", "--mbs", "1", "--gbs", "16"],
+     "(one network for all types, but their standard nodes have different NICs "
+     "(A100-80GB-SXM's infiniband, RTX4090-24GB's ethernet): describe the islands"),
 ])
 def test_bad_flags(argv, needle, capsys):
     code, out, err = _run(argv, capsys)
@@ -369,6 +370,23 @@ def test_simulate_on_mixed_types_writes_what_each_stage_runs(tmp_path, capsys):
     runs = {(plan.group_of(s).gpu, plan.attention_of(s))
             for p in plan.pipelines for s in p.stages}
     assert runs == {("A100-80GB-SXM", "flash"), ("V100-32GB-SXM2", "memory_efficient")}
+
+
+def test_a_gpus_list_is_the_cluster_file_it_stands_for(tmp_path, capsys):
+    """--gpus A100-80GB-SXM:8,V100-32GB-SXM2:8 is the two types' standard nodes on one
+    fabric: the same prediction as the cluster file that says so."""
+    cluster = tmp_path / "av.yaml"
+    cluster.write_text("name: av\nnode_groups:\n  - {name: a, gpu: A100-80GB-SXM, num_nodes: 1}\n"
+                       "  - {name: v, gpu: V100-32GB-SXM2, num_nodes: 1}\n")
+    layout = ["--tp", "1", "--pp", "2", "--dp", "8", "--mbs", "1", "--gbs", "32", "--seq",
+              "1024", "--json"]
+    results = []
+    for where in (["--cluster", str(cluster)], ["--gpus", "A100-80GB-SXM:8,V100-32GB-SXM2:8"]):
+        code, out, err = _run(["simulate", "--model", "gpt3-125m", *where, *layout], capsys)
+        assert code == 0, err
+        results.append(json.loads(out))
+    assert results[0]["iteration_time_s"] == results[1]["iteration_time_s"] > 0
+    assert results[0]["peak_memory_bytes"] == results[1]["peak_memory_bytes"]
 
 
 def test_a_budget_says_which_baselines_it_rules_out_and_why_gpus_idle(capsys):

@@ -127,6 +127,11 @@ def test_a_gpu_plan_is_refused_on_a_host_without_one(tmp_path, capsys, no_launch
     (["--plan", "p.yaml", "--no-profile"], "--no-profile: true is not allowed (only with"),
     (["--model", "debug-tiny", "--gpus", "CPU:2", "--gbs", "8", "--no-profile", "--profile",
       "p"], "not allowed with argument --no-profile"),
+    # the flag named, not the cluster field it fills; CPU ranks do not join GPU types
+    (["--model", "debug-tiny", "--gpus", "XPU:2", "--gbs", "8"],
+     "--gpus: 'XPU' is not a known GPU type"),
+    (["--model", "debug-tiny", "--gpus", "CPU:2,A100-80GB-SXM:8", "--gbs", "8"],
+     "--gpus: 'CPU:2,A100-80GB-SXM:8' is not allowed (CPU ranks are a cluster of their own"),
     # --name was ignored without a word (CLI sweep 2026-12-04)
     (["--plan", "p.yaml", "--report", "out", "--name", "foo"],
      "--name: 'foo' is not allowed (not with --report"),

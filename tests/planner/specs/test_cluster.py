@@ -39,6 +39,38 @@ def test_gpus_shorthand_uses_standard_nodes():
     assert parse_gpus_arg("A100-80GB-SXM:4").node_groups[0].gpus_per_node == 4
 
 
+def test_gpus_shorthand_lists_several_types_on_one_network():
+    c = parse_gpus_arg("A100-80GB-SXM:16, V100-32GB-SXM2:4,H100-80GB-SXM:8")
+    assert c.name == "16x A100-80GB-SXM + 4x V100-32GB-SXM2 + 8x H100-80GB-SXM"
+    got = [(g.gpu, g.num_nodes, g.gpus_per_node, g.nic) for g in c.node_groups]
+    assert got == [("A100-80GB-SXM", 2, 8, "infiniband"), ("V100-32GB-SXM2", 1, 4, "infiniband"),
+                   ("H100-80GB-SXM", 1, 8, "infiniband")]
+    # one fabric: no island links to invent
+    assert len({g.island for g in c.node_groups}) == 1 and c.island_links == ()
+    assert c.num_gpus == 28
+    # the GPUs in the order listed, as a --cluster file numbers them
+    assert [c.group_of(i).gpu for i in (0, 15, 16, 19, 20)] == [
+        "A100-80GB-SXM", "A100-80GB-SXM", "V100-32GB-SXM2", "V100-32GB-SXM2", "H100-80GB-SXM"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("A100-80GB-SXM:8,RTX4090-24GB:8", r"different NICs \(A100-80GB-SXM's infiniband, "
+     r"RTX4090-24GB's ethernet\): describe the islands"),
+    ("A100-80GB-SXM:8,a100-80gb-sxm:8", r"A100-80GB-SXM is listed twice"),
+    ("CPU:2,CPU:4", "listed twice"),
+    ("CPU:2,RTX4090-24GB:8", "CPU ranks are a cluster of their own"),
+    ("A100-80GB-SXM:8,", "expected TYPE:COUNT"),
+    ("A100-80GB-SXM:8,V100-32GB-SXM2", "expected TYPE:COUNT"),
+    ("A100-80GB-SXM:8:8", "one count a type"),
+    ("A100-80GB-SXM:8,V100-32GB-SXM2:12", "multiple of 8 V100-32GB-SXM2 GPUs"),
+    ("A100-80GB-SXM:131072,V100-32GB-SXM2:8", "at most 131,072 GPUs in all"),
+])
+def test_gpus_shorthand_list_errors(text, message):
+    with pytest.raises(SpecError, match=message) as err:
+        parse_gpus_arg(text)
+    assert str(err.value).startswith(f"--gpus: {text!r} is not allowed")
+
+
 @pytest.mark.parametrize("text, message", [
     ("A100-80GB-SXM:12", "multiple of 8"),
     ("A100-80GB-SXM:0", "must be ≥ 1"),
