@@ -27,10 +27,17 @@ def test_source_flops_count_causal_attention_at_half():
                - 1) < 1e-6
 
 
+def _dispatchers(case_id: str) -> str:
+    """The MoE dispatcher of a row's plans."""
+    (case,) = [c for c in moe_cases() if c.id == case_id]
+    return "/".join(sorted({p.training.comm.moe_dispatcher for p in case.plans}))
+
+
 def test_moe_rows_mean_error():
     # Reached (15.1% over the first 21 rows, median 10.0%; 14.7% over 43 with the DGX Cloud
     # recipes' 22, median 10.5%; 14.0% with Transformer Engine's FP8 quantization priced,
-    # median 12.1%), not the 10% target. The rows run with
+    # median 12.1%; 13.4% with the DeepEP dispatcher NeMo 25.07's DeepSeek-V3 script
+    # runs on H100), not the 10% target. The rows run with
     # what their sources state: Megatron-Core's recompute modules (the long-context rows
     # fit with "layernorm, moe"), the Megatron-Bridge recipes' recompute none; 128k
     # (dp 1, cp 8) fits with the distributed optimizer over dp x cp; DeepSeek-V3 with its
@@ -41,12 +48,19 @@ def test_moe_rows_mean_error():
     # slow (docs/calibration.md, "MoE").
     s = score()
     assert s.count >= 21, s.failed
-    assert s.mape <= 0.145, s.errors
+    assert s.mape <= 0.137, s.errors
     # FP8 (delayed scaling) on the DGX Cloud recipes: TE's casts and transposes around
     # every FP8 GEMM priced (-16..-19% without them; the rest of the gap to the measured
     # 1.24x FP8 speed-up is not explained: docs/calibration.md, "DGX Cloud recipes")
     fp8 = [k for k in s.errors if k.startswith("dgxc-") and "-fp8-" in k]
     assert len(fp8) == 9 and all(abs(s.errors[k]) < 0.165 for k in fp8), s.errors
+    # DeepSeek-V3 on 1024 H100 in NeMo 25.07 (tp 1, pp 8, vp 2, ep 64): DeepEP on H100, as
+    # its release's pretrain_deepseek_v3.py sets (planner/data/validation/README.md); +45%
+    # priced with the all-to-all dispatcher. Still too slow, where the NeMo 25.04 rows of
+    # the same model (all-to-all with token drop) are too fast
+    assert "deepep" in _dispatchers("dgxc-dsv3-pretrain-h100-bf16-1024-example")
+    assert 0 < s.errors["dgxc-dsv3-pretrain-h100-bf16-1024-example"] < 0.25
+    assert _dispatchers("dgxc-dsv3-2505-h100-bf16-1024") == "alltoall"
     # DeepSeek-V3 on 256 H100 (NeMo AutoModel): MLA priced as the model runs it
     assert abs(s.errors["automodel-dsv3-256"]) < 0.08
     # pp 32 x vp 3 over 94 layers: the embedding and the loss counted as layers
