@@ -159,8 +159,12 @@ def _search(data, tmp_path, capsys, *, max_types: int, max_nodes: int) -> None:
     folder = _scratch(tmp_path)
     argv = ["search", *_model_flags(data, folder, SMALL_MODELS)[0]]
     if data.draw(st.booleans(), label="--gpus"):
-        argv += ["--gpus", f"{data.draw(st.sampled_from(GPU_TYPES))}:"
-                           f"{data.draw(st.sampled_from((1, 2, 4, 8, 16)))}"]
+        # one type, or several in their standard nodes on one fabric (refused, in one
+        # line, where their nodes' NICs differ)
+        types = data.draw(st.lists(st.sampled_from(GPU_TYPES), min_size=1, max_size=max_types,
+                                   unique=True), label="--gpus types")
+        argv += ["--gpus", ",".join(f"{t}:{data.draw(st.sampled_from((1, 2, 4, 8, 16)))}"
+                                    for t in types)]
     else:
         spec = data.draw(clusters(max_types=max_types, max_nodes=max_nodes,
                                   max_gpus_per_node=8))
