@@ -183,16 +183,18 @@ def speed_against(reference_s: float, probes_s: tuple[float, ...]) -> float:
     return max((reference_s / p for p in probes_s), key=lambda r: abs(r - 1.0))
 
 
-def profile(folder: str, model: str, *, nprocs: tuple[int, ...] = (2, 4)) -> float:
-    """The model's ops, and collectives and host costs over each of `nprocs` processes
-    (4: the 4-rank kinds' groups, and 4 ranks sharing the host); returns the foreign load
-    (cores other processes used) while it measured."""
+def profile(folder: str, model: str, *, nprocs: tuple[int, ...] = (2, 4),
+            mbs: tuple[int, ...] = (4, 8)) -> float:
+    """The model's ops at each of `mbs` (the kinds' micro-batch sizes), and collectives
+    and host costs over each of `nprocs` processes (4: the 4-rank kinds' groups, and 4
+    ranks sharing the host); returns the foreign load (cores other processes used) while
+    it measured."""
     hz = os.sysconf("SC_CLK_TCK")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0, t0 = _busy_jiffies(), time.monotonic()
     state_mb = max(4, min(64, 2 ** (preset(model).num_params() * 4 // 2**20).bit_length()))
-    ops = ["--model", model, "--tp", "1,2", "--mbs", "4,8", "--seq", str(SEQ), "--dtype",
-           "fp32", "--host-costs", "-o", os.path.join(folder, "cpu-ops.csv")]
+    ops = ["--model", model, "--tp", "1,2", "--mbs", ",".join(map(str, mbs)), "--seq",
+           str(SEQ), "--dtype", "fp32", "--host-costs", "-o", os.path.join(folder, "cpu-ops.csv")]
     # the DTensor rows also on the model's blocks at the tp kinds' activation (mbs 8)
     for argv in (ops, *(["--collectives", "--host-costs", "--nprocs", str(n), "--max-bytes",
                          f"{state_mb}MB", "--host-model", model, "--mbs", "8", "--seq",

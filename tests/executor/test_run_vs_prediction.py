@@ -55,7 +55,7 @@ def _errors(folder: str) -> tuple[dict[str, tuple[float, float, float]], float]:
     machine's speed at its end against its start (probe GEMM)."""
     bench.wait_quiet(QUIET_CORES, 60)
     start = bench.speed_probe_s()
-    bench.profile(folder, MODEL, nprocs=(2,))
+    bench.profile(folder, MODEL, nprocs=(2,), mbs=(8,))  # both kinds run micro-batches of 8
     out = {}
     for kind in KINDS:
         plan = bench.KINDS[kind](preset(MODEL))
