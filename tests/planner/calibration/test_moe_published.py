@@ -57,7 +57,8 @@ def test_moe_rows_mean_error():
     # DeepSeek-V3 on 1024 H100 in NeMo 25.07 (tp 1, pp 8, vp 2, ep 64): DeepEP on H100, as
     # its release's pretrain_deepseek_v3.py sets (planner/data/validation/README.md); +45%
     # priced with the all-to-all dispatcher. Still too slow, where the NeMo 25.04 rows of
-    # the same model (all-to-all with token drop) are too fast
+    # the same model, priced on the all-to-all dispatcher as before (which of the
+    # scripts of that time ran is not stored), are too fast
     assert "deepep" in _dispatchers("dgxc-dsv3-pretrain-h100-bf16-1024-example")
     assert 0 < s.errors["dgxc-dsv3-pretrain-h100-bf16-1024-example"] < 0.25
     assert _dispatchers("dgxc-dsv3-2505-h100-bf16-1024") == "alltoall"
