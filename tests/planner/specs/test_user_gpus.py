@@ -127,6 +127,32 @@ def test_a_catalog_file_overrides_an_entry_for_every_command(tmp_path, capsys):
     assert re.search(r"A100-80GB-SXM +80\.0GiB +- +156\.0TF +156\.0TF +78\.0TF", listing)
 
 
+def test_a_catalog_type_joins_a_gpus_list_and_its_plan_carries_it(tmp_path, capsys):
+    """A --catalog type beside a shipped one in `--gpus A,B`: both in their standard
+    nodes, and the plan written holds the new type's numbers (it runs again without the
+    catalog file)."""
+    import yaml
+
+    from profiler.devices import device
+    from profiler.schema import dump
+
+    entry = {k: v for k, v in dump(device("A100-80GB-SXM")).items() if k != "name"}
+    entry["memory_gib"] = 40
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"Lab-A100-40GB": entry}))
+    plan_path = tmp_path / "plan.yaml"
+    code, out, err = run_cli(["simulate", "--model", "gpt3-125m", "--gpus",
+                              "Lab-A100-40GB:8,V100-32GB-SXM2:8", "--catalog", str(catalog),
+                              "--tp", "1", "--pp", "2", "--dp", "8", "--mbs", "1", "--gbs",
+                              "32", "--seq", "1024", "--json", "-o", str(plan_path)], capsys)
+    assert code == 0, err
+    plan = load_plan(str(plan_path))
+    assert [(g.gpu, g.device.memory_gib) for g in plan.cluster.node_groups] == [
+        ("Lab-A100-40GB", 40), ("V100-32GB-SXM2", 32)]
+    code, again, err = run_cli(["simulate", "--plan", str(plan_path), "--json"], capsys)
+    assert code == 0 and _iteration(again) == _iteration(out), err
+
+
 def test_a_catalog_entry_for_a_shipped_type_may_give_only_what_it_changes(tmp_path, capsys):
     """{A100-80GB-SXM: {memory_gib: 40}}: the 40 GB memory over the shipped entry's fields
     (was: refused for every field it left out)."""
