@@ -68,14 +68,18 @@ class LayerRow:
                 / (self.measured_forward_s + self.measured_backward_s))
 
 
+# (model, profile file, its GPU where the file has no `gpu` column)
+_PROFILES = (("OPT-350M", LAYER_PROFILES_CSV, None),
+             ("GPT-Neo-2.7B", SAILOR_PROFILE_CSV, "GH-96"))
+
+
 def _measured() -> list[tuple[str, str, int, int, float, float]]:
     out = []
-    with open(LAYER_PROFILES_CSV, newline="", encoding="utf-8") as fh:
-        out += [("OPT-350M", r["gpu"], int(r["mbs"]), int(r["tp"]), float(r["forward_s"]),
-                 float(r["backward_s"])) for r in csv.DictReader(fh)]
-    with open(SAILOR_PROFILE_CSV, newline="", encoding="utf-8") as fh:
-        out += [("GPT-Neo-2.7B", "GH-96", int(r["mbs"]), int(r["tp"]), float(r["forward_s"]),
-                 float(r["backward_s"])) for r in csv.DictReader(fh)]
+    for model, path, gpu in _PROFILES:
+        with open(path, newline="", encoding="utf-8") as fh:
+            out += [(model, gpu or r["gpu"], int(r["mbs"]), int(r["tp"]),
+                     float(r["forward_s"]), float(r["backward_s"]))
+                    for r in csv.DictReader(fh)]
     return out
 
 
