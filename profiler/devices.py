@@ -52,11 +52,11 @@ __all__ = [
 
 DTypeName = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
-LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "pcie-host", "infiniband", "roce",
+LinkName = Literal["nvlink", "nvlink-mesh", "nvswitch", "xgmi", "pcie", "pcie-host", "infiniband", "roce",
                    "ethernet", "loopback"]
 NicName = Literal["infiniband", "roce", "ethernet"]
-LINK_KINDS: tuple[str, ...] = ("nvlink", "nvswitch", "xgmi", "pcie", "pcie-host", "infiniband",
-                               "roce", "ethernet", "loopback")
+LINK_KINDS: tuple[str, ...] = ("nvlink", "nvlink-mesh", "nvswitch", "xgmi", "pcie", "pcie-host",
+                               "infiniband", "roce", "ethernet", "loopback")
 NIC_KINDS: tuple[str, ...] = ("infiniband", "roce", "ethernet")
 
 MIN_TFLOPS, MAX_TFLOPS = 0.001, 1_000_000  # a device's peak per dtype: 1 GFLOP/s to 1 EFLOP/s
@@ -255,11 +255,22 @@ class LinkKind:
     single_rank_efficiency: float | None = spec_field(default=None, gt=0, max=1)
     nvls_efficiency: float | None = spec_field(default=None, gt=0, max=1)
     socket_stream_gbit_per_s: float | None = spec_field(default=None, gt=0)
+    full_mesh: bool = False
     source: str = spec_field()
 
     @property
     def latency_s(self) -> float:
         return self.latency_us * 1e-6
+
+    def peer_share(self, members: int, gpus_per_node: int) -> float:
+        """Fraction of a GPU's intra-node bandwidth a group of `members` GPUs of a node of
+        `gpus_per_node` reaches: all of it, except on a full mesh (`full_mesh`), where
+        the figure is a GPU's links to all its peers together and a group uses its
+        links to the other members only, (members - 1) / (gpus_per_node - 1); one peer
+        (a send) 1 / (gpus_per_node - 1)."""
+        if not self.full_mesh or gpus_per_node <= 2:
+            return 1.0
+        return max(1, members - 1) / (gpus_per_node - 1)
 
     @property
     def send_efficiency(self) -> float:

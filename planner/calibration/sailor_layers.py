@@ -68,6 +68,14 @@ class LayerRow:
                 / (self.measured_forward_s + self.measured_backward_s))
 
 
+# The heads Sailor's profiler built where they differ from the runs': its
+# `profile_all.py` passes `--num-attention-heads 20` for "GPT-Neo-2.7" (model_configs,
+# third_party/Megatron-DeepSpeed/profile_all.py, saha18uiuc/sailor@13b7942; GPT-Neo
+# 2.7B's own 20 heads of 128), while the runs' training config has 32 of 80
+# (`training_config_gpt_neo27.json`), which their logged memory confirms
+# (sailor_memory.py: 32 heads -2..-5% on rows 1, 2, 4, 5, 9, 12; 20 heads -17%).
+_PROFILED_HEADS = {"GPT-Neo-2.7B": 20}
+
 # (model, profile file, its GPU where the file has no `gpu` column)
 _PROFILES = (("OPT-350M", LAYER_PROFILES_CSV, None),
              ("GPT-Neo-2.7B", SAILOR_PROFILE_CSV, "GH-96"))
@@ -83,9 +91,11 @@ def _measured() -> list[tuple[str, str, int, int, float, float]]:
     return out
 
 
-def _one_layer_plan(template: Plan, sailor_gpu: str, mbs: int, tp: int) -> Plan | None:
+def _one_layer_plan(template: Plan, model: str, sailor_gpu: str, mbs: int, tp: int
+                    ) -> Plan | None:
     """One stage of the whole model on tp GPUs of the first node of `sailor_gpu`'s group
-    (None where a node has fewer), one micro-batch of `mbs`."""
+    (None where a node has fewer), one micro-batch of `mbs`, with the heads the profiler
+    built (`_PROFILED_HEADS`)."""
     cluster = template.cluster
     group = next(i for i, g in enumerate(cluster.node_groups) if g.name == sailor_gpu.lower())
     node = cluster.node_groups[group].gpus_per_node or 0
@@ -94,8 +104,10 @@ def _one_layer_plan(template: Plan, sailor_gpu: str, mbs: int, tp: int) -> Plan 
     devices = tuple(s.index for s in cluster.slots if s.group == group)[:tp]
     stage = Stage(layers=(0, template.model.num_layers), devices=devices, tp=tp,
                   recompute=Recompute.NONE)
+    heads = _PROFILED_HEADS.get(model, template.model.num_heads)
     return dataclasses.replace(
-        template, pipelines=(Pipeline(stages=(stage,), micro_batch_size=mbs,
+        template, model=dataclasses.replace(template.model, num_heads=heads),
+        pipelines=(Pipeline(stages=(stage,), micro_batch_size=mbs,
                                       num_microbatches=1),),
         training=dataclasses.replace(template.training, global_batch_size=mbs))
 
@@ -107,7 +119,7 @@ def layer_rows(cases: list[SailorCase] | None = None) -> list[LayerRow]:
     for model, sailor_gpu, mbs, tp, fwd, bwd in _measured():
         template = plans[_TEMPLATE[model, sailor_gpu]]
         assert template is not None
-        plan = _one_layer_plan(template, sailor_gpu, mbs, tp)
+        plan = _one_layer_plan(template, model, sailor_gpu, mbs, tp)
         if plan is None:
             continue
         cost = plan_costs(plan).costs[0][0]

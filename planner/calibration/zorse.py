@@ -306,30 +306,32 @@ _LAYER_EXTRA: dict[tuple[str, str], tuple[tuple[float, float, float], tuple[floa
 
 # Bytes per attention-score element that the HF eager paths move beyond the workload's
 # "math" path (Megatron's scale-mask-softmax: fused in 16 bits, reading and writing the
-# scores once; in fp32 a masked_fill and a softmax, twice (workload._softmax); dropout
-# reading once and writing the output and a byte mask; backward 1.5x each), forward and
+# scores once; in fp32 a masked_fill and a softmax, twice (workload._softmax), whose
+# backward under autograd moves 16 words a score in 8 kernels (the in-place masked_fill
+# on a view: CopySlices), which HF's out-of-place masks do not; dropout reading once and
+# writing the output and a byte mask; backward 1.5x each otherwise), forward and
 # backward, with softmax on autocast's fp32 list (a fp16 score is cast up, the fp32
 # probabilities cast down for the second matmul). Negative where the eager path moves
 # less than Megatron's fp32 one:
 #   llama_eager (LlamaAttention / MistralAttention): scores / sqrt(d); softmax(dtype=fp32);
 #     .to(fp16); dropout p=0 (no kernel). fp16 fwd 4+6+6 = 16, bwd 6+10+4 = 20;
-#     fp32 fwd 8+8 = 16, bwd 12+8 = 20. Workload: fwd 2e, bwd 3e (fp32: 4e, 6e).
+#     fp32 fwd 8+8 = 16, bwd 12+8 = 20. Workload: fwd 2e, bwd 3e (fp32: 4e, 16e).
 #   bert_eager (BertSelfAttention): / sqrt(d); cast to fp32; softmax; dropout 0.1 (fp32,
 #     byte mask); cast to fp16. fp16 fwd 4+6+8+9+6 = 33, bwd 6+9+12+6+4 = 37;
 #     fp32 fwd 8+8+9 = 25, bwd 9+12+8 = 29. Workload: fwd 4.5e, bwd 6.75e (fp32: 6.5e,
-#     9.75e; the third number, extra kernels, less the fp32 softmax's second kernel
-#     forward and backward).
+#     19.75e; the third number, extra kernels, less the fp32 softmax's second kernel
+#     forward and its 7 more backward).
 #   gpt_eager (OpenAI-GPT Attention._attn): / sqrt(d); w * tril (a fp32 buffer: the product
 #     is fp32); + -1e4 * (1 - tril); softmax; dropout 0.1; cast to fp16. fp16 fwd
 #     4+6+8+8+9+6 = 41, bwd 6+9+12+0+14+4 = 45; fp32 fwd 8+8+8+8+9 = 41, bwd 9+12+0+8+8 = 37.
 _EAGER_BYTES: dict[tuple[str, int], tuple[float, float, int]] = {
     # (code, element bytes): (forward bytes, backward bytes, kernels forward+backward)
     ("llama_eager", 2): (16 - 2 * 2, 20 - 3 * 2, 3),
-    ("llama_eager", 4): (16 - 4 * 4, 20 - 6 * 4, 1 - 2),
+    ("llama_eager", 4): (16 - 4 * 4, 20 - 16 * 4, 1 - 8),
     ("bert_eager", 2): (33 - 4.5 * 2, 37 - 6.75 * 2, 5),
-    ("bert_eager", 4): (25 - 6.5 * 4, 29 - 9.75 * 4, 1 - 2),
+    ("bert_eager", 4): (25 - 6.5 * 4, 29 - 19.75 * 4, 1 - 8),
     ("gpt_eager", 2): (41 - 4.5 * 2, 45 - 6.75 * 2, 7),
-    ("gpt_eager", 4): (41 - 6.5 * 4, 37 - 9.75 * 4, 4 - 2),
+    ("gpt_eager", 4): (41 - 6.5 * 4, 37 - 19.75 * 4, 4 - 8),
 }
 
 

@@ -168,11 +168,13 @@ def _node_tier(cluster: ClusterSpec, by_domain: dict[int, list[GpuSlot]], arch: 
                   and all(len({s.node for s in v}) == 1 for v in by_domain.values()))
     for node_members in by_domain.values():
         g = cluster.node_groups[node_members[0].group]
-        assert g.intra_node_link is not None
+        assert g.intra_node_link is not None and g.gpus_per_node is not None
         kind = link_kind(g.intra_node_link)
         nominal = g.intra_node_bandwidth_bytes_per_s
-        bw = min(bw, nominal * kind.bandwidth_efficiency)
-        p2p = min(p2p, nominal * kind.send_efficiency)
+        on_node = max(collections.Counter(s.node for s in node_members).values())
+        bw = min(bw, nominal * kind.peer_share(on_node, g.gpus_per_node)
+                 * kind.bandwidth_efficiency)
+        p2p = min(p2p, nominal * kind.peer_share(2, g.gpus_per_node) * kind.send_efficiency)
         nvls = min(nvls, nominal * (kind.nvls_efficiency or 0.0) if sharp_arch else 0.0)
         lat = max(lat, kind.latency_s)
         channels = min(channels, kind.channels)

@@ -311,7 +311,16 @@ def _softmax(probs: float, dtype: str, *, fused: bool = True) -> Op:
     fused_softmax.py, Megatron-DeepSpeed's megatron/model/fused_softmax.py alike): an
     fp32 or tf32 run takes `forward_torch_softmax`, the mask (`attention_mask_func`, an
     in-place masked_fill) and torch's softmax as two kernels, each reading and writing
-    the scores (a scale, where query-key layer scaling is on, would be a third).
+    the scores (a scale, where query-key layer scaling is on, would be a third). Its
+    backward is what autograd makes of that masked_fill_, in place on the `.view` of the
+    baddbmm's output (megatron/core/transformer/dot_product_attention.py; Megatron-
+    DeepSpeed's and Sailor's attention alike): the view's gradient through
+    AsStridedBackward0 (zero a base-sized buffer, copy into it: 1 + 2 words a score), the
+    base's through CopySlices (copy the gradient, clone the slice, the masked_fill
+    backward as a clone and a masked_fill_, copy back: 2 + 2 + 2 + 2 + 2;
+    torch/csrc/autograd/functions/tensor.cpp) and softmax's backward (read the output and
+    its gradient, write one: 3): 16 words a score in 8 kernels, counted on torch by
+    `test_fp32_softmax_backward_is_what_autograd_runs`.
 
     A 16-bit run whose scores the fused kernel does not take (`fused` false,
     `_fused_softmax_fits`) takes the same torch path with query-key layer scaling on
@@ -323,7 +332,7 @@ def _softmax(probs: float, dtype: str, *, fused: bool = True) -> Op:
     elem = DType(dtype).element_bytes
     if DType(dtype).storage is DType.FP32:
         return _elementwise("attn.softmax", probs, elem, reads=2, writes=2, flops_per_elem=4,
-                            kernels=2)
+                            kernels=2, backward_kernels=8, backward_bytes_per_elem=16 * elem)
     if not fused:
         return _elementwise("attn.softmax", probs, 1, reads=18, writes=18, flops_per_elem=6,
                             kernels=5, backward_bytes_per_elem=40)

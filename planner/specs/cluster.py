@@ -29,7 +29,7 @@ __all__ = ["NIC_GBIT_RANGE", "TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLi
 
 TRAIN_DTYPES = values(DType)  # what a model trains in (Plan.training.dtype)
 NIC_GBIT_RANGE = (0.1, 100_000.0)  # a NIC's bandwidth, Gb/s (NodeGroup.nic_bandwidth_gbit_per_s)
-LinkName = Literal["nvlink", "nvswitch", "xgmi", "pcie", "pcie-host", "loopback"]
+LinkName = Literal["nvlink", "nvlink-mesh", "nvswitch", "xgmi", "pcie", "pcie-host", "loopback"]
 NicName = Literal["infiniband", "roce", "ethernet"]
 
 

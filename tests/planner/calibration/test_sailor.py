@@ -148,7 +148,7 @@ def test_rows_apply_the_dropout_their_layers_apply():
 
 
 # Measured mean |error| of the event simulation over the 34 scored rows and per group
-# (15.6%; 14.6 / 16.6 / 11.3 / 27.2%, rounded up by under a point); Sailor's own simulator
+# (13.7%; 12.8 / 16.2 / 8.5 / 23.3%, rounded up by under a point); Sailor's own simulator
 # on them: 9.6% (9.1 / 10.4 / 4.1 / 19.9%). Row 8 (+234%) is printed but not scored: its
 # logged time is 0.40x the compute its layout needs by Sailor's own profile; row 30's
 # record is row 34's (docs/calibration.md, "Sailor").
@@ -161,8 +161,12 @@ def test_rows_apply_the_dropout_their_layers_apply():
 # (rows 33 and 36: 6 ranks over two islands, 1 + 5 nodes, had been priced as 2 x 5 = 10);
 # the logged reductions of rows 35 and 36 came within 4% (below), the rows' end-to-end
 # error moved from 22.8% to 24.7%: the RTX runs' missing time is not in their collectives
-SAILOR_BOUND = {"all": 0.16, "GH200 pipelined": 0.15, "GH200 data parallel": 0.17,
-                "mixed RTX pipelined": 0.12, "mixed RTX data parallel": 0.28}
+# 2026-12-07 (later): 0.16 / 0.15 / 0.17 / 0.12 / 0.28 (15.6%; 14.6 / 16.6 / 11.3 / 27.2%)
+# until the fp32 softmax's backward was priced as autograd runs it and the quad GH200 as
+# the full NVLink mesh it is (docs/calibration.md, "Sailor: the fp32 softmax backward and
+# the GH200 mesh"); each alone moves one group past its bound, together every group gains.
+SAILOR_BOUND = {"all": 0.145, "GH200 pipelined": 0.135, "GH200 data parallel": 0.17,
+                "mixed RTX pipelined": 0.09, "mixed RTX data parallel": 0.24}
 
 
 def test_simulated_accuracy():

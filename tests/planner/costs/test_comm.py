@@ -255,6 +255,30 @@ def test_send_recv_over_nvswitch():
     assert GIB / collective_time_s("send_recv", GIB, pair) / 1e9 == pytest.approx(195.1, rel=0.05)
 
 
+def test_a_full_nvlink_mesh_gives_a_group_its_links_to_the_other_members():
+    """A quad GH200 node has no NVSwitch: each GPU's 18 NVLink4 links run 6 to each of its
+    3 peers (450 GB/s a GPU, 150 to a peer; HPE Cray EX254n; Fusco et al. 2024). A ring
+    over all four uses every GPU's links to all its peers, as NCCL's rings do on DGX-1's
+    cube mesh; a pair has only its own 6. Bus bandwidth at 1 GiB is then the link kind's
+    efficiency times 450 GB/s for 4 GPUs, times 150 for 2, and a send between two GPUs of
+    the node runs on the 150 GB/s between them. (No public nccl-tests figure for a quad
+    GH200 node is known; Sailor's GH200 layer profile at tp 4, held out, is priced at
+    0.92-0.99 of its forward with this, 1.34-1.56 without: test_sailor_layers.py.)"""
+    quad = parse_gpus_arg("GH200-96GB:4")
+    kind = link_kind("nvlink-mesh")
+    assert quad.node_groups[0].intra_node_link == "nvlink-mesh" and kind.full_mesh
+    four, two = group_tiers(quad, (0, 1, 2, 3)), group_tiers(quad, (1, 3))
+    assert busbw("all_reduce", GIB, four) == pytest.approx(450 * kind.bandwidth_efficiency,
+                                                           rel=0.05)
+    assert busbw("all_reduce", GIB, two) == pytest.approx(150 * kind.bandwidth_efficiency,
+                                                          rel=0.05)
+    assert GIB / collective_time_s("send_recv", GIB, two) / 1e9 == pytest.approx(
+        150 * kind.send_efficiency, rel=0.05)
+    # a switched node's group gets the whole per-GPU figure at any size
+    assert link_kind("nvswitch").peer_share(2, 8) == 1.0 == kind.peer_share(4, 4)
+    assert kind.peer_share(3, 4) == pytest.approx(2 / 3)
+
+
 @pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"])
 def test_time_grows_with_size(kind):
     tiers = group_tiers(parse_gpus_arg("H100-80GB-SXM:16"), tuple(range(0, 16, 2)))

@@ -1,6 +1,8 @@
 """FLOP counts against the Megatron-LM formulas (Narayanan et al. 2021, Appendix;
 Korthikanti et al. 2022 §6) and activation bytes against Korthikanti et al. 2022 §4."""
 
+import math
+
 import pytest
 
 from planner.costs.workload import (
@@ -46,7 +48,9 @@ def test_fp32_softmax_is_megatrons_unfused_path(dtype):
     fused_softmax.py): in fp32 / tf32 `forward_torch_softmax` runs the mask (an in-place
     masked_fill) and torch's softmax as two kernels, each reading and writing the b x a x
     s x s scores once. The math path's softmax then moves 4 fp32 words per score element
-    forward (twice what the fused kernel does), 6 backward (1.5x), in two launches."""
+    forward (twice what the fused kernel does), in two launches. Its backward moves 16 in
+    8 launches, as autograd runs it (the masked_fill is in place on a view of the
+    baddbmm's output: `test_fp32_softmax_backward_is_what_autograd_runs`)."""
     m = preset("megatron-22b")
     b, s, tp = 2, 1024, 2
     heads = m.num_heads // tp
@@ -61,9 +65,51 @@ def test_fp32_softmax_is_megatrons_unfused_path(dtype):
     scores = b * heads * s * s
     fwd, bwd = softmax(dtype)
     assert fwd.bytes == pytest.approx(4 * 4 * scores) and fwd.kernels == 2
-    assert bwd.bytes == pytest.approx(6 * 4 * scores) and bwd.kernels == 2
+    assert bwd.bytes == pytest.approx(16 * 4 * scores) and bwd.kernels == 8
     fused, _ = softmax("bf16")  # the fused kernel: one read, one write of 2-byte scores
     assert fused.bytes == pytest.approx(2 * 2 * scores) and fused.kernels == 1
+
+
+def test_fp32_softmax_backward_is_what_autograd_runs():
+    """Megatron's fp32 attention (megatron/core/transformer/dot_product_attention.py;
+    Megatron-DeepSpeed's ParallelAttention and Sailor's OPT / GPT-Neo attention alike):
+    `baddbmm` into a [b*np, sq, sk] buffer, `.view(b, np, sq, sk)`, then
+    `attention_mask_func`'s in-place `masked_fill_` on that view and torch's softmax. An
+    in-place op on a view makes autograd rewrite the base's history: the view's gradient
+    goes through AsStridedBackward0 (a zeroed base-sized buffer, a copy into it) and the
+    base's through CopySlices (a copy of the gradient, a clone of the slice, the
+    masked_fill backward as clone + masked_fill_, a copy back; torch/csrc/autograd/
+    functions/tensor.cpp). Run on torch here, the score-sized kernels of that backward
+    are the 8 launches and 16 words per score the planner prices."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    b, heads, s, d = 2, 3, 64, 16
+    qkv = torch.randn(s, b, heads * 3 * d, requires_grad=True)
+    mask = torch.ones(1, 1, s, s, dtype=torch.bool).triu(1)
+    q, k, v = (x.reshape(s, b * heads, d) for x in
+               torch.split(qkv.view(s, b, heads, 3 * d), d, dim=-1))
+    scores = torch.baddbmm(torch.empty(b * heads, s, s), q.transpose(0, 1),
+                           k.transpose(0, 1).transpose(1, 2), beta=0.0, alpha=1.0)
+    view = scores.view(b, heads, s, s)
+    view.masked_fill_(mask, -10000.0)
+    probs = torch.nn.functional.softmax(view, dim=-1)
+    context = torch.bmm(probs.view(b * heads, s, s), v.transpose(0, 1))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        context.backward(torch.ones_like(context))
+    # words each kernel moves per score: read + write, a zeroing writes, softmax's backward
+    # reads the output and its gradient and writes one
+    words = {"aten::copy_": 2, "aten::zero_": 1, "aten::masked_fill_": 2,
+             "aten::_softmax_backward_data": 3}
+    n = b * heads * s * s
+    ran = [e.name for e in prof.events() if e.name in words
+           and any(math.prod(shape) == n for shape in e.input_shapes if shape)]
+    [bwd] = [i for i in layer_work(preset("megatron-22b"), WorkloadShape(
+        micro_batch_size=1, seq_len=256, tp=1, dtype="fp32", attention="math")).backward
+        if isinstance(i, Op) and i.name == "attn.softmax.bwd"]
+    per_score = bwd.bytes / 4 / (preset("megatron-22b").num_heads * 256 * 256)
+    assert len(ran) == bwd.kernels == 8, ran
+    assert sum(words[name] for name in ran) == pytest.approx(per_score) == 16
 
 
 @pytest.mark.parametrize(("b", "tp", "s", "fused"), [
