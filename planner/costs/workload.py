@@ -328,14 +328,15 @@ def _softmax(probs: float, dtype: str, *, fused: bool = True) -> Op:
     scaling forces `attention_softmax_in_fp32`, megatron/arguments.py and
     megatron/model/transformer.py): cast to fp32 (read 2 B, write 4), scale (4 + 4),
     mask (4 + 4), softmax (4 + 4), cast back (4 + 2) = 36 B per score in 5 kernels; its
-    backward runs the five in reverse under autograd (6 + 12 + 8 + 8 + 6 = 40 B)."""
+    backward runs them in reverse under autograd: 6 + 12, the mask's backward as a clone
+    and a masked_fill_ (8 + 8), then 8 + 6 = 48 B in 6 kernels."""
     elem = DType(dtype).element_bytes
     if DType(dtype).storage is DType.FP32:
         return _elementwise("attn.softmax", probs, elem, reads=2, writes=2, flops_per_elem=4,
                             kernels=2, backward_kernels=8, backward_bytes_per_elem=16 * elem)
     if not fused:
         return _elementwise("attn.softmax", probs, 1, reads=18, writes=18, flops_per_elem=6,
-                            kernels=5, backward_bytes_per_elem=40)
+                            kernels=5, backward_kernels=6, backward_bytes_per_elem=48)
     return _elementwise("attn.softmax", probs, elem, reads=1, writes=1, flops_per_elem=4)
 
 

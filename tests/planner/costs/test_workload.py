@@ -112,6 +112,40 @@ def test_fp32_softmax_backward_is_what_autograd_runs():
     assert sum(words[name] for name in ran) == pytest.approx(per_score) == 16
 
 
+def test_16_bit_unfused_softmax_backward_is_what_autograd_runs():
+    """Megatron-DeepSpeed's torch softmax path for 16-bit scores the fused kernel does not
+    take (`forward_torch_softmax`): cast to fp32, scale, the in-place masked_fill (on the
+    scaled copy, not a view: no CopySlices), softmax, cast back. Run on torch here, its
+    backward is 6 score-sized kernels: the cast (2 + 4 bytes), softmax's backward
+    (4 + 4 + 4), the masked_fill backward as a clone (4 + 4) and a masked_fill_ (4 + 4),
+    the scale (4 + 4), the cast back (4 + 2): 48 bytes a score, what the planner prices."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    b, heads, s = 2, 3, 64
+    scores = torch.randn(b * heads, s, s, dtype=torch.float16, requires_grad=True)
+    mask = torch.ones(1, 1, s, s, dtype=torch.bool).triu(1)
+    scaled = scores.view(b, heads, s, s).float() * 3.0
+    scaled.masked_fill_(mask, -10000.0)
+    probs = torch.nn.functional.softmax(scaled, dim=-1).half()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        probs.backward(torch.ones_like(probs))
+    n = b * heads * s * s
+    ran = [e.name for e in prof.events() if e.name in (
+        "aten::copy_", "aten::_softmax_backward_data", "aten::masked_fill_", "aten::mul")
+        and any(math.prod(shape) == n for shape in e.input_shapes if shape)]
+    assert ran == ["aten::copy_", "aten::_softmax_backward_data", "aten::copy_",
+                   "aten::masked_fill_", "aten::mul", "aten::copy_"]
+    moved = [6, 12, 8, 8, 8, 6]
+    m = ModelSpec(name="gpt-16-heads", num_layers=2, hidden_size=1024, ffn_hidden_size=4096,
+                  num_heads=16, vocab_size=50257, seq_len=1024)
+    [bwd] = [i for i in layer_work(m, WorkloadShape(
+        micro_batch_size=1, seq_len=1024, tp=8, dtype="fp16", attention="math")).backward
+        if isinstance(i, Op) and i.name == "attn.softmax.bwd"]
+    assert bwd.kernels == len(ran)
+    assert bwd.bytes == pytest.approx(sum(moved) * 2 * 1024 * 1024)
+
+
 @pytest.mark.parametrize(("b", "tp", "s", "fused"), [
     (1, 8, 1024, False),  # 1 x 2 heads: 2 score matrices, not a multiple of 4
     (2, 8, 1024, True),  # 4 matrices
@@ -127,7 +161,9 @@ def test_fused_softmax_falls_back_where_megatron_does(b, tp, s, fused):
     the kernel's matrices per thread block, 4 for s_k > 128). Elsewhere a 16-bit run
     takes the torch path with query-key layer scaling on (Megatron-DeepSpeed's default):
     cast to fp32, scale, mask, softmax, cast back: 5 kernels, 36 bytes per score forward
-    and 40 backward, against the fused kernel's one launch and 4 bytes."""
+    and 48 backward in 6 (the mask's backward is a clone and a masked_fill_:
+    `test_16_bit_unfused_softmax_backward_is_what_autograd_runs`), against the fused
+    kernel's one launch and 4 bytes."""
     m = ModelSpec(name="gpt-16-heads", num_layers=2, hidden_size=1024, ffn_hidden_size=4096,
                   num_heads=16, vocab_size=50257, seq_len=s)
     w = layer_work(m, WorkloadShape(micro_batch_size=b, seq_len=s, tp=tp, dtype="fp16",
@@ -140,7 +176,7 @@ def test_fused_softmax_falls_back_where_megatron_does(b, tp, s, fused):
         assert bwd.bytes == pytest.approx(6 * scores)
     else:
         assert fwd.kernels == 5 and fwd.bytes == pytest.approx(36 * scores)
-        assert bwd.kernels == 5 and bwd.bytes == pytest.approx(40 * scores)
+        assert bwd.kernels == 6 and bwd.bytes == pytest.approx(48 * scores)
 
 
 def test_model_and_hardware_flops_match_megatron_formulas():
