@@ -266,8 +266,9 @@ class LinkKind:
         """Fraction of a GPU's intra-node bandwidth a group of `members` GPUs of a node of
         `gpus_per_node` reaches: all of it, except on a full mesh (`full_mesh`), where
         the figure is a GPU's links to all its peers together and a group uses its
-        links to the other members only, (members - 1) / (gpus_per_node - 1); one peer
-        (a send) 1 / (gpus_per_node - 1)."""
+        links to the other members only, (members - 1) / (gpus_per_node - 1), in its
+        rings and its all-to-alls alike; a pair (a send) one peer's, 1 / (gpus_per_node
+        - 1)."""
         if not self.full_mesh or gpus_per_node <= 2:
             return 1.0
         return max(1, members - 1) / (gpus_per_node - 1)

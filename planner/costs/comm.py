@@ -171,10 +171,12 @@ def _node_tier(cluster: ClusterSpec, by_domain: dict[int, list[GpuSlot]], arch: 
         assert g.intra_node_link is not None and g.gpus_per_node is not None
         kind = link_kind(g.intra_node_link)
         nominal = g.intra_node_bandwidth_bytes_per_s
-        on_node = max(collections.Counter(s.node for s in node_members).values())
-        bw = min(bw, nominal * kind.peer_share(on_node, g.gpus_per_node)
-                 * kind.bandwidth_efficiency)
-        p2p = min(p2p, nominal * kind.peer_share(2, g.gpus_per_node) * kind.send_efficiency)
+        # a full mesh gives the group its links to the other members (`peer_share`):
+        # a pair one peer's, an all-to-all of k every member's k - 1 at once
+        share = kind.peer_share(max(collections.Counter(s.node for s in node_members)
+                                    .values()), g.gpus_per_node)
+        bw = min(bw, nominal * share * kind.bandwidth_efficiency)
+        p2p = min(p2p, nominal * share * kind.send_efficiency)
         nvls = min(nvls, nominal * (kind.nvls_efficiency or 0.0) if sharp_arch else 0.0)
         lat = max(lat, kind.latency_s)
         channels = min(channels, kind.channels)

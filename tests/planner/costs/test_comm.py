@@ -261,7 +261,8 @@ def test_a_full_nvlink_mesh_gives_a_group_its_links_to_the_other_members():
     over all four uses every GPU's links to all its peers, as NCCL's rings do on DGX-1's
     cube mesh; a pair has only its own 6. Bus bandwidth at 1 GiB is then the link kind's
     efficiency times 450 GB/s for 4 GPUs, times 150 for 2, and a send between two GPUs of
-    the node runs on the 150 GB/s between them. (No public nccl-tests figure for a quad
+    the node runs on the 150 GB/s between them, an all-to-all of the four on all 450.
+    (No public nccl-tests figure for a quad
     GH200 node is known; Sailor's GH200 layer profile at tp 4, held out, is priced at
     0.92-0.99 of its forward with this, 1.34-1.56 without: test_sailor_layers.py.)"""
     quad = parse_gpus_arg("GH200-96GB:4")
@@ -274,6 +275,9 @@ def test_a_full_nvlink_mesh_gives_a_group_its_links_to_the_other_members():
                                                           rel=0.05)
     assert GIB / collective_time_s("send_recv", GIB, two) / 1e9 == pytest.approx(
         150 * kind.send_efficiency, rel=0.05)
+    # an all-to-all of the four sends to its 3 peers at once, each on its own links
+    assert 0.75 * GIB / collective_time_s("all_to_all", GIB, four) / 1e9 == pytest.approx(
+        450 * kind.send_efficiency, rel=0.05)
     # a switched node's group gets the whole per-GPU figure at any size
     assert link_kind("nvswitch").peer_share(2, 8) == 1.0 == kind.peer_share(4, 4)
     assert kind.peer_share(3, 4) == pytest.approx(2 / 3)
