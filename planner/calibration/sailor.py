@@ -36,7 +36,7 @@ slow Ethernet. Each row becomes a Plan exactly as written:
   `TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1` runs fp32 matmuls in TF32 (PyTorch alone would
   not since 1.12, pytorch/pytorch#77114): every plan trains in `tf32`, which runs on
   tensor cores where the GPU has TF32 (GH200, RTX 3090) and on the CUDA cores in fp32
-  where it has not (Titan RTX, RTX 2080: Turing).
+  where it has not (Titan RTX, RTX 2080 Ti: Turing).
 
 Rows the planner cannot express are listed with the reason (GPU types the device catalog
 lacks; a planner without tf32 scores fp32 and marks the row a lower bound).
@@ -89,10 +89,16 @@ SAILOR_PROFILE_CSV = os.path.join(VALIDATION_DIR, "sailor_gptneo_gh200_profile.c
 PROFILED = ("GPT-Neo-2.7B", "GH-96")  # the model and GPU the profile was measured on
 
 # Sailor's GPU names and the catalog names they may have (issue 14 adds the RTX cards).
+# "RTX-2080" is an RTX 2080 Ti: Sailor's own cluster config gives it 11 GiB
+# (`mem_per_gpu` 11811160064 in sailor/Planner/simulations/configs/basic_cluster_config.json,
+# saha18uiuc/sailor@37ded108; the RTX 2080 has 8 GB, the 2080 Ti 11), and its measured
+# fp32 layer (8.13 ms forward at micro-batch 1) is 95% of the Titan RTX's, below what an
+# RTX 2080's 10.1 TFLOP/s and 448 GB/s allow for its GEMMs and fp32 softmax alone
+# (docs/calibration.md, "Sailor: the RTX-2080 is an RTX 2080 Ti").
 SAILOR_GPUS: dict[str, tuple[str, ...]] = {
     "GH-96": ("GH200-96GB",),
     "RTX-3090": ("RTX3090-24GB", "RTX-3090", "RTX3090"),
-    "RTX-2080": ("RTX2080-8GB", "RTX-2080", "RTX2080"),
+    "RTX-2080": ("RTX2080Ti-11GB",),
     "Titan-RTX": ("TITAN-RTX-24GB", "Titan-RTX-24GB", "Titan-RTX", "TitanRTX-24GB"),
 }
 # The mixed cluster's links as Sailor measured them (the row's `network` column): about
