@@ -1,6 +1,6 @@
 """The communication model against published nccl-tests figures.
 
-planner/data/reference/nccl_tests.csv holds 102 measured collective points with their
+planner/data/reference/nccl_tests.csv holds 104 measured collective points with their
 hardware (its README names every source). Each row whose GPU, node and NIC the catalog can
 describe becomes a cluster and a group; the model's time (planner/costs/comm.py) is set
 beside the measured one, with nccl-tests' bus bandwidth. Rows on EFA are priced as RoCE
@@ -28,7 +28,8 @@ __all__ = ["NcclCase", "nccl_cases"]
 
 REFERENCE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "reference")
 # the GPU a row's hardware names, as the catalog calls it
-GPUS = (("A100", "A100-80GB-SXM"), ("H100", "H100-80GB-SXM"), ("H200", "H200-141GB-SXM"),
+GPUS = (("GH200", "GH200-96GB"), ("A100", "A100-80GB-SXM"), ("H100", "H100-80GB-SXM"),
+        ("H200", "H200-141GB-SXM"),
         ("H20", "H100-80GB-SXM"), ("B200", "B200-180GB"), ("V100", "V100-32GB-SXM2"),
         ("RTX 4090", "RTX4090-24GB"))
 NICS = {"ib-hdr": "infiniband", "ib-ndr": "infiniband", "roce": "roce", "efa": "roce",

@@ -262,9 +262,11 @@ def test_a_full_nvlink_mesh_gives_a_group_its_links_to_the_other_members():
     cube mesh; a pair has only its own 6. Bus bandwidth at 1 GiB is then the link kind's
     efficiency times 450 GB/s for 4 GPUs, times 150 for 2, and a send between two GPUs of
     the node runs on the 150 GB/s between them, an all-to-all of the four on all 450.
-    (No public nccl-tests figure for a quad
-    GH200 node is known; Sailor's GH200 layer profile at tp 4, held out, is priced at
-    0.92-0.99 of its forward with this, 1.34-1.56 without: test_sailor_layers.py.)"""
+    Sailor measured that send on its Clariden nodes: 125.46 GB/s for one pair (row 103)
+    and 125.28 each for two pairs at once (row 104: no sharing, each pair on links of its
+    own). No measured all-reduce over a quad GH200 node is known; Sailor's GH200 layer
+    profile at tp 4, held out, is priced at 0.92-0.99 of its forward with this, 1.34-1.56
+    without (test_sailor_layers.py)."""
     quad = parse_gpus_arg("GH200-96GB:4")
     kind = link_kind("nvlink-mesh")
     assert quad.node_groups[0].intra_node_link == "nvlink-mesh" and kind.full_mesh
@@ -275,6 +277,8 @@ def test_a_full_nvlink_mesh_gives_a_group_its_links_to_the_other_members():
                                                           rel=0.05)
     assert GIB / collective_time_s("send_recv", GIB, two) / 1e9 == pytest.approx(
         150 * kind.send_efficiency, rel=0.05)
+    assert GIB / collective_time_s("send_recv", GIB, two) / 1e9 == pytest.approx(125.4,
+                                                                                 rel=0.1)
     # an all-to-all of the four sends to its 3 peers at once, each on its own links
     assert 0.75 * GIB / collective_time_s("all_to_all", GIB, four) / 1e9 == pytest.approx(
         450 * kind.send_efficiency, rel=0.05)
