@@ -6,7 +6,7 @@ import argparse
 
 from planner.commands.args import add_catalog_arg, print_json
 from planner.commands.inputs import extra_catalog
-from profiler.devices import catalog
+from profiler.devices import DeviceSpec, catalog, link_kind
 from profiler.schema import dump
 
 __all__ = ["add_parser", "run"]
@@ -33,8 +33,7 @@ def run(args: argparse.Namespace) -> int:
         n = d.node
         node = ("none (a cluster file gives its nodes)" if n is None else
                 f"{n.name}: {n.gpus_per_node} {'ranks' if d.vendor == 'cpu' else 'GPUs'} "
-                f"on {d.intra_node_link} "
-                f"({d.intra_node_bandwidth_gb_per_s:g} GB/s), {n.nics_per_node}x "
+                f"on {d.intra_node_link} ({_link_rate(d, n.gpus_per_node)}), {n.nics_per_node}x "
                 f"{n.nic_bandwidth_gbit_per_s:g} Gb/s {n.nic}"
                 + (f"; NVLink domain of {n.nvlink_domain_gpus} GPUs"
                    if n.nvlink_domain_gpus not in (None, n.gpus_per_node) else ""))
@@ -42,6 +41,16 @@ def run(args: argparse.Namespace) -> int:
               f"{_tflops(d.peak_tflops.get('fp32')):>7} "
               f"{d.memory_bandwidth_gb_per_s:6.0f}GB/s  {node}")
     return 0
+
+
+def _link_rate(d: DeviceSpec, gpus_per_node: int) -> str:
+    """A GPU's intra-node bandwidth, per direction; on a full mesh what that is to each
+    peer (a pair has only its own links: `LinkKind.peer_share`)."""
+    rate = f"{d.intra_node_bandwidth_gb_per_s:g} GB/s"
+    peers = gpus_per_node - 1
+    if not link_kind(d.intra_node_link).full_mesh or peers < 2:
+        return rate
+    return f"{rate}, {d.intra_node_bandwidth_gb_per_s / peers:g} to each of {peers} peers"
 
 
 def _tflops(value: float | None) -> str:

@@ -189,6 +189,15 @@ def test_listings_one_per_line(verb, capsys):
     assert code == 0 and len(json.loads(out)) == len(lines) - 1
 
 
+def test_gpus_says_what_a_full_mesh_gives_each_peer(capsys):
+    """A quad GH200 node's 450 GB/s is a GPU's links to its 3 peers together."""
+    code, out, _ = _run(["gpus"], capsys)
+    gh = next(line for line in out.splitlines() if line.startswith("GH200-96GB "))
+    assert code == 0 and "nvlink-mesh (450 GB/s, 150 to each of 3 peers)" in gh
+    h100 = next(line for line in out.splitlines() if line.startswith("H100-80GB-SXM "))
+    assert "nvswitch (450 GB/s)" in h100
+
+
 def test_models_lists_small_counts_in_millions(capsys):
     """The debug models read 0.00B parameters."""
     code, out, _ = _run(["models"], capsys)
