@@ -47,10 +47,11 @@ def _link_rate(d: DeviceSpec, gpus_per_node: int) -> str:
     """A GPU's intra-node bandwidth, per direction; on a full mesh what that is to each
     peer (a pair has only its own links: `LinkKind.peer_share`)."""
     rate = f"{d.intra_node_bandwidth_gb_per_s:g} GB/s"
-    peers = gpus_per_node - 1
-    if not link_kind(d.intra_node_link).full_mesh or peers < 2:
+    share = link_kind(d.intra_node_link).peer_share(2, gpus_per_node)
+    if share == 1.0:
         return rate
-    return f"{rate}, {d.intra_node_bandwidth_gb_per_s / peers:g} to each of {peers} peers"
+    return (f"{rate}, {d.intra_node_bandwidth_gb_per_s * share:g} to each of "
+            f"{gpus_per_node - 1} peers")
 
 
 def _tflops(value: float | None) -> str:

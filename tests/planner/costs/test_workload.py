@@ -19,6 +19,26 @@ def _gemm_flops(items):
     return sum(i.flops for i in items if isinstance(i, Op) and i.kind == "gemm")
 
 
+def _softmax_ops(model, shape):
+    """The attention softmax's forward and backward ops of `model`'s layer at `shape`."""
+    w = layer_work(model, shape)
+    [fwd] = [i for i in w.forward if isinstance(i, Op) and i.name == "attn.softmax"]
+    [bwd] = [i for i in w.backward if isinstance(i, Op) and i.name == "attn.softmax.bwd"]
+    return fwd, bwd
+
+
+def _score_kernels(out, scores, names):
+    """The ops among `names` that the backward of `out` runs on tensors of `scores`
+    elements, in order (torch's CPU profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        out.backward(torch.ones_like(out))
+    return [e.name for e in prof.events() if e.name in names
+            and any(math.prod(shape) == scores for shape in e.input_shapes if shape)]
+
+
 @pytest.mark.parametrize("tp", [1, 2, 8])
 def test_layer_gemm_flops_match_megatron(tp):
     m = preset("megatron-22b")
@@ -56,11 +76,8 @@ def test_fp32_softmax_is_megatrons_unfused_path(dtype):
     heads = m.num_heads // tp
 
     def softmax(dt):
-        w = layer_work(m, WorkloadShape(micro_batch_size=b, seq_len=s, tp=tp, dtype=dt,
-                                        attention="math"))
-        [fwd] = [i for i in w.forward if isinstance(i, Op) and i.name == "attn.softmax"]
-        [bwd] = [i for i in w.backward if isinstance(i, Op) and i.name == "attn.softmax.bwd"]
-        return fwd, bwd
+        return _softmax_ops(m, WorkloadShape(micro_batch_size=b, seq_len=s, tp=tp, dtype=dt,
+                                             attention="math"))
 
     scores = b * heads * s * s
     fwd, bwd = softmax(dtype)
@@ -82,8 +99,6 @@ def test_fp32_softmax_backward_is_what_autograd_runs():
     functions/tensor.cpp). Run on torch here, the score-sized kernels of that backward
     are the 8 launches and 16 words per score the planner prices."""
     torch = pytest.importorskip("torch")
-    from torch.profiler import ProfilerActivity, profile
-
     b, heads, s, d = 2, 3, 64, 16
     qkv = torch.randn(s, b, heads * 3 * d, requires_grad=True)
     mask = torch.ones(1, 1, s, s, dtype=torch.bool).triu(1)
@@ -95,18 +110,13 @@ def test_fp32_softmax_backward_is_what_autograd_runs():
     view.masked_fill_(mask, -10000.0)
     probs = torch.nn.functional.softmax(view, dim=-1)
     context = torch.bmm(probs.view(b * heads, s, s), v.transpose(0, 1))
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        context.backward(torch.ones_like(context))
     # words each kernel moves per score: read + write, a zeroing writes, softmax's backward
     # reads the output and its gradient and writes one
     words = {"aten::copy_": 2, "aten::zero_": 1, "aten::masked_fill_": 2,
              "aten::_softmax_backward_data": 3}
-    n = b * heads * s * s
-    ran = [e.name for e in prof.events() if e.name in words
-           and any(math.prod(shape) == n for shape in e.input_shapes if shape)]
-    [bwd] = [i for i in layer_work(preset("megatron-22b"), WorkloadShape(
-        micro_batch_size=1, seq_len=256, tp=1, dtype="fp32", attention="math")).backward
-        if isinstance(i, Op) and i.name == "attn.softmax.bwd"]
+    ran = _score_kernels(context, b * heads * s * s, words)
+    _, bwd = _softmax_ops(preset("megatron-22b"), WorkloadShape(
+        micro_batch_size=1, seq_len=256, tp=1, dtype="fp32", attention="math"))
     per_score = bwd.bytes / 4 / (preset("megatron-22b").num_heads * 256 * 256)
     assert len(ran) == bwd.kernels == 8, ran
     assert sum(words[name] for name in ran) == pytest.approx(per_score) == 16
@@ -120,28 +130,21 @@ def test_16_bit_unfused_softmax_backward_is_what_autograd_runs():
     (4 + 4 + 4), the masked_fill backward as a clone (4 + 4) and a masked_fill_ (4 + 4),
     the scale (4 + 4), the cast back (4 + 2): 48 bytes a score, what the planner prices."""
     torch = pytest.importorskip("torch")
-    from torch.profiler import ProfilerActivity, profile
-
     b, heads, s = 2, 3, 64
     scores = torch.randn(b * heads, s, s, dtype=torch.float16, requires_grad=True)
     mask = torch.ones(1, 1, s, s, dtype=torch.bool).triu(1)
     scaled = scores.view(b, heads, s, s).float() * 3.0
     scaled.masked_fill_(mask, -10000.0)
     probs = torch.nn.functional.softmax(scaled, dim=-1).half()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        probs.backward(torch.ones_like(probs))
-    n = b * heads * s * s
-    ran = [e.name for e in prof.events() if e.name in (
-        "aten::copy_", "aten::_softmax_backward_data", "aten::masked_fill_", "aten::mul")
-        and any(math.prod(shape) == n for shape in e.input_shapes if shape)]
+    ran = _score_kernels(probs, b * heads * s * s, (
+        "aten::copy_", "aten::_softmax_backward_data", "aten::masked_fill_", "aten::mul"))
     assert ran == ["aten::copy_", "aten::_softmax_backward_data", "aten::copy_",
                    "aten::masked_fill_", "aten::mul", "aten::copy_"]
     moved = [6, 12, 8, 8, 8, 6]
     m = ModelSpec(name="gpt-16-heads", num_layers=2, hidden_size=1024, ffn_hidden_size=4096,
                   num_heads=16, vocab_size=50257, seq_len=1024)
-    [bwd] = [i for i in layer_work(m, WorkloadShape(
-        micro_batch_size=1, seq_len=1024, tp=8, dtype="fp16", attention="math")).backward
-        if isinstance(i, Op) and i.name == "attn.softmax.bwd"]
+    _, bwd = _softmax_ops(m, WorkloadShape(micro_batch_size=1, seq_len=1024, tp=8,
+                                           dtype="fp16", attention="math"))
     assert bwd.kernels == len(ran)
     assert bwd.bytes == pytest.approx(sum(moved) * 2 * 1024 * 1024)
 
@@ -166,10 +169,8 @@ def test_fused_softmax_falls_back_where_megatron_does(b, tp, s, fused):
     kernel's one launch and 4 bytes."""
     m = ModelSpec(name="gpt-16-heads", num_layers=2, hidden_size=1024, ffn_hidden_size=4096,
                   num_heads=16, vocab_size=50257, seq_len=s)
-    w = layer_work(m, WorkloadShape(micro_batch_size=b, seq_len=s, tp=tp, dtype="fp16",
-                                    attention="math"))
-    [fwd] = [i for i in w.forward if isinstance(i, Op) and i.name == "attn.softmax"]
-    [bwd] = [i for i in w.backward if isinstance(i, Op) and i.name == "attn.softmax.bwd"]
+    fwd, bwd = _softmax_ops(m, WorkloadShape(micro_batch_size=b, seq_len=s, tp=tp,
+                                             dtype="fp16", attention="math"))
     scores = b * (16 // tp) * s * s
     if fused:
         assert fwd.kernels == 1 and fwd.bytes == pytest.approx(4 * scores)
