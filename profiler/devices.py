@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import Literal, get_args
 
 from profiler.kernels import ARCH_ATTENTION, Attention
 from profiler.schema import (
@@ -51,13 +51,13 @@ __all__ = [
 ]
 
 DTypeName = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
-DTYPES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
-LinkName = Literal["nvlink", "nvlink-mesh", "nvswitch", "xgmi", "pcie", "pcie-host", "infiniband", "roce",
-                   "ethernet", "loopback"]
+DTYPES: tuple[str, ...] = get_args(DTypeName)
+# what joins a node's GPUs, and what joins nodes; a device's link is either
+IntraLinkName = Literal["nvlink", "nvlink-mesh", "nvswitch", "xgmi", "pcie", "pcie-host", "loopback"]
 NicName = Literal["infiniband", "roce", "ethernet"]
-LINK_KINDS: tuple[str, ...] = ("nvlink", "nvlink-mesh", "nvswitch", "xgmi", "pcie", "pcie-host",
-                               "infiniband", "roce", "ethernet", "loopback")
-NIC_KINDS: tuple[str, ...] = ("infiniband", "roce", "ethernet")
+LinkName = Literal[IntraLinkName, NicName]
+LINK_KINDS: tuple[str, ...] = get_args(LinkName)
+NIC_KINDS: tuple[str, ...] = get_args(NicName)
 
 MIN_TFLOPS, MAX_TFLOPS = 0.001, 1_000_000  # a device's peak per dtype: 1 GFLOP/s to 1 EFLOP/s
 _BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}

@@ -15,12 +15,11 @@ import itertools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from planner.specs.choices import DType, values
 from planner.specs.files import refuse_other_kind
 from planner.specs.limits import MAX_GPUS
-from profiler.devices import NIC_KINDS, DeviceSpec, device
+from profiler.devices import DeviceSpec, IntraLinkName, NicName, device
 from profiler.schema import SpecError, at, cached_hash, dump, fail, load_yaml, parse, spec_field
 
 __all__ = ["NIC_GBIT_RANGE", "TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLink",
@@ -29,8 +28,6 @@ __all__ = ["NIC_GBIT_RANGE", "TRAIN_DTYPES", "ClusterSpec", "GpuSlot", "IslandLi
 
 TRAIN_DTYPES = values(DType)  # what a model trains in (Plan.training.dtype)
 NIC_GBIT_RANGE = (0.1, 100_000.0)  # a NIC's bandwidth, Gb/s (NodeGroup.nic_bandwidth_gbit_per_s)
-LinkName = Literal["nvlink", "nvlink-mesh", "nvswitch", "xgmi", "pcie", "pcie-host", "loopback"]
-NicName = Literal["infiniband", "roce", "ethernet"]
 
 
 def _check_domain(where: str, domain: int, per_node: int, why: str = "") -> None:
@@ -50,7 +47,7 @@ class NodeGroup:
     # Bounds: generous physical limits, so every derived time and price stays finite.
     num_nodes: int = spec_field(min=1, max=65_536)
     gpus_per_node: int | None = spec_field(default=None, min=1, max=256)
-    intra_node_link: LinkName | None = None
+    intra_node_link: IntraLinkName | None = None
     intra_node_bandwidth_gb_per_s: float | None = spec_field(
         default=None, min=0.1, max=100_000, help="per GPU, per direction; 0.1 to 100,000")
     nic: NicName | None = None
@@ -556,5 +553,3 @@ def parse_gpus_arg(text: str, *, catalog: dict[str, DeviceSpec] | None = None) -
         parts.append((gpu.strip(), int(count)))
     return _standard_cluster(parts, "--gpus", text, catalog)
 
-
-assert set(NIC_KINDS) == set(NicName.__args__)  # type: ignore[attr-defined]  # Literal's args at runtime
