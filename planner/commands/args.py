@@ -12,10 +12,11 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from planner.export.frameworks import CAPABILITIES
+from planner.specs.cluster import TRAIN_DTYPES
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TOKENS, MAX_USD
 from profiler.schema import one_line, short_repr
 
-__all__ = ["Parser", "add_catalog_arg", "add_cluster_args", "add_framework_arg", "add_model_args",
+__all__ = ["Parser", "add_batch_args", "add_catalog_arg", "add_cluster_args", "add_framework_arg", "add_model_args",
            "budget_arg", "bytes_arg", "gbs_arg", "gib_arg", "int_in", "int_list", "int_list_in",
            "name_list", "non_negative_int", "number_in", "path_arg", "positive_int", "print_json",
            "seq_arg", "tokens_arg"]
@@ -131,6 +132,17 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
                    "nodes have different NICs: a --cluster file)")
     g.add_argument("--cluster", type=path_arg, metavar="FILE", help="a ClusterSpec YAML file")
     add_catalog_arg(p)
+
+
+def add_batch_args(p: argparse.ArgumentParser) -> None:
+    """--gbs, --seq and --dtype of a search (`plan search`, each `plan what-if` scenario)."""
+    p.add_argument("--gbs", type=gbs_arg, required=True, metavar="N",
+                   help="global batch size (sequences)")
+    p.add_argument("--seq", type=seq_arg, metavar="N", help="sequence length (default: "
+                   "the model's)")
+    p.add_argument("--dtype", choices=TRAIN_DTYPES,
+                   help="training dtype (default: bf16 where every GPU type has it, else fp16; "
+                   "a framework that plans each type alone: one some type has)")
 
 
 def add_catalog_arg(p: argparse.ArgumentParser) -> None:

@@ -7,16 +7,15 @@ import sys
 from dataclasses import replace
 
 from planner.commands.args import (
+    add_batch_args,
     add_cluster_args,
     add_framework_arg,
     add_model_args,
     budget_arg,
-    gbs_arg,
     gib_arg,
     int_in,
     path_arg,
     print_json,
-    seq_arg,
     tokens_arg,
 )
 from planner.commands.inputs import input_files, load_inputs, profiles_for, with_prediction
@@ -27,7 +26,7 @@ from planner.search.search import DEFAULT_HEADROOM_BYTES, OBJECTIVES, check_head
 from planner.search.show import search_json, search_table
 from planner.specs.choices import DType, values
 from planner.specs.cluster import runs_dtype
-from planner.specs.plan import TRAIN_DTYPES, Plan, save_plan
+from planner.specs.plan import Plan, save_plan
 from profiler.kernels import Attention
 from profiler.schema import one_line
 
@@ -45,13 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "estimate, confirm the leaders with the event simulator.")
     add_model_args(p)
     add_cluster_args(p)
-    p.add_argument("--gbs", type=gbs_arg, required=True, metavar="N",
-                   help="global batch size (sequences)")
-    p.add_argument("--seq", type=seq_arg, metavar="N", help="sequence length (default: "
-                   "the model's)")
-    p.add_argument("--dtype", choices=TRAIN_DTYPES,
-                   help="training dtype (default: bf16 where every GPU type has it, else fp16; "
-                   "a framework that plans each type alone: one some type has)")
+    add_batch_args(p)
     p.add_argument("--objective", choices=OBJECTIVES,
                    default="throughput", help="what to optimise (throughput plans on all "
                    "the GPUs of each type a plan uses: each type alone, and mixed plans of "

@@ -7,14 +7,13 @@ import os
 import shlex
 
 from planner.commands.args import (
+    add_batch_args,
     add_cluster_args,
     add_framework_arg,
     add_model_args,
     budget_arg,
-    gbs_arg,
     gib_arg,
     path_arg,
-    seq_arg,
     tokens_arg,
 )
 from planner.commands.inputs import load_inputs, profiles_for
@@ -27,7 +26,6 @@ from planner.search.search import (
     check_headroom,
     search_dtype,
 )
-from planner.specs.plan import TRAIN_DTYPES
 from planner.whatif.report import plan_scenarios, write_report
 from planner.whatif.scenarios import Setting, parse_scenario
 from profiler.schema import SpecError, fail
@@ -51,13 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_cluster_args(p)  # the baseline: --cluster FILE or --gpus TYPE:COUNT
     p.add_argument("--tokens", type=tokens_arg, required=True, metavar="N",
                    help="tokens to train on (e.g. 2e12)")
-    p.add_argument("--gbs", type=gbs_arg, required=True, metavar="N",
-                   help="global batch size (sequences)")
-    p.add_argument("--seq", type=seq_arg, metavar="N", help="sequence length (default: "
-                   "the model's)")
-    p.add_argument("--dtype", choices=TRAIN_DTYPES,
-                   help="training dtype (default: bf16 where every GPU type has it, else fp16; "
-                   "a framework that plans each type alone: one some type has)")
+    add_batch_args(p)
     p.add_argument("--scenario", action="append", default=[], metavar="CHANGES",
                    help="a scenario (repeatable); the baseline is always the first row")
     p.add_argument("--objective", choices=OBJECTIVES, default="time-to-train",
