@@ -52,7 +52,7 @@ from typing import Literal
 from planner.calibration.published import VALIDATION_DIR
 from planner.costs.kernels import attention_for
 from planner.costs.stages import layer_parts
-from planner.costs.workload import WorkloadShape
+from planner.costs.workload import Op, WorkloadShape, layer_work
 from planner.specs.choices import Recompute
 from planner.specs.model import ModelSpec
 from profiler.analytic import memory_time_s
@@ -304,35 +304,45 @@ _LAYER_EXTRA: dict[tuple[str, str], tuple[tuple[float, float, float], tuple[floa
     ("gpt", "fp32"): ((42, 0, 64), (38, 0, 100), 18, 40),
 }
 
-# Bytes per attention-score element that the HF eager paths move beyond the workload's
-# "math" path (Megatron's scale-mask-softmax: fused in 16 bits, reading and writing the
-# scores once; in fp32 a masked_fill and a softmax, twice (workload._softmax), whose
-# backward under autograd moves 16 words a score in 8 kernels (the in-place masked_fill
-# on a view: CopySlices), which HF's out-of-place masks do not; dropout reading once and
-# writing the output and a byte mask; backward 1.5x each otherwise), forward and
-# backward, with softmax on autocast's fp32 list (a fp16 score is cast up, the fp32
-# probabilities cast down for the second matmul). Negative where the eager path moves
-# less than Megatron's fp32 one:
+# What the HF eager attention paths move per attention-score element, kernel by kernel
+# (bytes read + written), forward and backward, with softmax on autocast's fp32 list (a
+# fp16 score is cast up, the fp32 probabilities cast down for the second matmul).
+# `_eager_extra` subtracts what the workload's "math" path prices for the same scores
+# (its `attn.softmax` and `attn.dropout` ops and their gradients: Megatron's
+# scale-mask-softmax, fused in 16 bits; in fp32 a masked_fill and a softmax whose
+# backward under autograd moves 16 words a score in 8 kernels, CopySlices of the in-place
+# masked_fill on a view, which HF's out-of-place masks do not), so that it is counted once.
 #   llama_eager (LlamaAttention / MistralAttention): scores / sqrt(d); softmax(dtype=fp32);
-#     .to(fp16); dropout p=0 (no kernel). fp16 fwd 4+6+6 = 16, bwd 6+10+4 = 20;
-#     fp32 fwd 8+8 = 16, bwd 12+8 = 20. Workload: fwd 2e, bwd 3e (fp32: 4e, 16e).
+#     .to(fp16); dropout p=0 (no kernel).
 #   bert_eager (BertSelfAttention): / sqrt(d); cast to fp32; softmax; dropout 0.1 (fp32,
-#     byte mask); cast to fp16. fp16 fwd 4+6+8+9+6 = 33, bwd 6+9+12+6+4 = 37;
-#     fp32 fwd 8+8+9 = 25, bwd 9+12+8 = 29. Workload: fwd 4.5e, bwd 6.75e (fp32: 6.5e,
-#     19.75e; the third number, extra kernels, less the fp32 softmax's second kernel
-#     forward and its 7 more backward).
+#     byte mask); cast to fp16.
 #   gpt_eager (OpenAI-GPT Attention._attn): / sqrt(d); w * tril (a fp32 buffer: the product
-#     is fp32); + -1e4 * (1 - tril); softmax; dropout 0.1; cast to fp16. fp16 fwd
-#     4+6+8+8+9+6 = 41, bwd 6+9+12+0+14+4 = 45; fp32 fwd 8+8+8+8+9 = 41, bwd 9+12+0+8+8 = 37.
-_EAGER_BYTES: dict[tuple[str, int], tuple[float, float, int]] = {
-    # (code, element bytes): (forward bytes, backward bytes, kernels forward+backward)
-    ("llama_eager", 2): (16 - 2 * 2, 20 - 3 * 2, 3),
-    ("llama_eager", 4): (16 - 4 * 4, 20 - 16 * 4, 1 - 8),
-    ("bert_eager", 2): (33 - 4.5 * 2, 37 - 6.75 * 2, 5),
-    ("bert_eager", 4): (25 - 6.5 * 4, 29 - 19.75 * 4, 1 - 8),
-    ("gpt_eager", 2): (41 - 4.5 * 2, 45 - 6.75 * 2, 7),
-    ("gpt_eager", 4): (41 - 6.5 * 4, 37 - 19.75 * 4, 4 - 8),
+#     is fp32); + -1e4 * (1 - tril); softmax; dropout 0.1; cast to fp16.
+_EAGER_KERNELS: dict[tuple[str, int], tuple[tuple[float, ...], tuple[float, ...]]] = {
+    # (code, element bytes): (forward kernels' bytes, backward kernels' bytes)
+    ("llama_eager", 2): ((4, 6, 6), (6, 10, 4)),
+    ("llama_eager", 4): ((8, 8), (12, 8)),
+    ("bert_eager", 2): ((4, 6, 8, 9, 6), (6, 9, 12, 6, 4)),
+    ("bert_eager", 4): ((8, 8, 9), (9, 12, 8)),
+    ("gpt_eager", 2): ((4, 6, 8, 8, 9, 6), (6, 9, 12, 0, 14, 4)),
+    ("gpt_eager", 4): ((8, 8, 8, 8, 9), (9, 12, 0, 8, 8)),
 }
+_SCORE_OPS = ("attn.softmax", "attn.dropout")  # the workload's ops over the scores
+
+
+def _eager_extra(case: ZorseCase, code: str, scores: int) -> tuple[float, float, int]:
+    """Bytes forward and backward, and kernels, that the case's eager attention moves and
+    launches beyond the workload's own ops over its `scores` elements (negative where it
+    moves less than Megatron's fp32 path)."""
+    fwd, bwd = _EAGER_KERNELS[(code, 2 if case.dtype == "fp16" else 4)]
+    work = layer_work(model_spec(case.model), case.shape)
+    ours = [op for op in (*work.forward, *work.backward)
+            if isinstance(op, Op) and op.name.removesuffix(".bwd") in _SCORE_OPS]
+    ours_f = sum(op.bytes for op in ours if not op.name.endswith(".bwd"))
+    ours_b = sum(op.bytes for op in ours if op.name.endswith(".bwd"))
+    kernels = sum(op.kernels for op in ours)
+    return (sum(fwd) * scores - ours_f, sum(bwd) * scores - ours_b,
+            len(fwd) + len(bwd) - kernels)
 
 
 def _implementation(family: Family) -> str:
@@ -364,7 +374,7 @@ def harness_terms(case: ZorseCase, dev: DeviceSpec | None = None) -> tuple[float
     backward, at the streaming bandwidth of `dev` (default the case's device;
     analytic.memory_time_s):
 
-    * its implementation's extra elementwise traffic (_LAYER_EXTRA, _EAGER_BYTES);
+    * its implementation's extra elementwise traffic (_LAYER_EXTRA, _EAGER_KERNELS);
     * gradient accumulation: the layer's parameters are fp32 and their `.grad`s persist
       across the 15 backward calls (and the memory probe before them), so every backward
       adds each weight gradient into `.grad` (read 4 + 4, write 4 bytes per parameter)
@@ -388,8 +398,8 @@ def harness_terms(case: ZorseCase, dev: DeviceSpec | None = None) -> tuple[float
     code = attention_code(case.model, case.gpu, case.dtype)
     if code != "sdpa":
         scores = case.micro_batch_size * m.heads * case.seq_len * case.seq_len
-        eager_f, eager_b, kernels = _EAGER_BYTES[(code, elem)]
-        fwd_b, bwd_b, bwd_k = fwd_b + scores * eager_f, bwd_b + scores * eager_b, bwd_k + kernels
+        eager_f, eager_b, kernels = _eager_extra(case, code, scores)
+        fwd_b, bwd_b, bwd_k = fwd_b + eager_f, bwd_b + eager_b, bwd_k + kernels
     return (memory_time_s(fwd_b, device=dev, kernels=fwd_k),
             memory_time_s(bwd_b, device=dev, kernels=bwd_k))
 

@@ -159,3 +159,32 @@ def test_fp32_speed_relative_to_the_a100(gpu):
     ratios = [p / m for _, m, p in relative_speed(gpu, dtype="fp32")]
     assert ratios
     assert abs(statistics.mean(ratios) - 1) <= 0.10, statistics.mean(ratios)
+
+
+def test_the_eager_attention_extra_subtracts_what_the_workload_priced():
+    """HF's eager attention is priced as the workload's "math" path plus the difference
+    (`_eager_extra`): the eager kernels' bytes less the workload's own softmax and dropout
+    ops over the same scores, whichever path the workload took. At 8,192 keys Megatron's
+    fused softmax does not apply (s_kv <= 4096), so a 16-bit workload prices the torch
+    path (36 B a score forward, 48 B backward, `workload._softmax`), not the fused kernel's
+    2 x 2 B: the extra must subtract those (a table of fused-kernel bytes did not)."""
+    from dataclasses import replace
+
+    from planner.calibration.zorse import _EAGER_KERNELS, _eager_extra
+
+    case = next(c for c in zorse_cases() if c.model.endswith("gpt_1.3b") and c.dtype == "fp16")
+    long = replace(case, seq_len=8192)
+    scores = long.micro_batch_size * MODELS[long.model].heads * long.seq_len ** 2
+    fwd, bwd = _EAGER_KERNELS[("gpt_eager", 2)]
+    extra_f, extra_b, kernels = _eager_extra(long, "gpt_eager", scores)
+    # the workload's torch softmax (36 B, 5 kernels; backward 48 B, 6) and the attention
+    # dropout (read 2, write 2 + 1 mask byte; backward 1.5x that; 2 kernels, then 1)
+    assert extra_f == pytest.approx((sum(fwd) - 36 - 5) * scores)
+    assert extra_b == pytest.approx((sum(bwd) - 48 - 7.5) * scores)
+    assert kernels == len(fwd) + len(bwd) - (5 + 6 + 2 + 1)
+    # at 512 keys the fused kernel applies: 2 x 2 B forward, 1.5x that backward
+    short_scores = case.micro_batch_size * MODELS[case.model].heads * case.seq_len ** 2
+    f2, b2, k2 = _eager_extra(case, "gpt_eager", short_scores)
+    assert f2 == pytest.approx((sum(fwd) - 4 - 5) * short_scores)
+    assert b2 == pytest.approx((sum(bwd) - 6 - 7.5) * short_scores)
+    assert k2 == len(fwd) + len(bwd) - (1 + 1 + 2 + 1)
