@@ -53,7 +53,8 @@ __all__ = [
 DTypeName = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 DTYPES: tuple[str, ...] = get_args(DTypeName)
 # what joins a node's GPUs, and what joins nodes; a device's link is either
-IntraLinkName = Literal["nvlink", "nvlink-mesh", "nvswitch", "xgmi", "pcie", "pcie-host", "loopback"]
+IntraLinkName = Literal["nvlink", "nvlink-mesh", "nvswitch", "xgmi", "pcie", "pcie-host",
+                        "loopback"]
 NicName = Literal["infiniband", "roce", "ethernet"]
 LinkName = Literal[IntraLinkName, NicName]
 LINK_KINDS: tuple[str, ...] = get_args(LinkName)

@@ -16,10 +16,10 @@ from planner.specs.cluster import TRAIN_DTYPES
 from planner.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TOKENS, MAX_USD
 from profiler.schema import one_line, short_repr
 
-__all__ = ["Parser", "add_batch_args", "add_catalog_arg", "add_cluster_args", "add_framework_arg", "add_model_args",
-           "budget_arg", "bytes_arg", "gbs_arg", "gib_arg", "int_in", "int_list", "int_list_in",
-           "name_list", "non_negative_int", "number_in", "path_arg", "positive_int", "print_json",
-           "seq_arg", "tokens_arg"]
+__all__ = ["Parser", "add_batch_args", "add_catalog_arg", "add_cluster_args", "add_framework_arg",
+           "add_model_args", "budget_arg", "bytes_arg", "gbs_arg", "gib_arg", "int_in",
+           "int_list", "int_list_in", "name_list", "non_negative_int", "number_in", "path_arg",
+           "positive_int", "print_json", "seq_arg", "tokens_arg"]
 
 
 class Parser(argparse.ArgumentParser):
