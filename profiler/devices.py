@@ -11,7 +11,7 @@ import contextlib
 import difflib
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from importlib import resources
 from typing import Literal, get_args
@@ -322,6 +322,9 @@ class NcclTuning:
         return self.architecture_rows.get(arch or "", "volta")
 
 
+_DEVICE_FIELDS = frozenset(f.name for f in fields(DeviceSpec))
+
+
 def parse_catalog(raw: object, *, where: str) -> dict[str, DeviceSpec]:
     """Device types from a mapping in the catalog's format (name -> fields)."""
     if not isinstance(raw, Mapping):
@@ -348,6 +351,14 @@ def load_catalog(path: str) -> dict[str, DeviceSpec]:
         kind = "a plan file" if "pipelines" in raw else "a cluster file"
         fail(path, kind, "a catalog file: GPU type names, each with its fields (the format "
              "of profiler/data/devices.yaml; `plan profile fit -o` writes one)")
+    if isinstance(raw, Mapping) and list(raw) == ["devices"] and not (
+            isinstance(raw["devices"], Mapping) and _DEVICE_FIELDS & raw["devices"].keys()):
+        # a cluster file's `devices:` section (a list of entries with names), or the
+        # catalog's mapping under that key: "devices" read as a GPU type, its types as
+        # unknown fields
+        fail(at(f"{path}:", "devices"), "devices", "a catalog file names its GPU types at "
+             "the top level, without `devices:` (that section belongs in a cluster file), "
+             "e.g. `MY-GPU: {vendor: nvidia, arch: hopper, ...}`")
     if isinstance(raw, Mapping):
         seen: dict[str, str] = {}
         for name in raw:

@@ -193,6 +193,33 @@ def test_a_catalog_naming_one_type_twice_is_refused(tmp_path):
         load_catalog(str(catalog))
 
 
+@pytest.mark.parametrize("text", [
+    "devices:\n  MY-GPU: {vendor: nvidia, arch: hopper, memory_gib: 80}\n",
+    "devices:\n  - {name: MY-GPU, vendor: nvidia, arch: hopper, memory_gib: 80}\n"])
+def test_a_catalog_with_a_clusters_devices_section_says_where_the_types_go(tmp_path, text):
+    """A cluster file's `devices:` section copied into a catalog file: "devices" was read
+    as a GPU type, and its types as unknown fields of it ("devices.MY-GPU: {...} is not
+    allowed (unknown field ...)"), or a list where fields go."""
+    from profiler.devices import load_catalog
+
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(text)
+    with pytest.raises(SpecError, match=r"catalog.yaml:devices: 'devices' is not allowed \(a "
+                                        r"catalog file names its GPU types at the top level, "
+                                        r"without `devices:`"):
+        load_catalog(str(catalog))
+
+
+def test_a_gpu_type_named_devices_is_still_a_gpu_type(tmp_path):
+    from profiler.devices import load_catalog
+
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text("devices: {vendor: nvidia, arch: hopper, memory_gib: 80, "
+                       "memory_bandwidth_gb_per_s: 3000, num_compute_units: 132, "
+                       "peak_tflops: {bf16: 900}}\n")
+    assert load_catalog(str(catalog))["devices"].memory_gib == 80
+
+
 @pytest.mark.parametrize("field, value", [
     ("gemm_efficiency", "1e-300"), ("gemm_tile_m", "1000000000000"),
     ("kernel_overhead_us", "1e300"), ("small_tile_penalty", "1e300")])
