@@ -6,8 +6,8 @@ Only what holds on a loaded machine is asserted on every run: the host costs add
 predictions, and the prediction without them stays below the measurement (the costs it
 leaves out are real; other load only adds). The closer prediction with host costs is
 asserted for ZeRO-3 (`CLOSER`) on quiet runs (other processes used at most 0.3 cores
-while the profile that priced it was measured and while it ran, and the machine's speed
-moved by at most 15%; a loaded attempt is retried
+while it ran and 0.6 while the profile that priced it was measured, and the machine's
+speed moved by at most 15%; a loaded attempt is retried
 after waiting up to a minute): by the first quiet attempt if it is closer, else by the
 median over three quiet attempts; the test is skipped, saying so, if fewer than three of
 five attempts ran quietly. Under load the host rows themselves are measured inflated and
@@ -90,7 +90,9 @@ def test_host_costs_move_fsdp2_and_dtensor_predictions_towards_the_run(tmp_path)
         for kind, (error, before, _) in errors.items():
             assert error > before, f"{kind}: host costs priced nothing: {json.dumps(tries)}"
             assert before < 0, f"{kind}: measured below the bare prediction: {json.dumps(tries)}"
-        foreign = max(profiled, *(f for _, _, f in errors.values()))
+        # a profile may take twice the runs' foreign load (the benchmark's
+        # `quietest_profile` allows the same)
+        foreign = max(profiled / 2, *(f for _, _, f in errors.values()))
         if bench.disturbance(foreign, speed, QUIET) <= 1.0:
             quiet.append(errors)
         if len(quiet) == 1 and all(_closer(quiet, kind) for kind in CLOSER):
