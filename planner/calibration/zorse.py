@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from typing import Literal
@@ -330,19 +331,25 @@ _EAGER_KERNELS: dict[tuple[str, int], tuple[tuple[float, ...], tuple[float, ...]
 _SCORE_OPS = ("attn.softmax", "attn.dropout")  # the workload's ops over the scores
 
 
-def _eager_extra(case: ZorseCase, code: str, scores: int) -> tuple[float, float, int]:
+@cache
+def _eager_extra(case: ZorseCase) -> tuple[float, float, int]:
     """Bytes forward and backward, and kernels, that the case's eager attention moves and
-    launches beyond the workload's own ops over its `scores` elements (negative where it
-    moves less than Megatron's fp32 path)."""
-    fwd, bwd = _EAGER_KERNELS[(code, 2 if case.dtype == "fp16" else 4)]
+    launches beyond the workload's own ops over the same scores (negative where it moves
+    less than Megatron's fp32 path). It depends on the case alone, so a fit that prices
+    the case on many trial devices computes it once."""
+    fwd, bwd = _EAGER_KERNELS[(attention_code(case.model, case.gpu, case.dtype),
+                               2 if case.dtype == "fp16" else 4)]
+    scores = case.micro_batch_size * MODELS[case.model].heads * case.seq_len ** 2
     work = layer_work(model_spec(case.model), case.shape)
-    ours = [op for op in (*work.forward, *work.backward)
-            if isinstance(op, Op) and op.name.removesuffix(".bwd") in _SCORE_OPS]
-    ours_f = sum(op.bytes for op in ours if not op.name.endswith(".bwd"))
-    ours_b = sum(op.bytes for op in ours if op.name.endswith(".bwd"))
-    kernels = sum(op.kernels for op in ours)
-    return (sum(fwd) * scores - ours_f, sum(bwd) * scores - ours_b,
-            len(fwd) + len(bwd) - kernels)
+
+    def ours(ops: Iterable[object]) -> list[Op]:
+        return [op for op in ops if isinstance(op, Op)
+                and op.name.removesuffix(".bwd") in _SCORE_OPS]
+
+    ours_f, ours_b = ours(work.forward), ours(work.backward)
+    return (sum(fwd) * scores - sum(op.bytes for op in ours_f),
+            sum(bwd) * scores - sum(op.bytes for op in ours_b),
+            len(fwd) + len(bwd) - sum(op.kernels for op in (*ours_f, *ours_b)))
 
 
 def _implementation(family: Family) -> str:
@@ -395,10 +402,8 @@ def harness_terms(case: ZorseCase, dev: DeviceSpec | None = None) -> tuple[float
     bwd_k += m.param_tensors * (2 if fp16 else 1)
     if fp16:
         fwd_b += params * 6 / AUTOCAST_CALLS
-    code = attention_code(case.model, case.gpu, case.dtype)
-    if code != "sdpa":
-        scores = case.micro_batch_size * m.heads * case.seq_len * case.seq_len
-        eager_f, eager_b, kernels = _eager_extra(case, code, scores)
+    if attention_code(case.model, case.gpu, case.dtype) != "sdpa":
+        eager_f, eager_b, kernels = _eager_extra(case)
         fwd_b, bwd_b, bwd_k = fwd_b + eager_f, bwd_b + eager_b, bwd_k + kernels
     return (memory_time_s(fwd_b, device=dev, kernels=fwd_k),
             memory_time_s(bwd_b, device=dev, kernels=bwd_k))

@@ -176,7 +176,7 @@ def test_the_eager_attention_extra_subtracts_what_the_workload_priced():
     long = replace(case, seq_len=8192)
     scores = long.micro_batch_size * MODELS[long.model].heads * long.seq_len ** 2
     fwd, bwd = _EAGER_KERNELS[("gpt_eager", 2)]
-    extra_f, extra_b, kernels = _eager_extra(long, "gpt_eager", scores)
+    extra_f, extra_b, kernels = _eager_extra(long)
     # the workload's torch softmax (36 B, 5 kernels; backward 48 B, 6) and the attention
     # dropout (read 2, write 2 + 1 mask byte; backward 1.5x that; 2 kernels, then 1)
     assert extra_f == pytest.approx((sum(fwd) - 36 - 5) * scores)
@@ -184,7 +184,7 @@ def test_the_eager_attention_extra_subtracts_what_the_workload_priced():
     assert kernels == len(fwd) + len(bwd) - (5 + 6 + 2 + 1)
     # at 512 keys the fused kernel applies: 2 x 2 B forward, 1.5x that backward
     short_scores = case.micro_batch_size * MODELS[case.model].heads * case.seq_len ** 2
-    f2, b2, k2 = _eager_extra(case, "gpt_eager", short_scores)
+    f2, b2, k2 = _eager_extra(case)
     assert f2 == pytest.approx((sum(fwd) - 4 - 5) * short_scores)
     assert b2 == pytest.approx((sum(bwd) - 6 - 7.5) * short_scores)
     assert k2 == len(fwd) + len(bwd) - (1 + 1 + 2 + 1)
