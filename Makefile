@@ -18,7 +18,7 @@ $(VENV)/.frameworks: $(BIN)/plan
 	$(PIP_INSTALL) -e '.[dev,frameworks]'
 	touch $@
 
-.PHONY: demo test lint report
+.PHONY: demo test test-slow lint report
 demo: $(BIN)/plan
 	mkdir -p scratch
 	$(BIN)/plan search --model gpt3-175b --cluster cluster_specs/selene-a100.yaml \
@@ -32,12 +32,19 @@ demo: $(BIN)/plan
 
 # The tests that need no quiet machine run on every core (pytest-xdist), then the
 # `serial` ones (they time what they run, or start several processes) one at a time.
+# `slow` tests (over 20 s each alone on 2 cores: exhaustive oracles, timing benchmarks,
+# whole runs with a host profile) are left to `make test-slow`; `pytest -m fuzz` is the
+# long property-based run.
 TEST_JOBS ?= auto
 test: $(VENV)/.frameworks
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile -m 'not fuzz and not serial'
-	$(BIN)/pytest -q -m 'serial and not fuzz'
+	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile -m 'not fuzz and not serial and not slow'
+	$(BIN)/pytest -q -m 'serial and not fuzz and not slow'
+
+test-slow: $(VENV)/.frameworks
+	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile -m 'slow and not fuzz and not serial'
+	$(BIN)/pytest -q -m 'slow and serial and not fuzz'
 
 lint: $(BIN)/plan
 	$(BIN)/ruff check .

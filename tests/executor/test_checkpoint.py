@@ -39,7 +39,6 @@ def test_only_complete_checkpoints_count(tmp_path):
     assert latest_complete(str(tmp_path)) == (4, str(tmp_path / "step-00000004"))
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("sharding", [Sharding(grads=2, optim=2),
                                       Sharding(params=2, grads=2, optim=2)],
@@ -62,7 +61,6 @@ def test_resume_after_a_killed_rank_repeats_the_losses(tmp_path, sharding):
     assert resumed["losses"] == whole["losses"][4:]  # bit for bit
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("sharding", [Sharding(), Sharding(optim=2)], ids=["whole", "zero1"])
 def test_resume_of_mixed_tp_repeats_the_losses(tmp_path, sharding):

@@ -34,7 +34,6 @@ def _notes(run_dir):
     return out
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_killed_rank_under_plan_run(tmp_path):
     """The real launch: torchrun, then the survivors' watchdogs, then plan run's line."""
@@ -54,7 +53,6 @@ def test_killed_rank_under_plan_run(tmp_path):
     assert last.startswith(f"plan run: failed: {culprit}"), last
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(("fault", "blamed", "reason"), [
     ("2:3:hang", 2, "made no progress"),

@@ -93,14 +93,12 @@ def _check(out: dict) -> None:
     assert out["vs_whole"] < RTOL and out["vs_reference"] < RTOL, out
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("case", [c for c in IN_CI if not c.startswith("dp4-amsp-2-4-4 ")])
 def test_resume_under_another_layout_continues_the_losses(case, tmp_path):
     _check(reshard(case, tmp_path))
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_resume_of_dp_under_tp_continues_the_losses(amsp_checkpoint, tmp_path):
     """dp -> tp: AMSP flat-buffer shards into DTensor shards of fused weights."""
@@ -108,7 +106,6 @@ def test_resume_of_dp_under_tp_continues_the_losses(amsp_checkpoint, tmp_path):
     _check(resumed("tp2", folder, tmp_path / "b", whole))
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("broken", ["no-optimizer-state", "fused-rows-as-one-block"])
 def test_a_resume_that_loses_state_misses_the_bound(broken, amsp_checkpoint, monkeypatch,
@@ -134,7 +131,6 @@ def test_a_resume_that_loses_state_misses_the_bound(broken, amsp_checkpoint, mon
     assert out["vs_whole"] > 10 * RTOL, out
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_run_that_lost_a_node_resumes_under_a_replanned_layout(tmp_path, capsys):
     """The path back after a node dies: plan A (dp 2 x pp 2 of debug-tiny on 2 nodes of 2

@@ -38,7 +38,6 @@ def _predict(path, capsys):
     return json.loads(out)
 
 
-@pytest.mark.slow
 @pytest.mark.serial  # times what it runs
 def test_predicted_step_matches_the_measured_step(tmp_path, capsys):
     errors = []

@@ -31,7 +31,6 @@ def _plan(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-@pytest.mark.slow
 def test_gpt3_175b_on_selene_with_megatron_exports_exactly_and_simulates_as_searched(tmp_path):
     """The issue's check: `plan search --framework megatron` then `plan export --format
     megatron` writes every setting the plan uses, with no warning, and `plan simulate
@@ -69,7 +68,6 @@ def test_gpt3_175b_on_selene_with_megatron_exports_exactly_and_simulates_as_sear
     assert again == pytest.approx(reported["iteration_time_s"], rel=1e-9)
 
 
-@pytest.mark.slow
 def test_what_if_passes_the_framework_on(tmp_path):
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("name: small-mixed\nnode_groups:\n"

@@ -181,14 +181,14 @@ def test_planner_never_imports_the_executor():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_automatic_mode_searches_runs_and_reports(tmp_path, capsys):
+def _automatic_run(tmp_path, capsys, *extra):
+    """`plan run --model debug-tiny --gpus CPU:2` end to end: the search's plan run for 4
+    steps and reported; the JSON it printed and the report folder."""
     pytest.importorskip("torch")
     report = tmp_path / "report"
     code, out, err = _run(["run", "--model", "debug-tiny", "--gpus", "CPU:2", "--gbs", "8",
                            "--seq", "32", "--steps", "4", "--warmup", "1", "--report",
-                           str(report), "--json"], capsys)
+                           str(report), "--json", *extra], capsys)
     assert code == 0, err
     shown = json.loads(out)
     assert shown["model"] == "debug-tiny" and len(shown["losses"]) == 4
@@ -201,6 +201,24 @@ def test_automatic_mode_searches_runs_and_reports(tmp_path, capsys):
     plan = load_plan(str(report / "plan.yaml"))
     assert plan.predicted is not None and plan.provenance.command.startswith("plan run")
     save_plan(plan, str(tmp_path / "again.json"))  # the written plan is a valid Plan
+    return shown, err, report
+
+
+@pytest.mark.multiprocess
+def test_automatic_mode_searches_runs_and_reports(tmp_path, capsys):
+    """Without the host's profile (--no-profile: 15 s where measuring it first takes two
+    minutes more, `test_automatic_mode_profiles_this_host_first`): priced by the analytic
+    model, and it says so."""
+    shown, err, report = _automatic_run(tmp_path, capsys, "--no-profile")
+    assert not (report / "profiles").exists() and "measuring a profile" not in err
+    assert shown["prediction_source"].startswith("event simulation of the searched plan")
+    assert "compute: analytic device model" in shown["prediction_source"]
+
+
+@pytest.mark.slow  # 2.5 minutes: the host's op and collective profile is measured first
+@pytest.mark.multiprocess
+def test_automatic_mode_profiles_this_host_first(tmp_path, capsys):
+    shown, err, report = _automatic_run(tmp_path, capsys)
     # without --profile, this host was profiled first and that profile priced the plan
     assert sorted(p.name for p in (report / "profiles").iterdir()) == [
         "cpu-collectives.csv", "cpu-ops.csv"]
@@ -216,6 +234,55 @@ def test_automatic_mode_searches_runs_and_reports(tmp_path, capsys):
     assert sorted(r.bytes for r in collectives.host_rows
                   if r.name == "dtensor_layer_total_forward" and r.variant == "gloo") == [
         4 * 16 * 64, 4 * 8 * 32 * 64]
+
+
+def test_what_plan_run_measures_before_a_cpu_run_and_measures_once(tmp_path, capsys,
+                                                                   monkeypatch):
+    """`_profile_here` without the measurement (it is run in
+    `test_automatic_mode_profiles_this_host_first`): the model's ops at the micro-batches
+    the search asks for (1, 4 and the batch, at most 16), at every tp the model splits
+    into among the ranks, with host costs; the collectives among the cluster's ranks with
+    DTensor's rows on the model's blocks at the largest micro-batch. A second run with the
+    same command line uses the profiles already there; another --seq measures again."""
+    import argparse
+
+    import planner.commands.profile as profile_command
+    from planner.commands.run import _profile_here
+    from profiler.store import PROFILE_SCHEMA_VERSION, ProfileMeta, save_profile, summary_row
+
+    asked = []
+
+    def measure(req):
+        asked.append(req)
+        save_profile(req.output, ProfileMeta(
+            schema_version=PROFILE_SCHEMA_VERSION, device="CPU", device_detail="test",
+            dtype="fp32", torch_version="-", host="test", created="2026-12-07",
+            num_threads=1, warmup=0, repeats=1, command=req.command),
+            [summary_row("collective", "all_reduce", [1e-4], ranks=2, size_bytes=1024)])
+        return 0
+
+    monkeypatch.setattr(profile_command, "measure", measure)
+    args = argparse.Namespace(report=str(tmp_path / "report"), name=None, plan=None, gbs=8,
+                              seq=32, model_file=None)
+    folder = _profile_here(args, TINY, parse_gpus_arg("CPU:4"), "fp32")
+    assert folder == str(tmp_path / "report" / "profiles")
+    ops, coll = asked
+    assert (ops.model, ops.tp, ops.mbs, ops.seq, ops.host_costs) == (TINY, (1, 2, 4),
+                                                                     (1, 4, 8), (32,), True)
+    assert ops.output == f"{folder}/cpu-ops.csv"
+    assert (coll.model, coll.collectives, coll.nprocs, coll.host_model, coll.mbs) == (
+        None, True, 4, TINY, (8,))
+    assert coll.command.startswith("plan profile measure --device cpu --collectives "
+                                   "--nprocs 4 ")
+    assert "--host-costs --host-model debug-tiny --mbs 8 --seq 32" in coll.command
+    err = capsys.readouterr().err
+    assert err.count("plan run: measuring a profile of this host first") == 2
+    _profile_here(args, TINY, parse_gpus_arg("CPU:4"), "fp32")
+    assert len(asked) == 2
+    assert capsys.readouterr().err.count("plan run: using the profile measured before") == 2
+    args.seq = 64
+    _profile_here(args, TINY, parse_gpus_arg("CPU:4"), "fp32")
+    assert len(asked) == 4
 
 
 def test_a_plan_priced_with_overlapped_gradient_reduction_is_predicted_as_the_executor_runs(

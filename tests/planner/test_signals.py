@@ -127,7 +127,6 @@ def test_what_if_interrupted(tmp_path):
     assert _gone(workers) and not (tmp_path / "r").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_run_stops_torchrun_and_every_rank(tmp_path):
     """SIGTERM to `plan run`: torchrun stops its ranks (each in a session of its own, so

@@ -16,7 +16,6 @@ MB = 1024**2
 ATTEMPTS = 3
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_all_reduce_between_profiled_sizes_is_predicted_within_15_percent(tmp_path):
     """Sizes are measured in interleaved rounds in one process group, so the fresh 3 MB
@@ -47,7 +46,6 @@ def test_all_reduce_between_profiled_sizes_is_predicted_within_15_percent(tmp_pa
     assert abs(errors[-1]) < 0.15, f"predicted / measured - 1 per attempt: {errors}"
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_every_collective_is_measured_from_the_command_line(tmp_path, capsys):
     from planner.cli import main
@@ -72,7 +70,6 @@ def test_every_collective_is_measured_from_the_command_line(tmp_path, capsys):
     assert share is not None and 0.0 < share <= 1.0
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_smaller_groups_are_also_timed_all_at_once_on_the_cpu():
     """4 processes: besides the 4-rank rows, all-reduce, all-gather and reduce-scatter in

@@ -126,7 +126,6 @@ def test_billion_laughs_is_refused_before_it_is_built():
     assert time.process_time() - start < 5  # CPU time: refused long before expanding
 
 
-@pytest.mark.slow
 def test_a_large_file_without_aliases_reads_and_aliases_stop_at_its_size():
     """A plan `plan search -o` wrote for 65,536 GPUs held more than 1,000,000 values and
     was refused as 'YAML aliases expand to more than 1,000,000 values': it has no alias.

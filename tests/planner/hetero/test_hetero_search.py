@@ -82,8 +82,11 @@ def test_holmes_keeps_each_positions_data_parallel_group_in_one_island():
     assert island[devices[0][0][0]] != island[devices[0][1][0]]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path, name, gbs", SHIPPED)
+# three types (20 s) in `make test-slow`; `make test` searches them in
+# test_search_is_the_plan.py::test_shipped_clusters_write_what_they_ranked
+@pytest.mark.parametrize("path, name, gbs", [
+    pytest.param(*s, marks=pytest.mark.slow) if s[0].endswith("three-types.yaml") else s
+    for s in SHIPPED])
 def test_shipped_clusters_never_worse_than_a_baseline(path, name, gbs):
     found = search(SearchRequest(model=preset(name), cluster=load_cluster(path), gbs=gbs,
                                  seq_len=4096, dtype=_dtype(path), top=1))
@@ -146,7 +149,9 @@ def test_zero_bubble_on_unlike_stages_priced_as_simulated():
     assert checked >= 2
 
 
-def test_per_stage_sharding_is_a_local_optimum_that_fits():
+# one template a cluster in `make test`; ten (80 s) in `make test-slow`
+@pytest.mark.parametrize("templates", [1, pytest.param(10, marks=pytest.mark.slow)])
+def test_per_stage_sharding_is_a_local_optimum_that_fits(templates):
     """AMSP per stage (Zorse: sharding inside a stage at its own group size): relaxing a
     fitting candidate keeps it fitting, never makes it slower, and leaves no position
     where another sharding that fits would shorten the estimated iteration; with tied
@@ -165,7 +170,7 @@ def test_per_stage_sharding_is_a_local_optimum_that_fits():
         pools = pools_by_type(cluster)
         chosen = [t for t in mixed_templates(model, cluster, gbs)
                   if t.pp > 1 and t.family == "mixed-stages"]
-        for t in rng.sample(chosen, min(10, len(chosen))):
+        for t in rng.sample(chosen, min(templates, len(chosen))):
             kw = dict(pools=pools, mbs=1, recompute="none", seq_len=4096, dtype=_dtype(path),
                       gbs=gbs, kernels=Kernels(attention="flash"))
             options = sharding_options(t.dp)

@@ -98,7 +98,6 @@ def test_a_mixed_plan_that_must_split_its_experts_does():
             by_type["V100-32GB-SXM2"], rel=1e-9)
 
 
-@pytest.mark.slow
 def test_mixtral_on_the_mixed_cluster_splits_its_experts(tmp_path):
     """Mixtral 8x7B on the shipped A100 + V100 cluster: the best plan mixes the types with
     ep > 1 (its V100 stages hold more layers once the experts are split, without ZeRO-3's

@@ -418,7 +418,6 @@ _GQA = dataclasses.replace(preset("debug-tiny-llama"), name="gqa", num_layers=3,
                            vocab_size=512, seq_len=128)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("model, cluster, gbs, extra", [
     # tp 4 over 2 key/value heads: the executor splits them, it does not copy them
     (preset("debug-tiny-llama"), "CPU:4", 1, {}),

@@ -288,7 +288,10 @@ test_a_homogeneous_moe_candidate_is_priced_as_its_plan = examples(100)(
 MIXED_MOE = given(model=moe_models(), cluster=clusters(types=2), data=st.data())
 test_a_mixed_moe_candidate_is_priced_as_its_plan = examples(150)(
     MIXED_MOE(mixed_moe_candidate_is_its_plan))
-test_the_search_writes_what_it_ranked = examples(60)(SEARCHES(search_writes_what_it_ranked))
+test_the_search_writes_what_it_ranked = examples(20)(SEARCHES(search_writes_what_it_ranked))
+# 60 searches, 40 s: `make test-slow`
+test_the_search_writes_what_it_ranked_60 = pytest.mark.slow(examples(60)(
+    SEARCHES(search_writes_what_it_ranked)))
 test_a_candidate_over_nvlink_domains_is_priced_as_its_plan = examples(100)(
     given(model=models(), cluster=domain_clusters(types=1), data=st.data())(
         homogeneous_candidate_is_its_plan))
@@ -303,7 +306,6 @@ test_long_mixed_moe = pytest.mark.fuzz(examples(1500)(MIXED_MOE(mixed_moe_candid
 test_long_searches = pytest.mark.fuzz(examples(400)(SEARCHES(search_writes_what_it_ranked)))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name, path, gbs", [
     ("gpt3-175b", "cluster_specs/selene-a100.yaml", 1536),
     ("llama3-70b", "cluster_specs/dgx-h100.yaml", 1024),
