@@ -245,20 +245,19 @@ def test_what_plan_run_measures_before_a_cpu_run_and_measures_once(tmp_path, cap
     DTensor's rows on the model's blocks at the largest micro-batch. A second run with the
     same command line uses the profiles already there; another --seq measures again."""
     import argparse
+    from dataclasses import replace
 
     import planner.commands.profile as profile_command
     from planner.commands.run import _profile_here
-    from profiler.store import PROFILE_SCHEMA_VERSION, ProfileMeta, save_profile, summary_row
+    from profiler.store import save_profile
+    from tests.planner.profile_helpers import collective_row, meta
 
     asked = []
 
     def measure(req):
         asked.append(req)
-        save_profile(req.output, ProfileMeta(
-            schema_version=PROFILE_SCHEMA_VERSION, device="CPU", device_detail="test",
-            dtype="fp32", torch_version="-", host="test", created="2026-12-07",
-            num_threads=1, warmup=0, repeats=1, command=req.command),
-            [summary_row("collective", "all_reduce", [1e-4], ranks=2, size_bytes=1024)])
+        save_profile(req.output, replace(meta(), command=req.command),
+                     [collective_row("all_reduce", 1024, 1e-4)])
         return 0
 
     monkeypatch.setattr(profile_command, "measure", measure)
