@@ -44,7 +44,7 @@ from planner.costs.stages import (
 )
 from planner.hetero.placement import Pool, place
 from planner.hetero.split import layer_split_fast, least_feasible
-from planner.predict.estimate import iteration_end_s, pipeline_time, sends_s
+from planner.predict.estimate import iteration_end_s, sends_s
 from planner.specs.choices import ModelStates, Recompute, Schedule
 from planner.specs.cluster import ClusterSpec
 from planner.specs.layout import stage_moe_layers
@@ -638,8 +638,8 @@ def _split_batch(t: Template, lay: _Layout, costs: dict[int, list[StageCost]],
         return [total // t.dp] * t.dp
     line = {}  # per replica kind: (fill, step) of finishing m micro-batches
     for q in lay.replica_kinds:
-        one, two = (pipeline_time(costs[q], num_microbatches=m, virtual_stages=1,
-                                  schedule=schedule)[0] for m in (1, 2))
+        one, two = (iteration_end_s([costs[q]], [m], virtual_stages=1, schedule=schedule)
+                    for m in (1, 2))
         line[q] = (one - (two - one), two - one)
     per_replica = [line[q] for q in lay.kind_of_replica]
     return batch_split_fast(total, [f for f, _ in per_replica], [s for _, s in per_replica])

@@ -390,7 +390,7 @@ def _critical_paths(costs: Sequence[StageCost], m: int, vp: int, schedule: Sched
     """Per distinct (stage object, receives) its (micro-batch, tail, drain step, forward
     step, deferred W); each stage's key; each stage's micro-batch time; the critical path
     through each stage."""
-    pp, zb = len(costs), Schedule(schedule).splits_backward
+    pp, zb = len(costs), schedule.splits_backward
     memo: dict[_Key, tuple[float, float, float, float, float]] = {}
     paced: dict[_Key, float] = {}  # `grad_paced_s` of each, priced once as the rest
     receives = [receives_s(costs, s, vp) for s in range(pp)]
@@ -750,32 +750,43 @@ def _cycle_paths(costs: Sequence[StageCost], paths: list[float], times: list[flo
     # a reduce-scatter run in line (`inline`, `_inline_s`) follows its backward (under
     # ZB-H1 its W) while the gradient goes on: on the cycle only where the first stage
     # runs it before its next forward (1F1B; under ZB-H1 stage 0, with its W)
-    windows = []  # (span, period, first stage, what queues in all the cycles)
+    # per first stage j, its cycles' (span, period, what queues in all of them); and the
+    # pace of micro-batches between cycles of span n: shorter cycles, own work
+    windows: list[tuple[int, list[tuple[int, float, float]]]] = []
+    shorter = [max(times)] * (pp + 1)
     for j in range(max(0, pp - m + 1), pp - 1):
         total = (work[j] - w[j] - (inline[j] if zb else 0.0)
                  + (w[0] + inline[0] if zb and j == 0 else 0.0))
-        up = queued_up[j]
+        up, cycles = queued_up[j], []
         for k in range(j + 1, pp):
             total += work[k] - w[k] - inline[k] + links[k - 1]
             n = k - j + 1
             down = queued_down[k]
-            queued = (min((steady[j] * up + steady[k] * down) / n, (m - 1) // n * (up + down))
-                      if up or down else 0.0)
-            windows.append((n, total / n, j, queued))
+            queued = 0.0
+            if up or down:  # the lesser of the two (inline: this loop runs pp^2 / 2 times)
+                queued = (steady[j] * up + steady[k] * down) / n
+                if (m - 1) // n * (up + down) < queued:
+                    queued = (m - 1) // n * (up + down)
+            period = total / n
+            cycles.append((n, period, queued))
+            if n < pp and period > shorter[n + 1]:
+                shorter[n + 1] = period
+        windows.append((j, cycles))
     if not windows:
         return paths
-    # the pace of micro-batches between cycles of span n: shorter cycles, own work
-    shorter = [max(times)] * (pp + 1)
-    for n, period, _, _ in windows:
-        if n < pp:
-            shorter[n + 1] = max(shorter[n + 1], period)
     for n in range(1, pp + 1):
         shorter[n] = max(shorter[n], shorter[n - 1])
     out = list(paths)
-    for n, period, j, queued in windows:
-        q, r = divmod(m - 1, n)
+    turns = [divmod(m - 1, n) if n else (0, 0) for n in range(pp + 1)]
+    for j, cycles in windows:
         # (each path still holds its stage's last reduce-scatter, taken out after)
-        out[j] = max(out[j], trip + excess[j] + r * shorter[n] + q * n * period + queued)
+        base, longest = trip + excess[j], out[j]
+        for n, period, queued in cycles:
+            q, r = turns[n]
+            path = base + r * shorter[n] + q * n * period + queued
+            if path > longest:
+                longest = path
+        out[j] = longest
     return out
 
 
