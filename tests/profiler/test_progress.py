@@ -88,12 +88,14 @@ def test_a_terminal_without_a_width_still_gets_a_bar():
             bar._bar.refresh()
             stream.flush()
             # the kernel hands a pty's output to the master side in pieces (CI read the
-            # first draw alone once): read until the final draw arrives or 2 s pass
-            drawn, deadline = "", time.monotonic() + 2.0
-            while "op20" not in drawn and time.monotonic() < deadline:
-                ready, _, _ = select.select([master], [], [], deadline - time.monotonic())
-                if ready:
-                    drawn += os.read(master, 4096).decode()
+            # first draw alone once): read until the final draw arrives or 2 s pass; a
+            # piece may end inside a bar character, so decode the bytes once, at the end
+            raw, deadline = b"", time.monotonic() + 2.0
+            while b"op20" not in raw and time.monotonic() < deadline:
+                left = max(0.0, deadline - time.monotonic())
+                if select.select([master], [], [], left)[0]:
+                    raw += os.read(master, 4096)
+            drawn = raw.decode()
             bar.close()
         assert "20/20 ops" in drawn and "op20" in drawn
     finally:
