@@ -72,13 +72,17 @@ class Watchdog:
         self._beat, self._progress = 0, 0
         self._progress_s = time.monotonic()
         self._what, self._phase, self._error = "starting", "setup", ""
-        self._failed = False  # this rank has reported its own failure
         self._stopping = ""  # why this rank is stopping (others adopt the cause)
         self._peers = {r: _Peer() for r in range(len(names)) if r != rank}
         self._store: dist.Store | None = None
         self._lock = threading.Lock()  # the main thread reads too, in fail()
         self._wake_r, self._wake_w = os.pipe()
         self._stopped = threading.Event()
+        # held by the thread that reports why this rank stops, until it exits the process
+        # (the watchdog's `_stop` and the main thread's `fail` can both get there; a second
+        # waits for that exit): two threads writing one note left it half of each
+        # ('{..."cause": "..."}"}', a clean clone's make test, 2026-12-07)
+        self._exiting = threading.Lock()
 
     # ---- the main thread's side ---------------------------------------------------
     def start(self) -> None:
@@ -126,9 +130,9 @@ class Watchdog:
         culprit = self._wait_for_culprit(STALE_S + 2 * INTERVAL_S if broken else INTERVAL_S)
         if culprit is not None:
             self._stop(*culprit)
+        self._exiting.acquire()  # a watchdog stopping this rank meanwhile says why, and exits
         if details:
             print(details, file=sys.stderr, flush=True)
-        self._failed = True
         self._error = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         with contextlib.suppress(Exception):
             self._publish()
@@ -253,8 +257,7 @@ class Watchdog:
     def _stop(self, culprit: int | None, reason: str) -> None:
         if self._stopped.is_set():
             return  # the run is over: its teardown is not a failure
-        if self._failed:
-            os._exit(EXIT_FAILED)  # said so already
+        self._exiting.acquire()  # the first to stop this rank reports; a second waits
         who = "" if culprit is None else self.names[culprit] + " "
         self._stopping = f"{who}{reason}"
         with contextlib.suppress(Exception):
