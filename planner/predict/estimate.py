@@ -764,9 +764,9 @@ def _cycle_paths(costs: Sequence[StageCost], paths: list[float], times: list[flo
             down = queued_down[k]
             queued = 0.0
             if up or down:  # the lesser of the two (inline: this loop runs pp^2 / 2 times)
-                queued = (steady[j] * up + steady[k] * down) / n
-                if (m - 1) // n * (up + down) < queued:
-                    queued = (m - 1) // n * (up + down)
+                queued, most = (steady[j] * up + steady[k] * down) / n, (m - 1) // n * (up + down)
+                if most < queued:
+                    queued = most
             period = total / n
             cycles.append((n, period, queued))
             if n < pp and period > shorter[n + 1]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -55,3 +56,5 @@ def test_a_rank_stopped_twice_at_once_reports_once(tmp_path, monkeypatch, capsys
         dog._exiting.release()  # let the waiting thread end
         for t in threads:
             t.join(timeout=5.0)
+        os.close(dog._wake_r)
+        os.close(dog._wake_w)
