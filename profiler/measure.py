@@ -25,18 +25,19 @@ import math
 import os
 import platform
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from profiler.store import ProfileRow
-from profiler.timing import Timing, time_calls
+from profiler.timing import Timing, sampler, time_calls, timing_of
 
 __all__ = ["MATMUL_PRECISION", "MeasureSettings", "Measured", "OpCase", "adamw_step", "cache_bytes",
            "device_description", "measure_ops", "torch_dtype"]
 
 GradOf = Literal["input", "weight", "all"]
 MAX_COPIES = 64  # rotating copies of one op's tensors
+IN_TURN_MAX_ROUNDS = 200
 # torch.set_float32_matmul_precision per profile dtype, on CUDA (TF32 or not)
 MATMUL_PRECISION = {"fp32": "highest", "tf32": "high"}
 
@@ -57,6 +58,8 @@ class OpCase:
     grad_of: GradOf | None = None  # time the backward with respect to these leaves
     reuse_bytes: float = 0.0  # bytes a training step touches between two uses of its
     # operands (0: assume more than the device's last-level cache)
+    step: int = 0  # the step shape (micro-batch, sequence, tp, attention) whose ops it is
+    # among: cases measured in turn (`MeasureSettings.in_turn`) take turns with its others
 
     @property
     def key(self) -> tuple[str, str | None, tuple[int, ...]]:
@@ -73,6 +76,13 @@ class MeasureSettings:
     # every case timed this many times, a pass over all cases after another; the fastest
     # median kept (`measure_ops`)
     passes: int = 2
+    # the cases of a step shape timed in turn, one call each a round (`_measure_in_turn`),
+    # instead of each case's calls back to back over rotating copies (`_measure_case`);
+    # None: in turn on the CPU, back to back on CUDA
+    in_turn: bool | None = None
+    # in turn: rounds of every step shape until this many seconds of them (at least
+    # `repeats`, at most IN_TURN_MAX_ROUNDS)
+    in_turn_s: float = 2.0
 
 
 def torch_dtype(name: str) -> object:
@@ -305,9 +315,11 @@ def measure_ops(cases: Sequence[OpCase], settings: MeasureSettings,
     at 1.32 ms where the same shape took 0.40 ms a run before and after (2026-12-05)."""
     import torch
 
+    cuda = settings.device.startswith("cuda")
+    if settings.in_turn if settings.in_turn is not None else not cuda:
+        return _measure_in_turn(cases, settings, progress)
     best: dict[int, ProfileRow] = {}
     skipped: dict[int, tuple[OpCase, str]] = {}
-    cuda = settings.device.startswith("cuda")
     passes = max(1, settings.passes)
     try:
         with _on_device(settings):
@@ -335,6 +347,143 @@ def measure_ops(cases: Sequence[OpCase], settings: MeasureSettings,
     if progress is not None:
         progress(passes * len(cases), "done")
     return _in_case_order(best, skipped, interrupted=False)
+
+
+def _measure_in_turn(cases: Sequence[OpCase], settings: MeasureSettings,
+                     progress: Callable[[int, str], None] | None) -> Measured:
+    """`measure_ops` with the cases of each step shape (`OpCase.step`) timed in turn: a
+    round calls every case of the shape once in the cases' order (a layer's forward ops,
+    its backward ops, the embedding's and head's, the optimizer step; then the weight
+    gradients' baselines), each call timed alone and its result kept until its next turn,
+    as a step keeps activations. Rounds go on after `warmup` untimed ones until
+    `in_turn_s` seconds of them (at least `repeats`, at most IN_TURN_MAX_ROUNDS). So every
+    op runs after other ops, as in a training step, with its operands as far back as the
+    step's other ops put them; no copies are needed to push them out of cache.
+
+    Timed back to back, an op runs faster than it does in a step, by more than where its
+    data sit explains. On the 2-core development VM (2026-12-07) debug-tiny's fused AdamW
+    step took 0.41 ms back to back, 0.60 ms rotated over 64 copies of its states (122 MB),
+    and 1.2-1.5 ms right after other work (reading or writing 64 MB, a loop of GEMMs, a 5
+    ms sleep) and in the training step itself (1.1 ms); the step's forward took 7.5 ms
+    where its ops timed back to back summed to 6.4, timed in turn to 7.0-7.5. A row is
+    the median of every pass's calls: a burst of other load slows a round's ops alike,
+    and the fastest pass's median (`measure_ops` back to back) would be a low estimate of
+    what a step meets. Ctrl-C keeps a row for every case timed at least once."""
+    skipped: dict[int, tuple[OpCase, str]] = {}
+    steps: dict[int, list[int]] = {}
+    for i, case in enumerate(cases):
+        steps.setdefault(case.step, []).append(i)
+    passes = max(1, settings.passes)
+    sample = sampler(settings.device)
+    times: dict[tuple[int, bool], list[float]] = {}  # every pass's
+    overhead_s = 0.0
+
+    def rows() -> dict[int, ProfileRow]:
+        out = {}
+        for (i, is_baseline), samples in times.items():
+            base = times.get((i, True))
+            if is_baseline or not samples or (base is not None and not base):
+                continue
+            subtract = (timing_of(base).median_s if base
+                        else overhead_s if cases[i].grad_of else 0.0)
+            out[i] = _row(cases[i], timing_of(samples), subtract)
+        return out
+
+    try:
+        with _on_device(settings):
+            overhead_s = _autograd_call_s(settings)
+            done = 0
+            for _ in range(passes):
+                for indices in steps.values():
+                    calls = _in_turn_calls(cases, indices, settings, skipped)
+                    for key, _call in calls:
+                        times.setdefault(key, [])
+                    # closed at once if progress raises (Ctrl-C): the collector back on
+                    with contextlib.closing(
+                            _in_turn_rounds(calls, times, settings, sample)) as rounds:
+                        for planned, timed in rounds:
+                            if progress is not None:
+                                progress(done + timed * len(indices) // planned,
+                                         f"round {timed}/{planned}")
+                    done += len(indices)
+                    del calls
+        if settings.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
+    except KeyboardInterrupt:
+        return _in_case_order(rows(), skipped, interrupted=True)
+    if progress is not None:
+        progress(passes * len(cases), "done")
+    return _in_case_order(rows(), skipped, interrupted=False)
+
+
+def _in_turn_calls(cases: Sequence[OpCase], indices: Sequence[int], s: MeasureSettings,
+                   skipped: dict[int, tuple[OpCase, str]],
+                   ) -> list[tuple[tuple[int, bool], Call]]:
+    """The calls of one step shape's round, keyed (case index, is the weight gradient's
+    baseline): each case's, then the baselines; a case torch cannot run is skipped with
+    its reason (once)."""
+    ops: list[tuple[tuple[int, bool], Call]] = []
+    baselines: list[tuple[tuple[int, bool], Call]] = []
+    for i in indices:
+        if i in skipped:
+            continue
+        try:
+            with warnings.catch_warnings():  # torch warns why a backend cannot run
+                warnings.simplefilter("ignore")
+                fn, baseline, _ = _runners(cases[i], s)
+                fn()  # fails here if the backend cannot run this case
+        except (RuntimeError, ValueError) as err:
+            skipped[i] = (cases[i], str(err).strip().splitlines()[0])
+            continue
+        ops.append(((i, False), fn))
+        if baseline is not None:
+            baselines.append(((i, True), baseline))
+    return ops + baselines
+
+
+def _in_turn_rounds(calls: Sequence[tuple[tuple[int, bool], Call]],
+                    times: dict[tuple[int, bool], list[float]], s: MeasureSettings,
+                    sample: Callable[[Call, int], float],
+                    ) -> Generator[tuple[int, int], None, None]:
+    """Run the rounds of `_measure_in_turn`, appending each timed call's seconds to
+    `times`; yields (the rounds it will take as far as it knows, rounds done) after each
+    timed round."""
+    import gc
+
+    results: dict[tuple[int, bool], object] = {}
+    kept = [(key, _keeping(results, key, fn)) for key, fn in calls]
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(s.warmup):
+            for _key, fn in kept:
+                fn()
+        rounds, spent, done = max(1, s.repeats), 0.0, 0
+        while done < rounds:
+            for key, fn in kept:
+                t = sample(fn, 1)
+                times[key].append(t)
+                spent += t
+            done += 1
+            if done == rounds and spent < s.in_turn_s and rounds < IN_TURN_MAX_ROUNDS:
+                rounds = min(IN_TURN_MAX_ROUNDS,
+                             max(rounds + 1, math.ceil(rounds * s.in_turn_s / max(spent, 1e-9))))
+            yield rounds, done
+    finally:
+        results.clear()
+        if was_enabled:
+            gc.enable()
+
+
+def _keeping(results: dict[tuple[int, bool], object], key: tuple[int, bool],
+             fn: Call) -> Call:
+    """`fn`, its result kept in `results` until its next call (dropped before it)."""
+    def call() -> None:
+        results[key] = None
+        results[key] = fn()
+    return call
 
 
 def _in_case_order(rows: dict[int, ProfileRow], skipped: dict[int, tuple[OpCase, str]], *,

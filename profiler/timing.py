@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Timing", "time_calls"]
+__all__ = ["Timing", "sampler", "time_calls", "timing_of"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _sampler(device: str) -> Callable[[Callable[[], object], int], float]:
+def sampler(device: str) -> Callable[[Callable[[], object], int], float]:
     """A function that runs `fn` `calls` times and returns the elapsed seconds."""
     if device.startswith("cuda"):
         import torch
@@ -78,7 +78,7 @@ def time_calls(fn: Callable[[], object], *, device: str = "cpu", warmup: int = 3
                repeats: int = 15, min_sample_s: float = 1e-3) -> Timing:
     """Time `fn` on `device` ("cpu", "cuda", "cuda:N"): `warmup` untimed calls, then
     `repeats` samples of back-to-back calls."""
-    sample = _sampler(device)
+    sample = sampler(device)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -86,9 +86,15 @@ def time_calls(fn: Callable[[], object], *, device: str = "cpu", warmup: int = 3
         for _ in range(max(warmup - 1, 0)):
             first = min(first, sample(fn, 1))
         calls = max(1, math.ceil(min_sample_s / max(first, 1e-9)))
-        times = sorted(sample(fn, calls) / calls for _ in range(repeats))
+        times = [sample(fn, calls) / calls for _ in range(repeats)]
     finally:
         if was_enabled:
             gc.enable()
+    return timing_of(times, calls=calls)
+
+
+def timing_of(samples: list[float], *, calls: int = 1) -> Timing:
+    """The Timing of samples of seconds per call (each of `calls` calls)."""
+    times = sorted(samples)
     return Timing(median_s=statistics.median(times), p10_s=_percentile(times, 0.1),
-                  p90_s=_percentile(times, 0.9), samples=repeats, calls=calls)
+                  p90_s=_percentile(times, 0.9), samples=len(times), calls=calls)

@@ -29,6 +29,7 @@ from planner.commands.args import (
     int_in,
     int_list_in,
     name_list,
+    number_in,
     path_arg,
 )
 from planner.costs.workload import WorkloadShape
@@ -111,10 +112,15 @@ def _add_measure(verbs: argparse._SubParsersAction) -> None:
     m.add_argument("--warmup", type=int_in(0, 100_000), default=3, metavar="N",
                    help="untimed calls before sampling (default 3)")
     m.add_argument("--repeats", type=int_in(1, 100_000), default=15, metavar="N",
-                   help="timed samples per row (default 15)")
+                   help="timed samples per row (default 15; on the CPU, rounds at least)")
     m.add_argument("--passes", type=int_in(1, 100), default=2, metavar="N",
-                   help="passes over every op, each op's fastest median kept (default 2: a "
-                        "burst of other load on the host slows whole ops, never speeds one)")
+                   help="passes over every op (default 2): on a GPU each op's fastest median "
+                        "kept (a burst of other load on the host slows whole ops, never "
+                        "speeds one); on the CPU every pass's calls pooled")
+    m.add_argument("--turn-seconds", type=number_in(low=0.0, high=3600.0), default=2.0,
+                   metavar="S", help="on the CPU, where the ops of each step shape are "
+                   "timed in turn (one call each a round, as a step runs them): seconds of "
+                   "rounds per step shape and pass, at least --repeats rounds (default 2)")
     m.add_argument("--collectives", action="store_true",
                    help="also measure collectives across --nprocs local processes")
     m.add_argument("--nprocs", type=int_in(2, 256), default=2, metavar="N",
@@ -174,6 +180,7 @@ class MeasureRequest:
     warmup: int = 3
     repeats: int = 15
     passes: int = 2
+    turn_seconds: float = 2.0
     collectives: bool = False
     nprocs: int = 2
     host_costs: bool = False
@@ -200,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
         device=args.device, device_name=args.device_name, tp=args.tp, mbs=args.mbs,
         seq=args.seq, dtype=args.dtype, attention=args.attention, optimizer=args.optimizer,
         sequence_parallel=args.sequence_parallel, threads=args.threads, warmup=args.warmup,
-        repeats=args.repeats, passes=args.passes, collectives=args.collectives,
+        repeats=args.repeats, passes=args.passes, turn_seconds=args.turn_seconds,
+        collectives=args.collectives,
         nprocs=args.nprocs,
         host_costs=args.host_costs, host_model=host_model,
         min_bytes=args.min_bytes, max_bytes=args.max_bytes))
@@ -330,7 +338,8 @@ def _measure_ops(req: MeasureRequest, model: ModelSpec, dev: DeviceSpec,
     _check_fits(cases, req, dev)
     bar = ProgressBar(len(cases) * req.passes, title="ops")
     settings = MeasureSettings(device=req.device, dtype=dtype, warmup=req.warmup,
-                               repeats=req.repeats, passes=req.passes)
+                               repeats=req.repeats, passes=req.passes,
+                               in_turn_s=req.turn_seconds)
     try:
         return measure_ops(cases, settings, progress=bar)
     finally:
@@ -353,7 +362,10 @@ def _check_fits(cases: Sequence[OpCase], req: MeasureRequest, dev: DeviceSpec) -
     7,150 GiB."""
     memory, whose = _memory_bytes(req, dev)
     big = max(cases, key=lambda c: c.bytes, default=None)
-    if big is None or big.bytes <= memory:
+    if big is None:
+        return
+    if big.bytes <= memory:
+        _check_step_fits(cases, req, memory, whose)
         return
     if big.kind == "optimizer":  # the model's size, whatever the batch
         fail("--model", req.model.name if req.model else None,
@@ -367,6 +379,25 @@ def _check_fits(cases: Sequence[OpCase], req: MeasureRequest, dev: DeviceSpec) -
          f"{f' ({big.variant})' if big.variant else ''} at shape "
          f"{'x'.join(map(str, big.shape))} holds {big.bytes / 2**30:,.1f} GiB: lower them"
          + ("" if big.variant is None else ", or leave that backend out with --attention"))
+
+
+def _check_step_fits(cases: Sequence[OpCase], req: MeasureRequest, memory: int,
+                     whose: str) -> None:
+    """On the CPU a step shape's ops are timed in turn, each keeping its tensors: refuse
+    a step shape whose ops' bytes together pass the host's memory."""
+    if req.device != "cpu":
+        return
+    steps: dict[int, float] = {}
+    for case in cases:
+        steps[case.step] = steps.get(case.step, 0.0) + case.bytes
+    held = max(steps.values())
+    if held > memory:
+        flags = [f"--seq {','.join(map(str, req.seq))}"] if req.seq else []
+        flags.append(f"--mbs {','.join(map(str, req.mbs))}")
+        fail("/".join(f.split()[0] for f in flags), " ".join(flags),
+             f"a step shape whose ops fit in {whose} {memory / 2**30:,.3g} GiB together (the "
+             f"CPU times them in turn, each keeping its tensors); the largest holds "
+             f"{held / 2**30:,.3g} GiB: lower them")
 
 
 def _host_model(req: MeasureRequest) -> str | None:

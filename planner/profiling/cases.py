@@ -11,6 +11,7 @@ respect to the forward's input (`.dgrad`), weight (`.wgrad`) or both (`.bwd`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from planner.costs.memory import rank_param_tensors
 from planner.costs.workload import (
@@ -210,7 +211,11 @@ def op_cases(model: ModelSpec, *, tps: Sequence[int], micro_batch_sizes: Sequenc
     # optimizer steps (`optimizer_cases`)
     largest = max(((b, q) for b in micro_batch_sizes for q in seq_lens),
                   key=lambda bq: bq[0] * bq[1], default=None)
+    # each (tp, mbs, seq) is a step shape (`OpCase.step`: measured in turn, its cases take
+    # turns, its attention backends' among them); the optimizer steps after the largest
+    step = 0
     for tp in tps:
+        at_largest = step
         for mbs in micro_batch_sizes:
             for seq in seq_lens:
                 for attention in attentions:
@@ -218,10 +223,13 @@ def op_cases(model: ModelSpec, *, tps: Sequence[int], micro_batch_sizes: Sequenc
                                       sequence_parallel=sequence_parallel and tp > 1,
                                       dtype=dtype, attention=attention)
                     for case in _shape_cases(model, w):
-                        seen.setdefault((case.key, case.grad_of), case)
+                        seen.setdefault((case.key, case.grad_of), replace(case, step=step))
+                if (mbs, seq) == largest:
+                    at_largest = step
+                step += 1
         for case in optimizer_cases(model, tp=tp, dtype=dtype, implementations=optimizers,
                                     step=largest):
-            seen.setdefault((case.key, None), case)
+            seen.setdefault((case.key, None), replace(case, step=at_largest))
     return list(seen.values())
 
 

@@ -53,6 +53,8 @@ from tests.planner.profile_helpers import QUICK_PROFILE
     (["--model", "debug-tiny-llama", "--seq", "1000000", "-o", "p.csv"],
      "--seq/--mbs: '--seq 1000000 --mbs 1' is not allowed (ops whose tensors fit in this "
      "host's"),
+    (["--model", "debug-tiny", "--turn-seconds", "-1", "-o", "p.csv"],
+     "argument --turn-seconds: -1.0 is not allowed (must be ≥ 0)"),
     # the optimizer step outgrew the host: the message blamed --seq/--mbs and --attention
     (["--model", "gpt3-175b", "--seq", "16", "--mbs", "1", "-o", "p.csv"],
      "--model: 'gpt3-175b' is not allowed (a model whose optimizer step fits in this host's"),
@@ -64,6 +66,25 @@ def test_bad_flags(argv, needle, capsys, tmp_path, monkeypatch):
     assert code == 2 and out == "" and needle in err, err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "p.csv").exists()
+
+
+def test_a_step_shape_whose_ops_together_outgrow_the_host_is_refused(capsys, tmp_path,
+                                                                     monkeypatch):
+    """The CPU times a step shape's ops in turn, each keeping its tensors: debug-tiny's at
+    8 x 64 move 8 MiB at most one by one, 49 MiB together; a 16 MiB host is refused."""
+    pytest.importorskip("torch")
+    import planner.commands.profile as profile
+
+    monkeypatch.setattr(profile, "_memory_bytes", lambda req, dev: (16 * 2**20, "this host's"))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(["profile", "--model", "debug-tiny", "--mbs", "8", "--seq", "64",
+                           "-o", "p.csv"], capsys)
+    assert code == 2 and out == "" and not (tmp_path / "p.csv").exists()
+    assert err.startswith("plan profile: error: --seq/--mbs: '--seq 64 --mbs 8' is not "
+                          "allowed (a step shape whose ops fit in this host's 0.0156 GiB "
+                          "together (the CPU times them in turn, each keeping its tensors); "
+                          "the largest holds 0.0482 GiB: lower them)"), err
+    assert err.count("\n") == 1
 
 
 def test_show_and_fit_errors(tmp_path, capsys):
@@ -122,16 +143,20 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
     import profiler.measure
 
-    real = profiler.measure._measure_case
+    real = profiler.measure.sampler
     calls = []
 
-    def interrupted_on_the_third(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
+    def interrupted_on_the_third(device):
+        sample = real(device)
 
-    monkeypatch.setattr(profiler.measure, "_measure_case", interrupted_on_the_third)
+        def timed(fn, n):  # the CPU times its cases in turn: the third case's first call
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return sample(fn, n)
+        return timed
+
+    monkeypatch.setattr(profiler.measure, "sampler", interrupted_on_the_third)
     path = tmp_path / "cpu.csv"
     code, out, err = _run(["profile", "--model", "debug-tiny", "--mbs", "2", "--seq", "16",
                            "--warmup", "1", "--repeats", "2", "-o", str(path)], capsys)

@@ -61,24 +61,27 @@ def _case(name, impl, dims, grad_of=None, variant=None, kind="elementwise"):
                   kernels=1, impl=impl, dims=dims, grad_of=grad_of, reuse_bytes=1 << 20)
 
 
-FAST = MeasureSettings(warmup=1, repeats=3, min_sample_s=2e-4)
+FAST = MeasureSettings(warmup=1, repeats=3, min_sample_s=2e-4, in_turn_s=0.0)
+BACK_TO_BACK = MeasureSettings(warmup=1, repeats=3, min_sample_s=2e-4, in_turn=False)
 
 
-def test_rows_for_forward_backward_and_optimizer():
+@pytest.mark.parametrize("settings", [FAST, BACK_TO_BACK], ids=["in turn", "back to back"])
+def test_rows_for_forward_backward_and_optimizer(settings):
     cases = [_case("mlp.gelu", "gelu", (64, 64)), _case("mlp.gelu.bwd", "gelu", (64, 64), "all"),
              _case("mlp.fc1.wgrad", "linear", (64, 32, 16), "weight", kind="gemm"),
              OpCase(name="optimizer.adamw", kind="optimizer", variant="foreach", shape=(600,),
                     flops=1.0, bytes=1.0, kernels=1, impl="adamw", dims=(100, 500))]
-    measured = measure_ops(cases, FAST)
+    measured = measure_ops(cases, settings)
     assert not measured.interrupted and not measured.skipped
     assert [r.name for r in measured.rows] == [c.name for c in cases]
     assert all(r.time_s > 0 and r.p10_s <= r.time_s <= r.p90_s for r in measured.rows)
 
 
-def test_a_backend_torch_cannot_run_is_skipped_with_its_reason():
+@pytest.mark.parametrize("settings", [FAST, BACK_TO_BACK], ids=["in turn", "back to back"])
+def test_a_backend_torch_cannot_run_is_skipped_with_its_reason(settings):
     flash_with_dropout = _case("attn.core", "sdpa", (2, 4, 4, 8, 8, 4, 1), variant="flash",
                                kind="attention")
-    measured = measure_ops([flash_with_dropout, _case("mlp.gelu", "gelu", (8, 8))], FAST)
+    measured = measure_ops([flash_with_dropout, _case("mlp.gelu", "gelu", (8, 8))], settings)
     assert [r.name for r in measured.rows] == ["mlp.gelu"]
     (case, reason), = measured.skipped
     assert case is flash_with_dropout and reason
@@ -91,8 +94,105 @@ def test_ctrl_c_keeps_what_was_measured():
         if i == 2:
             raise KeyboardInterrupt
 
-    measured = measure_ops(cases, FAST, progress=progress)
+    measured = measure_ops(cases, BACK_TO_BACK, progress=progress)
     assert measured.interrupted and [r.name for r in measured.rows] == ["op0", "op1"]
+
+
+def test_ctrl_c_in_turn_keeps_every_case_timed_once():
+    cases = [_case(f"op{i}", "gelu", (8, 8)) for i in range(4)]
+
+    def progress(_i, label):  # called after each timed round
+        raise KeyboardInterrupt
+
+    import gc
+
+    measured = measure_ops(cases, FAST, progress=progress)
+    assert measured.interrupted and [r.name for r in measured.rows] == [c.name for c in cases]
+    assert all(r.samples == 1 for r in measured.rows)
+    assert gc.isenabled()  # the rounds ran with the collector off, and gave it back
+
+
+class _Recorded:
+    """Fake runners and a fake clock for `measure_ops` in turn: every call is recorded
+    (a baseline as NAME/base) and takes the seconds `seconds(name, pass)` says."""
+
+    def __init__(self, monkeypatch, seconds=lambda name, n: 1e-3, baselines=()):
+        import profiler.measure as measure
+
+        self.calls: list[str] = []
+        self.passes: dict[str, int] = {}
+
+        def runners(case, _s):
+            def fn(label=case.name):
+                self.calls.append(label)
+
+            def base(label=case.name + "/base"):
+                self.calls.append(label)
+            return fn, base if case.name in baselines else None, 1
+
+        def sampler(_device):
+            def sample(fn, n):
+                fn()
+                name = self.calls[-1]
+                return seconds(name, self.passes.get(name, 0))
+            return sample
+
+        monkeypatch.setattr(measure, "_runners", runners)
+        monkeypatch.setattr(measure, "sampler", sampler)
+        monkeypatch.setattr(measure, "_autograd_call_s", lambda _s: 2e-4)
+
+
+def test_in_turn_every_case_of_a_step_is_called_once_a_round(monkeypatch):
+    """A round calls each case of a step shape once, in order, the weight gradients'
+    baselines after them; each step shape takes its rounds before the next."""
+    import dataclasses
+
+    rec = _Recorded(monkeypatch, baselines=("b",))
+    cases = [_case("a", "gelu", (8, 8)), _case("b", "linear", (8, 6, 4), "weight"),
+             dataclasses.replace(_case("c", "gelu", (8, 8)), step=1)]
+    measure_ops(cases, dataclasses.replace(FAST, passes=1, warmup=2, repeats=3))
+    # one call each to see that it runs, then 2 warm-up and 3 timed rounds a step shape
+    assert rec.calls == ["a", "b"] + ["a", "b", "b/base"] * 5 + ["c"] * 6
+
+
+def test_in_turn_rounds_go_on_for_the_time_asked_and_no_longer(monkeypatch):
+    import dataclasses
+
+    import profiler.measure as measure
+
+    rec = _Recorded(monkeypatch)  # 1 ms a call
+    cases = [_case("a", "gelu", (8, 8)), _case("b", "gelu", (8, 8))]
+    settings = dataclasses.replace(FAST, passes=1, warmup=0, repeats=3)
+    (row,) = measure_ops(cases[:1], dataclasses.replace(settings, in_turn_s=0.0)).rows
+    assert row.samples == 3  # repeats, at least
+    rec.calls.clear()
+    measured = measure_ops(cases, dataclasses.replace(settings, in_turn_s=0.049))
+    assert [r.samples for r in measured.rows] == [25, 25]  # rounds of 2 ms
+    measured = measure_ops(cases, dataclasses.replace(settings, in_turn_s=1e9))
+    assert [r.samples for r in measured.rows] == [measure.IN_TURN_MAX_ROUNDS] * 2
+
+
+def test_in_turn_rows_subtract_the_baseline_or_the_backward_call_over_every_pass(
+        monkeypatch):
+    """A weight gradient is its backward less the input gradient's alone (its baseline);
+    another backward less the fixed cost of one autograd.grad call (2e-4 s here); a row
+    is the median of every pass's calls (3 rounds a pass here)."""
+    import dataclasses
+
+    times = {("a", 0): 3e-3, ("a", 1): 1e-3, ("b", 0): 4e-3, ("b", 1): 5e-3,
+             ("b/base", 0): 1.5e-3, ("b/base", 1): 1.5e-3, ("c", 0): 1e-3, ("c", 1): 1e-3}
+    rec = _Recorded(monkeypatch, seconds=lambda name, n: times[(name, n)], baselines=("b",))
+
+    def next_pass(_i, label):
+        if label.startswith("round 3/"):
+            for name in ("a", "b", "b/base", "c"):
+                rec.passes[name] = rec.passes.get(name, 0) + 1
+
+    cases = [_case("a", "gelu", (8, 8)), _case("b", "linear", (8, 6, 4), "weight"),
+             _case("c", "gelu", (8, 8), "input")]
+    measured = measure_ops(cases, dataclasses.replace(FAST, passes=2), progress=next_pass)
+    assert [(r.name, round(r.time_s, 9), r.samples) for r in measured.rows] == [
+        ("a", 2e-3, 6), ("b", 3e-3, 6), ("c", 0.8e-3, 6)]
 
 
 def test_each_op_keeps_its_fastest_pass(monkeypatch):
@@ -119,12 +219,12 @@ def test_each_op_keeps_its_fastest_pass(monkeypatch):
     monkeypatch.setattr(measure, "_measure_case", fake)
     cases = [_case("a", "gelu", (8, 8)), _case("bad", "gelu", (8, 8)), _case("b", "gelu", (8, 8))]
     seen: list[int] = []
-    measured = measure_ops(cases, FAST, progress=lambda i, _: seen.append(i))
+    measured = measure_ops(cases, BACK_TO_BACK, progress=lambda i, _: seen.append(i))
     assert [(r.name, r.time_s) for r in measured.rows] == [("a", 1e-3), ("b", 2e-3)]
     assert [c.name for c, _ in measured.skipped] == ["bad"]
     assert calls == ["a", "b", "a", "b"] and seen == [0, 1, 2, 3, 5, 6]
     one = measure_ops(cases[:1], MeasureSettings(warmup=1, repeats=3, min_sample_s=2e-4,
-                                                 passes=1))
+                                                 passes=1, in_turn=False))
     assert len(one.rows) == 1 and calls[-1] == "a" and len(calls) == 5
 
 

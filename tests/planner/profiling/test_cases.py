@@ -135,6 +135,26 @@ def test_the_optimizer_is_timed_as_cold_as_the_largest_measured_step_leaves_it()
         m, WorkloadShape(micro_batch_size=1, seq_len=m.seq_len, dtype="fp32"))
 
 
+def test_each_step_shape_is_a_step_of_its_own_and_the_optimizer_steps_after_the_largest():
+    """Measured in turn, the cases of one step shape (tp, micro-batch, sequence; every
+    attention backend's ops at it) take turns; the optimizer's are among the largest
+    shape's of their tp."""
+    m = MODELS[0]
+    cases = op_cases(m, tps=(1, 2), micro_batch_sizes=(1, 8), seq_lens=(32,), dtype="fp32",
+                     attentions=("flash", "math"))
+    steps = {(c.name, c.variant, c.shape): c.step for c in cases}
+    assert sorted(set(steps.values())) == [0, 1, 2, 3]  # tp 1 x mbs 1, 8; tp 2 x mbs 1, 8
+    for tp, (small, large) in {1: (0, 1), 2: (2, 3)}.items():
+        fc1 = {c.step for c in cases if c.name == "mlp.fc1" and c.shape[2] == m.ffn_hidden_size // tp}
+        assert fc1 == {small, large}
+    # both backends in one step's turns: flash's fused op [b, heads, ...] and the math
+    # path's scores GEMM [b x heads, ...] at the same micro-batch and heads per rank
+    flash = {c.step: c.shape[0] * c.shape[1] for c in cases if c.name == "attn.core"}
+    math_ = {c.step: c.shape[0] for c in cases if c.name == "attn.scores"}
+    assert flash == math_ == {0: 4, 1: 32, 2: 2, 3: 16}
+    assert {c.step for c in cases if c.impl == "adamw"} == {1, 3}
+
+
 # an MoE model with MLA attention, shared experts and a dense first layer (DeepSeek-V2's
 # layout, Liu et al. 2024), small enough to measure
 TINY_MLA_MOE = dataclasses.replace(
