@@ -5,6 +5,10 @@ bytes: the row's key) and how to run it in torch (`impl` and `dims`, see
 profiler/torch_ops.py; `grad_of` for a backward). This module imports torch only inside
 the functions that measure, so the planner can build cases without it.
 
+How: on the CPU each step shape's cases are timed in turn, one call each a round, as a
+training step runs them (`_measure_in_turn`); on CUDA each case's calls back to back over
+rotating copies of its tensors (`_measure_case`). `MeasureSettings.in_turn` chooses.
+
 Forward ops run with autograd recording, as in training. A backward is timed as
 `torch.autograd.grad` over the op's fragment; on the CPU the fixed cost of one
 `autograd.grad` call (measured on a one-element graph) is subtracted, because a training

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import NoReturn
 
 from planner.commands.args import (
     Parser,
@@ -372,13 +373,17 @@ def _check_fits(cases: Sequence[OpCase], req: MeasureRequest, dev: DeviceSpec) -
              f"a model whose optimizer step fits in {whose} {memory / 2**30:,.1f} GiB; "
              f"{big.name} ({big.variant}) over its {big.shape[0]:,} parameters on one tp "
              f"rank holds {big.bytes / 2**30:,.1f} GiB: a higher --tp, or a smaller model")
+    _fail_shape(req, f"ops whose tensors fit in {whose} {memory / 2**30:,.1f} GiB; {big.name}"
+                f"{f' ({big.variant})' if big.variant else ''} at shape "
+                f"{'x'.join(map(str, big.shape))} holds {big.bytes / 2**30:,.1f} GiB: lower them"
+                + ("" if big.variant is None else ", or leave that backend out with --attention"))
+
+
+def _fail_shape(req: MeasureRequest, allowed: str) -> NoReturn:
+    """Refuse the shapes asked for (--seq and --mbs), saying what is allowed."""
     flags = [f"--seq {','.join(map(str, req.seq))}"] if req.seq else []
     flags.append(f"--mbs {','.join(map(str, req.mbs))}")
-    fail("/".join(f.split()[0] for f in flags), " ".join(flags),
-         f"ops whose tensors fit in {whose} {memory / 2**30:,.1f} GiB; {big.name}"
-         f"{f' ({big.variant})' if big.variant else ''} at shape "
-         f"{'x'.join(map(str, big.shape))} holds {big.bytes / 2**30:,.1f} GiB: lower them"
-         + ("" if big.variant is None else ", or leave that backend out with --attention"))
+    fail("/".join(f.split()[0] for f in flags), " ".join(flags), allowed)
 
 
 def _check_step_fits(cases: Sequence[OpCase], req: MeasureRequest, memory: int,
@@ -392,12 +397,9 @@ def _check_step_fits(cases: Sequence[OpCase], req: MeasureRequest, memory: int,
         steps[case.step] = steps.get(case.step, 0.0) + case.bytes
     held = max(steps.values())
     if held > memory:
-        flags = [f"--seq {','.join(map(str, req.seq))}"] if req.seq else []
-        flags.append(f"--mbs {','.join(map(str, req.mbs))}")
-        fail("/".join(f.split()[0] for f in flags), " ".join(flags),
-             f"a step shape whose ops fit in {whose} {memory / 2**30:,.3g} GiB together (the "
-             f"CPU times them in turn, each keeping its tensors); the largest holds "
-             f"{held / 2**30:,.3g} GiB: lower them")
+        _fail_shape(req, f"a step shape whose ops fit in {whose} {memory / 2**30:,.3g} GiB "
+                    "together (the CPU times them in turn, each keeping its tensors); the "
+                    f"largest holds {held / 2**30:,.3g} GiB: lower them")
 
 
 def _host_model(req: MeasureRequest) -> str | None:
