@@ -33,6 +33,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from planner.gc_pause import gc_paused
 from profiler.store import ProfileRow
 from profiler.timing import Timing, sampler, time_calls, timing_of
 
@@ -62,8 +63,8 @@ class OpCase:
     grad_of: GradOf | None = None  # time the backward with respect to these leaves
     reuse_bytes: float = 0.0  # bytes a training step touches between two uses of its
     # operands (0: assume more than the device's last-level cache)
-    step: int = 0  # the step shape (micro-batch, sequence, tp, attention) whose ops it is
-    # among: cases measured in turn (`MeasureSettings.in_turn`) take turns with its others
+    step: int = 0  # the step shape (tp, micro-batch, sequence) whose ops it is among:
+    # cases measured in turn (`MeasureSettings.in_turn`) take turns with its others
 
     @property
     def key(self) -> tuple[str, str | None, tuple[int, ...]]:
@@ -77,8 +78,8 @@ class MeasureSettings:
     warmup: int = 3
     repeats: int = 15
     min_sample_s: float = 2e-3  # back-to-back calls per sample, to at least this long
-    # every case timed this many times, a pass over all cases after another; the fastest
-    # median kept (`measure_ops`)
+    # every case timed this many times, a pass over all cases after another; back to back
+    # the fastest median kept (`measure_ops`), in turn every pass's calls pooled
     passes: int = 2
     # the cases of a step shape timed in turn, one call each a round (`_measure_in_turn`),
     # instead of each case's calls back to back over rotating copies (`_measure_case`);
@@ -253,6 +254,21 @@ def _row(case: OpCase, t: Timing, subtract_s: float) -> ProfileRow:
                       samples=t.samples, calls=t.calls)
 
 
+def _runnable(case: OpCase, s: MeasureSettings) -> tuple[Call, Call | None, int]:
+    """`_runners`, its call run once: raises RuntimeError / ValueError here if torch
+    cannot run the case (`_skip_reason` says why)."""
+    with warnings.catch_warnings():  # torch warns why a backend cannot run; we report it
+        warnings.simplefilter("ignore")
+        fn, baseline, footprint = _runners(case, s)
+        fn()
+    return fn, baseline, footprint
+
+
+def _skip_reason(err: Exception) -> str:
+    """The first line of why torch could not run a case."""
+    return str(err).strip().splitlines()[0]
+
+
 def _measure_case(case: OpCase, s: MeasureSettings, autograd_call_s: float,
                   cache_size: int) -> ProfileRow:
     """Time one case (raises RuntimeError / ValueError if torch cannot run it here) with
@@ -261,10 +277,7 @@ def _measure_case(case: OpCase, s: MeasureSettings, autograd_call_s: float,
     copies of its tensors totalling that much, up to the last-level cache size (beyond
     it they come from DRAM either way). Rotating buffers are what rocBLAS and hipBLASLt
     benchmarks use; Triton's `do_bench` flushes the L2 for the same reason."""
-    with warnings.catch_warnings():  # torch warns why a backend cannot run; we report it
-        warnings.simplefilter("ignore")
-        fn, baseline, footprint = _runners(case, s)
-        fn()  # fails here if the backend cannot run this case
+    fn, baseline, footprint = _runnable(case, s)
     rotate = min(cache_size, case.reuse_bytes or cache_size)
     copies = min(MAX_COPIES, max(1, math.ceil(rotate / max(footprint, 1))))
     built = [(fn, baseline)] + [_runners(case, s)[:2] for _ in range(copies - 1)]
@@ -338,7 +351,7 @@ def measure_ops(cases: Sequence[OpCase], settings: MeasureSettings,
                     try:
                         row = _measure_case(case, settings, overhead_s, rotate_bytes)
                     except (RuntimeError, ValueError) as err:
-                        skipped[i] = (case, str(err).strip().splitlines()[0])
+                        skipped[i] = (case, _skip_reason(err))
                         if cuda:  # an out-of-memory case leaves the cache fragmented
                             torch.cuda.empty_cache()
                         continue
@@ -411,7 +424,7 @@ def _measure_in_turn(cases: Sequence[OpCase], settings: MeasureSettings,
                                          f"round {timed}/{planned}")
                     done += len(indices)
                     del calls
-        if settings.device.startswith("cuda"):
+        if settings.device.startswith("cuda"):  # as measure_ops back to back
             import torch
 
             torch.cuda.empty_cache()
@@ -434,12 +447,9 @@ def _in_turn_calls(cases: Sequence[OpCase], indices: Sequence[int], s: MeasureSe
         if i in skipped:
             continue
         try:
-            with warnings.catch_warnings():  # torch warns why a backend cannot run
-                warnings.simplefilter("ignore")
-                fn, baseline, _ = _runners(cases[i], s)
-                fn()  # fails here if the backend cannot run this case
+            fn, baseline, _ = _runnable(cases[i], s)
         except (RuntimeError, ValueError) as err:
-            skipped[i] = (cases[i], str(err).strip().splitlines()[0])
+            skipped[i] = (cases[i], _skip_reason(err))
             continue
         ops.append(((i, False), fn))
         if baseline is not None:
@@ -454,31 +464,26 @@ def _in_turn_rounds(calls: Sequence[tuple[tuple[int, bool], Call]],
     """Run the rounds of `_measure_in_turn`, appending each timed call's seconds to
     `times`; yields (the rounds it will take as far as it knows, rounds done) after each
     timed round."""
-    import gc
-
     results: dict[tuple[int, bool], object] = {}
     kept = [(key, _keeping(results, key, fn)) for key, fn in calls]
-    was_enabled = gc.isenabled()
-    gc.disable()
     try:
-        for _ in range(s.warmup):
-            for _key, fn in kept:
-                fn()
-        rounds, spent, done = max(1, s.repeats), 0.0, 0
-        while done < rounds:
-            for key, fn in kept:
-                t = sample(fn, 1)
-                times[key].append(t)
-                spent += t
-            done += 1
-            if done == rounds and spent < s.in_turn_s and rounds < IN_TURN_MAX_ROUNDS:
-                rounds = min(IN_TURN_MAX_ROUNDS,
-                             max(rounds + 1, math.ceil(rounds * s.in_turn_s / max(spent, 1e-9))))
-            yield rounds, done
+        with gc_paused():
+            for _ in range(s.warmup):
+                for _key, fn in kept:
+                    fn()
+            rounds, spent, done = max(1, s.repeats), 0.0, 0
+            while done < rounds:
+                for key, fn in kept:
+                    t = sample(fn, 1)
+                    times[key].append(t)
+                    spent += t
+                done += 1
+                if done == rounds and spent < s.in_turn_s and rounds < IN_TURN_MAX_ROUNDS:
+                    rounds = min(IN_TURN_MAX_ROUNDS, max(
+                        rounds + 1, math.ceil(rounds * s.in_turn_s / max(spent, 1e-9))))
+                yield rounds, done
     finally:
         results.clear()
-        if was_enabled:
-            gc.enable()
 
 
 def _keeping(results: dict[tuple[int, bool], object], key: tuple[int, bool],

@@ -10,12 +10,13 @@ triggered by someone else's garbage does not land in one op's time.
 
 from __future__ import annotations
 
-import gc
 import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from planner.gc_pause import gc_paused
 
 __all__ = ["Timing", "sampler", "time_calls", "timing_of"]
 
@@ -79,17 +80,12 @@ def time_calls(fn: Callable[[], object], *, device: str = "cpu", warmup: int = 3
     """Time `fn` on `device` ("cpu", "cuda", "cuda:N"): `warmup` untimed calls, then
     `repeats` samples of back-to-back calls."""
     sample = sampler(device)
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         first = sample(fn, 1)  # also the first warm-up call
         for _ in range(max(warmup - 1, 0)):
             first = min(first, sample(fn, 1))
         calls = max(1, math.ceil(min_sample_s / max(first, 1e-9)))
         times = [sample(fn, calls) / calls for _ in range(repeats)]
-    finally:
-        if was_enabled:
-            gc.enable()
     return timing_of(times, calls=calls)
 
 
