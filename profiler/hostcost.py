@@ -43,7 +43,9 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   same segment of compute on every rank, how much later than the ranks' mean the last one
   arrives at the collective that ends it, and the segment's duration. A synchronising
   group waits for its slowest rank at every collective; the slope of the one over the
-  other is how much longer ranks of this host compute when they must keep in step.
+  other is how much longer ranks of this host compute when they must keep in step. The
+  rounds are taken in shares spread over the run (`Lateness`, LATENESS_PORTIONS), as the
+  host's noise changes from minute to minute.
 * `gemm_shared` (ranks n = 1..N, measured among N processes): a 256^3 fp32 GEMM's seconds
   per call while n of the N ranks compute it at once (the others wait in a collective),
   ~30 ms a sample. On the CPU the ranks of a host share its cores, caches and memory
@@ -246,9 +248,11 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
                                                  repeats, calls=20),
                      variant=backend, ranks=world, size_bytes=4 * world, calls=20)
             for kind in HOST_COLLECTIVES]
+    late = Lateness(rank, world, rounds=max(repeats, 15), portions=LATENESS_PORTIONS)
+    late.take()
     rows += _share_rows(rank, world, repeats=max(repeats, 15))
-    rows += _skew_rows(rank, world, repeats=max(repeats, 15))
     rows += _p2p_rows(rank, world, backend=backend, repeats=max(repeats, 15))
+    late.take()
     repeats = max(repeats, 25)  # differences of noisy times: more samples
     rounds = max(repeats, BLOCK_ROUNDS)
     rows += _fsdp_rows(rank, world, backend=backend, family_model=family_model,
@@ -256,6 +260,7 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
     for model, mbs, seq in _fsdp_blocks(blocks):
         rows += _fsdp_rows(rank, world, backend=backend, family_model=model, repeats=rounds,
                            batch=(mbs, seq), budget_s=BLOCK_BUDGET_S)
+    late.take()
     for sequence_parallel in (False, True):
         rows += _dtensor_rows(rank, world, backend=backend, family_model=family_model,
                               sequence_parallel=sequence_parallel, repeats=repeats)
@@ -265,13 +270,14 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
             rows += _dtensor_rows(rank, world, backend=backend, family_model=model,
                                   sequence_parallel=sequence_parallel, repeats=rounds,
                                   batch=(mbs, seq), budget_s=BLOCK_BUDGET_S)
+        late.take()
     for model, mbs, seq in blocks:
         if model.num_params() <= MAX_PASS_PARAMS:
             rows += _pass_share_rows(rank, world, model, (mbs, seq))
     for model, _, _ in _fsdp_blocks(blocks):
         if model.num_params() <= MAX_PASS_PARAMS:
             rows += _optimizer_share_rows(rank, world, int(model.num_params()))
-    return rows
+    return rows + late.rows()
 
 
 def _fsdp_blocks(blocks: Sequence[tuple[Any, int, int]]) -> list[tuple[Any, int, int]]:
@@ -401,7 +407,14 @@ def _budget_rounds(start: float, done: int, *, least: int, most: int, budget_s: 
 SKEW_SEGMENTS = (8, 32, 128)
 
 
-def _skew_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
+# The lateness probe's rounds are taken in this many shares spread over a collectives
+# run (`Lateness`): a virtual machine's two cores drift apart and together by the minute
+# (measured 2026-12-07: one 1.4 s burst's slope 1.2-13.4% from minute to minute), so one
+# burst prices a plan by whichever minute it fell in
+LATENESS_PORTIONS = 6
+
+
+class Lateness:
     """How long the ranks of a synchronising group wait for the slowest (Hoefler et al.
     2010, "Characterizing the Influence of System Noise on Large-Scale Applications by
     Simulation", SC10: a collective completes when its last rank arrives, so every rank's
@@ -409,30 +422,58 @@ def _skew_rows(rank: int, world: int, *, repeats: int) -> list[ProfileRow]:
     computes the same segment of K GEMMs after a barrier; `arrival_skew` is the latest
     rank's arrival less the ranks' mean arrival (one host: one monotonic clock),
     `arrival_segment` the segment's mean duration, per K (the row's size), the segments
-    sampled in turn."""
-    import torch
-    import torch.distributed as dist
+    sampled in turn.
 
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
-    skew: dict[int, list[float]] = {k: [] for k in SKEW_SEGMENTS}
-    segment: dict[int, list[float]] = {k: [] for k in SKEW_SEGMENTS}
-    for i in range(repeats + 3):
-        for k in SKEW_SEGMENTS:
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(k):
-                torch.mm(a, b)
-            arrive = time.perf_counter()
-            times = torch.zeros(2, world, dtype=torch.float64)
-            times[0, rank], times[1, rank] = start, arrive
-            dist.all_reduce(times)  # every rank's own slots: the sum is the table
-            if i >= 3:
-                skew[k].append(float(times[1].max() - times[1].mean()))
-                segment[k].append(float((times[1] - times[0]).mean()))
-    return [row for k in SKEW_SEGMENTS
-            for row in (host_row("arrival_segment", segment[k], ranks=world, size_bytes=k,
-                                 calls=k),
-                        host_row("arrival_skew", skew[k], ranks=world, size_bytes=k, calls=k))]
+    `rounds` rounds in all, `take` runs the next of `portions` near-equal shares of them
+    (every rank calls it at the same point of the run; `rows` takes what is left): taken
+    between the run's other measurements, the rows are medians over its minutes, not over
+    one burst's. Three untimed rounds before the first share, one before each later one
+    (the work before it left other data in the caches)."""
+
+    def __init__(self, rank: int, world: int, *, rounds: int, portions: int = 1) -> None:
+        import torch
+
+        self.rank, self.world = rank, world
+        self.left, self.portions = rounds, max(1, portions)
+        self.untimed = 3
+        self.a, self.b = torch.randn(256, 256), torch.randn(256, 256)
+        self.skew: dict[int, list[float]] = {k: [] for k in SKEW_SEGMENTS}
+        self.segment: dict[int, list[float]] = {k: [] for k in SKEW_SEGMENTS}
+
+    def take(self) -> None:
+        """The next share of the rounds (none once all are taken)."""
+        import torch
+        import torch.distributed as dist
+
+        timed = -(-self.left // self.portions)  # the rounds left, shared out evenly
+        if timed <= 0:
+            return
+        for i in range(self.untimed + timed):
+            for k in SKEW_SEGMENTS:
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(k):
+                    torch.mm(self.a, self.b)
+                arrive = time.perf_counter()
+                times = torch.zeros(2, self.world, dtype=torch.float64)
+                times[0, self.rank], times[1, self.rank] = start, arrive
+                dist.all_reduce(times)  # every rank's own slots: the sum is the table
+                if i >= self.untimed:
+                    self.skew[k].append(float(times[1].max() - times[1].mean()))
+                    self.segment[k].append(float((times[1] - times[0]).mean()))
+        self.left -= timed
+        self.portions = max(1, self.portions - 1)
+        self.untimed = 1
+
+    def rows(self) -> list[ProfileRow]:
+        """The rows, after the shares not yet taken."""
+        while self.left > 0:
+            self.take()
+        return [row for k in SKEW_SEGMENTS
+                for row in (host_row("arrival_segment", self.segment[k], ranks=self.world,
+                                     size_bytes=k, calls=k),
+                            host_row("arrival_skew", self.skew[k], ranks=self.world,
+                                     size_bytes=k, calls=k))]
 
 
 def _p2p_rows(rank: int, world: int, *, backend: str, repeats: int) -> list[ProfileRow]:

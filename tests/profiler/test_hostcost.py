@@ -11,9 +11,9 @@ from profiler.hostcost import (  # noqa: E402
     P2P_MIN_SAMPLES,
     P2P_SIZES,
     SKEW_SEGMENTS,
+    Lateness,
     _fsdp_blocks,
     _p2p_rows,
-    _skew_rows,
 )
 
 
@@ -23,12 +23,35 @@ def _worker(rank: int, world: int, store: str, out: str, kind: str = "skew") -> 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world)
-    rows = (_skew_rows(rank, world, repeats=3) if kind == "skew"
-            else _p2p_rows(rank, world, backend="gloo", repeats=3))
-    if rank == 0:
-        torch.save([(r.name, r.shape, r.ranks, r.time_s, r.samples) for r in rows], out)
+    if kind == "shares":  # 5 rounds in 3 shares: the samples after each take, the rows
+        late = Lateness(rank, world, rounds=5, portions=3)
+        taken = []
+        for _ in range(4):
+            late.take()
+            taken.append(len(late.skew[SKEW_SEGMENTS[-1]]))
+        rows = late.rows()
+        if rank == 0:
+            torch.save((taken, [(r.name, r.samples) for r in rows]), out)
+    else:
+        rows = (Lateness(rank, world, rounds=3).rows() if kind == "skew"
+                else _p2p_rows(rank, world, backend="gloo", repeats=3))
+        if rank == 0:
+            torch.save([(r.name, r.shape, r.ranks, r.time_s, r.samples) for r in rows], out)
     gc.collect()  # before destroy: gloo's exit-time abort otherwise (profiler/collectives.py)
     dist.destroy_process_group()
+
+
+class _NoLateness:
+    """`Lateness` for tests of what else a collectives run measures: takes nothing."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def take(self) -> None:
+        pass
+
+    def rows(self) -> list:
+        return []
 
 
 @pytest.mark.multiprocess
@@ -45,6 +68,20 @@ def test_the_last_ranks_lateness_is_measured_per_segment_of_compute(tmp_path):
     segment = [t for n, _, _, t, _ in rows if n == "arrival_segment"]
     assert segment == sorted(segment) and segment[-1] > 4 * segment[0]
     assert all(t >= 0.0 for n, _, _, t, _ in rows if n == "arrival_skew")
+
+
+@pytest.mark.multiprocess
+def test_the_lateness_rounds_are_taken_in_shares_between_other_work(tmp_path):
+    """A collectives run takes the lateness probe's rounds a share at a time between its
+    other measurements (framework_rows), so that its rows are medians over the run's
+    minutes, not one burst's: 5 rounds in 3 shares are 2, 2 and 1, a take after the last
+    share takes nothing, and the rows hold every round once."""
+    out = str(tmp_path / "rows.pt")
+    torch.multiprocessing.spawn(_worker, args=(2, str(tmp_path / "store"), out, "shares"),
+                                nprocs=2)
+    taken, rows = torch.load(out)
+    assert taken == [2, 4, 5, 5]
+    assert len(rows) == 2 * len(SKEW_SEGMENTS) and all(n == 5 for _, n in rows)
 
 
 @pytest.mark.multiprocess
@@ -388,9 +425,9 @@ def test_a_models_own_block_rows_take_more_rounds_than_the_tiny_ones(monkeypatch
 
     monkeypatch.setattr(profiler.collectives, "_ops", lambda *a, **k: None)
     monkeypatch.setattr(hc, "_samples", lambda fn, repeats, *, calls: [1e-3] * repeats)
-    for name in ("_share_rows", "_skew_rows", "_p2p_rows", "_pass_share_rows",
-                 "_optimizer_share_rows"):
+    for name in ("_share_rows", "_p2p_rows", "_pass_share_rows", "_optimizer_share_rows"):
         monkeypatch.setattr(hc, name, lambda *a, **k: [])
+    monkeypatch.setattr(hc, "Lateness", _NoLateness)
     monkeypatch.setattr(hc, "_fsdp_rows", record("fsdp"))
     monkeypatch.setattr(hc, "_dtensor_rows", record("dtensor"))
     small = preset("debug-small")
@@ -419,9 +456,10 @@ def test_an_moe_models_blocks_are_timed_without_sequence_parallelism(monkeypatch
 
     monkeypatch.setattr(profiler.collectives, "_ops", lambda *a, **k: None)
     monkeypatch.setattr(hc, "_samples", lambda fn, repeats, *, calls: [1e-3] * repeats)
-    for name in ("_share_rows", "_skew_rows", "_p2p_rows", "_pass_share_rows",
-                 "_optimizer_share_rows", "_fsdp_rows"):
+    for name in ("_share_rows", "_p2p_rows", "_pass_share_rows", "_optimizer_share_rows",
+                 "_fsdp_rows"):
         monkeypatch.setattr(hc, name, lambda *a, **k: [])
+    monkeypatch.setattr(hc, "Lateness", _NoLateness)
     monkeypatch.setattr(hc, "_dtensor_rows", dtensor)
     moe, small = preset("debug-tiny-moe"), preset("debug-small")
     hc.framework_rows(0, 2, backend="gloo", family_model="debug-tiny-llama",
