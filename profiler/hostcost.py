@@ -44,7 +44,7 @@ tensor-parallel layer). They become profile rows of kind "host" (docs/profiles.m
   arrives at the collective that ends it, and the segment's duration. A synchronising
   group waits for its slowest rank at every collective; the slope of the one over the
   other is how much longer ranks of this host compute when they must keep in step. The
-  rounds are taken in shares spread over the run (`Lateness`, LATENESS_PORTIONS), as the
+  rounds are taken in shares spread over the run (`Lateness`, LATENESS_SHARES), as the
   host's noise changes from minute to minute.
 * `gemm_shared` (ranks n = 1..N, measured among N processes): a 256^3 fp32 GEMM's seconds
   per call while n of the N ranks compute it at once (the others wait in a collective),
@@ -248,7 +248,7 @@ def framework_rows(rank: int, world: int, *, backend: str, family_model: str = "
                                                  repeats, calls=20),
                      variant=backend, ranks=world, size_bytes=4 * world, calls=20)
             for kind in HOST_COLLECTIVES]
-    late = Lateness(rank, world, rounds=max(repeats, 15), portions=LATENESS_PORTIONS)
+    late = Lateness(rank, world, rounds=max(repeats, 15), shares=LATENESS_SHARES)
     late.take()
     rows += _share_rows(rank, world, repeats=max(repeats, 15))
     rows += _p2p_rows(rank, world, backend=backend, repeats=max(repeats, 15))
@@ -411,7 +411,7 @@ SKEW_SEGMENTS = (8, 32, 128)
 # run (`Lateness`): a virtual machine's two cores drift apart and together by the minute
 # (measured 2026-12-07: one 1.4 s burst's slope 1.2-13.4% from minute to minute), so one
 # burst prices a plan by whichever minute it fell in
-LATENESS_PORTIONS = 6
+LATENESS_SHARES = 6
 
 
 class Lateness:
@@ -424,31 +424,36 @@ class Lateness:
     `arrival_segment` the segment's mean duration, per K (the row's size), the segments
     sampled in turn.
 
-    `rounds` rounds in all, `take` runs the next of `portions` near-equal shares of them
+    `rounds` rounds in all, `take` runs the next of `shares` near-equal shares of them
     (every rank calls it at the same point of the run; `rows` takes what is left): taken
     between the run's other measurements, the rows are medians over its minutes, not over
     one burst's. Three untimed rounds before the first share, one before each later one
     (the work before it left other data in the caches)."""
 
-    def __init__(self, rank: int, world: int, *, rounds: int, portions: int = 1) -> None:
+    def __init__(self, rank: int, world: int, *, rounds: int, shares: int = 1) -> None:
         import torch
 
         self.rank, self.world = rank, world
-        self.left, self.portions = rounds, max(1, portions)
-        self.untimed = 3
+        self.rounds, self.shares = rounds, max(1, shares)  # shares: those not yet taken
         self.a, self.b = torch.randn(256, 256), torch.randn(256, 256)
         self.skew: dict[int, list[float]] = {k: [] for k in SKEW_SEGMENTS}
         self.segment: dict[int, list[float]] = {k: [] for k in SKEW_SEGMENTS}
+
+    @property
+    def left(self) -> int:
+        """The rounds not yet timed."""
+        return self.rounds - len(self.skew[SKEW_SEGMENTS[0]])
 
     def take(self) -> None:
         """The next share of the rounds (none once all are taken)."""
         import torch
         import torch.distributed as dist
 
-        timed = -(-self.left // self.portions)  # the rounds left, shared out evenly
+        timed = -(-self.left // self.shares)  # the rounds left, shared out evenly
         if timed <= 0:
             return
-        for i in range(self.untimed + timed):
+        untimed = 1 if self.left < self.rounds else 3
+        for i in range(untimed + timed):
             for k in SKEW_SEGMENTS:
                 dist.barrier()
                 start = time.perf_counter()
@@ -458,12 +463,10 @@ class Lateness:
                 times = torch.zeros(2, self.world, dtype=torch.float64)
                 times[0, self.rank], times[1, self.rank] = start, arrive
                 dist.all_reduce(times)  # every rank's own slots: the sum is the table
-                if i >= self.untimed:
+                if i >= untimed:
                     self.skew[k].append(float(times[1].max() - times[1].mean()))
                     self.segment[k].append(float((times[1] - times[0]).mean()))
-        self.left -= timed
-        self.portions = max(1, self.portions - 1)
-        self.untimed = 1
+        self.shares = max(1, self.shares - 1)
 
     def rows(self) -> list[ProfileRow]:
         """The rows, after the shares not yet taken."""

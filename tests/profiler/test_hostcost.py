@@ -24,7 +24,7 @@ def _worker(rank: int, world: int, store: str, out: str, kind: str = "skew") -> 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world)
     if kind == "shares":  # 5 rounds in 3 shares: the samples after each take, the rows
-        late = Lateness(rank, world, rounds=5, portions=3)
+        late = Lateness(rank, world, rounds=5, shares=3)
         taken = []
         for _ in range(4):
             late.take()
