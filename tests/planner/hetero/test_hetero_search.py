@@ -82,11 +82,10 @@ def test_holmes_keeps_each_positions_data_parallel_group_in_one_island():
     assert island[devices[0][0][0]] != island[devices[0][1][0]]
 
 
-# three types (20 s) in `make test-slow`; `make test` searches them in
-# test_search_is_the_plan.py::test_shipped_clusters_write_what_they_ranked
-@pytest.mark.parametrize("path, name, gbs", [
-    pytest.param(*s, marks=pytest.mark.slow) if s[0].endswith("three-types.yaml") else s
-    for s in SHIPPED])
+# 15-21 s each on 2 cores: `make test-slow`. `make test` checks the same of the same
+# searches (at top 2) in test_search_is_the_plan.py::test_shipped_clusters_write_what_they_ranked
+@pytest.mark.slow
+@pytest.mark.parametrize("path, name, gbs", SHIPPED)
 def test_shipped_clusters_never_worse_than_a_baseline(path, name, gbs):
     found = search(SearchRequest(model=preset(name), cluster=load_cluster(path), gbs=gbs,
                                  seq_len=4096, dtype=_dtype(path), top=1))

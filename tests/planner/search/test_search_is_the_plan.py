@@ -325,6 +325,14 @@ def test_shipped_clusters_write_what_they_ranked(name, path, gbs, tmp_path):
     found = search(SearchRequest(model=model, cluster=cluster, gbs=gbs, seq_len=seq_len,
                                  top=2, confirm=2, dtype=_dtype(cluster)))
     _check_written(found, tmp_path)
+    # and never worse than a baseline that fits (the same search as
+    # tests/planner/hetero/test_hetero_search.py's for the mixed clusters, done once here)
+    if len({g.gpu for g in cluster.node_groups}) > 1:
+        assert len(found.baselines) == 3
+    best = found.ranked[0].result.iteration_time_s
+    for b in found.baselines:
+        if b.result is not None and b.result.fits:
+            assert best <= b.result.iteration_time_s * (1 + 1e-9), b.name
 
 
 @pytest.mark.slow
