@@ -1,6 +1,7 @@
 """The framework's host-side costs measured across two local processes (gloo)."""
 
 import gc
+import multiprocessing
 
 import pytest
 
@@ -15,6 +16,18 @@ from profiler.hostcost import (  # noqa: E402
     _fsdp_blocks,
     _p2p_rows,
 )
+
+# The ranks are forked from one server process that has imported torch and this module
+# once, instead of spawned, each importing them again: these tests 76 -> 44 s on 2 cores
+# (2026-12-08). The server forks before anything has run in it (no threads, no OpenMP
+# pool), which is what spawn guarded against.
+multiprocessing.set_forkserver_preload([__name__])
+
+
+def _spawn(fn, args, nprocs: int) -> None:
+    """`torch.multiprocessing.spawn`, from the fork server."""
+    torch.multiprocessing.start_processes(fn, args=args, nprocs=nprocs,
+                                          start_method="forkserver")
 
 
 def _worker(rank: int, world: int, store: str, out: str, kind: str = "skew") -> None:
@@ -60,7 +73,7 @@ def test_the_last_ranks_lateness_is_measured_per_segment_of_compute(tmp_path):
     than the ranks' mean the last one arrives (never negative: the latest is at least
     the mean)."""
     out = str(tmp_path / "rows.pt")
-    torch.multiprocessing.spawn(_worker, args=(2, str(tmp_path / "store"), out), nprocs=2)
+    _spawn(_worker, args=(2, str(tmp_path / "store"), out), nprocs=2)
     rows = torch.load(out)
     assert {(n, s) for n, s, *_ in rows} == {(n, (k,)) for k in SKEW_SEGMENTS
                                             for n in ("arrival_segment", "arrival_skew")}
@@ -77,7 +90,7 @@ def test_the_lateness_rounds_are_taken_in_shares_between_other_work(tmp_path):
     minutes, not one burst's: 5 rounds in 3 shares are 2, 2 and 1, a take after the last
     share takes nothing, and the rows hold every round once."""
     out = str(tmp_path / "rows.pt")
-    torch.multiprocessing.spawn(_worker, args=(2, str(tmp_path / "store"), out, "shares"),
+    _spawn(_worker, args=(2, str(tmp_path / "store"), out, "shares"),
                                 nprocs=2)
     taken, rows = torch.load(out)
     assert taken == [2, 4, 5, 5]
@@ -93,7 +106,7 @@ def test_a_pipeline_transfers_calls_on_the_compute_thread_are_timed_per_size(tmp
     both ranks computing between the calls), not the P2P_SETTLE_S the message was given
     to move between them (the waits find it done)."""
     out = str(tmp_path / "rows.pt")
-    torch.multiprocessing.spawn(_worker, args=(3, str(tmp_path / "store"), out, "p2p"),
+    _spawn(_worker, args=(3, str(tmp_path / "store"), out, "p2p"),
                                 nprocs=3)
     rows = torch.load(out)
     assert {(n, s) for n, s, *_ in rows} == {(n, (size,)) for size in P2P_SIZES
@@ -143,7 +156,7 @@ def test_the_gradient_hand_off_reduces_sequence_parallel_norm_gradients(tmp_path
     rows time (the executor's `local_grad` on every parameter) all-reduces each one, so
     the ranks' partial gradients differ before it and agree after it, equal to their sum."""
     out = str(tmp_path / "grads.pt")
-    torch.multiprocessing.spawn(_hand_off_worker, args=(2, str(tmp_path / "store"), out),
+    _spawn(_hand_off_worker, args=(2, str(tmp_path / "store"), out),
                                 nprocs=2)
     r0, r1 = torch.load(out)
     # two blocks of two LayerNorms and the final one: weight and bias each
@@ -179,7 +192,7 @@ def test_the_gradient_hand_off_is_timed_as_part_of_the_backward(tmp_path):
     """What the executor does with the gradients after a backward counts in the
     backward's time (a 50 ms hand-off: every backward sample about that much longer)."""
     out = str(tmp_path / "times.pt")
-    torch.multiprocessing.spawn(_pass_worker, args=(1, str(tmp_path / "store"), out),
+    _spawn(_pass_worker, args=(1, str(tmp_path / "store"), out),
                                 nprocs=1)
     for plain, handed in torch.load(out).values():
         assert handed >= plain + 0.04
@@ -243,7 +256,7 @@ def test_fsdp2_units_and_dtensor_blocks_are_measured_whole_with_their_sizes(tmp_
     17,536; a debug-small block (the plan model's own) 197,120, its root at 16 positions
     35,072; a debug-tiny block's activation, 16 tokens x 64 in fp32."""
     out = str(tmp_path / "rows.pt")
-    torch.multiprocessing.spawn(_fsdp_worker, args=(2, str(tmp_path / "store"), out), nprocs=2)
+    _spawn(_fsdp_worker, args=(2, str(tmp_path / "store"), out), nprocs=2)
     rows = torch.load(out)
     fsdp = [(f"fsdp_{part}_total_{p}", "gloo", (4 * n,), 2)
             for block, root in ((49408, 17536), (197120, 35072))
@@ -328,7 +341,7 @@ def test_dtensor_blocks_are_timed_against_what_a_tp_rank_computes_at_the_plans_s
     blocks at (micro-batch, sequence), the rows' size is that activation's bytes; a budget
     of no time still leaves 7 samples of the 9 asked for."""
     out = str(tmp_path / "out.pt")
-    torch.multiprocessing.spawn(_rank_spec_worker, args=(2, str(tmp_path / "store"), out),
+    _spawn(_rank_spec_worker, args=(2, str(tmp_path / "store"), out),
                                 nprocs=2)
     got = torch.load(out)
     for local, plain, whole in got["numel"].values():
@@ -375,7 +388,7 @@ def test_the_models_own_pass_is_timed_with_one_to_all_ranks_at_once(tmp_path):
     from profiler.hostcost import PASS_SHARED_MIN
 
     out = str(tmp_path / "rows.pt")
-    torch.multiprocessing.spawn(_share_worker, args=(2, str(tmp_path / "store"), out, "pass"),
+    _spawn(_share_worker, args=(2, str(tmp_path / "store"), out, "pass"),
                                 nprocs=2)
     rows = torch.load(out)
     assert [(n, v, s, k, samples) for n, v, s, k, samples, _ in rows] == [
@@ -389,7 +402,7 @@ def test_the_optimizer_step_is_timed_with_one_to_all_ranks_stepping_at_once(tmp_
     and over their 1/N shard, with n = 1..N of the ranks stepping at once, sized by the
     16 bytes a parameter the step streams."""
     out = str(tmp_path / "rows.pt")
-    torch.multiprocessing.spawn(_share_worker,
+    _spawn(_share_worker,
                                 args=(2, str(tmp_path / "store"), out, "optimizer"), nprocs=2)
     rows = torch.load(out)
     assert [(n, v, s, k, samples) for n, v, s, k, samples, _ in rows] == [
