@@ -1,5 +1,6 @@
-"""Exhaustive oracle for the search: every candidate with every sharding option the
-framework runs, each simulated one by one (only feasible for small spaces)."""
+"""Oracles for the search: every candidate with every sharding option the framework
+runs, each simulated one by one (only feasible for small spaces); its answer against the
+baselines it priced beside it."""
 
 from planner.costs.kernels import default_kernels
 from planner.export.frameworks import CAPABILITIES
@@ -40,3 +41,11 @@ def exhaustive_best(model, cluster, *, gbs, seq_len, dtype="bf16", framework="tr
                 if r.fits and r.iteration_time_s < best:
                     best, best_plan = r.iteration_time_s, plan
     return best, best_plan, count
+
+
+def assert_never_worse_than_a_baseline(found) -> None:
+    """The search's best plan is no slower than any baseline it priced that fits."""
+    best = found.ranked[0].result.iteration_time_s
+    for b in found.baselines:
+        if b.result is not None and b.result.fits:
+            assert best <= b.result.iteration_time_s * (1 + 1e-9), b.name

@@ -90,8 +90,7 @@ def test_the_lateness_rounds_are_taken_in_shares_between_other_work(tmp_path):
     minutes, not one burst's: 5 rounds in 3 shares are 2, 2 and 1, a take after the last
     share takes nothing, and the rows hold every round once."""
     out = str(tmp_path / "rows.pt")
-    _spawn(_worker, args=(2, str(tmp_path / "store"), out, "shares"),
-                                nprocs=2)
+    _spawn(_worker, args=(2, str(tmp_path / "store"), out, "shares"), nprocs=2)
     taken, rows = torch.load(out)
     assert taken == [2, 4, 5, 5]
     assert len(rows) == 2 * len(SKEW_SEGMENTS) and all(n == 5 for _, n in rows)
@@ -106,8 +105,7 @@ def test_a_pipeline_transfers_calls_on_the_compute_thread_are_timed_per_size(tmp
     both ranks computing between the calls), not the P2P_SETTLE_S the message was given
     to move between them (the waits find it done)."""
     out = str(tmp_path / "rows.pt")
-    _spawn(_worker, args=(3, str(tmp_path / "store"), out, "p2p"),
-                                nprocs=3)
+    _spawn(_worker, args=(3, str(tmp_path / "store"), out, "p2p"), nprocs=3)
     rows = torch.load(out)
     assert {(n, s) for n, s, *_ in rows} == {(n, (size,)) for size in P2P_SIZES
                                             for n in ("p2p_send", "p2p_recv")}
@@ -156,8 +154,7 @@ def test_the_gradient_hand_off_reduces_sequence_parallel_norm_gradients(tmp_path
     rows time (the executor's `local_grad` on every parameter) all-reduces each one, so
     the ranks' partial gradients differ before it and agree after it, equal to their sum."""
     out = str(tmp_path / "grads.pt")
-    _spawn(_hand_off_worker, args=(2, str(tmp_path / "store"), out),
-                                nprocs=2)
+    _spawn(_hand_off_worker, args=(2, str(tmp_path / "store"), out), nprocs=2)
     r0, r1 = torch.load(out)
     # two blocks of two LayerNorms and the final one: weight and bias each
     assert sorted(r0["partial"]) == sorted(r1["partial"]) and len(r0["partial"]) == 10
@@ -192,8 +189,7 @@ def test_the_gradient_hand_off_is_timed_as_part_of_the_backward(tmp_path):
     """What the executor does with the gradients after a backward counts in the
     backward's time (a 50 ms hand-off: every backward sample about that much longer)."""
     out = str(tmp_path / "times.pt")
-    _spawn(_pass_worker, args=(1, str(tmp_path / "store"), out),
-                                nprocs=1)
+    _spawn(_pass_worker, args=(1, str(tmp_path / "store"), out), nprocs=1)
     for plain, handed in torch.load(out).values():
         assert handed >= plain + 0.04
 
@@ -341,8 +337,7 @@ def test_dtensor_blocks_are_timed_against_what_a_tp_rank_computes_at_the_plans_s
     blocks at (micro-batch, sequence), the rows' size is that activation's bytes; a budget
     of no time still leaves 7 samples of the 9 asked for."""
     out = str(tmp_path / "out.pt")
-    _spawn(_rank_spec_worker, args=(2, str(tmp_path / "store"), out),
-                                nprocs=2)
+    _spawn(_rank_spec_worker, args=(2, str(tmp_path / "store"), out), nprocs=2)
     got = torch.load(out)
     for local, plain, whole in got["numel"].values():
         assert local == plain < whole
@@ -388,8 +383,7 @@ def test_the_models_own_pass_is_timed_with_one_to_all_ranks_at_once(tmp_path):
     from profiler.hostcost import PASS_SHARED_MIN
 
     out = str(tmp_path / "rows.pt")
-    _spawn(_share_worker, args=(2, str(tmp_path / "store"), out, "pass"),
-                                nprocs=2)
+    _spawn(_share_worker, args=(2, str(tmp_path / "store"), out, "pass"), nprocs=2)
     rows = torch.load(out)
     assert [(n, v, s, k, samples) for n, v, s, k, samples, _ in rows] == [
         ("pass_shared", None, (4 * 2 * 16 * 64,), k, PASS_SHARED_MIN) for k in (1, 2)]
@@ -402,8 +396,7 @@ def test_the_optimizer_step_is_timed_with_one_to_all_ranks_stepping_at_once(tmp_
     and over their 1/N shard, with n = 1..N of the ranks stepping at once, sized by the
     16 bytes a parameter the step streams."""
     out = str(tmp_path / "rows.pt")
-    _spawn(_share_worker,
-                                args=(2, str(tmp_path / "store"), out, "optimizer"), nprocs=2)
+    _spawn(_share_worker, args=(2, str(tmp_path / "store"), out, "optimizer"), nprocs=2)
     rows = torch.load(out)
     assert [(n, v, s, k, samples) for n, v, s, k, samples, _ in rows] == [
         ("optimizer_shared", None, (16 * params,), k, 3) for params in (500, 1000)

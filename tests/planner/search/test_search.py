@@ -17,7 +17,7 @@ from planner.specs.cluster import ClusterSpec, load_cluster, parse_gpus_arg
 from planner.specs.layout import ParallelConfig, homogeneous_plan
 from planner.specs.model import preset
 from planner.specs.plan import Sharding
-from tests.planner.search_oracle import exhaustive_best
+from tests.planner.search_oracle import assert_never_worse_than_a_baseline, exhaustive_best
 
 
 @pytest.mark.parametrize("lo, mi, sh", [
@@ -256,10 +256,7 @@ def test_mixed_cluster_gets_baselines_and_is_never_worse():
                                  cluster=load_cluster("cluster_specs/mixed-a100-v100.yaml"),
                                  gbs=128, seq_len=4096, dtype="fp16"))  # V100s: no bf16
     assert [b.name.split()[0] for b in found.baselines] == ["only", "uniform", "throughput-proportional"]
-    best = found.ranked[0].result.iteration_time_s
-    for b in found.baselines:
-        if b.result is not None and b.result.fits:
-            assert best <= b.result.iteration_time_s * (1 + 1e-9), b.name
+    assert_never_worse_than_a_baseline(found)
 
 
 def test_a_budget_keeps_plans_the_estimate_prices_high(monkeypatch):

@@ -26,6 +26,7 @@ from planner.specs.layout import ParallelConfig, check_parallel, homogeneous_pla
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Sharding, load_plan, save_plan
 from profiler.schema import SpecError
+from tests.planner.search_oracle import assert_never_worse_than_a_baseline
 
 EXACT = 1e-9
 GPUS = ("A100-80GB-SXM", "V100-32GB-SXM2", "H100-80GB-SXM", "L40S-48GB")
@@ -329,10 +330,7 @@ def test_shipped_clusters_write_what_they_ranked(name, path, gbs, tmp_path):
     # tests/planner/hetero/test_hetero_search.py's for the mixed clusters, done once here)
     if len({g.gpu for g in cluster.node_groups}) > 1:
         assert len(found.baselines) == 3
-    best = found.ranked[0].result.iteration_time_s
-    for b in found.baselines:
-        if b.result is not None and b.result.fits:
-            assert best <= b.result.iteration_time_s * (1 + 1e-9), b.name
+    assert_never_worse_than_a_baseline(found)
 
 
 @pytest.mark.slow
